@@ -1,0 +1,136 @@
+"""Read any checkpoint vitlab understands, telling the kind by content, and write any kind it exports.
+
+Kinds: "vitlab" (own safetensors with config), "jax" (official `.npz`), "timm" (state dict, safetensors or
+PyTorch file), "hf" (transformers folder or weights file). The file extension is never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitlab.checkpoint import hf, jax_npz, timm
+from vitlab.checkpoint.io import (FORMAT_NAME, atomic_write_bytes, config_from_metadata, load_state_dict_checked,
+                                  read_json, read_npz, read_safetensors, read_torch_file, save_model,
+                                  save_state_dict, sniff)
+from vitlab.config import ViTConfig
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.models.vit import VisionTransformer
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
+RUN_CHECKPOINTS = ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/last.safetensors")
+
+
+def find_sidecar(path: Path) -> dict[str, Any] | None:
+    """A JSON beside a weights file that describes it: `<stem>.json`, else `config.json` in the same folder."""
+    for candidate in (path.with_suffix(".json"), path.parent / "config.json"):
+        if candidate.is_file() and candidate != path:
+            return read_json(candidate)
+    return None
+
+
+def resolve_weights(path: Path) -> tuple[Path, dict[str, Any] | None]:
+    """(weights file, sidecar JSON) for a file or a folder (HF / timm hub folder, or a vitlab run folder)."""
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or folder")
+    if path.is_file():
+        return path, find_sidecar(path)
+    config_path = path / "config.json"
+    for name in RUN_CHECKPOINTS + WEIGHT_FILES:
+        if (path / name).is_file():
+            return path / name, read_json(config_path) if config_path.is_file() else None
+    raise CheckpointError(f"{path}: a folder with none of {', '.join(RUN_CHECKPOINTS + WEIGHT_FILES[1:])} in it")
+
+
+def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
+    """(config, state dict in vitlab names, kind) of any supported checkpoint. `hints` (e.g. {"num_heads": 4})
+    fill in what neither the file nor its sidecar says."""
+    weights, sidecar = resolve_weights(Path(path))
+    source = str(weights)
+    container = sniff(weights)
+    hints = dict(hints or {})
+    try:
+        if container == "npz":
+            arrays = read_npz(weights)
+            if not jax_npz.is_jax_checkpoint(set(arrays)):
+                raise CheckpointError(f"{source}: an .npz archive, but not an official ViT checkpoint "
+                                      "(no 'Transformer/encoder_norm/scale')")
+            jax_hints = {k: v for k, v in (sidecar or {}).items() if k == "image_size"}
+            config = jax_npz.config_from_jax(arrays, source, {**jax_hints, **hints})
+            return apply_hints(config, hints), jax_npz.jax_to_state_dict(arrays, config, source), "jax"
+        if container == "safetensors":
+            state, metadata = read_safetensors(weights)
+            if metadata.get("format") == FORMAT_NAME:
+                return config_from_metadata(metadata, source), state, "vitlab"
+        elif container == "torch-zip":
+            state = read_torch_file(weights)
+        else:
+            raise CheckpointError(f"{source}: not a checkpoint vitlab reads (expected safetensors, .npz or a "
+                                  "PyTorch zip file)")
+        keys = set(state)
+        if hf.is_hf_state_dict(keys):
+            hf_config = sidecar if sidecar and sidecar.get("model_type") == "vit" else None
+            config = apply_hints(hf.config_from_hf(state, hf_config, source), hints)
+            return config, hf.hf_to_state_dict(state, config, source), "hf"
+        if timm.is_timm_state_dict(keys):
+            timm_hints = timm.hints_from_timm_json(sidecar) if sidecar else {}
+            config = timm.config_from_timm(state, source, {**timm_hints, **hints})
+            return config, state, "timm"
+    except ConfigError as error:
+        raise CheckpointError(f"{source}: the checkpoint describes an invalid model: {error}") from None
+    first = sorted(state)[:3]
+    raise CheckpointError(f"{source}: tensors named like {first} are not a ViT checkpoint vitlab knows "
+                          "(official JAX, timm, Hugging Face or vitlab)")
+
+
+def apply_hints(config: ViTConfig, hints: dict[str, Any]) -> ViTConfig:
+    return config.replace(**hints) if hints else config
+
+
+def load_model(
+    path: str | Path,
+    image_size: int | tuple[int, int] | None = None,
+    num_heads: int | None = None,
+    resample_mode: str = "bilinear",
+    device: str | torch.device = "cpu",
+) -> VisionTransformer:
+    """Load any supported checkpoint into a VisionTransformer in eval mode.
+
+    image_size: if given and different from the checkpoint's, the position embedding is resampled to the new
+    grid (patch size kept), as for fine-tuning at a higher resolution. num_heads: for timm / HF weights whose
+    head count no sidecar states.
+    """
+    hints = {"num_heads": num_heads} if num_heads else {}
+    config, state, _ = read_checkpoint(path, hints)
+    with torch.device("meta"):
+        model = VisionTransformer(config)
+    model = model.to_empty(device="cpu")
+    load_state_dict_checked(model, state, str(path))
+    if image_size is not None and config.replace(image_size=image_size).image_size != config.image_size:
+        model.set_image_size(image_size, resample_mode)
+    return model.to(device).eval()
+
+
+def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitlab") -> Path:
+    """Write `model` as `to`: "vitlab" (one safetensors file with config), "timm" (safetensors state dict with
+    timm key names + `<name>.json` of timm constructor arguments) or "hf" (a `save_pretrained`-style folder).
+    Returns the main file or folder written."""
+    out = Path(out)
+    if to == "vitlab":
+        return save_model(model, out)
+    if to == "timm":
+        args = timm.timm_model_args(model.config)
+        weights = out if out.suffix == ".safetensors" else out.with_suffix(".safetensors")
+        save_state_dict(model.state_dict(), weights, {"format": "pt"})
+        atomic_write_bytes(weights.with_suffix(".json"), json.dumps(args, indent=1).encode())
+        return weights
+    if to == "hf":
+        state = hf.state_dict_to_hf(model.state_dict(), model.config)
+        out.mkdir(parents=True, exist_ok=True)
+        save_state_dict(state, out / "model.safetensors", {"format": "pt"})
+        atomic_write_bytes(out / "config.json", json.dumps(hf.hf_config_dict(model.config), indent=2).encode())
+        return out
+    raise ConfigError(f"unknown export format {to!r}; choose vitlab, timm or hf")

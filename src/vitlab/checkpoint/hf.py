@@ -1,0 +1,167 @@
+"""Hugging Face transformers `ViTForImageClassification` / `ViTModel` checkpoints, in both directions.
+
+HF keeps query, key and value as three Linear layers; vitlab (like timm) fuses them into one `qkv`. HF's
+`pooler` (Linear + tanh on the class token) is the paper's pre-logits representation layer: the HF conversion of
+the official ImageNet-21k checkpoints put `pre_logits` there, so it maps to `pre_logits.fc` when the
+checkpoint has no classifier (a classifier in HF never reads the pooler).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+
+from vitlab.config import ViTConfig
+from vitlab.errors import CheckpointError
+from vitlab.checkpoint.timm import HEADS_BY_WIDTH
+
+# (HF name inside "vit.", vitlab name); per layer names use {i}.
+RENAMES = [
+    ("embeddings.cls_token", "cls_token"),
+    ("embeddings.position_embeddings", "pos_embed"),
+    ("embeddings.patch_embeddings.projection.weight", "patch_embed.proj.weight"),
+    ("embeddings.patch_embeddings.projection.bias", "patch_embed.proj.bias"),
+    ("layernorm.weight", "norm.weight"),
+    ("layernorm.bias", "norm.bias"),
+]
+LAYER_RENAMES = [
+    ("layernorm_before", "norm1"),
+    ("attention.output.dense", "attn.proj"),
+    ("layernorm_after", "norm2"),
+    ("intermediate.dense", "mlp.fc1"),
+    ("output.dense", "mlp.fc2"),
+]
+IGNORED = {"embeddings.mask_token"}  # only used by masked image modelling
+
+
+def is_hf_state_dict(keys: set[str]) -> bool:
+    return any(key.startswith(("vit.embeddings.", "embeddings.patch_embeddings.")) for key in keys)
+
+
+def strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the "vit." prefix of ViTForImageClassification so ViTModel and classifier files look alike."""
+    return {key.removeprefix("vit."): value for key, value in state.items()}
+
+
+def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None, source: str) -> ViTConfig:
+    """A ViTConfig from an HF `config.json` (if there is one) and the weights' shapes."""
+    state = strip_prefix(state)
+    hf_config = hf_config or {}
+    proj = state["embeddings.patch_embeddings.projection.weight"]
+    embed_dim = proj.shape[0]
+    depth = len({m.group(1) for k in state if (m := re.match(r"encoder\.layer\.(\d+)\.", k))})
+    num_heads = hf_config.get("num_attention_heads") or HEADS_BY_WIDTH.get(embed_dim)
+    if num_heads is None:
+        raise CheckpointError(f"{source}: no config.json beside the weights, and the head count of a width-"
+                              f"{embed_dim} model cannot be read from them; put the model's config.json beside it")
+    image_size = hf_config.get("image_size")
+    if image_size is None:
+        rows = state["embeddings.position_embeddings"].shape[1] - 1
+        side = math.isqrt(rows)
+        image_size = (side * proj.shape[2], side * proj.shape[3])
+    activation = hf_config.get("hidden_act", "gelu")
+    if activation not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+        raise CheckpointError(f"{source}: hidden_act={activation!r} is not supported (vitlab has exact and tanh GELU)")
+    has_classifier = "classifier.weight" in state
+    representation = None
+    if not has_classifier and "pooler.dense.weight" in state:
+        representation = state["pooler.dense.weight"].shape[0]
+    num_classes = state["classifier.weight"].shape[0] if has_classifier else 0
+    class_names = None
+    id2label = hf_config.get("id2label")
+    if has_classifier and isinstance(id2label, dict) and len(id2label) == num_classes:
+        labels = [id2label.get(str(i), id2label.get(i)) for i in range(num_classes)]
+        # Drop HF's placeholder names; they say nothing a class index does not.
+        if all(labels) and labels != [f"LABEL_{i}" for i in range(num_classes)]:
+            class_names = [str(label) for label in labels]
+    return ViTConfig(
+        image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1], num_classes=num_classes,
+        embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=state["encoder.layer.0.intermediate.dense.weight"].shape[0],
+        qkv_bias="encoder.layer.0.attention.attention.query.bias" in state, classifier="token",
+        representation_size=representation, mlp_activation="gelu" if activation == "gelu" else "gelu_tanh",
+        layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12), class_names=class_names,
+    )
+
+
+def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
+    """HF names -> vitlab names, fusing query/key/value."""
+    state = strip_prefix(state)
+    out: dict[str, torch.Tensor] = {}
+    used: set[str] = set(IGNORED)
+
+    def take(name: str) -> torch.Tensor:
+        if name not in state:
+            raise CheckpointError(f"{source}: missing tensor {name!r}; not a complete Hugging Face ViT checkpoint")
+        used.add(name)
+        return state[name]
+
+    for hf_name, name in RENAMES:
+        out[name] = take(hf_name)
+    for layer in range(config.depth):
+        hf_layer, block = f"encoder.layer.{layer}.", f"blocks.{layer}."
+        for hf_name, name in LAYER_RENAMES:
+            out[block + name + ".weight"] = take(hf_layer + hf_name + ".weight")
+            out[block + name + ".bias"] = take(hf_layer + hf_name + ".bias")
+        parts = [hf_layer + f"attention.attention.{part}" for part in ("query", "key", "value")]
+        out[block + "attn.qkv.weight"] = torch.cat([take(p + ".weight") for p in parts])
+        if config.qkv_bias:
+            out[block + "attn.qkv.bias"] = torch.cat([take(p + ".bias") for p in parts])
+    if config.num_classes:
+        out["head.weight"], out["head.bias"] = take("classifier.weight"), take("classifier.bias")
+        used.update(k for k in state if k.startswith("pooler."))  # never read by the classifier
+    if config.representation_size:
+        out["pre_logits.fc.weight"], out["pre_logits.fc.bias"] = take("pooler.dense.weight"), take("pooler.dense.bias")
+    leftover = sorted(set(state) - used)
+    if leftover:
+        raise CheckpointError(f"{source}: unexpected tensor {leftover[0]!r} {tuple(state[leftover[0]].shape)} that "
+                              "vitlab has no place for" + (f" (and {len(leftover) - 1} more)" if len(leftover) > 1 else ""))
+    return out
+
+
+def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+    """vitlab names -> `ViTForImageClassification` names (the inverse of `hf_to_state_dict`)."""
+    if config.resnet_layers is not None or not config.class_token or config.classifier != "token" or config.fc_norm:
+        raise CheckpointError("Hugging Face's ViT has a class-token head only: hybrids, 'gap' and fc_norm models "
+                              "cannot be exported to it; export to timm instead")
+    if config.pos_embed != "learned" or config.patch_size[0] != config.patch_size[1] or config.image_size[0] != config.image_size[1]:
+        raise CheckpointError("Hugging Face's ViT config holds square image and patch sizes only")
+    if config.representation_size and config.num_classes:
+        raise CheckpointError("Hugging Face's ViTForImageClassification has no pre-logits layer; remove it first")
+    out: dict[str, torch.Tensor] = {}
+    for hf_name, name in RENAMES:
+        out["vit." + hf_name] = state[name]
+    dim = config.embed_dim
+    for layer in range(config.depth):
+        hf_layer, block = f"vit.encoder.layer.{layer}.", f"blocks.{layer}."
+        for hf_name, name in LAYER_RENAMES:
+            out[hf_layer + hf_name + ".weight"] = state[block + name + ".weight"]
+            out[hf_layer + hf_name + ".bias"] = state[block + name + ".bias"]
+        for index, part in enumerate(("query", "key", "value")):
+            out[hf_layer + f"attention.attention.{part}.weight"] = state[block + "attn.qkv.weight"][index * dim:(index + 1) * dim]
+            if config.qkv_bias:
+                out[hf_layer + f"attention.attention.{part}.bias"] = state[block + "attn.qkv.bias"][index * dim:(index + 1) * dim]
+    if config.num_classes:
+        out["classifier.weight"], out["classifier.bias"] = state["head.weight"], state["head.bias"]
+    elif config.representation_size:
+        out["vit.pooler.dense.weight"], out["vit.pooler.dense.bias"] = state["pre_logits.fc.weight"], state["pre_logits.fc.bias"]
+    return {key: value.contiguous() for key, value in out.items()}
+
+
+def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
+    """The `config.json` of a `ViTForImageClassification` with this config."""
+    names = config.class_names or [f"LABEL_{i}" for i in range(config.num_classes)]
+    return {
+        "architectures": ["ViTForImageClassification" if config.num_classes else "ViTModel"],
+        "model_type": "vit", "hidden_size": config.embed_dim, "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads, "intermediate_size": config.mlp_dim,
+        "hidden_act": "gelu" if config.mlp_activation == "gelu" else "gelu_pytorch_tanh",
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,
+        "layer_norm_eps": config.layer_norm_eps, "image_size": config.image_size[0],
+        "patch_size": config.patch_size[0], "num_channels": config.in_chans, "qkv_bias": config.qkv_bias,
+        "encoder_stride": config.patch_size[0],
+        "id2label": {str(i): name for i, name in enumerate(names)},
+        "label2id": {name: i for i, name in enumerate(names)},
+    }

@@ -1,0 +1,203 @@
+"""vitlab's own checkpoint format, safe readers for every file kind vitlab accepts, and checked loading.
+
+Own format: one safetensors file whose header metadata holds the model config as JSON
+(`{"format": "vitlab", "config": "{...}"}`); the tensors use timm's key names. Writing is atomic: the bytes go
+to a temporary file in the same folder, are flushed to disk, and replace the target in one rename, so a crash
+leaves either the old file or the new one, never half of one.
+
+Nothing here unpickles: safetensors and `.npz` (with allow_pickle=False) hold raw arrays only, and PyTorch
+files are read with `torch.load(weights_only=True)`, which refuses any object that is not a tensor or a
+container of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from vitlab.config import ViTConfig
+from vitlab.errors import CheckpointError, ConfigError
+
+FORMAT_NAME = "vitlab"
+FORMAT_VERSION = "1"
+
+
+# ------------------------------------------------------------------------------------------------ writing
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the complete new one, never a partial one.
+
+    On failure (disk full, permission) the temporary file is removed and the previous file stays untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    # Make the rename itself durable (POSIX only: directories cannot be opened on Windows).
+    if hasattr(os, "O_DIRECTORY"):
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def save_state_dict(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
+                    metadata: dict[str, str] | None = None) -> None:
+    """Save tensors as safetensors, atomically."""
+    from safetensors.torch import save
+
+    contiguous = {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()}
+    atomic_write_bytes(path, save(contiguous, metadata=metadata))
+
+
+def save_model(model: torch.nn.Module, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None) -> Path:
+    """Save a VisionTransformer to one safetensors file with its config inside; returns the path written."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": model.config.to_json()}
+    metadata.update(extra_metadata or {})
+    save_state_dict(model.state_dict(), path, metadata)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def sniff(path: Path) -> str:
+    """The container kind of a file from its first bytes: "safetensors", "npz", "torch-zip" or "unknown"."""
+    with open(path, "rb") as handle:
+        head = handle.read(16)
+    if head[:2] == b"PK":
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except zipfile.BadZipFile:
+            raise CheckpointError(f"{path}: looks like a zip archive but is corrupt or truncated") from None
+        if any(name.endswith(".npy") for name in names):
+            return "npz"
+        if any(name.endswith("data.pkl") for name in names):
+            return "torch-zip"
+        return "unknown"
+    if len(head) >= 9:
+        (header_len,) = struct.unpack("<Q", head[:8])
+        if 0 < header_len < 100_000_000 and head[8:9] == b"{":
+            return "safetensors"
+    return "unknown"
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, header metadata) of a safetensors file, or a CheckpointError naming the file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as error:  # safetensors raises its own SafetensorError and several builtins
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error}); is it truncated or corrupt?") from None
+    return tensors, metadata
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file, read without unpickling."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    except ValueError as error:
+        if "allow_pickle" in str(error) or "Object arrays" in str(error):
+            raise CheckpointError(
+                f"{path}: the archive holds pickled Python objects, which vitlab refuses to load because "
+                "unpickling can run arbitrary code; convert it to plain numeric arrays"
+            ) from None
+        raise CheckpointError(f"{path}: not a readable .npz archive ({error})") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as error:
+        raise CheckpointError(f"{path}: not a readable .npz archive ({error}); is it truncated or corrupt?") from None
+
+
+def read_torch_file(path: Path) -> dict[str, torch.Tensor]:
+    """A state dict from a PyTorch file, loaded with weights_only=True (no arbitrary unpickling).
+
+    Accepts the common wrappers: {"state_dict": ...}, {"model": ...}, {"model_state": ...}.
+    """
+    import pickle
+
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"{path}: refused: the file holds pickled objects other than tensors, and unpickling them could run "
+            f"arbitrary code ({str(error).splitlines()[0]}). Only plain state dicts load; if you trust the file, "
+            "re-save its state_dict with torch.save or as safetensors"
+        ) from None
+    except Exception as error:
+        raise CheckpointError(f"{path}: not a readable PyTorch file ({error}); is it truncated or corrupt?") from None
+    for wrapper in ("state_dict", "model", "model_state", "module"):
+        if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
+            loaded = loaded[wrapper]
+            break
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise CheckpointError(f"{path}: expected a dict of tensor names to tensors (a state_dict)")
+    return {name.removeprefix("module."): tensor for name, tensor in loaded.items()}
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: not a readable JSON file ({error})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+# ------------------------------------------------------------------------------------------------ checking
+def load_state_dict_checked(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], source: str) -> None:
+    """Load every tensor or none: a missing, unexpected, misshapen or non-finite tensor is a CheckpointError
+    that names the source file and the first offending key (with both shapes)."""
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in state_dict]
+    unexpected = [name for name in state_dict if name not in expected]
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor {missing[0]!r} (shape {tuple(expected[missing[0]].shape)})"
+                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected tensor {unexpected[0]!r} (shape "
+                              f"{tuple(state_dict[unexpected[0]].shape)}) that this model has no place for"
+                              + (f", and {len(unexpected) - 1} more" if len(unexpected) > 1 else ""))
+    for name, target in expected.items():
+        tensor = state_dict[name]
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                  f"the model expects {tuple(target.shape)}")
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            raise CheckpointError(f"{source}: tensor {name!r} has dtype {tensor.dtype}, expected floating point")
+        if not torch.isfinite(tensor).all():
+            raise CheckpointError(f"{source}: tensor {name!r} holds NaN or infinite values")
+    model.load_state_dict({name: tensor.to(expected[name].dtype) for name, tensor in state_dict.items()})
+
+
+def config_from_metadata(metadata: Mapping[str, str], source: str) -> ViTConfig:
+    if "config" not in metadata:
+        raise CheckpointError(f"{source}: a vitlab checkpoint without its model config in the header")
+    try:
+        return ViTConfig.from_json(metadata["config"])
+    except ConfigError as error:
+        raise CheckpointError(f"{source}: {error}") from None

@@ -1,0 +1,108 @@
+"""timm checkpoints: vitlab's parameter names are timm's, so a timm `VisionTransformer` state dict loads as it is.
+
+What a state dict cannot say (the head count, the pooling of an avg model with a class token) comes from a
+sidecar: a JSON of timm constructor arguments beside the weights (`<name>.json`), a timm hub `config.json`
+whose `architecture` names a known model, or, failing both, the paper's head count for the width.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+
+from vitlab.config import MODEL_SIZES, ViTConfig
+from vitlab.errors import CheckpointError
+
+# timm's size names and the paper's, so "vit_base_patch16_224" finds B's head count.
+TIMM_SIZE_NAMES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
+HEADS_BY_WIDTH = {size["embed_dim"]: size["num_heads"] for size in MODEL_SIZES.values()}
+
+
+def is_timm_state_dict(keys: set[str]) -> bool:
+    return "patch_embed.proj.weight" in keys and any(key.startswith("blocks.") for key in keys)
+
+
+def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
+    """Constructor arguments (`img_size`, `num_heads`, ...) or a hub config (`architecture`) -> config hints."""
+    hints: dict[str, Any] = {}
+    args = dict(data.get("model_args", {}), **{k: v for k, v in data.items() if k != "model_args"})
+    if "architecture" in args:
+        match = re.match(r"vit_(tiny|small|base|large|huge)_", str(args["architecture"]))
+        if match:
+            hints["num_heads"] = MODEL_SIZES[TIMM_SIZE_NAMES[match.group(1)]]["num_heads"]
+    for timm_name, our_name in (("num_heads", "num_heads"), ("img_size", "image_size"), ("qkv_bias", "qkv_bias"),
+                                ("class_token", "class_token"), ("fc_norm", "fc_norm")):
+        if args.get(timm_name) is not None:
+            hints[our_name] = args[timm_name]
+    if "global_pool" in args:
+        hints["classifier"] = "token" if args["global_pool"] == "token" else "gap"
+        if args["global_pool"] not in ("token", "avg"):
+            raise CheckpointError(f"timm global_pool={args['global_pool']!r} is not supported; vitlab has 'token' and 'avg'")
+    if args.get("label_names"):
+        hints["class_names"] = list(args["label_names"])
+    return hints
+
+
+def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[str, Any] | None = None) -> ViTConfig:
+    """Infer a ViTConfig from a timm / vitlab state dict's names and shapes, completed by `hints`."""
+    hints = dict(hints or {})
+    for unsupported, what in (("reg_token", "register tokens"), ("blocks.0.ls1.gamma", "layer scale"),
+                              ("blocks.0.attn.q_norm.weight", "query-key norm"), ("attn_pool.latent", "attention pooling")):
+        if unsupported in state:
+            raise CheckpointError(f"{source}: this timm model uses {what} ({unsupported!r}), which is not part of the "
+                                  "paper's ViT and not supported by vitlab")
+    proj = state["patch_embed.proj.weight"]  # (D, C, P_h, P_w)
+    embed_dim = proj.shape[0]
+    depth = len({m.group(1) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))})
+    mlp_dim = state["blocks.0.mlp.fc1.weight"].shape[0]
+    class_token = "cls_token" in state
+    resnet_layers, width_factor, in_chans = None, 1.0, proj.shape[1]
+    stem = "patch_embed.backbone.stem.conv.weight"
+    if stem in state:
+        in_chans = state[stem].shape[1]
+        width_factor = state[stem].shape[0] / 64
+        stages = sorted({int(m.group(1)) for k in state if (m := re.match(r"patch_embed\.backbone\.stages\.(\d+)\.", k))})
+        resnet_layers = tuple(len({m.group(1) for k in state
+                                   if (m := re.match(rf"patch_embed\.backbone\.stages\.{s}\.blocks\.(\d+)\.", k))})
+                              for s in stages)
+    num_heads = hints.pop("num_heads", None) or HEADS_BY_WIDTH.get(embed_dim)
+    if num_heads is None:
+        raise CheckpointError(
+            f"{source}: the head count of a width-{embed_dim} model cannot be read from its weights; put a JSON of "
+            'its timm arguments beside it (e.g. {"num_heads": 4}) or pass --num-heads')
+    stride = 1 if resnet_layers is None else (4 * 2 ** (len(resnet_layers) - 1) if resnet_layers else 4)
+    image_size = hints.pop("image_size", None)
+    if image_size is None:
+        rows = state["pos_embed"].shape[1] - int(class_token)
+        side = math.isqrt(rows)
+        if side * side != rows:
+            raise CheckpointError(f"{source}: {rows} position rows are not a square grid; give the image size")
+        image_size = (side * proj.shape[2] * stride, side * proj.shape[3] * stride)
+    fields: dict[str, Any] = dict(
+        image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=in_chans,
+        num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
+        embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim,
+        qkv_bias="blocks.0.attn.qkv.bias" in state, class_token=class_token,
+        classifier="token" if class_token else "gap", fc_norm="fc_norm.weight" in state,
+        representation_size=state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else None,
+        resnet_layers=resnet_layers, resnet_width_factor=width_factor,
+    )
+    fields.update(hints)
+    return ViTConfig(**fields)
+
+
+def timm_model_args(config: ViTConfig) -> dict[str, Any]:
+    """timm `VisionTransformer(**args)` arguments that rebuild `config` (plain ViT only)."""
+    if config.resnet_layers is not None:
+        raise CheckpointError("timm builds hybrids from a separate ResNetV2 object, not from constructor "
+                              "arguments; the exported weights use timm's key names, build the model in timm by name")
+    return dict(
+        img_size=list(config.image_size), patch_size=list(config.patch_size), in_chans=config.in_chans,
+        num_classes=config.num_classes, embed_dim=config.embed_dim, depth=config.depth,
+        num_heads=config.num_heads, mlp_ratio=config.mlp_dim / config.embed_dim, qkv_bias=config.qkv_bias,
+        class_token=config.class_token, global_pool="token" if config.classifier == "token" else "avg",
+        fc_norm=config.fc_norm,
+    )

@@ -1,0 +1,222 @@
+"""Model configuration and the variant table of Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words".
+
+Variant names follow the paper: ``"B/16"`` is ViT-Base with 16x16 patches, ``"R50+B/16"`` the hybrid whose
+ResNet-50 stem (stages 3, 4, 9) feeds ViT-Base. Widths and depths are the paper's Table 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from vitlab.errors import ConfigError
+
+
+def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
+    """Turn ``16`` or ``(16, 24)`` into a (height, width) pair of positive ints."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        pair = (value, value)
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise ConfigError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
+    if min(pair) <= 0:
+        raise ConfigError(f"{name} must be positive, got {value!r}")
+    return pair
+
+
+@dataclass
+class ViTConfig:
+    """Everything needed to build a VisionTransformer; serialised as JSON inside every vitlab checkpoint."""
+
+    image_size: tuple[int, int] = (224, 224)  # (height, width) of the input in pixels
+    patch_size: tuple[int, int] = (16, 16)  # P: side of a patch; on the hybrid, side of a patch of the feature map
+    in_chans: int = 3  # C: channels of the input image
+    num_classes: int = 1000  # K: size of the classification head; 0 means no head (features only)
+    embed_dim: int = 768  # D: width of the residual stream
+    depth: int = 12  # L: number of Transformer blocks
+    num_heads: int = 12  # heads of multi-head self-attention; embed_dim must divide by it
+    mlp_dim: int = 3072  # hidden width of each block's MLP
+    qkv_bias: bool = True
+    classifier: str = "token"  # "token": the class token feeds the head; "gap": mean of the patch tokens
+    class_token: bool | None = None  # prepend a class token; None means "only if classifier == 'token'"
+    fc_norm: bool = False  # timm's placement: LayerNorm after pooling instead of on every token before it
+    representation_size: int | None = None  # pre-logits Linear + tanh used in pre-training; None for none
+    pos_embed: str = "learned"  # "learned" (the paper's 1-D table) or "sincos2d" (fixed 2-D sine-cosine)
+    mlp_activation: str = "gelu"  # "gelu" (exact; timm, HF) or "gelu_tanh" (Flax's default; official JAX code)
+    layer_norm_eps: float = 1e-6  # 1e-6 in the official code and timm, 1e-12 in Hugging Face
+    dropout: float = 0.0  # after the position embedding, the attention projection and in the MLP
+    attention_dropout: float = 0.0  # on the attention weights
+    drop_path: float = 0.0  # stochastic depth: the rate of the last block, rising linearly from 0 at the first
+    # Hybrid only: ResNet stages of the stem (bottleneck units per stage) and its width multiplier.
+    resnet_layers: tuple[int, ...] | None = None
+    resnet_width_factor: float = 1.0
+    # Optional metadata: names of the classes, in head order, so predictions can print labels.
+    class_names: list[str] | None = None
+    name: str | None = field(default=None, compare=False)  # variant the config came from, for display only
+
+    def __post_init__(self) -> None:
+        self.image_size = to_pair(self.image_size, "image_size")
+        self.patch_size = to_pair(self.patch_size, "patch_size")
+        if self.resnet_layers is not None:
+            self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
+        if self.classifier not in ("token", "gap"):
+            raise ConfigError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
+        if self.class_token is None:
+            self.class_token = self.classifier == "token"
+        if self.classifier == "token" and not self.class_token:
+            raise ConfigError("classifier='token' needs class_token=True; use classifier='gap' without one")
+        if self.pos_embed not in ("learned", "sincos2d"):
+            raise ConfigError(f"pos_embed must be 'learned' or 'sincos2d', got {self.pos_embed!r}")
+        if self.mlp_activation not in ("gelu", "gelu_tanh"):
+            raise ConfigError(f"mlp_activation must be 'gelu' or 'gelu_tanh', got {self.mlp_activation!r}")
+        for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "in_chans"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_classes < 0:
+            raise ConfigError(f"num_classes must be >= 0, got {self.num_classes}")
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(
+                f"embed_dim {self.embed_dim} does not divide by num_heads {self.num_heads}; "
+                f"pick a head count that divides it (e.g. {self.embed_dim // 64 or 1})"
+            )
+        if self.class_names is not None and len(self.class_names) != self.num_classes:
+            raise ConfigError(f"{len(self.class_names)} class names given for {self.num_classes} classes")
+        self.grid_size  # validates that the patch divides the image
+
+    @property
+    def stem_stride(self) -> int:
+        """Downsampling of the hybrid's ResNet stem (4 from the root, 2 per later stage); 1 without a stem."""
+        if not self.resnet_layers:
+            return 1 if self.resnet_layers is None else 4
+        return 4 * 2 ** (len(self.resnet_layers) - 1)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """(rows, columns) of the patch grid: the image, through the stem, cut into P x P patches."""
+        stride = self.stem_stride
+        grid = []
+        for axis, image, patch in zip(("height", "width"), self.image_size, self.patch_size):
+            if self.resnet_layers is not None:
+                if image % stride:
+                    raise ConfigError(
+                        f"image {axis} {image} is not a multiple of the ResNet stem's stride {stride}; "
+                        f"use an image size such as {max(stride, image // stride * stride)}"
+                    )
+                image //= stride
+            if image % patch:
+                suggestion = max(patch, round(image / patch) * patch) * stride
+                raise ConfigError(
+                    f"patch size {patch} does not divide image {axis} {image * stride}"
+                    + (f" (feature map {image} after the stem)" if stride > 1 else "")
+                    + f"; use an image size of {suggestion} or a patch size that divides {image}"
+                )
+            grid.append(image // patch)
+        return grid[0], grid[1]
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patch tokens: 1 with a class token, else 0."""
+        return int(bool(self.class_token))
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    def replace(self, **changes: Any) -> "ViTConfig":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for key, value in data.items():
+            if isinstance(value, tuple):
+                data[key] = list(value)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config keys {unknown}; known keys are {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as error:  # a wrong type inside a field, e.g. a string where an int belongs
+            raise ConfigError(f"invalid model config: {error}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> "ViTConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"model config is not valid JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"model config must be a JSON object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+
+# The paper's Table 1 (and the "Ti" and "S" widths of DeiT / the AugReg follow-up): width, depth, MLP, heads.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "Ti": dict(embed_dim=192, depth=12, mlp_dim=768, num_heads=3),
+    "S": dict(embed_dim=384, depth=12, mlp_dim=1536, num_heads=6),
+    "B": dict(embed_dim=768, depth=12, mlp_dim=3072, num_heads=12),
+    "L": dict(embed_dim=1024, depth=24, mlp_dim=4096, num_heads=16),
+    "H": dict(embed_dim=1280, depth=32, mlp_dim=5120, num_heads=16),
+}
+PATCH_SIZES = (8, 14, 16, 32)
+
+# Hybrids: ResNet stages of the stem. The stem's stride (16 for three stages, 32 for four) times P is the
+# effective patch size, hence "/16" and "/32".
+HYBRIDS: dict[str, dict[str, Any]] = {
+    "R50+B/16": dict(MODEL_SIZES["B"], resnet_layers=(3, 4, 9)),
+    "R26+S/32": dict(MODEL_SIZES["S"], resnet_layers=(2, 2, 2, 2)),
+    "R50+L/32": dict(MODEL_SIZES["L"], resnet_layers=(3, 4, 6, 3)),
+}
+
+# Small-image presets for training from scratch on a CPU: names say the input size they are made for.
+SMALL_PRESETS: dict[str, dict[str, Any]] = {
+    # 8x8 digits: 2x2 patches give a 4x4 grid of 16 tokens.
+    "digits-8": dict(image_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4, mlp_dim=128,
+                     num_classes=10, in_chans=3),
+    # 28x28 MNIST / Fashion-MNIST: 4x4 patches give a 7x7 grid.
+    "mnist-28": dict(image_size=28, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_dim=256,
+                     num_classes=10, in_chans=3),
+    # 32x32 CIFAR: 4x4 patches give an 8x8 grid (the usual from-scratch ViT-CIFAR set-up).
+    "cifar-32": dict(image_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=12, mlp_dim=384,
+                     num_classes=10, in_chans=3),
+}
+
+
+def variant_names() -> list[str]:
+    """Every name `variant_config` accepts, in table order."""
+    names = [f"{size}/{patch}" for size in MODEL_SIZES for patch in PATCH_SIZES]
+    return names + list(HYBRIDS) + list(SMALL_PRESETS)
+
+
+def variant_config(name: str, **overrides: Any) -> ViTConfig:
+    """The config of a named variant ("Ti/16", "R50+B/16", "digits-8", ...), with fields overridden.
+
+    Paper variants default to 224x224 inputs and 1000 classes, as in the reference parameter counts.
+    """
+    if name in SMALL_PRESETS:
+        fields = dict(SMALL_PRESETS[name])
+    elif name in HYBRIDS:
+        fields = dict(HYBRIDS[name], patch_size=1, image_size=224)
+    else:
+        size, _, patch = name.partition("/")
+        if size not in MODEL_SIZES or not patch.isdigit():
+            raise ConfigError(f"unknown model variant {name!r}; choose one of: {', '.join(variant_names())}")
+        fields = dict(MODEL_SIZES[size], patch_size=int(patch), image_size=224)
+    fields.update(name=name)
+    fields.update(overrides)
+    return ViTConfig(**fields)

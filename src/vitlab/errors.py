@@ -1,0 +1,21 @@
+"""vitlab's own error types: each carries a message that says what is wrong and what to do."""
+
+
+class VitlabError(Exception):
+    """Base of every error vitlab raises on purpose; the CLI prints its message without a traceback."""
+
+    exit_code = 1
+
+
+class UsageError(VitlabError):
+    """The user asked for something that cannot work (a bad option or value); the CLI exits with code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A model or training config that is invalid or does not fit together."""
+
+
+class CheckpointError(VitlabError):
+    """A checkpoint that cannot be read, is of an unknown kind, or does not fit the model."""

@@ -1,0 +1,40 @@
+"""Multi-head self-attention (paper eqs. 5-8 of Appendix A), with a fused query-key-value projection.
+
+The default path calls `scaled_dot_product_attention`, which never materialises the (T x T) weights. When the
+caller asks for the weights (analysis, export), the explicit softmax path computes the same result and hands
+them back; it is only taken on request, so it costs the default path nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, embed_dim: int, num_heads: int, qkv_bias: bool = True, attention_dropout: float = 0.0,
+                 proj_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)  # rows: all queries, all keys, all values
+        self.attn_drop = nn.Dropout(attention_dropout)
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.proj_drop = nn.Dropout(proj_dropout)
+
+    def forward(self, x: torch.Tensor, return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> (B, T, D); with return_weights also the attention weights (B, heads, T, T)."""
+        batch, tokens, dim = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, head_dim)
+        if return_weights:
+            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, T, T)
+            out = self.attn_drop(weights) @ v
+        else:
+            dropout = self.attn_drop.p if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        out = out.transpose(1, 2).reshape(batch, tokens, dim)  # concatenate heads: (B, T, D)
+        out = self.proj_drop(self.proj(out))
+        return (out, weights) if return_weights else out

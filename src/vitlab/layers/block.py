@@ -1,0 +1,32 @@
+"""One pre-norm Transformer encoder block (paper eqs. 2-3)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitlab.layers.attention import Attention
+from vitlab.layers.drop import DropPath
+from vitlab.layers.mlp import Mlp
+
+
+class Block(nn.Module):
+    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, qkv_bias: bool = True,
+                 mlp_activation: str = "gelu", layer_norm_eps: float = 1e-6, dropout: float = 0.0,
+                 attention_dropout: float = 0.0, drop_path: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
+        self.attn = Attention(embed_dim, num_heads, qkv_bias, attention_dropout, dropout)
+        self.norm2 = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
+        self.mlp = Mlp(embed_dim, mlp_dim, mlp_activation, dropout)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> (B, T, D); with return_attention also this block's weights (B, heads, T, T)."""
+        if return_attention:
+            attended, weights = self.attn(self.norm1(x), return_weights=True)
+        else:
+            attended = self.attn(self.norm1(x))
+        x = x + self.drop_path(attended)  # z'_l = MSA(LN(z_{l-1})) + z_{l-1}
+        x = x + self.drop_path(self.mlp(self.norm2(x)))  # z_l = MLP(LN(z'_l)) + z'_l
+        return (x, weights) if return_attention else x

@@ -1,0 +1,21 @@
+"""The MLP of each Transformer block: Linear - GELU - Linear (paper eq. 3)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Mlp(nn.Module):
+    def __init__(self, embed_dim: int, hidden_dim: int, activation: str = "gelu", dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dim, hidden_dim)
+        # The official JAX code uses Flax's default GELU, the tanh approximation; timm and HF use the exact one.
+        self.act = nn.GELU(approximate="tanh" if activation == "gelu_tanh" else "none")
+        self.drop1 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden_dim, embed_dim)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))

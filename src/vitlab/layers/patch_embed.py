@@ -1,0 +1,83 @@
+"""Patch embedding, paper eq. 1: cut the image into P x P patches, flatten each, project it linearly to D.
+
+A stride-P convolution with a P x P kernel is exactly that linear map applied to every patch, and it is the
+fast way to compute it; `patchify` is the same cut written out, for data code and for teaching, and
+`PatchEmbed.linear_weight` gives the projection as the paper's (P^2 C) x D matrix E.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitlab.errors import ConfigError
+
+
+def check_divisible(image_size: tuple[int, int], patch_size: tuple[int, int]) -> tuple[int, int]:
+    """The (rows, columns) patch grid, or a clear error when a patch side does not divide the image side."""
+    grid = []
+    for axis, image, patch in zip(("height", "width"), image_size, patch_size):
+        if image % patch:
+            raise ConfigError(
+                f"patch size {patch} does not divide image {axis} {image}; "
+                f"use an image {axis} of {max(patch, round(image / patch) * patch)} or another patch size"
+            )
+        grid.append(image // patch)
+    return grid[0], grid[1]
+
+
+def patchify(images: torch.Tensor, patch_size: int | tuple[int, int]) -> torch.Tensor:
+    """Cut images into non-overlapping patches and flatten each one.
+
+    images: (B, C, H, W). Returns (B, N, P_h * P_w * C) with N = (H / P_h) * (W / P_w) patches in row-major
+    order, each flattened pixel by pixel with the channels innermost (the paper's x_p^i, and the layout of
+    the official code's NHWC patches).
+    """
+    patch_h, patch_w = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+    batch, channels, height, width = images.shape
+    rows, cols = check_divisible((height, width), (patch_h, patch_w))
+    patches = images.reshape(batch, channels, rows, patch_h, cols, patch_w)
+    patches = patches.permute(0, 2, 4, 3, 5, 1)  # (B, rows, cols, P_h, P_w, C)
+    return patches.reshape(batch, rows * cols, patch_h * patch_w * channels)
+
+
+def unpatchify(patches: torch.Tensor, patch_size: int | tuple[int, int], grid_size: tuple[int, int]) -> torch.Tensor:
+    """Inverse of `patchify`: (B, N, P_h * P_w * C) back to images (B, C, H, W)."""
+    patch_h, patch_w = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+    rows, cols = grid_size
+    batch, num_patches, dim = patches.shape
+    channels = dim // (patch_h * patch_w)
+    images = patches.reshape(batch, rows, cols, patch_h, patch_w, channels)
+    images = images.permute(0, 5, 1, 3, 2, 4)  # (B, C, rows, P_h, cols, P_w)
+    return images.reshape(batch, channels, rows * patch_h, cols * patch_w)
+
+
+class PatchEmbed(nn.Module):
+    """x_p E + b for every patch x_p, as a stride-P convolution. On the hybrid, `backbone` (a ResNet stem) runs
+    first and the patches are cut from its feature map (the paper uses P = 1 there)."""
+
+    def __init__(
+        self,
+        patch_size: tuple[int, int],
+        in_chans: int,
+        embed_dim: int,
+        backbone: nn.Module | None = None,
+        backbone_channels: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.patch_size = patch_size
+        self.backbone = backbone
+        proj_in = backbone_channels if backbone is not None else in_chans
+        self.proj = nn.Conv2d(proj_in, embed_dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, C, H, W) -> tokens (B, N, D), patches in row-major order."""
+        features = images if self.backbone is None else self.backbone(images)
+        check_divisible(tuple(features.shape[-2:]), self.patch_size)
+        tokens = self.proj(features)  # (B, D, rows, cols)
+        return tokens.flatten(2).transpose(1, 2)  # (B, rows * cols, D)
+
+    def linear_weight(self) -> torch.Tensor:
+        """The projection E as a (P_h * P_w * C, D) matrix acting on `patchify` output."""
+        weight = self.proj.weight  # (D, C, P_h, P_w)
+        return weight.permute(2, 3, 1, 0).reshape(-1, weight.shape[0])

@@ -1,0 +1,208 @@
+"""The Vision Transformer of Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words" (arXiv:2010.11929).
+
+It follows the paper's equations and the official code (google-research/vision_transformer, `models_vit.py`);
+parameter names follow timm's `VisionTransformer`, so timm state dicts load without mapping.
+
+    z_0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos          (eq. 1)  patch_embed, cls_token, pos_embed
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1},  l = 1..L             (eq. 2)  blocks[l].attn
+    z_l = MLP(LN(z'_l)) + z'_l,         l = 1..L             (eq. 3)  blocks[l].mlp
+    y = LN(z_L^0)                                            (eq. 4)  norm, then the class token (or mean)
+    logits = head(pre_logits(y))                                      pre_logits: Linear + tanh, pre-training only
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from vitlab.config import ViTConfig
+from vitlab.errors import UsageError
+from vitlab.layers.block import Block
+from vitlab.layers.patch_embed import PatchEmbed
+from vitlab.layers.pos_embed import resample_pos_embed, sincos_2d_pos_embed
+from vitlab.models.hybrid import ResNetStem
+
+AttentionCallback = Callable[[int, torch.Tensor], None]
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        dim = config.embed_dim
+
+        backbone = None
+        if config.resnet_layers is not None:
+            backbone = ResNetStem(config.in_chans, config.resnet_layers, config.resnet_width_factor)
+        self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, dim, backbone,
+                                      backbone.out_channels if backbone is not None else None)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
+        num_positions = config.num_prefix_tokens + config.num_patches
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim),
+                                      requires_grad=config.pos_embed == "learned")
+        self.pos_drop = nn.Dropout(config.dropout)
+
+        # Stochastic depth rises linearly with depth, from 0 at the first block to `drop_path` at the last.
+        drop_rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
+        self.blocks = nn.ModuleList(
+            Block(dim, config.num_heads, config.mlp_dim, config.qkv_bias, config.mlp_activation,
+                  config.layer_norm_eps, config.dropout, config.attention_dropout, rate)
+            for rate in drop_rates
+        )
+        # With fc_norm (timm's "avg" models) the final LayerNorm moves from every token to the pooled vector.
+        self.norm = nn.Identity() if config.fc_norm else nn.LayerNorm(dim, eps=config.layer_norm_eps)
+        self.fc_norm = nn.LayerNorm(dim, eps=config.layer_norm_eps) if config.fc_norm else nn.Identity()
+        self.pre_logits: nn.Module = nn.Identity()
+        if config.representation_size:
+            self.pre_logits = nn.Sequential(OrderedDict(
+                fc=nn.Linear(dim, config.representation_size), act=nn.Tanh()))
+        head_in = config.representation_size or dim
+        self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else nn.Identity()
+        self.init_weights()
+
+    # ----------------------------------------------------------------------------------------- set-up
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """The official code's initialisation: Xavier-uniform Dense kernels with near-zero biases, LeCun-normal
+        patch projection, N(0, 0.02) position embedding, zero class token and zero head."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.normal_(module.bias, std=1e-6)
+        proj = self.patch_embed.proj
+        fan_in = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1]
+        nn.init.trunc_normal_(proj.weight, std=math.sqrt(1.0 / fan_in))
+        nn.init.zeros_(proj.bias)
+        if self.config.pos_embed == "sincos2d":
+            self.pos_embed.zero_()
+            patch_rows = sincos_2d_pos_embed(self.config.grid_size, self.config.embed_dim)
+            self.pos_embed[0, self.config.num_prefix_tokens:] = patch_rows
+        else:
+            nn.init.normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.zeros_(self.cls_token)
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+
+    def reset_head(self, num_classes: int, class_names: list[str] | None = None) -> None:
+        """Replace the head by a zero-initialised D x K one (the paper's fine-tuning head)."""
+        head_in = self.config.representation_size or self.config.embed_dim
+        device = self.pos_embed.device
+        self.head = nn.Linear(head_in, num_classes, device=device) if num_classes else nn.Identity()
+        if num_classes:
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+        self.config = self.config.replace(num_classes=num_classes, class_names=class_names)
+
+    def remove_representation(self) -> None:
+        """Drop the pre-logits layer, as the paper does before fine-tuning; the head must be reset after."""
+        self.pre_logits = nn.Identity()
+        self.config = self.config.replace(representation_size=None)
+
+    # ----------------------------------------------------------------------------------------- forward
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """Eq. 1: images (B, C, H, W) -> z_0 (B, prefix + N, D)."""
+        expected = self.config.image_size
+        if tuple(images.shape[-2:]) != expected or images.shape[1] != self.config.in_chans:
+            raise UsageError(
+                f"the model expects images of shape (B, {self.config.in_chans}, {expected[0]}, {expected[1]}), "
+                f"got {tuple(images.shape)}; resize the input, or load the model with image_size="
+                f"{tuple(images.shape[-2:])} to resample its position embedding"
+            )
+        tokens = self.patch_embed(images)  # (B, N, D)
+        if self.cls_token is not None:
+            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        return self.pos_drop(tokens + self.pos_embed)
+
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, C, H, W) -> encoder output (B, prefix + N, D), after the final norm."""
+        x = self.embed(images)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, D): the class token, or the mean of the patch tokens (paper Appendix D.3)."""
+        if self.config.classifier == "token":
+            return tokens[:, 0]
+        return tokens[:, self.config.num_prefix_tokens:].mean(dim=1)
+
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Encoder output (B, T, D) -> logits (B, K); with pre_logits=True the features fed to the head."""
+        features = self.pre_logits(self.fc_norm(self.pool(tokens)))
+        return features if pre_logits else self.head(features)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, C, H, W) -> logits (B, K)."""
+        return self.forward_head(self.forward_features(images))
+
+    def forward_intermediates(
+        self,
+        images: torch.Tensor,
+        attention_layers: Iterable[int] | str | None = "all",
+        hidden_states: bool = True,
+        attention_callback: AttentionCallback | None = None,
+    ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+        """The forward pass with its named intermediates, so analysis needs no hooks.
+
+        attention_layers: "all", None, or indices of the blocks whose attention weights (B, heads, T, T) are
+        wanted; only those blocks take the explicit-softmax path. With `attention_callback(layer, weights)` the
+        weights are handed over one layer at a time and not kept, so memory holds one layer's weights at most.
+        Returns a dict: "stem" (B, T, D) the embedded tokens z_0; "hidden_states" the output of every block
+        (list of L tensors (B, T, D)) if asked; "attentions" (list, in layer order) unless a callback took them;
+        "encoder" (B, T, D) after the final norm; "pre_logits" (B, D'); "logits" (B, K).
+        """
+        if attention_layers == "all":
+            wanted = set(range(len(self.blocks)))
+        else:
+            wanted = set() if attention_layers is None else {int(i) % len(self.blocks) for i in attention_layers}
+        x = self.embed(images)
+        out: dict[str, torch.Tensor | list[torch.Tensor]] = {"stem": x}
+        states: list[torch.Tensor] = []
+        attentions: list[torch.Tensor] = []
+        for index, block in enumerate(self.blocks):
+            if index in wanted:
+                x, weights = block(x, return_attention=True)
+                if attention_callback is not None:
+                    attention_callback(index, weights)
+                else:
+                    attentions.append(weights)
+            else:
+                x = block(x)
+            if hidden_states:
+                states.append(x)
+        if hidden_states:
+            out["hidden_states"] = states
+        if wanted and attention_callback is None:
+            out["attentions"] = attentions
+        out["encoder"] = self.norm(x)
+        out["pre_logits"] = self.forward_head(out["encoder"], pre_logits=True)
+        out["logits"] = self.head(out["pre_logits"])
+        return out
+
+    # ----------------------------------------------------------------------------------------- resolution
+    def set_image_size(self, image_size: int | tuple[int, int], mode: str = "bilinear") -> None:
+        """Change the input resolution in place, keeping the patch size and resampling the position embedding
+        to the new grid (the paper's fine-tuning at higher resolution, section 3.2)."""
+        old_grid = self.config.grid_size
+        new_config = self.config.replace(image_size=image_size)
+        with torch.no_grad():
+            if self.config.pos_embed == "sincos2d":
+                table = torch.zeros(1, new_config.num_prefix_tokens + new_config.num_patches, self.config.embed_dim)
+                table[0, new_config.num_prefix_tokens:] = sincos_2d_pos_embed(new_config.grid_size, self.config.embed_dim)
+                table[:, :new_config.num_prefix_tokens] = self.pos_embed[:, :new_config.num_prefix_tokens]
+            else:
+                table = resample_pos_embed(self.pos_embed.data, new_config.grid_size, old_grid,
+                                           self.config.num_prefix_tokens, mode)
+        self.pos_embed = nn.Parameter(table.to(self.pos_embed), requires_grad=self.pos_embed.requires_grad)
+        self.config = new_config
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters that weight decay should skip besides norms and biases."""
+        return {"pos_embed", "cls_token"}
