@@ -1,27 +1,42 @@
-"""vitlab: build, train, fine-tune, understand and ship the Vision Transformer (Dosovitskiy et al. 2020)."""
+"""vitlab: build, train, fine-tune, understand and ship the Vision Transformer (Dosovitskiy et al. 2020).
 
-from vitlab.config import ViTConfig, variant_config, variant_names
-from vitlab.errors import CheckpointError, ConfigError, UsageError, VitlabError
-from vitlab.models import VisionTransformer, create_model, model_stats
+The public names below load on first use, so `import vitlab` and `vitlab --help` do not pay for torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
+_EXPORTS = {
+    "ViTConfig": "vitlab.config",
+    "variant_config": "vitlab.config",
+    "variant_names": "vitlab.config",
+    "VisionTransformer": "vitlab.models.vit",
+    "create_model": "vitlab.models.registry",
+    "model_stats": "vitlab.models.registry",
+    "load_model": "vitlab.checkpoint.formats",
+    "read_checkpoint": "vitlab.checkpoint.formats",
+    "export_checkpoint": "vitlab.checkpoint.formats",
+    "save_model": "vitlab.checkpoint.io",
+    "VitlabError": "vitlab.errors",
+    "UsageError": "vitlab.errors",
+    "ConfigError": "vitlab.errors",
+    "CheckpointError": "vitlab.errors",
+}
 
-def load_model(path, **kwargs):
-    """Load any checkpoint vitlab reads (its own, official .npz, timm, Hugging Face); see checkpoint.load_model."""
-    from vitlab.checkpoint import load_model as _load_model
-
-    return _load_model(path, **kwargs)
+__all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def save_model(model, path):
-    """Save a model as one safetensors file with its config inside, atomically; see checkpoint.save_model."""
-    from vitlab.checkpoint import save_model as _save_model
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
 
-    return _save_model(model, path)
 
-
-__all__ = [
-    "ViTConfig", "VisionTransformer", "create_model", "model_stats", "variant_config", "variant_names",
-    "load_model", "save_model", "VitlabError", "UsageError", "ConfigError", "CheckpointError", "__version__",
-]
+def __dir__() -> list[str]:
+    return __all__

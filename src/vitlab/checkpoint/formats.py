@@ -65,6 +65,10 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None) -> tu
             state, metadata = read_safetensors(weights)
             if metadata.get("format") == FORMAT_NAME:
                 return config_from_metadata(metadata, source), state, "vitlab"
+            if "vitlab_config" in metadata and timm.is_timm_state_dict(set(state)):
+                # A timm export by vitlab: the exact config rides along (timm's arguments cannot say everything).
+                config = config_from_metadata({"config": metadata["vitlab_config"]}, source)
+                return apply_hints(config, hints), state, "timm"
         elif container == "torch-zip":
             state = read_torch_file(weights)
         else:
@@ -124,7 +128,7 @@ def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitl
     if to == "timm":
         args = timm.timm_model_args(model.config)
         weights = out if out.suffix == ".safetensors" else out.with_suffix(".safetensors")
-        save_state_dict(model.state_dict(), weights, {"format": "pt"})
+        save_state_dict(model.state_dict(), weights, {"format": "pt", "vitlab_config": model.config.to_json()})
         atomic_write_bytes(weights.with_suffix(".json"), json.dumps(args, indent=1).encode())
         return weights
     if to == "hf":

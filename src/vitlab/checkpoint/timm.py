@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import Any
 
 import torch
@@ -41,6 +42,10 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
         hints["classifier"] = "token" if args["global_pool"] == "token" else "gap"
         if args["global_pool"] not in ("token", "avg"):
             raise CheckpointError(f"timm global_pool={args['global_pool']!r} is not supported; vitlab has 'token' and 'avg'")
+    if args.get("act_layer") is not None:
+        if args["act_layer"] not in ("gelu", "gelu_tanh"):
+            raise CheckpointError(f"timm act_layer={args['act_layer']!r} is not supported; vitlab has 'gelu' and 'gelu_tanh'")
+        hints["mlp_activation"] = args["act_layer"]
     if args.get("label_names"):
         hints["class_names"] = list(args["label_names"])
     return hints
@@ -99,10 +104,19 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
     if config.resnet_layers is not None:
         raise CheckpointError("timm builds hybrids from a separate ResNetV2 object, not from constructor "
                               "arguments; the exported weights use timm's key names, build the model in timm by name")
-    return dict(
+    if config.layer_norm_eps != 1e-6 or config.pos_embed != "learned":
+        warnings.warn("timm's constructor arguments cannot express layer_norm_eps != 1e-6 or a fixed sin-cos "
+                      "position embedding; the weights file carries vitlab's exact config, but a model built in "
+                      "timm from these arguments will differ slightly", stacklevel=2)
+    args: dict[str, Any] = dict(
         img_size=list(config.image_size), patch_size=list(config.patch_size), in_chans=config.in_chans,
         num_classes=config.num_classes, embed_dim=config.embed_dim, depth=config.depth,
         num_heads=config.num_heads, mlp_ratio=config.mlp_dim / config.embed_dim, qkv_bias=config.qkv_bias,
         class_token=config.class_token, global_pool="token" if config.classifier == "token" else "avg",
         fc_norm=config.fc_norm,
     )
+    if config.mlp_activation == "gelu_tanh":
+        args["act_layer"] = "gelu_tanh"  # the official JAX models; timm's default is the exact GELU
+    if config.representation_size:
+        args["representation_size"] = config.representation_size  # older timm releases only
+    return args

@@ -1,0 +1,24 @@
+# Two commands for a fresh machine: `make demo` runs the main job, `make test` the test suite.
+# Both create .venv on first use (torch pinned first: the unpinned wheel pulls GBs of CUDA packages).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==$(TORCH_VERSION)
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: $(BIN)/.installed
+	$(BIN)/vitlab models
+	$(BIN)/vitlab convert tests/fixtures/jax_vit_token.npz runs/demo/jax_vit_token.safetensors
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+.PHONY: install demo test

@@ -1,0 +1,126 @@
+"""The `vitlab` command: one subcommand per job, each a thin call into a plain function of the package.
+
+Usage errors exit with code 2 and one line saying what is wrong; other failures exit 1 with a message, and
+`--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Sequence
+
+from vitlab.errors import UsageError, VitlabError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are a single line (argparse's usage dump buries the message)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def image_size_arg(text: str) -> int | tuple[int, int]:
+    """'224' or '224x320' (height x width)."""
+    try:
+        parts = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"image size must be N or HxW, e.g. 224 or 224x320, got {text!r}") from None
+    if len(parts) not in (1, 2) or min(parts) <= 0:
+        raise argparse.ArgumentTypeError(f"image size must be N or HxW with positive numbers, got {text!r}")
+    return parts[0] if len(parts) == 1 else (parts[0], parts[1])
+
+
+# ------------------------------------------------------------------------------------------------ commands
+def cmd_models(args: argparse.Namespace) -> int:
+    from vitlab.reports import models_table
+
+    rows = models_table(args.image_size, args.num_classes)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    header = f"{'variant':<10} {'image':>9} {'patch':>5} {'tokens':>6} {'width':>5} {'depth':>5} {'heads':>5} {'MLP':>5} {'params':>9} {'GFLOPs':>8}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        image = "x".join(map(str, row["image_size"]))
+        print(f"{row['name']:<10} {image:>9} {row['patch_size'][0]:>5} {row['tokens']:>6} {row['embed_dim']:>5} "
+              f"{row['depth']:>5} {row['num_heads']:>5} {row['mlp_dim']:>5} {row['params_m']:>8.2f}M {row['gflops']:>8.2f}")
+    print("params at the default image size and class count; GFLOPs for one image's forward pass (multiply-add = 2)")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from vitlab.reports import convert
+
+    summary = convert(args.input, args.output, to=args.to, image_size=args.image_size, num_heads=args.num_heads)
+    print(f"read {summary['input']} ({summary['kind']}): {summary['model']}")
+    print(f"wrote {summary['output']} ({args.to}); re-read and checked: max |logit difference| = "
+          f"{summary['max_abs_diff']:.2e} on a random batch")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from vitlab.reports import checkpoint_info
+
+    info = checkpoint_info(args.checkpoint, num_heads=args.num_heads)
+    if args.json:
+        print(json.dumps(info, indent=1))
+    else:
+        print(f"{info['path']}: {info['kind']} checkpoint, {info['params_m']:.2f}M parameters")
+        for key, value in info["config"].items():
+            if value is not None and key != "class_names":
+                print(f"  {key:<20} {value}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ parser
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="vitlab", description="Build, train, fine-tune, understand and ship ViTs.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    from vitlab import __version__
+
+    parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+
+    p = sub.add_parser("models", help="list the model variants with parameter count and GFLOPs")
+    p.add_argument("--image-size", type=image_size_arg, default=None, help="override every variant's image size")
+    p.add_argument("--num-classes", type=int, default=None, help="override every variant's class count")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("convert", help="convert an official .npz / timm / HF / vitlab checkpoint to another kind")
+    p.add_argument("input", help="checkpoint file or folder (kind detected from its content)")
+    p.add_argument("output", help="file (vitlab, timm) or folder (hf) to write")
+    p.add_argument("--to", choices=("vitlab", "timm", "hf"), default="vitlab", help="kind to write (default vitlab)")
+    p.add_argument("--image-size", type=image_size_arg, default=None,
+                   help="resample the position embedding for this input size (patch size kept)")
+    p.add_argument("--num-heads", type=int, default=None, help="head count, for timm/HF weights with no config")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("info", help="show what a checkpoint holds")
+    p.add_argument("checkpoint")
+    p.add_argument("--num-heads", type=int, default=None, help="head count, for timm/HF weights with no config")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    handler: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return handler(args)
+    except VitlabError as error:
+        if args.debug:
+            raise
+        print(f"vitlab {args.command}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,66 @@
+"""Plain functions behind the informational CLI commands (`models`, `info`, `convert`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitlab.config import variant_config, variant_names
+
+
+def models_table(image_size: int | tuple[int, int] | None = None, num_classes: int | None = None) -> list[dict[str, Any]]:
+    """One row per variant: its shape, parameter count (millions) and GFLOPs per image."""
+    from vitlab.models.registry import model_stats
+
+    rows = []
+    for name in variant_names():
+        overrides: dict[str, Any] = {}
+        if image_size is not None:
+            overrides["image_size"] = image_size
+        if num_classes is not None:
+            overrides["num_classes"] = num_classes
+        config = variant_config(name, **overrides)
+        params, gflops = model_stats(config)
+        rows.append(dict(
+            name=name, image_size=list(config.image_size), patch_size=list(config.patch_size),
+            tokens=config.num_patches + config.num_prefix_tokens, embed_dim=config.embed_dim, depth=config.depth,
+            num_heads=config.num_heads, mlp_dim=config.mlp_dim, params=params, params_m=round(params / 1e6, 2),
+            gflops=round(gflops, 3),
+        ))
+    return rows
+
+
+def describe(config) -> str:
+    size = "x".join(map(str, config.image_size))
+    patch = "x".join(map(str, config.patch_size))
+    hybrid = f"ResNet stages {list(config.resnet_layers)} + " if config.resnet_layers is not None else ""
+    return (f"{hybrid}ViT width {config.embed_dim}, depth {config.depth}, {config.num_heads} heads, "
+            f"image {size}, patch {patch}, {config.classifier} head, {config.num_classes} classes")
+
+
+def checkpoint_info(path: str | Path, num_heads: int | None = None) -> dict[str, Any]:
+    from vitlab.checkpoint.formats import read_checkpoint
+
+    config, state, kind = read_checkpoint(path, {"num_heads": num_heads} if num_heads else None)
+    return dict(path=str(path), kind=kind, params_m=sum(t.numel() for t in state.values()) / 1e6,
+                config=config.to_dict())
+
+
+def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
+            image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> dict[str, Any]:
+    """Load any checkpoint, write it as `to`, read the written one back and compare logits on a random batch."""
+    from vitlab.checkpoint.formats import export_checkpoint, load_model, read_checkpoint
+
+    _, _, kind = read_checkpoint(input_path, {"num_heads": num_heads} if num_heads else None)
+    model = load_model(input_path, image_size=image_size, num_heads=num_heads)
+    written = export_checkpoint(model, output_path, to=to)
+    reloaded = load_model(written)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(2, model.config.in_chans, *model.config.image_size, generator=generator)
+    with torch.no_grad():
+        difference = (model(images) - reloaded(images)).abs().max().item() if model.config.num_classes else \
+            (model.forward_features(images) - reloaded.forward_features(images)).abs().max().item()
+    return dict(input=str(input_path), kind=kind, output=str(written), model=describe(model.config),
+                max_abs_diff=difference)

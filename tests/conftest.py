@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+# (fixture name, weights path relative to FIXTURES): every reference checkpoint with its expected logits.
+REFERENCE_CHECKPOINTS = [
+    ("jax_vit_token", "jax_vit_token.npz"),
+    ("jax_vit_gap_repr", "jax_vit_gap_repr.npz"),
+    ("jax_hybrid_r_vit", "jax_hybrid_r_vit.npz"),
+    ("timm_vit_token", "timm_vit_token.safetensors"),
+    ("timm_vit_avg_fcnorm", "timm_vit_avg_fcnorm.safetensors"),
+    ("hf_vit", "hf_vit"),
+]
+
+
+def reference_io(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(NCHW input, expected logits) written by the reference implementation."""
+    with np.load(FIXTURES / f"{name}.io.npz", allow_pickle=False) as io:
+        images = io["input_nchw"] if "input_nchw" in io.files else io["input_nhwc"].transpose(0, 3, 1, 2)
+        return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(io["logits"])
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)

@@ -1,0 +1,49 @@
+import torch
+
+from vitlab.layers.attention import Attention
+from vitlab.layers.block import Block
+from vitlab.layers.drop import DropPath
+
+
+def test_explicit_softmax_path_equals_fused_path_and_weights_are_distributions():
+    attention = Attention(embed_dim=16, num_heads=4).eval()
+    x = torch.randn(2, 5, 16)
+    fused = attention(x)
+    explicit, weights = attention(x, return_weights=True)
+    torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-6)
+    assert weights.shape == (2, 4, 5, 5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
+
+
+def test_attention_matches_a_hand_written_multi_head_attention():
+    attention = Attention(embed_dim=8, num_heads=2).eval()
+    x = torch.randn(1, 3, 8)
+    q, k, v = attention.qkv(x).split(8, dim=-1)
+    heads = []
+    for h in range(2):
+        sl = slice(4 * h, 4 * h + 4)
+        a = torch.softmax(q[..., sl] @ k[..., sl].transpose(-1, -2) / 2.0, dim=-1)  # sqrt(head_dim) = 2
+        heads.append(a @ v[..., sl])
+    expected = attention.proj(torch.cat(heads, dim=-1))
+    torch.testing.assert_close(attention(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_block_is_pre_norm_residual():
+    block = Block(8, 2, 16).eval()
+    x = torch.randn(2, 3, 8)
+    mid = x + block.attn(block.norm1(x))
+    expected = mid + block.mlp(block.norm2(mid))
+    torch.testing.assert_close(block(x), expected)
+    out, weights = block(x, return_attention=True)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    assert weights.shape == (2, 2, 3, 3)
+
+
+def test_drop_path_is_identity_at_eval_and_unbiased_in_training():
+    drop = DropPath(0.25)
+    x = torch.ones(20000, 1)
+    assert torch.equal(drop.eval()(x), x)
+    out = drop.train()(x)
+    kept = out != 0
+    assert 0.72 < kept.float().mean() < 0.78
+    assert torch.allclose(out[kept], torch.tensor(1 / 0.75))

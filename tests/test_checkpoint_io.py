@@ -1,0 +1,146 @@
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitlab import load_model
+from vitlab.checkpoint.io import atomic_write_bytes, read_npz, read_torch_file, save_model
+from vitlab.config import ViTConfig
+from vitlab.errors import CheckpointError
+from vitlab.models import create_model
+
+TINY = ViTConfig(image_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3,
+                 class_names=["a", "b", "c"])
+
+
+def test_save_and_load_round_trip_keeps_weights_and_config(tmp_path):
+    model = create_model(TINY)
+    path = save_model(model, tmp_path / "m.safetensors")
+    loaded = load_model(path)
+    assert loaded.config == model.config and loaded.config.class_names == ["a", "b", "c"]
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not loaded.training
+    assert [p.name for p in tmp_path.iterdir()] == ["m.safetensors"]  # no temporary file left behind
+
+
+def test_load_with_a_new_image_size_resamples(tmp_path):
+    path = save_model(create_model(TINY), tmp_path / "m.safetensors")
+    model = load_model(path, image_size=16)
+    assert model.config.grid_size == (8, 8) and model(torch.randn(1, 3, 16, 16)).shape == (1, 3)
+
+
+def test_failed_atomic_write_keeps_the_previous_file(tmp_path, monkeypatch):
+    target = tmp_path / "ckpt.bin"
+    atomic_write_bytes(target, b"good")
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_bytes(target, b"new and bigger")
+    assert target.read_bytes() == b"good"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.bin"]
+
+
+def test_truncated_file_is_a_clear_error_naming_it(tmp_path):
+    path = save_model(create_model(TINY), tmp_path / "m.safetensors")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"{path}.*truncated or corrupt"):
+        load_model(path)
+
+
+def test_mismatched_shape_names_the_key_and_both_shapes(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    path = save_model(create_model(TINY), tmp_path / "m.safetensors")
+    with safe_open(str(path), "pt") as handle:
+        metadata = handle.metadata()
+    tensors = load_file(path)
+    tensors["blocks.1.mlp.fc1.weight"] = torch.zeros(33, 16)
+    save_file(tensors, path, metadata=metadata)
+    with pytest.raises(CheckpointError, match=r"'blocks.1.mlp.fc1.weight' has shape \(33, 16\), the model expects \(32, 16\)"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t: t.pop("norm.bias"), "missing tensor 'norm.bias'"),
+    (lambda t: t.update(extra=torch.zeros(2)), "unexpected tensor 'extra'"),
+    (lambda t: t["head.bias"].fill_(float("nan")), "'head.bias' holds NaN"),
+])
+def test_incomplete_or_broken_state_dicts_are_refused(tmp_path, change, message):
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    path = save_model(create_model(TINY), tmp_path / "m.safetensors")
+    with safe_open(str(path), "pt") as handle:
+        metadata = handle.metadata()
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path, metadata=metadata)
+    with pytest.raises(CheckpointError, match=message):
+        load_model(path)
+
+
+class Exploit:
+    """Unpickling this runs code: it creates a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_with_code_is_refused_and_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pth"
+    torch.save({"blocks.0.attn.qkv.weight": torch.zeros(1), "payload": Exploit(marker)}, path)
+    with pytest.raises(CheckpointError, match="refused.*arbitrary code"):
+        load_model(path)
+    with pytest.raises(CheckpointError, match="refused"):
+        read_torch_file(path)
+    assert not marker.exists()
+
+
+def test_npz_with_pickled_objects_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.npz"
+    np.savez(path, payload=np.array([Exploit(marker)], dtype=object))
+    with pytest.raises(CheckpointError, match="pickled Python objects"):
+        read_npz(path)
+    assert not marker.exists()
+
+
+def test_plain_torch_state_dict_loads(tmp_path):
+    model = create_model(TINY).eval()
+    path = tmp_path / "state.pth"
+    torch.save({"model": model.state_dict()}, path)
+    loaded = load_model(path, num_heads=2)
+    x = torch.randn(1, 3, 8, 8)
+    torch.testing.assert_close(loaded(x), model(x))
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "not a checkpoint vitlab reads"),
+    (b"hello world, not weights", "not a checkpoint vitlab reads"),
+    (b"PK\x03\x04garbage", "zip archive but is corrupt"),
+])
+def test_junk_files_are_clear_errors(tmp_path, content, message):
+    path = tmp_path / "junk.safetensors"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=message):
+        load_model(path)
+
+
+def test_missing_path_and_empty_folder(tmp_path):
+    with pytest.raises(CheckpointError, match="no such file"):
+        load_model(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="a folder with none of"):
+        load_model(tmp_path)

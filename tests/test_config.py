@@ -1,0 +1,56 @@
+import pytest
+
+from vitlab.config import ViTConfig, variant_config, variant_names
+from vitlab.errors import ConfigError
+
+
+def test_variant_table_decodes_paper_names():
+    config = variant_config("B/16")
+    assert (config.embed_dim, config.depth, config.num_heads, config.mlp_dim) == (768, 12, 12, 3072)
+    assert config.patch_size == (16, 16) and config.grid_size == (14, 14)
+    assert variant_config("L/32").depth == 24 and variant_config("H/14").embed_dim == 1280
+    hybrid = variant_config("R50+B/16")
+    assert hybrid.resnet_layers == (3, 4, 9) and hybrid.patch_size == (1, 1) and hybrid.grid_size == (14, 14)
+    assert len(variant_names()) == 5 * 4 + 3 + 3
+
+
+def test_unknown_variant_lists_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown model variant 'X/16'.*B/16"):
+        variant_config("X/16")
+
+
+def test_patch_that_does_not_divide_the_image_names_both_numbers():
+    with pytest.raises(ConfigError, match="patch size 16 does not divide image height 30; use an image size of 32"):
+        ViTConfig(image_size=30, patch_size=16)
+
+
+def test_non_square_images_and_patches():
+    config = ViTConfig(image_size=(32, 48), patch_size=(4, 8))
+    assert config.grid_size == (8, 6) and config.num_patches == 48
+
+
+def test_json_round_trip_and_rejects_unknown_keys():
+    config = variant_config("digits-8", classifier="gap", representation_size=16)
+    assert ViTConfig.from_json(config.to_json()) == config
+    with pytest.raises(ConfigError, match="unknown model config keys \\['colour'\\]"):
+        ViTConfig.from_dict({**config.to_dict(), "colour": 1})
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        ViTConfig.from_json("{")
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(classifier="cls"), "classifier must be"),
+    (dict(embed_dim=30, num_heads=4), "does not divide by num_heads"),
+    (dict(classifier="token", class_token=False), "needs class_token=True"),
+    (dict(image_size=-1), "must be positive"),
+    (dict(image_size="big"), "must be an int or a pair"),
+])
+def test_invalid_configs_say_what_is_wrong(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        ViTConfig(**fields)
+
+
+def test_gap_has_no_class_token_by_default():
+    assert ViTConfig(classifier="gap").class_token is False
+    assert ViTConfig(classifier="gap").num_prefix_tokens == 0
+    assert ViTConfig(classifier="token").num_prefix_tokens == 1

@@ -1,0 +1,127 @@
+import pytest
+import torch
+
+from vitlab.config import ViTConfig, variant_config
+from vitlab.errors import UsageError
+from vitlab.models import VisionTransformer, create_model, model_stats
+
+TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5)
+
+
+def randomise(model: VisionTransformer) -> VisionTransformer:
+    """Give zero-initialised parts (head, class token) values so tests see them."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return model.eval()
+
+
+@pytest.mark.parametrize("fields", [
+    dict(),
+    dict(classifier="gap"),
+    dict(classifier="gap", class_token=True),
+    dict(classifier="gap", fc_norm=True),
+    dict(representation_size=24),
+    dict(pos_embed="sincos2d"),
+    dict(image_size=(16, 24), patch_size=(4, 8)),
+    dict(num_classes=0),
+])
+def test_forward_shapes_for_every_head_kind(fields):
+    config = ViTConfig(**{**TINY, **fields})
+    model = randomise(create_model(config))
+    logits = model(torch.randn(2, 3, *config.image_size))
+    assert logits.shape == (2, config.num_classes or config.embed_dim)
+
+
+def test_forward_follows_the_papers_equations():
+    model = randomise(create_model(ViTConfig(**TINY)))
+    images = torch.randn(2, 3, 16, 16)
+    from vitlab.layers.patch_embed import patchify
+
+    z = patchify(images, 4) @ model.patch_embed.linear_weight() + model.patch_embed.proj.bias  # x_p E
+    z = torch.cat([model.cls_token.expand(2, -1, -1), z], dim=1) + model.pos_embed  # eq. 1
+    for block in model.blocks:
+        z = z + block.attn(block.norm1(z))  # eq. 2
+        z = z + block.mlp(block.norm2(z))  # eq. 3
+    y = model.norm(z[:, 0])  # eq. 4
+    torch.testing.assert_close(model(images), model.head(y), rtol=1e-4, atol=1e-5)
+
+
+def test_gap_pools_the_mean_of_patch_tokens_after_the_norm():
+    model = randomise(create_model(ViTConfig(**TINY, classifier="gap")))
+    images = torch.randn(2, 3, 16, 16)
+    tokens = model.forward_features(images)
+    assert tokens.shape == (2, 16, 32)
+    torch.testing.assert_close(model(images), model.head(tokens.mean(1)))
+
+
+def test_intermediates_match_the_default_path():
+    model = randomise(create_model(ViTConfig(**TINY)))
+    images = torch.randn(2, 3, 16, 16)
+    out = model.forward_intermediates(images)
+    torch.testing.assert_close(out["logits"], model(images), rtol=1e-5, atol=1e-5)
+    assert len(out["attentions"]) == 3 and out["attentions"][0].shape == (2, 4, 17, 17)
+    assert len(out["hidden_states"]) == 3 and out["hidden_states"][-1].shape == (2, 17, 32)
+    torch.testing.assert_close(out["attentions"][1].sum(-1), torch.ones(2, 4, 17))
+
+
+def test_attention_callback_receives_only_the_asked_layers_one_at_a_time():
+    model = randomise(create_model(ViTConfig(**TINY)))
+    seen = []
+    out = model.forward_intermediates(torch.randn(1, 3, 16, 16), attention_layers=[-1, 0], hidden_states=False,
+                                      attention_callback=lambda layer, weights: seen.append((layer, weights.shape)))
+    assert seen == [(0, (1, 4, 17, 17)), (2, (1, 4, 17, 17))]
+    assert "attentions" not in out and "hidden_states" not in out
+
+
+def test_dropout_and_drop_path_are_off_at_inference():
+    model = randomise(create_model(ViTConfig(**TINY, dropout=0.5, attention_dropout=0.5, drop_path=0.5)))
+    images = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(model(images), model(images))
+    model.train()
+    assert not torch.allclose(model(images), model(images))
+
+
+def test_set_image_size_resamples_position_embedding_and_keeps_the_class_row():
+    model = randomise(create_model(ViTConfig(**TINY)))
+    class_row = model.pos_embed[:, 0].clone()
+    model.set_image_size(32)
+    assert model.pos_embed.shape == (1, 1 + 64, 32) and model.config.grid_size == (8, 8)
+    assert torch.equal(model.pos_embed[:, 0], class_row)
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+
+
+def test_wrong_input_size_is_a_clear_error():
+    model = create_model(ViTConfig(**TINY)).eval()
+    with pytest.raises(UsageError, match=r"expects images of shape \(B, 3, 16, 16\), got \(1, 3, 20, 20\)"):
+        model(torch.randn(1, 3, 20, 20))
+
+
+def test_reset_head_is_zero_and_remove_representation():
+    model = randomise(create_model(ViTConfig(**TINY, representation_size=24)))
+    model.remove_representation()
+    model.reset_head(7)
+    assert model.head.weight.shape == (7, 32) and not model.head.weight.any() and not model.head.bias.any()
+    assert model.config.num_classes == 7 and model.config.representation_size is None
+    assert torch.equal(model(torch.randn(2, 3, 16, 16)), torch.zeros(2, 7))
+
+
+@pytest.mark.parametrize("name, millions", [
+    ("Ti/16", 5.72), ("S/16", 22.05), ("B/16", 86.57), ("L/16", 304.33), ("H/14", 632.05), ("R50+B/16", 98.66),
+])
+def test_parameter_counts_match_the_reference_models(name, millions):
+    params, gflops = model_stats(variant_config(name))
+    assert round(params / 1e6, 2) == millions
+    assert gflops > 0
+
+
+def test_flop_count_of_b16_is_the_known_figure():
+    # 17.56 GMACs per 224x224 image is the figure timm and fvcore report for ViT-B/16.
+    _, gflops = model_stats(variant_config("B/16"))
+    assert abs(gflops - 35.13) < 0.01
+
+
+def test_extrapolated_stats_equal_a_full_count():
+    config = variant_config("digits-8")
+    full = sum(p.numel() for p in create_model(config).parameters())
+    assert model_stats(config)[0] == full
