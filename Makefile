@@ -15,8 +15,7 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
-	$(BIN)/vitlab models
-	$(BIN)/vitlab convert tests/fixtures/jax_vit_token.npz runs/demo/jax_vit_token.safetensors
+	$(BIN)/vitlab train --set run_name=demo-$$(date +%Y%m%d-%H%M%S)
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q

@@ -75,6 +75,66 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
+    from vitlab.train.loop import train
+
+    if args.resume:
+        if args.config or args.set or args.dataset or args.epochs:
+            raise UsageError("--resume continues a run with its own recipe; drop --config/--set/--dataset/--epochs")
+        summary = train(TrainConfig(), resume=args.resume, use_previous=args.use_previous)
+    else:
+        config = load_recipe(args.config) if args.config else TrainConfig()
+        shorthand = [f"{key}={value}" for key, value in (("dataset", args.dataset), ("data_dir", args.data_dir),
+                                                          ("epochs", args.epochs), ("model", args.model),
+                                                          ("out_dir", args.out_dir)) if value is not None]
+        config = apply_overrides(config, shorthand + (args.set or []))
+        summary = train(config)
+    return 0 if summary["status"] in ("finished", "interrupted") else 1
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from vitlab.eval.runner import run_evaluation
+
+    report = run_evaluation(args.checkpoint, args.dataset, args.data_dir, args.split, args.out, args.batch_size)
+    if args.json:
+        print(json.dumps({k: v for k, v in report.items() if k != "confusion"}, indent=1))
+        return 0
+    print(f"{report['checkpoint']} on {report['dataset']} ({report['split']}, {report['count']} images)")
+    print(f"  top-1 {100 * report['top1']:.2f}%   top-5 {100 * report['top5']:.2f}%   loss {report['loss']:.4f}")
+    worst = sorted(zip(report["class_names"], report["per_class"]), key=lambda item: item[1])[:5]
+    print("  weakest classes: " + ", ".join(f"{name} {100 * acc:.1f}%" for name, acc in worst))
+    print(f"  wrote {report['json_path']} and {report['confusion_path']}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from vitlab.checkpoint import load_model
+    from vitlab.eval.predict import predict
+
+    model = load_model(args.checkpoint)
+    rows = predict(model, args.inputs, top_k=args.top_k)
+    if args.format == "json":
+        print(json.dumps(rows, indent=1))
+    elif args.format == "csv":
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        writer.writerow(["path", "rank", "label", "probability"])
+        for row in rows:
+            for rank, pred in enumerate(row.get("predictions", []), 1):
+                writer.writerow([row["path"], rank, pred["label"], f"{pred['probability']:.6f}"])
+    else:
+        width = max(len(row["path"]) for row in rows)
+        for row in rows:
+            if "error" in row:
+                print(f"{row['path']:<{width}}  error: {row['error']}")
+                continue
+            top = "  ".join(f"{p['label']} {100 * p['probability']:5.1f}%" for p in row["predictions"])
+            print(f"{row['path']:<{width}}  {top}")
+    return 0 if any("predictions" in row for row in rows) else 1
+
+
 # ------------------------------------------------------------------------------------------------ parser
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="vitlab", description="Build, train, fine-tune, understand and ship ViTs.")
@@ -98,6 +158,38 @@ def build_parser() -> ArgumentParser:
                    help="resample the position embedding for this input size (patch size kept)")
     p.add_argument("--num-heads", type=int, default=None, help="head count, for timm/HF weights with no config")
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("train", help="train a ViT (default: the digits recipe); torchrun-ready")
+    p.add_argument("--config", help="recipe file (configs/*.py) defining `config = TrainConfig(...)`")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a recipe field, e.g. --set lr=1e-3 --set augment.hflip=true (repeatable)")
+    p.add_argument("--dataset", help="shorthand for --set dataset=NAME (digits, mnist, fashion-mnist, cifar10, "
+                                     "cifar100, folder)")
+    p.add_argument("--data-dir", help="shorthand for --set data_dir=PATH: data files already on disk")
+    p.add_argument("--epochs", type=int, help="shorthand for --set epochs=N")
+    p.add_argument("--model", help="shorthand for --set model=VARIANT")
+    p.add_argument("--out-dir", help="shorthand for --set out_dir=PATH (default runs/)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run exactly where it stopped")
+    p.add_argument("--use-previous", action="store_true",
+                   help="with --resume: fall back to the previous checkpoint if the last one is damaged")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a run or checkpoint on a data set")
+    p.add_argument("checkpoint", help="run folder or checkpoint")
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--data-dir")
+    p.add_argument("--split", choices=("train", "test"), default="test")
+    p.add_argument("--out", help="folder for eval JSON and confusion matrix (default: beside the checkpoint)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("predict", help="top-k labels for images or folders of images")
+    p.add_argument("checkpoint", help="run folder or checkpoint")
+    p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER")
+    p.add_argument("--top-k", type=int, default=3)
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("info", help="show what a checkpoint holds")
     p.add_argument("checkpoint")

@@ -53,6 +53,10 @@ class ViTConfig:
     # Hybrid only: ResNet stages of the stem (bottleneck units per stage) and its width multiplier.
     resnet_layers: tuple[int, ...] | None = None
     resnet_width_factor: float = 1.0
+    # Preprocessing the weights expect: pixels scaled to [0, 1], then (x - mean) / std per channel (one value
+    # for all channels, or one per channel). The official code and the paper use 0.5 / 0.5, i.e. [-1, 1].
+    image_mean: tuple[float, ...] = (0.5,)
+    image_std: tuple[float, ...] = (0.5,)
     # Optional metadata: names of the classes, in head order, so predictions can print labels.
     class_names: list[str] | None = None
     name: str | None = field(default=None, compare=False)  # variant the config came from, for display only
@@ -62,6 +66,14 @@ class ViTConfig:
         self.patch_size = to_pair(self.patch_size, "patch_size")
         if self.resnet_layers is not None:
             self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
+        for name in ("image_mean", "image_std"):
+            value = getattr(self, name)
+            value = (float(value),) if isinstance(value, (int, float)) else tuple(float(v) for v in value)
+            if len(value) not in (1, self.in_chans):
+                raise ConfigError(f"{name} needs 1 or {self.in_chans} values (one per channel), got {len(value)}")
+            setattr(self, name, value)
+        if min(self.image_std) <= 0:
+            raise ConfigError(f"image_std must be positive, got {self.image_std}")
         if self.classifier not in ("token", "gap"):
             raise ConfigError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
         if self.class_token is None:

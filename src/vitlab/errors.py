@@ -19,3 +19,7 @@ class ConfigError(UsageError):
 
 class CheckpointError(VitlabError):
     """A checkpoint that cannot be read, is of an unknown kind, or does not fit the model."""
+
+
+class DataError(UsageError):
+    """A data set that is missing, empty, corrupt or does not fit the model; exits with code 2."""

@@ -1,0 +1,1 @@
+"""Data sets, downloads and batch augmentation."""

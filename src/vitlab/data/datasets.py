@@ -1,0 +1,336 @@
+"""Image classification data sets, held in memory as uint8 tensors (N, C, H, W) with int64 labels.
+
+`digits` ships inside the package (UCI optical digits, 8x8, CC BY 4.0); `mnist` and `fashion-mnist` read the
+standard IDX `.gz` files; `cifar10` and `cifar100` the standard python tarballs (through an unpickler that only
+builds numeric NumPy arrays); `folder` an ImageFolder-style tree. Files come from `data_dir` when given,
+else from the download cache.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+import struct
+import tarfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vitlab.data.download import RemoteFile, download
+from vitlab.errors import DataError
+
+DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder")
+
+
+@dataclass
+class ImageDataset:
+    images: torch.Tensor  # uint8 (N, C, H, W)
+    labels: torch.Tensor  # int64 (N,)
+    class_names: list[str]
+    name: str
+    max_value: float = 255.0  # pixel value that means "white" (16 for digits)
+    hflip: bool = False  # whether a horizontal flip keeps the label (photos yes, digits no)
+    skipped: list[str] = field(default_factory=list)  # files that could not be read
+
+    def __post_init__(self) -> None:
+        if len(self.images) == 0:
+            raise DataError(f"data set {self.name!r} has no images")
+        if len(self.images) != len(self.labels):
+            raise DataError(f"data set {self.name!r}: {len(self.images)} images but {len(self.labels)} labels")
+        bad = (self.labels < 0) | (self.labels >= len(self.class_names))
+        if bad.any():
+            index = int(bad.nonzero()[0, 0])
+            raise DataError(f"data set {self.name!r}: label {int(self.labels[index])} of image {index} is out of range "
+                            f"0..{len(self.class_names) - 1}; the files are corrupt or of another data set")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return int(self.images.shape[-2]), int(self.images.shape[-1])
+
+    @property
+    def channels(self) -> int:
+        return int(self.images.shape[1])
+
+    def subset(self, indices: torch.Tensor, name: str | None = None) -> "ImageDataset":
+        return ImageDataset(self.images[indices], self.labels[indices], self.class_names, name or self.name,
+                            self.max_value, self.hflip)
+
+
+# ------------------------------------------------------------------------------------------------ digits
+def load_digits(split: str) -> ImageDataset:
+    path = Path(__file__).with_name("digits.npz")
+    with np.load(path, allow_pickle=False) as data:
+        mask = data["test_mask"] if split == "test" else ~data["test_mask"]
+        images = torch.from_numpy(data["images"][mask]).unsqueeze(1)  # (N, 1, 8, 8), values 0..16
+        labels = torch.from_numpy(data["labels"][mask])
+    return ImageDataset(images, labels, [str(d) for d in range(10)], "digits", max_value=16.0)
+
+
+# ------------------------------------------------------------------------------------------------ IDX (MNIST)
+MNIST_MIRRORS = ("https://storage.googleapis.com/cvdf-datasets/mnist/", "https://ossci-datasets.s3.amazonaws.com/mnist/")
+FASHION_MIRRORS = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",)
+# name: (sha256, bytes); from the published checksum lists of the data sets' distributors.
+MNIST_FILES = {
+    "train-images-idx3-ubyte.gz": ("440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609", 9912422),
+    "train-labels-idx1-ubyte.gz": ("3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c", 28881),
+    "t10k-images-idx3-ubyte.gz": ("8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6", 1648877),
+    "t10k-labels-idx1-ubyte.gz": ("f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6", 4542),
+}
+FASHION_FILES = {
+    "train-images-idx3-ubyte.gz": ("3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84", 26421880),
+    "train-labels-idx1-ubyte.gz": ("a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845", 29515),
+    "t10k-images-idx3-ubyte.gz": ("346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073", 4422102),
+    "t10k-labels-idx1-ubyte.gz": ("67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5", 5148),
+}
+FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                   "Ankle boot"]
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX array (the MNIST format: magic, dimension sizes, then big-endian data), gzipped or not."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as handle:
+            raw = handle.read()
+    except (OSError, EOFError) as error:
+        raise DataError(f"{path}: cannot be read as a gzip file ({error}); delete it and download it again") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise DataError(f"{path}: not an IDX file of unsigned bytes (bad magic number)")
+    ndim = raw[3]
+    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
+    expected = int(np.prod(dims))
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != expected:
+        raise DataError(f"{path}: the header promises {expected} values of shape {dims} but the file holds {data.size}; "
+                        "it is truncated or corrupt")
+    return data.reshape(dims)
+
+
+def locate(name: str, remote: RemoteFile, data_dir: Path | None, allow_download: bool) -> Path:
+    """A data file from data_dir (as given or in its sub-folders) when one is given, else from the download cache."""
+    if data_dir is not None:
+        for candidate in (data_dir / name, *sorted(data_dir.glob(f"*/{name}"))):
+            if candidate.is_file():
+                return candidate
+        raise DataError(f"{name} is not in {data_dir}; put the file there, or drop --data-dir to download it")
+    if not allow_download:
+        raise DataError(f"{name} is not in the cache and downloads are off; pass --data-dir with the file")
+    return download(remote)
+
+
+def load_idx_dataset(name: str, split: str, data_dir: Path | None, allow_download: bool) -> ImageDataset:
+    files, mirrors = (MNIST_FILES, MNIST_MIRRORS) if name == "mnist" else (FASHION_FILES, FASHION_MIRRORS)
+    prefix = "train" if split == "train" else "t10k"
+    arrays = []
+    for kind in ("images-idx3", "labels-idx1"):
+        file_name = f"{prefix}-{kind}-ubyte.gz"
+        sha, size = files[file_name]
+        remote = RemoteFile(f"{name}-{file_name}", sha, size, tuple(m + file_name for m in mirrors))
+        arrays.append(read_idx(locate(file_name, remote, data_dir, allow_download)))
+    images, labels = arrays
+    if images.ndim != 3 or labels.ndim != 1:
+        raise DataError(f"{name}: expected images (N, H, W) and labels (N,), got {images.shape} and {labels.shape}")
+    classes = [str(d) for d in range(10)] if name == "mnist" else FASHION_CLASSES
+    return ImageDataset(torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.astype(np.int64)),
+                        classes, name, hflip=name == "fashion-mnist")
+
+
+# ------------------------------------------------------------------------------------------------ CIFAR
+CIFAR_REMOTES = {
+    "cifar10": RemoteFile("cifar-10-python.tar.gz", "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
+                          170498071, ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",)),
+    "cifar100": RemoteFile("cifar-100-python.tar.gz", "85cd44d02ba6437773c5bbd22e183051d648de2e7d6b014e1ef29b855ba677a7",
+                           169001437, ("https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",)),
+}
+
+
+def safe_dtype(*args, **kwargs) -> np.dtype:
+    dtype = np.dtype(*args, **kwargs)
+    if dtype.hasobject:
+        raise pickle.UnpicklingError("object arrays are not allowed")
+    return dtype
+
+
+class NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickles plain containers and numeric NumPy arrays only; any other class or function is refused, so a
+    crafted file cannot run code."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        if name == "dtype":
+            return safe_dtype
+        if name == "ndarray":
+            return np.ndarray
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+
+        return _reconstruct
+
+
+def unpickle_numeric(data: bytes, source: str) -> dict:
+    try:
+        return NumpyOnlyUnpickler(io.BytesIO(data), encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as error:
+        raise DataError(f"{source}: refused or unreadable ({error}); the CIFAR python files hold only arrays and "
+                        "lists, so this file is corrupt or not what it claims to be") from None
+
+
+def load_cifar(name: str, split: str, data_dir: Path | None, allow_download: bool) -> ImageDataset:
+    remote = CIFAR_REMOTES[name]
+    path = locate(remote.name, remote, data_dir, allow_download)
+    if name == "cifar10":
+        members = [f"data_batch_{i}" for i in range(1, 6)] if split == "train" else ["test_batch"]
+        label_key, meta_name, names_key = b"labels", "batches.meta", b"label_names"
+    else:
+        members = ["train" if split == "train" else "test"]
+        label_key, meta_name, names_key = b"fine_labels", "meta", b"fine_label_names"
+    images, labels = [], []
+    try:
+        with tarfile.open(path, "r:gz") as archive:
+            by_name = {Path(m.name).name: m for m in archive.getmembers() if m.isfile()}
+            missing = [m for m in members + [meta_name] if m not in by_name]
+            if missing:
+                raise DataError(f"{path}: the archive lacks {missing[0]!r}; it is not the {name} python tarball")
+            for member in members:
+                batch = unpickle_numeric(archive.extractfile(by_name[member]).read(), f"{path}:{member}")
+                data = np.asarray(batch[b"data"], dtype=np.uint8)
+                if data.ndim != 2 or data.shape[1] != 3072:
+                    raise DataError(f"{path}:{member}: expected rows of 3072 pixel values, got shape {data.shape}")
+                images.append(data.reshape(-1, 3, 32, 32))
+                labels.extend(batch[label_key])
+            meta = unpickle_numeric(archive.extractfile(by_name[meta_name]).read(), f"{path}:{meta_name}")
+    except (tarfile.TarError, EOFError, OSError, KeyError) as error:
+        raise DataError(f"{path}: not a readable {name} tarball ({error}); delete it and download it again") from None
+    classes = [c.decode() if isinstance(c, bytes) else str(c) for c in meta[names_key]]
+    return ImageDataset(torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.int64), classes,
+                        name, hflip=True)
+
+
+# ------------------------------------------------------------------------------------------------ folder
+IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+MAX_BAD_FRACTION = 0.1
+
+
+def read_image(path: Path, image_size: tuple[int, int], channels: int = 3) -> torch.Tensor:
+    """One image file as uint8 (C, H, W): EXIF rotation applied, converted to RGB (or L), the shorter side
+    resized to fit and the centre cropped to `image_size`. Raises DataError when it cannot be decoded."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image = ImageOps.exif_transpose(image)
+            if image.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit grey: scale to 8 bits, not clip
+                array = np.asarray(image, dtype=np.float64)
+                image = Image.fromarray((array / max(array.max(), 1) * 255).astype(np.uint8))
+            image = image.convert("RGBA").convert("RGB") if image.mode in ("P", "PA", "LA") else image
+            image = image.convert("RGB" if channels == 3 else "L")
+            height, width = image_size
+            scale = max(height / image.height, width / image.width)
+            resized = image.resize((max(width, round(image.width * scale)), max(height, round(image.height * scale))),
+                                   Image.Resampling.BICUBIC)
+            left, top = (resized.width - width) // 2, (resized.height - height) // 2
+            array = np.asarray(resized.crop((left, top, left + width, top + height)), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+        raise DataError(f"{path}: not a readable image ({type(error).__name__}: {error})") from None
+    array = array[:, :, None] if array.ndim == 2 else array
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+
+def scan_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    """Class names (sorted sub-folder names) and (file, label) pairs of an ImageFolder-style tree."""
+    if not root.is_dir():
+        raise DataError(f"data folder {root} does not exist; pass --data-dir with one sub-folder per class")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise DataError(f"data folder {root} has no class sub-folders; put each class's images in a sub-folder "
+                        f"named after the class ({root}/cat/1.jpg, {root}/dog/2.jpg, ...)")
+    samples = []
+    for label, name in enumerate(classes):
+        files = sorted(p for p in (root / name).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+        if not files:
+            raise DataError(f"class folder {root / name} holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))}); "
+                            "add images or remove the folder")
+        samples.extend((path, label) for path in files)
+    return classes, samples
+
+
+def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3) -> ImageDataset:
+    classes, samples = scan_folder(root)
+    images, labels, skipped = [], [], []
+    for path, label in samples:
+        try:
+            images.append(read_image(path, image_size, channels))
+            labels.append(label)
+        except DataError as error:
+            skipped.append(str(error))
+    if skipped:
+        warnings.warn(f"skipped {len(skipped)} of {len(samples)} unreadable images in {root}, e.g. {skipped[0]}",
+                      stacklevel=2)
+    if len(skipped) > MAX_BAD_FRACTION * len(samples):
+        raise DataError(f"{len(skipped)} of {len(samples)} images in {root} are unreadable (more than "
+                        f"{MAX_BAD_FRACTION:.0%}); first: {skipped[0]}")
+    dataset = ImageDataset(torch.stack(images), torch.tensor(labels), classes, f"folder:{root.name}", hflip=True)
+    dataset.skipped = skipped
+    return dataset
+
+
+def split_indices(labels: torch.Tensor, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stratified (train, test) split of indices, fixed by the seed."""
+    generator = torch.Generator().manual_seed(seed)
+    train, test = [], []
+    for label in labels.unique():
+        members = (labels == label).nonzero().flatten()
+        members = members[torch.randperm(len(members), generator=generator)]
+        count = int(round(test_fraction * len(members)))
+        test.append(members[:count])
+        train.append(members[count:])
+    return torch.cat(train).sort().values, torch.cat(test).sort().values
+
+
+def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = None, allow_download: bool = True,
+                 image_size: int | tuple[int, int] | None = None, channels: int = 3,
+                 test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
+    """A data set split ("train" or "test") by name; see the module docstring for the names.
+
+    folder: `data_dir` holds either train/ and test/ (or val/) trees, or one tree that is split stratified
+    (test_fraction, seed); its images are resized to `image_size` (default 32).
+    """
+    if split not in ("train", "test"):
+        raise DataError(f"split must be 'train' or 'test', got {split!r}")
+    root = Path(data_dir).expanduser() if data_dir is not None else None
+    if root is not None and not root.exists():
+        raise DataError(f"--data-dir {root} does not exist")
+    if name == "digits":
+        return load_digits(split)
+    if name in ("mnist", "fashion-mnist"):
+        return load_idx_dataset(name, split, root, allow_download)
+    if name in ("cifar10", "cifar100"):
+        return load_cifar(name, split, root, allow_download)
+    if name == "folder":
+        if root is None:
+            raise DataError("the folder data set needs --data-dir PATH (one sub-folder per class)")
+        size = image_size if image_size is not None else 32
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        for test_name in ("test", "val"):
+            if (root / "train").is_dir() and (root / test_name).is_dir():
+                return load_folder(root / ("train" if split == "train" else test_name), size, channels)
+        dataset = load_folder(root, size, channels)
+        train, test = split_indices(dataset.labels, test_fraction, seed)
+        return dataset.subset(train if split == "train" else test)
+    raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")

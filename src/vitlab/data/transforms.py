@@ -1,0 +1,238 @@
+"""Augmentation of whole batches of float images (B, C, H, W) in [0, 1], seeded and cheap on a CPU.
+
+Every random number is drawn for the global batch and each process keeps the rows of its shard, so a run
+on N processes sees exactly the augmentation of a single-process run with the same seed and global batch.
+
+Ops: random crop with padding, horizontal flip, TrivialAugment (Mueller and Hutter 2021: one op per image,
+uniformly chosen, uniform magnitude), random erasing (Zhong et al. 2017), Mixup (Zhang et al. 2018) and
+CutMix (Yun et al. 2019).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+class Draws:
+    """Random numbers for a global batch of `global_batch` rows, of which this process keeps `shard`."""
+
+    def __init__(self, generator: torch.Generator, global_batch: int, shard: slice | None = None) -> None:
+        self.generator = generator
+        self.global_batch = global_batch
+        self.shard = shard if shard is not None else slice(None)
+
+    def uniform(self, *shape: int, low: float = 0.0, high: float = 1.0) -> torch.Tensor:
+        values = torch.rand(self.global_batch, *shape, generator=self.generator)[self.shard]
+        return low + (high - low) * values
+
+    def integers(self, high: int, *shape: int) -> torch.Tensor:
+        return torch.randint(high, (self.global_batch, *shape), generator=self.generator)[self.shard]
+
+    def scalar(self) -> float:
+        """One number for the whole batch, the same on every process."""
+        return float(torch.rand((), generator=self.generator))
+
+
+def random_crop(images: torch.Tensor, padding: int, draws: Draws) -> torch.Tensor:
+    """Zero-pad by `padding` pixels and crop back to the original size at a random offset per image."""
+    if padding <= 0:
+        return images
+    batch, channels, height, width = images.shape
+    padded = F.pad(images, (padding, padding, padding, padding))
+    offset_y = draws.integers(2 * padding + 1)
+    offset_x = draws.integers(2 * padding + 1)
+    rows = offset_y[:, None] + torch.arange(height)  # (B, H)
+    cols = offset_x[:, None] + torch.arange(width)  # (B, W)
+    batch_index = torch.arange(batch)[:, None, None]
+    cropped = padded.permute(0, 2, 3, 1)[batch_index, rows[:, :, None], cols[:, None, :]]  # (B, H, W, C)
+    return cropped.permute(0, 3, 1, 2)
+
+
+def random_hflip(images: torch.Tensor, draws: Draws, probability: float = 0.5) -> torch.Tensor:
+    flip = (draws.uniform() < probability)[:, None, None, None]
+    return torch.where(flip, images.flip(-1), images)
+
+
+def warp(images: torch.Tensor, theta: torch.Tensor, which: torch.Tensor | None = None) -> torch.Tensor:
+    """Apply per-image 2x3 affine matrices (normalised coordinates, output -> input) to the images selected
+    by the boolean mask `which` (all by default); pixels from outside the image are 0."""
+    which = torch.ones(len(images), dtype=torch.bool) if which is None else which
+    if not which.any():
+        return images
+    batch, channels, height, width = images.shape
+    grid = F.affine_grid(theta[which], [int(which.sum()), channels, height, width], align_corners=False)
+    out = images.clone()
+    out[which] = F.grid_sample(images[which], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return out
+
+
+def random_affine(images: torch.Tensor, draws: Draws, degrees: float = 0.0, scale: float = 0.0, shear: float = 0.0,
+                  translate: float = 0.0) -> torch.Tensor:
+    """Per image: rotation in [-degrees, degrees], zoom in [1 - scale, 1 + scale], shear factor in
+    [-shear, shear] and a shift of up to `translate` of the image size, as one bilinear warp."""
+    angle = draws.uniform(low=-1.0, high=1.0) * math.radians(degrees)
+    zoom = 1.0 + draws.uniform(low=-1.0, high=1.0) * scale
+    shear_x = draws.uniform(low=-1.0, high=1.0) * shear
+    shift = draws.uniform(2, low=-1.0, high=1.0) * 2 * translate  # normalised coordinates span 2
+    cos, sin = angle.cos() / zoom, angle.sin() / zoom  # sampling matrix: the inverse zoom
+    theta = torch.stack([
+        torch.stack([cos, -sin + shear_x, shift[:, 0]], dim=1),
+        torch.stack([sin, cos, shift[:, 1]], dim=1),
+    ], dim=1)
+    return warp(images, theta)
+
+
+# TrivialAugment "wide" ranges, scaled for small images: geometric magnitudes are fractions of the image.
+GEOMETRIC_OPS = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
+COLOUR_OPS = ("brightness", "contrast", "saturation", "sharpness", "solarize", "posterize", "autocontrast")
+TRIVIAL_OPS = ("identity",) + GEOMETRIC_OPS + COLOUR_OPS
+
+
+def trivial_augment(images: torch.Tensor, draws: Draws, strength: float = 1.0,
+                    ops: tuple[str, ...] = TRIVIAL_OPS) -> torch.Tensor:
+    """One op per image, chosen uniformly from `ops`, with a uniform random magnitude in [0, strength] of the
+    op's range and a random sign. Geometric ops are one batched affine warp; colour ops are masked blends."""
+    batch, channels, height, width = images.shape
+    choice = draws.integers(len(ops))
+    magnitude = draws.uniform() * strength
+    sign = torch.where(draws.uniform() < 0.5, -1.0, 1.0)
+    signed = magnitude * sign
+    chosen = {name: choice == index for index, name in enumerate(ops)}
+    none = torch.zeros(batch, dtype=torch.bool)
+
+    # Geometric: build one 2x3 affine matrix per image (identity for the others) in normalised coordinates.
+    theta = torch.zeros(batch, 2, 3)
+    angle = torch.where(chosen.get("rotate", none), signed * math.radians(30), torch.zeros(batch))
+    theta[:, 0, 0], theta[:, 0, 1] = angle.cos(), -angle.sin()
+    theta[:, 1, 0], theta[:, 1, 1] = angle.sin(), angle.cos()
+    theta[:, 0, 1] += torch.where(chosen.get("shear_x", none), signed * 0.3, torch.zeros(batch))
+    theta[:, 1, 0] += torch.where(chosen.get("shear_y", none), signed * 0.3, torch.zeros(batch))
+    theta[:, 0, 2] = torch.where(chosen.get("translate_x", none), signed * 0.6, torch.zeros(batch))  # 0.6 = 30% of width
+    theta[:, 1, 2] = torch.where(chosen.get("translate_y", none), signed * 0.6, torch.zeros(batch))
+    geometric = torch.zeros(batch, dtype=torch.bool)
+    for name in GEOMETRIC_OPS:
+        geometric |= chosen.get(name, none)
+    out = warp(images, theta, geometric)
+
+    def blend(mask: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> None:
+        """out = other + factor * (out - other) for the masked images."""
+        if mask.any():
+            f = factor[mask][:, None, None, None]
+            out[mask] = (other[mask] + f * (out[mask] - other[mask])).clamp(0, 1)
+
+    if out is images:
+        out = images.clone()
+    factor = 1.0 + 0.9 * signed  # colour enhancement factors in [0.1, 1.9]
+    blend(chosen.get("brightness", none), torch.zeros_like(out), factor)
+    mean = out.mean(dim=(1, 2, 3), keepdim=True).expand_as(out)
+    blend(chosen.get("contrast", none), mean, factor)
+    grey = out.mean(dim=1, keepdim=True).expand_as(out)
+    blend(chosen.get("saturation", none), grey, factor)
+    blurred = F.avg_pool2d(F.pad(out, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+    blend(chosen.get("sharpness", none), blurred, factor)
+    mask = chosen.get("solarize", none)
+    if mask.any():
+        threshold = (1.0 - magnitude[mask])[:, None, None, None]
+        out[mask] = torch.where(out[mask] >= threshold, 1.0 - out[mask], out[mask])
+    mask = chosen.get("posterize", none)
+    if mask.any():
+        levels = (2 ** (8 - (magnitude[mask] * 6).round()))[:, None, None, None]  # 8 down to 2 bits
+        out[mask] = torch.floor(out[mask] * (levels - 1) + 0.5) / (levels - 1)
+    mask = chosen.get("autocontrast", none)
+    if mask.any():
+        low = out[mask].amin(dim=(2, 3), keepdim=True)
+        high = out[mask].amax(dim=(2, 3), keepdim=True)
+        out[mask] = torch.where(high > low, (out[mask] - low) / (high - low).clamp_min(1e-6), out[mask])
+    return out
+
+
+def random_erasing(images: torch.Tensor, draws: Draws, probability: float,
+                   area: tuple[float, float] = (0.02, 1 / 3), log_ratio: tuple[float, float] = (math.log(0.3), math.log(3.3))) -> torch.Tensor:
+    """Replace a random rectangle of each chosen image by Gaussian noise (timm's "pixel" mode, in [0, 1])."""
+    if probability <= 0:
+        return images
+    batch, channels, height, width = images.shape
+    erase = draws.uniform() < probability
+    target_area = draws.uniform(low=area[0], high=area[1]) * height * width
+    ratio = torch.exp(draws.uniform(low=log_ratio[0], high=log_ratio[1]))
+    box_h = (target_area * ratio).sqrt().round().clamp(1, height)
+    box_w = (target_area / ratio).sqrt().round().clamp(1, width)
+    top = (draws.uniform() * (height - box_h + 1)).floor()
+    left = (draws.uniform() * (width - box_w + 1)).floor()
+    noise = draws.uniform(channels, height, width)
+    rows = torch.arange(height)[None, :, None]
+    cols = torch.arange(width)[None, None, :]
+    inside = ((rows >= top[:, None, None]) & (rows < (top + box_h)[:, None, None]) &
+              (cols >= left[:, None, None]) & (cols < (left + box_w)[:, None, None]) & erase[:, None, None])
+    return torch.where(inside[:, None], noise, images)
+
+
+def one_hot(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
+    """Targets (B, K) with `smoothing` spread evenly over all classes."""
+    targets = torch.full((len(labels), num_classes), smoothing / num_classes)
+    targets.scatter_(1, labels[:, None], 1.0 - smoothing + smoothing / num_classes)
+    return targets
+
+
+def mix(images: torch.Tensor, targets: torch.Tensor, draws: Draws, mixup_alpha: float, cutmix_alpha: float,
+        probability: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixup or CutMix (one of the enabled ones, chosen per batch) with the batch in reverse order as
+    partners; the targets are mixed in the proportion of pixels (CutMix) or weight (Mixup)."""
+    if (mixup_alpha <= 0 and cutmix_alpha <= 0) or draws.scalar() >= probability:
+        return images, targets
+    use_cutmix = cutmix_alpha > 0 and (mixup_alpha <= 0 or draws.scalar() < 0.5)
+    alpha = cutmix_alpha if use_cutmix else mixup_alpha
+    # Beta(alpha, alpha) from the shared generator, via two Gamma draws on the same seed stream.
+    seed = int(torch.randint(2**62, (), generator=draws.generator))
+    beta = torch.distributions.Beta(alpha, alpha)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        lam = float(beta.sample())
+    partner_images, partner_targets = images.flip(0), targets.flip(0)
+    if use_cutmix:
+        height, width = images.shape[-2:]
+        cut_h, cut_w = int(height * math.sqrt(1 - lam)), int(width * math.sqrt(1 - lam))
+        centre_y, centre_x = int(draws.scalar() * height), int(draws.scalar() * width)
+        top, bottom = max(centre_y - cut_h // 2, 0), min(centre_y + cut_h // 2, height)
+        left, right = max(centre_x - cut_w // 2, 0), min(centre_x + cut_w // 2, width)
+        images = images.clone()
+        images[:, :, top:bottom, left:right] = partner_images[:, :, top:bottom, left:right]
+        lam = 1.0 - (bottom - top) * (right - left) / (height * width)
+    else:
+        images = lam * images + (1 - lam) * partner_images
+    return images, lam * targets + (1 - lam) * partner_targets
+
+
+@dataclass
+class AugmentConfig:
+    crop_padding: int = 0  # pixels of zero padding before the random crop; 0 = off
+    hflip: bool = False  # random horizontal flips (only where the data set allows them)
+    affine_degrees: float = 0.0  # random rotation range (degrees)
+    affine_scale: float = 0.0  # random zoom range (fraction)
+    affine_shear: float = 0.0  # random horizontal shear factor range
+    affine_translate: float = 0.0  # random shift range (fraction of the image)
+    trivial_augment: float = 0.0  # TrivialAugment strength in [0, 1]; 0 = off
+    random_erasing: float = 0.0  # probability of erasing a rectangle per image
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mix_probability: float = 1.0  # chance that a batch is mixed at all
+
+
+def augment_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, config: AugmentConfig,
+                  draws: Draws, label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """images (B, C, H, W) in [0, 1], labels (B,) -> augmented images and soft targets (B, K)."""
+    images = random_crop(images, config.crop_padding, draws)
+    if config.hflip:
+        images = random_hflip(images, draws)
+    if config.affine_degrees or config.affine_scale or config.affine_shear or config.affine_translate:
+        images = random_affine(images, draws, config.affine_degrees, config.affine_scale, config.affine_shear,
+                               config.affine_translate)
+    if config.trivial_augment > 0:
+        images = trivial_augment(images, draws, config.trivial_augment)
+    images = random_erasing(images, draws, config.random_erasing)
+    targets = one_hot(labels, num_classes, label_smoothing)
+    return mix(images, targets, draws, config.mixup_alpha, config.cutmix_alpha, config.mix_probability)

@@ -1,0 +1,60 @@
+"""Classification metrics on a data set: loss, top-1, top-5, per-class accuracy and the confusion matrix.
+
+Under DDP each process evaluates a contiguous shard and the counts are summed, so the result is exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitlab.data.datasets import ImageDataset
+from vitlab.data.preprocess import prepare
+from vitlab.train.distributed import DistEnv, all_reduce_sum
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: ImageDataset, batch_size: int = 512, env: DistEnv | None = None,
+             precision: str = "fp32") -> dict[str, Any]:
+    """Metrics of `model` (a VisionTransformer, possibly wrapped) on all of `dataset`."""
+    env = env or DistEnv()
+    core = getattr(model, "module", model)
+    config = core.config
+    was_training = core.training
+    model.eval()
+    num_classes = dataset.num_classes
+    device = next(core.parameters()).device
+    share = -(-len(dataset) // env.world_size)
+    start, stop = env.rank * share, min(len(dataset), (env.rank + 1) * share)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=device)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, top-5 hits
+    for first in range(start, stop, batch_size):
+        rows = slice(first, min(first + batch_size, stop))
+        images = prepare(dataset.images[rows], dataset.max_value, config).to(device)
+        labels = dataset.labels[rows].to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(images)
+        logits = logits.float()[:, :num_classes]
+        sums[0] += F.cross_entropy(logits, labels, reduction="sum").double()
+        top = logits.topk(min(5, num_classes), dim=1).indices
+        sums[1] += (top == labels[:, None]).any(dim=1).sum()
+        confusion.index_put_((labels, logits.argmax(1)), torch.ones(len(labels), dtype=torch.float64, device=device),
+                             accumulate=True)
+    all_reduce_sum(confusion, env)
+    all_reduce_sum(sums, env)
+    if was_training:
+        model.train()
+    count = confusion.sum().item()
+    per_class_total = confusion.sum(dim=1).clamp_min(1)
+    return {
+        "count": int(count),
+        "loss": sums[0].item() / count,
+        "top1": confusion.diag().sum().item() / count,
+        "top5": sums[1].item() / count,
+        "per_class": (confusion.diag() / per_class_total).tolist(),
+        "confusion": confusion.long().tolist(),
+        "class_names": dataset.class_names,
+    }

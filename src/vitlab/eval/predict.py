@@ -1,0 +1,61 @@
+"""Top-k predictions for image files and folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from vitlab.data.datasets import IMAGE_EXTENSIONS, read_image
+from vitlab.data.preprocess import prepare
+from vitlab.errors import DataError
+
+
+def collect_images(inputs: Iterable[str | Path]) -> list[Path]:
+    """Image files named directly, plus every image file below each named folder (sorted)."""
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            if not found:
+                raise DataError(f"folder {path} holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DataError(f"{path}: no such file or folder")
+    return files
+
+
+@torch.no_grad()
+def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int = 64) -> list[dict[str, Any]]:
+    """One row per input image: {"path", "predictions": [{"label", "index", "probability"}, ...]}, or
+    {"path", "error"} for a file that could not be read (the others are still predicted)."""
+    config = model.config
+    names = config.class_names or [str(i) for i in range(config.num_classes)]
+    top_k = min(top_k, config.num_classes)
+    rows: list[dict[str, Any]] = []
+    batch: list[tuple[Path, torch.Tensor]] = []
+
+    def flush() -> None:
+        if not batch:
+            return
+        images = prepare(torch.stack([image for _, image in batch]), 255.0, config)
+        probabilities = model(images).float().softmax(dim=-1)
+        values, indices = probabilities.topk(top_k, dim=-1)
+        for (path, _), vals, idxs in zip(batch, values, indices):
+            rows.append({"path": str(path), "predictions": [
+                {"label": names[i], "index": int(i), "probability": float(v)} for v, i in zip(vals, idxs)]})
+        batch.clear()
+
+    for path in collect_images(inputs):
+        try:
+            batch.append((path, read_image(path, config.image_size, config.in_chans)))
+        except DataError as error:
+            rows.append({"path": str(path), "error": str(error)})
+        if len(batch) == batch_size:
+            flush()
+    flush()
+    return rows

@@ -1,0 +1,35 @@
+"""`vitlab eval`: metrics of a checkpoint on a data set, written as JSON with a confusion-matrix picture."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from vitlab.checkpoint import load_model
+from vitlab.checkpoint.io import atomic_write_bytes
+from vitlab.data.datasets import load_dataset
+from vitlab.errors import DataError
+from vitlab.eval.classify import evaluate
+
+
+def run_evaluation(checkpoint: str | Path, dataset: str, data_dir: str | None = None, split: str = "test",
+                   out: str | Path | None = None, batch_size: int = 256) -> dict[str, Any]:
+    model = load_model(checkpoint)
+    data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size, channels=model.config.in_chans)
+    if data.num_classes != model.config.num_classes:
+        raise DataError(f"the model has {model.config.num_classes} classes but {dataset} has {data.num_classes}; "
+                        "evaluate on the data set it was trained for, or fine-tune it first")
+    metrics = evaluate(model, data, batch_size)
+    source = Path(checkpoint)
+    folder = Path(out) if out else (source if source.is_dir() else source.parent)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"eval-{dataset}-{split}"
+    report = {"checkpoint": str(checkpoint), "dataset": dataset, "split": split, **metrics}
+    json_path = folder / f"{stem}.json"
+    atomic_write_bytes(json_path, json.dumps(report, indent=1).encode())
+    from vitlab import plots
+
+    confusion_path = plots.plot_confusion(metrics["confusion"], metrics["class_names"], folder / f"{stem}.png",
+                                          title=f"{dataset} {split}: {100 * metrics['top1']:.2f}% top-1")
+    return {**report, "json_path": str(json_path), "confusion_path": str(confusion_path)}

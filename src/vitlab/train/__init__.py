@@ -1,0 +1,1 @@
+"""Training: recipe config, optimizer and schedule, the loop, distributed helpers."""

@@ -1,0 +1,132 @@
+"""The training recipe as a dataclass. Recipes in `configs/` are Python files that build one; the CLI's
+`--set key=value` (dotted for nested fields: `augment.crop_padding=2`) overrides any field."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vitlab.data.transforms import AugmentConfig
+from vitlab.errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    """Defaults are the digits recipe (`configs/digits.py`), so `vitlab train` with no arguments runs it."""
+
+    # What to train on what.
+    model: str = "digits-8"  # a variant name (`vitlab models`) or a checkpoint path to start from
+    model_overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields, e.g. {"depth": 6}
+    dataset: str = "digits"  # digits, mnist, fashion-mnist, cifar10, cifar100, folder
+    data_dir: str | None = None  # files already on disk (else downloaded into the cache)
+    image_size: int | None = None  # input size; default: the variant's (data are resized to it)
+    # Optimisation.
+    epochs: int = 100
+    batch_size: int = 128  # global batch, over all processes and accumulation steps
+    grad_accum: int = 1  # micro-batches per optimizer step
+    optimizer: str = "adamw"  # adamw or sgd (momentum)
+    lr: float = 4e-3  # peak learning rate, reached after warm-up
+    min_lr: float = 1e-5  # end of the cosine decay
+    warmup_epochs: float = 5.0
+    weight_decay: float = 0.05  # not applied to norms, biases, position embedding and class token
+    momentum: float = 0.9  # SGD only
+    label_smoothing: float = 0.1
+    grad_clip: float = 1.0  # global gradient norm; 0 = off
+    drop_path: float = 0.1
+    dropout: float = 0.0
+    ema_decay: float = 0.0  # exponential moving average of the weights; 0 = off
+    augment: AugmentConfig = field(default_factory=lambda: AugmentConfig(
+        affine_degrees=10, affine_scale=0.1, affine_shear=0.1, affine_translate=0.125))
+    # Running.
+    precision: str = "fp32"  # fp32 or bf16 (autocast)
+    compile: bool = False  # torch.compile the model
+    seed: int = 0
+    threads: int | None = None  # torch threads per process; default: the cores / processes on this machine
+    eval_batch_size: int = 512
+    out_dir: str = "runs"
+    run_name: str | None = None  # default: <dataset>-<time>
+    tensorboard: bool = False
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.augment, dict):
+            self.augment = AugmentConfig(**self.augment)
+        checks = [
+            (self.epochs > 0, f"epochs must be positive, got {self.epochs}"),
+            (self.batch_size > 0, f"batch_size must be positive, got {self.batch_size}"),
+            (self.grad_accum > 0, f"grad_accum must be positive, got {self.grad_accum}"),
+            (self.batch_size % self.grad_accum == 0,
+             f"batch_size {self.batch_size} does not divide into grad_accum {self.grad_accum} micro-batches"),
+            (self.lr > 0, f"lr must be positive, got {self.lr}"),
+            (self.optimizer in ("adamw", "sgd"), f"optimizer must be adamw or sgd, got {self.optimizer!r}"),
+            (self.precision in ("fp32", "bf16"), f"precision must be fp32 or bf16, got {self.precision!r}"),
+            (0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1), got {self.ema_decay}"),
+            (0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown training config keys {unknown}")
+        return cls(**data)
+
+
+def parse_value(text: str) -> Any:
+    """'3' -> 3, '1e-3' -> 0.001, 'true' -> True, 'none' -> None, '[1,2]' -> [1, 2], anything else a string."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def apply_overrides(config: TrainConfig, assignments: list[str]) -> TrainConfig:
+    """Apply `key=value` strings; dotted keys reach into nested dataclasses and dicts."""
+    data = config.to_dict()
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set takes key=value, got {assignment!r}")
+        target = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(target.get(part), dict):
+                raise ConfigError(f"--set {key}: {part!r} is not a group of settings")
+            target = target[part]
+        if parts[-1] not in target and parts[0] != "model_overrides":
+            raise ConfigError(f"--set {key}: unknown setting {parts[-1]!r}; known: {', '.join(sorted(target))}")
+        target[parts[-1]] = parse_value(raw)
+    try:
+        return TrainConfig.from_dict(data)
+    except TypeError as error:
+        raise ConfigError(f"invalid --set: {error}") from None
+
+
+def load_recipe(path: str | Path) -> TrainConfig:
+    """Run a recipe file and return its module-level `config` (a TrainConfig)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe {path} does not exist; the recipes are in configs/")
+    spec = importlib.util.spec_from_file_location(f"vitlab_recipe_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = getattr(module, "config", None)
+    if not isinstance(config, TrainConfig):
+        raise ConfigError(f"recipe {path} must define `config = TrainConfig(...)`")
+    return config

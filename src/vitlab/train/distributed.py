@@ -1,0 +1,73 @@
+"""Distributed data parallel, switched on by the environment `torchrun` sets (RANK, WORLD_SIZE, LOCAL_RANK).
+
+One code path serves one process and many: gloo on CPU, NCCL when CUDA is present.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed() -> DistEnv:
+    """Join the process group if launched by torchrun; pick the device (this rank's GPU, else the CPU)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistEnv(rank, world_size, local_rank, device)
+
+
+def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum a tensor over all processes (in place; a no-op on one process)."""
+    if env.enabled:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True on every process if `flag` is true on any (a signal may reach only some ranks)."""
+    if not env.enabled:
+        return flag
+    tensor = torch.tensor([int(flag)], device=env.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def broadcast_object(value, env: DistEnv):
+    """Rank 0's value on every process."""
+    if not env.enabled:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def cleanup(env: DistEnv) -> None:
+    if env.enabled and dist.is_initialized():
+        dist.destroy_process_group()

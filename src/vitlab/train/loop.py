@@ -1,0 +1,446 @@
+"""Training: `train` runs a recipe end to end; `train_one_epoch` and `evaluate` are the plain steps.
+
+The run folder holds everything a run produces:
+    train_config.json  the recipe as run          metrics.jsonl  one JSON line per epoch
+    checkpoints/last.pt    full training state (model, optimizer, schedule, EMA, RNG, position), every epoch
+    checkpoints/previous.pt  the one before it, in case the last is damaged
+    checkpoints/best.safetensors  the model with the best test accuracy so far (vitlab format)
+    model.safetensors  the final model          summary.txt / summary.json, curves.png, confusion.png
+Only rank 0 writes. Every file is written atomically, so the last good checkpoint survives any crash.
+
+Randomness is made resumable: the data order of epoch e comes from a generator seeded with (seed, e), the
+augmentation generator's state and the global RNG state are saved in the checkpoint, so a resumed run
+continues exactly as an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitlab.checkpoint.io import atomic_write_bytes, save_model
+from vitlab.config import ViTConfig, variant_config, variant_names
+from vitlab.data.datasets import ImageDataset, load_dataset
+from vitlab.data.preprocess import normalize, to_unit_range
+from vitlab.data.transforms import Draws, augment_batch
+from vitlab.errors import CheckpointError, ConfigError, VitlabError
+from vitlab.eval.classify import evaluate
+from vitlab.models.vit import VisionTransformer
+from vitlab.train.config import TrainConfig
+from vitlab.train.distributed import DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, init_distributed
+from vitlab.train.optim import EMA, build_optimizer, build_scheduler
+
+
+class TrainingError(VitlabError):
+    """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""
+
+
+# ------------------------------------------------------------------------------------------------ set-up
+def build_model(config: TrainConfig, data: ImageDataset) -> VisionTransformer:
+    """A fresh model of the recipe's variant, shaped for the data (classes, channels)."""
+    if config.model not in variant_names():
+        raise ConfigError(f"unknown model {config.model!r}; choose a variant from `vitlab models` "
+                          "(fine-tuning from a checkpoint is `vitlab finetune`)")
+    fields: dict[str, Any] = dict(num_classes=data.num_classes, in_chans=data.channels, class_names=data.class_names,
+                                  drop_path=config.drop_path, dropout=config.dropout)
+    if config.image_size is not None:
+        fields["image_size"] = config.image_size
+    fields.update(config.model_overrides)
+    return VisionTransformer(variant_config(config.model, **fields))
+
+
+def default_threads(env: DistEnv) -> int:
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+    return max(1, (os.cpu_count() or 1) // local_world)
+
+
+class StopFlag:
+    """Set by SIGINT / SIGTERM so the loop can save and leave between steps; a second Ctrl-C aborts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopFlag":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.previous[sig] = signal.signal(sig, self.handle)
+            except ValueError:  # not the main thread (e.g. called from a worker thread): no handlers
+                pass
+        return self
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+# ------------------------------------------------------------------------------------------------ state
+@dataclass
+class Position:
+    epoch: int = 0  # epochs fully done
+    step_in_epoch: int = 0  # optimizer steps done in the current epoch
+    global_step: int = 0
+    best_top1: float = -1.0
+    best_epoch: int = -1
+    train_seconds: float = 0.0
+    augment_state: torch.Tensor | None = None  # generator state mid-epoch
+    epoch_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss sum, correct, count so far
+
+
+def training_state(model: VisionTransformer, optimizer, scheduler, ema: EMA | None, position: Position,
+                   config: TrainConfig) -> dict[str, Any]:
+    return {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "ema": ema.state if ema else None, "epoch": position.epoch, "step_in_epoch": position.step_in_epoch,
+        "global_step": position.global_step, "best_top1": position.best_top1, "best_epoch": position.best_epoch,
+        "train_seconds": position.train_seconds, "augment_state": position.augment_state,
+        "epoch_sums": torch.tensor(position.epoch_sums, dtype=torch.float64),
+        "torch_rng_state": torch.get_rng_state(), "model_config": model.config.to_json(),
+        "train_config": json.dumps(config.to_dict()),
+    }
+
+
+def save_training_state(state: dict[str, Any], folder: Path) -> Path:
+    """Write checkpoints/last.pt atomically, keeping the one before as previous.pt."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    last, previous = folder / "last.pt", folder / "previous.pt"
+    folder.mkdir(parents=True, exist_ok=True)
+    if last.exists():
+        os.replace(last, previous)
+    atomic_write_bytes(last, buffer.getvalue())
+    return last
+
+
+def load_training_state(run_dir: Path, allow_previous: bool = False) -> dict[str, Any]:
+    """The newest readable training state of a run; the previous one only when allowed."""
+    folder = run_dir / "checkpoints"
+    candidates = [folder / "last.pt"] + ([folder / "previous.pt"] if allow_previous else [])
+    problems = []
+    for path in candidates:
+        if not path.exists():
+            problems.append(f"{path} does not exist")
+            continue
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # unreadable: truncated, corrupt or refused
+            problems.append(f"{path} is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+    hint = "" if allow_previous or not (folder / "previous.pt").exists() else \
+        "; the previous checkpoint exists: add --use-previous to resume from it"
+    raise CheckpointError(f"cannot resume {run_dir}: " + "; ".join(problems) + hint)
+
+
+# ------------------------------------------------------------------------------------------------ steps
+def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDataset, optimizer, scheduler,
+                    ema: EMA | None, config: TrainConfig, env: DistEnv, position: Position,
+                    permutation_seed: int, stop: StopFlag, progress_bar: Any = None) -> bool:
+    """Run the rest of one epoch from `position`; returns False if a stop was requested (state is consistent)."""
+    batch = config.batch_size
+    steps_per_epoch = len(data) // batch
+    per_rank = batch // env.world_size
+    shard = slice(env.rank * per_rank, (env.rank + 1) * per_rank)
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(permutation_seed))
+    augment_rng = torch.Generator()
+    if position.augment_state is not None:
+        augment_rng.set_state(position.augment_state)
+    else:
+        augment_rng.manual_seed(permutation_seed + 1)
+    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+    model.train()
+    sums = torch.tensor(position.epoch_sums, dtype=torch.float64)
+    for step in range(position.step_in_epoch, steps_per_epoch):
+        started = time.perf_counter()
+        rows = order[step * batch:(step + 1) * batch][shard]
+        images = to_unit_range(data.images[rows], data.max_value, core.config)
+        images, targets = augment_batch(images, data.labels[rows], data.num_classes, config.augment,
+                                        Draws(augment_rng, batch, shard), config.label_smoothing)
+        images = normalize(images, core.config).to(env.device)
+        targets, labels = targets.to(env.device), data.labels[rows].to(env.device)
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), dtype=torch.float64)
+        correct = 0
+        for micro, (x, t, y) in enumerate(zip(images.chunk(config.grad_accum), targets.chunk(config.grad_accum),
+                                              labels.chunk(config.grad_accum))):
+            last_micro = micro == config.grad_accum - 1
+            sync = model.no_sync() if env.enabled and not last_micro else _null_context()
+            with sync:
+                with autocast:
+                    logits = model(x)
+                loss = F.cross_entropy(logits.float(), t) / config.grad_accum
+                loss.backward()
+            step_loss += loss.detach().double() * len(x)
+            correct += (logits.argmax(1) == y).sum().item()
+        local = torch.tensor([step_loss.item() * config.grad_accum, correct, len(images)], dtype=torch.float64)
+        all_reduce_sum(local, env)
+        if not math.isfinite(local[0].item()):
+            raise TrainingError(
+                f"the loss became {local[0].item()} at epoch {position.epoch + 1}, step {step + 1}; the last good "
+                f"checkpoint is kept. Lower the learning rate (--set lr={config.lr / 3:.2g}), or use "
+                "--set precision=fp32 if bf16 was on")
+        if config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        if ema is not None:
+            ema.update(core)
+        sums += local
+        position.step_in_epoch = step + 1
+        position.global_step += 1
+        position.train_seconds += time.perf_counter() - started
+        if progress_bar is not None:
+            progress_bar.update(1)
+            progress_bar.set_postfix(loss=f"{sums[0] / sums[2]:.3f}", acc=f"{sums[1] / sums[2]:.3f}",
+                                     lr=f"{scheduler.get_last_lr()[0]:.2e}",
+                                     img_s=f"{len(images) * env.world_size / (time.perf_counter() - started):.0f}")
+        position.epoch_sums = sums.tolist()
+        if any_rank(stop.requested, env) and step + 1 < steps_per_epoch:
+            position.augment_state = augment_rng.get_state()
+            return False
+    position.augment_state = None
+    return True
+
+
+class _null_context:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ run
+def new_run_dir(config: TrainConfig, env: DistEnv) -> Path:
+    name = config.run_name or f"{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = broadcast_object(name, env)
+    run_dir = Path(config.out_dir) / name
+    if env.is_main:
+        if (run_dir / "checkpoints" / "last.pt").exists():
+            raise ConfigError(f"run folder {run_dir} already holds a run; resume it with --resume {run_dir} "
+                              "or choose another --set run_name=...")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def append_metrics(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(row) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_metrics(path: Path, before_epoch: int | None = None) -> list[dict[str, Any]]:
+    """Metric rows (dropping any torn last line and, on resume, rows of epochs that will be redone)."""
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if before_epoch is None or row["epoch"] <= before_epoch:
+                rows.append(row)
+    return rows
+
+
+def train(config: TrainConfig, resume: str | Path | None = None, use_previous: bool = False) -> dict[str, Any]:
+    """Train a recipe (or resume a run folder) to the end; returns the summary (also written to the run)."""
+    env = init_distributed()
+    try:
+        return _train(config, resume, use_previous, env)
+    finally:
+        cleanup(env)
+
+
+def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, env: DistEnv) -> dict[str, Any]:
+    state = None
+    if resume is not None:
+        run_dir = Path(resume)
+        state = load_training_state(run_dir, allow_previous=use_previous)
+        config = TrainConfig.from_dict(json.loads(state["train_config"]))
+    torch.set_num_threads(config.threads or default_threads(env))
+    torch.manual_seed(config.seed + env.rank)
+    if resume is None:
+        run_dir = new_run_dir(config, env)
+    train_data = load_dataset(config.dataset, "train", config.data_dir, image_size=config.image_size)
+    test_data = load_dataset(config.dataset, "test", config.data_dir, image_size=config.image_size)
+    if state is not None:
+        core = VisionTransformer(ViTConfig.from_json(state["model_config"]))
+        core.load_state_dict(state["model"])
+    else:
+        core = build_model(config, train_data)
+    if config.augment.hflip and not train_data.hflip and env.is_main:
+        print(f"note: horizontal flips change the meaning of {config.dataset} images; flips are off")
+        config.augment.hflip = False
+    if config.batch_size % env.world_size:
+        raise ConfigError(f"batch_size {config.batch_size} does not divide over {env.world_size} processes")
+    if (config.batch_size // env.world_size) % config.grad_accum:
+        raise ConfigError(f"the per-process batch {config.batch_size // env.world_size} does not divide into "
+                          f"{config.grad_accum} micro-batches")
+    steps_per_epoch = len(train_data) // config.batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"batch_size {config.batch_size} is larger than the {len(train_data)} training images; "
+                          f"use --set batch_size={2 ** int(math.log2(len(train_data)))}")
+    core.to(env.device)
+    model: nn.Module = core
+    if env.enabled:
+        model = nn.parallel.DistributedDataParallel(core, device_ids=[env.device] if env.device.type == "cuda" else None)
+    if config.compile:
+        model = torch.compile(model)
+    optimizer = build_optimizer(core, config.optimizer, config.lr, config.weight_decay, config.momentum)
+    total_steps = config.epochs * steps_per_epoch
+    scheduler = build_scheduler(optimizer, round(config.warmup_epochs * steps_per_epoch), total_steps,
+                                config.min_lr / config.lr)
+    ema = EMA(core, config.ema_decay) if config.ema_decay > 0 else None
+    position = Position()
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if ema is not None and state["ema"] is not None:
+            ema.state = {k: v.to(env.device) for k, v in state["ema"].items()}
+        position = Position(state["epoch"], state["step_in_epoch"], state["global_step"], state["best_top1"],
+                            state["best_epoch"], state["train_seconds"], state["augment_state"],
+                            state["epoch_sums"].tolist())
+        torch.set_rng_state(state["torch_rng_state"])
+        if env.rank:  # keep ranks' dropout streams distinct, as in a fresh run
+            torch.manual_seed(config.seed + env.rank + position.global_step)
+    checkpoints = run_dir / "checkpoints"
+    metrics_path = run_dir / "metrics.jsonl"
+    history = read_metrics(metrics_path, before_epoch=position.epoch)
+    if env.is_main:
+        (run_dir / "train_config.json").write_text(json.dumps(config.to_dict(), indent=1))
+        if state is not None:  # drop rows of epochs that will be redone, so the file matches the state
+            atomic_write_bytes(metrics_path, "".join(json.dumps(r) + "\n" for r in history).encode())
+    writer = open_tensorboard(run_dir, config, env)
+    eval_model = VisionTransformer(core.config).to(env.device) if ema is not None else None
+    if env.is_main:
+        params = sum(p.numel() for p in core.parameters())
+        print(f"training {config.model} ({params / 1e6:.2f}M parameters) on {config.dataset}: {len(train_data)} train / "
+              f"{len(test_data)} test images, {config.epochs} epochs of {steps_per_epoch} steps, batch "
+              f"{config.batch_size}, {env.world_size} process(es) on {env.device.type}; run folder {run_dir}")
+        if state is not None:
+            print(f"resuming at epoch {position.epoch + 1}, step {position.step_in_epoch} of {steps_per_epoch}")
+
+    from tqdm import tqdm
+
+    with StopFlag() as stop:
+        for epoch in range(position.epoch, config.epochs):
+            bar = tqdm(total=steps_per_epoch, initial=position.step_in_epoch, desc=f"epoch {epoch + 1}/{config.epochs}",
+                       leave=False, dynamic_ncols=True,
+                       # None: tqdm shows the bar only on a terminal, so logs get the epoch lines alone.
+                       disable=None if env.is_main and config.progress else True)
+            epoch_started = time.perf_counter()
+            seconds_before = position.train_seconds
+            finished = train_one_epoch(model, core, train_data, optimizer, scheduler, ema, config, env, position,
+                                       permutation_seed=config.seed * 1_000_003 + epoch, stop=stop, progress_bar=bar)
+            bar.close()
+            if not finished:
+                if env.is_main:
+                    save_training_state(training_state(core, optimizer, scheduler, ema, position, config), checkpoints)
+                    print(f"stopped at epoch {epoch + 1}, step {position.step_in_epoch}; state saved. "
+                          f"Resume with: vitlab train --resume {run_dir}")
+                return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch, "step": position.step_in_epoch}
+            if ema is not None:
+                ema.copy_to(eval_model)
+            metrics = evaluate(eval_model or core, test_data, config.eval_batch_size, env, config.precision)
+            loss_sum, correct, count = position.epoch_sums
+            epoch_seconds = position.train_seconds - seconds_before
+            row = dict(epoch=epoch + 1, step=position.global_step, lr=scheduler.get_last_lr()[0],
+                       train_loss=loss_sum / count, train_top1=correct / count, test_loss=metrics["loss"],
+                       test_top1=metrics["top1"], test_top5=metrics["top5"],
+                       images_per_second=count / max(epoch_seconds, 1e-9),
+                       epoch_seconds=time.perf_counter() - epoch_started)
+            history.append(row)
+            position.epoch, position.step_in_epoch, position.epoch_sums = epoch + 1, 0, [0.0, 0.0, 0.0]
+            improved = metrics["top1"] > position.best_top1
+            if improved:
+                position.best_top1, position.best_epoch = metrics["top1"], epoch + 1
+            if env.is_main:
+                append_metrics(metrics_path, row)
+                if writer is not None:
+                    for key, value in row.items():
+                        if key not in ("epoch", "step"):
+                            writer.add_scalar(key, value, epoch + 1)
+                if improved:
+                    save_model(eval_model or core, checkpoints / "best.safetensors")
+                save_training_state(training_state(core, optimizer, scheduler, ema, position, config), checkpoints)
+                every = max(1, config.epochs // 25)
+                if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
+                    print(f"epoch {epoch + 1:>3}/{config.epochs}  loss {row['train_loss']:.4f}  "
+                          f"train {100 * row['train_top1']:5.1f}%  test {100 * row['test_top1']:5.2f}%  "
+                          f"({row['images_per_second']:.0f} img/s)" + ("  best" if improved else ""), flush=True)
+            if any_rank(stop.requested, env) and epoch + 1 < config.epochs:
+                if env.is_main:
+                    print(f"stopped after epoch {epoch + 1}; state saved. Resume with: vitlab train --resume {run_dir}")
+                return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch + 1, "step": 0}
+    final_model = eval_model or core
+    final = evaluate(final_model, test_data, config.eval_batch_size, env, config.precision)
+    summary = {"status": "finished", "run_dir": str(run_dir)}
+    if env.is_main:
+        summary = write_outputs(run_dir, final_model, final, history, position, config, len(train_data), env)
+        if writer is not None:
+            writer.close()
+    return summary
+
+
+def open_tensorboard(run_dir: Path, config: TrainConfig, env: DistEnv):
+    if not (config.tensorboard and env.is_main):
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError("tensorboard=True needs the tensorboard package: pip install tensorboard") from None
+    return SummaryWriter(run_dir / "tensorboard")
+
+
+def write_outputs(run_dir: Path, model: VisionTransformer, final: dict[str, Any], history: list[dict[str, Any]],
+                  position: Position, config: TrainConfig, num_train: int, env: DistEnv) -> dict[str, Any]:
+    from vitlab import plots
+
+    model_path = save_model(model, run_dir / "model.safetensors")
+    plots.plot_training_curves(history, run_dir / "curves.png")
+    plots.plot_confusion(final["confusion"], final["class_names"], run_dir / "confusion.png",
+                         title=f"{config.dataset} test set: {100 * final['top1']:.2f}% top-1")
+    throughput = sum(r["images_per_second"] * r["epoch_seconds"] for r in history) / max(
+        sum(r["epoch_seconds"] for r in history), 1e-9)
+    summary = {
+        "status": "finished", "run_dir": str(run_dir), "model_path": str(model_path), "dataset": config.dataset,
+        "model": config.model, "params": sum(p.numel() for p in model.parameters()), "epochs": config.epochs,
+        "processes": env.world_size, "train_seconds": round(position.train_seconds, 2),
+        "train_images_per_second": round(throughput, 1), "test_top1": final["top1"], "test_top5": final["top5"],
+        "test_loss": final["loss"], "test_count": final["count"], "best_test_top1": position.best_top1,
+        "best_epoch": position.best_epoch, "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
+    }
+    atomic_write_bytes(run_dir / "summary.json", json.dumps(summary, indent=1).encode())
+    worst = sorted(summary["per_class_top1"].items(), key=lambda item: item[1])[:3]
+    lines = [
+        f"vitlab train: {config.model} on {config.dataset} - finished",
+        f"  model        {summary['params'] / 1e6:.3f}M parameters, {model.config.num_patches} patches of "
+        f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",
+        f"  training     {config.epochs} epochs, {position.train_seconds:.1f} s in training steps, "
+        f"{summary['train_images_per_second']:.0f} images/s, {env.world_size} process(es)",
+        f"  test         top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  loss {final['loss']:.4f}  "
+        f"({final['count']} images)",
+        f"  best epoch   {position.best_epoch} ({100 * position.best_top1:.2f}%)",
+        "  weakest      " + ", ".join(f"{name}: {100 * acc:.1f}%" for name, acc in worst),
+        f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png, confusion.png",
+    ]
+    text = "\n".join(lines)
+    (run_dir / "summary.txt").write_text(text + "\n")
+    print(text)
+    return summary
