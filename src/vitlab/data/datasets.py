@@ -169,6 +169,7 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
     ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
         ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes; a pure function
     }
 
     def find_class(self, module: str, name: str):
@@ -178,6 +179,10 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
             return safe_dtype
         if name == "ndarray":
             return np.ndarray
+        if name == "encode":
+            import codecs
+
+            return codecs.encode
         from numpy._core.multiarray import _reconstruct  # numpy >= 2
 
         return _reconstruct

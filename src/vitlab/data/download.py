@@ -8,6 +8,7 @@ Set `VITLAB_CACHE` to choose the cache folder and `VITLAB_MIRROR` to fetch every
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import urllib.error
 import urllib.request
@@ -67,6 +68,8 @@ def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: 
     with response:
         if have and response.status != 206:
             have = 0  # the server ignored the Range header: start again
+        length = response.headers.get("Content-Length")
+        expected_total = have + int(length) if length and length.isdigit() else None
         mode = "ab" if have else "wb"
         with open(partial, mode) as handle, tqdm(total=expected_size or None, initial=have, unit="B",
                                                    unit_scale=True, desc=partial.name.removesuffix(".part"),
@@ -74,6 +77,8 @@ def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: 
             for chunk in iter(lambda: response.read(CHUNK), b""):
                 handle.write(chunk)
                 bar.update(len(chunk))
+    if expected_total is not None and partial.stat().st_size < expected_total:
+        raise ConnectionError(f"connection closed after {partial.stat().st_size} of {expected_total} bytes")
 
 
 def download(remote: RemoteFile, folder: Path | None = None, progress: bool = True, timeout: float = 60.0) -> Path:
@@ -91,9 +96,10 @@ def download(remote: RemoteFile, folder: Path | None = None, progress: bool = Tr
     for url in candidate_urls(remote):
         try:
             fetch(url, partial, remote.size, progress, timeout)
-        except (urllib.error.URLError, OSError, TimeoutError) as error:
+        except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as error:
             problems.append(f"{url}: {getattr(error, 'reason', error)}")
             continue  # the partial file stays, so the next mirror (or the next run) resumes it
+        # A complete file with the wrong content: never keep it, or it would be "resumed" forever.
         digest = sha256_of(partial)
         if digest == remote.sha256:
             os.replace(partial, final)

@@ -96,6 +96,22 @@ def parse_value(text: str) -> Any:
         return text
 
 
+TYPE_NAMES = {bool: "true or false", int: "a whole number", float: "a number", str: "text", dict: "a {...} mapping"}
+
+
+def checked_value(key: str, old: Any, new: Any) -> Any:
+    """`new` if it fits the type of the setting it replaces (ints pass for floats), else a ConfigError."""
+    if old is None or new is None:
+        return new
+    expected = type(old)
+    fits = isinstance(new, expected) and not (expected is int and isinstance(new, bool))
+    if expected is float and isinstance(new, int) and not isinstance(new, bool):
+        return float(new)
+    if not fits:
+        raise ConfigError(f"--set {key}={new!r}: expected {TYPE_NAMES.get(expected, expected.__name__)}")
+    return new
+
+
 def apply_overrides(config: TrainConfig, assignments: list[str]) -> TrainConfig:
     """Apply `key=value` strings; dotted keys reach into nested dataclasses and dicts."""
     data = config.to_dict()
@@ -111,7 +127,7 @@ def apply_overrides(config: TrainConfig, assignments: list[str]) -> TrainConfig:
             target = target[part]
         if parts[-1] not in target and parts[0] != "model_overrides":
             raise ConfigError(f"--set {key}: unknown setting {parts[-1]!r}; known: {', '.join(sorted(target))}")
-        target[parts[-1]] = parse_value(raw)
+        target[parts[-1]] = checked_value(key, target.get(parts[-1]), parse_value(raw))
     try:
         return TrainConfig.from_dict(data)
     except TypeError as error:

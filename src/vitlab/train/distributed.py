@@ -68,6 +68,20 @@ def broadcast_object(value, env: DistEnv):
     return holder[0]
 
 
+@torch.no_grad()
+def replica_difference(module: torch.nn.Module, env: DistEnv) -> float:
+    """Largest absolute difference between this process's parameters and rank 0's, maximised over all
+    processes: 0.0 when every replica holds the same weights, as DDP promises."""
+    if not env.enabled:
+        return 0.0
+    flat = torch.cat([p.detach().reshape(-1).float() for p in module.parameters()])
+    reference = flat.clone()
+    dist.broadcast(reference, src=0)
+    difference = (flat - reference).abs().max().reshape(1)
+    dist.all_reduce(difference, op=dist.ReduceOp.MAX)
+    return float(difference.item())
+
+
 def cleanup(env: DistEnv) -> None:
     if env.enabled and dist.is_initialized():
         dist.destroy_process_group()

@@ -38,7 +38,8 @@ from vitlab.errors import CheckpointError, ConfigError, VitlabError
 from vitlab.eval.classify import evaluate
 from vitlab.models.vit import VisionTransformer
 from vitlab.train.config import TrainConfig
-from vitlab.train.distributed import DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, init_distributed
+from vitlab.train.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, init_distributed,
+                                     replica_difference)
 from vitlab.train.optim import EMA, build_optimizer, build_scheduler
 
 
@@ -390,9 +391,11 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
                 return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch + 1, "step": 0}
     final_model = eval_model or core
     final = evaluate(final_model, test_data, config.eval_batch_size, env, config.precision)
-    summary = {"status": "finished", "run_dir": str(run_dir)}
+    replica_diff = replica_difference(core, env)
+    summary = {"status": "finished", "run_dir": str(run_dir), "replica_max_abs_diff": replica_diff}
     if env.is_main:
-        summary = write_outputs(run_dir, final_model, final, history, position, config, len(train_data), env)
+        summary = write_outputs(run_dir, final_model, final, history, position, config, len(train_data), env,
+                                replica_diff)
         if writer is not None:
             writer.close()
     return summary
@@ -409,7 +412,8 @@ def open_tensorboard(run_dir: Path, config: TrainConfig, env: DistEnv):
 
 
 def write_outputs(run_dir: Path, model: VisionTransformer, final: dict[str, Any], history: list[dict[str, Any]],
-                  position: Position, config: TrainConfig, num_train: int, env: DistEnv) -> dict[str, Any]:
+                  position: Position, config: TrainConfig, num_train: int, env: DistEnv,
+                  replica_diff: float = 0.0) -> dict[str, Any]:
     from vitlab import plots
 
     model_path = save_model(model, run_dir / "model.safetensors")
@@ -421,7 +425,7 @@ def write_outputs(run_dir: Path, model: VisionTransformer, final: dict[str, Any]
     summary = {
         "status": "finished", "run_dir": str(run_dir), "model_path": str(model_path), "dataset": config.dataset,
         "model": config.model, "params": sum(p.numel() for p in model.parameters()), "epochs": config.epochs,
-        "processes": env.world_size, "train_seconds": round(position.train_seconds, 2),
+        "processes": env.world_size, "replica_max_abs_diff": replica_diff, "train_seconds": round(position.train_seconds, 2),
         "train_images_per_second": round(throughput, 1), "test_top1": final["top1"], "test_top5": final["top5"],
         "test_loss": final["loss"], "test_count": final["count"], "best_test_top1": position.best_top1,
         "best_epoch": position.best_epoch, "per_class_top1": dict(zip(final["class_names"], final["per_class"])),

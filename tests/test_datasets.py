@@ -1,0 +1,167 @@
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from datafiles import cifar_tarball, idx_bytes, write_idx_set
+from vitlab.data.datasets import load_dataset, read_image, split_indices
+from vitlab.errors import DataError
+
+
+def test_digits_ships_with_a_fixed_stratified_split():
+    train, test = load_dataset("digits", "train"), load_dataset("digits", "test")
+    assert (len(train), len(test)) == (1438, 359)
+    assert train.images.shape[1:] == (1, 8, 8) and train.images.dtype == torch.uint8 and train.max_value == 16
+    assert int(train.images.max()) == 16 and train.class_names == [str(i) for i in range(10)]
+    counts = test.labels.bincount()
+    assert counts.min() >= 34 and counts.max() <= 37  # 20% of each class
+    assert not train.hflip
+
+
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
+def test_idx_files_from_data_dir(tmp_path, name):
+    write_idx_set(tmp_path, count=12)
+    data = load_dataset(name, "test", tmp_path)
+    assert data.images.shape == (12, 1, 28, 28) and data.labels.tolist() == [i % 10 for i in range(12)]
+    assert data.hflip == (name == "fashion-mnist")
+
+
+def test_idx_label_out_of_range_is_a_clear_error(tmp_path):
+    write_idx_set(tmp_path, count=12, label_max=12)
+    with pytest.raises(DataError, match="label 10 of image 10 is out of range 0..9"):
+        load_dataset("mnist", "train", tmp_path)
+
+
+def test_truncated_idx_file_is_a_clear_error(tmp_path):
+    import gzip
+
+    write_idx_set(tmp_path)
+    raw = idx_bytes(np.zeros((20, 28, 28), dtype=np.uint8))
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(raw[:-100]))
+    with pytest.raises(DataError, match="truncated or corrupt"):
+        load_dataset("mnist", "train", tmp_path)
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(DataError, match="cannot be read as a gzip file"):
+        load_dataset("mnist", "train", tmp_path)
+
+
+def test_missing_file_in_data_dir(tmp_path):
+    with pytest.raises(DataError, match="train-images-idx3-ubyte.gz is not in"):
+        load_dataset("mnist", "train", tmp_path)
+
+
+@pytest.mark.parametrize("classes, name", [(10, "cifar10"), (100, "cifar100")])
+def test_cifar_python_tarballs(tmp_path, classes, name):
+    file_name = "cifar-10-python.tar.gz" if classes == 10 else "cifar-100-python.tar.gz"
+    cifar_tarball(tmp_path / file_name, classes=classes)
+    train, test = load_dataset(name, "train", tmp_path), load_dataset(name, "test", tmp_path)
+    assert train.images.shape == ((30 if classes == 10 else 6), 3, 32, 32) and len(test) == 6
+    assert train.num_classes == classes and train.class_names[3] == "class3" and train.hflip
+
+
+class Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_cifar_pickle_that_runs_code_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    cifar_tarball(tmp_path / "cifar-10-python.tar.gz", payload=Exploit(marker))
+    with pytest.raises(DataError, match="refusing to load posix.system|refusing to load os.system"):
+        load_dataset("cifar10", "train", tmp_path)
+    assert not marker.exists()
+
+
+def test_cifar_object_array_is_refused(tmp_path):
+    cifar_tarball(tmp_path / "cifar-10-python.tar.gz", payload={b"data": np.array([1, "x"], dtype=object)})
+    with pytest.raises(DataError, match="object arrays are not allowed"):
+        load_dataset("cifar10", "train", tmp_path)
+
+
+def save(path, image):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+
+
+def test_folder_reads_every_mode_and_splits(tmp_path):
+    rng = np.random.default_rng(0)
+    for index in range(5):
+        save(tmp_path / "cat" / f"{index}.png", Image.fromarray(rng.integers(0, 255, (40, 30, 3), dtype=np.uint8)))
+        save(tmp_path / "dog" / f"{index}.jpg", Image.fromarray(rng.integers(0, 255, (20, 50), dtype=np.uint8)))
+    save(tmp_path / "dog" / "palette.gif", Image.new("P", (16, 16)))
+    save(tmp_path / "dog" / "alpha.png", Image.new("RGBA", (16, 16), (255, 0, 0, 128)))
+    save(tmp_path / "cat" / "deep.png", Image.fromarray(rng.integers(0, 65535, (16, 16), dtype=np.uint16)))
+    train = load_dataset("folder", "train", tmp_path, image_size=16)
+    test = load_dataset("folder", "test", tmp_path, image_size=16)
+    assert train.class_names == ["cat", "dog"] and train.images.shape[1:] == (3, 16, 16)
+    assert len(train) + len(test) == 13 and len(test) == 2  # round(0.2 * 6) + round(0.2 * 7)
+
+
+def test_folder_with_train_and_test_subfolders(tmp_path):
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            save(tmp_path / split / name / "x.png", Image.new("RGB", (8, 8)))
+    assert len(load_dataset("folder", "test", tmp_path, image_size=8)) == 2
+
+
+def test_unreadable_images_are_skipped_with_a_count_or_refused_when_too_many(tmp_path):
+    for index in range(20):
+        save(tmp_path / "a" / f"{index}.png", Image.new("RGB", (8, 8)))
+        save(tmp_path / "b" / f"{index}.png", Image.new("RGB", (8, 8)))
+    (tmp_path / "a" / "zero.png").write_bytes(b"")
+    with pytest.warns(UserWarning, match="skipped 1 of 41 unreadable images"):
+        data = load_dataset("folder", "train", tmp_path, image_size=8)
+    assert len(data) == 32  # 40 readable, 20% held out
+    png = (tmp_path / "a" / "0.png").read_bytes()
+    for index in range(10):
+        (tmp_path / "b" / f"bad{index}.png").write_bytes(png[: len(png) // 2])  # truncated
+    with pytest.raises(DataError, match="11 of 51 images .* are unreadable"), pytest.warns(UserWarning):
+        load_dataset("folder", "train", tmp_path, image_size=8)
+
+
+@pytest.mark.parametrize("layout, message", [
+    ({}, "has no class sub-folders"),
+    ({"a/x.png": True, "b/readme.txt": False}, "class folder .*b holds no images"),
+])
+def test_bad_folders(tmp_path, layout, message):
+    tmp_path.mkdir(exist_ok=True)
+    for name, is_image in layout.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if is_image:
+            Image.new("RGB", (4, 4)).save(path)
+        else:
+            path.write_text("hello")
+    with pytest.raises(DataError, match=message):
+        load_dataset("folder", "train", tmp_path)
+
+
+def test_folder_without_data_dir_and_unknown_name():
+    with pytest.raises(DataError, match="needs --data-dir"):
+        load_dataset("folder")
+    with pytest.raises(DataError, match="unknown data set 'imagenet'"):
+        load_dataset("imagenet")
+
+
+def test_read_image_applies_exif_rotation(tmp_path):
+    image = Image.new("RGB", (20, 10), (0, 0, 0))
+    image.paste((255, 255, 255), (0, 0, 10, 10))  # left half white
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 clockwise to display"
+    image.save(tmp_path / "r.jpg", exif=exif)
+    pixels = read_image(tmp_path / "r.jpg", (20, 10))  # displayed: 10 wide, 20 high; white on top
+    assert pixels[:, :8].float().mean() > 200 and pixels[:, 12:].float().mean() < 50
+
+
+def test_split_is_stratified_and_seeded():
+    labels = torch.tensor([0] * 10 + [1] * 20)
+    train, test = split_indices(labels, 0.2, seed=3)
+    assert labels[test].bincount().tolist() == [2, 4]
+    assert torch.equal(split_indices(labels, 0.2, seed=3)[1], test)
+    assert not set(train.tolist()) & set(test.tolist())

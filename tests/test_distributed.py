@@ -1,0 +1,42 @@
+"""Two processes through torchrun on the CPU (gloo): every rank ends with the same weights, and they match a
+single-process run with the same global batch."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from test_train import MICRO
+
+ARGS = ["--set", "epochs=2", "--set", f"model_overrides={MICRO}", "--set", "drop_path=0.0",
+        "--set", "augment.affine_degrees=10", "--set", "augment.random_erasing=0.25", "--set", "progress=false"]
+
+
+# Tolerances: SGD's update is linear in the gradient, so only summation-order rounding (~1e-7) separates the
+# runs. Adam divides by sqrt(v): where a gradient is near zero, that rounding can change an update by up to
+# its full size lr = 4e-3, so the bound there is a tenth of one step.
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer, tolerance", [("sgd", 1e-5), ("adamw", 4e-4)])
+def test_two_processes_match_one(tmp_path, optimizer, tolerance):
+    args = ARGS + ["--set", f"optimizer={optimizer}"]
+    single = subprocess.run([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path),
+                             "--set", "run_name=single", "--set", "threads=1", *args],
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set", "run_name=double", *args],
+                            capture_output=True, text=True, timeout=300)
+    assert double.returncode == 0, double.stderr[-3000:]
+    summary = json.loads((tmp_path / "double" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["replica_max_abs_diff"] == 0.0  # identical on every rank
+    one, two = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "double" / "model.safetensors")
+    worst = max((two[name] - one[name]).abs().max().item() for name in one)
+    assert worst < tolerance
+    single_rows = [json.loads(r) for r in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines()]
+    double_rows = [json.loads(r) for r in (tmp_path / "double" / "metrics.jsonl").read_text().splitlines()]
+    assert len(single_rows) == len(double_rows) == 2
+    for a, b in zip(single_rows, double_rows):  # metrics are reduced over ranks: whole-data figures
+        assert abs(a["test_top1"] - b["test_top1"]) <= 1 / 359 and abs(a["train_loss"] - b["train_loss"]) < 1e-3

@@ -1,0 +1,141 @@
+"""The real download code against a small HTTP server on 127.0.0.1 that serves synthetic files."""
+
+import hashlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from datafiles import write_idx_set
+from vitlab.data import datasets
+from vitlab.data.download import RemoteFile, download
+from vitlab.errors import DataError
+
+
+class Server:
+    """Serves `files` (name -> bytes) with Range support; `cut_after[name] = n` closes the first response
+    for that name after n bytes, as a dropped connection would."""
+
+    def __init__(self, files):
+        self.files = files
+        self.cut_after = {}
+        self.requests = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                name = self.path.rsplit("/", 1)[-1]
+                outer.requests.append((name, self.headers.get("Range")))
+                if name not in outer.files:
+                    self.send_error(404)
+                    return
+                data = outer.files[name]
+                start = 0
+                if self.headers.get("Range"):
+                    start = int(self.headers["Range"].split("=")[1].split("-")[0])
+                    if start >= len(data):
+                        self.send_error(416)
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                else:
+                    self.send_response(200)
+                body = data[start:]
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                cut = outer.cut_after.pop(name, None)
+                self.wfile.write(body[:cut] if cut is not None else body)
+                if cut is not None:
+                    self.wfile.flush()
+                    self.close_connection = True
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    instance = Server({})
+    yield instance
+    instance.close()
+
+
+def remote_for(server, name, data, sha=None):
+    server.files[name] = data
+    return RemoteFile(name, sha or hashlib.sha256(data).hexdigest(), len(data), (f"{server.url}/{name}",))
+
+
+def test_download_checks_and_caches(tmp_path, server):
+    remote = remote_for(server, "a.bin", b"x" * 100_000)
+    path = download(remote, tmp_path, progress=False)
+    assert path.read_bytes() == b"x" * 100_000
+    download(remote, tmp_path, progress=False)
+    assert len(server.requests) == 1  # second call served from the cache
+
+
+def test_wrong_checksum_is_refused_and_nothing_kept(tmp_path, server):
+    remote = remote_for(server, "a.bin", b"payload", sha="0" * 64)
+    with pytest.raises(DataError, match="checksum mismatch"):
+        download(remote, tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_interrupted_download_resumes_with_a_range_request(tmp_path, server):
+    data = bytes(range(256)) * 2000
+    remote = remote_for(server, "big.bin", data)
+    server.cut_after["big.bin"] = 150_000
+    with pytest.raises(DataError, match="could not download"):
+        download(remote, tmp_path, progress=False)
+    assert (tmp_path / "big.bin.part").stat().st_size == 150_000
+    path = download(remote, tmp_path, progress=False)
+    assert path.read_bytes() == data and not (tmp_path / "big.bin.part").exists()
+    assert server.requests[-1] == ("big.bin", "bytes=150000-")
+
+
+def test_second_mirror_is_tried_and_a_corrupt_cached_file_is_replaced(tmp_path, server):
+    data = b"good data"
+    good = remote_for(server, "f.bin", data)
+    remote = RemoteFile("f.bin", good.sha256, len(data), (f"{server.url}/missing/nothing", f"{server.url}/f.bin"))
+    (tmp_path / "f.bin").write_bytes(b"corrupted in the cache")
+    assert download(remote, tmp_path, progress=False).read_bytes() == data
+    assert (tmp_path / "f.bin.bad").exists()
+
+
+def test_mnist_downloads_through_a_mirror(tmp_path, server, monkeypatch):
+    files = write_idx_set(tmp_path / "src", count=10)
+    for name, data in files.items():
+        server.files[f"mnist-{name}"] = data
+    monkeypatch.setattr(datasets, "MNIST_FILES",
+                        {name: (hashlib.sha256(data).hexdigest(), len(data)) for name, data in files.items()})
+    monkeypatch.setenv("VITLAB_MIRROR", server.url)
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    data = datasets.load_dataset("mnist", "train")
+    assert data.images.shape == (10, 1, 28, 28)
+    assert (tmp_path / "cache" / "mnist-train-images-idx3-ubyte.gz").exists()
+
+
+def test_corrupt_file_with_matching_checksum_fails_in_parsing(tmp_path, server, monkeypatch):
+    files = write_idx_set(tmp_path / "src", count=10)
+    files["train-images-idx3-ubyte.gz"] = b"\x1f\x8bnot really gzip"
+    for name, data in files.items():
+        server.files[f"mnist-{name}"] = data
+    monkeypatch.setattr(datasets, "MNIST_FILES",
+                        {name: (hashlib.sha256(data).hexdigest(), len(data)) for name, data in files.items()})
+    monkeypatch.setenv("VITLAB_MIRROR", server.url)
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(DataError, match="cannot be read as a gzip file"):
+        datasets.load_dataset("mnist", "train")
+
+
+def test_unreachable_server_says_what_to_do(tmp_path):
+    remote = RemoteFile("x.bin", "0" * 64, 1, ("http://127.0.0.1:9/x.bin",))
+    with pytest.raises(DataError, match="Download it by hand into .* or pass --data-dir"):
+        download(remote, tmp_path, progress=False, timeout=2)

@@ -1,0 +1,35 @@
+import torch
+
+from vitlab.config import ViTConfig
+from vitlab.models import create_model
+from vitlab.train.optim import EMA, param_groups, warmup_cosine
+
+
+def test_no_weight_decay_on_norms_biases_position_embedding_and_class_token():
+    model = create_model(ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_dim=32,
+                                   num_classes=3))
+    decay, no_decay = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    skipped = {names[id(p)] for p in no_decay["params"]}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert {"pos_embed", "cls_token", "norm.weight", "blocks.0.norm1.bias", "head.bias"} <= skipped
+    assert decayed == {"patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight",
+                       "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight", "head.weight"}
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+
+
+def test_warmup_then_cosine():
+    values = [warmup_cosine(step, 10, 110, 0.01) for step in range(111)]
+    assert values[0] == 0.1 and values[9] == 1.0 and values[10] == 1.0
+    assert abs(values[60] - (0.01 + 0.99 * 0.5)) < 1e-9 and abs(values[110] - 0.01) < 1e-9
+    assert all(a >= b for a, b in zip(values[10:], values[11:]))
+
+
+def test_ema_moves_towards_the_weights():
+    model = torch.nn.Linear(2, 2)
+    ema = EMA(model, decay=0.9)
+    start = ema.state["weight"].clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.update(model)
+    torch.testing.assert_close(ema.state["weight"], start + 0.1)

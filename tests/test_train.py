@@ -1,0 +1,173 @@
+"""The training loop, on the shipped digits with a micro model so every test takes seconds."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.train import loop
+from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
+from vitlab.train.loop import TrainingError, train
+
+MICRO = dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def micro_config(tmp_path, **changes) -> TrainConfig:
+    fields = dict(model_overrides=MICRO, epochs=2, batch_size=128, out_dir=str(tmp_path), run_name="run",
+                  progress=False, threads=1)
+    fields.update(changes)
+    return TrainConfig(**fields)
+
+
+def weights(run_dir: Path) -> dict:
+    return load_file(run_dir / "model.safetensors")
+
+
+def test_default_recipe_file_equals_the_defaults():
+    assert load_recipe(REPO / "configs" / "digits.py") == TrainConfig()
+
+
+def test_a_run_writes_its_folder(tmp_path, capsys):
+    summary = train(micro_config(tmp_path, progress=True))
+    run = tmp_path / "run"
+    for name in ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/last.pt", "metrics.jsonl",
+                 "curves.png", "confusion.png", "summary.txt", "summary.json", "train_config.json"):
+        assert (run / name).exists(), name
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2] and rows[-1]["step"] == 22
+    assert summary["test_top1"] > 0.15  # better than chance after 22 steps, even for 0.005M parameters
+    assert "vitlab train: digits-8 on digits - finished" in capsys.readouterr().out
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    changes = dict(epochs=3, augment={"affine_degrees": 10, "random_erasing": 0.3, "crop_padding": 1},
+                   drop_path=0.1, ema_decay=0.9)
+    straight = train(micro_config(tmp_path, run_name="straight", **changes))
+    # Stop mid-epoch 2, as Ctrl-C would: the stop check runs after each of the 11 steps of an epoch and once
+    # at its end, so the 16th check is after step 4 of epoch 2. Then resume.
+    calls = {"n": 0}
+    real = loop.any_rank
+
+    def stop_at_step_16(flag, env):
+        calls["n"] += 1
+        return real(flag or calls["n"] == 16, env)
+
+    monkeypatch.setattr(loop, "any_rank", stop_at_step_16)
+    stopped = train(micro_config(tmp_path, run_name="stopped", **changes))
+    assert stopped["status"] == "interrupted" and (stopped["epoch"], stopped["step"]) == (1, 4)
+    monkeypatch.setattr(loop, "any_rank", real)
+    resumed = train(TrainConfig(), resume=tmp_path / "stopped")
+    assert resumed["status"] == "finished"
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name  # bit-exact on CPU
+    rows = (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["epoch"] for r in rows] == [1, 2, 3]
+
+
+def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    train(micro_config(tmp_path, epochs=1))
+    good = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
+    real = loop.F.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] > 3 else loss
+
+    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    with pytest.raises(TrainingError, match="the loss became nan at epoch 1, step 4.*Lower the learning rate"):
+        train(micro_config(tmp_path, run_name="nan", epochs=1))
+    assert not (tmp_path / "nan" / "checkpoints" / "last.pt").exists()
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == good
+
+
+def test_corrupt_last_checkpoint_names_the_previous_one(tmp_path):
+    train(micro_config(tmp_path, epochs=2))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    last = checkpoints / "last.pt"
+    last.write_bytes(last.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="last.pt is unreadable.*add --use-previous"):
+        train(TrainConfig(), resume=tmp_path / "run")
+    assert loop.load_training_state(tmp_path / "run", allow_previous=True)["epoch"] == 1
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(batch_size=4096), "batch_size 4096 is larger than the 1438 training images; use --set batch_size=1024"),
+    (dict(model_overrides=dict(MICRO, patch_size=3)), "patch size 3 does not divide image height 8"),
+    (dict(model="Z/16"), "unknown model 'Z/16'; choose a variant from `vitlab models`"),
+    (dict(batch_size=128, grad_accum=3), "does not divide into grad_accum 3"),
+])
+def test_options_that_do_not_fit(tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        train(micro_config(tmp_path, **changes))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_existing_run_folder_is_not_overwritten(tmp_path):
+    train(micro_config(tmp_path, epochs=1))
+    before = (tmp_path / "run" / "model.safetensors").read_bytes()
+    with pytest.raises(ConfigError, match="already holds a run; resume it with --resume"):
+        train(micro_config(tmp_path, epochs=1))
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
+
+
+def test_set_overrides():
+    config = apply_overrides(TrainConfig(), ["lr=1e-2", "augment.hflip=true", "model_overrides={'depth': 2}",
+                                             "run_name=x"])
+    assert config.lr == 0.01 and config.augment.hflip and config.model_overrides == {"depth": 2}
+    with pytest.raises(ConfigError, match="unknown setting 'learning_rate'"):
+        apply_overrides(TrainConfig(), ["learning_rate=1"])
+    with pytest.raises(ConfigError, match="--set epochs='ten': expected a whole number"):
+        apply_overrides(TrainConfig(), ["epochs=ten"])
+    assert apply_overrides(TrainConfig(), ["lr=1"]).lr == 1.0
+    with pytest.raises(ConfigError, match="takes key=value"):
+        apply_overrides(TrainConfig(), ["lr"])
+
+
+def test_grad_accumulation_matches_one_big_batch(tmp_path):
+    plain = train(micro_config(tmp_path, run_name="plain", epochs=1, drop_path=0.0))
+    accumulated = train(micro_config(tmp_path, run_name="accum", epochs=1, drop_path=0.0, grad_accum=4))
+    a, b = weights(tmp_path / "plain"), weights(tmp_path / "accum")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+def cli(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "vitlab", *args], capture_output=True, text=True, **kwargs)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_the_run_resumes(tmp_path):
+    args = ["train", "--out-dir", str(tmp_path), "--set", "run_name=sig", "--set", "epochs=400",
+            "--set", "threads=1", "--set", f"model_overrides={MICRO}"]
+    process = subprocess.Popen([sys.executable, "-m", "vitlab", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    last = tmp_path / "sig" / "checkpoints" / "last.pt"
+    deadline = time.time() + 60
+    while not last.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "Resume with: vitlab train --resume" in out
+    state = loop.load_training_state(tmp_path / "sig")
+    assert 0 < state["global_step"] < 400 * 11
+
+
+def test_cli_usage_errors_exit_2_with_one_line(tmp_path):
+    result = cli("train", "--set", "epochs=zero", "--out-dir", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "epochs" in result.stderr
+    result = cli("train", "--resume", str(tmp_path / "nothing"))
+    assert result.returncode == 1 and "cannot resume" in result.stderr
