@@ -203,8 +203,9 @@ SMALL_PRESETS: dict[str, dict[str, Any]] = {
     # 28x28 MNIST / Fashion-MNIST: 4x4 patches give a 7x7 grid.
     "mnist-28": dict(image_size=28, patch_size=4, embed_dim=128, depth=6, num_heads=4, mlp_dim=256,
                      num_classes=10, in_chans=3),
-    # 32x32 CIFAR: 4x4 patches give an 8x8 grid (the usual from-scratch ViT-CIFAR set-up).
-    "cifar-32": dict(image_size=32, patch_size=4, embed_dim=192, depth=9, num_heads=12, mlp_dim=384,
+    # 32x32 CIFAR: 4x4 patches give an 8x8 grid; the shape of the from-scratch ViT-CIFAR recipe
+    # (omihub777/ViT-CIFAR: 7 layers, width 384, MLP 384, 12 heads, 6.3M parameters, 91.01% on CIFAR-10).
+    "cifar-32": dict(image_size=32, patch_size=4, embed_dim=384, depth=7, num_heads=12, mlp_dim=384,
                      num_classes=10, in_chans=3),
 }
 

@@ -36,8 +36,8 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
     config = model.config
     names = config.class_names or [str(i) for i in range(config.num_classes)]
     top_k = min(top_k, config.num_classes)
-    rows: list[dict[str, Any]] = []
-    batch: list[tuple[Path, torch.Tensor]] = []
+    rows: list[dict[str, Any]] = []  # in input order; predictions are filled in batch by batch
+    batch: list[tuple[dict[str, Any], torch.Tensor]] = []
 
     def flush() -> None:
         if not batch:
@@ -45,16 +45,18 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
         images = prepare(torch.stack([image for _, image in batch]), 255.0, config)
         probabilities = model(images).float().softmax(dim=-1)
         values, indices = probabilities.topk(top_k, dim=-1)
-        for (path, _), vals, idxs in zip(batch, values, indices):
-            rows.append({"path": str(path), "predictions": [
-                {"label": names[i], "index": int(i), "probability": float(v)} for v, i in zip(vals, idxs)]})
+        for (row, _), vals, idxs in zip(batch, values, indices):
+            row["predictions"] = [{"label": names[i], "index": int(i), "probability": float(v)}
+                                  for v, i in zip(vals, idxs)]
         batch.clear()
 
     for path in collect_images(inputs):
+        row: dict[str, Any] = {"path": str(path)}
+        rows.append(row)
         try:
-            batch.append((path, read_image(path, config.image_size, config.in_chans)))
+            batch.append((row, read_image(path, config.image_size, config.in_chans)))
         except DataError as error:
-            rows.append({"path": str(path), "error": str(error)})
+            row["error"] = str(error)
         if len(batch) == batch_size:
             flush()
     flush()

@@ -276,6 +276,8 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
         config = TrainConfig.from_dict(json.loads(state["train_config"]))
     torch.set_num_threads(config.threads or default_threads(env))
     torch.manual_seed(config.seed + env.rank)
+    if config.tensorboard and env.is_main:
+        open_tensorboard(None, config, env)  # fail before anything is written if tensorboard is missing
     if resume is None:
         run_dir = new_run_dir(config, env)
     train_data = load_dataset(config.dataset, "train", config.data_dir, image_size=config.image_size)
@@ -402,13 +404,14 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
 
 
 def open_tensorboard(run_dir: Path, config: TrainConfig, env: DistEnv):
+    """A SummaryWriter in the run folder (None if off); with run_dir=None only checks the package is there."""
     if not (config.tensorboard and env.is_main):
         return None
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise ConfigError("tensorboard=True needs the tensorboard package: pip install tensorboard") from None
-    return SummaryWriter(run_dir / "tensorboard")
+    return SummaryWriter(run_dir / "tensorboard") if run_dir is not None else None
 
 
 def write_outputs(run_dir: Path, model: VisionTransformer, final: dict[str, Any], history: list[dict[str, Any]],

@@ -1,0 +1,77 @@
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from vitlab.checkpoint.io import save_model
+from vitlab.cli import main
+from vitlab.config import ViTConfig
+from vitlab.data.datasets import load_dataset
+from vitlab.errors import DataError
+from vitlab.eval.classify import evaluate
+from vitlab.eval.predict import predict
+from vitlab.models import create_model
+
+DIGITS = ViTConfig(image_size=8, patch_size=2, in_chans=1, embed_dim=16, depth=1, num_heads=2, mlp_dim=32,
+                   num_classes=10, class_names=[f"d{i}" for i in range(10)])
+
+
+def constant_model(favourite: int):
+    """A model whose logits ignore the image and always favour one class (zero head weights, biased head)."""
+    model = create_model(DIGITS).eval()
+    with torch.no_grad():
+        model.head.bias.copy_(torch.linspace(0, -1, 10).roll(favourite))
+    return model
+
+
+def test_metrics_of_a_constant_predictor_are_exact():
+    data = load_dataset("digits", "test")
+    metrics = evaluate(constant_model(3), data)
+    share_of_3 = (data.labels == 3).double().mean().item()
+    assert metrics["count"] == 359 and abs(metrics["top1"] - share_of_3) < 1e-12
+    assert metrics["per_class"][3] == 1.0 and metrics["per_class"][0] == 0.0
+    top5_classes = {3, 4, 5, 6, 7}  # bias falls off after the favourite
+    assert abs(metrics["top5"] - sum((data.labels == c).double().mean().item() for c in top5_classes)) < 1e-12
+    confusion = torch.tensor(metrics["confusion"])
+    assert confusion.sum() == 359 and confusion[:, 3].sum() == 359
+    expected_loss = torch.nn.functional.cross_entropy(model_logits(metrics), data.labels).item()
+    assert abs(metrics["loss"] - expected_loss) < 1e-6
+
+
+def model_logits(metrics):
+    bias = torch.linspace(0, -1, 10).roll(3)
+    return bias.expand(metrics["count"], -1)
+
+
+def test_eval_cli_writes_json_and_confusion_picture(tmp_path, capsys):
+    path = save_model(constant_model(1), tmp_path / "m.safetensors")
+    assert main(["eval", str(path), "--dataset", "digits", "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "eval-digits-test.json").read_text())
+    assert report["count"] == 359 and (tmp_path / "out" / "eval-digits-test.png").stat().st_size > 1000
+    assert "top-1" in capsys.readouterr().out
+
+
+def test_eval_refuses_a_data_set_with_other_classes(tmp_path):
+    path = save_model(create_model(DIGITS.replace(num_classes=3, class_names=None)), tmp_path / "m.safetensors")
+    assert main(["eval", str(path), "--dataset", "digits"]) == 2
+
+
+def test_predict_reads_files_and_folders_and_reports_bad_ones(tmp_path, capsys):
+    model = constant_model(7)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    Image.new("L", (8, 8), 128).save(folder / "a.png")
+    Image.new("RGB", (30, 20), (9, 9, 9)).save(folder / "b.jpg")
+    (folder / "c.png").write_bytes(b"garbage")
+    rows = predict(model, [folder], top_k=2)
+    assert [r["path"].split("/")[-1] for r in rows] == ["a.png", "b.jpg", "c.png"]
+    assert rows[0]["predictions"][0]["label"] == "d7" and len(rows[0]["predictions"]) == 2
+    assert "not a readable image" in rows[2]["error"]
+    probabilities = [p["probability"] for p in rows[1]["predictions"]]
+    assert probabilities == sorted(probabilities, reverse=True) and 0 < sum(probabilities) <= 1
+    path = save_model(model, tmp_path / "m.safetensors")
+    assert main(["predict", str(path), str(folder / "a.png"), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["predictions"][0]["label"] == "d7"
+    with pytest.raises(DataError, match="no such file"):
+        predict(model, [tmp_path / "missing.png"])
