@@ -176,7 +176,7 @@ def build_parser() -> ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate a run or checkpoint on a data set")
     p.add_argument("checkpoint", help="run folder or checkpoint")
-    p.add_argument("--dataset", default="digits")
+    p.add_argument("--dataset", help="data set name (default for a run folder: the one it trained on)")
     p.add_argument("--data-dir")
     p.add_argument("--split", choices=("train", "test"), default="test")
     p.add_argument("--out", help="folder for eval JSON and confusion matrix (default: beside the checkpoint)")

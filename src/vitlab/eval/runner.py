@@ -13,8 +13,15 @@ from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate
 
 
-def run_evaluation(checkpoint: str | Path, dataset: str, data_dir: str | None = None, split: str = "test",
+def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir: str | None = None, split: str = "test",
                    out: str | Path | None = None, batch_size: int = 256) -> dict[str, Any]:
+    """Metrics of a checkpoint on a data set; for a run folder the data set defaults to the one it trained on."""
+    run_config = Path(checkpoint) / "train_config.json"
+    if dataset is None:
+        if not run_config.is_file():
+            raise DataError(f"{checkpoint} is not a run folder; say which data set to evaluate on with --dataset")
+        trained = json.loads(run_config.read_text())
+        dataset, data_dir = trained["dataset"], data_dir or trained.get("data_dir")
     model = load_model(checkpoint)
     data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size, channels=model.config.in_chans)
     if data.num_classes != model.config.num_classes:

@@ -1,0 +1,53 @@
+"""Parity with the reference implementations: max |logit difference| of every fixture checkpoint.
+
+    python benchmarks/parity.py
+
+Each fixture in tests/fixtures was written by the official JAX code, timm or transformers together with an
+input batch and the logits that code computed. Prints a markdown table and writes it into BENCHMARKS.md between
+the `parity` markers. (The same comparisons, with the 1e-4 bound, are tests in tests/test_formats.py.)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import FIXTURES, REFERENCE_CHECKPOINTS, reference_io  # noqa: E402
+from vitlab import load_model, read_checkpoint  # noqa: E402
+
+
+def main() -> None:
+    lines = ["Command: `python benchmarks/parity.py` (float32, CPU)", "",
+             "| fixture | written by | kind detected | model | max abs logit difference |", "|---|---|---|---|---|"]
+    writers = {"jax": "official vit_jax (Flax)", "timm": "timm 1.0.31", "hf": "transformers 5.23"}
+    for name, weights in REFERENCE_CHECKPOINTS:
+        images, expected = reference_io(name)
+        config, _, kind = read_checkpoint(FIXTURES / weights)
+        model = load_model(FIXTURES / weights)
+        with torch.no_grad():
+            difference = (model(images) - expected).abs().max().item()
+        shape = ("hybrid " if config.resnet_layers is not None else "") + f"{config.classifier}" + \
+            (f", repr {config.representation_size}" if config.representation_size else "") + \
+            (", fc_norm" if config.fc_norm else "")
+        lines.append(f"| `{weights}` | {writers[kind]} | {kind} | {shape} | {difference:.2e} |")
+    table = "\n".join(lines)
+    print(table)
+    path = ROOT / "BENCHMARKS.md"
+    text = path.read_text()
+    block = f"<!-- parity:start -->\n{table}\n<!-- parity:end -->"
+    if "<!-- parity:start -->" in text:
+        text = re.sub(r"<!-- parity:start -->.*?<!-- parity:end -->", lambda _: block, text, flags=re.S)
+    else:
+        text += f"\n## Checkpoint parity\n\n{block}\n"
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
