@@ -9,7 +9,6 @@ the `parity` markers. (The same comparisons, with the 1e-4 bound, are tests in t
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -17,6 +16,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report import write_section  # noqa: E402
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import FIXTURES, REFERENCE_CHECKPOINTS, reference_io  # noqa: E402
@@ -39,14 +41,7 @@ def main() -> None:
         lines.append(f"| `{weights}` | {writers[kind]} | {kind} | {shape} | {difference:.2e} |")
     table = "\n".join(lines)
     print(table)
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text()
-    block = f"<!-- parity:start -->\n{table}\n<!-- parity:end -->"
-    if "<!-- parity:start -->" in text:
-        text = re.sub(r"<!-- parity:start -->.*?<!-- parity:end -->", lambda _: block, text, flags=re.S)
-    else:
-        text += f"\n## Checkpoint parity\n\n{block}\n"
-    path.write_text(text)
+    write_section("parity", "Checkpoint parity", table)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report import write_section  # noqa: E402
 
 
 def cpu_name() -> str:
@@ -81,14 +83,7 @@ def main() -> None:
                      f"{r['train_seconds']:.1f} s | {r['images_per_second']:.0f} | {reached} |")
     table = "\n".join(lines)
     print(table)
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else ""
-    block = f"<!-- train_digits:start -->\n{table}\n<!-- train_digits:end -->"
-    if "<!-- train_digits:start -->" in text:
-        text = re.sub(r"<!-- train_digits:start -->.*?<!-- train_digits:end -->", lambda _: block, text, flags=re.S)
-    else:
-        text += f"\n## Digits recipe (`vitlab train`)\n\n{block}\n"
-    path.write_text(text)
+    write_section("train_digits", "Digits recipe (`vitlab train`)", table)
 
 
 if __name__ == "__main__":

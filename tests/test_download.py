@@ -109,14 +109,18 @@ def test_second_mirror_is_tried_and_a_corrupt_cached_file_is_replaced(tmp_path, 
     assert (tmp_path / "f.bin.bad").exists()
 
 
-def test_mnist_downloads_through_a_mirror(tmp_path, server, monkeypatch):
-    files = write_idx_set(tmp_path / "src", count=10)
+def serve_mnist(files, server, tmp_path, monkeypatch) -> None:
+    """Serve MNIST-named files from the test server as the mirror, registered with their own checksums."""
     for name, data in files.items():
         server.files[f"mnist-{name}"] = data
     monkeypatch.setattr(datasets, "MNIST_FILES",
                         {name: (hashlib.sha256(data).hexdigest(), len(data)) for name, data in files.items()})
     monkeypatch.setenv("VITLAB_MIRROR", server.url)
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+
+
+def test_mnist_downloads_through_a_mirror(tmp_path, server, monkeypatch):
+    serve_mnist(write_idx_set(tmp_path / "src", count=10), server, tmp_path, monkeypatch)
     data = datasets.load_dataset("mnist", "train")
     assert data.images.shape == (10, 1, 28, 28)
     assert (tmp_path / "cache" / "mnist-train-images-idx3-ubyte.gz").exists()
@@ -125,12 +129,7 @@ def test_mnist_downloads_through_a_mirror(tmp_path, server, monkeypatch):
 def test_corrupt_file_with_matching_checksum_fails_in_parsing(tmp_path, server, monkeypatch):
     files = write_idx_set(tmp_path / "src", count=10)
     files["train-images-idx3-ubyte.gz"] = b"\x1f\x8bnot really gzip"
-    for name, data in files.items():
-        server.files[f"mnist-{name}"] = data
-    monkeypatch.setattr(datasets, "MNIST_FILES",
-                        {name: (hashlib.sha256(data).hexdigest(), len(data)) for name, data in files.items()})
-    monkeypatch.setenv("VITLAB_MIRROR", server.url)
-    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    serve_mnist(files, server, tmp_path, monkeypatch)
     with pytest.raises(DataError, match="cannot be read as a gzip file"):
         datasets.load_dataset("mnist", "train")
 

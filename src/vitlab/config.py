@@ -14,6 +14,23 @@ from typing import Any
 from vitlab.errors import ConfigError
 
 
+def stem_stride(resnet_layers: tuple[int, ...] | None) -> int:
+    """Downsampling of the hybrid's ResNet stem: 4 from the root (conv /2, max-pool /2), 2 per stage after the
+    first; 1 without a stem."""
+    if resnet_layers is None:
+        return 1
+    return 4 * 2 ** max(len(resnet_layers) - 1, 0)
+
+
+def checked_fields(cls: type, data: dict[str, Any], what: str) -> dict[str, Any]:
+    """`data` if every key is a field of dataclass `cls`, else a ConfigError naming the unknown ones."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown {what} keys {unknown}; known keys are {sorted(known)}")
+    return data
+
+
 def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
     """Turn ``16`` or ``(16, 24)`` into a (height, width) pair of positive ints."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -99,16 +116,9 @@ class ViTConfig:
         self.grid_size  # validates that the patch divides the image
 
     @property
-    def stem_stride(self) -> int:
-        """Downsampling of the hybrid's ResNet stem (4 from the root, 2 per later stage); 1 without a stem."""
-        if not self.resnet_layers:
-            return 1 if self.resnet_layers is None else 4
-        return 4 * 2 ** (len(self.resnet_layers) - 1)
-
-    @property
     def grid_size(self) -> tuple[int, int]:
         """(rows, columns) of the patch grid: the image, through the stem, cut into P x P patches."""
-        stride = self.stem_stride
+        stride = stem_stride(self.resnet_layers)
         grid = []
         for axis, image, patch in zip(("height", "width"), self.image_size, self.patch_size):
             if self.resnet_layers is not None:
@@ -157,12 +167,8 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown model config keys {unknown}; known keys are {sorted(known)}")
         try:
-            return cls(**data)
+            return cls(**checked_fields(cls, data, "model config"))
         except TypeError as error:  # a wrong type inside a field, e.g. a string where an int belongs
             raise ConfigError(f"invalid model config: {error}") from None
 

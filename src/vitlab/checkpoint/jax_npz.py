@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitlab.config import ViTConfig
+from vitlab.config import ViTConfig, stem_stride
 from vitlab.errors import CheckpointError
 
 ENCODER = "Transformer/encoderblock_{}/"
@@ -50,7 +50,7 @@ def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str,
         resnet_layers = tuple(
             len({m.group(1) for k in arrays if (m := re.match(rf"block{s}/unit(\d+)/", k))}) for s in stages)
     pos_rows = get("Transformer/posembed_input/pos_embedding").shape[1] - int(class_token)
-    stride = 1 if resnet_layers is None else (4 * 2 ** (len(resnet_layers) - 1) if resnet_layers else 4)
+    stride = stem_stride(resnet_layers)
     if "image_size" in hints:
         image_size = hints["image_size"]
     else:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from vitlab.config import MODEL_SIZES, ViTConfig
+from vitlab.config import MODEL_SIZES, ViTConfig, stem_stride
 from vitlab.errors import CheckpointError
 
 # timm's size names and the paper's, so "vit_base_patch16_224" finds B's head count.
@@ -78,7 +78,7 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
         raise CheckpointError(
             f"{source}: the head count of a width-{embed_dim} model cannot be read from its weights; put a JSON of "
             'its timm arguments beside it (e.g. {"num_heads": 4}) or pass --num-heads')
-    stride = 1 if resnet_layers is None else (4 * 2 ** (len(resnet_layers) - 1) if resnet_layers else 4)
+    stride = stem_stride(resnet_layers)
     image_size = hints.pop("image_size", None)
     if image_size is None:
         rows = state["pos_embed"].shape[1] - int(class_token)

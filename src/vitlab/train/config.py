@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vitlab.config import checked_fields
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import ConfigError
 
@@ -76,11 +77,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown training config keys {unknown}")
-        return cls(**data)
+        return cls(**checked_fields(cls, data, "training config"))
 
 
 def parse_value(text: str) -> Any:
