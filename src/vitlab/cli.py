@@ -135,6 +135,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0 if any("predictions" in row for row in rows) else 1
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from vitlab.analysis.report import analyze
+
+    summary = analyze(args.checkpoint, args.images, args.out, args.data_dir, args.num_images,
+                      args.distance_images)
+    per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
+    print(f"analysed {summary['checkpoint']} on {summary['images_for_distance']} images")
+    print(f"  mean attention distance per layer (pixels): {per_layer}")
+    for name, path in summary["files"].items():
+        print(f"  {name:<22} {path}")
+    print(f"  report                 {summary['report']}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------ parser
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="vitlab", description="Build, train, fine-tune, understand and ship ViTs.")
@@ -190,6 +204,17 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--top-k", type=int, default=3)
     p.add_argument("--format", choices=("table", "json", "csv"), default="table")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("analyze", help="the paper's attention and embedding analyses, as pictures and an HTML report")
+    p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")
+    p.add_argument("--images", nargs="+", required=True, metavar="PATH_OR_DATASET",
+                   help="image files / folders, or a data set name (its test split), e.g. --images digits")
+    p.add_argument("--data-dir", help="where the named data set's files are")
+    p.add_argument("--out", help="output folder (default: RUN/analysis or analysis-<checkpoint name>)")
+    p.add_argument("--num-images", type=int, default=8, help="images shown with their rollout (default 8)")
+    p.add_argument("--distance-images", type=int, default=256,
+                   help="images averaged for the attention distances (default 256)")
+    p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("info", help="show what a checkpoint holds")
     p.add_argument("checkpoint")

@@ -59,3 +59,135 @@ def plot_confusion(confusion: Sequence[Sequence[int]], class_names: Sequence[str
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return Path(path)
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+def _tile(image):
+    """(C, H, W) tensor -> array for imshow, scaled to [0, 1] (grey for one channel)."""
+    import numpy as np
+
+    array = image.detach().double().cpu().numpy()
+    low, high = array.min(), array.max()
+    array = (array - low) / (high - low) if high > low else np.zeros_like(array)
+    return array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0)
+
+
+def plot_filter_components(components, ratios, path: str | Path) -> Path:
+    """Figure 7 (left): principal components of the patch-embedding filters, one tile each."""
+    import math
+
+    plt = _pyplot()
+    count = len(components)
+    cols = min(7, count)
+    rows = math.ceil(count / cols)
+    figure, axes = plt.subplots(rows, cols, figsize=(1.3 * cols, 1.45 * rows + 0.4), squeeze=False)
+    for index, axis in enumerate(axes.flat):
+        axis.axis("off")
+        if index < count:
+            axis.imshow(_tile(components[index]), cmap="gray", interpolation="nearest")
+            axis.set_title(f"{100 * float(ratios[index]):.1f}%", fontsize=7)
+    figure.suptitle("Principal components of the patch-embedding filters (explained variance)", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)
+
+
+def plot_position_similarity(similarity, path: str | Path) -> Path:
+    """Figure 7 (centre): for each patch position (row, column) a heatmap of its position embedding's cosine
+    similarity with every other position."""
+    plt = _pyplot()
+    rows, cols = similarity.shape[:2]
+    size = max(0.55, min(1.2, 9.0 / max(rows, cols)))
+    figure, axes = plt.subplots(rows, cols, figsize=(size * cols + 1.2, size * rows + 0.6), squeeze=False)
+    image = None
+    for i in range(rows):
+        for j in range(cols):
+            axis = axes[i, j]
+            image = axis.imshow(similarity[i, j].cpu().numpy(), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+            axis.set_xticks([])
+            axis.set_yticks([])
+            if j == 0:
+                axis.set_ylabel(str(i + 1), fontsize=7)
+            if i == rows - 1:
+                axis.set_xlabel(str(j + 1), fontsize=7)
+    figure.supylabel("input patch row", fontsize=8)
+    figure.supxlabel("input patch column", fontsize=8)
+    figure.colorbar(image, ax=axes, shrink=0.6, label="cosine similarity")
+    figure.suptitle("Position embedding similarity", fontsize=9)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return Path(path)
+
+
+def plot_attention_distance(distances, path: str | Path, image_size: tuple[int, int] | None = None) -> Path:
+    """Figure 7 (right): mean attention distance of every head against depth, one point per head."""
+    plt = _pyplot()
+    layers, heads = distances.shape
+    figure, axis = plt.subplots(figsize=(5, 3.8))
+    for head in range(heads):
+        axis.scatter(range(1, layers + 1), distances[:, head].cpu().numpy(), s=14, alpha=0.8, label=f"head {head + 1}")
+    axis.set(xlabel="network depth (layer)", ylabel="mean attention distance (pixels)",
+             title="Mean attention distance per head")
+    if image_size is not None:
+        axis.set_ylim(0, max(image_size) * 0.75)
+    axis.set_xticks(range(1, layers + 1))
+    axis.grid(alpha=0.3)
+    if heads <= 16:
+        axis.legend(fontsize=6, ncol=2, loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)
+
+
+def plot_attention_overlays(images, maps, path: str | Path, captions=None,
+                            title: str = "Attention rollout (class token)") -> Path:
+    """Figure 6: each image beside its attention map, upsampled to the image and overlaid."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    plt = _pyplot()
+    count = len(images)
+    figure, axes = plt.subplots(2, count, figsize=(1.6 * count + 0.4, 3.6), squeeze=False)
+    height, width = images.shape[-2:]
+    for index in range(count):
+        picture = _tile(images[index])
+        heat = F.interpolate(torch.as_tensor(maps[index], dtype=torch.float32)[None, None], size=(height, width),
+                             mode="bilinear", align_corners=False)[0, 0].numpy()
+        heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
+        for row, axis in enumerate(axes[:, index]):
+            axis.axis("off")
+            axis.imshow(picture, cmap="gray", interpolation="nearest")
+            if row == 1:
+                axis.imshow(heat, cmap="jet", alpha=0.5, interpolation="bilinear")
+        if captions:
+            axes[0, index].set_title(captions[index], fontsize=7)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)
+
+
+def plot_attention_grid(maps, path: str | Path, title: str) -> Path:
+    """A (layers, heads, rows, cols) stack of maps as a layers x heads grid of heatmaps."""
+    plt = _pyplot()
+    layers, heads = maps.shape[:2]
+    figure, axes = plt.subplots(layers, heads, figsize=(0.9 * heads + 0.8, 0.9 * layers + 0.6), squeeze=False)
+    for layer in range(layers):
+        for head in range(heads):
+            axis = axes[layer, head]
+            axis.imshow(maps[layer, head].cpu().numpy(), cmap="viridis", interpolation="nearest")
+            axis.set_xticks([])
+            axis.set_yticks([])
+            if head == 0:
+                axis.set_ylabel(f"L{layer + 1}", fontsize=7)
+            if layer == 0:
+                axis.set_title(f"h{head + 1}", fontsize=7)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)

@@ -1,0 +1,192 @@
+"""`vitlab analyze`: the paper's Figure 6 and 7 analyses of a checkpoint on some images, as pictures, numbers
+(JSON, CSV) and one self-contained `report.html`."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_attention
+from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
+from vitlab.checkpoint import load_model
+from vitlab.checkpoint.io import atomic_write_bytes
+from vitlab.config import stem_stride
+from vitlab.data.datasets import DATASET_NAMES, load_dataset, read_image
+from vitlab.data.preprocess import normalize, to_unit_range
+from vitlab.errors import DataError
+from vitlab.eval.predict import collect_images
+
+
+def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int) -> tuple[torch.Tensor, list[str] | None, list[str]]:
+    """([0, 1] images at the model's size (N, C, H, W), labels or None, names) from a data set name or paths."""
+    if len(spec) == 1 and spec[0] in DATASET_NAMES and not Path(spec[0]).exists():
+        data = load_dataset(spec[0], "test", data_dir, image_size=config.image_size, channels=config.in_chans)
+        count = min(limit, len(data))
+        images = to_unit_range(data.images[:count], data.max_value, config)
+        labels = [data.class_names[int(i)] for i in data.labels[:count]]
+        return images, labels, [f"{spec[0]} test #{i}" for i in range(count)]
+    files = collect_images(spec)[:limit]
+    pixels = [read_image(path, config.image_size, config.in_chans) for path in files]
+    return to_unit_range(torch.stack(pixels), 255.0, config), None, [path.name for path in files]
+
+
+def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | None = None, data_dir: str | None = None,
+            num_shown: int = 8, num_distance_images: int = 256, num_components: int = 28,
+            batch_size: int = 64) -> dict[str, Any]:
+    """Run every analysis and write the figures, numbers and report; returns a summary with the paths."""
+    model = load_model(checkpoint)
+    config = model.config
+    source = Path(checkpoint)
+    folder = Path(out) if out else (source / "analysis" if source.is_dir() else source.parent / f"analysis-{source.stem}")
+    folder.mkdir(parents=True, exist_ok=True)
+    pictures, labels, names = gather_images(images, config, data_dir, max(num_shown, num_distance_images))
+    if len(pictures) == 0:
+        raise DataError("no images to analyse")
+    grid = config.grid_size
+    # Distances in input pixels: on the hybrid a feature-map patch covers stride x P pixels.
+    stride = stem_stride(config.resnet_layers)
+    pixel_patch = (config.patch_size[0] * stride, config.patch_size[1] * stride)
+
+    distance = AttentionDistance(grid, pixel_patch, config.num_prefix_tokens)
+    with torch.no_grad():
+        for first in range(0, len(pictures), batch_size):
+            batch = normalize(pictures[first:first + batch_size], config)
+            model.forward_intermediates(batch, attention_layers="all", hidden_states=False, attention_callback=distance)
+
+    shown = pictures[:num_shown]
+    rollout = Rollout()
+    cls_maps: list[torch.Tensor] = []
+
+    def on_layer(layer: int, weights: torch.Tensor) -> None:
+        rollout(layer, weights)
+        if config.class_token:
+            cls_maps.append(class_token_attention(weights[:1], grid)[0])  # first image: (heads, rows, cols)
+
+    with torch.no_grad():
+        out_shown = model.forward_intermediates(normalize(shown, config), attention_layers="all", hidden_states=False,
+                                                attention_callback=on_layer)
+    prefix = config.num_prefix_tokens
+    flow = rollout.result[:, 0, prefix:] if config.class_token else rollout.result[:, prefix:, prefix:].mean(dim=1)
+    rollout_maps = flow.reshape(len(shown), *grid)
+    probabilities = out_shown["logits"].softmax(dim=-1) if config.num_classes else None
+    class_names = config.class_names or [str(i) for i in range(config.num_classes)]
+    predictions = []
+    for index in range(len(shown)):
+        row = {"image": names[index], "label": labels[index] if labels else None}
+        if probabilities is not None:
+            p, k = probabilities[index].max(dim=0)
+            row.update(prediction=class_names[int(k)], probability=float(p))
+        predictions.append(row)
+
+    from vitlab import plots
+
+    files: dict[str, Path] = {}
+    distances = distance.result  # (layers, heads)
+    files["attention_distance"] = plots.plot_attention_distance(distances, folder / "attention_distance.png",
+                                                                config.image_size)
+    similarity = position_embedding_similarity(model.pos_embed, grid, prefix)
+    files["position_similarity"] = plots.plot_position_similarity(similarity, folder / "position_similarity.png")
+    components = ratios = None
+    if config.resnet_layers is None:  # a hybrid's 1x1 "patches" of ResNet features are not pictures
+        components, ratios = patch_embedding_pca(model.patch_embed.proj.weight, num_components)
+        files["filters"] = plots.plot_filter_components(components, ratios, folder / "filters.png")
+    captions = [f"{p['label'] or ''}{' -> ' + p['prediction'] if 'prediction' in p else ''}".strip(" ->") or p["image"]
+                for p in predictions]
+    title = "Attention rollout (class token)" if config.class_token else "Attention rollout (mean over patch tokens)"
+    files["rollout"] = plots.plot_attention_overlays(shown, rollout_maps, folder / "rollout.png", captions, title)
+    if cls_maps:
+        files["class_token_attention"] = plots.plot_attention_grid(
+            torch.stack(cls_maps), folder / "class_token_attention.png",
+            f"Class-token attention per layer and head ({names[0]})")
+
+    with open(folder / "attention_distance.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["layer", "head", "mean_distance_pixels"])
+        for layer in range(distances.shape[0]):
+            for head in range(distances.shape[1]):
+                writer.writerow([layer + 1, head + 1, f"{float(distances[layer, head]):.4f}"])
+    summary = {
+        "checkpoint": str(checkpoint), "images_for_distance": len(pictures), "images_shown": len(shown),
+        "patch_size_pixels": list(pixel_patch), "grid_size": list(grid),
+        "mean_attention_distance": distances.tolist(),
+        "mean_attention_distance_per_layer": distances.mean(dim=1).tolist(),
+        "filter_explained_variance": ratios.tolist() if ratios is not None else None,
+        "predictions": predictions, "files": {k: str(v) for k, v in files.items()},
+    }
+    atomic_write_bytes(folder / "analysis.json", json.dumps(summary, indent=1).encode())
+    report = write_report(folder, config, summary, files)
+    summary["report"] = str(report)
+    return summary
+
+
+CAPTIONS = {
+    "filters": ("Patch-embedding filters (paper Figure 7, left)",
+                "Principal components of the linear projection's filters, each shown as a P x P x C image with the "
+                "share of variance it explains. Trained models show smooth, low-frequency basis functions."),
+    "position_similarity": ("Position-embedding similarity (Figure 7, centre)",
+                            "Tile (i, j) shows the cosine similarity of patch (i, j)'s position embedding with every "
+                            "position. Learned embeddings that encode the 2-D layout peak at their own position and "
+                            "resemble their row and column neighbours."),
+    "attention_distance": ("Mean attention distance (Figure 7, right)",
+                           "For every head, the attention-weighted mean distance in pixels between a query patch and "
+                           "the patches it attends to, averaged over the images. In the paper some heads attend "
+                           "globally from the first layer and the distance grows with depth."),
+    "rollout": ("Attention rollout (Figure 6)",
+                "Head-averaged attention, with the residual identity added, multiplied through all layers (Abnar "
+                "and Zuidema 2020): how much each patch flows into the class token, overlaid on the image."),
+    "class_token_attention": ("Raw class-token attention",
+                              "The class token's attention to each patch, per layer (rows) and head (columns), for "
+                              "the first image."),
+}
+
+
+def embed_png(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def write_report(folder: Path, config, summary: dict[str, Any], files: dict[str, Path]) -> Path:
+    """One HTML file with every figure embedded, so it can be mailed or opened anywhere."""
+    sections = []
+    for key in ("rollout", "attention_distance", "position_similarity", "filters", "class_token_attention"):
+        if key in files:
+            heading, caption = CAPTIONS[key]
+            sections.append(f'<section><h2>{heading}</h2><img alt="{html.escape(heading)}" '
+                            f'src="{embed_png(files[key])}"><p>{caption}</p></section>')
+    per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
+    config_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+                          for k, v in config.to_dict().items() if v is not None and k != "class_names")
+    prediction_rows = "".join(
+        f"<tr><td>{html.escape(p['image'])}</td><td>{html.escape(str(p['label'] or '-'))}</td>"
+        f"<td>{html.escape(str(p.get('prediction', '-')))}</td>"
+        f"<td>{100 * p['probability']:.1f}%</td></tr>" if "probability" in p else
+        f"<tr><td>{html.escape(p['image'])}</td><td>{html.escape(str(p['label'] or '-'))}</td><td>-</td><td>-</td></tr>"
+        for p in summary["predictions"])
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>vitlab analysis: {html.escape(summary['checkpoint'])}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 980px; margin: 2em auto; color: #222; }}
+img {{ max-width: 100%; border: 1px solid #ddd; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }} td, th {{ border: 1px solid #ccc; padding: 2px 8px; text-align: left; }}
+section {{ margin: 2em 0; }} p {{ max-width: 60em; }}
+</style></head><body>
+<h1>What this ViT looks at</h1>
+<p>Checkpoint <code>{html.escape(summary['checkpoint'])}</code>: {summary['images_for_distance']} images for the
+attention distances, {summary['images_shown']} shown. Patch grid {summary['grid_size'][0]} x {summary['grid_size'][1]},
+each patch {summary['patch_size_pixels'][0]} x {summary['patch_size_pixels'][1]} pixels. Mean attention distance per
+layer (pixels, averaged over heads): {per_layer}.</p>
+{''.join(sections)}
+<section><h2>Predictions for the shown images</h2>
+<table><tr><th>image</th><th>label</th><th>prediction</th><th>probability</th></tr>{prediction_rows}</table></section>
+<section><h2>Model configuration</h2><table>{config_rows}</table></section>
+<p>Made by vitlab analyze. Analyses follow Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words", Figures 6 and 7.</p>
+</body></html>
+"""
+    path = folder / "report.html"
+    atomic_write_bytes(path, page.encode())
+    return path
