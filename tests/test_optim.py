@@ -8,7 +8,7 @@ from vitlab.train.optim import EMA, param_groups, warmup_cosine
 def test_no_weight_decay_on_norms_biases_position_embedding_and_class_token():
     model = create_model(ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_dim=32,
                                    num_classes=3))
-    decay, no_decay = param_groups(model, 0.05)
+    decay, no_decay = param_groups(model, 0.05)  # no layer decay: one group of each kind
     names = {id(p): n for n, p in model.named_parameters()}
     skipped = {names[id(p)] for p in no_decay["params"]}
     decayed = {names[id(p)] for p in decay["params"]}
@@ -33,3 +33,14 @@ def test_ema_moves_towards_the_weights():
         model.weight.add_(1.0)
     ema.update(model)
     torch.testing.assert_close(ema.state["weight"], start + 0.1)
+
+
+def test_layer_decay_scales_learning_rates_by_depth():
+    model = create_model(ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32,
+                                   num_classes=3))
+    groups = param_groups(model, 0.05, lr=1.0, layer_decay=0.5)
+    names = {id(p): n for n, p in model.named_parameters()}
+    lr_of = {names[id(p)]: g["lr"] for g in groups for p in g["params"]}
+    assert lr_of["head.weight"] == 1.0 and lr_of["blocks.1.mlp.fc1.weight"] == 0.5
+    assert lr_of["blocks.0.norm1.weight"] == 0.25 and lr_of["pos_embed"] == lr_of["patch_embed.proj.weight"] == 0.125
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))

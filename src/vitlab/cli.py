@@ -93,6 +93,81 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary["status"] in ("finished", "interrupted") else 1
 
 
+def classes_arg(text: str) -> list[int]:
+    """'5,6,7' or '5-9' -> class indices."""
+    try:
+        if "-" in text and "," not in text:
+            low, high = (int(v) for v in text.split("-"))
+            return list(range(low, high + 1))
+        return [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"classes must be like 5,6,7 or 5-9, got {text!r}") from None
+
+
+def shots_arg(text: str) -> list[int]:
+    try:
+        shots = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shots must be like 1,5,10,25, got {text!r}") from None
+    if not shots or min(shots) < 1:
+        raise argparse.ArgumentTypeError(f"shots must be positive counts, got {text!r}")
+    return shots
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from vitlab.train.config import apply_overrides, finetune_config, load_recipe
+    from vitlab.train.loop import train
+
+    if args.resume:
+        summary = train(finetune_config(), resume=args.resume, use_previous=args.use_previous)
+        return 0 if summary["status"] in ("finished", "interrupted") else 1
+    if not args.init_from or not args.dataset:
+        raise UsageError("finetune needs --from CHECKPOINT and --dataset NAME (or --resume RUN_DIR)")
+    config = load_recipe(args.config) if args.config else finetune_config()
+    shorthand = [f"init_from={args.init_from}", f"dataset={args.dataset}"]
+    for key, value in (("data_dir", args.data_dir), ("image_size", args.image_size), ("epochs", args.epochs),
+                       ("classes", args.classes), ("out_dir", args.out_dir)):
+        if value is not None:
+            shorthand.append(f"{key}={value}")
+    if args.linear_probe:
+        shorthand.append("linear_probe=true")
+    if args.freeze_blocks:
+        shorthand.append(f"freeze_blocks={args.freeze_blocks}")
+    if args.optimizer:
+        shorthand.append(f"optimizer={args.optimizer}")
+    config = apply_overrides(config, shorthand + (args.set or []))
+    summary = train(config)
+    return 0 if summary["status"] in ("finished", "interrupted") else 1
+
+
+def cmd_fewshot(args: argparse.Namespace) -> int:
+    from vitlab.eval.fewshot import run_fewshot
+
+    report = run_fewshot(args.checkpoint, args.dataset, args.shots, args.seeds, args.l2, args.data_dir, args.classes,
+                         args.image_size)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"{report['checkpoint']} on {report['dataset']}: few-shot linear accuracy on {report['test_count']} test "
+          f"images, {report['feature_dim']}-d frozen features, mean of {report['seeds']} seeds")
+    for shots, result in report["shots"].items():
+        spread = ", ".join(f"{100 * a:.1f}" for a in result["per_seed"])
+        print(f"  {shots:>3}-shot  {100 * result['mean']:6.2f}%   (seeds: {spread})")
+    return 0
+
+
+def cmd_linear_probe(args: argparse.Namespace) -> int:
+    from vitlab.eval.fewshot import run_linear_probe
+
+    report = run_linear_probe(args.checkpoint, args.dataset, args.l2, args.data_dir, args.classes, args.image_size)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"{report['checkpoint']} on {report['dataset']}: linear probe (logistic regression on frozen "
+              f"features) test top-1 {100 * report['test_top1']:.2f}%, train {100 * report['train_top1']:.2f}%")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from vitlab.eval.runner import run_evaluation
 
@@ -187,6 +262,42 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--use-previous", action="store_true",
                    help="with --resume: fall back to the previous checkpoint if the last one is damaged")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("finetune", help="fine-tune any checkpoint on a new data set (the paper's transfer recipe)")
+    p.add_argument("--from", dest="init_from", metavar="CHECKPOINT", help="vitlab, official .npz, timm or HF checkpoint")
+    p.add_argument("--dataset", help="data set to fine-tune on")
+    p.add_argument("--data-dir")
+    p.add_argument("--image-size", type=int, help="fine-tuning resolution; the position embedding is resampled")
+    p.add_argument("--classes", type=classes_arg, help="only these classes of the data set, e.g. 5-9 or 1,3,5")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), help="default sgd (momentum 0.9), as the paper")
+    p.add_argument("--freeze-blocks", type=int, default=0, help="freeze the embeddings and the first K blocks")
+    p.add_argument("--linear-probe", action="store_true", help="train only the new head")
+    p.add_argument("--config", help="recipe file to start from instead of the fine-tuning defaults")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe field (repeatable), "
+                                                                       "e.g. --set layer_decay=0.75 --set lr=0.003")
+    p.add_argument("--out-dir")
+    p.add_argument("--resume", metavar="RUN_DIR")
+    p.add_argument("--use-previous", action="store_true")
+    p.set_defaults(func=cmd_finetune)
+
+    for name, helptext in (("fewshot", "few-shot linear accuracy of frozen features (closed-form least squares)"),
+                           ("linear-probe", "logistic regression on frozen features")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("checkpoint")
+        p.add_argument("--dataset", required=True)
+        p.add_argument("--data-dir")
+        p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9")
+        p.add_argument("--image-size", type=int, help="evaluate at this size (position embedding resampled)")
+        if name == "fewshot":
+            p.add_argument("--shots", type=shots_arg, default=[1, 5, 10, 25], help="default 1,5,10,25")
+            p.add_argument("--seeds", type=int, default=3, help="draws per shot count (default 3)")
+            p.add_argument("--l2", type=float, default=1.0, help="ridge penalty on standardised features (default 1)")
+            p.set_defaults(func=cmd_fewshot)
+        else:
+            p.add_argument("--l2", type=float, default=1e-3, help="L2 penalty (default 1e-3)")
+            p.set_defaults(func=cmd_linear_probe)
+        p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("eval", help="evaluate a run or checkpoint on a data set")
     p.add_argument("checkpoint", help="run folder or checkpoint")

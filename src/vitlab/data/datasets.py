@@ -62,6 +62,19 @@ class ImageDataset:
     def channels(self) -> int:
         return int(self.images.shape[1])
 
+    def select_classes(self, classes: list[int]) -> "ImageDataset":
+        """Only the images of `classes` (indices into class_names), relabelled 0..len(classes)-1 in that order."""
+        for index in classes:
+            if not 0 <= index < self.num_classes:
+                raise DataError(f"class {index} does not exist in {self.name}, which has classes 0..{self.num_classes - 1}")
+        if len(set(classes)) != len(classes):
+            raise DataError(f"classes {classes} name a class twice")
+        lookup = torch.full((self.num_classes,), -1, dtype=torch.int64)
+        lookup[torch.tensor(classes)] = torch.arange(len(classes))
+        keep = lookup[self.labels] >= 0
+        return ImageDataset(self.images[keep], lookup[self.labels[keep]], [self.class_names[i] for i in classes],
+                            f"{self.name}[{','.join(map(str, classes))}]", self.max_value, self.hflip)
+
     def subset(self, indices: torch.Tensor, name: str | None = None) -> "ImageDataset":
         return ImageDataset(self.images[indices], self.labels[indices], self.class_names, name or self.name,
                             self.max_value, self.hflip)
@@ -310,14 +323,18 @@ def split_indices(labels: torch.Tensor, test_fraction: float, seed: int) -> tupl
 
 def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = None, allow_download: bool = True,
                  image_size: int | tuple[int, int] | None = None, channels: int = 3,
-                 test_fraction: float = 0.2, seed: int = 0) -> ImageDataset:
-    """A data set split ("train" or "test") by name; see the module docstring for the names.
+                 test_fraction: float = 0.2, seed: int = 0, classes: list[int] | None = None) -> ImageDataset:
+    """A data set split ("train" or "test") by name; see the module docstring for the names. `classes` keeps
+    only those classes, relabelled in the order given (e.g. digits [5, 6, 7, 8, 9] become labels 0-4).
 
     folder: `data_dir` holds either train/ and test/ (or val/) trees, or one tree that is split stratified
     (test_fraction, seed); its images are resized to `image_size` (default 32).
     """
     if split not in ("train", "test"):
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
+    if classes is not None:
+        return load_dataset(name, split, data_dir, allow_download, image_size, channels, test_fraction, seed
+                            ).select_classes(list(classes))
     root = Path(data_dir).expanduser() if data_dir is not None else None
     if root is not None and not root.exists():
         raise DataError(f"--data-dir {root} does not exist")

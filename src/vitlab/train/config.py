@@ -25,6 +25,13 @@ class TrainConfig:
     dataset: str = "digits"  # digits, mnist, fashion-mnist, cifar10, cifar100, folder
     data_dir: str | None = None  # files already on disk (else downloaded into the cache)
     image_size: int | None = None  # input size; default: the variant's (data are resized to it)
+    classes: list[int] | None = None  # train on these classes only, relabelled 0..n-1 (e.g. [5, 6, 7, 8, 9])
+    # Fine-tuning (`vitlab finetune`): start from a checkpoint instead of a fresh model.
+    init_from: str | None = None  # any checkpoint vitlab loads; its head and pre-logits layer are replaced
+    resample_mode: str = "bilinear"  # position-embedding interpolation when image_size changes the grid
+    freeze_blocks: int = 0  # freeze the patch embedding, position embedding, class token and the first k blocks
+    linear_probe: bool = False  # train the new head only
+    layer_decay: float = 1.0  # layer-wise learning-rate decay: block l gets lr * decay^(L + 1 - l); 1 = off
     # Optimisation.
     epochs: int = 100
     batch_size: int = 128  # global batch, over all processes and accumulation steps
@@ -67,6 +74,9 @@ class TrainConfig:
             (self.precision in ("fp32", "bf16"), f"precision must be fp32 or bf16, got {self.precision!r}"),
             (0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1), got {self.ema_decay}"),
             (0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
+            (0 < self.layer_decay <= 1, f"layer_decay must be in (0, 1], got {self.layer_decay}"),
+            (self.freeze_blocks >= 0, f"freeze_blocks must be >= 0, got {self.freeze_blocks}"),
+            (self.resample_mode in ("bilinear", "bicubic"), f"resample_mode must be bilinear or bicubic"),
         ]
         for ok, message in checks:
             if not ok:
@@ -78,6 +88,17 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         return cls(**checked_fields(cls, data, "training config"))
+
+
+def finetune_config(**changes: Any) -> TrainConfig:
+    """The paper's fine-tuning recipe (section 3.2, Appendix B.1.1) as defaults for `vitlab finetune`: SGD with
+    momentum 0.9, no weight decay, gradient clipping at norm 1, a short linear warm-up then cosine decay, no
+    label smoothing or stochastic depth; light augmentation (random crop), as the paper's."""
+    fields: dict[str, Any] = dict(
+        optimizer="sgd", momentum=0.9, lr=0.01, min_lr=0.0, weight_decay=0.0, grad_clip=1.0, warmup_epochs=1.0,
+        label_smoothing=0.0, drop_path=0.0, epochs=20, batch_size=64, augment=AugmentConfig(crop_padding=1))
+    fields.update(changes)
+    return TrainConfig(**fields)
 
 
 def parse_value(text: str) -> Any:

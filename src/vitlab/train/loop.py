@@ -34,7 +34,7 @@ from vitlab.config import ViTConfig, variant_config, variant_names
 from vitlab.data.datasets import ImageDataset, load_dataset
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.transforms import Draws, augment_batch
-from vitlab.errors import CheckpointError, ConfigError, VitlabError
+from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.eval.classify import evaluate
 from vitlab.models.vit import VisionTransformer
 from vitlab.train.config import TrainConfig
@@ -49,7 +49,10 @@ class TrainingError(VitlabError):
 
 # ------------------------------------------------------------------------------------------------ set-up
 def build_model(config: TrainConfig, data: ImageDataset) -> VisionTransformer:
-    """A fresh model of the recipe's variant, shaped for the data (classes, channels)."""
+    """A fresh model of the recipe's variant shaped for the data (classes, channels), or with `init_from`
+    the pre-trained model prepared for fine-tuning."""
+    if config.init_from:
+        return build_finetune_model(config, data)
     if config.model not in variant_names():
         raise ConfigError(f"unknown model {config.model!r}; choose a variant from `vitlab models` "
                           "(fine-tuning from a checkpoint is `vitlab finetune`)")
@@ -59,6 +62,44 @@ def build_model(config: TrainConfig, data: ImageDataset) -> VisionTransformer:
         fields["image_size"] = config.image_size
     fields.update(config.model_overrides)
     return VisionTransformer(variant_config(config.model, **fields))
+
+
+def build_finetune_model(config: TrainConfig, data: ImageDataset) -> VisionTransformer:
+    """The paper's transfer set-up (section 3.2): load any checkpoint, drop its head and pre-logits layer, attach
+    a zero-initialised D x K head, and for a new image size keep the patch size and resample the position
+    embedding to the new grid (2-D interpolation, class-token row kept)."""
+    from vitlab.checkpoint import load_model
+
+    pretrained = load_model(config.init_from)
+    fields: dict[str, Any] = dict(drop_path=config.drop_path, dropout=config.dropout)
+    model = VisionTransformer(pretrained.config.replace(**fields))
+    model.load_state_dict(pretrained.state_dict())
+    if model.config.representation_size:
+        model.remove_representation()
+    model.reset_head(data.num_classes, data.class_names)
+    if config.image_size is not None:
+        try:
+            model.set_image_size(config.image_size, config.resample_mode)
+        except ConfigError as error:
+            raise ConfigError(f"{config.init_from} cannot be fine-tuned at image size {config.image_size}: {error}") from None
+    return model
+
+
+def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
+    """Freeze what the recipe says: with linear_probe all but the head; with freeze_blocks = k the embeddings
+    and the first k blocks. Frozen parameters get no gradient and are left out of the optimizer."""
+    if config.freeze_blocks > len(model.blocks):
+        raise ConfigError(f"freeze_blocks {config.freeze_blocks} is more than the model's {len(model.blocks)} blocks")
+    for name, parameter in model.named_parameters():
+        if config.linear_probe:
+            frozen = not name.startswith("head.")
+        elif config.freeze_blocks:
+            frozen = name.startswith(("patch_embed.", "cls_token", "pos_embed")) or (
+                name.startswith("blocks.") and int(name.split(".")[1]) < config.freeze_blocks)
+        else:
+            frozen = False
+        if frozen:
+            parameter.requires_grad_(False)
 
 
 def default_threads(env: DistEnv) -> int:
@@ -280,13 +321,18 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
         open_tensorboard(None, config, env)  # fail before anything is written if tensorboard is missing
     if resume is None:
         run_dir = new_run_dir(config, env)
-    train_data = load_dataset(config.dataset, "train", config.data_dir, image_size=config.image_size)
-    test_data = load_dataset(config.dataset, "test", config.data_dir, image_size=config.image_size)
+    train_data = load_dataset(config.dataset, "train", config.data_dir, image_size=config.image_size,
+                              classes=config.classes)
+    test_data = load_dataset(config.dataset, "test", config.data_dir, image_size=config.image_size,
+                             classes=config.classes)
+    if train_data.num_classes < 2:
+        raise DataError(f"{train_data.name} has a single class; a classifier needs at least two")
     if state is not None:
         core = VisionTransformer(ViTConfig.from_json(state["model_config"]))
         core.load_state_dict(state["model"])
     else:
         core = build_model(config, train_data)
+    apply_freezing(core, config)
     if config.augment.hflip and not train_data.hflip and env.is_main:
         print(f"note: horizontal flips change the meaning of {config.dataset} images; flips are off")
         config.augment.hflip = False
@@ -305,7 +351,8 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
         model = nn.parallel.DistributedDataParallel(core, device_ids=[env.device] if env.device.type == "cuda" else None)
     if config.compile:
         model = torch.compile(model)
-    optimizer = build_optimizer(core, config.optimizer, config.lr, config.weight_decay, config.momentum)
+    optimizer = build_optimizer(core, config.optimizer, config.lr, config.weight_decay, config.momentum,
+                                config.layer_decay)
     total_steps = config.epochs * steps_per_epoch
     scheduler = build_scheduler(optimizer, round(config.warmup_epochs * steps_per_epoch), total_steps,
                                 config.min_lr / config.lr)
@@ -333,7 +380,9 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
     eval_model = VisionTransformer(core.config).to(env.device) if ema is not None else None
     if env.is_main:
         params = sum(p.numel() for p in core.parameters())
-        print(f"training {config.model} ({params / 1e6:.2f}M parameters) on {config.dataset}: {len(train_data)} train / "
+        trainable = sum(p.numel() for p in core.parameters() if p.requires_grad)
+        what = f"fine-tuning {config.init_from}" if config.init_from else f"training {config.model}"
+        print(f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: {len(train_data)} train / "
               f"{len(test_data)} test images, {config.epochs} epochs of {steps_per_epoch} steps, batch "
               f"{config.batch_size}, {env.world_size} process(es) on {env.device.type}; run folder {run_dir}")
         if state is not None:
@@ -436,7 +485,8 @@ def write_outputs(run_dir: Path, model: VisionTransformer, final: dict[str, Any]
     atomic_write_bytes(run_dir / "summary.json", json.dumps(summary, indent=1).encode())
     worst = sorted(summary["per_class_top1"].items(), key=lambda item: item[1])[:3]
     lines = [
-        f"vitlab train: {config.model} on {config.dataset} - finished",
+        f"vitlab {'finetune' if config.init_from else 'train'}: {config.init_from or config.model} on "
+        f"{config.dataset}{'' if config.classes is None else ' classes ' + str(config.classes)} - finished",
         f"  model        {summary['params'] / 1e6:.3f}M parameters, {model.config.num_patches} patches of "
         f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",
         f"  training     {config.epochs} epochs, {position.train_seconds:.1f} s in training steps, "

@@ -8,23 +8,38 @@ import torch
 from torch import nn
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: weight decay on the weight matrices; none on norms, biases, position embedding and class
-    token (1-D tensors and the names the model lists in `no_weight_decay`)."""
+def layer_id(name: str, depth: int) -> int:
+    """Depth of a parameter for layer-wise lr decay: 0 for the embeddings, l + 1 for block l, depth + 1 after."""
+    if name.startswith(("patch_embed.", "cls_token", "pos_embed")):
+        return 0
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    return depth + 1
+
+
+def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0, layer_decay: float = 1.0) -> list[dict]:
+    """Parameter groups: weight decay on the weight matrices, none on norms, biases, position embedding and
+    class token (1-D tensors and the names the model lists in `no_weight_decay`); with layer_decay < 1 each
+    depth gets lr * layer_decay^(depth + 1 - id), so early layers move least (BEiT-style fine-tuning).
+    Frozen parameters (requires_grad False) are left out."""
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
-    decay, no_decay = [], []
+    depth = len(getattr(model, "blocks", []))
+    groups: dict[tuple[int, bool], dict] = {}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
-        if parameter.ndim <= 1 or name in skip or name.split(".")[-1] in skip:
-            no_decay.append(parameter)
-        else:
-            decay.append(parameter)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decays = not (parameter.ndim <= 1 or name in skip or name.split(".")[-1] in skip)
+        depth_id = layer_id(name, depth) if layer_decay < 1 else depth + 1
+        group = groups.setdefault((depth_id, decays), {
+            "params": [], "weight_decay": weight_decay if decays else 0.0,
+            "lr": lr * layer_decay ** (depth + 1 - depth_id)})
+        group["params"].append(parameter)
+    return [groups[key] for key in sorted(groups, key=lambda k: (k[0], not k[1]))]
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, momentum: float = 0.9) -> torch.optim.Optimizer:
-    groups = param_groups(model, weight_decay)
+def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, momentum: float = 0.9,
+                    layer_decay: float = 1.0) -> torch.optim.Optimizer:
+    groups = param_groups(model, weight_decay, lr, layer_decay)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=momentum)
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999))

@@ -1,0 +1,160 @@
+"""Few-shot and linear evaluation on frozen features (paper section 4.1).
+
+Few-shot: k images per class are drawn, their frozen representations mapped to {-1, 1}^K targets by the
+closed-form regularised least-squares solution, and the map is scored on the whole test set; the accuracy is
+averaged over a few seeds. Linear probe: L2-regularised logistic regression on all training features.
+Features are cached on disk, keyed by the checkpoint's bytes and the data, so repeated runs cost nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitlab.data.datasets import ImageDataset, load_dataset
+from vitlab.data.download import cache_dir
+from vitlab.data.preprocess import prepare
+from vitlab.errors import DataError
+
+
+@torch.no_grad()
+def extract_features(model, data: ImageDataset, batch_size: int = 256) -> torch.Tensor:
+    """Frozen representations (N, D'): the pooled output after the final norm and the pre-logits layer, i.e.
+    the input of the head, with whatever pooling (class token or mean of patches) the checkpoint's head used."""
+    model.eval()
+    features = []
+    for first in range(0, len(data), batch_size):
+        images = prepare(data.images[first:first + batch_size], data.max_value, model.config)
+        features.append(model.forward_head(model.forward_features(images), pre_logits=True).double())
+    return torch.cat(features)
+
+
+def checkpoint_digest(path: str | Path) -> str:
+    from vitlab.checkpoint.formats import resolve_weights
+
+    weights, _ = resolve_weights(Path(path))
+    digest = hashlib.sha256()
+    with open(weights, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cached_features(checkpoint: str | Path, dataset: str, split: str, data_dir: str | None = None,
+                    classes: list[int] | None = None, image_size: int | None = None,
+                    folder: Path | None = None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """(features, labels, class names) of a split, from the cache when the same checkpoint and data were seen."""
+    from vitlab.checkpoint import load_model
+
+    key = json.dumps([checkpoint_digest(checkpoint), dataset, split, str(data_dir), classes, image_size])
+    path = (folder or cache_dir() / "features") / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
+    if path.exists():
+        with np.load(path, allow_pickle=False) as cached:
+            return (torch.from_numpy(cached["features"]), torch.from_numpy(cached["labels"]),
+                    [str(name) for name in cached["class_names"]])
+    model = load_model(checkpoint, image_size=image_size)
+    data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size,
+                        channels=model.config.in_chans, classes=classes)
+    features = extract_features(model, data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp.npz")
+    np.savez(temporary, features=features.numpy(), labels=data.labels.numpy(), class_names=np.array(data.class_names))
+    temporary.replace(path)
+    return features, data.labels, data.class_names
+
+
+def fit_least_squares(features: torch.Tensor, targets: torch.Tensor, l2: float) -> torch.Tensor:
+    """argmin_W ||[X 1] W - Y||^2 + l2 ||W||^2 in closed form, (X^T X + l2 I)^-1 X^T Y with X augmented by a
+    bias column. features (n, D), targets (n, K). Returns W (D + 1, K)."""
+    x = torch.cat([features.double(), torch.ones(len(features), 1, dtype=torch.float64)], dim=1)
+    gram = x.T @ x + l2 * torch.eye(x.shape[1], dtype=torch.float64)
+    return torch.linalg.solve(gram, x.T @ targets.double())
+
+
+def predict_least_squares(weights: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    x = torch.cat([features.double(), torch.ones(len(features), 1, dtype=torch.float64)], dim=1)
+    return (x @ weights).argmax(dim=1)
+
+
+def standardise(train: torch.Tensor, test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Centre and scale both by the training features' statistics, so one l2 suits every model."""
+    mean = train.mean(dim=0)
+    std = train.std(dim=0).clamp_min(1e-6) if len(train) > 1 else torch.ones_like(mean)
+    return (train - mean) / std, (test - mean) / std
+
+
+def fewshot_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor, test_features: torch.Tensor,
+                     test_labels: torch.Tensor, shots: list[int], seeds: int = 3, l2: float = 1.0) -> dict[int, dict]:
+    """{k: {"mean": accuracy averaged over seeds, "per_seed": [...]}} for each shot count k."""
+    num_classes = int(train_labels.max()) + 1
+    if num_classes < 2:
+        raise DataError("few-shot evaluation needs at least two classes")
+    smallest = int(torch.bincount(train_labels, minlength=num_classes).min())
+    if max(shots) > smallest:
+        raise DataError(f"{max(shots)} shots asked, but the smallest class has {smallest} training images; "
+                        f"use --shots up to {smallest}")
+    results = {}
+    for k in shots:
+        accuracies = []
+        for seed in range(seeds):
+            generator = torch.Generator().manual_seed(seed)
+            chosen = torch.cat([
+                (train_labels == c).nonzero().flatten()[torch.randperm(int((train_labels == c).sum()), generator=generator)[:k]]
+                for c in range(num_classes)])
+            x_train, x_test = standardise(train_features[chosen], test_features)
+            targets = 2 * torch.nn.functional.one_hot(train_labels[chosen], num_classes).double() - 1  # {-1, 1}^K
+            weights = fit_least_squares(x_train, targets, l2)
+            accuracies.append((predict_least_squares(weights, x_test) == test_labels).double().mean().item())
+        results[k] = {"mean": float(np.mean(accuracies)), "per_seed": accuracies}
+    return results
+
+
+def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor, test_features: torch.Tensor,
+                          test_labels: torch.Tensor, l2: float = 1e-3, steps: int = 200) -> dict[str, float]:
+    """Multinomial logistic regression (L-BFGS, L2 penalty) on standardised frozen features."""
+    x_train, x_test = standardise(train_features, test_features)
+    num_classes = int(train_labels.max()) + 1
+    linear = torch.nn.Linear(x_train.shape[1], num_classes, dtype=torch.float64)
+    torch.nn.init.zeros_(linear.weight)
+    torch.nn.init.zeros_(linear.bias)
+    optimizer = torch.optim.LBFGS(linear.parameters(), lr=1.0, max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(linear(x_train), train_labels) + l2 * linear.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    with torch.no_grad():
+        train_accuracy = (linear(x_train).argmax(1) == train_labels).double().mean().item()
+        test_accuracy = (linear(x_test).argmax(1) == test_labels).double().mean().item()
+    return {"train_top1": train_accuracy, "test_top1": test_accuracy}
+
+
+def run_fewshot(checkpoint: str | Path, dataset: str, shots: list[int], seeds: int = 3, l2: float = 1.0,
+                data_dir: str | None = None, classes: list[int] | None = None,
+                image_size: int | None = None) -> dict[str, Any]:
+    train = cached_features(checkpoint, dataset, "train", data_dir, classes, image_size)
+    test = cached_features(checkpoint, dataset, "test", data_dir, classes, image_size)
+    if len(train[2]) < 2:
+        raise DataError(f"{dataset} has a single class; few-shot evaluation needs at least two")
+    results = fewshot_accuracy(train[0], train[1], test[0], test[1], shots, seeds, l2)
+    return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "seeds": seeds, "l2": l2,
+            "feature_dim": int(train[0].shape[1]), "test_count": len(test[1]),
+            "shots": {str(k): v for k, v in results.items()}}
+
+
+def run_linear_probe(checkpoint: str | Path, dataset: str, l2: float = 1e-3, data_dir: str | None = None,
+                     classes: list[int] | None = None, image_size: int | None = None) -> dict[str, Any]:
+    train = cached_features(checkpoint, dataset, "train", data_dir, classes, image_size)
+    test = cached_features(checkpoint, dataset, "test", data_dir, classes, image_size)
+    if len(train[2]) < 2:
+        raise DataError(f"{dataset} has a single class; a linear probe needs at least two")
+    result = linear_probe_accuracy(train[0], train[1], test[0], test[1], l2)
+    return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "l2": l2, **result}
