@@ -103,3 +103,22 @@ def test_features_are_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(vitlab.checkpoint, "load_model", lambda *a, **k: pytest.fail("features not cached"))
     second = run_fewshot(FIXTURES / "hf_vit", "digits", [1, 5], seeds=1, classes=[0, 1])
     assert first["shots"] == second["shots"] and len(list((tmp_path / "features").iterdir())) == 2
+
+
+@pytest.mark.parametrize("name, weights", REFERENCE_CHECKPOINTS)
+def test_fewshot_and_linear_probe_on_every_checkpoint_kind(tmp_path, monkeypatch, name, weights):
+    from vitlab.eval.fewshot import run_linear_probe
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    report = run_fewshot(FIXTURES / weights, "digits", [1, 5], seeds=2, classes=[0, 1, 2])
+    assert set(report["shots"]) == {"1", "5"} and report["test_count"] == 108
+    assert 0 <= report["shots"]["5"]["mean"] <= 1
+    assert 0 <= run_linear_probe(FIXTURES / weights, "digits", classes=[0, 1, 2])["test_top1"] <= 1
+
+
+def test_eval_of_a_fine_tuned_run_uses_its_classes(tmp_path):
+    from vitlab.eval.runner import run_evaluation
+
+    train(quick(tmp_path, FIXTURES / "jax_vit_token.npz", classes=[5, 6, 7, 8, 9]))
+    report = run_evaluation(tmp_path / "ft")
+    assert report["count"] == 179 and report["class_names"] == ["5", "6", "7", "8", "9"]

@@ -171,7 +171,8 @@ def cmd_linear_probe(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from vitlab.eval.runner import run_evaluation
 
-    report = run_evaluation(args.checkpoint, args.dataset, args.data_dir, args.split, args.out, args.batch_size)
+    report = run_evaluation(args.checkpoint, args.dataset, args.data_dir, args.split, args.out, args.batch_size,
+                            args.classes)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "confusion"}, indent=1))
         return 0
@@ -304,6 +305,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--dataset", help="data set name (default for a run folder: the one it trained on)")
     p.add_argument("--data-dir")
     p.add_argument("--split", choices=("train", "test"), default="test")
+    p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9 (default for a run: its own)")
     p.add_argument("--out", help="folder for eval JSON and confusion matrix (default: beside the checkpoint)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")

@@ -14,16 +14,19 @@ from vitlab.eval.classify import evaluate
 
 
 def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir: str | None = None, split: str = "test",
-                   out: str | Path | None = None, batch_size: int = 256) -> dict[str, Any]:
-    """Metrics of a checkpoint on a data set; for a run folder the data set defaults to the one it trained on."""
+                   out: str | Path | None = None, batch_size: int = 256, classes: list[int] | None = None) -> dict[str, Any]:
+    """Metrics of a checkpoint on a data set; for a run folder the data set (and class subset) default to the
+    ones it trained on."""
     run_config = Path(checkpoint) / "train_config.json"
     if dataset is None:
         if not run_config.is_file():
             raise DataError(f"{checkpoint} is not a run folder; say which data set to evaluate on with --dataset")
         trained = json.loads(run_config.read_text())
         dataset, data_dir = trained["dataset"], data_dir or trained.get("data_dir")
+        classes = classes if classes is not None else trained.get("classes")
     model = load_model(checkpoint)
-    data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size, channels=model.config.in_chans)
+    data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size, channels=model.config.in_chans,
+                        classes=classes)
     if data.num_classes != model.config.num_classes:
         raise DataError(f"the model has {model.config.num_classes} classes but {dataset} has {data.num_classes}; "
                         "evaluate on the data set it was trained for, or fine-tune it first")
