@@ -123,3 +123,14 @@ def test_eval_of_a_fine_tuned_run_uses_its_classes(tmp_path):
     train(quick(tmp_path, FIXTURES / "jax_vit_token.npz", classes=[5, 6, 7, 8, 9]))
     report = run_evaluation(tmp_path / "ft")
     assert report["count"] == 179 and report["class_names"] == ["5", "6", "7", "8", "9"]
+
+
+@pytest.mark.parametrize("shots, classes, message", [
+    ([1, 200], [0, 1], "200 shots asked, but the smallest class has 142 training images; use --shots up to 142"),
+    ([1], [4], "single class"),
+])
+def test_bad_fewshot_requests_compute_and_write_nothing(tmp_path, monkeypatch, shots, classes, message):
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    with pytest.raises(DataError, match=message):
+        run_fewshot(FIXTURES / "hf_vit", "digits", shots, classes=classes)
+    assert not (tmp_path / "features").exists()

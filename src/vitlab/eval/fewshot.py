@@ -47,19 +47,25 @@ def checkpoint_digest(path: str | Path) -> str:
 
 def cached_features(checkpoint: str | Path, dataset: str, split: str, data_dir: str | None = None,
                     classes: list[int] | None = None, image_size: int | None = None,
-                    folder: Path | None = None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """(features, labels, class names) of a split, from the cache when the same checkpoint and data were seen."""
+                    folder: Path | None = None, check=None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """(features, labels, class names) of a split, from the cache when the same checkpoint and data were seen.
+    `check(labels, class_names)` may refuse the data (raise) before any feature is computed or written."""
     from vitlab.checkpoint import load_model
 
     key = json.dumps([checkpoint_digest(checkpoint), dataset, split, str(data_dir), classes, image_size])
     path = (folder or cache_dir() / "features") / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
     if path.exists():
         with np.load(path, allow_pickle=False) as cached:
-            return (torch.from_numpy(cached["features"]), torch.from_numpy(cached["labels"]),
-                    [str(name) for name in cached["class_names"]])
+            result = (torch.from_numpy(cached["features"]), torch.from_numpy(cached["labels"]),
+                      [str(name) for name in cached["class_names"]])
+        if check is not None:
+            check(result[1], result[2])
+        return result
     model = load_model(checkpoint, image_size=image_size)
     data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size,
                         channels=model.config.in_chans, classes=classes)
+    if check is not None:
+        check(data.labels, data.class_names)
     features = extract_features(model, data)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp.npz")
@@ -88,16 +94,21 @@ def standardise(train: torch.Tensor, test: torch.Tensor) -> tuple[torch.Tensor, 
     return (train - mean) / std, (test - mean) / std
 
 
+def check_shots(labels: torch.Tensor, class_names: list[str], shots: list[int]) -> None:
+    """Refuse a single-class data set, or more shots than the smallest class has training images."""
+    if len(class_names) < 2:
+        raise DataError("the data set has a single class; a classifier on its features needs at least two")
+    smallest = int(torch.bincount(labels, minlength=len(class_names)).min())
+    if max(shots) > smallest:
+        raise DataError(f"{max(shots)} shots asked, but the smallest class has {smallest} training images; "
+                        f"use --shots up to {smallest}")
+
+
 def fewshot_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor, test_features: torch.Tensor,
                      test_labels: torch.Tensor, shots: list[int], seeds: int = 3, l2: float = 1.0) -> dict[int, dict]:
     """{k: {"mean": accuracy averaged over seeds, "per_seed": [...]}} for each shot count k."""
     num_classes = int(train_labels.max()) + 1
-    if num_classes < 2:
-        raise DataError("few-shot evaluation needs at least two classes")
-    smallest = int(torch.bincount(train_labels, minlength=num_classes).min())
-    if max(shots) > smallest:
-        raise DataError(f"{max(shots)} shots asked, but the smallest class has {smallest} training images; "
-                        f"use --shots up to {smallest}")
+    check_shots(train_labels, [str(c) for c in range(num_classes)], shots)
     results = {}
     for k in shots:
         accuracies = []
@@ -140,10 +151,9 @@ def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tens
 def run_fewshot(checkpoint: str | Path, dataset: str, shots: list[int], seeds: int = 3, l2: float = 1.0,
                 data_dir: str | None = None, classes: list[int] | None = None,
                 image_size: int | None = None) -> dict[str, Any]:
-    train = cached_features(checkpoint, dataset, "train", data_dir, classes, image_size)
+    train = cached_features(checkpoint, dataset, "train", data_dir, classes, image_size,
+                            check=lambda labels, names: check_shots(labels, names, shots))
     test = cached_features(checkpoint, dataset, "test", data_dir, classes, image_size)
-    if len(train[2]) < 2:
-        raise DataError(f"{dataset} has a single class; few-shot evaluation needs at least two")
     results = fewshot_accuracy(train[0], train[1], test[0], test[1], shots, seeds, l2)
     return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "seeds": seeds, "l2": l2,
             "feature_dim": int(train[0].shape[1]), "test_count": len(test[1]),
@@ -152,9 +162,8 @@ def run_fewshot(checkpoint: str | Path, dataset: str, shots: list[int], seeds: i
 
 def run_linear_probe(checkpoint: str | Path, dataset: str, l2: float = 1e-3, data_dir: str | None = None,
                      classes: list[int] | None = None, image_size: int | None = None) -> dict[str, Any]:
-    train = cached_features(checkpoint, dataset, "train", data_dir, classes, image_size)
+    train = cached_features(checkpoint, dataset, "train", data_dir, classes, image_size,
+                            check=lambda labels, names: check_shots(labels, names, [1]))
     test = cached_features(checkpoint, dataset, "test", data_dir, classes, image_size)
-    if len(train[2]) < 2:
-        raise DataError(f"{dataset} has a single class; a linear probe needs at least two")
     result = linear_probe_accuracy(train[0], train[1], test[0], test[1], l2)
     return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "l2": l2, **result}
