@@ -54,3 +54,20 @@ def test_gap_has_no_class_token_by_default():
     assert ViTConfig(classifier="gap").class_token is False
     assert ViTConfig(classifier="gap").num_prefix_tokens == 0
     assert ViTConfig(classifier="token").num_prefix_tokens == 1
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("depth", "12", "depth must be a whole number"),
+    ("embed_dim", 32.5, "embed_dim must be a whole number"),
+    ("qkv_bias", 1, "qkv_bias must be true or false"),
+    ("dropout", 1.5, "dropout must be in"),
+    ("layer_norm_eps", float("nan"), "layer_norm_eps must be a finite number"),
+    ("resnet_layers", [3, "4"], "resnet_layers must be a list of positive whole numbers"),
+    ("class_names", [1, 2], "class_names must be a list of strings"),
+    ("image_mean", "grey", "image_mean must be a number or a list"),
+    ("representation_size", 0, "representation_size must be a positive whole number"),
+])
+def test_json_configs_with_wrong_types_name_the_field(field, value, message):
+    data = {**ViTConfig().to_dict(), field: value}
+    with pytest.raises(ConfigError, match=message):
+        ViTConfig.from_dict(data)

@@ -209,3 +209,25 @@ def test_every_recipe_loads_and_builds_its_model(recipe):
     model_config = variant_config(config.model, **config.model_overrides)
     assert model_config.num_patches > 0 and config.epochs > 0
     assert "vitlab train --config configs/" in recipe.read_text()  # each recipe says how to run it
+
+
+def test_a_failed_save_keeps_the_last_good_state_and_says_so(tmp_path, monkeypatch):
+    train(micro_config(tmp_path, epochs=1))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    good = (checkpoints / "last.pt").read_bytes()
+    state = loop.load_training_state(tmp_path / "run")
+
+    def disk_full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(loop, "atomic_write_bytes", disk_full)
+    with pytest.raises(CheckpointError, match="No space left on device.*last good checkpoint .*last.pt is intact"):
+        loop.save_training_state(state, checkpoints)
+    assert (checkpoints / "last.pt").read_bytes() == good
+
+
+def test_a_stop_between_the_two_renames_resumes_from_previous(tmp_path):
+    train(micro_config(tmp_path, epochs=2))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    (checkpoints / "last.pt").replace(checkpoints / "previous.pt")  # as if killed right after the first rename
+    assert loop.load_training_state(tmp_path / "run")["epoch"] == 2

@@ -354,3 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # anything unforeseen: one line, the traceback only with --debug
+        if args.debug:
+            raise
+        print(f"vitlab {args.command}: error: {type(error).__name__}: {error} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +79,51 @@ class ViTConfig:
     class_names: list[str] | None = None
     name: str | None = field(default=None, compare=False)  # variant the config came from, for display only
 
+    def check_types(self) -> None:
+        """Every field of the type it must have, so a bad JSON config fails here with its name, not deep in torch."""
+        def is_int(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        def fail(name: str, expected: str) -> None:
+            raise ConfigError(f"model config field {name} must be {expected}, got {getattr(self, name)!r}")
+
+        for name in ("in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim"):
+            if not is_int(getattr(self, name)):
+                fail(name, "a whole number")
+        if self.representation_size is not None and not (is_int(self.representation_size) and self.representation_size > 0):
+            fail("representation_size", "a positive whole number or null")
+        for name in ("qkv_bias", "fc_norm"):
+            if not isinstance(getattr(self, name), bool):
+                fail(name, "true or false")
+        if self.class_token is not None and not isinstance(self.class_token, bool):
+            fail("class_token", "true, false or null")
+        for name in ("classifier", "pos_embed", "mlp_activation"):
+            if not isinstance(getattr(self, name), str):
+                fail(name, "a string")
+        for name in ("layer_norm_eps", "dropout", "attention_dropout", "drop_path", "resnet_width_factor"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                fail(name, "a finite number")
+        for name in ("dropout", "attention_dropout", "drop_path"):
+            if not 0 <= getattr(self, name) < 1:
+                fail(name, "in [0, 1)")
+        if self.layer_norm_eps <= 0 or self.resnet_width_factor <= 0:
+            fail("layer_norm_eps" if self.layer_norm_eps <= 0 else "resnet_width_factor", "positive")
+        if self.resnet_layers is not None and not (
+                isinstance(self.resnet_layers, (list, tuple)) and all(is_int(n) and n > 0 for n in self.resnet_layers)):
+            fail("resnet_layers", "a list of positive whole numbers or null")
+        if self.class_names is not None and not (
+                isinstance(self.class_names, (list, tuple)) and all(isinstance(n, str) for n in self.class_names)):
+            fail("class_names", "a list of strings or null")
+        for name in ("image_mean", "image_std"):
+            value = getattr(self, name)
+            values = [value] if isinstance(value, (int, float)) else value
+            if not (isinstance(values, (list, tuple)) and values and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
+                fail(name, "a number or a list of numbers")
+
     def __post_init__(self) -> None:
+        self.check_types()
         self.image_size = to_pair(self.image_size, "image_size")
         self.patch_size = to_pair(self.patch_size, "patch_size")
         if self.resnet_layers is not None:

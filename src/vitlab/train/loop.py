@@ -159,21 +159,32 @@ def training_state(model: VisionTransformer, optimizer, scheduler, ema: EMA | No
 
 
 def save_training_state(state: dict[str, Any], folder: Path) -> Path:
-    """Write checkpoints/last.pt atomically, keeping the one before as previous.pt."""
+    """Write checkpoints/last.pt, keeping the one before as previous.pt, so that no crash or error loses the
+    last good state: the new bytes are written and synced to a temporary file first; only then does last.pt
+    become previous.pt and the temporary file become last.pt (two renames). A crash between the renames
+    leaves previous.pt as the newest state, which `load_training_state` then takes."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    last, previous = folder / "last.pt", folder / "previous.pt"
-    folder.mkdir(parents=True, exist_ok=True)
-    if last.exists():
-        os.replace(last, previous)
-    atomic_write_bytes(last, buffer.getvalue())
+    last, previous, pending = folder / "last.pt", folder / "previous.pt", folder / "next.pt"
+    try:
+        atomic_write_bytes(pending, buffer.getvalue())
+        if last.exists():
+            os.replace(last, previous)
+        os.replace(pending, last)
+    except OSError as error:
+        kept = last if last.exists() else previous
+        raise CheckpointError(f"could not save the training state in {folder} ({error.strerror or error}); "
+                              f"the last good checkpoint {kept} is intact") from None
     return last
 
 
 def load_training_state(run_dir: Path, allow_previous: bool = False) -> dict[str, Any]:
     """The newest readable training state of a run; the previous one only when allowed."""
     folder = run_dir / "checkpoints"
-    candidates = [folder / "last.pt"] + ([folder / "previous.pt"] if allow_previous else [])
+    last_missing = not (folder / "last.pt").exists() and (folder / "previous.pt").exists()
+    # A missing last.pt with a previous.pt means a stop between the two renames of a save: previous.pt is then
+    # the newest state, so it is taken without asking. A damaged last.pt needs --use-previous.
+    candidates = [folder / "last.pt"] + ([folder / "previous.pt"] if allow_previous or last_missing else [])
     problems = []
     for path in candidates:
         if not path.exists():
@@ -183,7 +194,7 @@ def load_training_state(run_dir: Path, allow_previous: bool = False) -> dict[str
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # unreadable: truncated, corrupt or refused
             problems.append(f"{path} is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
-    hint = "" if allow_previous or not (folder / "previous.pt").exists() else \
+    hint = "" if allow_previous or last_missing or not (folder / "previous.pt").exists() else \
         "; the previous checkpoint exists: add --use-previous to resume from it"
     raise CheckpointError(f"cannot resume {run_dir}: " + "; ".join(problems) + hint)
 
@@ -429,7 +440,11 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
                         if key not in ("epoch", "step"):
                             writer.add_scalar(key, value, epoch + 1)
                 if improved:
-                    save_model(eval_model or core, checkpoints / "best.safetensors")
+                    try:
+                        save_model(eval_model or core, checkpoints / "best.safetensors")
+                    except OSError as error:
+                        raise CheckpointError(f"could not save {checkpoints / 'best.safetensors'} "
+                                              f"({error.strerror or error}); the previous best is intact") from None
                 save_training_state(training_state(core, optimizer, scheduler, ema, position, config), checkpoints)
                 every = max(1, config.epochs // 25)
                 if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
