@@ -165,3 +165,51 @@ def test_split_is_stratified_and_seeded():
     assert labels[test].bincount().tolist() == [2, 4]
     assert torch.equal(split_indices(labels, 0.2, seed=3)[1], test)
     assert not set(train.tolist()) & set(test.tolist())
+
+
+def png_bytes(image) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "not a readable image"),
+    (b"this is a text file, not a JPEG", "not a readable image"),
+    (png_bytes(Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))[:6000],
+     "not a readable image"),  # a noise PNG (~12 KB) cut in half
+    (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "not a readable image"),  # a PNG signature and garbage
+])
+def test_bad_image_files_are_one_clear_error(tmp_path, content, message):
+    path = tmp_path / "x.jpg"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=f"{path}: {message}"):
+        read_image(path, (8, 8))
+
+
+def test_decompression_bombs_are_refused_before_decoding(tmp_path, monkeypatch):
+    Image.new("L", (100, 100)).save(tmp_path / "bomb.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 4000)  # 10000 pixels: above the limit (warning zone)
+    with pytest.raises(DataError, match="refused, too many pixels"):
+        read_image(tmp_path / "bomb.png", (8, 8))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # more than twice the limit: Pillow's own error
+    with pytest.raises(DataError, match="refused, too many pixels"):
+        read_image(tmp_path / "bomb.png", (8, 8))
+
+
+def test_sixteen_bit_cmyk_palette_and_alpha_images_convert(tmp_path):
+    ramp = (np.arange(16 * 16, dtype=np.uint16).reshape(16, 16) * 250)
+    Image.fromarray(ramp).save(tmp_path / "deep.png")
+    deep = read_image(tmp_path / "deep.png", (16, 16), channels=1)
+    assert deep.shape == (1, 16, 16) and deep.min() == 0 and deep.max() == 255  # rescaled, not clipped
+    Image.new("CMYK", (12, 12), (0, 255, 255, 0)).save(tmp_path / "cmyk.jpg")  # pure red in CMYK
+    red = read_image(tmp_path / "cmyk.jpg", (8, 8)).float().mean(dim=(1, 2))
+    assert red[0] > 200 and red[1] < 60 and red[2] < 60
+    palette = Image.new("P", (8, 8), 3)
+    palette.putpalette([0, 0, 0] * 3 + [0, 0, 255] + [0, 0, 0] * 252)
+    palette.save(tmp_path / "palette.gif")
+    assert read_image(tmp_path / "palette.gif", (8, 8))[2].float().mean() > 200
+    Image.new("RGBA", (8, 8), (0, 255, 0, 0)).save(tmp_path / "alpha.png")
+    assert read_image(tmp_path / "alpha.png", (8, 8)).shape == (3, 8, 8)

@@ -85,6 +85,10 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None) -> tu
             return config, state, "timm"
     except ConfigError as error:
         raise CheckpointError(f"{source}: the checkpoint describes an invalid model: {error}") from None
+    except (IndexError, KeyError, ValueError, TypeError, RuntimeError, AttributeError) as error:
+        # Known names with shapes or types that no ViT has (a crafted or damaged file).
+        raise CheckpointError(f"{source}: tensors with the names of a ViT checkpoint but not its shapes "
+                              f"({type(error).__name__}: {error})") from None
     first = sorted(state)[:3]
     raise CheckpointError(f"{source}: tensors named like {first} are not a ViT checkpoint vitlab knows "
                           "(official JAX, timm, Hugging Face or vitlab)")
@@ -109,8 +113,11 @@ def load_model(
     """
     hints = {"num_heads": num_heads} if num_heads else {}
     config, state, _ = read_checkpoint(path, hints)
-    with torch.device("meta"):
-        model = VisionTransformer(config)
+    try:
+        with torch.device("meta"):
+            model = VisionTransformer(config)
+    except (ValueError, RuntimeError, TypeError) as error:
+        raise CheckpointError(f"{path}: its config does not build a model ({error})") from None
     model = model.to_empty(device="cpu")
     load_state_dict_checked(model, state, str(path))
     if image_size is not None and config.replace(image_size=image_size).image_size != config.image_size:

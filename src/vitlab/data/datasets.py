@@ -247,24 +247,35 @@ MAX_BAD_FRACTION = 0.1
 
 def read_image(path: Path, image_size: tuple[int, int], channels: int = 3) -> torch.Tensor:
     """One image file as uint8 (C, H, W): EXIF rotation applied, converted to RGB (or L), the shorter side
-    resized to fit and the centre cropped to `image_size`. Raises DataError when it cannot be decoded."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    resized to fit and the centre cropped to `image_size`.
+
+    Image files are untrusted input: whatever the decoder raises, and images over Pillow's pixel limit
+    (`PIL.Image.MAX_IMAGE_PIXELS`, decompression bombs; checked before decoding), become one DataError.
+    """
+    from PIL import Image, ImageOps
 
     try:
-        with Image.open(path) as image:
-            image = ImageOps.exif_transpose(image)
-            if image.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit grey: scale to 8 bits, not clip
-                array = np.asarray(image, dtype=np.float64)
-                image = Image.fromarray((array / max(array.max(), 1) * 255).astype(np.uint8))
-            image = image.convert("RGBA").convert("RGB") if image.mode in ("P", "PA", "LA") else image
-            image = image.convert("RGB" if channels == 3 else "L")
-            height, width = image_size
-            scale = max(height / image.height, width / image.width)
-            resized = image.resize((max(width, round(image.width * scale)), max(height, round(image.height * scale))),
-                                   Image.Resampling.BICUBIC)
-            left, top = (resized.width - width) // 2, (resized.height - height) // 2
-            array = np.asarray(resized.crop((left, top, left + width, top + height)), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image = ImageOps.exif_transpose(image)
+                if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16/32-bit grey: rescale to 8 bits, not clip
+                    array = np.asarray(image, dtype=np.float64)
+                    low, high = float(np.nanmin(array)), float(np.nanmax(array))
+                    array = (array - low) / (high - low) if high > low else np.zeros_like(array)
+                    image = Image.fromarray((np.nan_to_num(array) * 255).astype(np.uint8))
+                if image.mode in ("P", "PA", "LA"):
+                    image = image.convert("RGBA")
+                image = image.convert("RGB" if channels == 3 else "L")  # also CMYK, YCbCr, RGBA (alpha dropped)
+                height, width = image_size
+                scale = max(height / image.height, width / image.width)
+                resized = image.resize((max(width, round(image.width * scale)), max(height, round(image.height * scale))),
+                                       Image.Resampling.BICUBIC)
+                left, top = (resized.width - width) // 2, (resized.height - height) // 2
+                array = np.asarray(resized.crop((left, top, left + width, top + height)), dtype=np.uint8)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+        raise DataError(f"{path}: refused, too many pixels for a safe decode ({error})") from None
+    except Exception as error:  # noqa: BLE001 - decoders raise many types on malformed files
         raise DataError(f"{path}: not a readable image ({type(error).__name__}: {error})") from None
     array = array[:, :, None] if array.ndim == 2 else array
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
