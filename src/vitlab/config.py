@@ -149,6 +149,16 @@ class ViTConfig:
         for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        # Upper bounds far above any real ViT (H/14: width 1280, depth 32), so a crafted config or checkpoint
+        # header cannot make vitlab build a billion blocks or allocate a terabyte.
+        for name, limit in (("embed_dim", 1 << 16), ("depth", 1024), ("mlp_dim", 1 << 18), ("in_chans", 1024),
+                            ("num_classes", 1 << 20), ("representation_size", 1 << 16)):
+            value = getattr(self, name)
+            if value is not None and value > limit:
+                raise ConfigError(f"{name} {value} is beyond vitlab's limit of {limit}; is the config corrupt?")
+        if max(self.image_size) > 1 << 15 or (self.resnet_layers and (len(self.resnet_layers) > 8 or max(self.resnet_layers) > 256)):
+            raise ConfigError(f"image size {self.image_size} or ResNet stages {self.resnet_layers} beyond vitlab's "
+                              "limits (32768 pixels, 8 stages of 256 units); is the config corrupt?")
         if self.num_classes < 0:
             raise ConfigError(f"num_classes must be >= 0, got {self.num_classes}")
         if self.embed_dim % self.num_heads:

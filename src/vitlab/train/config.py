@@ -63,24 +63,44 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.augment, dict):
             self.augment = AugmentConfig(**self.augment)
+        # Checked in order, each only after the ones before it passed (batch_size % grad_accum needs
+        # grad_accum > 0: the fuzz run found `--set grad_accum=0` dividing by zero when they were eager).
         checks = [
-            (self.epochs > 0, f"epochs must be positive, got {self.epochs}"),
-            (self.batch_size > 0, f"batch_size must be positive, got {self.batch_size}"),
-            (self.grad_accum > 0, f"grad_accum must be positive, got {self.grad_accum}"),
-            (self.batch_size % self.grad_accum == 0,
-             f"batch_size {self.batch_size} does not divide into grad_accum {self.grad_accum} micro-batches"),
-            (self.lr > 0, f"lr must be positive, got {self.lr}"),
-            (self.optimizer in ("adamw", "sgd"), f"optimizer must be adamw or sgd, got {self.optimizer!r}"),
-            (self.precision in ("fp32", "bf16"), f"precision must be fp32 or bf16, got {self.precision!r}"),
-            (0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1), got {self.ema_decay}"),
-            (0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
-            (0 < self.layer_decay <= 1, f"layer_decay must be in (0, 1], got {self.layer_decay}"),
-            (self.freeze_blocks >= 0, f"freeze_blocks must be >= 0, got {self.freeze_blocks}"),
-            (self.resample_mode in ("bilinear", "bicubic"), f"resample_mode must be bilinear or bicubic"),
+            (lambda: self.epochs > 0, lambda: f"epochs must be positive, got {self.epochs}"),
+            (lambda: self.batch_size > 0, lambda: f"batch_size must be positive, got {self.batch_size}"),
+            (lambda: self.grad_accum > 0, lambda: f"grad_accum must be positive, got {self.grad_accum}"),
+            (lambda: self.batch_size % self.grad_accum == 0,
+             lambda: f"batch_size {self.batch_size} does not divide into grad_accum {self.grad_accum} micro-batches"),
+            (lambda: self.lr > 0, lambda: f"lr must be positive, got {self.lr}"),
+            (lambda: self.optimizer in ("adamw", "sgd"), lambda: f"optimizer must be adamw or sgd, got {self.optimizer!r}"),
+            (lambda: self.precision in ("fp32", "bf16"), lambda: f"precision must be fp32 or bf16, got {self.precision!r}"),
+            (lambda: 0 <= self.ema_decay < 1, lambda: f"ema_decay must be in [0, 1), got {self.ema_decay}"),
+            (lambda: 0 <= self.label_smoothing < 1, lambda: f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
+            (lambda: 0 < self.layer_decay <= 1, lambda: f"layer_decay must be in (0, 1], got {self.layer_decay}"),
+            (lambda: self.freeze_blocks >= 0, lambda: f"freeze_blocks must be >= 0, got {self.freeze_blocks}"),
+            (lambda: self.resample_mode in ("bilinear", "bicubic"), lambda: "resample_mode must be bilinear or bicubic"),
         ]
         for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+            if not ok():
+                raise ConfigError(message())
+        self.check_optional_fields()
+
+    def check_optional_fields(self) -> None:
+        """Fields whose default is None accept any type through --set; check them here, not deep in training."""
+        def whole(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        rules = [
+            ("data_dir", lambda v: isinstance(v, str)), ("init_from", lambda v: isinstance(v, str)),
+            ("run_name", lambda v: isinstance(v, str) and "/" not in v and v not in (".", "..")),
+            ("image_size", lambda v: whole(v) and v > 0), ("threads", lambda v: whole(v) and v > 0),
+            ("classes", lambda v: isinstance(v, list) and v and all(whole(c) and c >= 0 for c in v)),
+            ("model_overrides", lambda v: isinstance(v, dict)),
+        ]
+        for name, valid in rules:
+            value = getattr(self, name)
+            if value is not None and not valid(value):
+                raise ConfigError(f"{name}={value!r} is not valid; see `vitlab train --help` and the recipe files")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -388,7 +388,12 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
         if state is not None:  # drop rows of epochs that will be redone, so the file matches the state
             atomic_write_bytes(metrics_path, "".join(json.dumps(r) + "\n" for r in history).encode())
     writer = open_tensorboard(run_dir, config, env)
-    eval_model = VisionTransformer(core.config).to(env.device) if ema is not None else None
+    eval_model = None
+    if ema is not None:
+        # Its random init is overwritten by the EMA weights; building it must not draw from the global RNG, or a
+        # resumed run (which builds it after restoring that RNG) would diverge from an uninterrupted one.
+        with torch.random.fork_rng(devices=[]):
+            eval_model = VisionTransformer(core.config).to(env.device)
     if env.is_main:
         params = sum(p.numel() for p in core.parameters())
         trainable = sum(p.numel() for p in core.parameters() if p.requires_grad)
