@@ -144,3 +144,36 @@ def test_missing_path_and_empty_folder(tmp_path):
         load_model(tmp_path / "nope")
     with pytest.raises(CheckpointError, match="a folder with none of"):
         load_model(tmp_path)
+
+
+def jax_arrays():
+    from conftest import FIXTURES
+
+    with np.load(FIXTURES / "jax_vit_token.npz", allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.pop("Transformer/encoder_norm/bias"), "missing array 'Transformer/encoder_norm/bias'"),
+    (lambda a: a.update({"extra/kernel": np.zeros(3, np.float32)}), "unexpected array 'extra/kernel'"),
+    (lambda a: a["head/bias"].__setitem__(0, np.nan), "'head.bias' holds NaN"),
+    (lambda a: a.update({"head/kernel": np.zeros((32, 10), np.int32)}), "'head.weight' has dtype torch.int32"),
+    (lambda a: a.update({"head/kernel": np.zeros((31, 10), np.float32)}), r"'head.weight' has shape \(10, 31\)"),
+    (lambda a: a.update({"embedding/kernel": np.zeros((4, 4), np.float32)}), "names of a ViT checkpoint but not its shapes"),
+])
+def test_official_npz_with_broken_arrays_is_refused_by_name(tmp_path, change, message):
+    arrays = jax_arrays()
+    change(arrays)
+    path = tmp_path / "broken.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(CheckpointError, match=message):
+        load_model(path)
+
+
+def test_vitlab_file_with_a_bad_config_header_names_the_file(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = save_model(create_model(TINY), tmp_path / "m.safetensors")
+    save_file(load_file(path), path, metadata={"format": "vitlab", "config": '{"depth": "two"}'})
+    with pytest.raises(CheckpointError, match=f"{path}: model config field depth must be a whole number"):
+        load_model(path)

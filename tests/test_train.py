@@ -280,3 +280,23 @@ def test_kill_9_at_random_moments_and_resume_gives_the_uninterrupted_weights(tmp
         assert torch.equal(a[name], b[name]), name
     rows = [json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows == [1, 2, 3, 4, 5, 6]
+
+
+def test_use_previous_resumes_past_a_damaged_last_checkpoint(tmp_path):
+    train(micro_config(tmp_path, epochs=3))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    # Make the run look stopped after epoch 2, with a damaged last.pt and a good previous.pt (epoch 1).
+    state = loop.load_training_state(tmp_path / "run")
+    state["epoch"] = 2
+    loop.save_training_state(state, checkpoints)
+    (checkpoints / "last.pt").write_bytes(b"damaged")
+    result = cli("train", "--resume", str(tmp_path / "run"), "--use-previous")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("command", ["models", "convert", "info", "train", "finetune", "fewshot", "linear-probe",
+                                     "eval", "predict", "analyze"])
+def test_every_subcommand_rejects_a_bad_flag_in_one_line_with_exit_2(command):
+    result = cli(command, "--no-such-flag")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "error:" in result.stderr and "Traceback" not in result.stderr
