@@ -384,7 +384,7 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
     metrics_path = run_dir / "metrics.jsonl"
     history = read_metrics(metrics_path, before_epoch=position.epoch)
     if env.is_main:
-        (run_dir / "train_config.json").write_text(json.dumps(config.to_dict(), indent=1))
+        atomic_write_bytes(run_dir / "train_config.json", json.dumps(config.to_dict(), indent=1).encode())
         if state is not None:  # drop rows of epochs that will be redone, so the file matches the state
             atomic_write_bytes(metrics_path, "".join(json.dumps(r) + "\n" for r in history).encode())
     writer = open_tensorboard(run_dir, config, env)
@@ -518,6 +518,6 @@ def write_outputs(run_dir: Path, model: VisionTransformer, final: dict[str, Any]
         f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png, confusion.png",
     ]
     text = "\n".join(lines)
-    (run_dir / "summary.txt").write_text(text + "\n")
+    atomic_write_bytes(run_dir / "summary.txt", (text + "\n").encode())
     print(text)
     return summary
