@@ -2,6 +2,7 @@
 single-process run with the same global batch."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -40,3 +41,41 @@ def test_two_processes_match_one(tmp_path, optimizer, tolerance):
     assert len(single_rows) == len(double_rows) == 2
     for a, b in zip(single_rows, double_rows):  # metrics are reduced over ranks: whole-data figures
         assert abs(a["test_top1"] - b["test_top1"]) <= 1 / 359 and abs(a["train_loss"] - b["train_loss"]) < 1e-3
+
+
+@pytest.mark.slow
+def test_a_stopped_two_process_run_resumes_exactly(tmp_path):
+    """SIGTERM to both workers mid-run, then `torchrun ... train --resume`: the weights equal those of an
+    uninterrupted 2-process run bit for bit, with stochastic depth drawing from every rank's RNG."""
+    import signal
+    import time
+
+    args = ["--set", "epochs=40", "--set", f"model_overrides={dict(MICRO, depth=2)}", "--set", "drop_path=0.2",
+            "--set", "progress=false", "--out-dir", str(tmp_path)]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitlab",
+                "train"]
+    straight = subprocess.run(torchrun + args + ["--set", "run_name=straight"], capture_output=True, text=True,
+                              timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    agent = subprocess.Popen(torchrun + args + ["--set", "run_name=stopped"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    last = tmp_path / "stopped" / "checkpoints" / "last.pt"
+    deadline = time.time() + 120
+    while not last.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    for pid in workers:
+        os.kill(int(pid), signal.SIGTERM)
+    out, err = agent.communicate(timeout=120)
+    assert agent.returncode == 0, err[-3000:]
+    assert "Resume with" in out
+    state = torch.load(last, weights_only=True)
+    assert state["rank_rng_states"].shape[0] == 2 and state["global_step"] < 40 * 11
+    resumed = subprocess.run(torchrun[:-1] + ["train", "--resume", str(tmp_path / "stopped")],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = load_file(tmp_path / "straight" / "model.safetensors")
+    b = load_file(tmp_path / "stopped" / "model.safetensors")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

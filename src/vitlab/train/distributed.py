@@ -59,6 +59,18 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     return bool(tensor.item())
 
 
+def gather_rng_states(env: DistEnv) -> torch.Tensor:
+    """Every process's global CPU RNG state, stacked (world_size, n): call on all ranks, so rank 0 can save
+    them and a resumed run gives each rank its own dropout / stochastic-depth stream back."""
+    local = torch.get_rng_state()
+    if not env.enabled:
+        return local[None]
+    local = local.to(env.device)  # NCCL gathers GPU tensors, gloo CPU ones
+    parts = [torch.empty_like(local) for _ in range(env.world_size)]
+    dist.all_gather(parts, local)
+    return torch.stack([part.cpu() for part in parts])
+
+
 def broadcast_object(value, env: DistEnv):
     """Rank 0's value on every process."""
     if not env.enabled:

@@ -38,8 +38,8 @@ from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.eval.classify import evaluate
 from vitlab.models.vit import VisionTransformer
 from vitlab.train.config import TrainConfig
-from vitlab.train.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, init_distributed,
-                                     replica_difference)
+from vitlab.train.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, gather_rng_states,
+                                     init_distributed, replica_difference)
 from vitlab.train.optim import EMA, build_optimizer, build_scheduler
 
 
@@ -118,6 +118,9 @@ class StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 self.previous[sig] = signal.signal(sig, self.handle)
+                # The handler only sets a flag, so let interrupted system calls restart (SA_RESTART): a signal
+                # arriving inside a gloo/NCCL collective must not fail it with EINTR.
+                signal.siginterrupt(sig, False)
             except ValueError:  # not the main thread (e.g. called from a worker thread): no handlers
                 pass
         return self
@@ -146,14 +149,15 @@ class Position:
 
 
 def training_state(model: VisionTransformer, optimizer, scheduler, ema: EMA | None, position: Position,
-                   config: TrainConfig) -> dict[str, Any]:
+                   config: TrainConfig, rng_states: torch.Tensor) -> dict[str, Any]:
+    """Everything a resumed run needs; rng_states holds every rank's global RNG state (gather_rng_states)."""
     return {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "ema": ema.state if ema else None, "epoch": position.epoch, "step_in_epoch": position.step_in_epoch,
         "global_step": position.global_step, "best_top1": position.best_top1, "best_epoch": position.best_epoch,
         "train_seconds": position.train_seconds, "augment_state": position.augment_state,
         "epoch_sums": torch.tensor(position.epoch_sums, dtype=torch.float64),
-        "torch_rng_state": torch.get_rng_state(), "model_config": model.config.to_json(),
+        "torch_rng_state": rng_states[0], "rank_rng_states": rng_states, "model_config": model.config.to_json(),
         "train_config": json.dumps(config.to_dict()),
     }
 
@@ -377,9 +381,14 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
         position = Position(state["epoch"], state["step_in_epoch"], state["global_step"], state["best_top1"],
                             state["best_epoch"], state["train_seconds"], state["augment_state"],
                             state["epoch_sums"].tolist())
-        torch.set_rng_state(state["torch_rng_state"])
-        if env.rank:  # keep ranks' dropout streams distinct, as in a fresh run
-            torch.manual_seed(config.seed + env.rank + position.global_step)
+        rank_states = state.get("rank_rng_states")
+        if rank_states is not None and len(rank_states) == env.world_size:
+            # clone(): torch 2.13's set_rng_state segfaults on a row view with a storage offset (seen here).
+            torch.set_rng_state(rank_states[env.rank].clone())  # each rank continues its own stream exactly
+        else:  # resumed on another number of processes: rank 0's stream, fresh distinct ones for the others
+            torch.set_rng_state(state["torch_rng_state"].clone())
+            if env.rank:
+                torch.manual_seed(config.seed + env.rank + position.global_step)
     checkpoints = run_dir / "checkpoints"
     metrics_path = run_dir / "metrics.jsonl"
     history = read_metrics(metrics_path, before_epoch=position.epoch)
@@ -418,8 +427,10 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
                                        permutation_seed=config.seed * 1_000_003 + epoch, stop=stop, progress_bar=bar)
             bar.close()
             if not finished:
+                rng_states = gather_rng_states(env)
                 if env.is_main:
-                    save_training_state(training_state(core, optimizer, scheduler, ema, position, config), checkpoints)
+                    save_training_state(training_state(core, optimizer, scheduler, ema, position, config, rng_states),
+                                        checkpoints)
                     print(f"stopped at epoch {epoch + 1}, step {position.step_in_epoch}; state saved. "
                           f"Resume with: vitlab train --resume {run_dir}")
                 return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch, "step": position.step_in_epoch}
@@ -438,6 +449,7 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
             improved = metrics["top1"] > position.best_top1
             if improved:
                 position.best_top1, position.best_epoch = metrics["top1"], epoch + 1
+            rng_states = gather_rng_states(env)
             if env.is_main:
                 append_metrics(metrics_path, row)
                 if writer is not None:
@@ -450,7 +462,8 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
                     except OSError as error:
                         raise CheckpointError(f"could not save {checkpoints / 'best.safetensors'} "
                                               f"({error.strerror or error}); the previous best is intact") from None
-                save_training_state(training_state(core, optimizer, scheduler, ema, position, config), checkpoints)
+                save_training_state(training_state(core, optimizer, scheduler, ema, position, config, rng_states),
+                                    checkpoints)
                 every = max(1, config.epochs // 25)
                 if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
                     print(f"epoch {epoch + 1:>3}/{config.epochs}  loss {row['train_loss']:.4f}  "
