@@ -131,3 +131,13 @@ def test_transformers_model_of_paper_shape_matches(tmp_path):
     images = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(images), theirs(pixel_values=images).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_lone_weights_with_a_non_square_position_table_need_an_image_size(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(FIXTURES / "hf_vit" / "model.safetensors")
+    state["vit.embeddings.position_embeddings"] = state["vit.embeddings.position_embeddings"][:, :16]  # 15 patch rows
+    save_file(state, tmp_path / "model.safetensors")  # no config.json beside it
+    with pytest.raises(CheckpointError, match="15 position rows are not a square grid"):
+        read_checkpoint(tmp_path / "model.safetensors")

@@ -8,7 +8,6 @@ checkpoint has no classifier (a classifier in HF never reads the pooler).
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
+from vitlab.checkpoint.io import image_size_from_positions
 from vitlab.checkpoint.timm import HEADS_BY_WIDTH
 
 # (HF name inside "vit.", vitlab name); per layer names use {i}.
@@ -60,8 +60,7 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
     image_size = hf_config.get("image_size")
     if image_size is None:
         rows = state["embeddings.position_embeddings"].shape[1] - 1
-        side = math.isqrt(rows)
-        image_size = (side * proj.shape[2], side * proj.shape[3])
+        image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), 1, source)
     activation = hf_config.get("hidden_act", "gelu")
     if activation not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
         raise CheckpointError(f"{source}: hidden_act={activation!r} is not supported (vitlab has exact and tanh GELU)")

@@ -13,6 +13,7 @@ container of them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import tempfile
@@ -193,6 +194,16 @@ def load_state_dict_checked(model: torch.nn.Module, state_dict: Mapping[str, tor
         if not torch.isfinite(tensor).all():
             raise CheckpointError(f"{source}: tensor {name!r} holds NaN or infinite values")
     model.load_state_dict({name: tensor.to(expected[name].dtype) for name, tensor in state_dict.items()})
+
+
+def image_size_from_positions(num_patch_rows: int, patch_size: tuple[int, int], stride: int,
+                              source: str) -> tuple[int, int]:
+    """The input size implied by a position table of `num_patch_rows` patch rows, assuming a square grid (the
+    only shape a weights file implies on its own): side * patch * stem stride per axis."""
+    side = math.isqrt(num_patch_rows)
+    if side * side != num_patch_rows:
+        raise CheckpointError(f"{source}: {num_patch_rows} position rows are not a square grid; give the image size")
+    return side * patch_size[0] * stride, side * patch_size[1] * stride
 
 
 def config_from_metadata(metadata: Mapping[str, str], source: str) -> ViTConfig:

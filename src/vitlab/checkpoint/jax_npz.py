@@ -7,13 +7,13 @@ The official MLP uses Flax's default GELU, the tanh approximation, so imported c
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
 import numpy as np
 import torch
 
+from vitlab.checkpoint.io import image_size_from_positions
 from vitlab.config import ViTConfig, stem_stride
 from vitlab.errors import CheckpointError
 
@@ -54,10 +54,7 @@ def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str,
     if "image_size" in hints:
         image_size = hints["image_size"]
     else:
-        side = math.isqrt(pos_rows)
-        if side * side != pos_rows:
-            raise CheckpointError(f"{source}: {pos_rows} position rows are not a square grid; give the image size")
-        image_size = (side * kernel.shape[0] * stride, side * kernel.shape[1] * stride)
+        image_size = image_size_from_positions(pos_rows, kernel.shape[:2], stride, source)
     representation = arrays["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in arrays else None
     num_classes = arrays["head/kernel"].shape[1] if "head/kernel" in arrays else 0
     return ViTConfig(

@@ -7,13 +7,13 @@ whose `architecture` names a known model, or, failing both, the paper's head cou
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from typing import Any
 
 import torch
 
+from vitlab.checkpoint.io import image_size_from_positions
 from vitlab.config import MODEL_SIZES, ViTConfig, stem_stride
 from vitlab.errors import CheckpointError
 
@@ -82,10 +82,7 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
     image_size = hints.pop("image_size", None)
     if image_size is None:
         rows = state["pos_embed"].shape[1] - int(class_token)
-        side = math.isqrt(rows)
-        if side * side != rows:
-            raise CheckpointError(f"{source}: {rows} position rows are not a square grid; give the image size")
-        image_size = (side * proj.shape[2] * stride, side * proj.shape[3] * stride)
+        image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), stride, source)
     fields: dict[str, Any] = dict(
         image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=in_chans,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
