@@ -138,6 +138,7 @@ def test_lone_weights_with_a_non_square_position_table_need_an_image_size(tmp_pa
 
     state = load_file(FIXTURES / "hf_vit" / "model.safetensors")
     state["vit.embeddings.position_embeddings"] = state["vit.embeddings.position_embeddings"][:, :16]  # 15 patch rows
-    save_file(state, tmp_path / "model.safetensors")  # no config.json beside it
+    save_file(state, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "num_attention_heads": 4}))  # no image_size
     with pytest.raises(CheckpointError, match="15 position rows are not a square grid"):
         read_checkpoint(tmp_path / "model.safetensors")
