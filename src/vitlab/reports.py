@@ -51,10 +51,10 @@ def checkpoint_info(path: str | Path, num_heads: int | None = None) -> dict[str,
 def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
             image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> dict[str, Any]:
     """Load any checkpoint, write it as `to`, read the written one back and compare logits on a random batch."""
-    from vitlab.checkpoint.formats import export_checkpoint, load_model, read_checkpoint
+    from vitlab.checkpoint.formats import export_checkpoint, load_model, model_from_state, read_checkpoint
 
-    _, _, kind = read_checkpoint(input_path, {"num_heads": num_heads} if num_heads else None)
-    model = load_model(input_path, image_size=image_size, num_heads=num_heads)
+    config, state, kind = read_checkpoint(input_path, {"num_heads": num_heads} if num_heads else None)
+    model = model_from_state(config, state, str(input_path), image_size=image_size)
     written = export_checkpoint(model, output_path, to=to)
     reloaded = load_model(written)
     generator = torch.Generator().manual_seed(0)

@@ -113,13 +113,25 @@ def load_model(
     """
     hints = {"num_heads": num_heads} if num_heads else {}
     config, state, _ = read_checkpoint(path, hints)
+    return model_from_state(config, state, str(path), image_size, resample_mode, device)
+
+
+def model_from_state(
+    config: ViTConfig,
+    state: dict[str, torch.Tensor],
+    source: str,
+    image_size: int | tuple[int, int] | None = None,
+    resample_mode: str = "bilinear",
+    device: str | torch.device = "cpu",
+) -> VisionTransformer:
+    """A VisionTransformer in eval mode from what `read_checkpoint` returned; see `load_model`."""
     try:
         with torch.device("meta"):
             model = VisionTransformer(config)
     except (ValueError, RuntimeError, TypeError) as error:
-        raise CheckpointError(f"{path}: its config does not build a model ({error})") from None
+        raise CheckpointError(f"{source}: its config does not build a model ({error})") from None
     model = model.to_empty(device="cpu")
-    load_state_dict_checked(model, state, str(path))
+    load_state_dict_checked(model, state, source)
     if image_size is not None and config.replace(image_size=image_size).image_size != config.image_size:
         model.set_image_size(image_size, resample_mode)
     return model.to(device).eval()

@@ -68,12 +68,11 @@ def build_finetune_model(config: TrainConfig, data: ImageDataset) -> VisionTrans
     """The paper's transfer set-up (section 3.2): load any checkpoint, drop its head and pre-logits layer, attach
     a zero-initialised D x K head, and for a new image size keep the patch size and resample the position
     embedding to the new grid (2-D interpolation, class-token row kept)."""
-    from vitlab.checkpoint import load_model
+    from vitlab.checkpoint.formats import model_from_state, read_checkpoint
 
-    pretrained = load_model(config.init_from)
-    fields: dict[str, Any] = dict(drop_path=config.drop_path, dropout=config.dropout)
-    model = VisionTransformer(pretrained.config.replace(**fields))
-    model.load_state_dict(pretrained.state_dict())
+    pretrained_config, state, _ = read_checkpoint(config.init_from)
+    model = model_from_state(pretrained_config.replace(drop_path=config.drop_path, dropout=config.dropout), state,
+                             config.init_from)
     if model.config.representation_size:
         model.remove_representation()
     model.reset_head(data.num_classes, data.class_names)
