@@ -96,9 +96,14 @@ def test_fewshot_separable_features_and_bad_shots():
 
 
 def test_features_are_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
-    first = run_fewshot(FIXTURES / "hf_vit", "digits", [1, 5], seeds=1, classes=[0, 1])
     import vitlab.checkpoint
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    loads = []
+    real_load = vitlab.checkpoint.load_model
+    monkeypatch.setattr(vitlab.checkpoint, "load_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    first = run_fewshot(FIXTURES / "hf_vit", "digits", [1, 5], seeds=1, classes=[0, 1])
+    assert len(loads) == 1  # both splits' features from one load
 
     monkeypatch.setattr(vitlab.checkpoint, "load_model", lambda *a, **k: pytest.fail("features not cached"))
     second = run_fewshot(FIXTURES / "hf_vit", "digits", [1, 5], seeds=1, classes=[0, 1])

@@ -45,33 +45,42 @@ def checkpoint_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def cached_features(checkpoint: str | Path, dataset: str, split: str, data_dir: str | None = None,
-                    classes: list[int] | None = None, image_size: int | None = None,
-                    folder: Path | None = None, check=None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """(features, labels, class names) of a split, from the cache when the same checkpoint and data were seen.
-    `check(labels, class_names)` may refuse the data (raise) before any feature is computed or written."""
+def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None = None,
+                    classes: list[int] | None = None, image_size: int | None = None, folder: Path | None = None,
+                    check=None) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    """{"train": ..., "test": ...}: (features, labels, class names) of both splits, each from the cache when the
+    same checkpoint and data were seen. The checkpoint is hashed once and, if any split is missing from the
+    cache, loaded once. `check(labels, class_names)` may refuse the training split (raise) before any feature is
+    computed or written."""
     from vitlab.checkpoint import load_model
 
-    key = json.dumps([checkpoint_digest(checkpoint), dataset, split, str(data_dir), classes, image_size])
-    path = (folder or cache_dir() / "features") / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
-    if path.exists():
-        with np.load(path, allow_pickle=False) as cached:
-            result = (torch.from_numpy(cached["features"]), torch.from_numpy(cached["labels"]),
-                      [str(name) for name in cached["class_names"]])
-        if check is not None:
-            check(result[1], result[2])
-        return result
-    model = load_model(checkpoint, image_size=image_size)
-    data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size,
-                        channels=model.config.in_chans, classes=classes)
-    if check is not None:
-        check(data.labels, data.class_names)
-    features = extract_features(model, data)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp.npz")
-    np.savez(temporary, features=features.numpy(), labels=data.labels.numpy(), class_names=np.array(data.class_names))
-    temporary.replace(path)
-    return features, data.labels, data.class_names
+    digest = checkpoint_digest(checkpoint)
+    cache = folder or cache_dir() / "features"
+    model = None
+    results = {}
+    for split in ("train", "test"):
+        key = json.dumps([digest, dataset, split, str(data_dir), classes, image_size])
+        path = cache / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
+        if path.exists():
+            with np.load(path, allow_pickle=False) as cached:
+                results[split] = (torch.from_numpy(cached["features"]), torch.from_numpy(cached["labels"]),
+                                  [str(name) for name in cached["class_names"]])
+            if check is not None and split == "train":
+                check(results[split][1], results[split][2])
+            continue
+        model = model or load_model(checkpoint, image_size=image_size)
+        data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size,
+                            channels=model.config.in_chans, classes=classes)
+        if check is not None and split == "train":
+            check(data.labels, data.class_names)
+        features = extract_features(model, data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp.npz")
+        np.savez(temporary, features=features.numpy(), labels=data.labels.numpy(),
+                 class_names=np.array(data.class_names))
+        temporary.replace(path)
+        results[split] = (features, data.labels, data.class_names)
+    return results
 
 
 def fit_least_squares(features: torch.Tensor, targets: torch.Tensor, l2: float) -> torch.Tensor:
@@ -151,9 +160,9 @@ def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tens
 def run_fewshot(checkpoint: str | Path, dataset: str, shots: list[int], seeds: int = 3, l2: float = 1.0,
                 data_dir: str | None = None, classes: list[int] | None = None,
                 image_size: int | None = None) -> dict[str, Any]:
-    train = cached_features(checkpoint, dataset, "train", data_dir, classes, image_size,
-                            check=lambda labels, names: check_shots(labels, names, shots))
-    test = cached_features(checkpoint, dataset, "test", data_dir, classes, image_size)
+    splits = cached_features(checkpoint, dataset, data_dir, classes, image_size,
+                             check=lambda labels, names: check_shots(labels, names, shots))
+    train, test = splits["train"], splits["test"]
     results = fewshot_accuracy(train[0], train[1], test[0], test[1], shots, seeds, l2)
     return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "seeds": seeds, "l2": l2,
             "feature_dim": int(train[0].shape[1]), "test_count": len(test[1]),
@@ -162,8 +171,8 @@ def run_fewshot(checkpoint: str | Path, dataset: str, shots: list[int], seeds: i
 
 def run_linear_probe(checkpoint: str | Path, dataset: str, l2: float = 1e-3, data_dir: str | None = None,
                      classes: list[int] | None = None, image_size: int | None = None) -> dict[str, Any]:
-    train = cached_features(checkpoint, dataset, "train", data_dir, classes, image_size,
-                            check=lambda labels, names: check_shots(labels, names, [1]))
-    test = cached_features(checkpoint, dataset, "test", data_dir, classes, image_size)
+    splits = cached_features(checkpoint, dataset, data_dir, classes, image_size,
+                             check=lambda labels, names: check_shots(labels, names, [1]))
+    train, test = splits["train"], splits["test"]
     result = linear_probe_accuracy(train[0], train[1], test[0], test[1], l2)
     return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "l2": l2, **result}
