@@ -295,7 +295,7 @@ def test_use_previous_resumes_past_a_damaged_last_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("command", ["models", "convert", "info", "train", "finetune", "fewshot", "linear-probe",
-                                     "eval", "predict", "analyze"])
+                                     "eval", "predict", "analyze", "export"])
 def test_every_subcommand_rejects_a_bad_flag_in_one_line_with_exit_2(command):
     result = cli(command, "--no-such-flag")
     assert result.returncode == 2

@@ -3,6 +3,7 @@ import torch
 
 from vitlab.config import ViTConfig, variant_config
 from vitlab.errors import UsageError
+from vitlab.layers.pos_embed import sincos_2d_pos_embed
 from vitlab.models import VisionTransformer, create_model, model_stats
 
 TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5)
@@ -89,6 +90,25 @@ def test_set_image_size_resamples_position_embedding_and_keeps_the_class_row():
     assert model.pos_embed.shape == (1, 1 + 64, 32) and model.config.grid_size == (8, 8)
     assert torch.equal(model.pos_embed[:, 0], class_row)
     assert model(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(classifier="gap"), dict(pos_embed="sincos2d")])
+def test_dynamic_image_size_is_exact_at_the_trained_size_and_equals_resampling_elsewhere(fields):
+    model = randomise(create_model(ViTConfig(**{**TINY, **fields})))
+    if fields.get("pos_embed") == "sincos2d":  # a fixed table is not learned: put back the one it always holds
+        with torch.no_grad():
+            model.pos_embed[0, 1:] = sincos_2d_pos_embed((4, 4), 32)
+    images = torch.randn(2, 3, 16, 16)
+    fixed = model(images)
+    model.dynamic_image_size = True
+    assert torch.equal(model(images), fixed)  # interpolating to the same grid moves nothing
+    other = torch.randn(2, 3, 20, 28)  # grid 5 x 7 instead of 4 x 4
+    resampled = randomise(create_model(ViTConfig(**{**TINY, **fields})))
+    resampled.load_state_dict(model.state_dict())
+    resampled.set_image_size((20, 28))
+    torch.testing.assert_close(model(other), resampled(other), rtol=0, atol=1e-6)
+    with pytest.raises(Exception, match="does not divide"):
+        model(torch.randn(1, 3, 18, 16))
 
 
 def test_wrong_input_size_is_a_clear_error():

@@ -188,7 +188,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from vitlab.checkpoint import load_model
     from vitlab.eval.predict import predict
 
-    model = load_model(args.checkpoint)
+    if args.backend == "onnx":
+        from vitlab.export.onnx import OnnxClassifier
+
+        if not str(args.checkpoint).endswith(".onnx"):
+            raise UsageError(f"--backend onnx runs an exported .onnx file, got {args.checkpoint}; "
+                             f"make one with: vitlab export {args.checkpoint} --format onnx")
+        model = OnnxClassifier(args.checkpoint)
+    else:
+        model = load_model(args.checkpoint)
     rows = predict(model, args.inputs, top_k=args.top_k)
     if args.format == "json":
         print(json.dumps(rows, indent=1))
@@ -209,6 +217,37 @@ def cmd_predict(args: argparse.Namespace) -> int:
             top = "  ".join(f"{p['label']} {100 * p['probability']:5.1f}%" for p in row["predictions"])
             print(f"{row['path']:<{width}}  {top}")
     return 0 if any("predictions" in row for row in rows) else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from vitlab.checkpoint import load_model
+    from vitlab.export.onnx import require_onnx, run_export, validation_pixels
+
+    require_onnx()
+    model = load_model(args.checkpoint)
+    source = Path(args.checkpoint)
+    default_name = "model-int8.onnx" if args.int8 else "model.onnx"
+    output = args.output or (source / default_name if source.is_dir() else source.with_suffix(".onnx" if not args.int8
+                                                                                               else ".int8.onnx"))
+    pixels = validation_pixels(model.config, args.images)
+    summary = run_export(model, output, preprocess=args.preprocess, dynamic_batch=args.dynamic_batch,
+                         dynamic_size=args.dynamic_size, int8=args.int8, batch_size=args.batch_size, pixels=pixels)
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {'int8' if args.int8 else 'fp32'}); "
+          f"input {summary['input']!r}: {summary['input_layout']}, batch "
+          f"{'dynamic' if args.dynamic_batch else args.batch_size}")
+    print(f"checked against PyTorch on {len(pixels)} real images "
+          f"({'given' if args.images else 'shipped digits'}):")
+    for name, check in summary["validation"]["checks"].items():
+        print(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
+              f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)")
+    if not args.int8:
+        print(f"fp32 tolerance {summary['tolerance']:g}: passed")
+    return 0
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
@@ -316,7 +355,25 @@ def build_parser() -> ArgumentParser:
     p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER")
     p.add_argument("--top-k", type=int, default=3)
     p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
+                   help="onnx: run a file written by `vitlab export` with ONNX Runtime")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("export", help="export a checkpoint for deployment (ONNX, fp32 or int8), checked against PyTorch")
+    p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")
+    p.add_argument("--format", choices=("onnx",), default="onnx")
+    p.add_argument("-o", "--output", help="the .onnx file to write (default: model[-int8].onnx beside the checkpoint)")
+    p.add_argument("--int8", action="store_true", help="int8 weights (ONNX Runtime dynamic quantization)")
+    p.add_argument("--dynamic-batch", action="store_true", help="any batch size (default: fixed --batch-size)")
+    p.add_argument("--batch-size", type=int, default=1, help="the fixed batch size without --dynamic-batch")
+    p.add_argument("--dynamic-size", action="store_true",
+                   help="any image size that is a multiple of the patch size (position embedding resampled in the graph)")
+    p.add_argument("--preprocess", action="store_true",
+                   help="bake in the preprocessing: the graph takes uint8 pixels of any size, resizes and normalises")
+    p.add_argument("--images", nargs="+", metavar="IMAGE_OR_FOLDER",
+                   help="real images to check the export on (default: 32 of the shipped digits)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("analyze", help="the paper's attention and embedding analyses, as pictures and an HTML report")
     p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")

@@ -32,7 +32,10 @@ def collect_images(inputs: Iterable[str | Path]) -> list[Path]:
 @torch.no_grad()
 def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int = 64) -> list[dict[str, Any]]:
     """One row per input image: {"path", "predictions": [{"label", "index", "probability"}, ...]}, or
-    {"path", "error"} for a file that could not be read (the others are still predicted)."""
+    {"path", "error"} for a file that could not be read (the others are still predicted).
+
+    model: a VisionTransformer, or anything with `.config` and `classify_pixels(uint8 (B, C, H, W)) -> logits`
+    (`vitlab.export.onnx.OnnxClassifier`, the ONNX Runtime backend)."""
     config = model.config
     names = config.class_names or [str(i) for i in range(config.num_classes)]
     top_k = min(top_k, config.num_classes)
@@ -42,8 +45,12 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
     def flush() -> None:
         if not batch:
             return
-        images = prepare(torch.stack([image for _, image in batch]), 255.0, config)
-        probabilities = model(images).float().softmax(dim=-1)
+        pixels = torch.stack([image for _, image in batch])
+        if isinstance(model, torch.nn.Module):
+            logits = model(prepare(pixels, 255.0, config))
+        else:
+            logits = model.classify_pixels(pixels)
+        probabilities = logits.float().softmax(dim=-1)
         values, indices = probabilities.topk(top_k, dim=-1)
         for (row, _), vals, idxs in zip(batch, values, indices):
             row["predictions"] = [{"label": names[i], "index": int(i), "probability": float(v)}

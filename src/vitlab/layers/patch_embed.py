@@ -72,10 +72,13 @@ class PatchEmbed(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> tokens (B, N, D), patches in row-major order."""
+        return self.project(images).flatten(2).transpose(1, 2)  # (B, rows * cols, D)
+
+    def project(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, C, H, W) -> the projected patches on their grid (B, D, rows, cols)."""
         features = images if self.backbone is None else self.backbone(images)
         check_divisible(tuple(features.shape[-2:]), self.patch_size)
-        tokens = self.proj(features)  # (B, D, rows, cols)
-        return tokens.flatten(2).transpose(1, 2)  # (B, rows * cols, D)
+        return self.proj(features)
 
     def linear_weight(self) -> torch.Tensor:
         """The projection E as a (P_h * P_w * C, D) matrix acting on `patchify` output."""

@@ -60,9 +60,17 @@ def resample_pos_embed(
         raise ConfigError(f"old grid {old_grid} does not match the {num_old} patch rows of the embedding")
     if tuple(old_grid) == tuple(new_grid):
         return pos_embed
-    dim = pos_embed.shape[-1]
+    return torch.cat([prefix, interpolate_patch_positions(patch_rows, old_grid, new_grid, mode)], dim=1)
+
+
+def interpolate_patch_positions(patch_rows: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple, mode: str = "bilinear"
+                                ) -> torch.Tensor:
+    """(1, old_rows * old_cols, D) -> (1, new_rows * new_cols, D) by 2-D interpolation, with no branch on the sizes,
+    so it also traces with symbolic grid sizes (ONNX export with a dynamic image size). To the same grid it is
+    exact: with align_corners=False every sample falls on a source point with weight 1.
+    """
+    dim = patch_rows.shape[-1]
     grid = patch_rows.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)  # (1, D, rows, cols)
     # Interpolate in float32: bicubic is not implemented for every low-precision dtype.
-    grid = F.interpolate(grid.float(), size=tuple(new_grid), mode=mode, align_corners=False)
-    patch_rows = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
-    return torch.cat([prefix, patch_rows], dim=1)
+    grid = F.interpolate(grid.float(), size=(new_grid[0], new_grid[1]), mode=mode, align_corners=False)
+    return grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(patch_rows.dtype)  # (1, new_rows * new_cols, D)

@@ -23,7 +23,7 @@ from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
 from vitlab.layers.block import Block
 from vitlab.layers.patch_embed import PatchEmbed
-from vitlab.layers.pos_embed import resample_pos_embed, sincos_2d_pos_embed
+from vitlab.layers.pos_embed import interpolate_patch_positions, resample_pos_embed, sincos_2d_pos_embed
 from vitlab.models.hybrid import ResNetStem
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
@@ -62,6 +62,8 @@ class VisionTransformer(nn.Module):
                 fc=nn.Linear(dim, config.representation_size), act=nn.Tanh()))
         head_in = config.representation_size or dim
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else nn.Identity()
+        # Off by default: a wrong image size is then an error rather than a silent resampling (see `embed`).
+        self.dynamic_image_size = False
         self.init_weights()
 
     # ----------------------------------------------------------------------------------------- set-up
@@ -107,18 +109,34 @@ class VisionTransformer(nn.Module):
 
     # ----------------------------------------------------------------------------------------- forward
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Eq. 1: images (B, C, H, W) -> z_0 (B, prefix + N, D)."""
+        """Eq. 1: images (B, C, H, W) -> z_0 (B, prefix + N, D).
+
+        With `dynamic_image_size` any image whose sides are multiples of the patch size is accepted: the patch
+        rows of E_pos are interpolated to the input's grid on every call (as the paper's fine-tuning does once),
+        in a form that traces with symbolic sizes, so an ONNX export keeps the image size dynamic.
+        """
         expected = self.config.image_size
-        if tuple(images.shape[-2:]) != expected or images.shape[1] != self.config.in_chans:
+        wrong_size = tuple(images.shape[-2:]) != expected and not self.dynamic_image_size
+        if wrong_size or images.shape[1] != self.config.in_chans:
             raise UsageError(
                 f"the model expects images of shape (B, {self.config.in_chans}, {expected[0]}, {expected[1]}), "
                 f"got {tuple(images.shape)}; resize the input, or load the model with image_size="
                 f"{tuple(images.shape[-2:])} to resample its position embedding"
             )
-        tokens = self.patch_embed(images)  # (B, N, D)
+        patches = self.patch_embed.project(images)  # (B, D, rows, cols)
+        tokens = patches.flatten(2).transpose(1, 2)  # (B, N, D)
+        pos_embed = self.pos_embed
+        if self.dynamic_image_size:  # the same tables `set_image_size` would make for this grid
+            prefix = self.config.num_prefix_tokens
+            if self.config.pos_embed == "sincos2d":
+                patch_positions = sincos_2d_pos_embed(patches.shape[-2:], self.config.embed_dim)[None].to(pos_embed)
+            else:
+                patch_positions = interpolate_patch_positions(pos_embed[:, prefix:], self.config.grid_size,
+                                                              patches.shape[-2:])
+            pos_embed = torch.cat([pos_embed[:, :prefix], patch_positions], dim=1)
         if self.cls_token is not None:
             tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
-        return self.pos_drop(tokens + self.pos_embed)
+        return self.pos_drop(tokens + pos_embed)
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> encoder output (B, prefix + N, D), after the final norm."""

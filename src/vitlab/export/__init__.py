@@ -1,0 +1,1 @@
+"""Export for deployment: ONNX (fp32 or int8), with the preprocessing optionally inside the graph."""

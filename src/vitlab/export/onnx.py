@@ -1,0 +1,328 @@
+"""ONNX export: a ViT (optionally with its preprocessing) as one .onnx file, checked against PyTorch after writing.
+
+The export goes through `torch.export` (torch.onnx's dynamo exporter), which keeps the batch and the image sides
+symbolic. A dynamic image size needs the model's `dynamic_image_size` mode: the position embedding is then
+interpolated to the input's patch grid inside the graph, the step that exports made by tracing (with the grid
+frozen to the example's) commonly break. int8 is ONNX Runtime's dynamic quantization of the weight matmuls
+(weights int8 per output channel, activations uint8 with a scale computed per batch): on CPUs with VNNI it is the
+fastest path measured (BENCHMARKS.md) and needs no calibration data.
+
+onnx, onnxscript and onnxruntime are an optional extra (`pip install 'vitlab[onnx]'`); they are imported here only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import json
+import logging
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitlab.config import ViTConfig, stem_stride
+from vitlab.errors import CheckpointError, UsageError
+
+ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
+INSTALL_HINT = "pip install 'vitlab[onnx]' (or: pip install onnx onnxscript onnxruntime)"
+# ONNX keeps a model and its weights in one protobuf only below 2 GiB; bigger ones (H/14) get a .data file beside.
+SINGLE_FILE_LIMIT = 1_800_000_000
+METADATA_KEY = "vitlab"
+
+
+def require_onnx(purpose: str = "ONNX export") -> None:
+    """Raise one clear message when the optional ONNX packages are missing."""
+    missing = [name for name in ONNX_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(f"{purpose} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+                         f"not installed; {INSTALL_HINT}")
+
+
+class PreprocessAndClassify(nn.Module):
+    """uint8 pixels (B, C, H, W) of any size -> logits (B, K): scale to [0, 1], resize to the model's input
+    (bilinear, antialiased when shrinking, as `vitlab.data.preprocess`), normalise, classify. Baked into an export
+    so that deployment code only decodes images."""
+
+    def __init__(self, model: nn.Module, shrink: bool = True) -> None:
+        super().__init__()
+        config: ViTConfig = model.config
+        self.model = model
+        self.image_size = config.image_size
+        self.shrink = shrink  # antialias: right for inputs larger than the model's size, the common case
+        self.register_buffer("mean", torch.tensor(config.image_mean).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(config.image_std).view(1, -1, 1, 1), persistent=False)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        images = pixels.float() / 255.0
+        images = F.interpolate(images, size=self.image_size, mode="bilinear", align_corners=False,
+                               antialias=self.shrink)
+        return self.model((images - self.mean) / self.std)
+
+
+def patch_steps(config: ViTConfig) -> tuple[int, int]:
+    """The input-pixel step between patch-grid sizes: the patch size, times the ResNet stem's stride on a hybrid."""
+    stride = stem_stride(config.resnet_layers)
+    return config.patch_size[0] * stride, config.patch_size[1] * stride
+
+
+def export_onnx(
+    model: nn.Module,
+    out: str | Path,
+    *,
+    preprocess: bool = False,
+    dynamic_batch: bool = True,
+    dynamic_size: bool = False,
+    int8: bool = False,
+    batch_size: int = 2,
+) -> dict[str, Any]:
+    """Write `model` (a VisionTransformer) as ONNX to `out` (not atomic: `run_export` stages and checks it).
+
+    preprocess: the graph takes uint8 pixels (B, C, H, W) of any height and width and resizes them itself;
+    otherwise it takes normalised float32 images (B, C, H, W) at the model's size, or, with dynamic_size, any
+    size whose sides are multiples of the patch size. int8: ONNX Runtime dynamic quantization of the matmul
+    weights. batch_size: the fixed batch of a graph without dynamic_batch. Returns a summary dict (path, input
+    name and layout, size in bytes).
+    """
+    require_onnx()
+    import onnx
+
+    config: ViTConfig = model.config
+    model = copy.deepcopy(model).float().eval()
+    model.dynamic_image_size = dynamic_size and not preprocess
+    module: nn.Module = PreprocessAndClassify(model) if preprocess else model
+    height, width = config.image_size
+    if preprocess:
+        example = torch.randint(0, 256, (batch_size, config.in_chans, height + 3, width + 5), dtype=torch.uint8)
+    else:
+        example = torch.randn(batch_size, config.in_chans, height, width)
+    dims: dict[int, Any] = {}
+    if dynamic_batch:
+        dims[0] = torch.export.Dim("batch", min=1, max=65536)
+    if preprocess:
+        dims[2], dims[3] = torch.export.Dim("height", min=1, max=16384), torch.export.Dim("width", min=1, max=16384)
+    elif dynamic_size:
+        # Sides must stay multiples of the patch size (times the ResNet stem's stride on a hybrid).
+        step_h, step_w = patch_steps(config)
+        dims[2] = step_h * torch.export.Dim("patch_rows", min=1, max=max(2, 16384 // step_h))
+        dims[3] = step_w * torch.export.Dim("patch_cols", min=1, max=max(2, 16384 // step_w))
+    input_name = "pixels" if preprocess else "images"
+    with torch.no_grad(), warnings.catch_warnings(), quiet_loggers("torch.onnx"):
+        warnings.simplefilter("ignore")  # the exporter's deprecation notices are not the user's business
+        program = torch.onnx.export(module, (example,), dynamo=True, input_names=[input_name], output_names=["logits"],
+                                    dynamic_shapes=(dims,) if dims else None,
+                                    external_data=False, verbose=False, report=False)
+    proto = program.model_proto
+    # The exporter records shapes for the weights too; ONNX Runtime's quantizer re-infers them and trips over
+    # the classifier's (a known mismatch); they carry nothing a runtime needs.
+    del proto.graph.value_info[:]
+    for node in proto.graph.node:  # the exporter's per-node notes: source paths and stack traces of this machine
+        del node.metadata_props[:]
+    metadata = {
+        "config": config.to_dict(),
+        "input": input_name,
+        "input_layout": "uint8 pixels (B, C, H, W), any H and W" if preprocess else (
+            "normalised float32 (B, C, H, W)" + (", sides multiples of the patch size" if dynamic_size else
+                                                 f" at {height}x{width}")),
+        "preprocess": preprocess,
+        "dynamic_batch": dynamic_batch,
+        "batch_size": None if dynamic_batch else batch_size,
+        "dynamic_size": bool(dynamic_size or preprocess),
+        "int8": int8,
+    }
+    proto.metadata_props.add(key=METADATA_KEY, value=json.dumps(metadata))
+    proto.producer_name = "vitlab"
+    if int8:
+        proto = quantize_int8(proto)
+    path = Path(out)
+    write_model(proto, path)
+    return {"path": str(path), "bytes": path.stat().st_size, **metadata}
+
+
+def quantize_int8(proto):
+    """ONNX Runtime dynamic quantization of every MatMul with a constant weight (the qkv, projection, MLP and head
+    layers): int8 weights per output channel, uint8 activations. The patch-embedding convolution stays fp32 (its
+    int8 kernel is slower than the fp32 one here) and so do the attention matmuls, whose two inputs are both
+    activations."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix="vitlab-int8-") as folder:
+        source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
+        onnx.save_model(proto, source, save_as_external_data=proto.ByteSize() > SINGLE_FILE_LIMIT)
+        with quiet_loggers(""):  # the quantizer logs on the root logger
+            quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=True,
+                             op_types_to_quantize=["MatMul", "Gemm"])
+        return onnx.load_model(target)
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """Raise the given loggers to ERROR for a while: the exporter notes that torchvision is missing and the
+    quantizer suggests a pre-processing step, neither of which the user can or needs to act on."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def write_model(proto, path: Path) -> None:
+    """Save as one file; a model over 2 GiB (H/14) gets its weights in `<name>.data` beside it."""
+    import onnx
+
+    big = proto.ByteSize() > SINGLE_FILE_LIMIT
+    onnx.save_model(proto, path, save_as_external_data=big, all_tensors_to_one_file=True, location=path.name + ".data")
+
+
+# ------------------------------------------------------------------------------------------------ running
+class OnnxClassifier:
+    """An exported vitlab model in ONNX Runtime. Call it with uint8 pixels (B, C, H, W) (or, for a graph without
+    baked-in preprocessing, normalised float images) to get logits (B, K) as a torch tensor."""
+
+    def __init__(self, path: str | Path, threads: int | None = None) -> None:
+        require_onnx("running an ONNX model")
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CheckpointError(f"{self.path}: no such ONNX file")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        except Exception as error:  # noqa: BLE001 - ONNX Runtime raises its own exception types on bad files
+            raise CheckpointError(f"{self.path}: ONNX Runtime cannot load it ({str(error).splitlines()[0]})") from None
+        raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+        if raw is None:
+            raise CheckpointError(f"{self.path}: not written by `vitlab export` (no vitlab metadata); "
+                                  "export the checkpoint with `vitlab export CKPT --format onnx`")
+        self.metadata = json.loads(raw)
+        self.config = ViTConfig.from_dict(self.metadata["config"])
+        self.input_name = self.session.get_inputs()[0].name
+        self.preprocess = bool(self.metadata["preprocess"])
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        array = np.ascontiguousarray(images.numpy() if self.preprocess else images.float().numpy())
+        if self.preprocess and array.dtype != np.uint8:
+            raise UsageError(f"{self.path} takes uint8 pixels, got {array.dtype}")
+        fixed = self.metadata.get("batch_size")
+        if not fixed or len(array) == fixed:
+            return torch.from_numpy(self.session.run(None, {self.input_name: array})[0])
+        # A graph with a fixed batch: run it chunk by chunk, the last one padded by repeating its last image.
+        outputs = []
+        for start in range(0, len(array), fixed):
+            chunk = array[start:start + fixed]
+            padded = np.concatenate([chunk, np.repeat(chunk[-1:], fixed - len(chunk), axis=0)])
+            outputs.append(self.session.run(None, {self.input_name: padded})[0][:len(chunk)])
+        return torch.from_numpy(np.concatenate(outputs))
+
+    def classify_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels (B, C, H, W) at the model's size -> logits, preprocessing in the graph or here."""
+        if self.preprocess:
+            return self(pixels)
+        from vitlab.data.preprocess import prepare
+
+        return self(prepare(pixels, 255.0, self.config))
+
+
+# ------------------------------------------------------------------------------------------------ checking
+def validation_pixels(config: ViTConfig, inputs: list[str] | None = None, count: int = 32) -> torch.Tensor:
+    """Real images for checking an export, as uint8 (B, C, H, W) at the model's size and channel count: the
+    given image files or folders, or else the first `count` test images of the shipped digits (any model can
+    classify them, rightly or not; what is checked is that ONNX Runtime and PyTorch agree)."""
+    from vitlab.data.preprocess import to_unit_range
+
+    if inputs:
+        from vitlab.data.datasets import read_image
+        from vitlab.eval.predict import collect_images
+
+        return torch.stack([read_image(path, config.image_size, config.in_chans)
+                            for path in collect_images(inputs)[:count]])
+    from vitlab.data.datasets import load_dataset
+
+    digits = load_dataset("digits", "test")
+    images = to_unit_range(digits.images[:count], digits.max_value, config)  # resized, channels matched
+    return (images * 255).round().to(torch.uint8)
+
+
+@torch.no_grad()
+def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) -> dict[str, Any]:
+    """Compare an export with PyTorch on real images. pixels: uint8 (B, C, H, W) at the model's size.
+
+    Returns max |logit difference| and top-1 agreement at the export's size, and, where the export has them, at
+    batch size 1 and at a second image size (the model in `dynamic_image_size` mode, or with the resize done in
+    PyTorch for a graph with preprocessing).
+    """
+    from vitlab.data.preprocess import prepare
+
+    runtime = OnnxClassifier(path)
+    config: ViTConfig = model.config
+    model = copy.deepcopy(model).float().eval()
+    reference = model(prepare(pixels, 255.0, config))
+    checks = {"at export size": (reference, runtime.classify_pixels(pixels))}
+    if runtime.metadata["dynamic_batch"]:
+        checks["batch 1"] = (reference[:1], runtime.classify_pixels(pixels[:1]))
+    if runtime.metadata["dynamic_size"]:
+        height, width = config.image_size
+        step_h, step_w = patch_steps(config)
+        other = (height + step_h, width + 2 * step_w)
+        larger = F.interpolate(pixels.float(), size=other, mode="bilinear", align_corners=False).round().to(torch.uint8)
+        if runtime.preprocess:
+            checks[f"input {other[0]}x{other[1]}"] = (model(prepare(larger, 255.0, config)), runtime(larger))
+        else:
+            model.dynamic_image_size = True
+            images = prepare(larger, 255.0, config.replace(image_size=other))
+            checks[f"input {other[0]}x{other[1]}"] = (model(images), runtime(images))
+    results = {}
+    for name, (expected, got) in checks.items():
+        results[name] = {
+            "max_abs_diff": float((expected - got).abs().max()),
+            "top1_agreement": float((expected.argmax(1) == got.argmax(1)).float().mean()),
+            "images": int(expected.shape[0]),
+        }
+    return {"int8": bool(runtime.metadata["int8"]), "checks": results}
+
+
+def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, dynamic_batch: bool = False,
+               dynamic_size: bool = False, int8: bool = False, batch_size: int = 1,
+               pixels: torch.Tensor | None = None, tolerance: float = 1e-4) -> dict[str, Any]:
+    """`vitlab export`: export, check against PyTorch on real images (`pixels`, default `validation_pixels`), and
+    only then move the file into place, so `out` is never a partial or unchecked model. An fp32 export whose
+    logits differ from PyTorch's by more than `tolerance` is refused; for int8 the agreement is reported."""
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder; give the output file, e.g. {path / 'model.onnx'}")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = validation_pixels(model.config) if pixels is None else pixels
+    with tempfile.TemporaryDirectory(prefix=".vitlab-export-", dir=path.parent) as folder:
+        staged = Path(folder) / path.name
+        summary = export_onnx(model, staged, preprocess=preprocess, dynamic_batch=dynamic_batch,
+                              dynamic_size=dynamic_size, int8=int8, batch_size=batch_size)
+        validation = validate_export(model, staged, pixels)
+        worst = max(check["max_abs_diff"] for check in validation["checks"].values())
+        if not int8 and not worst <= tolerance:
+            raise CheckpointError(f"the ONNX export's logits differ from PyTorch's by {worst:.2e} (> {tolerance:g}) "
+                                  f"on real images; nothing was written to {path}. Run with --debug and report it")
+        data_file = staged.with_name(staged.name + ".data")
+        if data_file.exists():
+            os.replace(data_file, path.with_name(path.name + ".data"))
+        os.replace(staged, path)
+    return {**summary, "path": str(path), "bytes": path.stat().st_size, "validation": validation,
+            "max_abs_diff": worst, "tolerance": tolerance}

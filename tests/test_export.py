@@ -1,0 +1,150 @@
+"""ONNX export: parity with PyTorch (fixed and dynamic batch and image size, preprocessing inside the graph, int8),
+atomic writing, and the ONNX Runtime backend of `vitlab predict`."""
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("onnxruntime", reason="the ONNX extra is not installed: pip install 'vitlab[onnx]'")
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+from vitlab.checkpoint.io import save_model  # noqa: E402
+from vitlab.cli import main  # noqa: E402
+from vitlab.config import ViTConfig  # noqa: E402
+from vitlab.data.preprocess import prepare  # noqa: E402
+from vitlab.errors import CheckpointError, UsageError  # noqa: E402
+from vitlab.export import onnx as export  # noqa: E402
+from vitlab.models import create_model  # noqa: E402
+
+SMALL = ViTConfig(image_size=(8, 12), patch_size=2, in_chans=3, embed_dim=32, depth=2, num_heads=4, mlp_dim=64,
+                  num_classes=10, class_names=[f"c{i}" for i in range(10)])
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(1)
+    model = create_model(SMALL).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    return model
+
+
+@pytest.fixture(scope="module")
+def pixels():
+    return export.validation_pixels(SMALL)  # 32 real (digits) images at the model's size, uint8
+
+
+def session(path):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def test_fp32_export_with_dynamic_batch_and_size_matches_pytorch(model, pixels, tmp_path):
+    path = tmp_path / "m.onnx"
+    summary = export.run_export(model, path, dynamic_batch=True, dynamic_size=True, pixels=pixels)
+    assert summary["max_abs_diff"] <= 1e-4 and set(summary["validation"]["checks"]) == {
+        "at export size", "batch 1", "input 10x16"}
+    runtime = session(path)
+    assert [d for d in runtime.get_inputs()[0].shape[2:]] != [8, 12]  # symbolic height and width
+    images = prepare(pixels[:5], 255.0, SMALL)
+    got = runtime.run(None, {"images": images.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), model(images), rtol=0, atol=1e-4)
+    # A grid the model never saw (7 x 9 patches, non-square): the graph resamples E_pos as `set_image_size` does.
+    larger = torch.randn(3, 3, 14, 18)
+    reference = create_model(SMALL).eval()
+    reference.load_state_dict(model.state_dict())
+    reference.set_image_size((14, 18))
+    got = runtime.run(None, {"images": larger.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), reference(larger), rtol=0, atol=1e-4)
+
+
+def test_fixed_batch_export_is_run_in_chunks_and_rejects_another_size(model, pixels, tmp_path):
+    path = tmp_path / "m.onnx"
+    export.run_export(model, path, batch_size=4, pixels=pixels)
+    assert [d for d in session(path).get_inputs()[0].shape] == [4, 3, 8, 12]
+    runtime = export.OnnxClassifier(path)
+    torch.testing.assert_close(runtime.classify_pixels(pixels[:7]), model(prepare(pixels[:7], 255.0, SMALL)),
+                               rtol=0, atol=1e-4)  # 7 images = two runs of 4, the last padded
+
+
+def test_preprocessing_in_the_graph_takes_uint8_pixels_of_any_size(model, pixels, tmp_path):
+    path = tmp_path / "m.onnx"
+    export.run_export(model, path, preprocess=True, dynamic_batch=True, pixels=pixels)
+    runtime = session(path)
+    assert runtime.get_inputs()[0].type == "tensor(uint8)"
+    raw = torch.randint(0, 256, (3, 3, 37, 29), dtype=torch.uint8)  # bigger than 8 x 12, other aspect ratio
+    got = runtime.run(None, {"pixels": raw.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), model(prepare(raw, 255.0, SMALL)), rtol=0, atol=1e-4)
+
+
+def test_int8_export_quantizes_the_matmuls_and_mostly_agrees(model, pixels, tmp_path):
+    fp32, int8 = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    export.run_export(model, fp32, dynamic_batch=True, pixels=pixels)
+    summary = export.run_export(model, int8, dynamic_batch=True, int8=True, pixels=pixels)
+    ops = {node.op_type for node in onnx.load(int8).graph.node}
+    assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
+    weight_bytes = [sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(p).graph.initializer) for p in (fp32, int8)]
+    assert weight_bytes[1] < 0.4 * weight_bytes[0]  # int8 matmul weights: a quarter of the bytes, plus scales
+    check = summary["validation"]["checks"]["at export size"]
+    # Random weights make close logits common, so agreement is not 100% guaranteed; far off means a broken graph.
+    assert check["top1_agreement"] >= 0.9 and 0 < check["max_abs_diff"] < 0.5
+
+
+def test_a_failed_check_writes_nothing_and_keeps_the_old_file(model, pixels, tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"the last good export")
+    with pytest.raises(CheckpointError, match="differ from PyTorch's"):
+        export.run_export(model, path, pixels=pixels, tolerance=0.0 - 1.0)  # no difference can pass
+    assert path.read_bytes() == b"the last good export"
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]  # no staging folder left behind
+    with pytest.raises(UsageError, match="is a folder"):
+        export.run_export(model, tmp_path, pixels=pixels)
+
+
+def test_missing_onnx_packages_are_one_clear_message(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    with pytest.raises(UsageError, match=r"needs onnxruntime, which is not installed; pip install 'vitlab\[onnx\]'"):
+        export.require_onnx()
+
+
+def test_runtime_refuses_files_it_cannot_use(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(CheckpointError, match="ONNX Runtime cannot load it"):
+        export.OnnxClassifier(junk)
+    foreign = tmp_path / "foreign.onnx"
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g",
+                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)],
+                                    ir_version=8), foreign)
+    with pytest.raises(CheckpointError, match="not written by `vitlab export`"):
+        export.OnnxClassifier(foreign)
+
+
+def test_cli_export_then_predict_with_onnx_runtime_gives_the_same_labels(model, tmp_path, capsys):
+    checkpoint = save_model(model, tmp_path / "m.safetensors")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(6):
+        Image.fromarray(rng.integers(0, 256, (20 + index, 30, 3), dtype=np.uint8)).save(folder / f"{index}.png")
+    assert main(["export", str(checkpoint), "--dynamic-batch", "--preprocess", "--images", str(folder)]) == 0
+    printed = capsys.readouterr().out
+    assert "checked against PyTorch on 6 real images (given)" in printed and "passed" in printed
+    onnx_path = tmp_path / "m.onnx"
+    assert main(["predict", str(checkpoint), str(folder), "--format", "json"]) == 0
+    torch_rows = json.loads(capsys.readouterr().out)
+    assert main(["predict", str(onnx_path), str(folder), "--format", "json", "--backend", "onnx"]) == 0
+    onnx_rows = json.loads(capsys.readouterr().out)
+    assert [r["predictions"][0]["label"] for r in onnx_rows] == [r["predictions"][0]["label"] for r in torch_rows]
+    for ours, theirs in zip(onnx_rows, torch_rows):
+        assert abs(ours["predictions"][0]["probability"] - theirs["predictions"][0]["probability"]) < 1e-4
+    assert main(["predict", str(checkpoint), str(folder), "--backend", "onnx"]) == 2
+    assert "runs an exported .onnx file" in capsys.readouterr().err
