@@ -250,6 +250,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from vitlab.bench.runner import format_table, run_bench
+
+    result = run_bench(args.model, args.checkpoint, args.image_size, args.batch_size, args.paths, args.repetitions,
+                       args.warmup, args.threads, args.train, args.dataset, args.data_dir)
+    print(format_table(result))
+    if args.json:
+        from pathlib import Path
+
+        from vitlab.checkpoint.io import atomic_write_bytes
+
+        atomic_write_bytes(Path(args.json), json.dumps(result, indent=1).encode())
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from vitlab.analysis.report import analyze
 
@@ -358,6 +374,24 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="onnx: run a file written by `vitlab export` with ONNX Runtime")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("bench", help="images/s of every inference path (fp32, bf16, compiled, ONNX Runtime, int8) "
+                                     "against a matmul peak and transformers")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model", default="B/16", help="a variant or preset (random weights), default B/16")
+    source.add_argument("--checkpoint", help="a trained run folder or checkpoint (needed for --dataset accuracy)")
+    p.add_argument("--image-size", type=image_size_arg)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--paths", type=lambda text: [t for t in text.split(",") if t],
+                   help="comma-separated subset, e.g. eager-fp32,onnx-int8 (default: all)")
+    p.add_argument("--repetitions", type=int, default=5, help="timed rounds; the median is reported")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per path first")
+    p.add_argument("--threads", type=int, help="intra-op threads for PyTorch and ONNX Runtime (default: PyTorch's)")
+    p.add_argument("--train", action="store_true", help="time training steps (forward + backward + AdamW) instead")
+    p.add_argument("--dataset", help="also measure each path's test accuracy and agreement (needs --checkpoint)")
+    p.add_argument("--data-dir")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("export", help="export a checkpoint for deployment (ONNX, fp32 or int8), checked against PyTorch")
     p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")

@@ -1,0 +1,1 @@
+"""`vitlab bench`: how fast each way of running a ViT is on this machine, measured in one run."""

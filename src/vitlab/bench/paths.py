@@ -1,0 +1,211 @@
+"""The ways to run one model that `vitlab bench` compares. Each builder takes the fp32 model and a sample batch
+and returns a `Path` whose `run(images)` maps normalised float32 images (B, C, H, W) to logits (B, K), or raises
+`Unavailable` with the reason (a missing package, a model the peer cannot express).
+
+Inference: eager fp32; bf16 weights (eager and compiled); torch.compile fp32 (Inductor with weight freezing, which
+pre-packs the weights for oneDNN); ONNX Runtime fp32 and int8 (`vitlab.export.onnx`); PyTorch's own dynamic int8;
+and, as the reference, transformers' ViTForImageClassification with the same weights. Training steps: eager fp32,
+bf16 autocast, compiled fp32, and transformers fp32.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path as FilePath
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Unavailable(Exception):
+    """This path cannot run here; the message says why."""
+
+
+@dataclass
+class Path:
+    name: str
+    precision: str  # "fp32", "bf16" or "int8": which matmul peak the path is compared with
+    run: Callable[[torch.Tensor], torch.Tensor]
+    note: str = ""
+    cleanup: list = field(default_factory=list)  # objects (temporary folders) to keep alive while the path runs
+
+
+def eager_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+    return Path("eager fp32", "fp32", lambda images: model(images), "PyTorch eager, scaled_dot_product_attention")
+
+
+def eager_bf16(model: nn.Module, sample: torch.Tensor) -> Path:
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    return Path("eager bf16", "bf16", lambda images: bf16(images.to(torch.bfloat16)).float(),
+                "bf16 weights and activations (oneDNN bf16 matmuls)")
+
+
+def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    import torch._inductor.config as inductor_config
+
+    try:
+        compiled = torch.compile(copy.deepcopy(model).to(dtype))
+        # Freezing turns the weights into constants, so Inductor can pre-pack them for oneDNN and fold them; it
+        # happens at the first call, which must therefore run inside the patch.
+        with inductor_config.patch(freezing=True), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled(sample.to(dtype))
+    except Exception as error:  # noqa: BLE001 - a missing C++ compiler and friends show up as many types
+        raise Unavailable(f"torch.compile failed: {str(error).splitlines()[0][:200]}") from None
+    return lambda images: compiled(images.to(dtype)).float()
+
+
+def compiled_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+    return Path("compile fp32", "fp32", _compiled(model, sample, torch.float32), "torch.compile, Inductor + freezing")
+
+
+def compiled_bf16(model: nn.Module, sample: torch.Tensor) -> Path:
+    return Path("compile bf16", "bf16", _compiled(model, sample, torch.bfloat16),
+                "torch.compile of the bf16 model, Inductor + freezing")
+
+
+def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool) -> Path:
+    from vitlab.errors import UsageError
+    from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
+
+    try:
+        require_onnx("the ONNX Runtime paths")
+    except UsageError as error:
+        raise Unavailable(str(error)) from None
+    folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-")
+    path = FilePath(folder.name) / "model.onnx"
+    export_onnx(model, path, dynamic_batch=False, batch_size=len(sample), int8=int8)
+    runtime = OnnxClassifier(path, threads=torch.get_num_threads())
+    name = "onnxruntime int8" if int8 else "onnxruntime fp32"
+    note = "dynamic quantization: int8 weights per channel, uint8 activations" if int8 else "graph optimisations on"
+    return Path(name, "int8" if int8 else "fp32", runtime, note, cleanup=[folder])
+
+
+def onnx_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+    return _onnx(model, sample, int8=False)
+
+
+def onnx_int8(model: nn.Module, sample: torch.Tensor) -> Path:
+    return _onnx(model, sample, int8=True)
+
+
+def torch_int8(model: nn.Module, sample: torch.Tensor) -> Path:
+    quantize_dynamic = getattr(getattr(torch, "ao", None), "quantization", None)
+    quantize_dynamic = getattr(quantize_dynamic, "quantize_dynamic", None)
+    if quantize_dynamic is None:
+        raise Unavailable("this PyTorch has no torch.ao.quantization.quantize_dynamic")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated in favour of torchao, which is not a dependency
+        quantized = quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+    return Path("torch int8", "int8", lambda images: quantized(images), "torch.ao dynamic quantization (fbgemm)")
+
+
+def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.Module, str, object]:
+    """transformers' ViTForImageClassification with the same weights, through vitlab's HF export and
+    `from_pretrained`, its logits checked against vitlab's: (model, description, temporary folder to keep)."""
+    try:
+        import transformers
+    except ImportError:
+        raise Unavailable("transformers is not installed (pip install transformers)") from None
+    from vitlab.checkpoint.formats import export_checkpoint
+    from vitlab.errors import VitlabError
+
+    folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-hf-")
+    try:
+        export_checkpoint(model, folder.name, to="hf")
+    except VitlabError as error:
+        raise Unavailable(f"transformers cannot express this model: {error}") from None
+    transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar would break the table
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = transformers.ViTForImageClassification.from_pretrained(folder.name).eval()
+    with torch.no_grad():
+        difference = float((reference(pixel_values=sample).logits - model(sample)).abs().max())
+    if difference > 1e-3:
+        raise Unavailable(f"transformers' logits differ from vitlab's by {difference:.1e}; not a fair reference")
+    note = f"ViTForImageClassification {transformers.__version__}, attention {reference.config._attn_implementation}"
+    return reference, note, folder
+
+
+def transformers_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+    reference, note, folder = transformers_reference(model, sample)
+    return Path("transformers fp32", "fp32", lambda images: reference(pixel_values=images).logits, note,
+                cleanup=[folder])
+
+
+INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], Path]] = {
+    "eager-fp32": eager_fp32,
+    "eager-bf16": eager_bf16,
+    "compile-fp32": compiled_fp32,
+    "compile-bf16": compiled_bf16,
+    "onnx-fp32": onnx_fp32,
+    "onnx-int8": onnx_int8,
+    "torch-int8": torch_int8,
+    "transformers": transformers_fp32,
+}
+
+
+# ------------------------------------------------------------------------------------------------ training steps
+def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None = None, compile: bool = False,
+               num_classes: int | None = None, call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
+               ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """One optimisation step (forward, cross-entropy, backward, AdamW) on a copy of the model; returns the logits.
+    Runs under torch.enable_grad, whatever the caller's mode."""
+    trained = copy.deepcopy(model).train()
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-3)
+    forward = call or (lambda module, images: module(images))
+    if compile:
+        forward = torch.compile(forward)
+    labels = torch.arange(len(sample)) % max(1, num_classes or model.config.num_classes)
+
+    @torch.enable_grad()
+    def step(images: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logits = forward(trained, images)
+            loss = F.cross_entropy(logits.float(), labels[:len(images)])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return logits.detach()
+
+    return step
+
+
+def train_eager_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+    return Path("train eager fp32", "fp32", train_step(model, sample), "forward + backward + AdamW step")
+
+
+def train_autocast_bf16(model: nn.Module, sample: torch.Tensor) -> Path:
+    return Path("train autocast bf16", "bf16", train_step(model, sample, torch.bfloat16),
+                "torch.autocast bf16, fp32 master weights")
+
+
+def train_compiled_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+    step = train_step(model, sample, compile=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            step(sample)
+    except Exception as error:  # noqa: BLE001
+        raise Unavailable(f"torch.compile failed: {str(error).splitlines()[0][:200]}") from None
+    return Path("train compile fp32", "fp32", step, "torch.compile of the forward; backward by AOTAutograd")
+
+
+def train_transformers_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+    reference, note, folder = transformers_reference(model, sample)
+    step = train_step(reference, sample, num_classes=model.config.num_classes,
+                      call=lambda module, images: module(pixel_values=images).logits)
+    return Path("train transformers fp32", "fp32", step, note, cleanup=[folder])
+
+
+TRAIN_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], Path]] = {
+    "eager-fp32": train_eager_fp32,
+    "autocast-bf16": train_autocast_bf16,
+    "compile-fp32": train_compiled_fp32,
+    "transformers": train_transformers_fp32,
+}

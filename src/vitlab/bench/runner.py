@@ -1,0 +1,245 @@
+"""`vitlab bench`: images/s and GFLOP/s of every way to run one model, in one process and one run, beside a plain
+matmul of the model's own MLP shape (the measured peak) and transformers' ViT with the same weights (the reference).
+With a trained checkpoint and its data set it also reports each path's test accuracy and top-1 agreement with
+eager fp32, the figures that say whether a faster path can be trusted.
+"""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path as FilePath
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, Path, Unavailable
+from vitlab.bench.timing import time_interleaved
+from vitlab.errors import DataError, UsageError
+
+
+def machine_info() -> dict[str, Any]:
+    """What the figures were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in FilePath("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import onnxruntime
+
+        info["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def bench_model(name: str | None, checkpoint: str | None, image_size: int | tuple[int, int] | None) -> nn.Module:
+    """The model to measure: a checkpoint as trained, or a named variant with random weights (its head too, so
+    the logits and their argmax are not all equal)."""
+    from vitlab.checkpoint import load_model
+    from vitlab.models import create_model
+
+    if checkpoint is not None:
+        model = load_model(checkpoint)
+        if image_size is not None:
+            model.set_image_size(image_size)
+        return model.eval()
+    overrides = {"image_size": image_size} if image_size is not None else {}
+    model = create_model(name or "B/16", **overrides)
+    if isinstance(model.head, nn.Linear):
+        with torch.no_grad():
+            nn.init.normal_(model.head.weight, std=0.02)
+    return model.eval()
+
+
+def matmul_candidates(model: nn.Module, batch_size: int) -> dict[str, tuple[Any, float]]:
+    """A plain matmul of the shape of the model's MLP input layer, (B * T, D) @ (D, mlp_dim), in fp32 and bf16:
+    {name: (run, GFLOP per call)}. It is the biggest matmul of the model, so its speed is the peak a path can
+    approach."""
+    config = model.config
+    tokens = config.num_prefix_tokens + config.num_patches
+    rows, inner, outer = batch_size * tokens, config.embed_dim, config.mlp_dim
+    flops = 2 * rows * inner * outer / 1e9
+    generator = torch.Generator().manual_seed(0)
+    out: dict[str, tuple[Any, float]] = {}
+    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        left = torch.randn(rows, inner, generator=generator).to(dtype)
+        right = torch.randn(inner, outer, generator=generator).to(dtype)
+        out[f"matmul {precision}"] = ((lambda a=left, b=right: a @ b), flops)
+    return out
+
+
+def run_bench(
+    model_name: str | None = "B/16",
+    checkpoint: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    batch_size: int = 16,
+    paths: list[str] | None = None,
+    repetitions: int = 5,
+    warmup: int = 2,
+    threads: int | None = None,
+    train: bool = False,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    min_sample_seconds: float = 0.2,
+) -> dict[str, Any]:
+    """Measure the chosen paths (default: all) and return the figures as a JSON-ready dict (see `format_table`)."""
+    from vitlab.models import model_stats
+
+    registry = TRAIN_PATHS if train else INFERENCE_PATHS
+    chosen = paths or list(registry)
+    unknown = [p for p in chosen if p not in registry]
+    if unknown:
+        raise UsageError(f"unknown {'training' if train else 'inference'} path(s) {', '.join(unknown)}; "
+                         f"choose from {', '.join(registry)}")
+    if batch_size < 1 or repetitions < 1 or warmup < 0:
+        raise UsageError("--batch-size and --repetitions must be at least 1, --warmup at least 0")
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
+    if dataset is not None and checkpoint is None:
+        raise UsageError("accuracy needs a trained model: give --checkpoint with --dataset (random weights say "
+                         "nothing about accuracy)")
+    torch.manual_seed(0)
+    model = bench_model(model_name, checkpoint, image_size)
+    config = model.config
+    _, gflops_forward = model_stats(config)
+    gflops_per_image = 3 * gflops_forward if train else gflops_forward  # backward costs about twice the forward
+    sample = torch.randn(batch_size, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
+
+    built: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    with torch.inference_mode(mode=not train):
+        for key in chosen:
+            try:
+                built[key] = registry[key](model, sample)
+            except Unavailable as error:
+                skipped[key] = str(error)
+        expected = model(sample).float() if not train else None
+        candidates = {key: (lambda path=path: path.run(sample)) for key, path in built.items()}
+        matmuls = matmul_candidates(model, batch_size)
+        for name, (run, _) in matmuls.items():
+            candidates[name] = run
+        timings = time_interleaved(candidates, repetitions, warmup, min_sample_seconds)
+        agreement = {}
+        if expected is not None:
+            for key, path in built.items():
+                logits = path.run(sample).float()
+                agreement[key] = {"max_abs_diff_vs_eager": float((logits - expected).abs().max())}
+        accuracy = measure_accuracy(built, model, dataset, data_dir, checkpoint, batch_size) if dataset else {}
+
+    peaks = {name.split()[1]: flops / timings[name]["median"] for name, (_, flops) in matmuls.items()}
+    rows = []
+    reference_key = "transformers" if "transformers" in built else None
+    for key, path in built.items():
+        seconds = timings[key]["median"]
+        gflops_per_second = gflops_per_image * batch_size / seconds
+        row = {
+            "path": key, "name": path.name, "precision": path.precision, "note": path.note,
+            "seconds_per_batch": seconds, "images_per_second": batch_size / seconds,
+            "gflops_per_second": gflops_per_second,
+            "percent_of_peak": 100 * gflops_per_second / peaks[path.precision] if path.precision in peaks else None,
+            "vs_eager_fp32": timings["eager-fp32"]["median"] / seconds if "eager-fp32" in built else None,
+            "vs_reference": timings[reference_key]["median"] / seconds if reference_key else None,
+            "timing": timings[key],
+            **agreement.get(key, {}), **accuracy.get(key, {}),
+        }
+        rows.append(row)
+    for path in built.values():
+        for item in path.cleanup:
+            item.cleanup()
+    fastest = max(rows, key=lambda row: row["images_per_second"]) if rows else None
+    return {
+        "mode": "training step" if train else "inference",
+        "model": checkpoint or model_name, "config": config.to_dict(),
+        "image_size": list(config.image_size), "batch_size": batch_size,
+        "gflops_per_image": gflops_per_image, "repetitions": repetitions, "warmup": warmup,
+        "machine": machine_info(),
+        "peaks_gflops_per_second": peaks,
+        "paths": rows, "skipped": skipped,
+        "fastest": fastest["path"] if fastest else None,
+        "dataset": dataset,
+    }
+
+
+def measure_accuracy(built: dict[str, Path], model: nn.Module, dataset: str, data_dir: str | None,
+                     checkpoint: str, batch_size: int) -> dict[str, dict[str, float]]:
+    """Test-set top-1 of every path and its top-1 agreement with eager fp32. Batches keep the benchmark's size
+    (the last one padded) so that fixed-batch graphs and compiled models see the shape they were built for."""
+    import json
+
+    from vitlab.data.datasets import load_dataset
+    from vitlab.data.preprocess import prepare
+
+    classes = None
+    run_config = FilePath(checkpoint) / "train_config.json"
+    if run_config.is_file():
+        classes = json.loads(run_config.read_text()).get("classes")
+    config = model.config
+    data = load_dataset(dataset, "test", data_dir, image_size=config.image_size, channels=config.in_chans,
+                        classes=classes)
+    if data.num_classes != config.num_classes:
+        raise DataError(f"the model has {config.num_classes} classes but {dataset} has {data.num_classes}; "
+                        "measure accuracy on the data set it was trained for")
+    predictions: dict[str, list[torch.Tensor]] = {key: [] for key in built}
+    for first in range(0, len(data), batch_size):
+        images = prepare(data.images[first:first + batch_size], data.max_value, config)
+        count = len(images)
+        if count < batch_size:
+            images = torch.cat([images, images[-1:].expand(batch_size - count, -1, -1, -1)])
+        for key, path in built.items():
+            predictions[key].append(path.run(images).float()[:count].argmax(dim=1))
+    labels = data.labels
+    baseline = torch.cat(predictions["eager-fp32"]) if "eager-fp32" in predictions else None
+    out = {}
+    for key, chunks in predictions.items():
+        predicted = torch.cat(chunks)
+        out[key] = {"top1": float((predicted == labels).float().mean()), "test_images": len(labels)}
+        if baseline is not None:
+            out[key]["agreement_with_eager_fp32"] = float((predicted == baseline).float().mean())
+    return out
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The result as a plain-text table, one row per path."""
+    config = result["config"]
+    lines = [
+        f"vitlab bench ({result['mode']}): {result['model']}, {config['embed_dim']} wide x {config['depth']} deep, "
+        f"{'x'.join(map(str, result['image_size']))} images, batch {result['batch_size']}, "
+        f"{result['gflops_per_image']:.3g} GFLOP per image{' (3 x forward)' if result['mode'] != 'inference' else ''}",
+        f"machine: {result['machine']['cpu']}, {result['machine']['threads']} threads, torch {result['machine']['torch']}"
+        + (f", onnxruntime {result['machine']['onnxruntime']}" if "onnxruntime" in result["machine"] else ""),
+        "peak (plain matmul of the MLP's shape): " + ", ".join(
+            f"{precision} {value:.0f} GFLOP/s" for precision, value in result["peaks_gflops_per_second"].items()),
+        f"median of {result['repetitions']} interleaved rounds after {result['warmup']} warm-up calls",
+        "",
+    ]
+    has_accuracy = any("top1" in row for row in result["paths"])
+    header = f"{'path':<26} {'images/s':>9} {'ms/batch':>9} {'GFLOP/s':>8} {'% peak':>7} {'vs eager':>9} {'vs ref':>7}"
+    if has_accuracy:
+        header += f" {'top-1':>7} {'agree':>7}"
+    lines += [header, "-" * len(header)]
+    for row in result["paths"]:
+        line = (f"{row['name']:<26} {row['images_per_second']:>9.1f} {1000 * row['seconds_per_batch']:>9.1f} "
+                f"{row['gflops_per_second']:>8.1f} "
+                f"{'' if row['percent_of_peak'] is None else format(row['percent_of_peak'], '.0f') + '%':>7} "
+                f"{'' if row['vs_eager_fp32'] is None else format(row['vs_eager_fp32'], '.2f') + 'x':>9} "
+                f"{'' if row['vs_reference'] is None else format(row['vs_reference'], '.2f') + 'x':>7}")
+        if has_accuracy:
+            line += (f" {100 * row.get('top1', float('nan')):>6.2f}%"
+                     f" {100 * row.get('agreement_with_eager_fp32', float('nan')):>6.2f}%")
+        lines.append(line)
+    for key, reason in result["skipped"].items():
+        lines.append(f"{key:<26} skipped: {reason}")
+    if result["fastest"]:
+        fastest = next(row for row in result["paths"] if row["path"] == result["fastest"])
+        lines += ["", f"fastest: {fastest['name']}"
+                  + (f", {fastest['vs_eager_fp32']:.2f}x eager fp32" if fastest["vs_eager_fp32"] else "")
+                  + (f", {fastest['vs_reference']:.2f}x transformers fp32" if fastest["vs_reference"] else "")]
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""Timing that survives a shared, noisy machine: every candidate is timed in each round, in a rotating order, so
+a slow spell hits all of them alike; the median over rounds is reported, and ratios are taken within one run."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+
+def calls_per_sample(run: Callable[[], Any], min_seconds: float) -> int:
+    """How many back-to-back calls make one timed sample last at least `min_seconds` (1 for slow calls): tiny
+    models finish a batch in a few milliseconds, below the resolution of a noisy machine."""
+    start = time.perf_counter()
+    run()
+    elapsed = time.perf_counter() - start
+    return max(1, int(min_seconds / max(elapsed, 1e-6)) + 1) if elapsed < min_seconds else 1
+
+
+def time_interleaved(candidates: dict[str, Callable[[], Any]], repetitions: int = 5, warmup: int = 2,
+                     min_sample_seconds: float = 0.2) -> dict[str, dict[str, float]]:
+    """Seconds per call of each candidate: {"median", "min", "max", "samples", "calls_per_sample"}.
+
+    Each candidate is first called `warmup` times (compilation, allocator and thread-pool warm-up); then
+    `repetitions` rounds time every candidate once each, the order rotating by one per round.
+    """
+    names = list(candidates)
+    for name in names:
+        for _ in range(warmup):
+            candidates[name]()
+    inner = {name: calls_per_sample(candidates[name], min_sample_seconds) for name in names}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(repetitions):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            run, count = candidates[name], inner[name]
+            start = time.perf_counter()
+            for _ in range(count):
+                run()
+            samples[name].append((time.perf_counter() - start) / count)
+    return {name: {"median": statistics.median(values), "min": min(values), "max": max(values),
+                   "samples": len(values), "calls_per_sample": inner[name]}
+            for name, values in samples.items()}

@@ -1,0 +1,130 @@
+"""`vitlab bench`: the timing harness, the paths' outputs against eager fp32, accuracy figures against `evaluate`,
+and training steps. No speed is asserted here (that is BENCHMARKS.md's job); these check the figures are right."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from vitlab.bench import paths as bench_paths
+from vitlab.bench.runner import format_table, run_bench
+from vitlab.bench.timing import time_interleaved
+from vitlab.checkpoint.io import save_model
+from vitlab.cli import main
+from vitlab.config import ViTConfig
+from vitlab.data.datasets import load_dataset
+from vitlab.errors import UsageError
+from vitlab.eval.classify import evaluate
+from vitlab.models import create_model
+
+TINY = ViTConfig(image_size=8, patch_size=2, embed_dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=10,
+                 in_chans=3, class_names=[str(i) for i in range(10)])
+FAST = dict(repetitions=2, warmup=1, min_sample_seconds=0.01)
+
+
+def test_interleaved_timing_rotates_the_order_and_measures_each_candidate():
+    order = []
+
+    def sleeper(name, seconds):
+        def run():
+            order.append(name)
+            time.sleep(seconds)
+        return run
+
+    timing = time_interleaved({"a": sleeper("a", 0.004), "b": sleeper("b", 0.012)}, repetitions=4, warmup=1,
+                              min_sample_seconds=0.0)
+    assert timing["a"]["samples"] == timing["b"]["samples"] == 4
+    assert 0.004 <= timing["a"]["median"] < timing["b"]["median"] and timing["b"]["median"] >= 0.012
+    timed = order[4:]  # after one warm-up call each and one calibration call each
+    assert timed == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_calls_are_batched_into_samples_long_enough_to_time():
+    calls = []
+    timing = time_interleaved({"quick": lambda: calls.append(1)}, repetitions=3, warmup=0, min_sample_seconds=0.01)
+    assert timing["quick"]["calls_per_sample"] > 10
+    assert len(calls) == 1 + 3 * timing["quick"]["calls_per_sample"]
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory):
+    """A tiny model fitted for a few steps on digits, so its predictions are not constant."""
+    torch.manual_seed(0)
+    model = create_model(TINY)
+    data = load_dataset("digits", "train")
+    from vitlab.data.preprocess import prepare
+
+    images, labels = prepare(data.images[:512], data.max_value, TINY), data.labels[:512]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return save_model(model.eval(), tmp_path_factory.mktemp("bench") / "tiny.safetensors")
+
+
+def test_every_inference_path_computes_the_same_logits_and_accuracy_matches_evaluate(trained_checkpoint):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("transformers")
+    result = run_bench(checkpoint=str(trained_checkpoint), batch_size=64,
+                       paths=["eager-fp32", "eager-bf16", "onnx-fp32", "onnx-int8", "transformers"],
+                       dataset="digits", **FAST)
+    rows = {row["path"]: row for row in result["paths"]}
+    assert set(rows) == {"eager-fp32", "eager-bf16", "onnx-fp32", "onnx-int8", "transformers"}
+    assert rows["eager-fp32"]["vs_eager_fp32"] == 1.0 and rows["transformers"]["vs_reference"] == 1.0
+    assert rows["eager-fp32"]["max_abs_diff_vs_eager"] == 0.0
+    assert rows["onnx-fp32"]["max_abs_diff_vs_eager"] < 1e-4 and rows["transformers"]["max_abs_diff_vs_eager"] < 1e-4
+    assert 0 < rows["eager-bf16"]["max_abs_diff_vs_eager"] < 0.5  # bf16 rounds; it must not be garbage
+    from vitlab.checkpoint import load_model
+
+    expected = evaluate(load_model(trained_checkpoint), load_dataset("digits", "test"))["top1"]
+    assert rows["eager-fp32"]["top1"] == pytest.approx(expected, abs=1e-6) and expected > 0.5
+    assert rows["onnx-fp32"]["agreement_with_eager_fp32"] == 1.0
+    peak = result["peaks_gflops_per_second"]["fp32"]
+    row = rows["eager-fp32"]
+    assert row["percent_of_peak"] == pytest.approx(100 * row["gflops_per_second"] / peak)
+    assert row["images_per_second"] == pytest.approx(64 / row["seconds_per_batch"])
+    assert rows["onnx-int8"]["percent_of_peak"] is None  # no int8 peak is measured
+    table = format_table(result)
+    assert "onnxruntime int8" in table and "fastest:" in table and "top-1" in table
+
+
+def test_bench_cli_writes_json_and_skips_what_cannot_run(tmp_path, capsys, monkeypatch):
+    def unavailable(model, sample):
+        raise bench_paths.Unavailable("not here")
+
+    monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "torch-int8", unavailable)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--model", "digits-8", "--batch-size", "8", "--paths", "eager-fp32,torch-int8",
+                 "--repetitions", "1", "--warmup", "0", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "torch-int8" in printed and "skipped: not here" in printed
+    result = json.loads(out.read_text())
+    assert [row["path"] for row in result["paths"]] == ["eager-fp32"] and result["skipped"] == {"torch-int8": "not here"}
+    assert result["machine"]["threads"] >= 1 and result["gflops_per_image"] > 0
+
+
+def test_bad_requests_are_one_message_each(trained_checkpoint):
+    with pytest.raises(UsageError, match="unknown inference path"):
+        run_bench("digits-8", paths=["warp-drive"])
+    with pytest.raises(UsageError, match="accuracy needs a trained model"):
+        run_bench("digits-8", dataset="digits")
+    assert main(["bench", "--model", "digits-8", "--batch-size", "0"]) == 2
+
+
+def test_a_training_step_updates_the_weights_and_lowers_the_loss():
+    torch.manual_seed(0)
+    model = create_model(TINY)
+    images, labels = torch.randn(16, 3, 8, 8), torch.arange(16) % 10
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    step = bench_paths.train_step(model, images)
+    first = step(images)
+    for _ in range(20):
+        last = step(images)
+    assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())  # trains a copy
+    loss = lambda logits: torch.nn.functional.cross_entropy(logits, labels).item()  # noqa: E731
+    assert loss(last) < loss(first) - 0.1
+    result = run_bench("digits-8", batch_size=8, paths=["eager-fp32", "autocast-bf16"], train=True, **FAST)
+    assert result["mode"] == "training step" and [r["path"] for r in result["paths"]] == ["eager-fp32", "autocast-bf16"]
