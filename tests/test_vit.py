@@ -111,6 +111,17 @@ def test_dynamic_image_size_is_exact_at_the_trained_size_and_equals_resampling_e
         model(torch.randn(1, 3, 18, 16))
 
 
+def test_explicit_attention_kernel_gives_the_same_logits():
+    model = randomise(create_model(ViTConfig(**TINY)))
+    images = torch.randn(2, 3, 16, 16)
+    fused = model(images)
+    model.set_attention_kernel("explicit")
+    assert all(block.attn.explicit_softmax for block in model.blocks)
+    torch.testing.assert_close(model(images), fused, rtol=0, atol=1e-5)
+    with pytest.raises(UsageError, match="must be 'sdpa' or 'explicit'"):
+        model.set_attention_kernel("flash")
+
+
 def test_wrong_input_size_is_a_clear_error():
     model = create_model(ViTConfig(**TINY)).eval()
     with pytest.raises(UsageError, match=r"expects images of shape \(B, 3, 16, 16\), got \(1, 3, 20, 20\)"):

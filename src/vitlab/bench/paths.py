@@ -45,11 +45,22 @@ def eager_bf16(model: nn.Module, sample: torch.Tensor) -> Path:
                 "bf16 weights and activations (oneDNN bf16 matmuls)")
 
 
+# Up to this many tokens the compiled bf16 path uses the explicit attention kernel: at 17 (digits) and 50
+# (MNIST-size) tokens Inductor's fused bf16 softmax is 1.5-1.6x and 1.3x faster than the CPU flash kernel, at 65
+# (CIFAR-size) they are even; in fp32 the flash kernel is as fast or faster at every size measured
+# (`python benchmarks/attention_paths.py`, BENCHMARKS.md).
+EXPLICIT_ATTENTION_MAX_TOKENS = 64
+
+
 def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     import torch._inductor.config as inductor_config
 
+    copied = copy.deepcopy(model).to(dtype)
+    tokens = model.config.num_prefix_tokens + model.config.num_patches
+    short = tokens <= EXPLICIT_ATTENTION_MAX_TOKENS
+    copied.set_attention_kernel("explicit" if short and dtype == torch.bfloat16 else "sdpa")
     try:
-        compiled = torch.compile(copy.deepcopy(model).to(dtype))
+        compiled = torch.compile(copied)
         # Freezing turns the weights into constants, so Inductor can pre-pack them for oneDNN and fold them; it
         # happens at the first call, which must therefore run inside the patch.
         with inductor_config.patch(freezing=True), warnings.catch_warnings():
@@ -61,12 +72,13 @@ def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Cal
 
 
 def compiled_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
-    return Path("compile fp32", "fp32", _compiled(model, sample, torch.float32), "torch.compile, Inductor + freezing")
+    return Path("compile fp32", "fp32", _compiled(model, sample, torch.float32),
+                "torch.compile, Inductor + freezing")
 
 
 def compiled_bf16(model: nn.Module, sample: torch.Tensor) -> Path:
     return Path("compile bf16", "bf16", _compiled(model, sample, torch.bfloat16),
-                "torch.compile of the bf16 model, Inductor + freezing")
+                "torch.compile of the bf16 model, Inductor + freezing; explicit attention up to 64 tokens")
 
 
 def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool) -> Path:

@@ -221,6 +221,14 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(table.to(self.pos_embed), requires_grad=self.pos_embed.requires_grad)
         self.config = new_config
 
+    def set_attention_kernel(self, kernel: str) -> None:
+        """"sdpa" (default: PyTorch's fused scaled_dot_product_attention) or "explicit" (softmax(q k^T / sqrt(d)) v
+        as three ops; faster under torch.compile for short sequences, see layers/attention.py). Same results."""
+        if kernel not in ("sdpa", "explicit"):
+            raise UsageError(f"attention kernel must be 'sdpa' or 'explicit', got {kernel!r}")
+        for block in self.blocks:
+            block.attn.explicit_softmax = kernel == "explicit"
+
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip besides norms and biases."""
         return {"pos_embed", "cls_token"}
