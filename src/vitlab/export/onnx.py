@@ -51,19 +51,19 @@ class PreprocessAndClassify(nn.Module):
     (bilinear, antialiased when shrinking, as `vitlab.data.preprocess`), normalise, classify. Baked into an export
     so that deployment code only decodes images."""
 
-    def __init__(self, model: nn.Module, shrink: bool = True) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         config: ViTConfig = model.config
         self.model = model
         self.image_size = config.image_size
-        self.shrink = shrink  # antialias: right for inputs larger than the model's size, the common case
         self.register_buffer("mean", torch.tensor(config.image_mean).view(1, -1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(config.image_std).view(1, -1, 1, 1), persistent=False)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         images = pixels.float() / 255.0
-        images = F.interpolate(images, size=self.image_size, mode="bilinear", align_corners=False,
-                               antialias=self.shrink)
+        # Antialiasing matters when shrinking (photos are larger than the model's input); when enlarging, the
+        # antialiased filter is the plain bilinear one, so one graph serves both.
+        images = F.interpolate(images, size=self.image_size, mode="bilinear", align_corners=False, antialias=True)
         return self.model((images - self.mean) / self.std)
 
 
@@ -99,6 +99,8 @@ def export_onnx(
     model.dynamic_image_size = dynamic_size and not preprocess
     module: nn.Module = PreprocessAndClassify(model) if preprocess else model
     height, width = config.image_size
+    if dynamic_batch:
+        batch_size = max(batch_size, 2)  # an example batch of 1 would let torch.export specialise the batch to 1
     if preprocess:
         example = torch.randint(0, 256, (batch_size, config.in_chans, height + 3, width + 5), dtype=torch.uint8)
     else:
