@@ -228,9 +228,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     require_onnx()
     model = load_model(args.checkpoint)
     source = Path(args.checkpoint)
-    default_name = "model-int8.onnx" if args.int8 else "model.onnx"
-    output = args.output or (source / default_name if source.is_dir() else source.with_suffix(".onnx" if not args.int8
-                                                                                               else ".int8.onnx"))
+    suffix = "-int8.onnx" if args.int8 else ".onnx"
+    output = args.output or (source / f"model{suffix}" if source.is_dir() else source.with_name(source.stem + suffix))
     pixels = validation_pixels(model.config, args.images)
     summary = run_export(model, output, preprocess=args.preprocess, dynamic_batch=args.dynamic_batch,
                          dynamic_size=args.dynamic_size, int8=args.int8, batch_size=args.batch_size, pixels=pixels)
@@ -396,7 +395,8 @@ def build_parser() -> ArgumentParser:
     p = sub.add_parser("export", help="export a checkpoint for deployment (ONNX, fp32 or int8), checked against PyTorch")
     p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")
     p.add_argument("--format", choices=("onnx",), default="onnx")
-    p.add_argument("-o", "--output", help="the .onnx file to write (default: model[-int8].onnx beside the checkpoint)")
+    p.add_argument("-o", "--output", help="the .onnx file to write (default: model.onnx or model-int8.onnx in a run "
+                        "folder, NAME.onnx or NAME-int8.onnx beside a checkpoint file)")
     p.add_argument("--int8", action="store_true", help="int8 weights (ONNX Runtime dynamic quantization)")
     p.add_argument("--dynamic-batch", action="store_true", help="any batch size (default: fixed --batch-size)")
     p.add_argument("--batch-size", type=int, default=1, help="the fixed batch size without --dynamic-batch")
