@@ -106,7 +106,7 @@ def test_bench_cli_writes_json_and_skips_what_cannot_run(tmp_path, capsys, monke
     assert result["machine"]["threads"] >= 1 and result["gflops_per_image"] > 0
 
 
-def test_bad_requests_are_one_message_each(trained_checkpoint):
+def test_bad_requests_are_one_message_each():
     with pytest.raises(UsageError, match="unknown inference path"):
         run_bench("digits-8", paths=["warp-drive"])
     with pytest.raises(UsageError, match="accuracy needs a trained model"):
