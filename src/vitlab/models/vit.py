@@ -116,7 +116,8 @@ class VisionTransformer(nn.Module):
         in a form that traces with symbolic sizes, so an ONNX export keeps the image size dynamic.
         """
         expected = self.config.image_size
-        wrong_size = tuple(images.shape[-2:]) != expected and not self.dynamic_image_size
+        # In dynamic mode the size is not compared at all, so a symbolic size (export) meets no branch here.
+        wrong_size = not self.dynamic_image_size and tuple(images.shape[-2:]) != expected
         if wrong_size or images.shape[1] != self.config.in_chans:
             raise UsageError(
                 f"the model expects images of shape (B, {self.config.in_chans}, {expected[0]}, {expected[1]}), "
