@@ -106,11 +106,19 @@ def test_a_failed_check_writes_nothing_and_keeps_the_old_file(model, pixels, tmp
         export.run_export(model, tmp_path, pixels=pixels)
 
 
-def test_missing_onnx_packages_are_one_clear_message(monkeypatch):
+def test_missing_onnx_packages_are_one_clear_message(model, pixels, tmp_path, monkeypatch):
+    path = tmp_path / "m.onnx"
+    export.run_export(model, path, pixels=pixels)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
     with pytest.raises(UsageError, match=r"needs onnxruntime, which is not installed; pip install 'vitlab\[onnx\]'"):
         export.require_onnx()
+    # A deployment machine with only onnxruntime can run an export: onnx and onnxscript are for writing one.
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("onnx", "onnxscript")
+                        else real(name, *a))
+    with pytest.raises(UsageError, match="needs onnx, onnxscript, which are not installed"):
+        export.require_onnx()
+    assert export.OnnxClassifier(path).classify_pixels(pixels[:2]).shape == (2, 10)
 
 
 def test_runtime_refuses_files_it_cannot_use(tmp_path):

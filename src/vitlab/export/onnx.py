@@ -38,9 +38,9 @@ SINGLE_FILE_LIMIT = 1_800_000_000
 METADATA_KEY = "vitlab"
 
 
-def require_onnx(purpose: str = "ONNX export") -> None:
-    """Raise one clear message when the optional ONNX packages are missing."""
-    missing = [name for name in ONNX_PACKAGES if importlib.util.find_spec(name) is None]
+def require_onnx(purpose: str = "ONNX export", packages: tuple[str, ...] = ONNX_PACKAGES) -> None:
+    """Raise one clear message when optional ONNX packages are missing (running a model needs only onnxruntime)."""
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:
         raise UsageError(f"{purpose} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
                          f"not installed; {INSTALL_HINT}")
@@ -194,7 +194,7 @@ class OnnxClassifier:
     baked-in preprocessing, normalised float images) to get logits (B, K) as a torch tensor."""
 
     def __init__(self, path: str | Path, threads: int | None = None) -> None:
-        require_onnx("running an ONNX model")
+        require_onnx("running an ONNX model", ("onnxruntime",))
         import onnxruntime as ort
 
         self.path = Path(path)
