@@ -94,6 +94,16 @@ def replica_difference(module: torch.nn.Module, env: DistEnv) -> float:
     return float(difference.item())
 
 
+def synchronize(env: DistEnv) -> None:
+    """Wait until every process gets here (a barrier); nothing without a process group."""
+    if not env.enabled:
+        return
+    if env.device.type == "cuda":
+        dist.barrier(device_ids=[env.device.index])
+    else:
+        dist.barrier()
+
+
 def cleanup(env: DistEnv) -> None:
     if env.enabled and dist.is_initialized():
         dist.destroy_process_group()

@@ -39,7 +39,7 @@ from vitlab.eval.classify import evaluate
 from vitlab.models.vit import VisionTransformer
 from vitlab.train.config import TrainConfig
 from vitlab.train.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, gather_rng_states,
-                                     init_distributed, replica_difference)
+                                      init_distributed, replica_difference, synchronize)
 from vitlab.train.optim import EMA, build_optimizer, build_scheduler
 
 
@@ -318,7 +318,12 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
     """Train a recipe (or resume a run folder) to the end; returns the summary (also written to the run)."""
     env = init_distributed()
     try:
-        return _train(config, resume, use_previous, env)
+        summary = _train(config, resume, use_previous, env)
+        # Leave together: rank 0 may still be writing (a stop's checkpoint, the final report) when the others
+        # return, and a worker that tore down its process group and exited meanwhile was once seen to abort in
+        # the teardown ("terminate called without an active exception", exit -6) after a SIGTERM stop.
+        synchronize(env)
+        return summary
     finally:
         cleanup(env)
 
