@@ -15,7 +15,7 @@ from torch import nn
 
 from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, Path, Unavailable
 from vitlab.bench.timing import time_interleaved
-from vitlab.errors import DataError, UsageError
+from vitlab.errors import UsageError
 
 
 def machine_info() -> dict[str, Any]:
@@ -174,19 +174,15 @@ def measure_accuracy(built: dict[str, Path], model: nn.Module, dataset: str, dat
     (the last one padded) so that fixed-batch graphs and compiled models see the shape they were built for."""
     import json
 
-    from vitlab.data.datasets import load_dataset
     from vitlab.data.preprocess import prepare
+    from vitlab.eval.runner import evaluation_data
 
     classes = None
     run_config = FilePath(checkpoint) / "train_config.json"
     if run_config.is_file():
         classes = json.loads(run_config.read_text()).get("classes")
     config = model.config
-    data = load_dataset(dataset, "test", data_dir, image_size=config.image_size, channels=config.in_chans,
-                        classes=classes)
-    if data.num_classes != config.num_classes:
-        raise DataError(f"the model has {config.num_classes} classes but {dataset} has {data.num_classes}; "
-                        "measure accuracy on the data set it was trained for")
+    data = evaluation_data(config, dataset, "test", data_dir, classes)
     predictions: dict[str, list[torch.Tensor]] = {key: [] for key in built}
     for first in range(0, len(data), batch_size):
         images = prepare(data.images[first:first + batch_size], data.max_value, config)

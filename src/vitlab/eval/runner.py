@@ -8,9 +8,22 @@ from typing import Any
 
 from vitlab.checkpoint import load_model
 from vitlab.checkpoint.io import atomic_write_bytes
-from vitlab.data.datasets import load_dataset
+from vitlab.config import ViTConfig
+from vitlab.data.datasets import ImageDataset, load_dataset
 from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate
+
+
+def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_dir: str | None = None,
+                    classes: list[int] | None = None) -> ImageDataset:
+    """A split of a data set at the model's image size and channels; refused when its classes do not match the
+    model's head."""
+    data = load_dataset(dataset, split, data_dir, image_size=config.image_size, channels=config.in_chans,
+                        classes=classes)
+    if data.num_classes != config.num_classes:
+        raise DataError(f"the model has {config.num_classes} classes but {dataset} has {data.num_classes}; "
+                        "evaluate on the data set it was trained for, or fine-tune it first")
+    return data
 
 
 def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir: str | None = None, split: str = "test",
@@ -25,11 +38,7 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir:
         dataset, data_dir = trained["dataset"], data_dir or trained.get("data_dir")
         classes = classes if classes is not None else trained.get("classes")
     model = load_model(checkpoint)
-    data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size, channels=model.config.in_chans,
-                        classes=classes)
-    if data.num_classes != model.config.num_classes:
-        raise DataError(f"the model has {model.config.num_classes} classes but {dataset} has {data.num_classes}; "
-                        "evaluate on the data set it was trained for, or fine-tune it first")
+    data = evaluation_data(model.config, dataset, split, data_dir, classes)
     metrics = evaluate(model, data, batch_size)
     source = Path(checkpoint)
     folder = Path(out) if out else (source if source.is_dir() else source.parent)
