@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.config import ViTConfig, stem_stride
+from vitlab.data.preprocess import normalize
 from vitlab.errors import CheckpointError, UsageError
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
@@ -56,15 +57,13 @@ class PreprocessAndClassify(nn.Module):
         config: ViTConfig = model.config
         self.model = model
         self.image_size = config.image_size
-        self.register_buffer("mean", torch.tensor(config.image_mean).view(1, -1, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor(config.image_std).view(1, -1, 1, 1), persistent=False)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         images = pixels.float() / 255.0
         # Antialiasing matters when shrinking (photos are larger than the model's input); when enlarging, the
         # antialiased filter is the plain bilinear one, so one graph serves both.
         images = F.interpolate(images, size=self.image_size, mode="bilinear", align_corners=False, antialias=True)
-        return self.model((images - self.mean) / self.std)
+        return self.model(normalize(images, self.model.config))
 
 
 def patch_steps(config: ViTConfig) -> tuple[int, int]:
@@ -158,7 +157,7 @@ def quantize_int8(proto):
 
     with tempfile.TemporaryDirectory(prefix="vitlab-int8-") as folder:
         source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
-        onnx.save_model(proto, source, save_as_external_data=proto.ByteSize() > SINGLE_FILE_LIMIT)
+        write_model(proto, source)
         with quiet_loggers(""):  # the quantizer logs on the root logger
             quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=True,
                              op_types_to_quantize=["MatMul", "Gemm"])
