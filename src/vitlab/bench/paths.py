@@ -1,5 +1,5 @@
 """The ways to run one model that `vitlab bench` compares. Each builder takes the fp32 model and a sample batch
-and returns a `Path` whose `run(images)` maps normalised float32 images (B, C, H, W) to logits (B, K), or raises
+and returns a `BenchPath` whose `run(images)` maps normalised float32 images (B, C, H, W) to logits (B, K), or raises
 `Unavailable` with the reason (a missing package, a model the peer cannot express).
 
 Inference: eager fp32; bf16 weights (eager and compiled); torch.compile fp32 (Inductor with weight freezing, which
@@ -14,7 +14,7 @@ import copy
 import tempfile
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -27,7 +27,7 @@ class Unavailable(Exception):
 
 
 @dataclass
-class Path:
+class BenchPath:
     name: str
     precision: str  # "fp32", "bf16" or "int8": which matmul peak the path is compared with
     run: Callable[[torch.Tensor], torch.Tensor]
@@ -35,13 +35,13 @@ class Path:
     cleanup: list = field(default_factory=list)  # objects (temporary folders) to keep alive while the path runs
 
 
-def eager_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
-    return Path("eager fp32", "fp32", lambda images: model(images), "PyTorch eager, scaled_dot_product_attention")
+def eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return BenchPath("eager fp32", "fp32", lambda images: model(images), "PyTorch eager, scaled_dot_product_attention")
 
 
-def eager_bf16(model: nn.Module, sample: torch.Tensor) -> Path:
+def eager_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    return Path("eager bf16", "bf16", lambda images: bf16(images.to(torch.bfloat16)).float(),
+    return BenchPath("eager bf16", "bf16", lambda images: bf16(images.to(torch.bfloat16)).float(),
                 "bf16 weights and activations (oneDNN bf16 matmuls)")
 
 
@@ -71,17 +71,17 @@ def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Cal
     return lambda images: compiled(images.to(dtype)).float()
 
 
-def compiled_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
-    return Path("compile fp32", "fp32", _compiled(model, sample, torch.float32),
+def compiled_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return BenchPath("compile fp32", "fp32", _compiled(model, sample, torch.float32),
                 "torch.compile, Inductor + freezing")
 
 
-def compiled_bf16(model: nn.Module, sample: torch.Tensor) -> Path:
-    return Path("compile bf16", "bf16", _compiled(model, sample, torch.bfloat16),
+def compiled_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return BenchPath("compile bf16", "bf16", _compiled(model, sample, torch.bfloat16),
                 "torch.compile of the bf16 model, Inductor + freezing; explicit attention up to 64 tokens")
 
 
-def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool) -> Path:
+def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool) -> BenchPath:
     from vitlab.errors import UsageError
     from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
 
@@ -90,23 +90,23 @@ def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool) -> Path:
     except UsageError as error:
         raise Unavailable(str(error)) from None
     folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-")
-    path = FilePath(folder.name) / "model.onnx"
+    path = Path(folder.name) / "model.onnx"
     export_onnx(model, path, dynamic_batch=False, batch_size=len(sample), int8=int8)
     runtime = OnnxClassifier(path, threads=torch.get_num_threads())
     name = "onnxruntime int8" if int8 else "onnxruntime fp32"
     note = "dynamic quantization: int8 weights per channel, uint8 activations" if int8 else "graph optimisations on"
-    return Path(name, "int8" if int8 else "fp32", runtime, note, cleanup=[folder])
+    return BenchPath(name, "int8" if int8 else "fp32", runtime, note, cleanup=[folder])
 
 
-def onnx_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+def onnx_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return _onnx(model, sample, int8=False)
 
 
-def onnx_int8(model: nn.Module, sample: torch.Tensor) -> Path:
+def onnx_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return _onnx(model, sample, int8=True)
 
 
-def torch_int8(model: nn.Module, sample: torch.Tensor) -> Path:
+def torch_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     quantize_dynamic = getattr(getattr(torch, "ao", None), "quantization", None)
     quantize_dynamic = getattr(quantize_dynamic, "quantize_dynamic", None)
     if quantize_dynamic is None:
@@ -114,7 +114,7 @@ def torch_int8(model: nn.Module, sample: torch.Tensor) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecated in favour of torchao, which is not a dependency
         quantized = quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
-    return Path("torch int8", "int8", lambda images: quantized(images), "torch.ao dynamic quantization (fbgemm)")
+    return BenchPath("torch int8", "int8", lambda images: quantized(images), "torch.ao dynamic quantization (fbgemm)")
 
 
 def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.Module, str, object]:
@@ -144,13 +144,13 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     return reference, note, folder
 
 
-def transformers_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+def transformers_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     reference, note, folder = transformers_reference(model, sample)
-    return Path("transformers fp32", "fp32", lambda images: reference(pixel_values=images).logits, note,
+    return BenchPath("transformers fp32", "fp32", lambda images: reference(pixel_values=images).logits, note,
                 cleanup=[folder])
 
 
-INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], Path]] = {
+INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "eager-fp32": eager_fp32,
     "eager-bf16": eager_bf16,
     "compile-fp32": compiled_fp32,
@@ -188,16 +188,16 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
     return step
 
 
-def train_eager_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
-    return Path("train eager fp32", "fp32", train_step(model, sample), "forward + backward + AdamW step")
+def train_eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return BenchPath("train eager fp32", "fp32", train_step(model, sample), "forward + backward + AdamW step")
 
 
-def train_autocast_bf16(model: nn.Module, sample: torch.Tensor) -> Path:
-    return Path("train autocast bf16", "bf16", train_step(model, sample, torch.bfloat16),
+def train_autocast_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return BenchPath("train autocast bf16", "bf16", train_step(model, sample, torch.bfloat16),
                 "torch.autocast bf16, fp32 master weights")
 
 
-def train_compiled_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+def train_compiled_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     step = train_step(model, sample, compile=True)
     try:
         with warnings.catch_warnings():
@@ -205,17 +205,17 @@ def train_compiled_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
             step(sample)
     except Exception as error:  # noqa: BLE001
         raise Unavailable(f"torch.compile failed: {str(error).splitlines()[0][:200]}") from None
-    return Path("train compile fp32", "fp32", step, "torch.compile of the forward; backward by AOTAutograd")
+    return BenchPath("train compile fp32", "fp32", step, "torch.compile of the forward; backward by AOTAutograd")
 
 
-def train_transformers_fp32(model: nn.Module, sample: torch.Tensor) -> Path:
+def train_transformers_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     reference, note, folder = transformers_reference(model, sample)
     step = train_step(reference, sample, num_classes=model.config.num_classes,
                       call=lambda module, images: module(pixel_values=images).logits)
-    return Path("train transformers fp32", "fp32", step, note, cleanup=[folder])
+    return BenchPath("train transformers fp32", "fp32", step, note, cleanup=[folder])
 
 
-TRAIN_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], Path]] = {
+TRAIN_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "eager-fp32": train_eager_fp32,
     "autocast-bf16": train_autocast_bf16,
     "compile-fp32": train_compiled_fp32,

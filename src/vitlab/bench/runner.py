@@ -7,13 +7,13 @@ eager fp32, the figures that say whether a faster path can be trusted.
 from __future__ import annotations
 
 import platform
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, Path, Unavailable
+from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, BenchPath, Unavailable
 from vitlab.bench.timing import time_interleaved
 from vitlab.errors import UsageError
 
@@ -22,7 +22,7 @@ def machine_info() -> dict[str, Any]:
     """What the figures were measured on."""
     cpu = platform.processor() or platform.machine()
     try:
-        for line in FilePath("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
@@ -113,7 +113,7 @@ def run_bench(
     gflops_per_image = 3 * gflops_forward if train else gflops_forward  # backward costs about twice the forward
     sample = torch.randn(batch_size, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
 
-    built: dict[str, Path] = {}
+    built: dict[str, BenchPath] = {}
     skipped: dict[str, str] = {}
     with torch.inference_mode(mode=not train):
         for key in chosen:
@@ -168,7 +168,7 @@ def run_bench(
     }
 
 
-def measure_accuracy(built: dict[str, Path], model: nn.Module, dataset: str, data_dir: str | None,
+def measure_accuracy(built: dict[str, BenchPath], model: nn.Module, dataset: str, data_dir: str | None,
                      checkpoint: str, batch_size: int) -> dict[str, dict[str, float]]:
     """Test-set top-1 of every path and its top-1 agreement with eager fp32. Batches keep the benchmark's size
     (the last one padded) so that fixed-batch graphs and compiled models see the shape they were built for."""
@@ -178,7 +178,7 @@ def measure_accuracy(built: dict[str, Path], model: nn.Module, dataset: str, dat
     from vitlab.eval.runner import evaluation_data
 
     classes = None
-    run_config = FilePath(checkpoint) / "train_config.json"
+    run_config = Path(checkpoint) / "train_config.json"
     if run_config.is_file():
         classes = json.loads(run_config.read_text()).get("classes")
     config = model.config
