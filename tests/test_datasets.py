@@ -100,7 +100,7 @@ def test_folder_reads_every_mode_and_splits(tmp_path):
     train = load_dataset("folder", "train", tmp_path, image_size=16)
     test = load_dataset("folder", "test", tmp_path, image_size=16)
     assert train.class_names == ["cat", "dog"] and train.images.shape[1:] == (3, 16, 16)
-    assert len(train) + len(test) == 13 and len(test) == 2  # round(0.2 * 6) + round(0.2 * 7)
+    assert len(train) + len(test) == 13 and len(test) == 3  # round(0.2 * 13), shared out by class
 
 
 def test_folder_with_train_and_test_subfolders(tmp_path):
@@ -213,3 +213,47 @@ def test_sixteen_bit_cmyk_palette_and_alpha_images_convert(tmp_path):
     assert read_image(tmp_path / "palette.gif", (8, 8))[2].float().mean() > 200
     Image.new("RGBA", (8, 8), (0, 255, 0, 0)).save(tmp_path / "alpha.png")
     assert read_image(tmp_path / "alpha.png", (8, 8)).shape == (3, 8, 8)
+
+
+def test_split_by_count_is_exact_and_stratified():
+    labels = torch.arange(10).repeat_interleave(torch.tensor([97, 103, 99, 101, 100, 98, 102, 100, 100, 100]))
+    kept, held = split_indices(labels, 100, seed=0)
+    assert len(held) == 100 and len(kept) == 900
+    assert labels[held].bincount().tolist() == [10] * 10  # each class gives its share
+    with pytest.raises(DataError, match="cannot hold out 1000 of 1000 images"):
+        split_indices(labels, 1000, seed=0)
+
+
+def test_validation_is_carved_from_train_disjoint_stratified_and_seeded():
+    from vitlab.data.datasets import load_splits
+
+    splits = load_splits("digits", val_size=0.1, seed=5)
+    train, val, test = splits.train, splits.validation, splits.test
+    assert splits.validation_source == "carved" and (len(train), len(val), len(test)) == (1294, 144, 359)
+    whole = load_dataset("digits", "train")
+    assert len(train) + len(val) == len(whole)
+
+    def rows(data):  # images as bytes: the splits hold copies, so compare contents
+        return {bytes(image.numpy().tobytes()) + bytes([label]) for image, label in zip(data.images, data.labels)}
+
+    assert not rows(train) & rows(val) and not rows(val) & rows(test) and not rows(train) & rows(test)
+    counts = val.labels.bincount(minlength=10).tolist()
+    assert max(counts) - min(counts) <= 1  # stratified: 14-15 of each digit
+    again = load_splits("digits", val_size=0.1, seed=5)
+    assert torch.equal(again.validation.images, val.images)  # the same seed gives the same split
+    other = load_splits("digits", val_size=0.1, seed=6)
+    assert not torch.equal(other.validation.images, val.images)
+    assert load_splits("digits", val_size=0).validation is None
+
+
+def test_an_official_validation_split_is_kept(tmp_path):
+    from vitlab.data.datasets import load_splits
+
+    for split, count in (("train", 4), ("val", 2), ("test", 3)):
+        for name in ("a", "b"):
+            (tmp_path / split / name).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (8, 8), (255 * (name == "a"), i, 0)).save(tmp_path / split / name / f"{i}.png")
+    splits = load_splits("folder", tmp_path, val_size=0.5, image_size=8)
+    assert splits.validation_source == "official"
+    assert (len(splits.train), len(splits.validation), len(splits.test)) == (8, 4, 6)

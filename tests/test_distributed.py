@@ -40,7 +40,7 @@ def test_two_processes_match_one(tmp_path, optimizer, tolerance):
     double_rows = [json.loads(r) for r in (tmp_path / "double" / "metrics.jsonl").read_text().splitlines()]
     assert len(single_rows) == len(double_rows) == 2
     for a, b in zip(single_rows, double_rows):  # metrics are reduced over ranks: whole-data figures
-        assert abs(a["test_top1"] - b["test_top1"]) <= 1 / 359 and abs(a["train_loss"] - b["train_loss"]) < 1e-3
+        assert abs(a["val_top1"] - b["val_top1"]) <= 1 / 144 and abs(a["train_loss"] - b["train_loss"]) < 1e-3
 
 
 @pytest.mark.slow
@@ -71,7 +71,7 @@ def test_a_stopped_two_process_run_resumes_exactly(tmp_path):
     assert agent.returncode == 0, err[-3000:]
     assert "Resume with" in out
     state = torch.load(last, weights_only=True)
-    assert state["rank_rng_states"].shape[0] == 2 and state["global_step"] < 40 * 11
+    assert state["rank_rng_states"].shape[0] == 2 and state["global_step"] < 40 * 10
     resumed = subprocess.run(torchrun[:-1] + ["train", "--resume", str(tmp_path / "stopped")],
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

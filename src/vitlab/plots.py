@@ -16,15 +16,19 @@ def _pyplot():
 
 
 def plot_training_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """Loss and accuracy per epoch, train and test, side by side."""
+    """Loss and accuracy per epoch side by side: train, validation, and test only where it was asked for each
+    epoch (dashed, labelled as not used for choosing)."""
     plt = _pyplot()
     epochs = [row["epoch"] for row in history]
     figure, (loss_axis, acc_axis) = plt.subplots(1, 2, figsize=(10, 3.8))
     loss_axis.plot(epochs, [row["train_loss"] for row in history], label="train")
-    loss_axis.plot(epochs, [row["test_loss"] for row in history], label="test")
-    loss_axis.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
     acc_axis.plot(epochs, [100 * row["train_top1"] for row in history], label="train (augmented)")
-    acc_axis.plot(epochs, [100 * row["test_top1"] for row in history], label="test")
+    for split, label, style in (("val", "validation", "-"), ("test", "test (not used to choose)", "--")):
+        rows = [row for row in history if f"{split}_top1" in row]
+        if rows:
+            loss_axis.plot([r["epoch"] for r in rows], [r[f"{split}_loss"] for r in rows], style, label=label)
+            acc_axis.plot([r["epoch"] for r in rows], [100 * r[f"{split}_top1"] for r in rows], style, label=label)
+    loss_axis.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
     acc_axis.set(xlabel="epoch", ylabel="top-1 accuracy (%)", title="accuracy")
     for axis in (loss_axis, acc_axis):
         axis.grid(alpha=0.3)

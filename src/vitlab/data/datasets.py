@@ -319,30 +319,90 @@ def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3) -> I
     return dataset
 
 
-def split_indices(labels: torch.Tensor, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stratified (train, test) split of indices, fixed by the seed."""
+def split_indices(labels: torch.Tensor, held_out: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stratified (kept, held-out) split of indices, fixed by the seed.
+
+    held_out: a fraction of the images (0 < held_out < 1) or a number of images (>= 1). Each class gives its
+    share; the shares are rounded by largest remainder, so a count is met exactly and a fraction to the image.
+    """
+    classes = labels.unique()
+    members = [(labels == label).nonzero().flatten() for label in classes]
+    total = len(labels)
+    wanted = held_out * total if held_out < 1 else float(held_out)
+    if not 0 < wanted < total:
+        raise DataError(f"cannot hold out {held_out} of {total} images; give a fraction in (0, 1) or a count "
+                        f"below {total}")
+    exact = [wanted * len(m) / total for m in members]
+    counts = [int(share) for share in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True)
+    for index in by_remainder[:round(wanted) - sum(counts)]:
+        counts[index] += 1
     generator = torch.Generator().manual_seed(seed)
-    train, test = [], []
-    for label in labels.unique():
-        members = (labels == label).nonzero().flatten()
-        members = members[torch.randperm(len(members), generator=generator)]
-        count = int(round(test_fraction * len(members)))
-        test.append(members[:count])
-        train.append(members[count:])
-    return torch.cat(train).sort().values, torch.cat(test).sort().values
+    kept, held = [], []
+    for indices, count in zip(members, counts):
+        indices = indices[torch.randperm(len(indices), generator=generator)]
+        held.append(indices[:count])
+        kept.append(indices[count:])
+    return torch.cat(kept).sort().values, torch.cat(held).sort().values
+
+
+@dataclass
+class Splits:
+    """The three splits of a training run. `validation` chooses (best checkpoint, hyper-parameters); `test` is
+    measured once at the end. `validation` is None when the recipe asks for no validation split."""
+
+    train: ImageDataset
+    validation: ImageDataset | None
+    test: ImageDataset
+    validation_source: str  # "carved" (from the training images), "official" or "none"
+
+
+def load_splits(name: str, data_dir: str | Path | None = None, val_size: float = 0.1, seed: int = 0,
+                image_size: int | tuple[int, int] | None = None, classes: list[int] | None = None,
+                allow_download: bool = True) -> Splits:
+    """Train, validation and test splits of a data set. A data set with an official validation split (an image
+    folder with train/, val/ and test/) keeps it; otherwise `val_size` images (a fraction below 1, or a count)
+    are carved from the training split, stratified by class and fixed by `seed`. val_size 0: no validation."""
+    def load(split: str) -> ImageDataset:
+        return load_dataset(name, split, data_dir, allow_download, image_size=image_size, classes=classes)
+
+    train, test = load("train"), load("test")
+    if has_official_validation(name, data_dir):
+        return Splits(train, load("val"), test, "official")
+    if val_size == 0:
+        return Splits(train, None, test, "none")
+    if val_size < 0:
+        raise DataError(f"val_size must be a fraction in (0, 1), a count of images or 0, got {val_size}")
+    kept, held = split_indices(train.labels, val_size, seed)
+    if len(kept) < 1 or train.labels[kept].unique().numel() < train.num_classes:
+        raise DataError(f"a validation split of {val_size} leaves a class of {train.name} with no training image; "
+                        "use a smaller --set val_size")
+    return Splits(train.subset(kept, train.name), train.subset(held, f"{train.name} validation"), test, "carved")
+
+
+def has_official_validation(name: str, data_dir: str | Path | None) -> bool:
+    """Whether the data set comes with its own validation split (an image folder with train/, val/ and test/)."""
+    if name != "folder" or data_dir is None:
+        return False
+    root = Path(data_dir).expanduser()
+    return all((root / split).is_dir() for split in ("train", "val", "test"))
 
 
 def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = None, allow_download: bool = True,
                  image_size: int | tuple[int, int] | None = None, channels: int = 3,
                  test_fraction: float = 0.2, seed: int = 0, classes: list[int] | None = None) -> ImageDataset:
-    """A data set split ("train" or "test") by name; see the module docstring for the names. `classes` keeps
+    """A data set split ("train", "test", or "val" where the data set has an official one) by name; see the
+    module docstring for the names. `classes` keeps
     only those classes, relabelled in the order given (e.g. digits [5, 6, 7, 8, 9] become labels 0-4).
 
-    folder: `data_dir` holds either train/ and test/ (or val/) trees, or one tree that is split stratified
+    folder: `data_dir` holds train/, val/ and test/ trees (an official validation split), train/ and test/ (or
+    train/ and val/, the val/ tree then being the test split), or one tree that is split stratified
     (test_fraction, seed); its images are resized to `image_size` (default 32).
     """
-    if split not in ("train", "test"):
-        raise DataError(f"split must be 'train' or 'test', got {split!r}")
+    if split not in ("train", "val", "test"):
+        raise DataError(f"split must be 'train', 'val' or 'test', got {split!r}")
+    if split == "val" and not has_official_validation(name, data_dir):
+        raise DataError(f"{name} has no official validation split; training carves one from its training images")
     if classes is not None:
         return load_dataset(name, split, data_dir, allow_download, image_size, channels, test_fraction, seed
                             ).select_classes(list(classes))
@@ -360,6 +420,8 @@ def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = 
             raise DataError("the folder data set needs --data-dir PATH (one sub-folder per class)")
         size = image_size if image_size is not None else 32
         size = (size, size) if isinstance(size, int) else tuple(size)
+        if split == "val":
+            return load_folder(root / "val", size, channels)
         for test_name in ("test", "val"):
             if (root / "train").is_dir() and (root / test_name).is_dir():
                 return load_folder(root / ("train" if split == "train" else test_name), size, channels)

@@ -26,6 +26,11 @@ class TrainConfig:
     data_dir: str | None = None  # files already on disk (else downloaded into the cache)
     image_size: int | None = None  # input size; default: the variant's (data are resized to it)
     classes: list[int] | None = None  # train on these classes only, relabelled 0..n-1 (e.g. [5, 6, 7, 8, 9])
+    # Model selection. The best checkpoint (and any choice made from a run) follows the validation split: a
+    # fraction of the training images (< 1) or a count, stratified, fixed by `seed`; 0 = none. A data set with an
+    # official validation split keeps it. The test split is measured at the end only.
+    val_size: float = 0.1
+    test_every_epoch: bool = False  # also log test accuracy each epoch (shown, never used to choose)
     # Fine-tuning (`vitlab finetune`): start from a checkpoint instead of a fresh model.
     init_from: str | None = None  # any checkpoint vitlab loads; its head and pre-logits layer are replaced
     resample_mode: str = "bilinear"  # position-embedding interpolation when image_size changes the grid
@@ -72,6 +77,8 @@ class TrainConfig:
             (lambda: self.batch_size % self.grad_accum == 0,
              lambda: f"batch_size {self.batch_size} does not divide into grad_accum {self.grad_accum} micro-batches"),
             (lambda: self.lr > 0, lambda: f"lr must be positive, got {self.lr}"),
+            (lambda: self.val_size >= 0 and (self.val_size < 1 or float(self.val_size).is_integer()),
+             lambda: f"val_size must be 0, a fraction in (0, 1) or a whole number of images, got {self.val_size}"),
             (lambda: self.optimizer in ("adamw", "sgd"), lambda: f"optimizer must be adamw or sgd, got {self.optimizer!r}"),
             (lambda: self.precision in ("fp32", "bf16"), lambda: f"precision must be fp32 or bf16, got {self.precision!r}"),
             (lambda: 0 <= self.ema_decay < 1, lambda: f"ema_decay must be in [0, 1), got {self.ema_decay}"),

@@ -4,8 +4,10 @@ The run folder holds everything a run produces:
     train_config.json  the recipe as run          metrics.jsonl  one JSON line per epoch
     checkpoints/last.pt    full training state (model, optimizer, schedule, EMA, RNG, position), every epoch
     checkpoints/previous.pt  the one before it, in case the last is damaged
-    checkpoints/best.safetensors  the model with the best test accuracy so far (vitlab format)
+    checkpoints/best.safetensors  the model with the best validation accuracy so far (vitlab format)
     model.safetensors  the final model          summary.txt / summary.json, curves.png, confusion.png
+Model selection uses the validation split only (carved from the training images unless the data set has an
+official one); the test split is measured once at the end, for the final and for the best-validation model.
 Only rank 0 writes. Every file is written atomically, so the last good checkpoint survives any crash.
 
 Randomness is made resumable: the data order of epoch e comes from a generator seeded with (seed, e), the
@@ -31,7 +33,7 @@ from torch import nn
 
 from vitlab.checkpoint.io import atomic_write_bytes, save_model
 from vitlab.config import ViTConfig, variant_config, variant_names
-from vitlab.data.datasets import ImageDataset, load_dataset
+from vitlab.data.datasets import ImageDataset, Splits, load_splits
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.transforms import Draws, augment_batch
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
@@ -140,9 +142,11 @@ class Position:
     epoch: int = 0  # epochs fully done
     step_in_epoch: int = 0  # optimizer steps done in the current epoch
     global_step: int = 0
-    best_top1: float = -1.0
+    best_val_top1: float = -1.0  # validation accuracy of the best checkpoint (-1: none yet, or no validation)
     best_epoch: int = -1
-    train_seconds: float = 0.0
+    train_seconds: float = 0.0  # inside training steps
+    elapsed_seconds: float = 0.0  # wall time of the run at the last epoch end, over all its sessions
+    best_elapsed_seconds: float = -1.0  # wall time at which the best validation accuracy was reached
     augment_state: torch.Tensor | None = None  # generator state mid-epoch
     epoch_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss sum, correct, count so far
 
@@ -153,8 +157,9 @@ def training_state(model: VisionTransformer, optimizer, scheduler, ema: EMA | No
     return {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "ema": ema.state if ema else None, "epoch": position.epoch, "step_in_epoch": position.step_in_epoch,
-        "global_step": position.global_step, "best_top1": position.best_top1, "best_epoch": position.best_epoch,
-        "train_seconds": position.train_seconds, "augment_state": position.augment_state,
+        "global_step": position.global_step, "best_val_top1": position.best_val_top1, "best_epoch": position.best_epoch,
+        "train_seconds": position.train_seconds, "elapsed_seconds": position.elapsed_seconds,
+        "best_elapsed_seconds": position.best_elapsed_seconds, "augment_state": position.augment_state,
         "epoch_sums": torch.tensor(position.epoch_sums, dtype=torch.float64),
         "torch_rng_state": rng_states[0], "rank_rng_states": rng_states, "model_config": model.config.to_json(),
         "train_config": json.dumps(config.to_dict()),
@@ -203,9 +208,42 @@ def load_training_state(run_dir: Path, allow_previous: bool = False) -> dict[str
 
 
 # ------------------------------------------------------------------------------------------------ steps
+class RunClock:
+    """Wall time of a run over all its sessions, and an estimate of the time left from this session's pace
+    (training steps with evaluation amortised in, once an epoch has ended)."""
+
+    def __init__(self, elapsed_before: float, steps_done: int, total_steps: int) -> None:
+        self.started = time.perf_counter()
+        self.elapsed_before = elapsed_before
+        self.steps_at_start = steps_done
+        self.total_steps = total_steps
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.started
+
+    def remaining(self, steps_done: int) -> float | None:
+        done_here = steps_done - self.steps_at_start
+        if done_here <= 0:
+            return None
+        return (time.perf_counter() - self.started) / done_here * (self.total_steps - steps_done)
+
+
+def format_duration(seconds: float | None) -> str:
+    """61.2 -> '1m01s', 3725 -> '1h02m', 8.4 -> '8s'; None -> '?'."""
+    if seconds is None:
+        return "?"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDataset, optimizer, scheduler,
                     ema: EMA | None, config: TrainConfig, env: DistEnv, position: Position,
-                    permutation_seed: int, stop: StopFlag, progress_bar: Any = None) -> bool:
+                    permutation_seed: int, stop: StopFlag, progress_bar: Any = None,
+                    clock: RunClock | None = None) -> bool:
     """Run the rest of one epoch from `position`; returns False if a stop was requested (state is consistent)."""
     batch = config.batch_size
     steps_per_epoch = len(data) // batch
@@ -263,7 +301,8 @@ def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDatase
             progress_bar.update(1)
             progress_bar.set_postfix(loss=f"{sums[0] / sums[2]:.3f}", acc=f"{sums[1] / sums[2]:.3f}",
                                      lr=f"{scheduler.get_last_lr()[0]:.2e}",
-                                     img_s=f"{len(images) * env.world_size / (time.perf_counter() - started):.0f}")
+                                     img_s=f"{len(images) * env.world_size / (time.perf_counter() - started):.0f}",
+                                     run_left=format_duration(clock.remaining(position.global_step)) if clock else "?")
         position.epoch_sums = sums.tolist()
         if any_rank(stop.requested, env) and step + 1 < steps_per_epoch:
             position.augment_state = augment_rng.get_state()
@@ -340,10 +379,9 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
         open_tensorboard(None, config, env)  # fail before anything is written if tensorboard is missing
     if resume is None:
         run_dir = new_run_dir(config, env)
-    train_data = load_dataset(config.dataset, "train", config.data_dir, image_size=config.image_size,
-                              classes=config.classes)
-    test_data = load_dataset(config.dataset, "test", config.data_dir, image_size=config.image_size,
-                             classes=config.classes)
+    splits = load_splits(config.dataset, config.data_dir, config.val_size, config.seed, config.image_size,
+                         config.classes)
+    train_data, val_data, test_data = splits.train, splits.validation, splits.test
     if train_data.num_classes < 2:
         raise DataError(f"{train_data.name} has a single class; a classifier needs at least two")
     if state is not None:
@@ -382,9 +420,12 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
         scheduler.load_state_dict(state["scheduler"])
         if ema is not None and state["ema"] is not None:
             ema.state = {k: v.to(env.device) for k, v in state["ema"].items()}
-        position = Position(state["epoch"], state["step_in_epoch"], state["global_step"], state["best_top1"],
-                            state["best_epoch"], state["train_seconds"], state["augment_state"],
-                            state["epoch_sums"].tolist())
+        position = Position(
+            epoch=state["epoch"], step_in_epoch=state["step_in_epoch"], global_step=state["global_step"],
+            best_val_top1=state.get("best_val_top1", -1.0), best_epoch=state["best_epoch"],
+            train_seconds=state["train_seconds"], elapsed_seconds=state.get("elapsed_seconds", 0.0),
+            best_elapsed_seconds=state.get("best_elapsed_seconds", -1.0), augment_state=state["augment_state"],
+            epoch_sums=state["epoch_sums"].tolist())
         rank_states = state.get("rank_rng_states")
         if rank_states is not None and len(rank_states) == env.world_size:
             # clone(): torch 2.13's set_rng_state segfaults on a row view with a storage offset (seen here).
@@ -411,14 +452,18 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
         params = sum(p.numel() for p in core.parameters())
         trainable = sum(p.numel() for p in core.parameters() if p.requires_grad)
         what = f"fine-tuning {config.init_from}" if config.init_from else f"training {config.model}"
-        print(f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: {len(train_data)} train / "
-              f"{len(test_data)} test images, {config.epochs} epochs of {steps_per_epoch} steps, batch "
-              f"{config.batch_size}, {env.world_size} process(es) on {env.device.type}; run folder {run_dir}")
+        validation = "no validation" if val_data is None else f"{len(val_data)} validation ({splits.validation_source}" + (
+            f", seed {config.seed})" if splits.validation_source == "carved" else ")")
+        print(f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
+              f"{len(train_data)} train / {validation} / {len(test_data)} test images, {config.epochs} epochs of "
+              f"{steps_per_epoch} steps, batch {config.batch_size}, {env.world_size} process(es) on "
+              f"{env.device.type}; run folder {run_dir}")
         if state is not None:
             print(f"resuming at epoch {position.epoch + 1}, step {position.step_in_epoch} of {steps_per_epoch}")
 
     from tqdm import tqdm
 
+    clock = RunClock(position.elapsed_seconds, position.global_step, config.epochs * steps_per_epoch)
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):
             bar = tqdm(total=steps_per_epoch, initial=position.step_in_epoch, desc=f"epoch {epoch + 1}/{config.epochs}",
@@ -428,9 +473,11 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
             epoch_started = time.perf_counter()
             seconds_before = position.train_seconds
             finished = train_one_epoch(model, core, train_data, optimizer, scheduler, ema, config, env, position,
-                                       permutation_seed=config.seed * 1_000_003 + epoch, stop=stop, progress_bar=bar)
+                                       permutation_seed=config.seed * 1_000_003 + epoch, stop=stop, progress_bar=bar,
+                                       clock=clock)
             bar.close()
             if not finished:
+                position.elapsed_seconds = clock.elapsed()
                 rng_states = gather_rng_states(env)
                 if env.is_main:
                     save_training_state(training_state(core, optimizer, scheduler, ema, position, config, rng_states),
@@ -440,19 +487,25 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
                 return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch, "step": position.step_in_epoch}
             if ema is not None:
                 ema.copy_to(eval_model)
-            metrics = evaluate(eval_model or core, test_data, config.eval_batch_size, env, config.precision)
             loss_sum, correct, count = position.epoch_sums
             epoch_seconds = position.train_seconds - seconds_before
             row = dict(epoch=epoch + 1, step=position.global_step, lr=scheduler.get_last_lr()[0],
-                       train_loss=loss_sum / count, train_top1=correct / count, test_loss=metrics["loss"],
-                       test_top1=metrics["top1"], test_top5=metrics["top5"],
-                       images_per_second=count / max(epoch_seconds, 1e-9),
-                       epoch_seconds=time.perf_counter() - epoch_started)
+                       train_loss=loss_sum / count, train_top1=correct / count)
+            if val_data is not None:
+                val = evaluate(eval_model or core, val_data, config.eval_batch_size, env, config.precision)
+                row.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"])
+            if config.test_every_epoch:  # shown to the user; nothing below reads it
+                test = evaluate(eval_model or core, test_data, config.eval_batch_size, env, config.precision)
+                row.update(test_loss=test["loss"], test_top1=test["top1"], test_top5=test["top5"])
+            position.elapsed_seconds = clock.elapsed()
+            row.update(images_per_second=count / max(epoch_seconds, 1e-9),
+                       epoch_seconds=time.perf_counter() - epoch_started, elapsed_seconds=position.elapsed_seconds)
             history.append(row)
             position.epoch, position.step_in_epoch, position.epoch_sums = epoch + 1, 0, [0.0, 0.0, 0.0]
-            improved = metrics["top1"] > position.best_top1
+            improved = val_data is not None and row["val_top1"] > position.best_val_top1
             if improved:
-                position.best_top1, position.best_epoch = metrics["top1"], epoch + 1
+                position.best_val_top1, position.best_epoch = row["val_top1"], epoch + 1
+                position.best_elapsed_seconds = position.elapsed_seconds
             rng_states = gather_rng_states(env)
             if env.is_main:
                 append_metrics(metrics_path, row)
@@ -470,23 +523,55 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
                                     checkpoints)
                 every = max(1, config.epochs // 25)
                 if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
-                    print(f"epoch {epoch + 1:>3}/{config.epochs}  loss {row['train_loss']:.4f}  "
-                          f"train {100 * row['train_top1']:5.1f}%  test {100 * row['test_top1']:5.2f}%  "
-                          f"({row['images_per_second']:.0f} img/s)" + ("  best" if improved else ""), flush=True)
+                    print(epoch_line(row, config.epochs, clock.remaining(position.global_step), improved), flush=True)
             if any_rank(stop.requested, env) and epoch + 1 < config.epochs:
                 if env.is_main:
                     print(f"stopped after epoch {epoch + 1}; state saved. Resume with: vitlab train --resume {run_dir}")
                 return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch + 1, "step": 0}
     final_model = eval_model or core
-    final = evaluate(final_model, test_data, config.eval_batch_size, env, config.precision)
+    results = final_results(final_model, splits, checkpoints / "best.safetensors", position, config, env)
     replica_diff = replica_difference(core, env)
     summary = {"status": "finished", "run_dir": str(run_dir), "replica_max_abs_diff": replica_diff}
     if env.is_main:
-        summary = write_outputs(run_dir, final_model, final, history, position, config, len(train_data), env,
-                                replica_diff)
+        summary = write_outputs(run_dir, final_model, results, history, position, config, splits, env,
+                                replica_diff, clock.elapsed())
         if writer is not None:
             writer.close()
     return summary
+
+
+def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool) -> str:
+    """One line per epoch: training figures, validation accuracy (which chooses), test accuracy only when
+    asked for (labelled as not used), speed and time left."""
+    text = (f"epoch {row['epoch']:>3}/{epochs}  loss {row['train_loss']:.4f}  train {100 * row['train_top1']:5.1f}%")
+    if "val_top1" in row:
+        text += f"  val {100 * row['val_top1']:5.2f}%"
+    if "test_top1" in row:
+        text += f"  (test {100 * row['test_top1']:5.2f}%, not used to choose)"
+    text += f"  {row['images_per_second']:.0f} img/s  {format_duration(row['elapsed_seconds'])}"
+    if row["epoch"] < epochs:
+        text += f", {format_duration(seconds_left)} left"
+    return text + ("  best" if improved else "")
+
+
+def final_results(final_model: VisionTransformer, splits: Splits, best_path: Path, position: Position,
+                  config: TrainConfig, env: DistEnv) -> dict[str, Any]:
+    """The figures measured once at the end: test (and validation) metrics of the final model, and test metrics
+    of the best-validation checkpoint (the same model when the best epoch is the last)."""
+    def measure(model: nn.Module, data: ImageDataset) -> dict[str, Any]:
+        return evaluate(model, data, config.eval_batch_size, env, config.precision)
+
+    results: dict[str, Any] = {"test": measure(final_model, splits.test), "val": None, "best_test": None}
+    if splits.validation is not None:
+        results["val"] = measure(final_model, splits.validation)
+    if position.best_epoch == config.epochs:
+        results["best_test"] = results["test"]
+    elif position.best_epoch > 0:
+        from vitlab.checkpoint.formats import load_model
+
+        best = load_model(best_path).to(next(final_model.parameters()).device)
+        results["best_test"] = measure(best, splits.test)
+    return results
 
 
 def open_tensorboard(run_dir: Path, config: TrainConfig, env: DistEnv):
@@ -500,24 +585,33 @@ def open_tensorboard(run_dir: Path, config: TrainConfig, env: DistEnv):
     return SummaryWriter(run_dir / "tensorboard") if run_dir is not None else None
 
 
-def write_outputs(run_dir: Path, model: VisionTransformer, final: dict[str, Any], history: list[dict[str, Any]],
-                  position: Position, config: TrainConfig, num_train: int, env: DistEnv,
-                  replica_diff: float = 0.0) -> dict[str, Any]:
+def write_outputs(run_dir: Path, model: VisionTransformer, results: dict[str, Any], history: list[dict[str, Any]],
+                  position: Position, config: TrainConfig, splits: Splits, env: DistEnv,
+                  replica_diff: float = 0.0, wall_seconds: float = 0.0) -> dict[str, Any]:
     from vitlab import plots
 
+    final, best_test, val = results["test"], results["best_test"], results["val"]
     model_path = save_model(model, run_dir / "model.safetensors")
     plots.plot_training_curves(history, run_dir / "curves.png")
     plots.plot_confusion(final["confusion"], final["class_names"], run_dir / "confusion.png",
                          title=f"{config.dataset} test set: {100 * final['top1']:.2f}% top-1")
     throughput = sum(r["images_per_second"] * r["epoch_seconds"] for r in history) / max(
         sum(r["epoch_seconds"] for r in history), 1e-9)
+    has_best = position.best_epoch > 0
     summary = {
         "status": "finished", "run_dir": str(run_dir), "model_path": str(model_path), "dataset": config.dataset,
         "model": config.model, "params": sum(p.numel() for p in model.parameters()), "epochs": config.epochs,
-        "processes": env.world_size, "replica_max_abs_diff": replica_diff, "train_seconds": round(position.train_seconds, 2),
-        "train_images_per_second": round(throughput, 1), "test_top1": final["top1"], "test_top5": final["top5"],
-        "test_loss": final["loss"], "test_count": final["count"], "best_test_top1": position.best_top1,
-        "best_epoch": position.best_epoch, "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
+        "processes": env.world_size, "replica_max_abs_diff": replica_diff, "seed": config.seed,
+        "wall_seconds": round(wall_seconds, 2), "train_seconds": round(position.train_seconds, 2),
+        "train_images_per_second": round(throughput, 1), "train_count": len(splits.train),
+        "validation": splits.validation_source, "val_count": len(splits.validation) if splits.validation else 0,
+        "val_top1": val["top1"] if val else None,
+        "best_val_top1": position.best_val_top1 if has_best else None,
+        "best_epoch": position.best_epoch if has_best else None,
+        "seconds_to_best": round(position.best_elapsed_seconds, 2) if has_best else None,
+        "test_top1": final["top1"], "test_top5": final["top5"], "test_loss": final["loss"], "test_count": final["count"],
+        "best_checkpoint_test_top1": best_test["top1"] if best_test else None,
+        "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
     }
     atomic_write_bytes(run_dir / "summary.json", json.dumps(summary, indent=1).encode())
     worst = sorted(summary["per_class_top1"].items(), key=lambda item: item[1])[:3]
@@ -526,11 +620,21 @@ def write_outputs(run_dir: Path, model: VisionTransformer, final: dict[str, Any]
         f"{config.dataset}{'' if config.classes is None else ' classes ' + str(config.classes)} - finished",
         f"  model        {summary['params'] / 1e6:.3f}M parameters, {model.config.num_patches} patches of "
         f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",
-        f"  training     {config.epochs} epochs, {position.train_seconds:.1f} s in training steps, "
-        f"{summary['train_images_per_second']:.0f} images/s, {env.world_size} process(es)",
-        f"  test         top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  loss {final['loss']:.4f}  "
-        f"({final['count']} images)",
-        f"  best epoch   {position.best_epoch} ({100 * position.best_top1:.2f}%)",
+        f"  training     {config.epochs} epochs in {format_duration(wall_seconds)} ({position.train_seconds:.1f} s in "
+        f"training steps, {summary['train_images_per_second']:.0f} images/s, {env.world_size} process(es))",
+    ]
+    if has_best:
+        lines.append(f"  validation   best top-1 {100 * position.best_val_top1:.2f}% at epoch {position.best_epoch}, "
+                     f"reached after {format_duration(position.best_elapsed_seconds)} ({summary['val_count']} "
+                     f"{splits.validation_source} images; chooses the best checkpoint)")
+    else:
+        lines.append("  validation   none (val_size 0): no best checkpoint is chosen")
+    lines.append(f"  test         final model: top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  "
+                 f"loss {final['loss']:.4f}  ({final['count']} images, measured once, at the end)")
+    if best_test is not None:
+        lines.append(f"               best-validation checkpoint (epoch {position.best_epoch}): top-1 "
+                     f"{100 * best_test['top1']:.2f}%")
+    lines += [
         "  weakest      " + ", ".join(f"{name}: {100 * acc:.1f}%" for name, acc in worst),
         f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png, confusion.png",
     ]
