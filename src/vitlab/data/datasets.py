@@ -359,25 +359,31 @@ class Splits:
 
 def load_splits(name: str, data_dir: str | Path | None = None, val_size: float = 0.1, seed: int = 0,
                 image_size: int | tuple[int, int] | None = None, classes: list[int] | None = None,
-                allow_download: bool = True) -> Splits:
+                allow_download: bool = True, max_train_images: int | None = None) -> Splits:
     """Train, validation and test splits of a data set. A data set with an official validation split (an image
     folder with train/, val/ and test/) keeps it; otherwise `val_size` images (a fraction below 1, or a count)
-    are carved from the training split, stratified by class and fixed by `seed`. val_size 0: no validation."""
+    are carved from the training split, stratified by class and fixed by `seed`. val_size 0: no validation.
+    `max_train_images` then keeps a stratified subset of what is left for training (quick runs, tests)."""
     def load(split: str) -> ImageDataset:
         return load_dataset(name, split, data_dir, allow_download, image_size=image_size, classes=classes)
 
     train, test = load("train"), load("test")
+    validation, source = None, "none"
     if has_official_validation(name, data_dir):
-        return Splits(train, load("val"), test, "official")
-    if val_size == 0:
-        return Splits(train, None, test, "none")
-    if val_size < 0:
+        validation, source = load("val"), "official"
+    elif val_size < 0:
         raise DataError(f"val_size must be a fraction in (0, 1), a count of images or 0, got {val_size}")
-    kept, held = split_indices(train.labels, val_size, seed)
-    if len(kept) < 1 or train.labels[kept].unique().numel() < train.num_classes:
-        raise DataError(f"a validation split of {val_size} leaves a class of {train.name} with no training image; "
-                        "use a smaller --set val_size")
-    return Splits(train.subset(kept, train.name), train.subset(held, f"{train.name} validation"), test, "carved")
+    elif val_size > 0:
+        kept, held = split_indices(train.labels, val_size, seed)
+        if train.labels[kept].unique().numel() < train.num_classes:
+            raise DataError(f"a validation split of {val_size} leaves a class of {train.name} with no training "
+                            "image; use a smaller --set val_size")
+        train, validation, source = train.subset(kept), train.subset(held, f"{train.name} validation"), "carved"
+    if max_train_images is not None and max_train_images < len(train):
+        # A different stream from the validation carving's, so the subset is not the carving's leftovers in order.
+        _, chosen = split_indices(train.labels, max_train_images, seed + 1)
+        train = train.subset(chosen)
+    return Splits(train, validation, test, source)
 
 
 def has_official_validation(name: str, data_dir: str | Path | None) -> bool:

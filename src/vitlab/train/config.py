@@ -31,6 +31,7 @@ class TrainConfig:
     # official validation split keeps it. The test split is measured at the end only.
     val_size: float = 0.1
     test_every_epoch: bool = False  # also log test accuracy each epoch (shown, never used to choose)
+    max_train_images: int | None = None  # train on a stratified subset of this many images (quick runs)
     # Fine-tuning (`vitlab finetune`): start from a checkpoint instead of a fresh model.
     init_from: str | None = None  # any checkpoint vitlab loads; its head and pre-logits layer are replaced
     resample_mode: str = "bilinear"  # position-embedding interpolation when image_size changes the grid
@@ -101,6 +102,7 @@ class TrainConfig:
             ("data_dir", lambda v: isinstance(v, str)), ("init_from", lambda v: isinstance(v, str)),
             ("run_name", lambda v: isinstance(v, str) and "/" not in v and v not in (".", "..")),
             ("image_size", lambda v: whole(v) and v > 0), ("threads", lambda v: whole(v) and v > 0),
+            ("max_train_images", lambda v: whole(v) and v > 0),
             ("classes", lambda v: isinstance(v, list) and v and all(whole(c) and c >= 0 for c in v)),
             ("model_overrides", lambda v: isinstance(v, dict)),
         ]

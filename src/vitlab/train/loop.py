@@ -380,7 +380,7 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
     if resume is None:
         run_dir = new_run_dir(config, env)
     splits = load_splits(config.dataset, config.data_dir, config.val_size, config.seed, config.image_size,
-                         config.classes)
+                         config.classes, max_train_images=config.max_train_images)
     train_data, val_data, test_data = splits.train, splits.validation, splits.test
     if train_data.num_classes < 2:
         raise DataError(f"{train_data.name} has a single class; a classifier needs at least two")
