@@ -15,6 +15,7 @@ REFERENCE_CHECKPOINTS = [
     ("jax_hybrid_r_vit", "jax_hybrid_r_vit.npz"),
     ("timm_vit_token", "timm_vit_token.safetensors"),
     ("timm_vit_avg_fcnorm", "timm_vit_avg_fcnorm.safetensors"),
+    ("timm_vit_avg_cls", "timm_vit_avg_cls.safetensors"),
     ("hf_vit", "hf_vit"),
 ]
 

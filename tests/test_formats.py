@@ -142,3 +142,100 @@ def test_lone_weights_with_a_non_square_position_table_need_an_image_size(tmp_pa
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "num_attention_heads": 4}))  # no image_size
     with pytest.raises(CheckpointError, match="15 position rows are not a square grid"):
         read_checkpoint(tmp_path / "model.safetensors")
+
+
+def lone_copy(tmp_path, weights: str):
+    """The weights file alone, without the sidecar JSON that would state its arguments."""
+    lone = tmp_path / "lone.safetensors"
+    lone.write_bytes((FIXTURES / weights).read_bytes())
+    return lone
+
+
+def test_timm_avg_pool_with_class_token_is_read_from_fc_norm(tmp_path):
+    """timm's global_pool='avg' keeps the class token and adds fc_norm; the pool is the mean of the patch tokens.
+    Read from the content alone (no sidecar), it once loaded as a class-token head, 0.7 off in the logits."""
+    config, _, _ = read_checkpoint(lone_copy(tmp_path, "timm_vit_avg_cls.safetensors"), {"num_heads": 4})
+    assert config.class_token and config.fc_norm and config.classifier == "gap"
+    images, expected = reference_io("timm_vit_avg_cls")
+    with torch.no_grad():
+        logits = load_model(tmp_path / "lone.safetensors", num_heads=4)(images)
+    assert (logits - expected).abs().max().item() <= 1e-4
+
+
+def test_a_sidecar_global_pool_decides_against_the_default_rule(tmp_path):
+    lone = lone_copy(tmp_path, "timm_vit_avg_cls.safetensors")
+    (tmp_path / "lone.json").write_text(json.dumps({"num_heads": 4, "global_pool": "token", "fc_norm": True}))
+    config, _, _ = read_checkpoint(lone)
+    assert config.classifier == "token" and config.fc_norm  # timm's token pool followed by fc_norm
+
+
+def test_a_non_square_checkpoint_loads_at_the_size_given(tmp_path):
+    lone = lone_copy(tmp_path, "timm_vit_48x32.safetensors")
+    images, expected = reference_io("timm_vit_48x32")
+    assert images.shape[-2:] == (48, 32)
+    with pytest.raises(CheckpointError, match="24 position rows are not a square grid.*--image-size HxW"):
+        load_model(lone, num_heads=4)
+    model = load_model(lone, num_heads=4, image_size=(48, 32))
+    assert model.config.image_size == (48, 32) and model.config.grid_size == (6, 4)
+    with torch.no_grad():
+        assert (model(images) - expected).abs().max().item() <= 1e-4
+    with pytest.raises(CheckpointError, match="image size 48x40 does not fit.*6x5 grid.*24 patch rows"):
+        load_model(lone, num_heads=4, image_size=(48, 40))
+    # 32x48 (a 4x6 grid) also has 24 rows: a table's orientation cannot be read from it, only its row count.
+
+
+def test_a_square_checkpoint_given_a_size_is_resampled_to_it():
+    model = load_model(FIXTURES / "timm_vit_token.safetensors", image_size=(24, 16))
+    assert model.config.image_size == (24, 16) and model.pos_embed.shape[1] == 1 + 6 * 4
+
+
+def test_a_non_square_official_npz_loads_at_the_size_given(tmp_path):
+    """No official non-square checkpoint is at hand, so one is cut from the square fixture: its 4x4 position grid
+    cropped to the top 4x2 rows, as a model for 16x8 images. It must load at that size and equal the square
+    model given the same cropped table."""
+    with np.load(FIXTURES / "jax_vit_token.npz", allow_pickle=False) as arrays:
+        cut = dict(arrays)
+    key = "Transformer/posembed_input/pos_embedding"
+    table = cut[key]  # (1, 1 + 16, D)
+    grid = table[:, 1:].reshape(1, 4, 4, -1)[:, :, :2].reshape(1, 8, -1)
+    cut[key] = np.concatenate([table[:, :1], grid], axis=1)
+    np.savez(tmp_path / "cut.npz", **cut)
+    with pytest.raises(CheckpointError, match="8 position rows are not a square grid"):
+        load_model(tmp_path / "cut.npz")
+    model = load_model(tmp_path / "cut.npz", image_size=(16, 8))
+    reference = load_model(FIXTURES / "jax_vit_token.npz")
+    reference.set_image_size((16, 8))  # then overwrite the resampled table with the same crop
+    with torch.no_grad():
+        reference.pos_embed.copy_(torch.from_numpy(cut[key]))
+        images = torch.randn(2, 3, 16, 8)
+        assert torch.equal(model(images), reference(images))
+
+
+def test_every_command_that_loads_a_checkpoint_takes_image_size_as_hxw():
+    from vitlab.cli import build_parser
+
+    parser = build_parser()
+    commands = {
+        "info": ["C"], "convert": ["C", "OUT"], "eval": ["C"], "predict": ["C", "img.png"], "export": ["C"],
+        "analyze": ["C", "--images", "digits"], "fewshot": ["C", "--dataset", "digits"],
+        "linear-probe": ["C", "--dataset", "digits"], "finetune": ["--from", "C", "--dataset", "digits"],
+        "bench": ["--checkpoint", "C"],
+    }
+    for command, rest in commands.items():
+        args = parser.parse_args([command, *rest, "--image-size", "48x32"])
+        assert args.image_size == (48, 32), command
+
+
+def test_cli_info_and_convert_take_the_size_of_a_non_square_checkpoint(tmp_path, capsys):
+    from vitlab.cli import main
+
+    lone = lone_copy(tmp_path, "timm_vit_48x32.safetensors")
+    assert main(["info", str(lone), "--num-heads", "4", "--image-size", "48x32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["image_size"] == [48, 32]
+    out = tmp_path / "converted.safetensors"
+    assert main(["convert", str(lone), str(out), "--num-heads", "4", "--image-size", "48x32"]) == 0
+    images, expected = reference_io("timm_vit_48x32")
+    with torch.no_grad():
+        assert (load_model(out)(images) - expected).abs().max().item() <= 1e-4
+    assert main(["info", str(lone), "--num-heads", "4"]) == 1
+    assert "not a square grid" in capsys.readouterr().err

@@ -64,7 +64,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from vitlab.reports import checkpoint_info
 
-    info = checkpoint_info(args.checkpoint, num_heads=args.num_heads)
+    info = checkpoint_info(args.checkpoint, num_heads=args.num_heads, image_size=args.image_size)
     if args.json:
         print(json.dumps(info, indent=1))
     else:
@@ -104,6 +104,25 @@ def classes_arg(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"classes must be like 5,6,7 or 5-9, got {text!r}") from None
 
 
+CHECKPOINT_IMAGE_SIZE_HELP = ("N or HxW. A checkpoint whose position table is a square grid implies its own size, "
+                              "and this is the size to resample it to; one whose table is not square (e.g. 48x32 "
+                              "images) implies none, and this is the size it was made for")
+
+
+def add_checkpoint_options(parser: argparse.ArgumentParser, image_size_help: str = CHECKPOINT_IMAGE_SIZE_HELP,
+                           num_heads: bool = True) -> None:
+    """--image-size (and --num-heads), the same for every command that loads a checkpoint."""
+    parser.add_argument("--image-size", type=image_size_arg, default=None, help=image_size_help)
+    if num_heads:
+        parser.add_argument("--num-heads", type=int, default=None,
+                            help="head count, for timm / HF weights with no config beside them")
+
+
+def image_size_text(size: int | tuple[int, int]) -> str:
+    """--set form of an image size: 224 or [48,32]."""
+    return str(size) if isinstance(size, int) else f"[{size[0]},{size[1]}]"
+
+
 def shots_arg(text: str) -> list[int]:
     try:
         shots = [int(v) for v in text.split(",") if v]
@@ -125,7 +144,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         raise UsageError("finetune needs --from CHECKPOINT and --dataset NAME (or --resume RUN_DIR)")
     config = load_recipe(args.config) if args.config else finetune_config()
     shorthand = [f"init_from={args.init_from}", f"dataset={args.dataset}"]
-    for key, value in (("data_dir", args.data_dir), ("image_size", args.image_size), ("epochs", args.epochs),
+    image_size = image_size_text(args.image_size) if args.image_size is not None else None
+    for key, value in (("data_dir", args.data_dir), ("image_size", image_size), ("epochs", args.epochs),
                        ("classes", args.classes), ("out_dir", args.out_dir)):
         if value is not None:
             shorthand.append(f"{key}={value}")
@@ -144,7 +164,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     from vitlab.eval.fewshot import run_fewshot
 
     report = run_fewshot(args.checkpoint, args.dataset, args.shots, args.seeds, args.l2, args.data_dir, args.classes,
-                         args.image_size)
+                         args.image_size, args.num_heads)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -159,7 +179,8 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 def cmd_linear_probe(args: argparse.Namespace) -> int:
     from vitlab.eval.fewshot import run_linear_probe
 
-    report = run_linear_probe(args.checkpoint, args.dataset, args.l2, args.data_dir, args.classes, args.image_size)
+    report = run_linear_probe(args.checkpoint, args.dataset, args.l2, args.data_dir, args.classes, args.image_size,
+                              args.num_heads)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -172,7 +193,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from vitlab.eval.runner import run_evaluation
 
     report = run_evaluation(args.checkpoint, args.dataset, args.data_dir, args.split, args.out, args.batch_size,
-                            args.classes)
+                            args.classes, args.image_size, args.num_heads)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "confusion"}, indent=1))
         return 0
@@ -196,7 +217,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
                              f"make one with: vitlab export {args.checkpoint} --format onnx")
         model = OnnxClassifier(args.checkpoint)
     else:
-        model = load_model(args.checkpoint)
+        model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
     rows = predict(model, args.inputs, top_k=args.top_k)
     if args.format == "json":
         print(json.dumps(rows, indent=1))
@@ -226,7 +247,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from vitlab.export.onnx import require_onnx, run_export, validation_pixels
 
     require_onnx()
-    model = load_model(args.checkpoint)
+    model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
     source = Path(args.checkpoint)
     suffix = "-int8.onnx" if args.int8 else ".onnx"
     output = args.output or (source / f"model{suffix}" if source.is_dir() else source.with_name(source.stem + suffix))
@@ -269,7 +290,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from vitlab.analysis.report import analyze
 
     summary = analyze(args.checkpoint, args.images, args.out, args.data_dir, args.num_images,
-                      args.distance_images)
+                      args.distance_images, image_size=args.image_size, num_heads=args.num_heads)
     per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
     print(f"analysed {summary['checkpoint']} on {summary['images_for_distance']} images")
     print(f"  mean attention distance per layer (pixels): {per_layer}")
@@ -298,9 +319,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("input", help="checkpoint file or folder (kind detected from its content)")
     p.add_argument("output", help="file (vitlab, timm) or folder (hf) to write")
     p.add_argument("--to", choices=("vitlab", "timm", "hf"), default="vitlab", help="kind to write (default vitlab)")
-    p.add_argument("--image-size", type=image_size_arg, default=None,
-                   help="resample the position embedding for this input size (patch size kept)")
-    p.add_argument("--num-heads", type=int, default=None, help="head count, for timm/HF weights with no config")
+    add_checkpoint_options(p)
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("train", help="train a ViT (default: the digits recipe); torchrun-ready")
@@ -322,7 +341,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--from", dest="init_from", metavar="CHECKPOINT", help="vitlab, official .npz, timm or HF checkpoint")
     p.add_argument("--dataset", help="data set to fine-tune on")
     p.add_argument("--data-dir")
-    p.add_argument("--image-size", type=int, help="fine-tuning resolution; the position embedding is resampled")
+    add_checkpoint_options(p, "fine-tuning resolution, N or HxW: the position embedding is resampled to it (for a "
+                              "checkpoint whose position table is not square: the size it was made for)",
+                           num_heads=False)
     p.add_argument("--classes", type=classes_arg, help="only these classes of the data set, e.g. 5-9 or 1,3,5")
     p.add_argument("--epochs", type=int)
     p.add_argument("--optimizer", choices=("sgd", "adamw"), help="default sgd (momentum 0.9), as the paper")
@@ -343,7 +364,7 @@ def build_parser() -> ArgumentParser:
         p.add_argument("--dataset", required=True)
         p.add_argument("--data-dir")
         p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9")
-        p.add_argument("--image-size", type=int, help="evaluate at this size (position embedding resampled)")
+        add_checkpoint_options(p)
         if name == "fewshot":
             p.add_argument("--shots", type=shots_arg, default=[1, 5, 10, 25], help="default 1,5,10,25")
             p.add_argument("--seeds", type=int, default=3, help="draws per shot count (default 3)")
@@ -362,6 +383,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9 (default for a run: its own)")
     p.add_argument("--out", help="folder for eval JSON and confusion matrix (default: beside the checkpoint)")
     p.add_argument("--batch-size", type=int, default=256)
+    add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(func=cmd_eval)
 
@@ -372,6 +394,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--format", choices=("table", "json", "csv"), default="table")
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
                    help="onnx: run a file written by `vitlab export` with ONNX Runtime")
+    add_checkpoint_options(p)
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("bench", help="images/s of every inference path (fp32, bf16, compiled, ONNX Runtime, int8) "
@@ -379,7 +402,9 @@ def build_parser() -> ArgumentParser:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model", default="B/16", help="a variant or preset (random weights), default B/16")
     source.add_argument("--checkpoint", help="a trained run folder or checkpoint (needed for --dataset accuracy)")
-    p.add_argument("--image-size", type=image_size_arg)
+    p.add_argument("--image-size", type=image_size_arg,
+                   help="a variant's input size; with --checkpoint as for every command that loads one: "
+                        + CHECKPOINT_IMAGE_SIZE_HELP)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--paths", type=lambda text: [t for t in text.split(",") if t],
                    help="comma-separated subset, e.g. eager-fp32,onnx-int8 (default: all)")
@@ -407,6 +432,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--images", nargs="+", metavar="IMAGE_OR_FOLDER",
                    help="real images to check the export on (default: 32 of the shipped digits)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_checkpoint_options(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("analyze", help="the paper's attention and embedding analyses, as pictures and an HTML report")
@@ -418,11 +444,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--num-images", type=int, default=8, help="images shown with their rollout (default 8)")
     p.add_argument("--distance-images", type=int, default=256,
                    help="images averaged for the attention distances (default 256)")
+    add_checkpoint_options(p)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("info", help="show what a checkpoint holds")
     p.add_argument("checkpoint")
-    p.add_argument("--num-heads", type=int, default=None, help="head count, for timm/HF weights with no config")
+    add_checkpoint_options(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
     return parser

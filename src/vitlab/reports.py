@@ -40,10 +40,13 @@ def describe(config) -> str:
             f"image {size}, patch {patch}, {config.classifier} head, {config.num_classes} classes")
 
 
-def checkpoint_info(path: str | Path, num_heads: int | None = None) -> dict[str, Any]:
+def checkpoint_info(path: str | Path, num_heads: int | None = None,
+                    image_size: int | tuple[int, int] | None = None) -> dict[str, Any]:
+    """What a checkpoint holds: its kind, parameter count and config (image_size: as for `load_model`; shown as
+    the checkpoint's own size, resampling is not applied here)."""
     from vitlab.checkpoint.formats import read_checkpoint
 
-    config, state, kind = read_checkpoint(path, {"num_heads": num_heads} if num_heads else None)
+    config, state, kind = read_checkpoint(path, {"num_heads": num_heads} if num_heads else None, image_size)
     return dict(path=str(path), kind=kind, params_m=sum(t.numel() for t in state.values()) / 1e6,
                 config=config.to_dict())
 
@@ -53,7 +56,7 @@ def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
     """Load any checkpoint, write it as `to`, read the written one back and compare logits on a random batch."""
     from vitlab.checkpoint.formats import export_checkpoint, load_model, model_from_state, read_checkpoint
 
-    config, state, kind = read_checkpoint(input_path, {"num_heads": num_heads} if num_heads else None)
+    config, state, kind = read_checkpoint(input_path, {"num_heads": num_heads} if num_heads else None, image_size)
     model = model_from_state(config, state, str(input_path), image_size=image_size)
     written = export_checkpoint(model, output_path, to=to)
     reloaded = load_model(written)

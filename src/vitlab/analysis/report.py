@@ -38,9 +38,11 @@ def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int)
 
 def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | None = None, data_dir: str | None = None,
             num_shown: int = 8, num_distance_images: int = 256, num_components: int = 28,
-            batch_size: int = 64) -> dict[str, Any]:
-    """Run every analysis and write the figures, numbers and report; returns a summary with the paths."""
-    model = load_model(checkpoint)
+            batch_size: int = 64, image_size: int | tuple[int, int] | None = None,
+            num_heads: int | None = None) -> dict[str, Any]:
+    """Run every analysis and write the figures, numbers and report; returns a summary with the paths.
+    image_size / num_heads: as for `load_model`."""
+    model = load_model(checkpoint, image_size=image_size, num_heads=num_heads)
     config = model.config
     source = Path(checkpoint)
     folder = Path(out) if out else (source / "analysis" if source.is_dir() else source.parent / f"analysis-{source.stem}")

@@ -45,10 +45,7 @@ def bench_model(name: str | None, checkpoint: str | None, image_size: int | tupl
     from vitlab.models import create_model
 
     if checkpoint is not None:
-        model = load_model(checkpoint)
-        if image_size is not None:
-            model.set_image_size(image_size)
-        return model.eval()
+        return load_model(checkpoint, image_size=image_size).eval()
     overrides = {"image_size": image_size} if image_size is not None else {}
     model = create_model(name or "B/16", **overrides)
     if isinstance(model.head, nn.Linear):

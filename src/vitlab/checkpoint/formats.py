@@ -45,9 +45,12 @@ def resolve_weights(path: Path) -> tuple[Path, dict[str, Any] | None]:
     raise CheckpointError(f"{path}: a folder with none of {', '.join(RUN_CHECKPOINTS + WEIGHT_FILES[1:])} in it")
 
 
-def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
+def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
+                    image_size: int | tuple[int, int] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
     """(config, state dict in vitlab names, kind) of any supported checkpoint. `hints` (e.g. {"num_heads": 4})
-    fill in what neither the file nor its sidecar says."""
+    fill in what neither the file nor its sidecar says. `image_size`, the size the user asked for: where the
+    position table is not square it is the checkpoint's own size (and is checked against the table's rows);
+    where it is square the config keeps the table's size and the caller resamples (`model_from_state`)."""
     weights, sidecar = resolve_weights(Path(path))
     source = str(weights)
     container = sniff(weights)
@@ -59,7 +62,7 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None) -> tu
                 raise CheckpointError(f"{source}: an .npz archive, but not an official ViT checkpoint "
                                       "(no 'Transformer/encoder_norm/scale')")
             jax_hints = {k: v for k, v in (sidecar or {}).items() if k == "image_size"}
-            config = jax_npz.config_from_jax(arrays, source, {**jax_hints, **hints})
+            config = jax_npz.config_from_jax(arrays, source, {**jax_hints, **hints}, image_size)
             return apply_hints(config, hints), jax_npz.jax_to_state_dict(arrays, config, source), "jax"
         if container == "safetensors":
             state, metadata = read_safetensors(weights)
@@ -77,11 +80,11 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None) -> tu
         keys = set(state)
         if hf.is_hf_state_dict(keys):
             hf_config = sidecar if sidecar and sidecar.get("model_type") == "vit" else None
-            config = apply_hints(hf.config_from_hf(state, hf_config, source), hints)
+            config = apply_hints(hf.config_from_hf(state, hf_config, source, image_size), hints)
             return config, hf.hf_to_state_dict(state, config, source), "hf"
         if timm.is_timm_state_dict(keys):
             timm_hints = timm.hints_from_timm_json(sidecar) if sidecar else {}
-            config = timm.config_from_timm(state, source, {**timm_hints, **hints})
+            config = timm.config_from_timm(state, source, {**timm_hints, **hints}, image_size)
             return config, state, "timm"
     except ConfigError as error:
         raise CheckpointError(f"{source}: the checkpoint describes an invalid model: {error}") from None
@@ -108,11 +111,12 @@ def load_model(
     """Load any supported checkpoint into a VisionTransformer in eval mode.
 
     image_size: if given and different from the checkpoint's, the position embedding is resampled to the new
-    grid (patch size kept), as for fine-tuning at a higher resolution. num_heads: for timm / HF weights whose
+    grid (patch size kept), as for fine-tuning at a higher resolution; for a checkpoint whose position table is
+    not square (so implies no size) it is the size the checkpoint was made for. num_heads: for timm / HF weights whose
     head count no sidecar states.
     """
     hints = {"num_heads": num_heads} if num_heads else {}
-    config, state, _ = read_checkpoint(path, hints)
+    config, state, _ = read_checkpoint(path, hints, image_size)
     return model_from_state(config, state, str(path), image_size, resample_mode, device)
 
 

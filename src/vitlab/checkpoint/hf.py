@@ -46,7 +46,8 @@ def strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key.removeprefix("vit."): value for key, value in state.items()}
 
 
-def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None, source: str) -> ViTConfig:
+def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None, source: str,
+                   given_image_size: int | tuple[int, int] | None = None) -> ViTConfig:
     """A ViTConfig from an HF `config.json` (if there is one) and the weights' shapes."""
     state = strip_prefix(state)
     hf_config = hf_config or {}
@@ -60,7 +61,7 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
     image_size = hf_config.get("image_size")
     if image_size is None:
         rows = state["embeddings.position_embeddings"].shape[1] - 1
-        image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), 1, source)
+        image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), 1, source, given_image_size)
     activation = hf_config.get("hidden_act", "gelu")
     if activation not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
         raise CheckpointError(f"{source}: hidden_act={activation!r} is not supported (vitlab has exact and tanh GELU)")

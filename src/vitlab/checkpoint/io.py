@@ -196,14 +196,29 @@ def load_state_dict_checked(model: torch.nn.Module, state_dict: Mapping[str, tor
     model.load_state_dict({name: tensor.to(expected[name].dtype) for name, tensor in state_dict.items()})
 
 
-def image_size_from_positions(num_patch_rows: int, patch_size: tuple[int, int], stride: int,
-                              source: str) -> tuple[int, int]:
-    """The input size implied by a position table of `num_patch_rows` patch rows, assuming a square grid (the
-    only shape a weights file implies on its own): side * patch * stem stride per axis."""
+def image_size_from_positions(num_patch_rows: int, patch_size: tuple[int, int], stride: int, source: str,
+                              given: int | tuple[int, int] | list[int] | None = None) -> tuple[int, int]:
+    """The input size a checkpoint was made for, from its position table of `num_patch_rows` patch rows.
+
+    A square table implies its size on its own (side * patch * stem stride per axis); a size the user gave is
+    then a target to resample to, applied later. A table that is not square implies no size: the given one is
+    taken as the checkpoint's own, and must account for exactly its rows."""
     side = math.isqrt(num_patch_rows)
-    if side * side != num_patch_rows:
-        raise CheckpointError(f"{source}: {num_patch_rows} position rows are not a square grid; give the image size")
-    return side * patch_size[0] * stride, side * patch_size[1] * stride
+    if side * side == num_patch_rows:
+        return side * patch_size[0] * stride, side * patch_size[1] * stride
+    if given is None:
+        raise CheckpointError(f"{source}: {num_patch_rows} position rows are not a square grid, so the image size "
+                              "the model was made for cannot be read from the weights; give it (--image-size HxW, "
+                              "or image_size=(H, W) in Python)")
+    height, width = (given, given) if isinstance(given, int) else tuple(given)
+    cell = (patch_size[0] * stride, patch_size[1] * stride)
+    grid = (height // cell[0], width // cell[1])
+    if height % cell[0] or width % cell[1] or grid[0] * grid[1] != num_patch_rows:
+        raise CheckpointError(f"{source}: image size {height}x{width} does not fit the checkpoint: in "
+                              f"{cell[0]}x{cell[1]}-pixel patches it is a {height / cell[0]:g}x{width / cell[1]:g} "
+                              f"grid, but the position table has {num_patch_rows} patch rows; give the size the "
+                              "checkpoint was made for")
+    return height, width
 
 
 def config_from_metadata(metadata: Mapping[str, str], source: str) -> ViTConfig:

@@ -24,7 +24,8 @@ def is_jax_checkpoint(keys: set[str]) -> bool:
     return "Transformer/encoder_norm/scale" in keys
 
 
-def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str, Any] | None = None) -> ViTConfig:
+def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str, Any] | None = None,
+                    given_image_size: int | tuple[int, int] | None = None) -> ViTConfig:
     """Infer the model config from the arrays' names and shapes; `hints` (the official config dict, e.g. a
     sidecar JSON) settles what shapes cannot, such as a non-square image size."""
     hints = hints or {}
@@ -54,7 +55,7 @@ def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str,
     if "image_size" in hints:
         image_size = hints["image_size"]
     else:
-        image_size = image_size_from_positions(pos_rows, kernel.shape[:2], stride, source)
+        image_size = image_size_from_positions(pos_rows, kernel.shape[:2], stride, source, given_image_size)
     representation = arrays["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in arrays else None
     num_classes = arrays["head/kernel"].shape[1] if "head/kernel" in arrays else 0
     return ViTConfig(

@@ -51,8 +51,17 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
     return hints
 
 
-def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[str, Any] | None = None) -> ViTConfig:
-    """Infer a ViTConfig from a timm / vitlab state dict's names and shapes, completed by `hints`."""
+def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[str, Any] | None = None,
+                     given_image_size: int | tuple[int, int] | None = None) -> ViTConfig:
+    """Infer a ViTConfig from a timm / vitlab state dict's names and shapes, completed by `hints`.
+
+    Pooling follows timm's own rule: `fc_norm` exists exactly when the pool is an average (timm's `fc_norm=None`
+    default), and the average is over the patch tokens only, the class token left out. So `fc_norm.*` means an
+    average pool whether or not there is a class token (the MAE fine-tuned layout), a class token without it means
+    the class token feeds the head, and no class token means an average. A model built against that default
+    (timm's `global_pool="token", fc_norm=True`, or `global_pool="avg", fc_norm=False`) says so in its sidecar
+    JSON (`global_pool`), which decides.
+    given_image_size: the size the user gave; the checkpoint's own when its position table is not square."""
     hints = dict(hints or {})
     for unsupported, what in (("reg_token", "register tokens"), ("blocks.0.ls1.gamma", "layer scale"),
                               ("blocks.0.attn.q_norm.weight", "query-key norm"), ("attn_pool.latent", "attention pooling")):
@@ -82,13 +91,14 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
     image_size = hints.pop("image_size", None)
     if image_size is None:
         rows = state["pos_embed"].shape[1] - int(class_token)
-        image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), stride, source)
+        image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), stride, source, given_image_size)
     fields: dict[str, Any] = dict(
         image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=in_chans,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
         embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim,
         qkv_bias="blocks.0.attn.qkv.bias" in state, class_token=class_token,
-        classifier="token" if class_token else "gap", fc_norm="fc_norm.weight" in state,
+        classifier="token" if class_token and "fc_norm.weight" not in state else "gap",
+        fc_norm="fc_norm.weight" in state,
         representation_size=state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else None,
         resnet_layers=resnet_layers, resnet_width_factor=width_factor,
     )

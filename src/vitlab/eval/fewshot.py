@@ -46,8 +46,9 @@ def checkpoint_digest(path: str | Path) -> str:
 
 
 def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None = None,
-                    classes: list[int] | None = None, image_size: int | None = None, folder: Path | None = None,
-                    check=None) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[str]]]:
+                    classes: list[int] | None = None, image_size: int | tuple[int, int] | None = None,
+                    folder: Path | None = None, check=None,
+                    num_heads: int | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[str]]]:
     """{"train": ..., "test": ...}: (features, labels, class names) of both splits, each from the cache when the
     same checkpoint and data were seen. The checkpoint is hashed once and, if any split is missing from the
     cache, loaded once. `check(labels, class_names)` may refuse the training split (raise) before any feature is
@@ -68,7 +69,7 @@ def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None =
             if check is not None and split == "train":
                 check(results[split][1], results[split][2])
             continue
-        model = model or load_model(checkpoint, image_size=image_size)
+        model = model or load_model(checkpoint, image_size=image_size, num_heads=num_heads)
         data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size,
                             channels=model.config.in_chans, classes=classes)
         if check is not None and split == "train":
@@ -159,9 +160,9 @@ def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tens
 
 def run_fewshot(checkpoint: str | Path, dataset: str, shots: list[int], seeds: int = 3, l2: float = 1.0,
                 data_dir: str | None = None, classes: list[int] | None = None,
-                image_size: int | None = None) -> dict[str, Any]:
+                image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> dict[str, Any]:
     splits = cached_features(checkpoint, dataset, data_dir, classes, image_size,
-                             check=lambda labels, names: check_shots(labels, names, shots))
+                             check=lambda labels, names: check_shots(labels, names, shots), num_heads=num_heads)
     train, test = splits["train"], splits["test"]
     results = fewshot_accuracy(train[0], train[1], test[0], test[1], shots, seeds, l2)
     return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "seeds": seeds, "l2": l2,
@@ -170,9 +171,10 @@ def run_fewshot(checkpoint: str | Path, dataset: str, shots: list[int], seeds: i
 
 
 def run_linear_probe(checkpoint: str | Path, dataset: str, l2: float = 1e-3, data_dir: str | None = None,
-                     classes: list[int] | None = None, image_size: int | None = None) -> dict[str, Any]:
+                     classes: list[int] | None = None, image_size: int | tuple[int, int] | None = None,
+                     num_heads: int | None = None) -> dict[str, Any]:
     splits = cached_features(checkpoint, dataset, data_dir, classes, image_size,
-                             check=lambda labels, names: check_shots(labels, names, [1]))
+                             check=lambda labels, names: check_shots(labels, names, [1]), num_heads=num_heads)
     train, test = splits["train"], splits["test"]
     result = linear_probe_accuracy(train[0], train[1], test[0], test[1], l2)
     return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "l2": l2, **result}

@@ -27,9 +27,10 @@ def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_d
 
 
 def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir: str | None = None, split: str = "test",
-                   out: str | Path | None = None, batch_size: int = 256, classes: list[int] | None = None) -> dict[str, Any]:
+                   out: str | Path | None = None, batch_size: int = 256, classes: list[int] | None = None,
+                   image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> dict[str, Any]:
     """Metrics of a checkpoint on a data set; for a run folder the data set (and class subset) default to the
-    ones it trained on."""
+    ones it trained on. image_size / num_heads: as for `load_model`."""
     run_config = Path(checkpoint) / "train_config.json"
     if dataset is None:
         if not run_config.is_file():
@@ -37,7 +38,7 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir:
         trained = json.loads(run_config.read_text())
         dataset, data_dir = trained["dataset"], data_dir or trained.get("data_dir")
         classes = classes if classes is not None else trained.get("classes")
-    model = load_model(checkpoint)
+    model = load_model(checkpoint, image_size=image_size, num_heads=num_heads)
     data = evaluation_data(model.config, dataset, split, data_dir, classes)
     metrics = evaluate(model, data, batch_size)
     source = Path(checkpoint)

@@ -24,7 +24,7 @@ class TrainConfig:
     model_overrides: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields, e.g. {"depth": 6}
     dataset: str = "digits"  # digits, mnist, fashion-mnist, cifar10, cifar100, folder
     data_dir: str | None = None  # files already on disk (else downloaded into the cache)
-    image_size: int | None = None  # input size; default: the variant's (data are resized to it)
+    image_size: int | list[int] | None = None  # input size, N or [H, W]; default: the variant's (data are resized)
     classes: list[int] | None = None  # train on these classes only, relabelled 0..n-1 (e.g. [5, 6, 7, 8, 9])
     # Model selection. The best checkpoint (and any choice made from a run) follows the validation split: a
     # fraction of the training images (< 1) or a count, stratified, fixed by `seed`; 0 = none. A data set with an
@@ -101,7 +101,9 @@ class TrainConfig:
         rules = [
             ("data_dir", lambda v: isinstance(v, str)), ("init_from", lambda v: isinstance(v, str)),
             ("run_name", lambda v: isinstance(v, str) and "/" not in v and v not in (".", "..")),
-            ("image_size", lambda v: whole(v) and v > 0), ("threads", lambda v: whole(v) and v > 0),
+            ("image_size", lambda v: (whole(v) and v > 0) or (isinstance(v, (list, tuple)) and len(v) == 2
+                                                               and all(whole(x) and x > 0 for x in v))),
+            ("threads", lambda v: whole(v) and v > 0),
             ("max_train_images", lambda v: whole(v) and v > 0),
             ("classes", lambda v: isinstance(v, list) and v and all(whole(c) and c >= 0 for c in v)),
             ("model_overrides", lambda v: isinstance(v, dict)),

@@ -72,7 +72,7 @@ def build_finetune_model(config: TrainConfig, data: ImageDataset) -> VisionTrans
     embedding to the new grid (2-D interpolation, class-token row kept)."""
     from vitlab.checkpoint.formats import model_from_state, read_checkpoint
 
-    pretrained_config, state, _ = read_checkpoint(config.init_from)
+    pretrained_config, state, _ = read_checkpoint(config.init_from, image_size=config.image_size)
     model = model_from_state(pretrained_config.replace(drop_path=config.drop_path, dropout=config.dropout), state,
                              config.init_from)
     if model.config.representation_size:
