@@ -164,12 +164,23 @@ INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
 
 # ------------------------------------------------------------------------------------------------ training steps
 def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None = None, compile: bool = False,
-               num_classes: int | None = None, call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
-               ) -> Callable[[torch.Tensor], torch.Tensor]:
+               num_classes: int | None = None, call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
+               attention: str | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """One optimisation step (forward, cross-entropy, backward, AdamW) on a copy of the model; returns the logits.
-    Runs under torch.enable_grad, whatever the caller's mode."""
+    Every path, transformers' too, steps the same optimizer (`vitlab train`'s fused AdamW), so the paths differ
+    only in the model's forward and backward. attention: a vitlab model's kernel ("sdpa" / "explicit"); default
+    the one `vitlab train` chooses. Runs under torch.enable_grad, whatever the caller's mode."""
+    from vitlab.train.optim import build_optimizer
+
     trained = copy.deepcopy(model).train()
-    optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-3)
+    if hasattr(trained, "set_attention_kernel"):
+        if attention is None:
+            from vitlab.train.config import TrainConfig
+            from vitlab.train.loop import training_attention_kernel
+
+            attention = training_attention_kernel(TrainConfig(), trained)
+        trained.set_attention_kernel(attention)
+    optimizer = build_optimizer(trained, "adamw", 1e-3, 0.05)
     forward = call or (lambda module, images: module(images))
     if compile:
         forward = torch.compile(forward)
@@ -189,7 +200,23 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
 
 
 def train_eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return BenchPath("train eager fp32", "fp32", train_step(model, sample), "forward + backward + AdamW step")
+    kernel = "explicit" if train_step_kernel(model) == "explicit" else "SDPA"
+    return BenchPath("train eager fp32", "fp32", train_step(model, sample),
+                     f"forward + backward + fused AdamW, {kernel} attention (what vitlab train runs)")
+
+
+def train_step_kernel(model: nn.Module) -> str:
+    from vitlab.train.config import TrainConfig
+    from vitlab.train.loop import training_attention_kernel
+
+    return training_attention_kernel(TrainConfig(), model)
+
+
+def train_eager_fp32_sdpa(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    if train_step_kernel(model) == "sdpa":
+        raise Unavailable("vitlab train already uses SDPA attention for this model (see train eager fp32)")
+    return BenchPath("train eager fp32 sdpa", "fp32", train_step(model, sample, attention="sdpa"),
+                     "as train eager fp32, with the fused SDPA attention kernel instead")
 
 
 def train_autocast_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
@@ -217,6 +244,7 @@ def train_transformers_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath
 
 TRAIN_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "eager-fp32": train_eager_fp32,
+    "eager-fp32-sdpa": train_eager_fp32_sdpa,
     "autocast-bf16": train_autocast_bf16,
     "compile-fp32": train_compiled_fp32,
     "transformers": train_transformers_fp32,

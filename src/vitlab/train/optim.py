@@ -40,9 +40,16 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0, layer_d
 def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, momentum: float = 0.9,
                     layer_decay: float = 1.0) -> torch.optim.Optimizer:
     groups = param_groups(model, weight_decay, lr, layer_decay)
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum)
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999))
+    # The fused kernels update every tensor in one pass (CPU and CUDA); on the CPU PyTorch otherwise loops over
+    # the tensors one by one. Devices without fused kernels fall back to the default implementation.
+    try:
+        if name == "sgd":
+            return torch.optim.SGD(groups, lr=lr, momentum=momentum, fused=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), fused=True)
+    except (RuntimeError, TypeError):
+        if name == "sgd":
+            return torch.optim.SGD(groups, lr=lr, momentum=momentum)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999))
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
