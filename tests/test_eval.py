@@ -75,3 +75,17 @@ def test_predict_reads_files_and_folders_and_reports_bad_ones(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)[0]["predictions"][0]["label"] == "d7"
     with pytest.raises(DataError, match="no such file"):
         predict(model, [tmp_path / "missing.png"])
+
+
+def test_eval_of_a_run_on_its_validation_split_sees_the_images_it_chose_with(tmp_path):
+    from vitlab.eval.runner import run_evaluation
+    from vitlab.train.config import TrainConfig
+    from vitlab.train.loop import train
+
+    summary = train(TrainConfig(model_overrides=dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32), epochs=1,
+                                out_dir=str(tmp_path), run_name="run", progress=False, threads=1, seed=3))
+    report = run_evaluation(tmp_path / "run", split="val", out=tmp_path / "eval")
+    assert report["count"] == summary["val_count"] == 144
+    assert report["top1"] == pytest.approx(summary["val_top1"])  # the same model on the same 144 images
+    with pytest.raises(DataError, match="no official validation split"):
+        run_evaluation(tmp_path / "run" / "model.safetensors", dataset="digits", split="val")

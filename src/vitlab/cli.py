@@ -379,7 +379,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("checkpoint", help="run folder or checkpoint")
     p.add_argument("--dataset", help="data set name (default for a run folder: the one it trained on)")
     p.add_argument("--data-dir")
-    p.add_argument("--split", choices=("train", "test"), default="test")
+    p.add_argument("--split", choices=("train", "val", "test"), default="test",
+                   help="val: the data set's official validation split, or for a run folder the one it carved")
     p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9 (default for a run: its own)")
     p.add_argument("--out", help="folder for eval JSON and confusion matrix (default: beside the checkpoint)")
     p.add_argument("--batch-size", type=int, default=256)

@@ -359,13 +359,14 @@ class Splits:
 
 def load_splits(name: str, data_dir: str | Path | None = None, val_size: float = 0.1, seed: int = 0,
                 image_size: int | tuple[int, int] | None = None, classes: list[int] | None = None,
-                allow_download: bool = True, max_train_images: int | None = None) -> Splits:
+                allow_download: bool = True, max_train_images: int | None = None, channels: int = 3) -> Splits:
     """Train, validation and test splits of a data set. A data set with an official validation split (an image
     folder with train/, val/ and test/) keeps it; otherwise `val_size` images (a fraction below 1, or a count)
     are carved from the training split, stratified by class and fixed by `seed`. val_size 0: no validation.
     `max_train_images` then keeps a stratified subset of what is left for training (quick runs, tests)."""
     def load(split: str) -> ImageDataset:
-        return load_dataset(name, split, data_dir, allow_download, image_size=image_size, classes=classes)
+        return load_dataset(name, split, data_dir, allow_download, image_size=image_size, channels=channels,
+                            classes=classes)
 
     train, test = load("train"), load("test")
     validation, source = None, "none"

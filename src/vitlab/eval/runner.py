@@ -9,17 +9,27 @@ from typing import Any
 from vitlab.checkpoint import load_model
 from vitlab.checkpoint.io import atomic_write_bytes
 from vitlab.config import ViTConfig
-from vitlab.data.datasets import ImageDataset, load_dataset
+from vitlab.data.datasets import ImageDataset, has_official_validation, load_dataset, load_splits
 from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate
 
 
 def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_dir: str | None = None,
-                    classes: list[int] | None = None) -> ImageDataset:
+                    classes: list[int] | None = None, run: dict[str, Any] | None = None) -> ImageDataset:
     """A split of a data set at the model's image size and channels; refused when its classes do not match the
-    model's head."""
-    data = load_dataset(dataset, split, data_dir, image_size=config.image_size, channels=config.in_chans,
-                        classes=classes)
+    model's head. split "val": the data set's official validation split, or else the one a training run carved
+    (`run`: its train_config.json; the same images, from its val_size and seed)."""
+    if split == "val" and not has_official_validation(dataset, data_dir):
+        if run is None or run.get("dataset") != dataset:
+            raise DataError(f"{dataset} has no official validation split, and a carved one is defined by a training "
+                            "run: evaluate a run folder on the data set it trained on, or use --split test")
+        data = load_splits(dataset, data_dir, run.get("val_size", 0.1), run.get("seed", 0), config.image_size,
+                           classes, channels=config.in_chans).validation
+        if data is None:
+            raise DataError("the run trained with val_size 0: it has no validation split")
+    else:
+        data = load_dataset(dataset, split, data_dir, image_size=config.image_size, channels=config.in_chans,
+                            classes=classes)
     if data.num_classes != config.num_classes:
         raise DataError(f"the model has {config.num_classes} classes but {dataset} has {data.num_classes}; "
                         "evaluate on the data set it was trained for, or fine-tune it first")
@@ -32,14 +42,14 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir:
     """Metrics of a checkpoint on a data set; for a run folder the data set (and class subset) default to the
     ones it trained on. image_size / num_heads: as for `load_model`."""
     run_config = Path(checkpoint) / "train_config.json"
+    trained = json.loads(run_config.read_text()) if run_config.is_file() else None
     if dataset is None:
-        if not run_config.is_file():
+        if trained is None:
             raise DataError(f"{checkpoint} is not a run folder; say which data set to evaluate on with --dataset")
-        trained = json.loads(run_config.read_text())
         dataset, data_dir = trained["dataset"], data_dir or trained.get("data_dir")
         classes = classes if classes is not None else trained.get("classes")
     model = load_model(checkpoint, image_size=image_size, num_heads=num_heads)
-    data = evaluation_data(model.config, dataset, split, data_dir, classes)
+    data = evaluation_data(model.config, dataset, split, data_dir, classes, trained)
     metrics = evaluate(model, data, batch_size)
     source = Path(checkpoint)
     folder = Path(out) if out else (source if source.is_dir() else source.parent)
