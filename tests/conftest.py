@@ -16,6 +16,9 @@ REFERENCE_CHECKPOINTS = [
     ("timm_vit_token", "timm_vit_token.safetensors"),
     ("timm_vit_avg_fcnorm", "timm_vit_avg_fcnorm.safetensors"),
     ("timm_vit_avg_cls", "timm_vit_avg_cls.safetensors"),
+    ("timm_deit_distilled", "timm_deit_distilled.safetensors"),
+    ("hf_deit_teacher", "hf_deit_teacher"),
+    ("hf_deit", "hf_deit"),
     ("hf_vit", "hf_vit"),
 ]
 

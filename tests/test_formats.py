@@ -239,3 +239,23 @@ def test_cli_info_and_convert_take_the_size_of_a_non_square_checkpoint(tmp_path,
         assert (load_model(out)(images) - expected).abs().max().item() <= 1e-4
     assert main(["info", str(lone), "--num-heads", "4"]) == 1
     assert "not a square grid" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("weights, teacher_heads", [("timm_deit_distilled.safetensors", True),
+                                                    ("hf_deit_teacher", True), ("hf_deit", False)])
+def test_deit_layouts_read_the_distillation_token_and_heads(weights, teacher_heads):
+    config, state, _ = read_checkpoint(FIXTURES / weights)
+    assert config.distilled and config.num_prefix_tokens == 2 and config.grid_size == (4, 4)
+    assert config.has_distillation_head == teacher_heads and ("head_dist.weight" in state) == teacher_heads
+
+
+@pytest.mark.parametrize("name", ["hf_deit_teacher", "timm_deit_distilled"])
+def test_deit_hf_export_loads_in_transformers_with_the_same_logits(tmp_path, name):
+    transformers = pytest.importorskip("transformers")
+    model = load_model(FIXTURES / (name if name.startswith("hf") else f"{name}.safetensors"))
+    export_checkpoint(model, tmp_path / "hf", to="hf")
+    theirs = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    assert type(theirs).__name__ == "DeiTForImageClassificationWithTeacher"
+    images, expected = reference_io(name)
+    with torch.no_grad():
+        assert (theirs(pixel_values=images).logits - expected).abs().max().item() <= 1e-4

@@ -35,6 +35,9 @@ MODELS = {
     # A non-square input: 48x32 images in 8x8 patches, a 6x4 grid of 24 position rows (plus the class token).
     "timm_vit_48x32": dict(img_size=(48, 32), patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
                            num_classes=10),
+    # DeiT's distilled ViT: class and distillation tokens, head and head_dist averaged at inference.
+    "timm_deit_distilled": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
+                                num_classes=10, distilled=True),
 }
 
 
@@ -73,11 +76,14 @@ def main() -> None:
     sys.meta_path.insert(0, _InertTorchvision())
     import timm
     from safetensors.torch import save_file
+    from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer
 
     for name, args in MODELS.items():
         torch.manual_seed(0)
-        model = VisionTransformer(**args).eval()
+        args = dict(args)
+        builder = VisionTransformerDistilled if args.pop("distilled", False) else VisionTransformer
+        model = builder(**args).eval()
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(0.05 * torch.randn_like(parameter))
@@ -88,6 +94,8 @@ def main() -> None:
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, FIXTURES / f"{name}.safetensors")
         (FIXTURES / f"{name}.json").write_text(json.dumps(
             {k: list(v) if isinstance(v, tuple) else v for k, v in args.items()}, indent=1) + "\n")
+        if builder is not VisionTransformer:
+            print(f"{name}: built with {builder.__module__}.{builder.__name__}")
         np.savez(FIXTURES / f"{name}.io.npz", input_nchw=images.numpy(), logits=logits.numpy())
         print(f"{name}: timm {timm.__version__}, {sum(p.numel() for p in model.parameters())} parameters, "
               f"keys {sorted(model.state_dict())[:4]}...")

@@ -61,6 +61,11 @@ class ViTConfig:
     classifier: str = "token"  # "token": the class token feeds the head; "gap": mean of the patch tokens
     class_token: bool | None = None  # prepend a class token; None means "only if classifier == 'token'"
     fc_norm: bool = False  # timm's placement: LayerNorm after pooling instead of on every token before it
+    # DeiT (Touvron et al. 2021): a distillation token after the class token; with distillation_head its own
+    # head, and the logits are the mean of the two heads' (as DeiT infers). Without it (HF's
+    # DeiTForImageClassification) the token is in the sequence but only the class token feeds the head.
+    distilled: bool = False
+    distillation_head: bool = True
     representation_size: int | None = None  # pre-logits Linear + tanh used in pre-training; None for none
     pos_embed: str = "learned"  # "learned" (the paper's 1-D table) or "sincos2d" (fixed 2-D sine-cosine)
     mlp_activation: str = "gelu"  # "gelu" (exact; timm, HF) or "gelu_tanh" (Flax's default; official JAX code)
@@ -92,7 +97,7 @@ class ViTConfig:
                 fail(name, "a whole number")
         if self.representation_size is not None and not (is_int(self.representation_size) and self.representation_size > 0):
             fail("representation_size", "a positive whole number or null")
-        for name in ("qkv_bias", "fc_norm"):
+        for name in ("qkv_bias", "fc_norm", "distilled", "distillation_head"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "true or false")
         if self.class_token is not None and not isinstance(self.class_token, bool):
@@ -142,6 +147,11 @@ class ViTConfig:
             self.class_token = self.classifier == "token"
         if self.classifier == "token" and not self.class_token:
             raise ConfigError("classifier='token' needs class_token=True; use classifier='gap' without one")
+        if not self.distilled:
+            self.distillation_head = True  # meaningless without the token; one canonical value for equality
+        if self.distilled and (self.classifier != "token" or self.representation_size or self.fc_norm):
+            raise ConfigError("a distilled (DeiT) model pools its class and distillation tokens: it needs "
+                              "classifier='token', and no representation layer or fc_norm")
         if self.pos_embed not in ("learned", "sincos2d"):
             raise ConfigError(f"pos_embed must be 'learned' or 'sincos2d', got {self.pos_embed!r}")
         if self.mlp_activation not in ("gelu", "gelu_tanh"):
@@ -199,8 +209,12 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patch tokens: 1 with a class token, else 0."""
-        return int(bool(self.class_token))
+        """Tokens before the patch tokens: the class token if any, then DeiT's distillation token if any."""
+        return int(bool(self.class_token)) + int(self.distilled)
+
+    @property
+    def has_distillation_head(self) -> bool:
+        return self.distilled and self.distillation_head and self.num_classes > 0
 
     @property
     def head_dim(self) -> int:

@@ -1,4 +1,9 @@
-"""Hugging Face transformers `ViTForImageClassification` / `ViTModel` checkpoints, in both directions.
+"""Hugging Face transformers `ViTForImageClassification` / `ViTModel` checkpoints, and DeiT's
+(`DeiTForImageClassificationWithTeacher`, `DeiTForImageClassification`, `DeiTModel`), in both directions.
+
+DeiT's files are ViT's under a "deit." prefix, plus a distillation token and, with the teacher, two classifiers
+(`cls_classifier`, `distillation_classifier`) whose logits are averaged; `DeiTForImageClassification` keeps the
+token in the sequence but classifies the class token alone.
 
 HF keeps query, key and value as three Linear layers; vitlab (like timm) fuses them into one `qkv`. HF's
 `pooler` (Linear + tanh on the class token) is the paper's pre-logits representation layer: the HF conversion of
@@ -35,15 +40,17 @@ LAYER_RENAMES = [
     ("output.dense", "mlp.fc2"),
 ]
 IGNORED = {"embeddings.mask_token"}  # only used by masked image modelling
+# DeiT with its teacher's distillation head: (HF classifier, vitlab head).
+DEIT_HEADS = [("cls_classifier", "head"), ("distillation_classifier", "head_dist")]
 
 
 def is_hf_state_dict(keys: set[str]) -> bool:
-    return any(key.startswith(("vit.embeddings.", "embeddings.patch_embeddings.")) for key in keys)
+    return any(key.startswith(("vit.embeddings.", "deit.embeddings.", "embeddings.patch_embeddings.")) for key in keys)
 
 
 def strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop the "vit." prefix of ViTForImageClassification so ViTModel and classifier files look alike."""
-    return {key.removeprefix("vit."): value for key, value in state.items()}
+    """Drop the "vit." / "deit." prefix of the classifiers so encoder-only and classifier files look alike."""
+    return {key.removeprefix("vit.").removeprefix("deit."): value for key, value in state.items()}
 
 
 def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None, source: str,
@@ -58,18 +65,22 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
     if num_heads is None:
         raise CheckpointError(f"{source}: no config.json beside the weights, and the head count of a width-"
                               f"{embed_dim} model cannot be read from them; put the model's config.json beside it")
+    distilled = "embeddings.distillation_token" in state
     image_size = hf_config.get("image_size")
     if image_size is None:
-        rows = state["embeddings.position_embeddings"].shape[1] - 1
+        rows = state["embeddings.position_embeddings"].shape[1] - 1 - int(distilled)
         image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), 1, source, given_image_size)
     activation = hf_config.get("hidden_act", "gelu")
     if activation not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
         raise CheckpointError(f"{source}: hidden_act={activation!r} is not supported (vitlab has exact and tanh GELU)")
-    has_classifier = "classifier.weight" in state
+    teacher_heads = distilled and "distillation_classifier.weight" in state
+    classifier = "cls_classifier" if teacher_heads else "classifier"
+    has_classifier = f"{classifier}.weight" in state
     representation = None
-    if not has_classifier and "pooler.dense.weight" in state:
+    # DeiT's pooler is a randomly initialised add-on that DeiT never trained; ViT's held the official pre-logits.
+    if not has_classifier and not distilled and "pooler.dense.weight" in state:
         representation = state["pooler.dense.weight"].shape[0]
-    num_classes = state["classifier.weight"].shape[0] if has_classifier else 0
+    num_classes = state[f"{classifier}.weight"].shape[0] if has_classifier else 0
     class_names = None
     id2label = hf_config.get("id2label")
     if has_classifier and isinstance(id2label, dict) and len(id2label) == num_classes:
@@ -83,6 +94,7 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
         qkv_bias="encoder.layer.0.attention.attention.query.bias" in state, classifier="token",
         representation_size=representation, mlp_activation="gelu" if activation == "gelu" else "gelu_tanh",
         layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12), class_names=class_names,
+        distilled=distilled, distillation_head=teacher_heads or not has_classifier,
     )
 
 
@@ -109,8 +121,13 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
         out[block + "attn.qkv.weight"] = torch.cat([take(p + ".weight") for p in parts])
         if config.qkv_bias:
             out[block + "attn.qkv.bias"] = torch.cat([take(p + ".bias") for p in parts])
+    if config.distilled:
+        out["dist_token"] = take("embeddings.distillation_token")
+    heads = DEIT_HEADS if config.has_distillation_head else [("classifier", "head")]
     if config.num_classes:
-        out["head.weight"], out["head.bias"] = take("classifier.weight"), take("classifier.bias")
+        for hf_name, name in heads:
+            out[f"{name}.weight"], out[f"{name}.bias"] = take(f"{hf_name}.weight"), take(f"{hf_name}.bias")
+    if config.num_classes or config.distilled:
         used.update(k for k in state if k.startswith("pooler."))  # never read by the classifier
     if config.representation_size:
         out["pre_logits.fc.weight"], out["pre_logits.fc.bias"] = take("pooler.dense.weight"), take("pooler.dense.bias")
@@ -122,7 +139,8 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
 
 
 def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
-    """vitlab names -> `ViTForImageClassification` names (the inverse of `hf_to_state_dict`)."""
+    """vitlab names -> `ViTForImageClassification` names, or DeiT's for a distilled model (the inverse of
+    `hf_to_state_dict`)."""
     if config.resnet_layers is not None or not config.class_token or config.classifier != "token" or config.fc_norm:
         raise CheckpointError("Hugging Face's ViT has a class-token head only: hybrids, 'gap' and fc_norm models "
                               "cannot be exported to it; export to timm instead")
@@ -131,11 +149,14 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
     if config.representation_size and config.num_classes:
         raise CheckpointError("Hugging Face's ViTForImageClassification has no pre-logits layer; remove it first")
     out: dict[str, torch.Tensor] = {}
+    prefix = "deit." if config.distilled else "vit."
     for hf_name, name in RENAMES:
-        out["vit." + hf_name] = state[name]
+        out[prefix + hf_name] = state[name]
+    if config.distilled:
+        out["deit.embeddings.distillation_token"] = state["dist_token"]
     dim = config.embed_dim
     for layer in range(config.depth):
-        hf_layer, block = f"vit.encoder.layer.{layer}.", f"blocks.{layer}."
+        hf_layer, block = f"{prefix}encoder.layer.{layer}.", f"blocks.{layer}."
         for hf_name, name in LAYER_RENAMES:
             out[hf_layer + hf_name + ".weight"] = state[block + name + ".weight"]
             out[hf_layer + hf_name + ".bias"] = state[block + name + ".bias"]
@@ -143,19 +164,27 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
             out[hf_layer + f"attention.attention.{part}.weight"] = state[block + "attn.qkv.weight"][index * dim:(index + 1) * dim]
             if config.qkv_bias:
                 out[hf_layer + f"attention.attention.{part}.bias"] = state[block + "attn.qkv.bias"][index * dim:(index + 1) * dim]
+    heads = DEIT_HEADS if config.has_distillation_head else [("classifier", "head")]
     if config.num_classes:
-        out["classifier.weight"], out["classifier.bias"] = state["head.weight"], state["head.bias"]
+        for hf_name, name in heads:
+            out[f"{hf_name}.weight"], out[f"{hf_name}.bias"] = state[f"{name}.weight"], state[f"{name}.bias"]
     elif config.representation_size:
         out["vit.pooler.dense.weight"], out["vit.pooler.dense.bias"] = state["pre_logits.fc.weight"], state["pre_logits.fc.bias"]
     return {key: value.contiguous() for key, value in out.items()}
 
 
 def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
-    """The `config.json` of a `ViTForImageClassification` with this config."""
+    """The `config.json` of a `ViTForImageClassification` (or DeiT's class, for a distilled model) with this
+    config."""
     names = config.class_names or [f"LABEL_{i}" for i in range(config.num_classes)]
+    if config.distilled:
+        family = "DeiT"
+        head = "ForImageClassificationWithTeacher" if config.has_distillation_head else "ForImageClassification"
+    else:
+        family, head = "ViT", "ForImageClassification"
     return {
-        "architectures": ["ViTForImageClassification" if config.num_classes else "ViTModel"],
-        "model_type": "vit", "hidden_size": config.embed_dim, "num_hidden_layers": config.depth,
+        "architectures": [family + (head if config.num_classes else "Model")],
+        "model_type": family.lower(), "hidden_size": config.embed_dim, "num_hidden_layers": config.depth,
         "num_attention_heads": config.num_heads, "intermediate_size": config.mlp_dim,
         "hidden_act": "gelu" if config.mlp_activation == "gelu" else "gelu_pytorch_tanh",
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,

@@ -73,6 +73,7 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
     depth = len({m.group(1) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))})
     mlp_dim = state["blocks.0.mlp.fc1.weight"].shape[0]
     class_token = "cls_token" in state
+    distilled = "dist_token" in state  # timm's VisionTransformerDistilled (DeiT): dist_token and head_dist
     resnet_layers, width_factor, in_chans = None, 1.0, proj.shape[1]
     stem = "patch_embed.backbone.stem.conv.weight"
     if stem in state:
@@ -90,7 +91,7 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
     stride = stem_stride(resnet_layers)
     image_size = hints.pop("image_size", None)
     if image_size is None:
-        rows = state["pos_embed"].shape[1] - int(class_token)
+        rows = state["pos_embed"].shape[1] - int(class_token) - int(distilled)
         image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), stride, source, given_image_size)
     fields: dict[str, Any] = dict(
         image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=in_chans,
@@ -100,7 +101,8 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
         classifier="token" if class_token and "fc_norm.weight" not in state else "gap",
         fc_norm="fc_norm.weight" in state,
         representation_size=state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else None,
-        resnet_layers=resnet_layers, resnet_width_factor=width_factor,
+        resnet_layers=resnet_layers, resnet_width_factor=width_factor, distilled=distilled,
+        distillation_head=distilled and ("head_dist.weight" in state or "head.weight" not in state),
     )
     fields.update(hints)
     return ViTConfig(**fields)
@@ -126,4 +128,7 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
         args["act_layer"] = "gelu_tanh"  # the official JAX models; timm's default is the exact GELU
     if config.representation_size:
         args["representation_size"] = config.representation_size  # older timm releases only
+    if config.distilled:
+        warnings.warn("timm builds distilled (DeiT) models with timm.models.deit.VisionTransformerDistilled, "
+                      "whose arguments these are; VisionTransformer itself has no distillation token", stacklevel=2)
     return args

@@ -8,6 +8,9 @@ parameter names follow timm's `VisionTransformer`, so timm state dicts load with
     z_l = MLP(LN(z'_l)) + z'_l,         l = 1..L             (eq. 3)  blocks[l].mlp
     y = LN(z_L^0)                                            (eq. 4)  norm, then the class token (or mean)
     logits = head(pre_logits(y))                                      pre_logits: Linear + tanh, pre-training only
+
+DeiT's distilled models (`config.distilled`) add a distillation token after the class token, with its own head;
+their logits are the mean of both heads', as DeiT infers.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class VisionTransformer(nn.Module):
         self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, dim, backbone,
                                       backbone.out_channels if backbone is not None else None)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
         num_positions = config.num_prefix_tokens + config.num_patches
         self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim),
                                       requires_grad=config.pos_embed == "learned")
@@ -62,6 +66,7 @@ class VisionTransformer(nn.Module):
                 fc=nn.Linear(dim, config.representation_size), act=nn.Tanh()))
         head_in = config.representation_size or dim
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else nn.Identity()
+        self.head_dist = nn.Linear(dim, config.num_classes) if config.has_distillation_head else None
         # Off by default: a wrong image size is then an error rather than a silent resampling (see `embed`).
         self.dynamic_image_size = False
         self.init_weights()
@@ -88,19 +93,24 @@ class VisionTransformer(nn.Module):
             nn.init.normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        if self.dist_token is not None:  # DeiT's initialisation; a zero token would equal the class token
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
 
     def reset_head(self, num_classes: int, class_names: list[str] | None = None) -> None:
         """Replace the head by a zero-initialised D x K one (the paper's fine-tuning head)."""
         head_in = self.config.representation_size or self.config.embed_dim
         device = self.pos_embed.device
         self.head = nn.Linear(head_in, num_classes, device=device) if num_classes else nn.Identity()
-        if num_classes:
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
         self.config = self.config.replace(num_classes=num_classes, class_names=class_names)
+        self.head_dist = nn.Linear(head_in, num_classes, device=device) if self.config.has_distillation_head else None
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
 
     def remove_representation(self) -> None:
         """Drop the pre-logits layer, as the paper does before fine-tuning; the head must be reset after."""
@@ -135,8 +145,9 @@ class VisionTransformer(nn.Module):
                 patch_positions = interpolate_patch_positions(pos_embed[:, prefix:], self.config.grid_size,
                                                               patches.shape[-2:])
             pos_embed = torch.cat([pos_embed[:, :prefix], patch_positions], dim=1)
-        if self.cls_token is not None:
-            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        prefix_tokens = [token for token in (self.cls_token, self.dist_token) if token is not None]
+        if prefix_tokens:
+            tokens = torch.cat([token.expand(tokens.shape[0], -1, -1) for token in prefix_tokens] + [tokens], dim=1)
         return self.pos_drop(tokens + pos_embed)
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
@@ -153,7 +164,14 @@ class VisionTransformer(nn.Module):
         return tokens[:, self.config.num_prefix_tokens:].mean(dim=1)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Encoder output (B, T, D) -> logits (B, K); with pre_logits=True the features fed to the head."""
+        """Encoder output (B, T, D) -> logits (B, K); with pre_logits=True the features fed to the head (for a
+        distilled model with its distillation head: the mean of the class and distillation tokens, as timm's)."""
+        if self.config.distilled and self.config.distillation_head:
+            class_features, distillation_features = tokens[:, 0], tokens[:, 1]
+            if self.head_dist is not None and not pre_logits:
+                return (self.head(class_features) + self.head_dist(distillation_features)) / 2
+            features = (class_features + distillation_features) / 2
+            return features if pre_logits else self.head(features)
         features = self.pre_logits(self.fc_norm(self.pool(tokens)))
         return features if pre_logits else self.head(features)
 
@@ -202,7 +220,7 @@ class VisionTransformer(nn.Module):
             out["attentions"] = attentions
         out["encoder"] = self.norm(x)
         out["pre_logits"] = self.forward_head(out["encoder"], pre_logits=True)
-        out["logits"] = self.head(out["pre_logits"])
+        out["logits"] = self.forward_head(out["encoder"])
         return out
 
     # ----------------------------------------------------------------------------------------- resolution
@@ -232,4 +250,4 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip besides norms and biases."""
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "dist_token"}

@@ -93,9 +93,9 @@ def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
         raise ConfigError(f"freeze_blocks {config.freeze_blocks} is more than the model's {len(model.blocks)} blocks")
     for name, parameter in model.named_parameters():
         if config.linear_probe:
-            frozen = not name.startswith("head.")
+            frozen = not name.startswith(("head.", "head_dist."))
         elif config.freeze_blocks:
-            frozen = name.startswith(("patch_embed.", "cls_token", "pos_embed")) or (
+            frozen = name.startswith(("patch_embed.", "cls_token", "dist_token", "pos_embed")) or (
                 name.startswith("blocks.") and int(name.split(".")[1]) < config.freeze_blocks)
         else:
             frozen = False

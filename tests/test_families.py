@@ -1,0 +1,61 @@
+"""ViT families beyond the paper's model, through every command: a checkpoint of each loads by content and
+works in info, eval, predict, finetune (new head), fewshot, linear-probe, analyze and export."""
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from conftest import FIXTURES
+from vitlab import load_model
+from vitlab.cli import main
+
+FAMILIES = [("deit (timm, distilled)", "timm_deit_distilled.safetensors"),
+            ("deit (HF, with teacher)", "hf_deit_teacher")]
+
+
+@pytest.fixture
+def digit_png(tmp_path):
+    path = tmp_path / "seven.png"
+    Image.new("L", (16, 16), 0).save(path)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, weights", FAMILIES)
+def test_family_checkpoint_works_in_every_command(tmp_path, capsys, digit_png, family, weights):
+    checkpoint = str(FIXTURES / weights)
+    assert main(["info", checkpoint, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["config"]["distilled"]
+    assert main(["eval", checkpoint, "--dataset", "digits", "--out", str(tmp_path / "eval"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 359
+    assert main(["predict", checkpoint, str(digit_png), "--format", "json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)[0]["predictions"]) == 3
+    assert main(["fewshot", checkpoint, "--dataset", "digits", "--shots", "1,2", "--seeds", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["feature_dim"] == 32
+    assert main(["linear-probe", checkpoint, "--dataset", "digits", "--json"]) == 0
+    assert 0 <= json.loads(capsys.readouterr().out)["test_top1"] <= 1
+    assert main(["analyze", checkpoint, "--images", "digits", "--out", str(tmp_path / "analysis"),
+                 "--num-images", "2", "--distance-images", "8"]) == 0
+    assert (tmp_path / "analysis" / "report.html").is_file()
+    assert main(["finetune", "--from", checkpoint, "--dataset", "digits", "--classes", "0-4", "--epochs", "1",
+                 "--out-dir", str(tmp_path), "--set", "run_name=ft", "--set", "progress=false"]) == 0
+    tuned = load_model(tmp_path / "ft")
+    assert tuned.config.distilled and tuned.config.num_classes == 5 and tuned.head_dist.out_features == 5
+    pytest.importorskip("onnxruntime")
+    assert main(["export", checkpoint, "-o", str(tmp_path / "model.onnx"), "--dynamic-batch"]) == 0
+    assert (tmp_path / "model.onnx").is_file()
+
+
+def test_a_distilled_model_averages_its_two_heads():
+    model = load_model(FIXTURES / "timm_deit_distilled.safetensors")
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        tokens = model.forward_features(images)
+        expected = (model.head(tokens[:, 0]) + model.head_dist(tokens[:, 1])) / 2
+        torch.testing.assert_close(model(images), expected)
+        out = model.forward_intermediates(images, attention_layers=None)
+        torch.testing.assert_close(out["logits"], expected)
+        torch.testing.assert_close(out["pre_logits"], (tokens[:, 0] + tokens[:, 1]) / 2)
