@@ -19,15 +19,20 @@ REFERENCE_CHECKPOINTS = [
     ("timm_deit_distilled", "timm_deit_distilled.safetensors"),
     ("hf_deit_teacher", "hf_deit_teacher"),
     ("hf_deit", "hf_deit"),
+    ("timm_dino", "timm_dino.safetensors"),
+    ("hf_dino", "hf_dino"),
+    ("hf_mae", "hf_mae"),
     ("hf_vit", "hf_vit"),
 ]
 
 
 def reference_io(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(NCHW input, expected logits) written by the reference implementation."""
+    """(NCHW input, expected output) written by the reference implementation: the logits, or for an encoder
+    without a head its features (the pooled class token after the final norm)."""
     with np.load(FIXTURES / f"{name}.io.npz", allow_pickle=False) as io:
         images = io["input_nchw"] if "input_nchw" in io.files else io["input_nhwc"].transpose(0, 3, 1, 2)
-        return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(io["logits"])
+        expected = io["logits"] if "logits" in io.files else io["features"]
+        return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(expected)
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,15 @@ from conftest import FIXTURES
 from vitlab import load_model
 from vitlab.cli import main
 
-FAMILIES = [("deit (timm, distilled)", "timm_deit_distilled.safetensors"),
-            ("deit (HF, with teacher)", "hf_deit_teacher")]
+# (family, checkpoint in tests/fixtures, has a classification head, a config field that marks the family)
+FAMILIES = [
+    ("DeiT, timm distilled", "timm_deit_distilled.safetensors", True, "distilled"),
+    ("DeiT, HF with teacher", "hf_deit_teacher", True, "distilled"),
+    ("DINO, HF ViTModel", "hf_dino", False, None),
+    ("DINO, timm", "timm_dino.safetensors", False, None),
+    ("MAE encoder, HF ViTMAEForPreTraining", "hf_mae", False, None),
+    ("MAE fine-tuned, timm avg + fc_norm", "timm_vit_avg_cls.safetensors", True, "fc_norm"),
+]
 
 
 @pytest.fixture
@@ -23,16 +30,23 @@ def digit_png(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, weights", FAMILIES)
-def test_family_checkpoint_works_in_every_command(tmp_path, capsys, digit_png, family, weights):
+@pytest.mark.parametrize("family, weights, has_head, marker", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_family_checkpoint_works_in_every_command(tmp_path, capsys, digit_png, family, weights, has_head, marker):
     checkpoint = str(FIXTURES / weights)
     assert main(["info", checkpoint, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["config"]["distilled"]
-    assert main(["eval", checkpoint, "--dataset", "digits", "--out", str(tmp_path / "eval"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["count"] == 359
-    assert main(["predict", checkpoint, str(digit_png), "--format", "json"]) == 0
-    assert len(json.loads(capsys.readouterr().out)[0]["predictions"]) == 3
+    assert info["config"]["num_classes"] == (10 if has_head else 0)
+    if marker:
+        assert info["config"][marker]
+    eval_args = ["eval", checkpoint, "--dataset", "digits", "--out", str(tmp_path / "eval"), "--json"]
+    if has_head:
+        assert main(eval_args) == 0
+        assert json.loads(capsys.readouterr().out)["count"] == 359
+        assert main(["predict", checkpoint, str(digit_png), "--format", "json"]) == 0
+        assert len(json.loads(capsys.readouterr().out)[0]["predictions"]) == 3
+    else:  # an encoder: one clear message that says what works instead
+        assert main(eval_args) != 0 and main(["predict", checkpoint, str(digit_png)]) != 0
+        assert capsys.readouterr().err.count("no classification head") == 2
     assert main(["fewshot", checkpoint, "--dataset", "digits", "--shots", "1,2", "--seeds", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["feature_dim"] == 32
     assert main(["linear-probe", checkpoint, "--dataset", "digits", "--json"]) == 0
@@ -40,10 +54,13 @@ def test_family_checkpoint_works_in_every_command(tmp_path, capsys, digit_png, f
     assert main(["analyze", checkpoint, "--images", "digits", "--out", str(tmp_path / "analysis"),
                  "--num-images", "2", "--distance-images", "8"]) == 0
     assert (tmp_path / "analysis" / "report.html").is_file()
+    assert (tmp_path / "analysis" / "class_token_attention.png").is_file()  # DINO's well-known pictures
     assert main(["finetune", "--from", checkpoint, "--dataset", "digits", "--classes", "0-4", "--epochs", "1",
                  "--out-dir", str(tmp_path), "--set", "run_name=ft", "--set", "progress=false"]) == 0
     tuned = load_model(tmp_path / "ft")
-    assert tuned.config.distilled and tuned.config.num_classes == 5 and tuned.head_dist.out_features == 5
+    assert tuned.config.num_classes == 5 and tuned.head.out_features == 5
+    if tuned.config.distilled:
+        assert tuned.head_dist.out_features == 5
     pytest.importorskip("onnxruntime")
     assert main(["export", checkpoint, "-o", str(tmp_path / "model.onnx"), "--dynamic-batch"]) == 0
     assert (tmp_path / "model.onnx").is_file()

@@ -5,7 +5,8 @@ noise (std 0.05) so zero-initialised heads and tokens cannot hide a wrong mappin
     python tools/make_hf_fixtures.py          (transformers is a test dependency of vitlab)
 
 Each fixture: NAME/ (config.json + model.safetensors) and NAME.io.npz (`input_nchw` (2, 3, 16, 16) float32 and
-the `logits` transformers computed for it).
+the `logits` transformers computed for it; for encoders without a head, `features`: the class token of the final
+hidden state, after the last LayerNorm).
 """
 
 from __future__ import annotations
@@ -30,7 +31,26 @@ def models():
         # DeiT fine-tuned without the teacher head: the distillation token stays in the sequence, the class
         # token alone feeds the classifier.
         "hf_deit": transformers.DeiTForImageClassification(deit),
+        # DINO's released checkpoints are plain ViTModel encoders without a pooler; features are the class token.
+        "hf_dino": transformers.ViTModel(transformers.ViTConfig(**SHAPE), add_pooling_layer=False),
+        # MAE pre-training: the encoder under "vit.", the pixel decoder under "decoder." (not a ViT's part).
+        "hf_mae": transformers.ViTMAEForPreTraining(transformers.ViTMAEConfig(
+            **SHAPE, mask_ratio=0.0, decoder_hidden_size=16, decoder_num_hidden_layers=1,
+            decoder_num_attention_heads=2, decoder_intermediate_size=32)),
     }
+
+
+def reference_output(name: str, model, images: torch.Tensor) -> dict[str, np.ndarray]:
+    if name == "hf_mae":
+        # The encoder masks a random subset (here none: mask_ratio 0) and shuffles the rest by `noise`; an
+        # increasing noise keeps the patches in order.
+        num_patches = (images.shape[-2] // model.config.patch_size) * (images.shape[-1] // model.config.patch_size)
+        noise = torch.arange(num_patches, dtype=torch.float32).repeat(len(images), 1)
+        return {"features": model.vit(pixel_values=images, noise=noise).last_hidden_state[:, 0].numpy()}
+    output = model(pixel_values=images)
+    if hasattr(output, "logits"):
+        return {"logits": output.logits.numpy()}
+    return {"features": output.last_hidden_state[:, 0].numpy()}
 
 
 def main() -> None:
@@ -44,9 +64,9 @@ def main() -> None:
                 parameter.add_(0.05 * torch.randn_like(parameter))
         images = torch.randn(2, 3, SHAPE["image_size"], SHAPE["image_size"])
         with torch.no_grad():
-            logits = model(pixel_values=images).logits
+            expected = reference_output(name, model, images)
         model.save_pretrained(FIXTURES / name)
-        np.savez(FIXTURES / f"{name}.io.npz", input_nchw=images.numpy(), logits=logits.numpy())
+        np.savez(FIXTURES / f"{name}.io.npz", input_nchw=images.numpy(), **expected)
         print(f"{name}: transformers {transformers.__version__}, {type(model).__name__}")
 
 

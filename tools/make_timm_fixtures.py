@@ -10,7 +10,8 @@ timm's package imports torchvision at import time for its data pipeline and Froz
 VisionTransformer never calls it, so this script puts an inert stand-in for torchvision on the import path.
 
 Each fixture: NAME.safetensors (the state dict), NAME.json (the constructor arguments), NAME.io.npz
-(`input_nchw` (2, C, H, W) float32 and the `logits` timm computed for it).
+(`input_nchw` (2, C, H, W) float32 and the `logits` timm computed for it, or `features` for a model without a
+head).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ MODELS = {
     # DeiT's distilled ViT: class and distillation tokens, head and head_dist averaged at inference.
     "timm_deit_distilled": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
                                 num_classes=10, distilled=True),
+    # DINO's released timm weights: a plain ViT with no head (num_classes=0); the output is the class token.
+    "timm_dino": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=0),
 }
 
 
@@ -96,7 +99,8 @@ def main() -> None:
             {k: list(v) if isinstance(v, tuple) else v for k, v in args.items()}, indent=1) + "\n")
         if builder is not VisionTransformer:
             print(f"{name}: built with {builder.__module__}.{builder.__name__}")
-        np.savez(FIXTURES / f"{name}.io.npz", input_nchw=images.numpy(), logits=logits.numpy())
+        output_name = "logits" if args["num_classes"] else "features"  # no head: the pooled features
+        np.savez(FIXTURES / f"{name}.io.npz", input_nchw=images.numpy(), **{output_name: logits.numpy()})
         print(f"{name}: timm {timm.__version__}, {sum(p.numel() for p in model.parameters())} parameters, "
               f"keys {sorted(model.state_dict())[:4]}...")
 

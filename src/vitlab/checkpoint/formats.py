@@ -79,7 +79,7 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
                                   "PyTorch zip file)")
         keys = set(state)
         if hf.is_hf_state_dict(keys):
-            hf_config = sidecar if sidecar and sidecar.get("model_type") in ("vit", "deit") else None
+            hf_config = sidecar if sidecar and sidecar.get("model_type") in ("vit", "deit", "vit_mae") else None
             config = apply_hints(hf.config_from_hf(state, hf_config, source, image_size), hints)
             return config, hf.hf_to_state_dict(state, config, source), "hf"
         if timm.is_timm_state_dict(keys):

@@ -40,8 +40,15 @@ LAYER_RENAMES = [
     ("output.dense", "mlp.fc2"),
 ]
 IGNORED = {"embeddings.mask_token"}  # only used by masked image modelling
+# MAE pre-training checkpoints (`ViTMAEForPreTraining`) hold the ViT encoder under "vit." and a pixel decoder
+# under "decoder.", which reconstructs masked patches in pre-training and is no part of the encoder.
+MAE_DECODER_PREFIX = "decoder."
 # DeiT with its teacher's distillation head: (HF classifier, vitlab head).
 DEIT_HEADS = [("cls_classifier", "head"), ("distillation_classifier", "head_dist")]
+
+
+def is_mae_pretraining(keys: set[str]) -> bool:
+    return "decoder.decoder_pred.weight" in keys
 
 
 def is_hf_state_dict(keys: set[str]) -> bool:
@@ -103,6 +110,8 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
     state = strip_prefix(state)
     out: dict[str, torch.Tensor] = {}
     used: set[str] = set(IGNORED)
+    if is_mae_pretraining(set(state)):
+        used.update(key for key in state if key.startswith(MAE_DECODER_PREFIX))
 
     def take(name: str) -> torch.Tensor:
         if name not in state:

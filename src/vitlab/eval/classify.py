@@ -16,6 +16,17 @@ from vitlab.data.preprocess import prepare
 from vitlab.train.distributed import DistEnv, all_reduce_sum
 
 
+def require_head(config, checkpoint: str = "the model") -> None:
+    """Refuse an encoder without a classification head (DINO, an MAE encoder, any num_classes=0 model) where
+    classes are needed, saying what works with one."""
+    if config.num_classes == 0:
+        from vitlab.errors import DataError
+
+        raise DataError(f"{checkpoint} has no classification head (an encoder: it gives features, not classes); "
+                        "fine-tune one with `vitlab finetune --from CHECKPOINT --dataset NAME`, or measure its "
+                        "features with `vitlab fewshot` / `vitlab linear-probe`")
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: ImageDataset, batch_size: int = 512, env: DistEnv | None = None,
              precision: str = "fp32") -> dict[str, Any]:

@@ -36,7 +36,10 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
 
     model: a VisionTransformer, or anything with `.config` and `classify_pixels(uint8 (B, C, H, W)) -> logits`
     (`vitlab.export.onnx.OnnxClassifier`, the ONNX Runtime backend)."""
+    from vitlab.eval.classify import require_head
+
     config = model.config
+    require_head(config)
     names = config.class_names or [str(i) for i in range(config.num_classes)]
     top_k = min(top_k, config.num_classes)
     rows: list[dict[str, Any]] = []  # in input order; predictions are filled in batch by batch

@@ -11,7 +11,7 @@ from vitlab.checkpoint.io import atomic_write_bytes
 from vitlab.config import ViTConfig
 from vitlab.data.datasets import ImageDataset, has_official_validation, load_dataset, load_splits
 from vitlab.errors import DataError
-from vitlab.eval.classify import evaluate
+from vitlab.eval.classify import evaluate, require_head
 
 
 def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_dir: str | None = None,
@@ -49,6 +49,7 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir:
         dataset, data_dir = trained["dataset"], data_dir or trained.get("data_dir")
         classes = classes if classes is not None else trained.get("classes")
     model = load_model(checkpoint, image_size=image_size, num_heads=num_heads)
+    require_head(model.config, str(checkpoint))
     data = evaluation_data(model.config, dataset, split, data_dir, classes, trained)
     metrics = evaluate(model, data, batch_size)
     source = Path(checkpoint)
