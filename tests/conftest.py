@@ -22,6 +22,9 @@ REFERENCE_CHECKPOINTS = [
     ("timm_dino", "timm_dino.safetensors"),
     ("hf_dino", "hf_dino"),
     ("hf_mae", "hf_mae"),
+    ("hf_dinov2", "hf_dinov2"),
+    ("hf_dinov2_registers", "hf_dinov2_registers"),
+    ("timm_dinov2_registers", "timm_dinov2_registers.safetensors"),
     ("hf_vit", "hf_vit"),
 ]
 

@@ -19,6 +19,9 @@ FAMILIES = [
     ("DINO, timm", "timm_dino.safetensors", False, None),
     ("MAE encoder, HF ViTMAEForPreTraining", "hf_mae", False, None),
     ("MAE fine-tuned, timm avg + fc_norm", "timm_vit_avg_cls.safetensors", True, "fc_norm"),
+    ("DINOv2, HF Dinov2Model", "hf_dinov2", False, "layer_scale"),
+    ("DINOv2 with registers, HF", "hf_dinov2_registers", False, "register_tokens"),
+    ("DINOv2 with registers, timm", "timm_dinov2_registers.safetensors", False, "register_tokens"),
 ]
 
 

@@ -80,7 +80,8 @@ def test_timm_without_sidecar_needs_a_head_count(tmp_path):
 def test_every_fixture_converts_and_round_trips(tmp_path, name, weights, to):
     model = load_model(FIXTURES / weights)
     if to == "hf" and (model.config.classifier != "token" or model.config.fc_norm or model.config.resnet_layers
-                       or model.config.representation_size):
+                       or model.config.representation_size or model.config.layer_scale is not None
+                       or model.config.register_tokens):
         with pytest.raises(CheckpointError, match="Hugging Face"):
             export_checkpoint(model, tmp_path / "out", to=to)
         return

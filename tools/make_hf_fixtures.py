@@ -19,24 +19,31 @@ import torch
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 SHAPE = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=64, num_labels=10)
+DINOV2_SHAPE = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2)
 
 
 def models():
     import transformers
 
     deit = transformers.DeiTConfig(**SHAPE)
+    # Factories, each built under its own seed, so adding a fixture leaves the others' bytes unchanged.
     return {
         # DeiT with the distillation head: logits are the mean of the class and distillation heads'.
-        "hf_deit_teacher": transformers.DeiTForImageClassificationWithTeacher(deit),
+        "hf_deit_teacher": lambda: transformers.DeiTForImageClassificationWithTeacher(deit),
         # DeiT fine-tuned without the teacher head: the distillation token stays in the sequence, the class
         # token alone feeds the classifier.
-        "hf_deit": transformers.DeiTForImageClassification(deit),
+        "hf_deit": lambda: transformers.DeiTForImageClassification(deit),
         # DINO's released checkpoints are plain ViTModel encoders without a pooler; features are the class token.
-        "hf_dino": transformers.ViTModel(transformers.ViTConfig(**SHAPE), add_pooling_layer=False),
+        "hf_dino": lambda: transformers.ViTModel(transformers.ViTConfig(**SHAPE), add_pooling_layer=False),
         # MAE pre-training: the encoder under "vit.", the pixel decoder under "decoder." (not a ViT's part).
-        "hf_mae": transformers.ViTMAEForPreTraining(transformers.ViTMAEConfig(
+        "hf_mae": lambda: transformers.ViTMAEForPreTraining(transformers.ViTMAEConfig(
             **SHAPE, mask_ratio=0.0, decoder_hidden_size=16, decoder_num_hidden_layers=1,
             decoder_num_attention_heads=2, decoder_intermediate_size=32)),
+        # DINOv2: LayerScale on both branches (perturbed away from its init), features are the class token.
+        "hf_dinov2": lambda: transformers.Dinov2Model(transformers.Dinov2Config(**DINOV2_SHAPE)),
+        # DINOv2 with 4 register tokens, which get no position embedding.
+        "hf_dinov2_registers": lambda: transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(
+            **DINOV2_SHAPE, num_register_tokens=4)),
     }
 
 
@@ -56,9 +63,9 @@ def reference_output(name: str, model, images: torch.Tensor) -> dict[str, np.nda
 def main() -> None:
     import transformers
 
-    torch.manual_seed(0)
-    for name, model in models().items():
-        model.eval()
+    for index, (name, build) in enumerate(models().items()):
+        torch.manual_seed(index)
+        model = build().eval()
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(0.05 * torch.randn_like(parameter))

@@ -41,6 +41,9 @@ MODELS = {
                                 num_classes=10, distilled=True),
     # DINO's released timm weights: a plain ViT with no head (num_classes=0); the output is the class token.
     "timm_dino": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=0),
+    # DINOv2 with registers as timm builds it: 4 register tokens, LayerScale, positions for the patches only.
+    "timm_dinov2_registers": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
+                                  num_classes=0, reg_tokens=4, no_embed_class=True, init_values=1e-5),
 }
 
 
@@ -83,7 +86,7 @@ def main() -> None:
     from timm.models.vision_transformer import VisionTransformer
 
     for name, args in MODELS.items():
-        torch.manual_seed(0)
+        torch.manual_seed(0)  # each fixture under the same seed of its own, independent of the others
         args = dict(args)
         builder = VisionTransformerDistilled if args.pop("distilled", False) else VisionTransformer
         model = builder(**args).eval()

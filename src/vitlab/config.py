@@ -66,6 +66,13 @@ class ViTConfig:
     # DeiTForImageClassification) the token is in the sequence but only the class token feeds the head.
     distilled: bool = False
     distillation_head: bool = True
+    # DINOv2 style. register_tokens: extra learned tokens after the class token (Darcet et al. 2024), read by no
+    # head. prefix_positions: whether the class / register tokens get position embeddings too (the paper's and
+    # most checkpoints'), or only the patch tokens do (timm's no_embed_class). layer_scale: LayerScale on both
+    # residual branches, with this initial value for a fresh model (None: none, as in the paper).
+    register_tokens: int = 0
+    prefix_positions: bool = True
+    layer_scale: float | None = None
     representation_size: int | None = None  # pre-logits Linear + tanh used in pre-training; None for none
     pos_embed: str = "learned"  # "learned" (the paper's 1-D table) or "sincos2d" (fixed 2-D sine-cosine)
     mlp_activation: str = "gelu"  # "gelu" (exact; timm, HF) or "gelu_tanh" (Flax's default; official JAX code)
@@ -92,12 +99,16 @@ class ViTConfig:
         def fail(name: str, expected: str) -> None:
             raise ConfigError(f"model config field {name} must be {expected}, got {getattr(self, name)!r}")
 
-        for name in ("in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim"):
+        for name in ("in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "register_tokens"):
             if not is_int(getattr(self, name)):
                 fail(name, "a whole number")
         if self.representation_size is not None and not (is_int(self.representation_size) and self.representation_size > 0):
             fail("representation_size", "a positive whole number or null")
-        for name in ("qkv_bias", "fc_norm", "distilled", "distillation_head"):
+        if self.layer_scale is not None and not (isinstance(self.layer_scale, (int, float))
+                                                 and not isinstance(self.layer_scale, bool)
+                                                 and math.isfinite(self.layer_scale)):
+            fail("layer_scale", "a number or null")
+        for name in ("qkv_bias", "fc_norm", "distilled", "distillation_head", "prefix_positions"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "true or false")
         if self.class_token is not None and not isinstance(self.class_token, bool):
@@ -147,6 +158,10 @@ class ViTConfig:
             self.class_token = self.classifier == "token"
         if self.classifier == "token" and not self.class_token:
             raise ConfigError("classifier='token' needs class_token=True; use classifier='gap' without one")
+        if self.register_tokens < 0 or self.register_tokens > 256:
+            raise ConfigError(f"register_tokens must be in 0..256, got {self.register_tokens}")
+        if self.distilled and self.register_tokens:
+            raise ConfigError("a model has a distillation token or register tokens, not both")
         if not self.distilled:
             self.distillation_head = True  # meaningless without the token; one canonical value for equality
         if self.distilled and (self.classifier != "token" or self.representation_size or self.fc_norm):
@@ -209,8 +224,15 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        """Tokens before the patch tokens: the class token if any, then DeiT's distillation token if any."""
-        return int(bool(self.class_token)) + int(self.distilled)
+        """Tokens before the patch tokens: the class token if any, then DeiT's distillation token or the
+        register tokens if any."""
+        return int(bool(self.class_token)) + int(self.distilled) + self.register_tokens
+
+    @property
+    def num_position_prefix(self) -> int:
+        """Rows of the position table before the patch rows: one per prefix token, or none when only the patch
+        tokens get positions (prefix_positions False)."""
+        return self.num_prefix_tokens if self.prefix_positions else 0
 
     @property
     def has_distillation_head(self) -> bool:

@@ -92,7 +92,7 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
     distances = distance.result  # (layers, heads)
     files["attention_distance"] = plots.plot_attention_distance(distances, folder / "attention_distance.png",
                                                                 config.image_size)
-    similarity = position_embedding_similarity(model.pos_embed, grid, prefix)
+    similarity = position_embedding_similarity(model.pos_embed, grid, config.num_position_prefix)
     files["position_similarity"] = plots.plot_position_similarity(similarity, folder / "position_similarity.png")
     components = ratios = None
     if config.resnet_layers is None:  # a hybrid's 1x1 "patches" of ResNet features are not pictures

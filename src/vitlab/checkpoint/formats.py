@@ -20,6 +20,8 @@ from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.models.vit import VisionTransformer
 
+# HF `model_type`s whose config.json vitlab reads beside the weights.
+HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
 RUN_CHECKPOINTS = ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/last.safetensors")
 
@@ -79,7 +81,7 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
                                   "PyTorch zip file)")
         keys = set(state)
         if hf.is_hf_state_dict(keys):
-            hf_config = sidecar if sidecar and sidecar.get("model_type") in ("vit", "deit", "vit_mae") else None
+            hf_config = sidecar if sidecar and sidecar.get("model_type") in HF_MODEL_TYPES else None
             config = apply_hints(hf.config_from_hf(state, hf_config, source, image_size), hints)
             return config, hf.hf_to_state_dict(state, config, source), "hf"
         if timm.is_timm_state_dict(keys):

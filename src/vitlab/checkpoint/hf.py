@@ -43,8 +43,21 @@ IGNORED = {"embeddings.mask_token"}  # only used by masked image modelling
 # MAE pre-training checkpoints (`ViTMAEForPreTraining`) hold the ViT encoder under "vit." and a pixel decoder
 # under "decoder.", which reconstructs masked patches in pre-training and is no part of the encoder.
 MAE_DECODER_PREFIX = "decoder."
+# DINOv2 (`Dinov2Model`, `Dinov2WithRegistersModel`) names its block's parts differently and adds LayerScale.
+DINOV2_LAYER_RENAMES = [
+    ("norm1", "norm1"),
+    ("attention.output.dense", "attn.proj"),
+    ("norm2", "norm2"),
+    ("mlp.fc1", "mlp.fc1"),
+    ("mlp.fc2", "mlp.fc2"),
+]
+DINOV2_LAYER_SCALES = [("layer_scale1.lambda1", "ls1.gamma"), ("layer_scale2.lambda1", "ls2.gamma")]
 # DeiT with its teacher's distillation head: (HF classifier, vitlab head).
 DEIT_HEADS = [("cls_classifier", "head"), ("distillation_classifier", "head_dist")]
+
+
+def is_dinov2(keys: set[str]) -> bool:
+    return "encoder.layer.0.norm1.weight" in keys
 
 
 def is_mae_pretraining(keys: set[str]) -> bool:
@@ -73,6 +86,12 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
         raise CheckpointError(f"{source}: no config.json beside the weights, and the head count of a width-"
                               f"{embed_dim} model cannot be read from them; put the model's config.json beside it")
     distilled = "embeddings.distillation_token" in state
+    dinov2 = is_dinov2(set(state))
+    if dinov2 and state.get("classifier.weight") is not None and state["classifier.weight"].shape[1] != embed_dim:
+        raise CheckpointError(f"{source}: Dinov2ForImageClassification classifies the class token concatenated with "
+                              "the mean patch token, a head vitlab does not build; load its Dinov2Model encoder "
+                              "(features) and fine-tune or probe a head on them")
+    registers = state["embeddings.register_tokens"].shape[1] if "embeddings.register_tokens" in state else 0
     image_size = hf_config.get("image_size")
     if image_size is None:
         rows = state["embeddings.position_embeddings"].shape[1] - 1 - int(distilled)
@@ -95,13 +114,18 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
         # Drop HF's placeholder names; they say nothing a class index does not.
         if all(labels) and labels != [f"LABEL_{i}" for i in range(num_classes)]:
             class_names = [str(label) for label in labels]
+    fc1 = "encoder.layer.0.mlp.fc1.weight" if dinov2 else "encoder.layer.0.intermediate.dense.weight"
     return ViTConfig(
         image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1], num_classes=num_classes,
-        embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=state["encoder.layer.0.intermediate.dense.weight"].shape[0],
+        embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=state[fc1].shape[0],
         qkv_bias="encoder.layer.0.attention.attention.query.bias" in state, classifier="token",
         representation_size=representation, mlp_activation="gelu" if activation == "gelu" else "gelu_tanh",
-        layer_norm_eps=hf_config.get("layer_norm_eps", 1e-12), class_names=class_names,
+        layer_norm_eps=hf_config.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12), class_names=class_names,
         distilled=distilled, distillation_head=teacher_heads or not has_classifier,
+        # HF adds the class token's position before inserting the registers, which get none; vitlab folds that
+        # row into the class token (hf_to_state_dict) and gives positions to the patch tokens only.
+        register_tokens=registers, prefix_positions=not registers,
+        layer_scale=hf_config.get("layerscale_value", 1.0) if dinov2 else None,
     )
 
 
@@ -121,11 +145,18 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
 
     for hf_name, name in RENAMES:
         out[name] = take(hf_name)
+    dinov2 = is_dinov2(set(state))
+    if config.register_tokens:
+        out["reg_token"] = take("embeddings.register_tokens")
+        out["cls_token"] = out["cls_token"] + out["pos_embed"][:, :1]
+        out["pos_embed"] = out["pos_embed"][:, 1:]
     for layer in range(config.depth):
         hf_layer, block = f"encoder.layer.{layer}.", f"blocks.{layer}."
-        for hf_name, name in LAYER_RENAMES:
+        for hf_name, name in DINOV2_LAYER_RENAMES if dinov2 else LAYER_RENAMES:
             out[block + name + ".weight"] = take(hf_layer + hf_name + ".weight")
             out[block + name + ".bias"] = take(hf_layer + hf_name + ".bias")
+        for hf_name, name in DINOV2_LAYER_SCALES if dinov2 else []:
+            out[block + name] = take(hf_layer + hf_name)
         parts = [hf_layer + f"attention.attention.{part}" for part in ("query", "key", "value")]
         out[block + "attn.qkv.weight"] = torch.cat([take(p + ".weight") for p in parts])
         if config.qkv_bias:
@@ -150,6 +181,9 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
 def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """vitlab names -> `ViTForImageClassification` names, or DeiT's for a distilled model (the inverse of
     `hf_to_state_dict`)."""
+    if config.layer_scale is not None or config.register_tokens or not config.prefix_positions:
+        raise CheckpointError("vitlab writes Hugging Face's ViT and DeiT layouts, which have no LayerScale or "
+                              "register tokens; export a DINOv2-style model to timm or keep vitlab's format")
     if config.resnet_layers is not None or not config.class_token or config.classifier != "token" or config.fc_norm:
         raise CheckpointError("Hugging Face's ViT has a class-token head only: hybrids, 'gap' and fc_norm models "
                               "cannot be exported to it; export to timm instead")

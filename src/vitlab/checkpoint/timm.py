@@ -7,6 +7,7 @@ whose `architecture` names a known model, or, failing both, the paper's head cou
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from typing import Any
@@ -35,9 +36,12 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
         if match:
             hints["num_heads"] = MODEL_SIZES[TIMM_SIZE_NAMES[match.group(1)]]["num_heads"]
     for timm_name, our_name in (("num_heads", "num_heads"), ("img_size", "image_size"), ("qkv_bias", "qkv_bias"),
-                                ("class_token", "class_token"), ("fc_norm", "fc_norm")):
+                                ("class_token", "class_token"), ("fc_norm", "fc_norm"), ("reg_tokens", "register_tokens"),
+                                ("init_values", "layer_scale")):
         if args.get(timm_name) is not None:
             hints[our_name] = args[timm_name]
+    if args.get("no_embed_class") is not None:
+        hints["prefix_positions"] = not args["no_embed_class"]
     if "global_pool" in args:
         hints["classifier"] = "token" if args["global_pool"] == "token" else "gap"
         if args["global_pool"] not in ("token", "avg"):
@@ -63,8 +67,7 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
     JSON (`global_pool`), which decides.
     given_image_size: the size the user gave; the checkpoint's own when its position table is not square."""
     hints = dict(hints or {})
-    for unsupported, what in (("reg_token", "register tokens"), ("blocks.0.ls1.gamma", "layer scale"),
-                              ("blocks.0.attn.q_norm.weight", "query-key norm"), ("attn_pool.latent", "attention pooling")):
+    for unsupported, what in (("blocks.0.attn.q_norm.weight", "query-key norm"), ("attn_pool.latent", "attention pooling")):
         if unsupported in state:
             raise CheckpointError(f"{source}: this timm model uses {what} ({unsupported!r}), which is not part of the "
                                   "paper's ViT and not supported by vitlab")
@@ -74,6 +77,7 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
     mlp_dim = state["blocks.0.mlp.fc1.weight"].shape[0]
     class_token = "cls_token" in state
     distilled = "dist_token" in state  # timm's VisionTransformerDistilled (DeiT): dist_token and head_dist
+    register_tokens = state["reg_token"].shape[1] if "reg_token" in state else 0  # DINOv2 with registers
     resnet_layers, width_factor, in_chans = None, 1.0, proj.shape[1]
     stem = "patch_embed.backbone.stem.conv.weight"
     if stem in state:
@@ -89,9 +93,14 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
             f"{source}: the head count of a width-{embed_dim} model cannot be read from its weights; put a JSON of "
             'its timm arguments beside it (e.g. {"num_heads": 4}) or pass --num-heads')
     stride = stem_stride(resnet_layers)
+    prefix = int(class_token) + int(distilled) + register_tokens
+    prefix_positions = hints.pop("prefix_positions", None)
+    if prefix_positions is None:
+        prefix_positions = prefix_rows_in_table(state["pos_embed"].shape[1], prefix, tuple(proj.shape[2:]), stride,
+                                                hints.get("image_size") or given_image_size, source, register_tokens)
     image_size = hints.pop("image_size", None)
     if image_size is None:
-        rows = state["pos_embed"].shape[1] - int(class_token) - int(distilled)
+        rows = state["pos_embed"].shape[1] - (prefix if prefix_positions else 0)
         image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), stride, source, given_image_size)
     fields: dict[str, Any] = dict(
         image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=in_chans,
@@ -102,10 +111,37 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
         fc_norm="fc_norm.weight" in state,
         representation_size=state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else None,
         resnet_layers=resnet_layers, resnet_width_factor=width_factor, distilled=distilled,
+        register_tokens=register_tokens, prefix_positions=prefix_positions,
+        layer_scale=hints.pop("layer_scale", None) or (1e-5 if "blocks.0.ls1.gamma" in state else None),
         distillation_head=distilled and ("head_dist.weight" in state or "head.weight" not in state),
     )
     fields.update(hints)
     return ViTConfig(**fields)
+
+
+def prefix_rows_in_table(rows: int, prefix: int, patch_size: tuple[int, int], stride: int,
+                         image_size: int | tuple[int, int] | list[int] | None, source: str,
+                         register_tokens: int = 0) -> bool:
+    """Whether a timm position table has rows for the prefix tokens (timm's default) or for the patches only
+    (`no_embed_class=True`). With the image size it was made for the row count says; otherwise a model without register
+    tokens follows timm's default, and one with registers (timm builds those with no_embed_class) is read by
+    which count makes a square grid of patches."""
+    if prefix == 0:
+        return True
+    if image_size is not None:
+        height, width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        patches = (height // (patch_size[0] * stride)) * (width // (patch_size[1] * stride))
+        if rows in (prefix + patches, patches):
+            return rows == prefix + patches
+        # Neither: the size is a target to resample to (or wrong, which the size check then reports).
+    if not register_tokens:
+        return True
+    with_prefix, patches_only = math.isqrt(rows - prefix) ** 2 == rows - prefix, math.isqrt(rows) ** 2 == rows
+    if with_prefix != patches_only:
+        return with_prefix
+    raise CheckpointError(f"{source}: a {rows}-row position table with {prefix} prefix tokens could be read either "
+                          "way (with or without rows for the prefix tokens); say which with no_embed_class in the "
+                          "sidecar JSON of timm arguments, or give --image-size")
 
 
 def timm_model_args(config: ViTConfig) -> dict[str, Any]:
@@ -128,6 +164,12 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
         args["act_layer"] = "gelu_tanh"  # the official JAX models; timm's default is the exact GELU
     if config.representation_size:
         args["representation_size"] = config.representation_size  # older timm releases only
+    if config.register_tokens:
+        args["reg_tokens"] = config.register_tokens
+    if not config.prefix_positions:
+        args["no_embed_class"] = True
+    if config.layer_scale is not None:
+        args["init_values"] = config.layer_scale
     if config.distilled:
         warnings.warn("timm builds distilled (DeiT) models with timm.models.deit.VisionTransformerDistilled, "
                       "whose arguments these are; VisionTransformer itself has no distillation token", stacklevel=2)

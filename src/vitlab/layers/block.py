@@ -1,4 +1,4 @@
-"""One pre-norm Transformer encoder block (paper eqs. 2-3)."""
+"""One pre-norm Transformer encoder block (paper eqs. 2-3), with optional LayerScale on both branches."""
 
 from __future__ import annotations
 
@@ -7,19 +7,23 @@ from torch import nn
 
 from vitlab.layers.attention import Attention
 from vitlab.layers.drop import DropPath
+from vitlab.layers.layer_scale import LayerScale
 from vitlab.layers.mlp import Mlp
 
 
 class Block(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, qkv_bias: bool = True,
                  mlp_activation: str = "gelu", layer_norm_eps: float = 1e-6, dropout: float = 0.0,
-                 attention_dropout: float = 0.0, drop_path: float = 0.0) -> None:
+                 attention_dropout: float = 0.0, drop_path: float = 0.0, layer_scale: float | None = None) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
         self.attn = Attention(embed_dim, num_heads, qkv_bias, attention_dropout, dropout)
         self.norm2 = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
         self.mlp = Mlp(embed_dim, mlp_dim, mlp_activation, dropout)
         self.drop_path = DropPath(drop_path)
+        # The paper's block has none; DINOv2's scales each branch by a learned per-channel gamma.
+        self.ls1 = LayerScale(embed_dim, layer_scale) if layer_scale is not None else nn.Identity()
+        self.ls2 = LayerScale(embed_dim, layer_scale) if layer_scale is not None else nn.Identity()
 
     def forward(self, x: torch.Tensor, return_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> (B, T, D); with return_attention also this block's weights (B, heads, T, T)."""
@@ -27,6 +31,6 @@ class Block(nn.Module):
             attended, weights = self.attn(self.norm1(x), return_weights=True)
         else:
             attended = self.attn(self.norm1(x))
-        x = x + self.drop_path(attended)  # z'_l = MSA(LN(z_{l-1})) + z_{l-1}
-        x = x + self.drop_path(self.mlp(self.norm2(x)))  # z_l = MLP(LN(z'_l)) + z'_l
+        x = x + self.drop_path(self.ls1(attended))  # z'_l = MSA(LN(z_{l-1})) + z_{l-1}
+        x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))  # z_l = MLP(LN(z'_l)) + z'_l
         return (x, weights) if return_attention else x

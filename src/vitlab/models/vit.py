@@ -45,7 +45,8 @@ class VisionTransformer(nn.Module):
                                       backbone.out_channels if backbone is not None else None)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
-        num_positions = config.num_prefix_tokens + config.num_patches
+        self.reg_token = nn.Parameter(torch.zeros(1, config.register_tokens, dim)) if config.register_tokens else None
+        num_positions = config.num_position_prefix + config.num_patches
         self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim),
                                       requires_grad=config.pos_embed == "learned")
         self.pos_drop = nn.Dropout(config.dropout)
@@ -54,7 +55,7 @@ class VisionTransformer(nn.Module):
         drop_rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
         self.blocks = nn.ModuleList(
             Block(dim, config.num_heads, config.mlp_dim, config.qkv_bias, config.mlp_activation,
-                  config.layer_norm_eps, config.dropout, config.attention_dropout, rate)
+                  config.layer_norm_eps, config.dropout, config.attention_dropout, rate, config.layer_scale)
             for rate in drop_rates
         )
         # With fc_norm (timm's "avg" models) the final LayerNorm moves from every token to the pooled vector.
@@ -88,13 +89,14 @@ class VisionTransformer(nn.Module):
         if self.config.pos_embed == "sincos2d":
             self.pos_embed.zero_()
             patch_rows = sincos_2d_pos_embed(self.config.grid_size, self.config.embed_dim)
-            self.pos_embed[0, self.config.num_prefix_tokens:] = patch_rows
+            self.pos_embed[0, self.config.num_position_prefix:] = patch_rows
         else:
             nn.init.normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
-        if self.dist_token is not None:  # DeiT's initialisation; a zero token would equal the class token
-            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        for token in (self.dist_token, self.reg_token):  # DeiT's initialisation; zeros would equal the class token
+            if token is not None:
+                nn.init.trunc_normal_(token, std=0.02)
         for head in (self.head, self.head_dist):
             if isinstance(head, nn.Linear):
                 nn.init.zeros_(head.weight)
@@ -138,16 +140,19 @@ class VisionTransformer(nn.Module):
         tokens = patches.flatten(2).transpose(1, 2)  # (B, N, D)
         pos_embed = self.pos_embed
         if self.dynamic_image_size:  # the same tables `set_image_size` would make for this grid
-            prefix = self.config.num_prefix_tokens
+            prefix = self.config.num_position_prefix
             if self.config.pos_embed == "sincos2d":
                 patch_positions = sincos_2d_pos_embed(patches.shape[-2:], self.config.embed_dim)[None].to(pos_embed)
             else:
                 patch_positions = interpolate_patch_positions(pos_embed[:, prefix:], self.config.grid_size,
                                                               patches.shape[-2:])
             pos_embed = torch.cat([pos_embed[:, :prefix], patch_positions], dim=1)
-        prefix_tokens = [token for token in (self.cls_token, self.dist_token) if token is not None]
+        prefix_tokens = [token.expand(tokens.shape[0], -1, -1)
+                         for token in (self.cls_token, self.dist_token, self.reg_token) if token is not None]
+        if not self.config.prefix_positions:  # only the patch tokens get positions (timm's no_embed_class)
+            return self.pos_drop(torch.cat(prefix_tokens + [tokens + pos_embed], dim=1))
         if prefix_tokens:
-            tokens = torch.cat([token.expand(tokens.shape[0], -1, -1) for token in prefix_tokens] + [tokens], dim=1)
+            tokens = torch.cat(prefix_tokens + [tokens], dim=1)
         return self.pos_drop(tokens + pos_embed)
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
@@ -231,12 +236,13 @@ class VisionTransformer(nn.Module):
         new_config = self.config.replace(image_size=image_size)
         with torch.no_grad():
             if self.config.pos_embed == "sincos2d":
-                table = torch.zeros(1, new_config.num_prefix_tokens + new_config.num_patches, self.config.embed_dim)
-                table[0, new_config.num_prefix_tokens:] = sincos_2d_pos_embed(new_config.grid_size, self.config.embed_dim)
-                table[:, :new_config.num_prefix_tokens] = self.pos_embed[:, :new_config.num_prefix_tokens]
+                prefix = new_config.num_position_prefix
+                table = torch.zeros(1, prefix + new_config.num_patches, self.config.embed_dim)
+                table[0, prefix:] = sincos_2d_pos_embed(new_config.grid_size, self.config.embed_dim)
+                table[:, :prefix] = self.pos_embed[:, :prefix]
             else:
                 table = resample_pos_embed(self.pos_embed.data, new_config.grid_size, old_grid,
-                                           self.config.num_prefix_tokens, mode)
+                                           self.config.num_position_prefix, mode)
         self.pos_embed = nn.Parameter(table.to(self.pos_embed), requires_grad=self.pos_embed.requires_grad)
         self.config = new_config
 
@@ -250,4 +256,4 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip besides norms and biases."""
-        return {"pos_embed", "cls_token", "dist_token"}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token"}

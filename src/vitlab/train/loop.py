@@ -95,7 +95,7 @@ def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
         if config.linear_probe:
             frozen = not name.startswith(("head.", "head_dist."))
         elif config.freeze_blocks:
-            frozen = name.startswith(("patch_embed.", "cls_token", "dist_token", "pos_embed")) or (
+            frozen = name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed")) or (
                 name.startswith("blocks.") and int(name.split(".")[1]) < config.freeze_blocks)
         else:
             frozen = False

@@ -10,7 +10,7 @@ from torch import nn
 
 def layer_id(name: str, depth: int) -> int:
     """Depth of a parameter for layer-wise lr decay: 0 for the embeddings, l + 1 for block l, depth + 1 after."""
-    if name.startswith(("patch_embed.", "cls_token", "dist_token", "pos_embed")):
+    if name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed")):
         return 0
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1
