@@ -1,4 +1,5 @@
-"""Parity with the reference implementations: max |logit difference| of every fixture checkpoint.
+"""Parity with the reference implementations: max |logit difference| of every fixture checkpoint (for an encoder
+without a head, of its features: the class token after the final norm).
 
     python benchmarks/parity.py
 
@@ -27,7 +28,7 @@ from vitlab import load_model, read_checkpoint  # noqa: E402
 
 def main() -> None:
     lines = ["Command: `python benchmarks/parity.py` (float32, CPU)", "",
-             "| fixture | written by | kind detected | model | max abs logit difference |", "|---|---|---|---|---|"]
+             "| fixture | written by | kind detected | model | max abs logit (or feature) difference |", "|---|---|---|---|---|"]
     writers = {"jax": "official vit_jax (Flax)", "timm": "timm 1.0.31", "hf": "transformers 5.23"}
     for name, weights in REFERENCE_CHECKPOINTS:
         images, expected = reference_io(name)
@@ -37,7 +38,12 @@ def main() -> None:
             difference = (model(images) - expected).abs().max().item()
         shape = ("hybrid " if config.resnet_layers is not None else "") + f"{config.classifier}" + \
             (f", repr {config.representation_size}" if config.representation_size else "") + \
-            (", fc_norm" if config.fc_norm else "")
+            (", fc_norm" if config.fc_norm else "") + (", class token" if config.class_token and
+                                                       config.classifier == "gap" else "") + \
+            (", distillation token" + (" + head" if config.has_distillation_head else "") if config.distilled else "") + \
+            (f", {config.register_tokens} registers" if config.register_tokens else "") + \
+            (", LayerScale" if config.layer_scale is not None else "") + \
+            ("" if config.num_classes else ", no head (features)")
         lines.append(f"| `{weights}` | {writers[kind]} | {kind} | {shape} | {difference:.2e} |")
     table = "\n".join(lines)
     print(table)

@@ -260,3 +260,19 @@ def test_deit_hf_export_loads_in_transformers_with_the_same_logits(tmp_path, nam
     images, expected = reference_io(name)
     with torch.no_grad():
         assert (theirs(pixel_values=images).logits - expected).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("keys, named", [
+    (["layers.0.blocks.0.attn.relative_position_bias_table", "layers.0.downsample.norm.weight"], "Swin Transformer"),
+    (["patch_embed.proj.weight", "blocks.0.attn.relative_position_bias_table", "blocks.0.attn.qkv.weight"], "BEiT"),
+    (["stages.0.blocks.0.conv_dw.weight"], "ConvNeXt"),
+    (["vision_model.embeddings.class_embedding", "vision_model.embeddings.patch_embedding.weight"], "CLIP"),
+    (["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "attn_pool.latent"], "attention pooling"),
+    (["foo.bar"], "no checkpoint layout vitlab knows"),
+])
+def test_other_architectures_get_one_message_naming_them_and_what_loads(tmp_path, keys, named):
+    from safetensors.torch import save_file
+
+    save_file({key: torch.zeros(2) for key in keys}, tmp_path / "w.safetensors")
+    with pytest.raises(CheckpointError, match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO and DINOv2"):
+        load_model(tmp_path / "w.safetensors")

@@ -80,6 +80,7 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
             raise CheckpointError(f"{source}: not a checkpoint vitlab reads (expected safetensors, .npz or a "
                                   "PyTorch zip file)")
         keys = set(state)
+        refuse_other_architectures(keys, source)
         if hf.is_hf_state_dict(keys):
             hf_config = sidecar if sidecar and sidecar.get("model_type") in HF_MODEL_TYPES else None
             config = apply_hints(hf.config_from_hf(state, hf_config, source, image_size), hints)
@@ -94,9 +95,42 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
         # Known names with shapes or types that no ViT has (a crafted or damaged file).
         raise CheckpointError(f"{source}: tensors with the names of a ViT checkpoint but not its shapes "
                               f"({type(error).__name__}: {error})") from None
-    first = sorted(state)[:3]
-    raise CheckpointError(f"{source}: tensors named like {first} are not a ViT checkpoint vitlab knows "
-                          "(official JAX, timm, Hugging Face or vitlab)")
+    raise CheckpointError(f"{source}: tensors named like {sorted(state)[:3]} are no checkpoint layout vitlab knows. "
+                          f"vitlab loads {SUPPORTED_FAMILIES}")
+
+
+def refuse_other_architectures(keys: set[str], source: str) -> None:
+    """One message naming a known non-ViT architecture (Swin, BEiT, ConvNeXt, CLIP, SigLIP, ...) and what loads."""
+    found = recognise_architecture(keys)
+    if found:
+        raise CheckpointError(f"{source}: a {found[0]} checkpoint (it has {found[1]!r}), which vitlab does not build. "
+                              f"vitlab loads {SUPPORTED_FAMILIES}")
+
+
+SUPPORTED_FAMILIES = ("the paper's ViT (official JAX .npz, timm, Hugging Face), DeiT, MAE, DINO and DINOv2 (timm and "
+                      "Hugging Face layouts) and its own files")
+# (architecture, a tensor name or name fragment only it has), checked in order: the first match names it.
+ARCHITECTURE_SIGNATURES = [
+    ("Swin Transformer", "relative_position_bias_table"),  # also BEiT's; Swin's also has layers.N.downsample
+    ("BEiT (relative position bias)", "relative_position_bias"),
+    ("ConvNeXt", "conv_dw"),
+    ("ConvNeXt", "dwconv"),
+    ("CLIP image tower (not yet supported)", "class_embedding"),
+    ("SigLIP image tower (not yet supported)", "head.probe"),
+    ("ViT with attention pooling (SigLIP-style, not yet supported)", "attn_pool"),
+    ("ResNet", "layer1.0.conv1"),
+]
+
+
+def recognise_architecture(keys: set[str]) -> tuple[str, str] | None:
+    """(name, a telling tensor name) of a known non-ViT architecture, to say what a refused file is."""
+    for name, fragment in ARCHITECTURE_SIGNATURES:
+        for key in sorted(keys):
+            if fragment in key:
+                if name.startswith("Swin") and not any("downsample" in k or "layers." in k for k in keys):
+                    name = "BEiT (relative position bias)"
+                return name, key
+    return None
 
 
 def apply_hints(config: ViTConfig, hints: dict[str, Any]) -> ViTConfig:
