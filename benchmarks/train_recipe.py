@@ -88,9 +88,14 @@ def table(results: list[dict], target: float, command: str) -> str:
     if tests:
         lines += ["", f"Single-process runs: test top-1 min {100 * min(tests):.2f}%, max {100 * max(tests):.2f}%; "
                       f"wall time max {max(walls):.0f} s."]
-    lines += ["", "Validation accuracy against run time (seconds since the run started, at each epoch's end):", ""]
+    lines += ["", "Validation accuracy against run time (seconds since the run started, at the end of epoch N; "
+                  "at most 13 epochs a run shown, the whole curves are in the JSON):", ""]
     for r in results:
-        points = ", ".join(f"{elapsed:.0f} s {100 * accuracy:.2f}%" for _, elapsed, accuracy in r["curve"])
+        step = max(1, -(-len(r["curve"]) // 12))
+        shown = [point for index, point in enumerate(r["curve"]) if index % step == step - 1 or index == 0]
+        if shown[-1] != r["curve"][-1]:
+            shown.append(r["curve"][-1])
+        points = ", ".join(f"{epoch}: {elapsed:.0f} s {100 * accuracy:.2f}%" for epoch, elapsed, accuracy in shown)
         lines.append(f"- seed {r['seed']} ({r['processes']} process{'es' if r['processes'] > 1 else ''}): {points}")
     return "\n".join(lines)
 

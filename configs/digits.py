@@ -2,12 +2,14 @@
 
     vitlab train --config configs/digits.py        (the same as plain `vitlab train` or `make demo`)
 
-A 4-block ViT of width 64 (0.14M parameters) on 2x2 patches: 16 tokens + the class token. On ~1400 training
+A 4-block ViT of width 64 (0.14M parameters) on 2x2 patches: 16 tokens + the class token. On ~1300 training
 images a ViT memorises quickly, so the recipe leans on per-image random affine warps (rotation, zoom, shear,
-shift), a high AdamW learning rate and a short warm-up.
+shift), a high AdamW learning rate and a short warm-up. 144 of the 1438 training images (10%, stratified, fixed
+by the seed) are held out for validation; the fixed 359-image test split is measured once, at the end.
 
-Measured on the 2-core reference machine (AMD EPYC, 2 threads): 98.89-99.16% test top-1 over seeds 0-3 on
-the fixed 359-image test split, 51-71 s wall time per run (BENCHMARKS.md, "digits recipe").
+Chosen on validation accuracy (mean final accuracy over seeds 0-2): 150 epochs without stochastic depth 98.61%,
+against 96.99% with stochastic depth 0.1, 96.30% with milder warps, and 95.60% for the previous 100 epochs.
+MEASURED_PLACEHOLDER
 """
 
 from vitlab.data.transforms import AugmentConfig
@@ -16,7 +18,7 @@ from vitlab.train.config import TrainConfig
 config = TrainConfig(
     model="digits-8",
     dataset="digits",
-    epochs=100,
+    epochs=150,
     batch_size=128,
     optimizer="adamw",
     lr=4e-3,
@@ -25,6 +27,6 @@ config = TrainConfig(
     weight_decay=0.05,
     label_smoothing=0.1,
     grad_clip=1.0,
-    drop_path=0.1,
+    drop_path=0.0,
     augment=AugmentConfig(affine_degrees=10, affine_scale=0.1, affine_shear=0.1, affine_translate=0.125),
 )

@@ -39,7 +39,7 @@ class TrainConfig:
     linear_probe: bool = False  # train the new head only
     layer_decay: float = 1.0  # layer-wise learning-rate decay: block l gets lr * decay^(L + 1 - l); 1 = off
     # Optimisation.
-    epochs: int = 100
+    epochs: int = 150
     batch_size: int = 128  # global batch, over all processes and accumulation steps
     grad_accum: int = 1  # micro-batches per optimizer step
     optimizer: str = "adamw"  # adamw or sgd (momentum)
@@ -50,7 +50,7 @@ class TrainConfig:
     momentum: float = 0.9  # SGD only
     label_smoothing: float = 0.1
     grad_clip: float = 1.0  # global gradient norm; 0 = off
-    drop_path: float = 0.1
+    drop_path: float = 0.0
     dropout: float = 0.0
     ema_decay: float = 0.0  # exponential moving average of the weights; 0 = off
     augment: AugmentConfig = field(default_factory=lambda: AugmentConfig(
