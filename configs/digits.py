@@ -9,7 +9,8 @@ by the seed) are held out for validation; the fixed 359-image test split is meas
 
 Chosen on validation accuracy (mean final accuracy over seeds 0-2): 150 epochs without stochastic depth 98.61%,
 against 96.99% with stochastic depth 0.1, 96.30% with milder warps, and 95.60% for the previous 100 epochs.
-MEASURED_PLACEHOLDER
+Measured on the 2-core reference machine (Intel Xeon, 2 threads; BENCHMARKS.md, "Digits recipe"): final test top-1
+98.89%, 98.33%, 99.44% for seeds 0, 1, 2, in 43-45 s from launch to exit.
 """
 
 from vitlab.data.transforms import AugmentConfig
