@@ -25,6 +25,9 @@ REFERENCE_CHECKPOINTS = [
     ("hf_dinov2", "hf_dinov2"),
     ("hf_dinov2_registers", "hf_dinov2_registers"),
     ("timm_dinov2_registers", "timm_dinov2_registers.safetensors"),
+    ("timm_clip_quickgelu", "timm_clip_quickgelu.safetensors"),
+    ("hf_clip_vision", "hf_clip_vision"),
+    ("hf_clip", "hf_clip"),
     ("hf_vit", "hf_vit"),
 ]
 

@@ -81,7 +81,7 @@ def test_every_fixture_converts_and_round_trips(tmp_path, name, weights, to):
     model = load_model(FIXTURES / weights)
     if to == "hf" and (model.config.classifier != "token" or model.config.fc_norm or model.config.resnet_layers
                        or model.config.representation_size or model.config.layer_scale is not None
-                       or model.config.register_tokens):
+                       or model.config.register_tokens or model.config.pre_norm):
         with pytest.raises(CheckpointError, match="Hugging Face"):
             export_checkpoint(model, tmp_path / "out", to=to)
         return
@@ -266,7 +266,7 @@ def test_deit_hf_export_loads_in_transformers_with_the_same_logits(tmp_path, nam
     (["layers.0.blocks.0.attn.relative_position_bias_table", "layers.0.downsample.norm.weight"], "Swin Transformer"),
     (["patch_embed.proj.weight", "blocks.0.attn.relative_position_bias_table", "blocks.0.attn.qkv.weight"], "BEiT"),
     (["stages.0.blocks.0.conv_dw.weight"], "ConvNeXt"),
-    (["vision_model.embeddings.class_embedding", "vision_model.embeddings.patch_embedding.weight"], "CLIP"),
+    (["visual.class_embedding", "visual.conv1.weight"], "open_clip CLIP"),
     (["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "attn_pool.latent"], "attention pooling"),
     (["foo.bar"], "no checkpoint layout vitlab knows"),
 ])
@@ -274,5 +274,5 @@ def test_other_architectures_get_one_message_naming_them_and_what_loads(tmp_path
     from safetensors.torch import save_file
 
     save_file({key: torch.zeros(2) for key in keys}, tmp_path / "w.safetensors")
-    with pytest.raises(CheckpointError, match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO and DINOv2"):
+    with pytest.raises(CheckpointError, match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO, DINOv2 and CLIP"):
         load_model(tmp_path / "w.safetensors")

@@ -19,6 +19,8 @@ import torch
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 SHAPE = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=64, num_labels=10)
+CLIP_SHAPE = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, projection_dim=16)
 DINOV2_SHAPE = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2)
 
 
@@ -44,6 +46,15 @@ def models():
         # DINOv2 with 4 register tokens, which get no position embedding.
         "hf_dinov2_registers": lambda: transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(
             **DINOV2_SHAPE, num_register_tokens=4)),
+        # CLIP's image tower with its projection (QuickGELU, HF's default); features are the projected embedding.
+        "hf_clip_vision": lambda: transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(
+            **CLIP_SHAPE)),
+        # A whole CLIPModel: vitlab loads its image tower and sets the text tower aside.
+        "hf_clip": lambda: transformers.CLIPModel(transformers.CLIPConfig(
+            vision_config=CLIP_SHAPE, projection_dim=16,
+            text_config=dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, max_position_embeddings=8, bos_token_id=0,
+                             eos_token_id=1, pad_token_id=1))),
     }
 
 
@@ -54,7 +65,13 @@ def reference_output(name: str, model, images: torch.Tensor) -> dict[str, np.nda
         num_patches = (images.shape[-2] // model.config.patch_size) * (images.shape[-1] // model.config.patch_size)
         noise = torch.arange(num_patches, dtype=torch.float32).repeat(len(images), 1)
         return {"features": model.vit(pixel_values=images, noise=noise).last_hidden_state[:, 0].numpy()}
+    if name == "hf_clip":
+        # get_image_features: the vision tower's pooled output through the image-text projection.
+        pooled = model.vision_model(pixel_values=images).pooler_output
+        return {"features": model.visual_projection(pooled).numpy()}
     output = model(pixel_values=images)
+    if hasattr(output, "image_embeds"):
+        return {"features": output.image_embeds.numpy()}
     if hasattr(output, "logits"):
         return {"logits": output.logits.numpy()}
     return {"features": output.last_hidden_state[:, 0].numpy()}

@@ -16,6 +16,7 @@ head).
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import json
@@ -44,6 +45,11 @@ MODELS = {
     # DINOv2 with registers as timm builds it: 4 register tokens, LayerScale, positions for the patches only.
     "timm_dinov2_registers": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
                                   num_classes=0, reg_tokens=4, no_embed_class=True, init_values=1e-5),
+    # A CLIP image tower as timm builds OpenAI's: norm_pre (and no patch bias), QuickGELU, LayerNorm eps 1e-5, and
+    # the image-text projection as a 16-wide head with a zero bias (as timm's conversion writes it).
+    "timm_clip_quickgelu": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
+                                num_classes=16, pre_norm=True, act_layer="quick_gelu", layer_norm_eps=1e-5,
+                                zero_head_bias=True),
 }
 
 
@@ -89,10 +95,15 @@ def main() -> None:
         torch.manual_seed(0)  # each fixture under the same seed of its own, independent of the others
         args = dict(args)
         builder = VisionTransformerDistilled if args.pop("distilled", False) else VisionTransformer
-        model = builder(**args).eval()
+        zero_head_bias = args.pop("zero_head_bias", False)
+        eps = args.pop("layer_norm_eps", None)
+        extra = {"norm_layer": functools.partial(torch.nn.LayerNorm, eps=eps)} if eps else {}
+        model = builder(**args, **extra).eval()
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(0.05 * torch.randn_like(parameter))
+            if zero_head_bias:
+                model.head.bias.zero_()
         height, width = args["img_size"] if isinstance(args["img_size"], tuple) else (args["img_size"],) * 2
         images = torch.randn(2, 3, height, width)
         with torch.no_grad():

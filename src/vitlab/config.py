@@ -73,6 +73,12 @@ class ViTConfig:
     register_tokens: int = 0
     prefix_positions: bool = True
     layer_scale: float | None = None
+    # CLIP image tower. pre_norm: a LayerNorm on the embedded tokens before the first block (CLIP's ln_pre; its
+    # patch projection then has no bias, as in CLIP and timm). projection: the head is CLIP's bias-free output
+    # projection into the joint image-text space (num_classes = its width), so the model gives embeddings, not
+    # class scores.
+    pre_norm: bool = False
+    projection: bool = False
     representation_size: int | None = None  # pre-logits Linear + tanh used in pre-training; None for none
     pos_embed: str = "learned"  # "learned" (the paper's 1-D table) or "sincos2d" (fixed 2-D sine-cosine)
     mlp_activation: str = "gelu"  # "gelu" (exact; timm, HF) or "gelu_tanh" (Flax's default; official JAX code)
@@ -108,7 +114,8 @@ class ViTConfig:
                                                  and not isinstance(self.layer_scale, bool)
                                                  and math.isfinite(self.layer_scale)):
             fail("layer_scale", "a number or null")
-        for name in ("qkv_bias", "fc_norm", "distilled", "distillation_head", "prefix_positions"):
+        for name in ("qkv_bias", "fc_norm", "distilled", "distillation_head", "prefix_positions", "pre_norm",
+                     "projection"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, "true or false")
         if self.class_token is not None and not isinstance(self.class_token, bool):
@@ -169,8 +176,8 @@ class ViTConfig:
                               "classifier='token', and no representation layer or fc_norm")
         if self.pos_embed not in ("learned", "sincos2d"):
             raise ConfigError(f"pos_embed must be 'learned' or 'sincos2d', got {self.pos_embed!r}")
-        if self.mlp_activation not in ("gelu", "gelu_tanh"):
-            raise ConfigError(f"mlp_activation must be 'gelu' or 'gelu_tanh', got {self.mlp_activation!r}")
+        if self.mlp_activation not in ("gelu", "gelu_tanh", "quick_gelu"):
+            raise ConfigError(f"mlp_activation must be 'gelu', 'gelu_tanh' or 'quick_gelu', got {self.mlp_activation!r}")
         for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")

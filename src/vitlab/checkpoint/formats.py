@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vitlab.checkpoint import hf, jax_npz, timm
+from vitlab.checkpoint import hf, hf_clip, jax_npz, timm
 from vitlab.checkpoint.io import (FORMAT_NAME, atomic_write_bytes, config_from_metadata, load_state_dict_checked,
                                   read_json, read_npz, read_safetensors, read_torch_file, save_model,
                                   save_state_dict, sniff)
@@ -22,6 +22,7 @@ from vitlab.models.vit import VisionTransformer
 
 # HF `model_type`s whose config.json vitlab reads beside the weights.
 HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers")
+HF_CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
 RUN_CHECKPOINTS = ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/last.safetensors")
 
@@ -81,6 +82,10 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
                                   "PyTorch zip file)")
         keys = set(state)
         refuse_other_architectures(keys, source)
+        if hf_clip.is_clip_vision_state_dict(keys):
+            clip_config = sidecar if sidecar and sidecar.get("model_type") in HF_CLIP_MODEL_TYPES else None
+            config = apply_hints(hf_clip.config_from_clip(state, clip_config, source, image_size), hints)
+            return config, hf_clip.clip_to_state_dict(state, config, source), "hf"
         if hf.is_hf_state_dict(keys):
             hf_config = sidecar if sidecar and sidecar.get("model_type") in HF_MODEL_TYPES else None
             config = apply_hints(hf.config_from_hf(state, hf_config, source, image_size), hints)
@@ -107,15 +112,15 @@ def refuse_other_architectures(keys: set[str], source: str) -> None:
                               f"vitlab loads {SUPPORTED_FAMILIES}")
 
 
-SUPPORTED_FAMILIES = ("the paper's ViT (official JAX .npz, timm, Hugging Face), DeiT, MAE, DINO and DINOv2 (timm and "
-                      "Hugging Face layouts) and its own files")
+SUPPORTED_FAMILIES = ("the paper's ViT (official JAX .npz, timm, Hugging Face), DeiT, MAE, DINO, DINOv2 and CLIP image "
+                      "towers (timm and Hugging Face layouts) and its own files")
 # (architecture, a tensor name or name fragment only it has), checked in order: the first match names it.
 ARCHITECTURE_SIGNATURES = [
     ("Swin Transformer", "relative_position_bias_table"),  # also BEiT's; Swin's also has layers.N.downsample
     ("BEiT (relative position bias)", "relative_position_bias"),
     ("ConvNeXt", "conv_dw"),
     ("ConvNeXt", "dwconv"),
-    ("CLIP image tower (not yet supported)", "class_embedding"),
+    ("open_clip CLIP (load its timm or Hugging Face conversion)", "visual.class_embedding"),
     ("SigLIP image tower (not yet supported)", "head.probe"),
     ("ViT with attention pooling (SigLIP-style, not yet supported)", "attn_pool"),
     ("ResNet", "layer1.0.conv1"),

@@ -42,13 +42,18 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
             hints[our_name] = args[timm_name]
     if args.get("no_embed_class") is not None:
         hints["prefix_positions"] = not args["no_embed_class"]
+    if "_clip_" in str(args.get("architecture", "")):
+        hints["projection"] = True  # timm's CLIP towers keep the image-text projection as their head
+    if args.get("pre_norm") is not None:
+        hints["pre_norm"] = bool(args["pre_norm"])
     if "global_pool" in args:
         hints["classifier"] = "token" if args["global_pool"] == "token" else "gap"
         if args["global_pool"] not in ("token", "avg"):
             raise CheckpointError(f"timm global_pool={args['global_pool']!r} is not supported; vitlab has 'token' and 'avg'")
     if args.get("act_layer") is not None:
-        if args["act_layer"] not in ("gelu", "gelu_tanh"):
-            raise CheckpointError(f"timm act_layer={args['act_layer']!r} is not supported; vitlab has 'gelu' and 'gelu_tanh'")
+        if args["act_layer"] not in ("gelu", "gelu_tanh", "quick_gelu"):
+            raise CheckpointError(f"timm act_layer={args['act_layer']!r} is not supported; vitlab has 'gelu', "
+                                  "'gelu_tanh' and 'quick_gelu'")
         hints["mlp_activation"] = args["act_layer"]
     if args.get("label_names"):
         hints["class_names"] = list(args["label_names"])
@@ -112,10 +117,19 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
         representation_size=state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else None,
         resnet_layers=resnet_layers, resnet_width_factor=width_factor, distilled=distilled,
         register_tokens=register_tokens, prefix_positions=prefix_positions,
+        # timm's pre_norm models are CLIP towers, whose LayerNorms use eps 1e-5 (a state dict cannot say).
+        pre_norm="norm_pre.weight" in state, layer_norm_eps=1e-5 if "norm_pre.weight" in state else 1e-6,
+        # timm's CLIP conversion writes the image-text projection as the head with an all-zero bias, which no
+        # trained classifier has: with norm_pre, that head is CLIP's projection.
+        projection="norm_pre.weight" in state and "head.bias" in state and not state["head.bias"].any(),
         layer_scale=hints.pop("layer_scale", None) or (1e-5 if "blocks.0.ls1.gamma" in state else None),
         distillation_head=distilled and ("head_dist.weight" in state or "head.weight" not in state),
     )
     fields.update(hints)
+    if fields["pre_norm"] and "mlp_activation" not in hints:
+        warnings.warn(f"{source}: a CLIP-style tower (norm_pre) without its timm arguments: the weights cannot tell "
+                      "GELU (open_clip / LAION training) from QuickGELU (OpenAI's); assumed GELU, timm's default. For "
+                      'OpenAI weights put {"act_layer": "quick_gelu"} in a JSON beside the file', stacklevel=2)
     return ViTConfig(**fields)
 
 
@@ -149,7 +163,7 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
     if config.resnet_layers is not None:
         raise CheckpointError("timm builds hybrids from a separate ResNetV2 object, not from constructor "
                               "arguments; the exported weights use timm's key names, build the model in timm by name")
-    if config.layer_norm_eps != 1e-6 or config.pos_embed != "learned":
+    if config.layer_norm_eps != (1e-5 if config.pre_norm else 1e-6) or config.pos_embed != "learned":
         warnings.warn("timm's constructor arguments cannot express layer_norm_eps != 1e-6 or a fixed sin-cos "
                       "position embedding; the weights file carries vitlab's exact config, but a model built in "
                       "timm from these arguments will differ slightly", stacklevel=2)
@@ -160,8 +174,10 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
         class_token=config.class_token, global_pool="token" if config.classifier == "token" else "avg",
         fc_norm=config.fc_norm,
     )
-    if config.mlp_activation == "gelu_tanh":
-        args["act_layer"] = "gelu_tanh"  # the official JAX models; timm's default is the exact GELU
+    if config.mlp_activation in ("gelu_tanh", "quick_gelu"):
+        args["act_layer"] = config.mlp_activation  # timm's default is the exact GELU
+    if config.pre_norm:
+        args["pre_norm"] = True
     if config.representation_size:
         args["representation_size"] = config.representation_size  # older timm releases only
     if config.register_tokens:

@@ -19,9 +19,14 @@ from vitlab.train.distributed import DistEnv, all_reduce_sum
 def require_head(config, checkpoint: str = "the model") -> None:
     """Refuse an encoder without a classification head (DINO, an MAE encoder, any num_classes=0 model) where
     classes are needed, saying what works with one."""
-    if config.num_classes == 0:
-        from vitlab.errors import DataError
+    from vitlab.errors import DataError
 
+    if config.projection:
+        raise DataError(f"{checkpoint}'s head is CLIP's projection into its joint image-text space: it gives "
+                        f"{config.num_classes}-d embeddings, not classes; fine-tune a classifier with `vitlab "
+                        "finetune --from CHECKPOINT --dataset NAME`, or probe its features with `vitlab fewshot` / "
+                        "`vitlab linear-probe`")
+    if config.num_classes == 0:
         raise DataError(f"{checkpoint} has no classification head (an encoder: it gives features, not classes); "
                         "fine-tune one with `vitlab finetune --from CHECKPOINT --dataset NAME`, or measure its "
                         "features with `vitlab fewshot` / `vitlab linear-probe`")

@@ -1,4 +1,5 @@
-"""The MLP of each Transformer block: Linear - GELU - Linear (paper eq. 3)."""
+"""The MLP of each Transformer block: Linear - GELU - Linear (paper eq. 3). CLIP's OpenAI weights were trained
+with QuickGELU, x * sigmoid(1.702 x), in its place."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ import torch
 from torch import nn
 
 
+class QuickGELU(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
 class Mlp(nn.Module):
     def __init__(self, embed_dim: int, hidden_dim: int, activation: str = "gelu", dropout: float = 0.0) -> None:
         super().__init__()
         self.fc1 = nn.Linear(embed_dim, hidden_dim)
         # The official JAX code uses Flax's default GELU, the tanh approximation; timm and HF use the exact one.
-        self.act = nn.GELU(approximate="tanh" if activation == "gelu_tanh" else "none")
+        self.act = QuickGELU() if activation == "quick_gelu" else nn.GELU(
+            approximate="tanh" if activation == "gelu_tanh" else "none")
         self.drop1 = nn.Dropout(dropout)
         self.fc2 = nn.Linear(hidden_dim, embed_dim)
         self.drop2 = nn.Dropout(dropout)

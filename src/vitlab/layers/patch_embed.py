@@ -63,12 +63,13 @@ class PatchEmbed(nn.Module):
         embed_dim: int,
         backbone: nn.Module | None = None,
         backbone_channels: int | None = None,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         self.patch_size = patch_size
         self.backbone = backbone
         proj_in = backbone_channels if backbone is not None else in_chans
-        self.proj = nn.Conv2d(proj_in, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(proj_in, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> tokens (B, N, D), patches in row-major order."""

@@ -42,7 +42,8 @@ class VisionTransformer(nn.Module):
         if config.resnet_layers is not None:
             backbone = ResNetStem(config.in_chans, config.resnet_layers, config.resnet_width_factor)
         self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, dim, backbone,
-                                      backbone.out_channels if backbone is not None else None)
+                                      backbone.out_channels if backbone is not None else None,
+                                      bias=not config.pre_norm)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.register_tokens, dim)) if config.register_tokens else None
@@ -50,6 +51,7 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim),
                                       requires_grad=config.pos_embed == "learned")
         self.pos_drop = nn.Dropout(config.dropout)
+        self.norm_pre = nn.LayerNorm(dim, eps=config.layer_norm_eps) if config.pre_norm else nn.Identity()  # CLIP
 
         # Stochastic depth rises linearly with depth, from 0 at the first block to `drop_path` at the last.
         drop_rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
@@ -85,7 +87,8 @@ class VisionTransformer(nn.Module):
         proj = self.patch_embed.proj
         fan_in = proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1]
         nn.init.trunc_normal_(proj.weight, std=math.sqrt(1.0 / fan_in))
-        nn.init.zeros_(proj.bias)
+        if proj.bias is not None:
+            nn.init.zeros_(proj.bias)
         if self.config.pos_embed == "sincos2d":
             self.pos_embed.zero_()
             patch_rows = sincos_2d_pos_embed(self.config.grid_size, self.config.embed_dim)
@@ -107,7 +110,8 @@ class VisionTransformer(nn.Module):
         head_in = self.config.representation_size or self.config.embed_dim
         device = self.pos_embed.device
         self.head = nn.Linear(head_in, num_classes, device=device) if num_classes else nn.Identity()
-        self.config = self.config.replace(num_classes=num_classes, class_names=class_names)
+        # A new head classifies: a CLIP tower's projection is replaced, not kept.
+        self.config = self.config.replace(num_classes=num_classes, class_names=class_names, projection=False)
         self.head_dist = nn.Linear(head_in, num_classes, device=device) if self.config.has_distillation_head else None
         for head in (self.head, self.head_dist):
             if isinstance(head, nn.Linear):
@@ -150,10 +154,10 @@ class VisionTransformer(nn.Module):
         prefix_tokens = [token.expand(tokens.shape[0], -1, -1)
                          for token in (self.cls_token, self.dist_token, self.reg_token) if token is not None]
         if not self.config.prefix_positions:  # only the patch tokens get positions (timm's no_embed_class)
-            return self.pos_drop(torch.cat(prefix_tokens + [tokens + pos_embed], dim=1))
+            return self.norm_pre(self.pos_drop(torch.cat(prefix_tokens + [tokens + pos_embed], dim=1)))
         if prefix_tokens:
             tokens = torch.cat(prefix_tokens + [tokens], dim=1)
-        return self.pos_drop(tokens + pos_embed)
+        return self.norm_pre(self.pos_drop(tokens + pos_embed))
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> encoder output (B, prefix + N, D), after the final norm."""

@@ -1,0 +1,114 @@
+"""Hugging Face CLIP image towers: `CLIPVisionModel`, `CLIPVisionModelWithProjection`, and the vision half of a
+whole `CLIPModel` (its text tower is set aside), on the way in.
+
+CLIP's image tower is the paper's ViT with three changes, each a ViTConfig field: a LayerNorm on the embedded
+tokens before the encoder (`pre_layrnorm`, vitlab's `norm_pre`; the patch projection then has no bias), QuickGELU
+in the MLP (OpenAI's weights; `hidden_act` in config.json), and a bias-free projection of the pooled class token
+into the joint image-text space (`visual_projection`, vitlab's head with `projection=True` and a zero bias).
+HF's `post_layernorm` normalises the pooled class token; LayerNorm acts per token, so vitlab's final `norm` on
+every token gives the same pooled output.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from vitlab.checkpoint.io import image_size_from_positions
+from vitlab.checkpoint.timm import HEADS_BY_WIDTH
+from vitlab.config import ViTConfig
+from vitlab.errors import CheckpointError
+
+PREFIX = "vision_model."
+RENAMES = [
+    ("embeddings.patch_embedding.weight", "patch_embed.proj.weight"),
+    ("pre_layrnorm.weight", "norm_pre.weight"),
+    ("pre_layrnorm.bias", "norm_pre.bias"),
+    ("post_layernorm.weight", "norm.weight"),
+    ("post_layernorm.bias", "norm.bias"),
+]
+LAYER_RENAMES = [("layer_norm1", "norm1"), ("self_attn.out_proj", "attn.proj"), ("layer_norm2", "norm2"),
+                 ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")]
+# A whole CLIPModel also holds the text tower and the temperature: not part of the image tower.
+TEXT_PARTS = ("text_model.", "text_projection.", "logit_scale")
+
+
+def is_clip_vision_state_dict(keys: set[str]) -> bool:
+    return any(key.endswith("embeddings.class_embedding") and key.startswith(("vision_model.", "embeddings."))
+               for key in keys)
+
+
+def vision_tower(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The image tower's tensors without the "vision_model." prefix (the projection keeps its name)."""
+    return {key.removeprefix(PREFIX): value for key, value in state.items() if not key.startswith(TEXT_PARTS)}
+
+
+def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None, source: str,
+                     given_image_size: int | tuple[int, int] | None = None) -> ViTConfig:
+    """A ViTConfig from a CLIP vision config.json (a whole CLIPModel's `vision_config` too) and the shapes."""
+    state = vision_tower(state)
+    hf_config = dict(hf_config or {})
+    hf_config = {**hf_config, **hf_config.get("vision_config", {})}
+    proj = state["embeddings.patch_embedding.weight"]
+    embed_dim = proj.shape[0]
+    depth = len({m.group(1) for k in state if (m := re.match(r"encoder\.layers\.(\d+)\.", k))})
+    num_heads = hf_config.get("num_attention_heads") or HEADS_BY_WIDTH.get(embed_dim)
+    if num_heads is None:
+        raise CheckpointError(f"{source}: no config.json beside the weights, and the head count of a width-"
+                              f"{embed_dim} model cannot be read from them; put the model's config.json beside it")
+    image_size = hf_config.get("image_size")
+    if image_size is None:
+        rows = state["embeddings.position_embedding.weight"].shape[0] - 1
+        image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), 1, source, given_image_size)
+    activation = hf_config.get("hidden_act", "quick_gelu")  # CLIPVisionConfig's default, OpenAI's weights
+    activations = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+    if activation not in activations:
+        raise CheckpointError(f"{source}: hidden_act={activation!r} is not supported (vitlab has GELU, tanh GELU "
+                              "and QuickGELU)")
+    projection = "visual_projection.weight" in state
+    return ViTConfig(
+        image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1],
+        num_classes=state["visual_projection.weight"].shape[0] if projection else 0, embed_dim=embed_dim,
+        depth=depth, num_heads=num_heads, mlp_dim=state["encoder.layers.0.mlp.fc1.weight"].shape[0],
+        qkv_bias="encoder.layers.0.self_attn.q_proj.bias" in state, classifier="token",
+        mlp_activation=activations[activation], layer_norm_eps=hf_config.get("layer_norm_eps", 1e-5),
+        pre_norm=True, projection=projection,
+        image_mean=tuple(hf_config.get("image_mean", (0.48145466, 0.4578275, 0.40821073))),
+        image_std=tuple(hf_config.get("image_std", (0.26862954, 0.26130258, 0.27577711))),
+    )
+
+
+def clip_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
+    """HF CLIP image-tower names -> vitlab names, fusing query/key/value; the text tower is set aside."""
+    state = vision_tower(state)
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        if name not in state:
+            raise CheckpointError(f"{source}: missing tensor {name!r}; not a complete CLIP image tower")
+        used.add(name)
+        return state[name]
+
+    out = {name: take(hf_name) for hf_name, name in RENAMES}
+    out["cls_token"] = take("embeddings.class_embedding").reshape(1, 1, -1)
+    out["pos_embed"] = take("embeddings.position_embedding.weight").unsqueeze(0)
+    used.add("embeddings.position_ids")  # a buffer of 0..N in older files
+    for layer in range(config.depth):
+        hf_layer, block = f"encoder.layers.{layer}.", f"blocks.{layer}."
+        for hf_name, name in LAYER_RENAMES:
+            out[block + name + ".weight"] = take(hf_layer + hf_name + ".weight")
+            out[block + name + ".bias"] = take(hf_layer + hf_name + ".bias")
+        parts = [hf_layer + f"self_attn.{part}_proj" for part in ("q", "k", "v")]
+        out[block + "attn.qkv.weight"] = torch.cat([take(p + ".weight") for p in parts])
+        if config.qkv_bias:
+            out[block + "attn.qkv.bias"] = torch.cat([take(p + ".bias") for p in parts])
+    if config.projection:
+        out["head.weight"] = take("visual_projection.weight")
+        out["head.bias"] = torch.zeros(config.num_classes, dtype=out["head.weight"].dtype)
+    leftover = sorted(set(state) - used)
+    if leftover:
+        raise CheckpointError(f"{source}: unexpected tensor {leftover[0]!r} {tuple(state[leftover[0]].shape)} that "
+                              "vitlab has no place for" + (f" (and {len(leftover) - 1} more)" if len(leftover) > 1 else ""))
+    return out
