@@ -43,7 +43,11 @@ def main() -> None:
             (", distillation token" + (" + head" if config.has_distillation_head else "") if config.distilled else "") + \
             (f", {config.register_tokens} registers" if config.register_tokens else "") + \
             (", LayerScale" if config.layer_scale is not None else "") + \
+            (", pre-norm" if config.pre_norm else "") + \
+            (f", {config.mlp_activation}" if config.mlp_activation != "gelu" else "") + \
+            (f", projection to {config.num_classes}" if config.projection else "") + \
             ("" if config.num_classes else ", no head (features)")
+        shape = shape.replace("map,", "attention pooling (MAP),", 1) if shape.startswith("map") else shape
         lines.append(f"| `{weights}` | {writers[kind]} | {kind} | {shape} | {difference:.2e} |")
     table = "\n".join(lines)
     print(table)

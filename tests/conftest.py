@@ -28,6 +28,8 @@ REFERENCE_CHECKPOINTS = [
     ("timm_clip_quickgelu", "timm_clip_quickgelu.safetensors"),
     ("hf_clip_vision", "hf_clip_vision"),
     ("hf_clip", "hf_clip"),
+    ("timm_siglip", "timm_siglip.safetensors"),
+    ("hf_siglip_vision", "hf_siglip_vision"),
     ("hf_vit", "hf_vit"),
 ]
 

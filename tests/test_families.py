@@ -25,6 +25,8 @@ FAMILIES = [
     ("CLIP image tower, HF with projection", "hf_clip_vision", False, "projection"),
     ("CLIP, whole HF CLIPModel (image tower)", "hf_clip", False, "pre_norm"),
     ("CLIP image tower, timm QuickGELU", "timm_clip_quickgelu.safetensors", False, "projection"),
+    ("SigLIP image tower, HF", "hf_siglip_vision", False, None),
+    ("SigLIP image tower, timm", "timm_siglip.safetensors", False, None),
 ]
 
 
@@ -61,7 +63,8 @@ def test_family_checkpoint_works_in_every_command(tmp_path, capsys, digit_png, f
     assert main(["analyze", checkpoint, "--images", "digits", "--out", str(tmp_path / "analysis"),
                  "--num-images", "2", "--distance-images", "8"]) == 0
     assert (tmp_path / "analysis" / "report.html").is_file()
-    assert (tmp_path / "analysis" / "class_token_attention.png").is_file()  # DINO's well-known pictures
+    if info["config"]["class_token"]:  # DINO's well-known pictures; SigLIP has no class token to draw
+        assert (tmp_path / "analysis" / "class_token_attention.png").is_file()
     assert main(["finetune", "--from", checkpoint, "--dataset", "digits", "--classes", "0-4", "--epochs", "1",
                  "--out-dir", str(tmp_path), "--set", "run_name=ft", "--set", "progress=false"]) == 0
     tuned = load_model(tmp_path / "ft")

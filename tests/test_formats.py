@@ -267,12 +267,12 @@ def test_deit_hf_export_loads_in_transformers_with_the_same_logits(tmp_path, nam
     (["patch_embed.proj.weight", "blocks.0.attn.relative_position_bias_table", "blocks.0.attn.qkv.weight"], "BEiT"),
     (["stages.0.blocks.0.conv_dw.weight"], "ConvNeXt"),
     (["visual.class_embedding", "visual.conv1.weight"], "open_clip CLIP"),
-    (["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "attn_pool.latent"], "attention pooling"),
+    (["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.q_norm.weight"], "query-key norm"),
     (["foo.bar"], "no checkpoint layout vitlab knows"),
 ])
 def test_other_architectures_get_one_message_naming_them_and_what_loads(tmp_path, keys, named):
     from safetensors.torch import save_file
 
     save_file({key: torch.zeros(2) for key in keys}, tmp_path / "w.safetensors")
-    with pytest.raises(CheckpointError, match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO, DINOv2 and CLIP"):
+    with pytest.raises(CheckpointError, match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO, DINOv2, and CLIP and SigLIP"):
         load_model(tmp_path / "w.safetensors")

@@ -55,6 +55,9 @@ def models():
             text_config=dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                              num_attention_heads=2, max_position_embeddings=8, bos_token_id=0,
                              eos_token_id=1, pad_token_id=1))),
+        # SigLIP's image tower: no class token, attention pooling (MAP) head; features are its pooled output.
+        "hf_siglip_vision": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(
+            **{k: v for k, v in CLIP_SHAPE.items() if k != "projection_dim"})),
     }
 
 
@@ -70,6 +73,8 @@ def reference_output(name: str, model, images: torch.Tensor) -> dict[str, np.nda
         pooled = model.vision_model(pixel_values=images).pooler_output
         return {"features": model.visual_projection(pooled).numpy()}
     output = model(pixel_values=images)
+    if name == "hf_siglip_vision":
+        return {"features": output.pooler_output.numpy()}
     if hasattr(output, "image_embeds"):
         return {"features": output.image_embeds.numpy()}
     if hasattr(output, "logits"):

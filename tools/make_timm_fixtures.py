@@ -50,6 +50,9 @@ MODELS = {
     "timm_clip_quickgelu": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
                                 num_classes=16, pre_norm=True, act_layer="quick_gelu", layer_norm_eps=1e-5,
                                 zero_head_bias=True),
+    # A SigLIP image tower as timm builds it: no class token, attention pooling (MAP), tanh GELU, no head.
+    "timm_siglip": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
+                        num_classes=0, class_token=False, global_pool="map", act_layer="gelu_tanh"),
 }
 
 

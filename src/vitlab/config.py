@@ -58,7 +58,8 @@ class ViTConfig:
     num_heads: int = 12  # heads of multi-head self-attention; embed_dim must divide by it
     mlp_dim: int = 3072  # hidden width of each block's MLP
     qkv_bias: bool = True
-    classifier: str = "token"  # "token": the class token feeds the head; "gap": mean of the patch tokens
+    classifier: str = "token"  # "token": the class token feeds the head; "gap": mean of the patch tokens;
+    # "map": multi-head attention pooling with a learned probe (SigLIP, big_vision)
     class_token: bool | None = None  # prepend a class token; None means "only if classifier == 'token'"
     fc_norm: bool = False  # timm's placement: LayerNorm after pooling instead of on every token before it
     # DeiT (Touvron et al. 2021): a distillation token after the class token; with distillation_head its own
@@ -159,8 +160,8 @@ class ViTConfig:
             setattr(self, name, value)
         if min(self.image_std) <= 0:
             raise ConfigError(f"image_std must be positive, got {self.image_std}")
-        if self.classifier not in ("token", "gap"):
-            raise ConfigError(f"classifier must be 'token' or 'gap', got {self.classifier!r}")
+        if self.classifier not in ("token", "gap", "map"):
+            raise ConfigError(f"classifier must be 'token', 'gap' or 'map', got {self.classifier!r}")
         if self.class_token is None:
             self.class_token = self.classifier == "token"
         if self.classifier == "token" and not self.class_token:

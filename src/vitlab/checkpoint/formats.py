@@ -22,7 +22,7 @@ from vitlab.models.vit import VisionTransformer
 
 # HF `model_type`s whose config.json vitlab reads beside the weights.
 HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers")
-HF_CLIP_MODEL_TYPES = ("clip", "clip_vision_model")
+HF_CLIP_MODEL_TYPES = ("clip", "clip_vision_model", "siglip", "siglip_vision_model")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
 RUN_CHECKPOINTS = ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/last.safetensors")
 
@@ -112,8 +112,8 @@ def refuse_other_architectures(keys: set[str], source: str) -> None:
                               f"vitlab loads {SUPPORTED_FAMILIES}")
 
 
-SUPPORTED_FAMILIES = ("the paper's ViT (official JAX .npz, timm, Hugging Face), DeiT, MAE, DINO, DINOv2 and CLIP image "
-                      "towers (timm and Hugging Face layouts) and its own files")
+SUPPORTED_FAMILIES = ("the paper's ViT (official JAX .npz, timm, Hugging Face), DeiT, MAE, DINO, DINOv2, and CLIP and "
+                      "SigLIP image towers (timm and Hugging Face layouts) and its own files")
 # (architecture, a tensor name or name fragment only it has), checked in order: the first match names it.
 ARCHITECTURE_SIGNATURES = [
     ("Swin Transformer", "relative_position_bias_table"),  # also BEiT's; Swin's also has layers.N.downsample
@@ -121,9 +121,8 @@ ARCHITECTURE_SIGNATURES = [
     ("ConvNeXt", "conv_dw"),
     ("ConvNeXt", "dwconv"),
     ("open_clip CLIP (load its timm or Hugging Face conversion)", "visual.class_embedding"),
-    ("SigLIP image tower (not yet supported)", "head.probe"),
-    ("ViT with attention pooling (SigLIP-style, not yet supported)", "attn_pool"),
     ("ResNet", "layer1.0.conv1"),
+    ("ViT with query-key norm", "attn.q_norm"),
 ]
 
 

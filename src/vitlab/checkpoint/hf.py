@@ -181,9 +181,9 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
 def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """vitlab names -> `ViTForImageClassification` names, or DeiT's for a distilled model (the inverse of
     `hf_to_state_dict`)."""
-    if config.pre_norm or config.projection:
-        raise CheckpointError("vitlab writes Hugging Face's ViT and DeiT layouts; a CLIP image tower (pre-encoder norm, "
-                              "output projection) is exported to timm or kept in vitlab's format")
+    if config.pre_norm or config.projection or config.classifier == "map":
+        raise CheckpointError("vitlab writes Hugging Face's ViT and DeiT layouts; a CLIP or SigLIP image tower (pre-encoder "
+                              "norm, output projection, attention pooling) is exported to timm or kept in vitlab's format")
     if config.layer_scale is not None or config.register_tokens or not config.prefix_positions:
         raise CheckpointError("vitlab writes Hugging Face's ViT and DeiT layouts, which have no LayerScale or "
                               "register tokens; export a DINOv2-style model to timm or keep vitlab's format")

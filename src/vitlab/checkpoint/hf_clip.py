@@ -1,5 +1,6 @@
-"""Hugging Face CLIP image towers: `CLIPVisionModel`, `CLIPVisionModelWithProjection`, and the vision half of a
-whole `CLIPModel` (its text tower is set aside), on the way in.
+"""Hugging Face CLIP and SigLIP image towers: `CLIPVisionModel`, `CLIPVisionModelWithProjection`,
+`SiglipVisionModel`, and the vision half of a whole `CLIPModel` or `SiglipModel` (the text tower is set aside), on
+the way in. The two share their encoder's names.
 
 CLIP's image tower is the paper's ViT with three changes, each a ViTConfig field: a LayerNorm on the embedded
 tokens before the encoder (`pre_layrnorm`, vitlab's `norm_pre`; the patch projection then has no bias), QuickGELU
@@ -7,6 +8,10 @@ in the MLP (OpenAI's weights; `hidden_act` in config.json), and a bias-free proj
 into the joint image-text space (`visual_projection`, vitlab's head with `projection=True` and a zero bias).
 HF's `post_layernorm` normalises the pooled class token; LayerNorm acts per token, so vitlab's final `norm` on
 every token gives the same pooled output.
+
+SigLIP's image tower has no class token (positions for the patches only), a patch bias, no pre-encoder norm, and
+pools with multi-head attention from a learned probe (`head.*`, vitlab's `attn_pool`, classifier "map") after
+`post_layernorm` on every token; its pooled output is the image embedding (no projection).
 """
 
 from __future__ import annotations
@@ -32,12 +37,19 @@ RENAMES = [
 LAYER_RENAMES = [("layer_norm1", "norm1"), ("self_attn.out_proj", "attn.proj"), ("layer_norm2", "norm2"),
                  ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")]
 # A whole CLIPModel also holds the text tower and the temperature: not part of the image tower.
-TEXT_PARTS = ("text_model.", "text_projection.", "logit_scale")
+TEXT_PARTS = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+# SigLIP's attention-pooling head: (HF name inside "head.", vitlab name inside "attn_pool.").
+MAP_RENAMES = [("attention.out_proj", "proj"), ("layernorm", "norm"), ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")]
 
 
 def is_clip_vision_state_dict(keys: set[str]) -> bool:
-    return any(key.endswith("embeddings.class_embedding") and key.startswith(("vision_model.", "embeddings."))
-               for key in keys)
+    """A CLIP or SigLIP image tower (the two share the encoder's names; SigLIP has no class embedding)."""
+    return any(key.startswith(("vision_model.", "embeddings.")) and key.endswith(
+        ("embeddings.class_embedding", "embeddings.patch_embedding.weight")) for key in keys)
+
+
+def is_siglip(state: dict[str, torch.Tensor]) -> bool:
+    return "embeddings.class_embedding" not in state
 
 
 def vision_tower(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -51,6 +63,7 @@ def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] |
     state = vision_tower(state)
     hf_config = dict(hf_config or {})
     hf_config = {**hf_config, **hf_config.get("vision_config", {})}
+    siglip = is_siglip(state)
     proj = state["embeddings.patch_embedding.weight"]
     embed_dim = proj.shape[0]
     depth = len({m.group(1) for k in state if (m := re.match(r"encoder\.layers\.(\d+)\.", k))})
@@ -60,14 +73,26 @@ def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] |
                               f"{embed_dim} model cannot be read from them; put the model's config.json beside it")
     image_size = hf_config.get("image_size")
     if image_size is None:
-        rows = state["embeddings.position_embedding.weight"].shape[0] - 1
+        rows = state["embeddings.position_embedding.weight"].shape[0] - (0 if siglip else 1)
         image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), 1, source, given_image_size)
-    activation = hf_config.get("hidden_act", "quick_gelu")  # CLIPVisionConfig's default, OpenAI's weights
+    # The configs' defaults: CLIP QuickGELU (OpenAI's weights), SigLIP the tanh GELU.
+    activation = hf_config.get("hidden_act", "gelu_pytorch_tanh" if siglip else "quick_gelu")
     activations = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
     if activation not in activations:
         raise CheckpointError(f"{source}: hidden_act={activation!r} is not supported (vitlab has GELU, tanh GELU "
                               "and QuickGELU)")
     projection = "visual_projection.weight" in state
+    if siglip:
+        if "head.probe" not in state:
+            raise CheckpointError(f"{source}: a SigLIP image tower without its attention-pooling head "
+                                  "(vision_use_head=False) is not supported")
+        return ViTConfig(
+            image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1], num_classes=0,
+            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=state["encoder.layers.0.mlp.fc1.weight"].shape[0],
+            qkv_bias="encoder.layers.0.self_attn.q_proj.bias" in state, classifier="map", class_token=False,
+            mlp_activation=activations[activation], layer_norm_eps=hf_config.get("layer_norm_eps", 1e-6),
+            image_mean=tuple(hf_config.get("image_mean", (0.5,))), image_std=tuple(hf_config.get("image_std", (0.5,))),
+        )
     return ViTConfig(
         image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1],
         num_classes=state["visual_projection.weight"].shape[0] if projection else 0, embed_dim=embed_dim,
@@ -91,8 +116,12 @@ def clip_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source
         used.add(name)
         return state[name]
 
-    out = {name: take(hf_name) for hf_name, name in RENAMES}
-    out["cls_token"] = take("embeddings.class_embedding").reshape(1, 1, -1)
+    renames = RENAMES if config.pre_norm else [r for r in RENAMES if not r[0].startswith("pre_layrnorm")]
+    out = {name: take(hf_name) for hf_name, name in renames}
+    if config.class_token:
+        out["cls_token"] = take("embeddings.class_embedding").reshape(1, 1, -1)
+    else:
+        out["patch_embed.proj.bias"] = take("embeddings.patch_embedding.bias")
     out["pos_embed"] = take("embeddings.position_embedding.weight").unsqueeze(0)
     used.add("embeddings.position_ids")  # a buffer of 0..N in older files
     for layer in range(config.depth):
@@ -104,6 +133,15 @@ def clip_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source
         out[block + "attn.qkv.weight"] = torch.cat([take(p + ".weight") for p in parts])
         if config.qkv_bias:
             out[block + "attn.qkv.bias"] = torch.cat([take(p + ".bias") for p in parts])
+    if config.classifier == "map":
+        dim = config.embed_dim
+        out["attn_pool.latent"] = take("head.probe")
+        in_weight, in_bias = take("head.attention.in_proj_weight"), take("head.attention.in_proj_bias")
+        out["attn_pool.q.weight"], out["attn_pool.kv.weight"] = in_weight[:dim], in_weight[dim:]
+        out["attn_pool.q.bias"], out["attn_pool.kv.bias"] = in_bias[:dim], in_bias[dim:]
+        for hf_name, name in MAP_RENAMES:
+            out[f"attn_pool.{name}.weight"] = take(f"head.{hf_name}.weight")
+            out[f"attn_pool.{name}.bias"] = take(f"head.{hf_name}.bias")
     if config.projection:
         out["head.weight"] = take("visual_projection.weight")
         out["head.bias"] = torch.zeros(config.num_classes, dtype=out["head.weight"].dtype)

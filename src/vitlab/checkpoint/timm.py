@@ -47,9 +47,10 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
     if args.get("pre_norm") is not None:
         hints["pre_norm"] = bool(args["pre_norm"])
     if "global_pool" in args:
-        hints["classifier"] = "token" if args["global_pool"] == "token" else "gap"
-        if args["global_pool"] not in ("token", "avg"):
-            raise CheckpointError(f"timm global_pool={args['global_pool']!r} is not supported; vitlab has 'token' and 'avg'")
+        hints["classifier"] = {"token": "token", "avg": "gap", "map": "map"}.get(args["global_pool"], "")
+        if not hints["classifier"]:
+            raise CheckpointError(f"timm global_pool={args['global_pool']!r} is not supported; vitlab has 'token', "
+                                  "'avg' and 'map'")
     if args.get("act_layer") is not None:
         if args["act_layer"] not in ("gelu", "gelu_tanh", "quick_gelu"):
             raise CheckpointError(f"timm act_layer={args['act_layer']!r} is not supported; vitlab has 'gelu', "
@@ -72,10 +73,6 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
     JSON (`global_pool`), which decides.
     given_image_size: the size the user gave; the checkpoint's own when its position table is not square."""
     hints = dict(hints or {})
-    for unsupported, what in (("blocks.0.attn.q_norm.weight", "query-key norm"), ("attn_pool.latent", "attention pooling")):
-        if unsupported in state:
-            raise CheckpointError(f"{source}: this timm model uses {what} ({unsupported!r}), which is not part of the "
-                                  "paper's ViT and not supported by vitlab")
     proj = state["patch_embed.proj.weight"]  # (D, C, P_h, P_w)
     embed_dim = proj.shape[0]
     depth = len({m.group(1) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))})
@@ -112,7 +109,8 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
         embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim,
         qkv_bias="blocks.0.attn.qkv.bias" in state, class_token=class_token,
-        classifier="token" if class_token and "fc_norm.weight" not in state else "gap",
+        classifier="map" if "attn_pool.latent" in state else
+        "token" if class_token and "fc_norm.weight" not in state else "gap",
         fc_norm="fc_norm.weight" in state,
         representation_size=state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else None,
         resnet_layers=resnet_layers, resnet_width_factor=width_factor, distilled=distilled,
@@ -171,7 +169,7 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
         img_size=list(config.image_size), patch_size=list(config.patch_size), in_chans=config.in_chans,
         num_classes=config.num_classes, embed_dim=config.embed_dim, depth=config.depth,
         num_heads=config.num_heads, mlp_ratio=config.mlp_dim / config.embed_dim, qkv_bias=config.qkv_bias,
-        class_token=config.class_token, global_pool="token" if config.classifier == "token" else "avg",
+        class_token=config.class_token, global_pool={"token": "token", "gap": "avg", "map": "map"}[config.classifier],
         fc_norm=config.fc_norm,
     )
     if config.mlp_activation in ("gelu_tanh", "quick_gelu"):

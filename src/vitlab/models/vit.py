@@ -24,6 +24,7 @@ from torch import nn
 
 from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
+from vitlab.layers.attention_pool import AttentionPool
 from vitlab.layers.block import Block
 from vitlab.layers.patch_embed import PatchEmbed
 from vitlab.layers.pos_embed import interpolate_patch_positions, resample_pos_embed, sincos_2d_pos_embed
@@ -63,6 +64,8 @@ class VisionTransformer(nn.Module):
         # With fc_norm (timm's "avg" models) the final LayerNorm moves from every token to the pooled vector.
         self.norm = nn.Identity() if config.fc_norm else nn.LayerNorm(dim, eps=config.layer_norm_eps)
         self.fc_norm = nn.LayerNorm(dim, eps=config.layer_norm_eps) if config.fc_norm else nn.Identity()
+        self.attn_pool = AttentionPool(dim, config.num_heads, config.mlp_dim, config.mlp_activation,
+                                       config.layer_norm_eps) if config.classifier == "map" else None
         self.pre_logits: nn.Module = nn.Identity()
         if config.representation_size:
             self.pre_logits = nn.Sequential(OrderedDict(
@@ -97,6 +100,8 @@ class VisionTransformer(nn.Module):
             nn.init.normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
+        if self.attn_pool is not None:  # big_vision initialises the MAP probe like a Dense kernel's scale
+            nn.init.normal_(self.attn_pool.latent, std=0.02)
         for token in (self.dist_token, self.reg_token):  # DeiT's initialisation; zeros would equal the class token
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
@@ -167,9 +172,12 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def pool(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (B, D): the class token, or the mean of the patch tokens (paper Appendix D.3)."""
+        """(B, T, D) -> (B, D): the class token, the mean of the patch tokens (paper Appendix D.3), or attention
+        pooling of every token (SigLIP's MAP head)."""
         if self.config.classifier == "token":
             return tokens[:, 0]
+        if self.attn_pool is not None:
+            return self.attn_pool(tokens)
         return tokens[:, self.config.num_prefix_tokens:].mean(dim=1)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -260,4 +268,4 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip besides norms and biases."""
-        return {"pos_embed", "cls_token", "dist_token", "reg_token"}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token", "latent"}
