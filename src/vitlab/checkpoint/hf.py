@@ -73,6 +73,15 @@ def strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key.removeprefix("vit.").removeprefix("deit."): value for key, value in state.items()}
 
 
+def head_count(hf_config: dict[str, Any], embed_dim: int, source: str) -> int:
+    """The head count from config.json, else the paper's for the width; an error naming what to add."""
+    num_heads = hf_config.get("num_attention_heads") or HEADS_BY_WIDTH.get(embed_dim)
+    if num_heads is None:
+        raise CheckpointError(f"{source}: no config.json beside the weights, and the head count of a width-"
+                              f"{embed_dim} model cannot be read from them; put the model's config.json beside it")
+    return num_heads
+
+
 def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None, source: str,
                    given_image_size: int | tuple[int, int] | None = None) -> ViTConfig:
     """A ViTConfig from an HF `config.json` (if there is one) and the weights' shapes."""
@@ -81,10 +90,7 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
     proj = state["embeddings.patch_embeddings.projection.weight"]
     embed_dim = proj.shape[0]
     depth = len({m.group(1) for k in state if (m := re.match(r"encoder\.layer\.(\d+)\.", k))})
-    num_heads = hf_config.get("num_attention_heads") or HEADS_BY_WIDTH.get(embed_dim)
-    if num_heads is None:
-        raise CheckpointError(f"{source}: no config.json beside the weights, and the head count of a width-"
-                              f"{embed_dim} model cannot be read from them; put the model's config.json beside it")
+    num_heads = head_count(hf_config, embed_dim, source)
     distilled = "embeddings.distillation_token" in state
     dinov2 = is_dinov2(set(state))
     if dinov2 and state.get("classifier.weight") is not None and state["classifier.weight"].shape[1] != embed_dim:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from vitlab.checkpoint.io import image_size_from_positions
-from vitlab.checkpoint.timm import HEADS_BY_WIDTH
+from vitlab.checkpoint.hf import head_count
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
 
@@ -67,10 +67,7 @@ def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] |
     proj = state["embeddings.patch_embedding.weight"]
     embed_dim = proj.shape[0]
     depth = len({m.group(1) for k in state if (m := re.match(r"encoder\.layers\.(\d+)\.", k))})
-    num_heads = hf_config.get("num_attention_heads") or HEADS_BY_WIDTH.get(embed_dim)
-    if num_heads is None:
-        raise CheckpointError(f"{source}: no config.json beside the weights, and the head count of a width-"
-                              f"{embed_dim} model cannot be read from them; put the model's config.json beside it")
+    num_heads = head_count(hf_config, embed_dim, source)
     image_size = hf_config.get("image_size")
     if image_size is None:
         rows = state["embeddings.position_embedding.weight"].shape[0] - (0 if siglip else 1)
