@@ -276,3 +276,17 @@ def test_other_architectures_get_one_message_naming_them_and_what_loads(tmp_path
     save_file({key: torch.zeros(2) for key in keys}, tmp_path / "w.safetensors")
     with pytest.raises(CheckpointError, match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO, DINOv2, and CLIP and SigLIP"):
         load_model(tmp_path / "w.safetensors")
+
+
+def test_timm_clip_hub_config_names_quickgelu_and_a_fine_tuned_head_stays_a_classifier(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(FIXTURES / "timm_clip_quickgelu.safetensors")
+    save_file(state, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch4_clip_quickgelu_16",
+                                                      "num_heads": 4}))
+    config, _, _ = read_checkpoint(tmp_path)
+    assert config.mlp_activation == "quick_gelu" and config.pre_norm and config.projection
+    state["head.bias"] = torch.full_like(state["head.bias"], 0.1)  # a trained classifier's bias is not all zero
+    save_file(state, tmp_path / "model.safetensors")
+    assert not read_checkpoint(tmp_path)[0].projection

@@ -42,8 +42,8 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
             hints[our_name] = args[timm_name]
     if args.get("no_embed_class") is not None:
         hints["prefix_positions"] = not args["no_embed_class"]
-    if "_clip_" in str(args.get("architecture", "")):
-        hints["projection"] = True  # timm's CLIP towers keep the image-text projection as their head
+    if "quickgelu" in str(args.get("architecture", "")):
+        hints["mlp_activation"] = "quick_gelu"  # timm names OpenAI's CLIP towers *_clip_quickgelu_*
     if args.get("pre_norm") is not None:
         hints["pre_norm"] = bool(args["pre_norm"])
     if "global_pool" in args:
