@@ -20,7 +20,7 @@ import torch
 
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
-from vitlab.checkpoint.io import image_size_from_positions
+from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
 from vitlab.checkpoint.timm import HEADS_BY_WIDTH
 
 # (HF name inside "vit.", vitlab name); per layer names use {i}.
@@ -139,15 +139,11 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
     """HF names -> vitlab names, fusing query/key/value."""
     state = strip_prefix(state)
     out: dict[str, torch.Tensor] = {}
-    used: set[str] = set(IGNORED)
+    picker = TensorPicker(state, source, "Hugging Face ViT checkpoint")
+    take = picker.take
+    picker.skip(IGNORED)
     if is_mae_pretraining(set(state)):
-        used.update(key for key in state if key.startswith(MAE_DECODER_PREFIX))
-
-    def take(name: str) -> torch.Tensor:
-        if name not in state:
-            raise CheckpointError(f"{source}: missing tensor {name!r}; not a complete Hugging Face ViT checkpoint")
-        used.add(name)
-        return state[name]
+        picker.skip(key for key in state if key.startswith(MAE_DECODER_PREFIX))
 
     for hf_name, name in RENAMES:
         out[name] = take(hf_name)
@@ -174,13 +170,10 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
         for hf_name, name in heads:
             out[f"{name}.weight"], out[f"{name}.bias"] = take(f"{hf_name}.weight"), take(f"{hf_name}.bias")
     if config.num_classes or config.distilled:
-        used.update(k for k in state if k.startswith("pooler."))  # never read by the classifier
+        picker.skip(k for k in state if k.startswith("pooler."))  # never read by the classifier
     if config.representation_size:
         out["pre_logits.fc.weight"], out["pre_logits.fc.bias"] = take("pooler.dense.weight"), take("pooler.dense.bias")
-    leftover = sorted(set(state) - used)
-    if leftover:
-        raise CheckpointError(f"{source}: unexpected tensor {leftover[0]!r} {tuple(state[leftover[0]].shape)} that "
-                              "vitlab has no place for" + (f" (and {len(leftover) - 1} more)" if len(leftover) > 1 else ""))
+    picker.check_all_taken()
     return out
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from vitlab.checkpoint.io import image_size_from_positions
+from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
 from vitlab.checkpoint.hf import head_count
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
@@ -105,13 +105,8 @@ def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] |
 def clip_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
     """HF CLIP image-tower names -> vitlab names, fusing query/key/value; the text tower is set aside."""
     state = vision_tower(state)
-    used: set[str] = set()
-
-    def take(name: str) -> torch.Tensor:
-        if name not in state:
-            raise CheckpointError(f"{source}: missing tensor {name!r}; not a complete CLIP image tower")
-        used.add(name)
-        return state[name]
+    picker = TensorPicker(state, source, "CLIP or SigLIP image tower")
+    take = picker.take
 
     renames = RENAMES if config.pre_norm else [r for r in RENAMES if not r[0].startswith("pre_layrnorm")]
     out = {name: take(hf_name) for hf_name, name in renames}
@@ -120,7 +115,7 @@ def clip_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source
     else:
         out["patch_embed.proj.bias"] = take("embeddings.patch_embedding.bias")
     out["pos_embed"] = take("embeddings.position_embedding.weight").unsqueeze(0)
-    used.add("embeddings.position_ids")  # a buffer of 0..N in older files
+    picker.skip(["embeddings.position_ids"])  # a buffer of 0..N in older files
     for layer in range(config.depth):
         hf_layer, block = f"encoder.layers.{layer}.", f"blocks.{layer}."
         for hf_name, name in LAYER_RENAMES:
@@ -142,8 +137,5 @@ def clip_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source
     if config.projection:
         out["head.weight"] = take("visual_projection.weight")
         out["head.bias"] = torch.zeros(config.num_classes, dtype=out["head.weight"].dtype)
-    leftover = sorted(set(state) - used)
-    if leftover:
-        raise CheckpointError(f"{source}: unexpected tensor {leftover[0]!r} {tuple(state[leftover[0]].shape)} that "
-                              "vitlab has no place for" + (f" (and {len(leftover) - 1} more)" if len(leftover) > 1 else ""))
+    picker.check_all_taken()
     return out

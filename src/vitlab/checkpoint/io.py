@@ -19,7 +19,7 @@ import struct
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -194,6 +194,32 @@ def load_state_dict_checked(model: torch.nn.Module, state_dict: Mapping[str, tor
         if not torch.isfinite(tensor).all():
             raise CheckpointError(f"{source}: tensor {name!r} holds NaN or infinite values")
     model.load_state_dict({name: tensor.to(expected[name].dtype) for name, tensor in state_dict.items()})
+
+
+class TensorPicker:
+    """Hands an importer a checkpoint's tensors (or arrays) by name and remembers which it took, so a file with
+    anything vitlab has no place for is refused whole, naming the first such entry: nothing loads partially."""
+
+    def __init__(self, tensors: Mapping[str, Any], source: str, what: str, noun: str = "tensor") -> None:
+        self.tensors, self.source, self.what, self.noun = tensors, source, what, noun
+        self.taken: set[str] = set()
+
+    def take(self, name: str) -> Any:
+        if name not in self.tensors:
+            raise CheckpointError(f"{self.source}: missing {self.noun} {name!r}; not a complete {self.what}")
+        self.taken.add(name)
+        return self.tensors[name]
+
+    def skip(self, names: Iterable[str]) -> None:
+        """Names read by no part of the ViT (a decoder, a text tower, a buffer), accepted and not loaded."""
+        self.taken.update(names)
+
+    def check_all_taken(self) -> None:
+        leftover = sorted(set(self.tensors) - self.taken)
+        if leftover:
+            first = self.tensors[leftover[0]]
+            raise CheckpointError(f"{self.source}: unexpected {self.noun} {leftover[0]!r} {tuple(first.shape)} that "
+                                  "vitlab has no place for" + (f" (and {len(leftover) - 1} more)" if len(leftover) > 1 else ""))
 
 
 def image_size_from_positions(num_patch_rows: int, patch_size: tuple[int, int], stride: int, source: str,

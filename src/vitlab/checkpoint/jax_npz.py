@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitlab.checkpoint.io import image_size_from_positions
+from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
 from vitlab.config import ViTConfig, stem_stride
 from vitlab.errors import CheckpointError
 
@@ -70,13 +70,8 @@ def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str,
 def jax_to_state_dict(arrays: dict[str, np.ndarray], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
     """Rename and transpose the official arrays into vitlab's (timm's) key schema."""
     state: dict[str, torch.Tensor] = {}
-    used: set[str] = set()
-
-    def take(name: str) -> np.ndarray:
-        if name not in arrays:
-            raise CheckpointError(f"{source}: missing array {name!r}; not a complete official ViT checkpoint")
-        used.add(name)
-        return arrays[name]
+    picker = TensorPicker(arrays, source, "official ViT checkpoint", noun="array")
+    take = picker.take
 
     def t(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array))
@@ -130,8 +125,5 @@ def jax_to_state_dict(arrays: dict[str, np.ndarray], config: ViTConfig, source: 
         dense("pre_logits", "pre_logits.fc")
     if config.num_classes:
         dense("head", "head")
-    leftover = sorted(set(arrays) - used)
-    if leftover:
-        raise CheckpointError(f"{source}: unexpected array {leftover[0]!r} {arrays[leftover[0]].shape} "
-                              "that vitlab has no place for" + (f" (and {len(leftover) - 1} more)" if len(leftover) > 1 else ""))
+    picker.check_all_taken()
     return state
