@@ -237,6 +237,11 @@ class ViTConfig:
         return int(bool(self.class_token)) + int(self.distilled) + self.register_tokens
 
     @property
+    def num_tokens(self) -> int:
+        """Length of the sequence the encoder sees: prefix tokens plus patch tokens."""
+        return self.num_prefix_tokens + self.num_patches
+
+    @property
     def num_position_prefix(self) -> int:
         """Rows of the position table before the patch rows: one per prefix token, or none when only the patch
         tokens get positions (prefix_positions False)."""

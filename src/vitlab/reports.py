@@ -25,7 +25,7 @@ def models_table(image_size: int | tuple[int, int] | None = None, num_classes: i
         params, gflops = model_stats(config)
         rows.append(dict(
             name=name, image_size=list(config.image_size), patch_size=list(config.patch_size),
-            tokens=config.num_patches + config.num_prefix_tokens, embed_dim=config.embed_dim, depth=config.depth,
+            tokens=config.num_tokens, embed_dim=config.embed_dim, depth=config.depth,
             num_heads=config.num_heads, mlp_dim=config.mlp_dim, params=params, params_m=round(params / 1e6, 2),
             gflops=round(gflops, 3),
         ))

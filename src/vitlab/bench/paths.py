@@ -56,8 +56,7 @@ def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Cal
     import torch._inductor.config as inductor_config
 
     copied = copy.deepcopy(model).to(dtype)
-    tokens = model.config.num_prefix_tokens + model.config.num_patches
-    short = tokens <= EXPLICIT_ATTENTION_MAX_TOKENS
+    short = model.config.num_tokens <= EXPLICIT_ATTENTION_MAX_TOKENS
     copied.set_attention_kernel("explicit" if short and dtype == torch.bfloat16 else "sdpa")
     try:
         compiled = torch.compile(copied)

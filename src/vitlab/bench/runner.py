@@ -59,8 +59,7 @@ def matmul_candidates(model: nn.Module, batch_size: int) -> dict[str, tuple[Any,
     {name: (run, GFLOP per call)}. It is the biggest matmul of the model, so its speed is the peak a path can
     approach."""
     config = model.config
-    tokens = config.num_prefix_tokens + config.num_patches
-    rows, inner, outer = batch_size * tokens, config.embed_dim, config.mlp_dim
+    rows, inner, outer = batch_size * config.num_tokens, config.embed_dim, config.mlp_dim
     flops = 2 * rows * inner * outer / 1e9
     generator = torch.Generator().manual_seed(0)
     out: dict[str, tuple[Any, float]] = {}

@@ -111,8 +111,7 @@ TRAIN_EXPLICIT_ATTENTION_TOKENS = 32
 def training_attention_kernel(config: TrainConfig, model: VisionTransformer) -> str:
     if config.attention != "auto":
         return config.attention
-    tokens = model.config.num_prefix_tokens + model.config.num_patches
-    return "explicit" if tokens <= TRAIN_EXPLICIT_ATTENTION_TOKENS else "sdpa"
+    return "explicit" if model.config.num_tokens <= TRAIN_EXPLICIT_ATTENTION_TOKENS else "sdpa"
 
 
 def default_threads(env: DistEnv) -> int:
