@@ -44,3 +44,17 @@ def test_layer_decay_scales_learning_rates_by_depth():
     assert lr_of["head.weight"] == 1.0 and lr_of["blocks.1.mlp.fc1.weight"] == 0.5
     assert lr_of["blocks.0.norm1.weight"] == 0.25 and lr_of["pos_embed"] == lr_of["patch_embed.proj.weight"] == 0.125
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def test_every_family_token_and_clip_pre_norm_sit_at_the_embeddings_depth():
+    from vitlab.train.optim import layer_id
+
+    for model_config in (ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32,
+                                   num_classes=3, distilled=True),
+                         ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32,
+                                   num_classes=3, register_tokens=2, pre_norm=True)):
+        names = [n for n, _ in create_model(model_config).named_parameters()]
+        embedding = [n for n in names if layer_id(n, 2) == 0]
+        assert set(embedding) == {n for n in names if n.startswith(("patch_embed", "cls_token", "dist_token",
+                                                                      "reg_token", "pos_embed", "norm_pre"))}
+        assert len(embedding) >= 4

@@ -31,6 +31,9 @@ from vitlab.layers.pos_embed import interpolate_patch_positions, resample_pos_em
 from vitlab.models.hybrid import ResNetStem
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
+# Parameters of eq. 1 and what sits between it and the first block (CLIP's pre-encoder norm): frozen with the
+# embeddings (`freeze_blocks`) and given the embeddings' depth for layer-wise learning-rate decay.
+EMBEDDING_PARAMETERS = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "norm_pre.")
 
 
 class VisionTransformer(nn.Module):

@@ -38,7 +38,7 @@ from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.transforms import Draws, augment_batch
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.eval.classify import evaluate
-from vitlab.models.vit import VisionTransformer
+from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer
 from vitlab.train.config import TrainConfig
 from vitlab.train.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, gather_rng_states,
                                       init_distributed, replica_difference, synchronize)
@@ -95,7 +95,7 @@ def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
         if config.linear_probe:
             frozen = not name.startswith(("head.", "head_dist."))
         elif config.freeze_blocks:
-            frozen = name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed")) or (
+            frozen = name.startswith(EMBEDDING_PARAMETERS) or (
                 name.startswith("blocks.") and int(name.split(".")[1]) < config.freeze_blocks)
         else:
             frozen = False

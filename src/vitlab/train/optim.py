@@ -7,10 +7,12 @@ import math
 import torch
 from torch import nn
 
+from vitlab.models.vit import EMBEDDING_PARAMETERS
+
 
 def layer_id(name: str, depth: int) -> int:
     """Depth of a parameter for layer-wise lr decay: 0 for the embeddings, l + 1 for block l, depth + 1 after."""
-    if name.startswith(("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed")):
+    if name.startswith(EMBEDDING_PARAMETERS):
         return 0
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1
