@@ -172,13 +172,8 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
     from vitlab.train.optim import build_optimizer
 
     trained = copy.deepcopy(model).train()
-    if hasattr(trained, "set_attention_kernel"):
-        if attention is None:
-            from vitlab.train.config import TrainConfig
-            from vitlab.train.loop import training_attention_kernel
-
-            attention = training_attention_kernel(TrainConfig(), trained)
-        trained.set_attention_kernel(attention)
+    if hasattr(trained, "set_attention_kernel"):  # a vitlab model (not transformers')
+        trained.set_attention_kernel(attention or train_step_kernel(trained))
     optimizer = build_optimizer(trained, "adamw", 1e-3, 0.05)
     forward = call or (lambda module, images: module(images))
     if compile:
@@ -205,6 +200,7 @@ def train_eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 
 def train_step_kernel(model: nn.Module) -> str:
+    """The attention kernel `vitlab train` chooses for this model with the default recipe settings."""
     from vitlab.train.config import TrainConfig
     from vitlab.train.loop import training_attention_kernel
 

@@ -44,14 +44,14 @@ def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float,
     groups = param_groups(model, weight_decay, lr, layer_decay)
     # The fused kernels update every tensor in one pass (CPU and CUDA); on the CPU PyTorch otherwise loops over
     # the tensors one by one. Devices without fused kernels fall back to the default implementation.
+    if name == "sgd":
+        optimizer_class, options = torch.optim.SGD, dict(lr=lr, momentum=momentum)
+    else:
+        optimizer_class, options = torch.optim.AdamW, dict(lr=lr, betas=(0.9, 0.999))
     try:
-        if name == "sgd":
-            return torch.optim.SGD(groups, lr=lr, momentum=momentum, fused=True)
-        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), fused=True)
+        return optimizer_class(groups, fused=True, **options)
     except (RuntimeError, TypeError):
-        if name == "sgd":
-            return torch.optim.SGD(groups, lr=lr, momentum=momentum)
-        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999))
+        return optimizer_class(groups, **options)
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
