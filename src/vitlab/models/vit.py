@@ -108,6 +108,11 @@ class VisionTransformer(nn.Module):
         for token in (self.dist_token, self.reg_token):  # DeiT's initialisation; zeros would equal the class token
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
+        self.zero_heads()
+
+    @torch.no_grad()
+    def zero_heads(self) -> None:
+        """The paper's zero-initialised head (and DeiT's distillation head alongside)."""
         for head in (self.head, self.head_dist):
             if isinstance(head, nn.Linear):
                 nn.init.zeros_(head.weight)
@@ -121,10 +126,7 @@ class VisionTransformer(nn.Module):
         # A new head classifies: a CLIP tower's projection is replaced, not kept.
         self.config = self.config.replace(num_classes=num_classes, class_names=class_names, projection=False)
         self.head_dist = nn.Linear(head_in, num_classes, device=device) if self.config.has_distillation_head else None
-        for head in (self.head, self.head_dist):
-            if isinstance(head, nn.Linear):
-                nn.init.zeros_(head.weight)
-                nn.init.zeros_(head.bias)
+        self.zero_heads()
 
     def remove_representation(self) -> None:
         """Drop the pre-logits layer, as the paper does before fine-tuning; the head must be reset after."""
@@ -240,7 +242,8 @@ class VisionTransformer(nn.Module):
             out["attentions"] = attentions
         out["encoder"] = self.norm(x)
         out["pre_logits"] = self.forward_head(out["encoder"], pre_logits=True)
-        out["logits"] = self.forward_head(out["encoder"])
+        # Only DeiT's two heads need the tokens again; every other head reads the pooled features (pooling once).
+        out["logits"] = self.forward_head(out["encoder"]) if self.head_dist is not None else self.head(out["pre_logits"])
         return out
 
     # ----------------------------------------------------------------------------------------- resolution
