@@ -78,27 +78,24 @@ def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] |
     if activation not in activations:
         raise CheckpointError(f"{source}: hidden_act={activation!r} is not supported (vitlab has GELU, tanh GELU "
                               "and QuickGELU)")
+    if siglip and "head.probe" not in state:
+        raise CheckpointError(f"{source}: a SigLIP image tower without its attention-pooling head "
+                              "(vision_use_head=False) is not supported")
     projection = "visual_projection.weight" in state
-    if siglip:
-        if "head.probe" not in state:
-            raise CheckpointError(f"{source}: a SigLIP image tower without its attention-pooling head "
-                                  "(vision_use_head=False) is not supported")
-        return ViTConfig(
-            image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1], num_classes=0,
-            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=state["encoder.layers.0.mlp.fc1.weight"].shape[0],
-            qkv_bias="encoder.layers.0.self_attn.q_proj.bias" in state, classifier="map", class_token=False,
-            mlp_activation=activations[activation], layer_norm_eps=hf_config.get("layer_norm_eps", 1e-6),
-            image_mean=tuple(hf_config.get("image_mean", (0.5,))), image_std=tuple(hf_config.get("image_std", (0.5,))),
-        )
+    if siglip:  # no class token, attention pooling, the ViT's own norms and [-1, 1] inputs
+        family = dict(num_classes=0, classifier="map", class_token=False, layer_norm_eps=1e-6,
+                      image_mean=(0.5,), image_std=(0.5,))
+    else:  # pre-encoder norm, the image-text projection as the head, OpenAI's normalisation
+        family = dict(num_classes=state["visual_projection.weight"].shape[0] if projection else 0,
+                      classifier="token", pre_norm=True, projection=projection, layer_norm_eps=1e-5,
+                      image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711))
+    family["layer_norm_eps"] = hf_config.get("layer_norm_eps", family["layer_norm_eps"])
+    for name in ("image_mean", "image_std"):
+        family[name] = tuple(hf_config.get(name, family[name]))
     return ViTConfig(
-        image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1],
-        num_classes=state["visual_projection.weight"].shape[0] if projection else 0, embed_dim=embed_dim,
+        image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1], embed_dim=embed_dim,
         depth=depth, num_heads=num_heads, mlp_dim=state["encoder.layers.0.mlp.fc1.weight"].shape[0],
-        qkv_bias="encoder.layers.0.self_attn.q_proj.bias" in state, classifier="token",
-        mlp_activation=activations[activation], layer_norm_eps=hf_config.get("layer_norm_eps", 1e-5),
-        pre_norm=True, projection=projection,
-        image_mean=tuple(hf_config.get("image_mean", (0.48145466, 0.4578275, 0.40821073))),
-        image_std=tuple(hf_config.get("image_std", (0.26862954, 0.26130258, 0.27577711))),
+        qkv_bias="encoder.layers.0.self_attn.q_proj.bias" in state, mlp_activation=activations[activation], **family,
     )
 
 
