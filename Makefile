@@ -15,7 +15,9 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
-	$(BIN)/vitlab train --set run_name=demo-$$(date +%Y%m%d-%H%M%S)
+	@# The README's examples use runs/demo; an earlier demo run is kept under its time, never overwritten.
+	@if [ -e runs/demo ]; then old=runs/demo-$$(date +%Y%m%d-%H%M%S); mv runs/demo $$old; echo "kept the previous demo run as $$old"; fi
+	$(BIN)/vitlab train --set run_name=demo
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
