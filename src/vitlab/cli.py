@@ -47,7 +47,12 @@ def cmd_models(args: argparse.Namespace) -> int:
         image = "x".join(map(str, row["image_size"]))
         print(f"{row['name']:<10} {image:>9} {row['patch_size'][0]:>5} {row['tokens']:>6} {row['embed_dim']:>5} "
               f"{row['depth']:>5} {row['num_heads']:>5} {row['mlp_dim']:>5} {row['params_m']:>8.2f}M {row['gflops']:>8.2f}")
-    print("params at the default image size and class count; GFLOPs for one image's forward pass (multiply-add = 2)")
+    for row in rows:
+        if row["note"]:
+            print(f"note: {row['note']}")
+    print(f"params at {'the default image size' if args.image_size is None else 'the image size shown'} and "
+          f"{'the default' if args.num_classes is None else 'the given'} class count; GFLOPs for one image's forward "
+          "pass (multiply-add = 2)")
     return 0
 
 

@@ -5,31 +5,50 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from vitlab.config import variant_config, variant_names
 
 
 def models_table(image_size: int | tuple[int, int] | None = None, num_classes: int | None = None) -> list[dict[str, Any]]:
-    """One row per variant: its shape, parameter count (millions) and GFLOPs per image."""
-    from vitlab.models.registry import model_stats
+    """One row per variant: its shape, parameter count (millions) and GFLOPs per image. A variant whose patch does
+    not divide the asked image size is shown at the nearest size below that it takes, with a note saying so."""
+    from vitlab.config import to_pair
+    from vitlab.counts import formula_covers, parameters_and_flops
 
     rows = []
     for name in variant_names():
         overrides: dict[str, Any] = {}
+        note = None
         if image_size is not None:
             overrides["image_size"] = image_size
+            fitted = fitted_image_size(variant_config(name), to_pair(image_size, "image size"))
+            if fitted != to_pair(image_size, "image size"):
+                overrides["image_size"] = fitted
+                note = (f"{name}: patch {variant_config(name).patch_size[0]} does not divide "
+                        f"{'x'.join(map(str, to_pair(image_size, 'image size')))}; shown at {'x'.join(map(str, fitted))}")
         if num_classes is not None:
             overrides["num_classes"] = num_classes
         config = variant_config(name, **overrides)
-        params, gflops = model_stats(config)
+        if formula_covers(config):
+            params, gflops = parameters_and_flops(config)
+        else:  # pragma: no cover - every variant in the table is covered; kept for presets added later
+            from vitlab.models.registry import model_stats
+
+            params, gflops = model_stats(config)
         rows.append(dict(
             name=name, image_size=list(config.image_size), patch_size=list(config.patch_size),
             tokens=config.num_tokens, embed_dim=config.embed_dim, depth=config.depth,
             num_heads=config.num_heads, mlp_dim=config.mlp_dim, params=params, params_m=round(params / 1e6, 2),
-            gflops=round(gflops, 3),
+            gflops=round(gflops, 3), note=note,
         ))
     return rows
+
+
+def fitted_image_size(config, size: tuple[int, int]) -> tuple[int, int]:
+    """The largest size <= `size` on each axis that the config's patch (times its stem's stride) divides."""
+    from vitlab.config import stem_stride
+
+    step = [p * stem_stride(config.resnet_layers) for p in config.patch_size]
+    return tuple(max(s, n // s * s) for n, s in zip(size, step))
 
 
 def describe(config) -> str:
@@ -54,6 +73,8 @@ def checkpoint_info(path: str | Path, num_heads: int | None = None,
 def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
             image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> dict[str, Any]:
     """Load any checkpoint, write it as `to`, read the written one back and compare logits on a random batch."""
+    import torch
+
     from vitlab.checkpoint.formats import export_checkpoint, load_model, model_from_state, read_checkpoint
 
     config, state, kind = read_checkpoint(input_path, {"num_heads": num_heads} if num_heads else None, image_size)

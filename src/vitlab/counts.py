@@ -1,0 +1,95 @@
+"""Parameter and FLOP counts of a model config by formula, without building the model or importing torch.
+
+`vitlab models` prints a table of every variant; counting by tracing each model (`models.registry.model_stats`,
+which counts any config exactly) costs 3 s plus torch's import, the formula microseconds. FLOPs count a
+multiply-add as 2 and cover what `torch.utils.flop_counter` counts: matrix products and convolutions (norms,
+softmax and activations are left out, as in the reference figures: 35.13 GFLOPs for B/16 at 224).
+tests/test_counts.py holds the formula to the traced count for every variant and several sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vitlab.config import ViTConfig, stem_stride
+
+
+def formula_covers(config: ViTConfig) -> bool:
+    """The formula knows the paper's models (token or GAP pooling, representation layer, hybrid stem); the
+    other families' extras (attention pooling, distillation and register tokens, LayerScale, CLIP's
+    projection) are left to the exact count."""
+    return (config.classifier in ("token", "gap") and not config.distilled and not config.register_tokens
+            and config.layer_scale is None and not config.pre_norm and not config.projection)
+
+
+def resnet_stem_counts(config: ViTConfig) -> tuple[int, int, int]:
+    """(parameters, FLOPs, output channels) of the hybrid's ResNet stem (models/hybrid.py): "SAME" padding, so
+    every stride-2 layer gives ceil(size / 2)."""
+    height, width = config.image_size
+    params = flops = 0
+
+    def conv(in_chans: int, out_chans: int, kernel: int, stride: int) -> None:
+        nonlocal params, flops, height, width
+        height, width = math.ceil(height / stride), math.ceil(width / stride)
+        params += in_chans * out_chans * kernel * kernel
+        flops += 2 * in_chans * out_chans * kernel * kernel * height * width
+
+    def group_norm(channels: int) -> None:
+        nonlocal params
+        params += 2 * channels
+
+    base = int(64 * config.resnet_width_factor)
+    conv(config.in_chans, base, 7, 2)
+    group_norm(base)
+    height, width = math.ceil(height / 2), math.ceil(width / 2)  # the 3x3/2 max-pool
+    channels = base
+    for index, units in enumerate(config.resnet_layers or ()):
+        stage_width = base * 2 ** index
+        for unit in range(units):
+            stride = 2 if index > 0 and unit == 0 else 1
+            out_chans = 4 * stage_width
+            if channels != out_chans or stride != 1:  # the projection shortcut, at the unit's output size
+                saved = height, width
+                conv(channels, out_chans, 1, stride)
+                group_norm(out_chans)
+                height, width = saved
+            conv(channels, stage_width, 1, 1)
+            group_norm(stage_width)
+            conv(stage_width, stage_width, 3, stride)
+            group_norm(stage_width)
+            conv(stage_width, out_chans, 1, 1)
+            group_norm(out_chans)
+            channels = out_chans
+    return params, flops, channels
+
+
+def parameters_and_flops(config: ViTConfig) -> tuple[int, float]:
+    """(parameter count, GFLOPs of one image's forward pass) of a config `formula_covers`."""
+    if not formula_covers(config):
+        raise ValueError(f"the formula does not cover this config ({config.classifier} pooling or another family's "
+                         "extras); use vitlab.models.model_stats")
+    dim, mlp, patch_h, patch_w = config.embed_dim, config.mlp_dim, *config.patch_size
+    params, flops, in_chans = 0, 0, config.in_chans
+    if config.resnet_layers is not None:
+        params, flops, in_chans = resnet_stem_counts(config)
+    patches, tokens = config.num_patches, config.num_tokens
+    # Eq. 1: the patch projection (a convolution with stride P, i.e. one matrix product per patch), tokens.
+    params += in_chans * patch_h * patch_w * dim + dim
+    flops += 2 * in_chans * patch_h * patch_w * dim * patches
+    params += config.num_prefix_tokens * dim + (config.num_position_prefix + patches) * dim
+    # Eqs. 2-3, per block: two LayerNorms, qkv and output projections, the two MLP layers; attention's two
+    # products (Q K^T and A V) cost 2 * tokens^2 * dim each.
+    block_params = 4 * dim + 3 * dim * dim + (3 * dim if config.qkv_bias else 0) + dim * dim + dim
+    block_params += dim * mlp + mlp + mlp * dim + dim
+    block_flops = 2 * tokens * (3 * dim * dim + dim * dim + 2 * dim * mlp) + 4 * tokens * tokens * dim
+    params += config.depth * block_params + 2 * dim  # and the final LayerNorm (or fc_norm)
+    flops += config.depth * block_flops
+    head_in = dim
+    if config.representation_size:
+        params += dim * config.representation_size + config.representation_size
+        flops += 2 * dim * config.representation_size
+        head_in = config.representation_size
+    if config.num_classes:
+        params += head_in * config.num_classes + config.num_classes
+        flops += 2 * head_in * config.num_classes
+    return params, flops / 1e9

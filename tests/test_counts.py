@@ -1,0 +1,41 @@
+import pytest
+
+from vitlab.config import variant_config, variant_names
+from vitlab.counts import formula_covers, parameters_and_flops
+from vitlab.models import model_stats
+from vitlab.reports import models_table
+
+
+@pytest.mark.parametrize("name", variant_names())
+def test_formula_equals_the_traced_count_for_every_variant(name):
+    config = variant_config(name)
+    params, gflops = parameters_and_flops(config)
+    traced_params, traced_gflops = model_stats(config)
+    assert params == traced_params
+    assert gflops == pytest.approx(traced_gflops, rel=1e-9)
+
+
+@pytest.mark.parametrize("name, changes", [
+    ("R50+B/16", dict(image_size=(96, 160))),  # odd sizes through the hybrid's SAME-padded strides
+    ("R26+S/32", dict(image_size=(64, 96), resnet_width_factor=0.5, in_chans=1)),
+    ("S/16", dict(classifier="gap", representation_size=128, num_classes=7, qkv_bias=False)),
+    ("digits-8", dict(image_size=(8, 12), num_classes=0)),
+])
+def test_formula_equals_the_traced_count_for_other_shapes(name, changes):
+    config = variant_config(name, **changes)
+    params, gflops = parameters_and_flops(config)
+    assert (params, pytest.approx(gflops, rel=1e-9)) == model_stats(config)
+
+
+def test_formula_refuses_what_it_does_not_cover():
+    config = variant_config("Ti/16", classifier="map")
+    assert not formula_covers(config)
+    with pytest.raises(ValueError, match="model_stats"):
+        parameters_and_flops(config)
+
+
+def test_models_table_fits_variants_whose_patch_does_not_divide_the_size():
+    rows = {row["name"]: row for row in models_table(image_size=384)}
+    assert rows["B/16"]["image_size"] == [384, 384] and rows["B/16"]["note"] is None
+    assert rows["H/14"]["image_size"] == [378, 378]
+    assert "does not divide 384x384; shown at 378x378" in rows["H/14"]["note"]
