@@ -65,7 +65,7 @@ def test_fp32_export_with_dynamic_batch_and_size_matches_pytorch(model, pixels, 
 
 def test_fixed_batch_export_is_run_in_chunks_and_rejects_another_size(model, pixels, tmp_path):
     path = tmp_path / "m.onnx"
-    export.run_export(model, path, batch_size=4, pixels=pixels)
+    export.run_export(model, path, dynamic_batch=False, batch_size=4, pixels=pixels)
     assert [d for d in session(path).get_inputs()[0].shape] == [4, 3, 8, 12]
     runtime = export.OnnxClassifier(path)
     torch.testing.assert_close(runtime.classify_pixels(pixels[:7]), model(prepare(pixels[:7], 255.0, SMALL)),
@@ -154,5 +154,11 @@ def test_cli_export_then_predict_with_onnx_runtime_gives_the_same_labels(model, 
     assert [r["predictions"][0]["label"] for r in onnx_rows] == [r["predictions"][0]["label"] for r in torch_rows]
     for ours, theirs in zip(onnx_rows, torch_rows):
         assert abs(ours["predictions"][0]["probability"] - theirs["predictions"][0]["probability"]) < 1e-4
+    # No --backend: the .onnx suffix picks ONNX Runtime; a checkpoint with --backend onnx runs the export beside it.
+    assert main(["predict", str(onnx_path), str(folder), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == onnx_rows
+    assert main(["predict", str(checkpoint), str(folder), "--format", "json", "--backend", "onnx"]) == 0
+    assert json.loads(capsys.readouterr().out) == onnx_rows
+    onnx_path.unlink()
     assert main(["predict", str(checkpoint), str(folder), "--backend", "onnx"]) == 2
-    assert "runs an exported .onnx file" in capsys.readouterr().err
+    assert f"make it with: vitlab export {checkpoint}" in capsys.readouterr().err

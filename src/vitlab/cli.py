@@ -23,13 +23,44 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def image_size_arg(text: str) -> int | tuple[int, int]:
     """'224' or '224x320' (height x width)."""
+    from vitlab.config import parse_image_size
+
     try:
-        parts = [int(p) for p in text.lower().split("x")]
+        return parse_image_size(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def classes_arg(text: str) -> list[int]:
+    """'5,6,7' or '5-9' -> class indices."""
+    from vitlab.config import parse_classes
+
+    try:
+        return parse_classes(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"image size must be N or HxW, e.g. 224 or 224x320, got {text!r}") from None
-    if len(parts) not in (1, 2) or min(parts) <= 0:
-        raise argparse.ArgumentTypeError(f"image size must be N or HxW with positive numbers, got {text!r}")
-    return parts[0] if len(parts) == 1 else (parts[0], parts[1])
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def run_exit_code(summary: dict) -> int:
+    """0: finished, or stopped by SIGTERM with its state saved (how schedulers ask a job to checkpoint and leave);
+    130: stopped by Ctrl-C (SIGINT), state saved; 1: failed."""
+    import signal
+
+    if summary["status"] == "finished":
+        return 0
+    if summary["status"] == "interrupted":
+        return 130 if summary.get("signal") == signal.SIGINT else 0
+    return 1
 
 
 # ------------------------------------------------------------------------------------------------ commands
@@ -59,10 +90,13 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from vitlab.reports import convert
 
-    summary = convert(args.input, args.output, to=args.to, image_size=args.image_size, num_heads=args.num_heads)
+    summary = convert(args.input, args.output, to=args.to, image_size=args.image_size, num_heads=args.num_heads,
+                      force=args.force)
     print(f"read {summary['input']} ({summary['kind']}): {summary['model']}")
     print(f"wrote {summary['output']} ({args.to}); re-read and checked: max |logit difference| = "
           f"{summary['max_abs_diff']:.2e} on a random batch")
+    for note in summary["notes"]:
+        print(f"note: {note}")
     return 0
 
 
@@ -74,10 +108,32 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=1))
     else:
         print(f"{info['path']}: {info['kind']} checkpoint, {info['params_m']:.2f}M parameters")
+        if "input_layout" in info:
+            print(f"  input {info['input']!r}: {info['input_layout']}; batch {info['batch_size'] or 'any'}")
         for key, value in info["config"].items():
             if value is not None and key != "class_names":
                 print(f"  {key:<20} {value}")
     return 0
+
+
+def shorthand_overrides(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """`--set` assignments for the shorthand flags given (train and finetune share them), then the --set ones."""
+    assignments = []
+    for name in names:
+        value = getattr(args, name, None)
+        if value is None or value is False:
+            continue
+        if name == "image_size":
+            value = image_size_text(value)
+        elif name == "classes":
+            value = "[" + ",".join(map(str, value)) + "]"
+        elif value is True:
+            value = "true"
+        assignments.append(f"{name}={value}")
+    return assignments + (args.set or [])
+
+
+TRAIN_SHORTHANDS = ("dataset", "data_dir", "image_size", "classes", "epochs", "model", "out_dir")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -85,28 +141,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vitlab.train.loop import train
 
     if args.resume:
-        if args.config or args.set or args.dataset or args.epochs:
-            raise UsageError("--resume continues a run with its own recipe; drop --config/--set/--dataset/--epochs")
-        summary = train(TrainConfig(), resume=args.resume, use_previous=args.use_previous)
+        given = [flag for flag, value in (("--config", args.config), ("--set", args.set), ("--dataset", args.dataset),
+                                          ("--data-dir", args.data_dir), ("--model", args.model),
+                                          ("--out-dir", args.out_dir), ("--image-size", args.image_size),
+                                          ("--classes", args.classes)) if value]
+        if given:
+            raise UsageError(f"--resume continues a run with its own recipe; drop {', '.join(given)} (only --epochs "
+                             "may change, to extend the run)")
+        summary = train(TrainConfig(), resume=args.resume, use_previous=args.use_previous, epochs=args.epochs)
     else:
         config = load_recipe(args.config) if args.config else TrainConfig()
-        shorthand = [f"{key}={value}" for key, value in (("dataset", args.dataset), ("data_dir", args.data_dir),
-                                                          ("epochs", args.epochs), ("model", args.model),
-                                                          ("out_dir", args.out_dir)) if value is not None]
-        config = apply_overrides(config, shorthand + (args.set or []))
-        summary = train(config)
-    return 0 if summary["status"] in ("finished", "interrupted") else 1
+        summary = train(apply_overrides(config, shorthand_overrides(args, TRAIN_SHORTHANDS)))
+    return run_exit_code(summary)
 
 
-def classes_arg(text: str) -> list[int]:
-    """'5,6,7' or '5-9' -> class indices."""
-    try:
-        if "-" in text and "," not in text:
-            low, high = (int(v) for v in text.split("-"))
-            return list(range(low, high + 1))
-        return [int(v) for v in text.split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"classes must be like 5,6,7 or 5-9, got {text!r}") from None
+def image_size_text(size: int | tuple[int, int]) -> str:
+    """--set form of an image size: 224 or [48,32]."""
+    return str(size) if isinstance(size, int) else f"[{size[0]},{size[1]}]"
 
 
 CHECKPOINT_IMAGE_SIZE_HELP = ("N or HxW. A checkpoint whose position table is a square grid implies its own size, "
@@ -123,11 +174,6 @@ def add_checkpoint_options(parser: argparse.ArgumentParser, image_size_help: str
                             help="head count, for timm / HF weights with no config beside them")
 
 
-def image_size_text(size: int | tuple[int, int]) -> str:
-    """--set form of an image size: 224 or [48,32]."""
-    return str(size) if isinstance(size, int) else f"[{size[0]},{size[1]}]"
-
-
 def shots_arg(text: str) -> list[int]:
     try:
         shots = [int(v) for v in text.split(",") if v]
@@ -138,31 +184,27 @@ def shots_arg(text: str) -> list[int]:
     return shots
 
 
+FINETUNE_SHORTHANDS = ("init_from", "dataset", "data_dir", "image_size", "epochs", "classes", "out_dir",
+                       "linear_probe", "freeze_blocks", "optimizer")
+
+
 def cmd_finetune(args: argparse.Namespace) -> int:
     from vitlab.train.config import apply_overrides, finetune_config, load_recipe
     from vitlab.train.loop import train
 
     if args.resume:
-        summary = train(finetune_config(), resume=args.resume, use_previous=args.use_previous)
-        return 0 if summary["status"] in ("finished", "interrupted") else 1
+        given = ["--from" if name == "init_from" else f"--{name.replace('_', '-')}"
+                 for name in FINETUNE_SHORTHANDS + ("config", "set")
+                 if name != "epochs" and getattr(args, name, None) not in (None, False, 0, [])]
+        if given:
+            raise UsageError(f"--resume continues a run with its own recipe; drop {', '.join(given)} (only --epochs "
+                             "may change, to extend the run)")
+        return run_exit_code(train(finetune_config(), resume=args.resume, use_previous=args.use_previous,
+                                   epochs=args.epochs))
     if not args.init_from or not args.dataset:
         raise UsageError("finetune needs --from CHECKPOINT and --dataset NAME (or --resume RUN_DIR)")
     config = load_recipe(args.config) if args.config else finetune_config()
-    shorthand = [f"init_from={args.init_from}", f"dataset={args.dataset}"]
-    image_size = image_size_text(args.image_size) if args.image_size is not None else None
-    for key, value in (("data_dir", args.data_dir), ("image_size", image_size), ("epochs", args.epochs),
-                       ("classes", args.classes), ("out_dir", args.out_dir)):
-        if value is not None:
-            shorthand.append(f"{key}={value}")
-    if args.linear_probe:
-        shorthand.append("linear_probe=true")
-    if args.freeze_blocks:
-        shorthand.append(f"freeze_blocks={args.freeze_blocks}")
-    if args.optimizer:
-        shorthand.append(f"optimizer={args.optimizer}")
-    config = apply_overrides(config, shorthand + (args.set or []))
-    summary = train(config)
-    return 0 if summary["status"] in ("finished", "interrupted") else 1
+    return run_exit_code(train(apply_overrides(config, shorthand_overrides(args, FINETUNE_SHORTHANDS))))
 
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
@@ -197,8 +239,9 @@ def cmd_linear_probe(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from vitlab.eval.runner import run_evaluation
 
-    report = run_evaluation(args.checkpoint, args.dataset, args.data_dir, args.split, args.out, args.batch_size,
-                            args.classes, args.image_size, args.num_heads)
+    report = run_evaluation(args.checkpoint, args.dataset, data_dir=args.data_dir, split=args.split, out=args.out,
+                            batch_size=args.batch_size, classes=args.classes, image_size=args.image_size,
+                            num_heads=args.num_heads, backend=args.backend)
     if args.json:
         print(json.dumps({k: v for k, v in report.items() if k != "confusion"}, indent=1))
         return 0
@@ -211,18 +254,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from vitlab.checkpoint import load_model
-    from vitlab.eval.predict import predict
+    from vitlab.eval.predict import load_classifier, predict
 
-    if args.backend == "onnx":
-        from vitlab.export.onnx import OnnxClassifier
-
-        if not str(args.checkpoint).endswith(".onnx"):
-            raise UsageError(f"--backend onnx runs an exported .onnx file, got {args.checkpoint}; "
-                             f"make one with: vitlab export {args.checkpoint} --format onnx")
-        model = OnnxClassifier(args.checkpoint)
-    else:
-        model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
+    model = load_classifier(args.checkpoint, args.backend, args.image_size, args.num_heads)
     rows = predict(model, args.inputs, top_k=args.top_k)
     if args.format == "json":
         print(json.dumps(rows, indent=1))
@@ -230,10 +264,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         import csv
 
         writer = csv.writer(sys.stdout)
-        writer.writerow(["path", "rank", "label", "probability"])
+        writer.writerow(["path", "rank", "label", "probability", "error"])
         for row in rows:
+            if "error" in row:  # every input gets a row: a failed one with its error, so nothing vanishes
+                writer.writerow([row["path"], "", "", "", row["error"]])
             for rank, pred in enumerate(row.get("predictions", []), 1):
-                writer.writerow([row["path"], rank, pred["label"], f"{pred['probability']:.6f}"])
+                writer.writerow([row["path"], rank, pred["label"], f"{pred['probability']:.6f}", ""])
     else:
         width = max(len(row["path"]) for row in rows)
         for row in rows:
@@ -242,7 +278,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 continue
             top = "  ".join(f"{p['label']} {100 * p['probability']:5.1f}%" for p in row["predictions"])
             print(f"{row['path']:<{width}}  {top}")
-    return 0 if any("predictions" in row for row in rows) else 1
+    failed = sum("error" in row for row in rows)
+    if failed:
+        print(f"vitlab predict: {failed} of {len(rows)} inputs could not be classified (their rows say why)",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -257,14 +297,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     suffix = "-int8.onnx" if args.int8 else ".onnx"
     output = args.output or (source / f"model{suffix}" if source.is_dir() else source.with_name(source.stem + suffix))
     pixels = validation_pixels(model.config, args.images)
-    summary = run_export(model, output, preprocess=args.preprocess, dynamic_batch=args.dynamic_batch,
-                         dynamic_size=args.dynamic_size, int8=args.int8, batch_size=args.batch_size, pixels=pixels)
+    if args.dynamic_batch and args.batch_size:
+        raise UsageError("--dynamic-batch and --batch-size contradict each other: give --batch-size N to fix the "
+                         "batch, nothing for any batch size")
+    dynamic_batch = args.batch_size is None
+    summary = run_export(model, output, preprocess=args.preprocess, dynamic_batch=dynamic_batch,
+                         dynamic_size=args.dynamic_size, int8=args.int8, batch_size=args.batch_size or 1, pixels=pixels)
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
     print(f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {'int8' if args.int8 else 'fp32'}); "
           f"input {summary['input']!r}: {summary['input_layout']}, batch "
-          f"{'dynamic' if args.dynamic_batch else args.batch_size}")
+          f"{'any' if dynamic_batch else args.batch_size}")
     print(f"checked against PyTorch on {len(pixels)} real images "
           f"({'given' if args.images else 'shipped digits'}):")
     for name, check in summary["validation"]["checks"].items():
@@ -306,35 +350,78 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ parser
+EXIT_CODES = """exit codes:
+  0    done (train: finished, or stopped by SIGTERM with its state saved)
+  1    failed (predict: at least one input could not be classified; the others are still reported)
+  2    a usage error: a bad option, value, path or data set, said in one line
+  130  train stopped by Ctrl-C, state saved (resume with: vitlab train --resume RUN)"""
+BACKEND_HELP = ("torch (default) or onnx: ONNX Runtime on a file written by `vitlab export`; a .onnx path picks onnx, "
+                "and a run folder with onnx uses its model.onnx")
+
+
+def recipe_keys_help(finetune: bool = False) -> str:
+    """Every --set key with its default (the fine-tuning defaults for `finetune`), for the help's epilog."""
+    import dataclasses
+
+    from vitlab.train.config import TrainConfig, finetune_config
+
+    config = finetune_config() if finetune else TrainConfig()
+    lines = [f"--set keys and their defaults{' for fine-tuning' if finetune else ''} (nested ones as "
+             "augment.KEY=VALUE):"]
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            for inner in dataclasses.fields(value):
+                lines.append(f"  {field.name}.{inner.name:<24} {getattr(value, inner.name)!r}")
+        else:
+            lines.append(f"  {field.name:<32} {value!r}")
+    return "\n".join(lines)
+
+
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="vitlab", description="Build, train, fine-tune, understand and ship ViTs.")
+    parser = ArgumentParser(prog="vitlab", description="Build, train, fine-tune, understand and ship ViTs.",
+                            epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     from vitlab import __version__
 
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
+    # --debug after the subcommand too; SUPPRESS keeps a subcommand's default from overwriting `vitlab --debug`.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=ArgumentParser)
+    add_parser = sub.add_parser
 
-    p = sub.add_parser("models", help="list the model variants with parameter count and GFLOPs")
+    def subcommand(name: str, **kwargs) -> ArgumentParser:
+        return add_parser(name, parents=[common], **kwargs)
+
+    p = subcommand("models", help="list the model variants with parameter count and GFLOPs")
     p.add_argument("--image-size", type=image_size_arg, default=None, help="override every variant's image size")
     p.add_argument("--num-classes", type=int, default=None, help="override every variant's class count")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_models)
 
-    p = sub.add_parser("convert", help="convert an official .npz / timm / HF / vitlab checkpoint to another kind")
+    p = subcommand("convert", help="convert an official .npz / timm / HF / vitlab checkpoint to another kind")
     p.add_argument("input", help="checkpoint file or folder (kind detected from its content)")
-    p.add_argument("output", help="file (vitlab, timm) or folder (hf) to write")
+    p.add_argument("output", help="a .safetensors file (--to vitlab, timm) or a folder (--to hf) to write")
     p.add_argument("--to", choices=("vitlab", "timm", "hf"), default="vitlab", help="kind to write (default vitlab)")
+    p.add_argument("--force", action="store_true", help="replace an existing output file or folder")
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("train", help="train a ViT (default: the digits recipe); torchrun-ready")
-    p.add_argument("--config", help="recipe file (configs/*.py) defining `config = TrainConfig(...)`")
+    p = subcommand("train", help="train a ViT (default: the digits recipe); torchrun-ready",
+                       epilog=recipe_keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="recipe: a file (configs/*.py) defining `config = TrainConfig(...)`, or a run's "
+                                    "RUN/train_config.json to train it again in a new folder")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a recipe field, e.g. --set lr=1e-3 --set augment.hflip=true (repeatable)")
     p.add_argument("--dataset", help="shorthand for --set dataset=NAME (digits, mnist, fashion-mnist, cifar10, "
                                      "cifar100, folder)")
     p.add_argument("--data-dir", help="shorthand for --set data_dir=PATH: data files already on disk")
-    p.add_argument("--epochs", type=int, help="shorthand for --set epochs=N")
+    p.add_argument("--image-size", type=image_size_arg, help="shorthand for --set image_size=N or HxW (default: "
+                                                             "the variant's; images are resized)")
+    p.add_argument("--classes", type=classes_arg, help="shorthand for --set classes=5-9: only these classes")
+    p.add_argument("--epochs", type=positive_int, help="shorthand for --set epochs=N; with --resume, a new length "
+                                                       "for the run (extends a finished one)")
     p.add_argument("--model", help="shorthand for --set model=VARIANT")
     p.add_argument("--out-dir", help="shorthand for --set out_dir=PATH (default runs/)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run exactly where it stopped")
@@ -342,68 +429,72 @@ def build_parser() -> ArgumentParser:
                    help="with --resume: fall back to the previous checkpoint if the last one is damaged")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("finetune", help="fine-tune any checkpoint on a new data set (the paper's transfer recipe)")
+    p = subcommand("finetune", help="fine-tune any checkpoint on a new data set (the paper's transfer recipe)",
+                       epilog=recipe_keys_help(finetune=True), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="init_from", metavar="CHECKPOINT", help="vitlab, official .npz, timm or HF checkpoint")
-    p.add_argument("--dataset", help="data set to fine-tune on")
-    p.add_argument("--data-dir")
+    p.add_argument("--dataset", help="data set to fine-tune on (digits, mnist, fashion-mnist, cifar10, cifar100, "
+                                     "folder)")
+    p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
     add_checkpoint_options(p, "fine-tuning resolution, N or HxW: the position embedding is resampled to it (for a "
                               "checkpoint whose position table is not square: the size it was made for)",
                            num_heads=False)
     p.add_argument("--classes", type=classes_arg, help="only these classes of the data set, e.g. 5-9 or 1,3,5")
-    p.add_argument("--epochs", type=int)
+    p.add_argument("--epochs", type=positive_int, help="default 20; with --resume, a new length for the run")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), help="default sgd (momentum 0.9), as the paper")
     p.add_argument("--freeze-blocks", type=int, default=0, help="freeze the embeddings and the first K blocks")
     p.add_argument("--linear-probe", action="store_true", help="train only the new head")
     p.add_argument("--config", help="recipe file to start from instead of the fine-tuning defaults")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe field (repeatable), "
                                                                        "e.g. --set layer_decay=0.75 --set lr=0.003")
-    p.add_argument("--out-dir")
-    p.add_argument("--resume", metavar="RUN_DIR")
-    p.add_argument("--use-previous", action="store_true")
+    p.add_argument("--out-dir", help="folder for the run folder (default runs/)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped fine-tuning run where it stopped")
+    p.add_argument("--use-previous", action="store_true",
+                   help="with --resume: fall back to the previous checkpoint if the last one is damaged")
     p.set_defaults(func=cmd_finetune)
 
     for name, helptext in (("fewshot", "few-shot linear accuracy of frozen features (closed-form least squares)"),
                            ("linear-probe", "logistic regression on frozen features")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("checkpoint")
-        p.add_argument("--dataset", required=True)
-        p.add_argument("--data-dir")
+        p = subcommand(name, help=helptext)
+        p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")
+        p.add_argument("--dataset", required=True, help="data set whose train split fits and test split measures")
+        p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
         p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9")
         add_checkpoint_options(p)
         if name == "fewshot":
             p.add_argument("--shots", type=shots_arg, default=[1, 5, 10, 25], help="default 1,5,10,25")
-            p.add_argument("--seeds", type=int, default=3, help="draws per shot count (default 3)")
+            p.add_argument("--seeds", type=positive_int, default=3, help="draws per shot count (default 3)")
             p.add_argument("--l2", type=float, default=1.0, help="ridge penalty on standardised features (default 1)")
             p.set_defaults(func=cmd_fewshot)
         else:
             p.add_argument("--l2", type=float, default=1e-3, help="L2 penalty (default 1e-3)")
             p.set_defaults(func=cmd_linear_probe)
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    p = sub.add_parser("eval", help="evaluate a run or checkpoint on a data set")
-    p.add_argument("checkpoint", help="run folder or checkpoint")
+    p = subcommand("eval", help="evaluate a run, checkpoint or ONNX export on a data set")
+    p.add_argument("checkpoint", help="run folder, checkpoint, or .onnx file written by `vitlab export`")
     p.add_argument("--dataset", help="data set name (default for a run folder: the one it trained on)")
-    p.add_argument("--data-dir")
+    p.add_argument("--data-dir", help="where the data set's files are (default: a run's, or the download cache)")
     p.add_argument("--split", choices=("train", "val", "test"), default="test",
                    help="val: the data set's official validation split, or for a run folder the one it carved")
     p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9 (default for a run: its own)")
     p.add_argument("--out", help="folder for eval JSON and confusion matrix (default: beside the checkpoint)")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
+    p.add_argument("--backend", choices=("torch", "onnx"), help=BACKEND_HELP)
     add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("predict", help="top-k labels for images or folders of images")
-    p.add_argument("checkpoint", help="run folder or checkpoint")
-    p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER")
-    p.add_argument("--top-k", type=int, default=3)
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    p.add_argument("--backend", choices=("torch", "onnx"), default="torch",
-                   help="onnx: run a file written by `vitlab export` with ONNX Runtime")
+    p = subcommand("predict", help="top-k labels for images or folders of images")
+    p.add_argument("checkpoint", help="run folder, checkpoint, or .onnx file written by `vitlab export`")
+    p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files, or folders searched for images")
+    p.add_argument("--top-k", type=positive_int, default=3, help="labels per image (default 3)")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                   help="every input gets a row, an unreadable one with its error; exit code 1 if any failed")
+    p.add_argument("--backend", choices=("torch", "onnx"), help=BACKEND_HELP)
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("bench", help="images/s of every inference path (fp32, bf16, compiled, ONNX Runtime, int8) "
+    p = subcommand("bench", help="images/s of every inference path (fp32, bf16, compiled, ONNX Runtime, int8) "
                                      "against a matmul peak and transformers")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model", default="B/16", help="a variant or preset (random weights), default B/16")
@@ -411,7 +502,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--image-size", type=image_size_arg,
                    help="a variant's input size; with --checkpoint as for every command that loads one: "
                         + CHECKPOINT_IMAGE_SIZE_HELP)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=positive_int, default=16, help="images per call (default 16)")
     p.add_argument("--paths", type=lambda text: [t for t in text.split(",") if t],
                    help="comma-separated subset, e.g. eager-fp32,onnx-int8 (default: all)")
     p.add_argument("--repetitions", type=int, default=5, help="timed rounds; the median is reported")
@@ -419,18 +510,19 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--threads", type=int, help="intra-op threads for PyTorch and ONNX Runtime (default: PyTorch's)")
     p.add_argument("--train", action="store_true", help="time training steps (forward + backward + AdamW) instead")
     p.add_argument("--dataset", help="also measure each path's test accuracy and agreement (needs --checkpoint)")
-    p.add_argument("--data-dir")
+    p.add_argument("--data-dir", help="where the data set's files are")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("export", help="export a checkpoint for deployment (ONNX, fp32 or int8), checked against PyTorch")
+    p = subcommand("export", help="export a checkpoint for deployment (ONNX, fp32 or int8), checked against PyTorch")
     p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")
-    p.add_argument("--format", choices=("onnx",), default="onnx")
+    p.add_argument("--format", choices=("onnx",), default="onnx", help="the only format so far: ONNX")
     p.add_argument("-o", "--output", help="the .onnx file to write (default: model.onnx or model-int8.onnx in a run "
                         "folder, NAME.onnx or NAME-int8.onnx beside a checkpoint file)")
     p.add_argument("--int8", action="store_true", help="int8 weights (ONNX Runtime dynamic quantization)")
-    p.add_argument("--dynamic-batch", action="store_true", help="any batch size (default: fixed --batch-size)")
-    p.add_argument("--batch-size", type=int, default=1, help="the fixed batch size without --dynamic-batch")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="fix the graph's batch size (default: any batch size)")
+    p.add_argument("--dynamic-batch", action="store_true", help="any batch size (the default; kept for old scripts)")
     p.add_argument("--dynamic-size", action="store_true",
                    help="any image size that is a multiple of the patch size (position embedding resampled in the graph)")
     p.add_argument("--preprocess", action="store_true",
@@ -441,7 +533,7 @@ def build_parser() -> ArgumentParser:
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("analyze", help="the paper's attention and embedding analyses, as pictures and an HTML report")
+    p = subcommand("analyze", help="the paper's attention and embedding analyses, as pictures and an HTML report")
     p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")
     p.add_argument("--images", nargs="+", required=True, metavar="PATH_OR_DATASET",
                    help="image files / folders, or a data set name (its test split), e.g. --images digits")
@@ -453,10 +545,10 @@ def build_parser() -> ArgumentParser:
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_analyze)
 
-    p = sub.add_parser("info", help="show what a checkpoint holds")
-    p.add_argument("checkpoint")
+    p = subcommand("info", help="show what a checkpoint or ONNX export holds")
+    p.add_argument("checkpoint", help="run folder, checkpoint, or .onnx file written by `vitlab export`")
     add_checkpoint_options(p)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)
     return parser
 
@@ -469,7 +561,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     handler: Callable[[argparse.Namespace], int] = args.func
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # The reader left early (`vitlab predict ... | head`): end quietly, as command-line tools do. Point stdout
+        # at /dev/null so that Python's own flush at exit does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool ended by a closed pipe
     except VitlabError as error:
         if args.debug:
             raise

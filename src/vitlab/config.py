@@ -45,6 +45,32 @@ def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, i
     return pair
 
 
+def parse_image_size(text: str) -> int | tuple[int, int]:
+    """'224' -> 224, '224x320' -> (224, 320) (height x width); the one grammar for sizes on every command."""
+    try:
+        parts = [int(p) for p in str(text).lower().split("x")]
+    except ValueError:
+        raise ConfigError(f"image size must be N or HxW, e.g. 224 or 224x320, got {text!r}") from None
+    if len(parts) not in (1, 2) or min(parts) <= 0:
+        raise ConfigError(f"image size must be N or HxW with positive numbers, got {text!r}")
+    return parts[0] if len(parts) == 1 else (parts[0], parts[1])
+
+
+def parse_classes(text: str) -> list[int]:
+    """'5-9' -> [5, 6, 7, 8, 9], '1,3,5' -> [1, 3, 5]: class indices, for --classes and --set classes=."""
+    try:
+        if "-" in text and "," not in text:
+            low, high = (int(v) for v in text.split("-"))
+            classes = list(range(low, high + 1))
+        else:
+            classes = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"classes must be like 5,6,7 or 5-9, got {text!r}") from None
+    if not classes or min(classes) < 0:
+        raise ConfigError(f"classes must be non-negative indices like 5,6,7 or 5-9, got {text!r}")
+    return classes
+
+
 @dataclass
 class ViTConfig:
     """Everything needed to build a VisionTransformer; serialised as JSON inside every vitlab checkpoint."""

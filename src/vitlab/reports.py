@@ -63,6 +63,8 @@ def checkpoint_info(path: str | Path, num_heads: int | None = None,
                     image_size: int | tuple[int, int] | None = None) -> dict[str, Any]:
     """What a checkpoint holds: its kind, parameter count and config (image_size: as for `load_model`; shown as
     the checkpoint's own size, resampling is not applied here)."""
+    if Path(path).suffix.lower() == ".onnx":
+        return onnx_info(path)
     from vitlab.checkpoint.formats import read_checkpoint
 
     config, state, kind = read_checkpoint(path, {"num_heads": num_heads} if num_heads else None, image_size)
@@ -70,13 +72,30 @@ def checkpoint_info(path: str | Path, num_heads: int | None = None,
                 config=config.to_dict())
 
 
+def onnx_info(path: str | Path) -> dict[str, Any]:
+    """What an ONNX export by `vitlab export` holds: its config and input contract, from the metadata it carries."""
+    from vitlab.export.onnx import OnnxClassifier
+    from vitlab.models.registry import model_stats
+
+    runtime = OnnxClassifier(path, threads=1)
+    config = runtime.config
+    return dict(path=str(path), kind="onnx" + (" int8" if runtime.metadata.get("int8") else ""),
+                params_m=model_stats(config)[0] / 1e6, config=config.to_dict(),
+                input=runtime.metadata["input"], input_layout=runtime.metadata["input_layout"],
+                batch_size=runtime.metadata.get("batch_size"))
+
+
 def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
-            image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> dict[str, Any]:
-    """Load any checkpoint, write it as `to`, read the written one back and compare logits on a random batch."""
+            image_size: int | tuple[int, int] | None = None, num_heads: int | None = None,
+            force: bool = False) -> dict[str, Any]:
+    """Load any checkpoint, write it as `to`, read the written one back and compare logits on a random batch.
+    An existing output is replaced only with `force`, the input never (`check_overwrite`)."""
     import torch
 
-    from vitlab.checkpoint.formats import export_checkpoint, load_model, model_from_state, read_checkpoint
+    from vitlab.checkpoint.formats import (check_overwrite, export_checkpoint, load_model, model_from_state,
+                                           read_checkpoint)
 
+    check_overwrite(input_path, output_path, to, force)
     config, state, kind = read_checkpoint(input_path, {"num_heads": num_heads} if num_heads else None, image_size)
     model = model_from_state(config, state, str(input_path), image_size=image_size)
     written = export_checkpoint(model, output_path, to=to)
@@ -86,5 +105,12 @@ def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
     with torch.no_grad():
         difference = (model(images) - reloaded(images)).abs().max().item() if model.config.num_classes else \
             (model.forward_features(images) - reloaded.forward_features(images)).abs().max().item()
+    notes = []
+    if to == "hf" and model.config.in_chans != 3:
+        notes.append(f"transformers' image processors give RGB pixels and this model takes {model.config.in_chans} "
+                     "channel(s), so pipeline() cannot run it as it is; feed it pixel_values you prepare yourself")
+    if to == "hf" and model.config.image_size[0] != model.config.image_size[1]:
+        notes.append("for a non-square input the written preprocessor resizes the shorter side to the longer input "
+                     "side and centre-crops, which crops a little more than vitlab predict from images of other shapes")
     return dict(input=str(input_path), kind=kind, output=str(written), model=describe(model.config),
-                max_abs_diff=difference)
+                max_abs_diff=difference, notes=notes)

@@ -17,7 +17,7 @@ from vitlab.checkpoint.io import (FORMAT_NAME, atomic_write_bytes, config_from_m
                                   read_json, read_npz, read_safetensors, read_torch_file, save_model,
                                   save_state_dict, sniff)
 from vitlab.config import ViTConfig
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import CheckpointError, ConfigError, UsageError
 from vitlab.models.vit import VisionTransformer
 
 # HF `model_type`s whose config.json vitlab reads beside the weights.
@@ -181,6 +181,45 @@ def model_from_state(
     return model.to(device).eval()
 
 
+HF_FILES = ("model.safetensors", "config.json", "preprocessor_config.json")
+
+
+def output_files(out: str | Path, to: str) -> list[Path]:
+    """The files `export_checkpoint(model, out, to)` will write, after checking that `out` is the kind of path
+    `to` writes: one .safetensors file for vitlab and timm (timm's with a .json of constructor arguments beside
+    it), a folder for hf."""
+    out = Path(out)
+    if to in ("vitlab", "timm"):
+        if out.is_dir():
+            raise UsageError(f"{out} is a folder; --to {to} writes one file: give its name, e.g. "
+                             f"{out / ('model.safetensors' if to == 'vitlab' else 'model-timm.safetensors')}")
+        if out.suffix != ".safetensors":
+            raise UsageError(f"--to {to} writes a safetensors file: name the output *.safetensors, not {out.name}"
+                             + (" (--to hf writes a folder)" if not out.suffix else ""))
+        return [out] if to == "vitlab" else [out, out.with_suffix(".json")]
+    if to == "hf":
+        if out.suffix in (".safetensors", ".json", ".bin", ".pt", ".pth", ".npz", ".onnx") or out.is_file():
+            raise UsageError(f"--to hf writes a folder (model.safetensors, config.json, preprocessor_config.json); "
+                             f"{out} names a file: give a folder name")
+        return [out / name for name in HF_FILES]
+    raise ConfigError(f"unknown export format {to!r}; choose vitlab, timm or hf")
+
+
+def check_overwrite(input_path: str | Path, out: str | Path, to: str, force: bool = False) -> list[Path]:
+    """The files a conversion will write, refused before anything is read when one of them is the checkpoint
+    being read, or exists and `force` is not given."""
+    targets = output_files(out, to)
+    source = resolve_weights(Path(input_path))[0].resolve()
+    for target in targets:
+        if target.resolve() == source:
+            raise UsageError(f"{target} is the checkpoint being converted; write the conversion somewhere else")
+    existing = [str(target) for target in targets if target.exists()]
+    if existing and not force:
+        raise UsageError(f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; choose another "
+                         "output or add --force to replace it")
+    return targets
+
+
 def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitlab") -> Path:
     """Write `model` as `to`: "vitlab" (one safetensors file with config), "timm" (safetensors state dict with
     timm key names + `<name>.json` of timm constructor arguments) or "hf" (a `save_pretrained`-style folder).
@@ -199,5 +238,7 @@ def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitl
         out.mkdir(parents=True, exist_ok=True)
         save_state_dict(state, out / "model.safetensors", {"format": "pt"})
         atomic_write_bytes(out / "config.json", json.dumps(hf.hf_config_dict(model.config), indent=2).encode())
+        atomic_write_bytes(out / "preprocessor_config.json",
+                           json.dumps(hf.hf_preprocessor_dict(model.config), indent=2).encode())
         return out
     raise ConfigError(f"unknown export format {to!r}; choose vitlab, timm or hf")

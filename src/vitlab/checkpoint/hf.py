@@ -189,8 +189,9 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
     if config.resnet_layers is not None or not config.class_token or config.classifier != "token" or config.fc_norm:
         raise CheckpointError("Hugging Face's ViT has a class-token head only: hybrids, 'gap' and fc_norm models "
                               "cannot be exported to it; export to timm instead")
-    if config.pos_embed != "learned" or config.patch_size[0] != config.patch_size[1] or config.image_size[0] != config.image_size[1]:
-        raise CheckpointError("Hugging Face's ViT config holds square image and patch sizes only")
+    if config.pos_embed != "learned":
+        raise CheckpointError("Hugging Face's ViT has a learned position table only; a fixed sin-cos one is exported "
+                              "to timm or kept in vitlab's format")
     if config.representation_size and config.num_classes:
         raise CheckpointError("Hugging Face's ViTForImageClassification has no pre-logits layer; remove it first")
     out: dict[str, torch.Tensor] = {}
@@ -233,9 +234,37 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
         "num_attention_heads": config.num_heads, "intermediate_size": config.mlp_dim,
         "hidden_act": "gelu" if config.mlp_activation == "gelu" else "gelu_pytorch_tanh",
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,
-        "layer_norm_eps": config.layer_norm_eps, "image_size": config.image_size[0],
-        "patch_size": config.patch_size[0], "num_channels": config.in_chans, "qkv_bias": config.qkv_bias,
+        "layer_norm_eps": config.layer_norm_eps, "image_size": side_or_pair(config.image_size),
+        "patch_size": side_or_pair(config.patch_size), "num_channels": config.in_chans, "qkv_bias": config.qkv_bias,
         "encoder_stride": config.patch_size[0],
         "id2label": {str(i): name for i, name in enumerate(names)},
         "label2id": {name: i for i, name in enumerate(names)},
+    }
+
+
+def side_or_pair(size: tuple[int, int]) -> int | list[int]:
+    """HF configs hold a square size as one number and take [height, width] for any other."""
+    return size[0] if size[0] == size[1] else list(size)
+
+
+# PIL's resampling filter numbers, as HF image processors store them.
+PIL_BICUBIC = 3
+
+
+def hf_preprocessor_dict(config: ViTConfig) -> dict[str, Any]:
+    """The `preprocessor_config.json` that makes `AutoImageProcessor` and `pipeline("image-classification")`
+    prepare images as `vitlab predict` does: the shorter side resized (bicubic) to cover the input, the centre
+    cropped, pixels / 255, then (x - mean) / std. It is the BitImageProcessor (what DINOv2 ships): ViT's own
+    processor stretches an image to the input size instead of cropping. For a non-square input the shorter side
+    goes to the longer input side, which crops a little more than vitlab does from images of other shapes."""
+    mean, std = config.image_mean, config.image_std
+    return {
+        "image_processor_type": "BitImageProcessor",
+        "do_convert_rgb": config.in_chans == 3,
+        "do_resize": True, "size": {"shortest_edge": max(config.image_size)}, "resample": PIL_BICUBIC,
+        "do_center_crop": True, "crop_size": {"height": config.image_size[0], "width": config.image_size[1]},
+        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(mean) * (config.in_chans if len(mean) == 1 else 1),
+        "image_std": list(std) * (config.in_chans if len(std) == 1 else 1),
     }

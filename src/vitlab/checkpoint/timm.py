@@ -159,8 +159,9 @@ def prefix_rows_in_table(rows: int, prefix: int, patch_size: tuple[int, int], st
 def timm_model_args(config: ViTConfig) -> dict[str, Any]:
     """timm `VisionTransformer(**args)` arguments that rebuild `config` (plain ViT only)."""
     if config.resnet_layers is not None:
-        raise CheckpointError("timm builds hybrids from a separate ResNetV2 object, not from constructor "
-                              "arguments; the exported weights use timm's key names, build the model in timm by name")
+        raise CheckpointError("vitlab does not export hybrids to timm (timm builds them from a separate ResNetV2 "
+                              "backbone, which its constructor arguments cannot describe), so nothing was written; "
+                              "keep vitlab's format: vitlab convert CHECKPOINT OUT.safetensors")
     if config.layer_norm_eps != (1e-5 if config.pre_norm else 1e-6) or config.pos_embed != "learned":
         warnings.warn("timm's constructor arguments cannot express layer_norm_eps != 1e-6 or a fixed sin-cos "
                       "position embedding; the weights file carries vitlab's exact config, but a model built in "

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.data.datasets import ImageDataset
-from vitlab.data.preprocess import prepare
+from vitlab.data.preprocess import prepare, to_unit_range
 from vitlab.train.distributed import DistEnv, all_reduce_sum
 
 
@@ -35,24 +35,34 @@ def require_head(config, checkpoint: str = "the model") -> None:
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: ImageDataset, batch_size: int = 512, env: DistEnv | None = None,
              precision: str = "fp32") -> dict[str, Any]:
-    """Metrics of `model` (a VisionTransformer, possibly wrapped) on all of `dataset`."""
+    """Metrics of `model` (a VisionTransformer, possibly wrapped, or an ONNX Runtime `OnnxClassifier`) on all of
+    `dataset`."""
     env = env or DistEnv()
     core = getattr(model, "module", model)
     config = core.config
-    was_training = core.training
-    model.eval()
+    torch_model = isinstance(model, nn.Module)
+    was_training = torch_model and core.training
+    if torch_model:
+        model.eval()
     num_classes = dataset.num_classes
-    device = next(core.parameters()).device
+    if num_classes > config.num_classes:
+        from vitlab.errors import DataError
+
+        raise DataError(f"the data have {num_classes} classes but the model's head has {config.num_classes}")
+    device = next(core.parameters()).device if torch_model else torch.device("cpu")
     share = -(-len(dataset) // env.world_size)
     start, stop = env.rank * share, min(len(dataset), (env.rank + 1) * share)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=device)
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, top-5 hits
     for first in range(start, stop, batch_size):
         rows = slice(first, min(first + batch_size, stop))
-        images = prepare(dataset.images[rows], dataset.max_value, config).to(device)
         labels = dataset.labels[rows].to(device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = model(images)
+        if not torch_model:
+            logits = model.classify_unit(to_unit_range(dataset.images[rows], dataset.max_value, config))
+        else:
+            images = prepare(dataset.images[rows], dataset.max_value, config).to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                logits = model(images)
         logits = logits.float()[:, :num_classes]
         sums[0] += F.cross_entropy(logits, labels, reduction="sum").double()
         top = logits.topk(min(5, num_classes), dim=1).indices

@@ -29,6 +29,36 @@ def collect_images(inputs: Iterable[str | Path]) -> list[Path]:
     return files
 
 
+def load_classifier(path: str | Path, backend: str | None = None, image_size: int | tuple[int, int] | None = None,
+                    num_heads: int | None = None):
+    """A model to classify with: a VisionTransformer (backend torch) or an `OnnxClassifier` (backend onnx). With
+    no backend a .onnx file picks onnx; with onnx a run folder (or a checkpoint file) means the model.onnx that
+    `vitlab export` wrote beside it."""
+    from vitlab.checkpoint import load_model
+    from vitlab.errors import UsageError
+
+    path = Path(path)
+    is_onnx = path.suffix.lower() == ".onnx"
+    if backend is None:
+        backend = "onnx" if is_onnx else "torch"
+    if backend == "torch":
+        if is_onnx:
+            raise UsageError(f"{path} is an ONNX export; run it with --backend onnx (or leave --backend out)")
+        return load_model(path, image_size=image_size, num_heads=num_heads)
+    from vitlab.export.onnx import OnnxClassifier
+
+    if not is_onnx:
+        exported = path / "model.onnx" if path.is_dir() else path.with_suffix(".onnx")
+        if not exported.is_file():
+            raise UsageError(f"--backend onnx runs an ONNX export, and {exported} does not exist; make it with: "
+                             f"vitlab export {path}")
+        path = exported
+    if image_size is not None or num_heads is not None:
+        raise UsageError(f"{path} is an ONNX export with its input size fixed at export; drop --image-size and "
+                         "--num-heads (export again with --image-size to change it)")
+    return OnnxClassifier(path)
+
+
 @torch.no_grad()
 def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int = 64) -> list[dict[str, Any]]:
     """One row per input image: {"path", "predictions": [{"label", "index", "probability"}, ...]}, or

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vitlab.checkpoint import load_model
 from vitlab.checkpoint.io import atomic_write_bytes
 from vitlab.config import ViTConfig
 from vitlab.data.datasets import ImageDataset, has_official_validation, load_dataset, load_splits
@@ -36,11 +35,18 @@ def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_d
     return data
 
 
-def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir: str | None = None, split: str = "test",
-                   out: str | Path | None = None, batch_size: int = 256, classes: list[int] | None = None,
-                   image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> dict[str, Any]:
-    """Metrics of a checkpoint on a data set; for a run folder the data set (and class subset) default to the
-    ones it trained on. image_size / num_heads: as for `load_model`."""
+def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_dir: str | None = None,
+                   split: str = "test", out: str | Path | None = None, batch_size: int = 256,
+                   classes: list[int] | None = None, image_size: int | tuple[int, int] | None = None,
+                   num_heads: int | None = None, backend: str | None = None) -> dict[str, Any]:
+    """Metrics of a checkpoint (or ONNX export: `backend`, as for `load_classifier`) on a data set; for a run
+    folder the data set (and class subset) default to the ones it trained on. image_size / num_heads: as for
+    `load_model`."""
+    from vitlab.errors import UsageError
+    from vitlab.eval.predict import load_classifier
+
+    if not Path(checkpoint).exists():
+        raise UsageError(f"{checkpoint}: no such file or folder")
     run_config = Path(checkpoint) / "train_config.json"
     trained = json.loads(run_config.read_text()) if run_config.is_file() else None
     if dataset is None:
@@ -48,8 +54,12 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, data_dir:
             raise DataError(f"{checkpoint} is not a run folder; say which data set to evaluate on with --dataset")
         dataset, data_dir = trained["dataset"], data_dir or trained.get("data_dir")
         classes = classes if classes is not None else trained.get("classes")
-    model = load_model(checkpoint, image_size=image_size, num_heads=num_heads)
+    model = load_classifier(checkpoint, backend, image_size, num_heads)
     require_head(model.config, str(checkpoint))
+    if classes is not None and len(classes) != model.config.num_classes:
+        raise DataError(f"--classes picks {len(classes)} classes but {checkpoint} has a {model.config.num_classes}-class "
+                        f"head; give {model.config.num_classes} classes, or fine-tune on these {len(classes)} first "
+                        f"(vitlab finetune --from {checkpoint} --dataset {dataset} --classes ...)")
     data = evaluation_data(model.config, dataset, split, data_dir, classes, trained)
     metrics = evaluate(model, data, batch_size)
     source = Path(checkpoint)

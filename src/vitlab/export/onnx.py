@@ -66,6 +66,21 @@ class PreprocessAndClassify(nn.Module):
         return self.model(normalize(images, self.model.config))
 
 
+def input_contract(config: ViTConfig, preprocess: bool, dynamic_size: bool) -> str:
+    """What the graph's input must be, exactly: dtype, layout, channel order, size and the normalisation, so that
+    code outside vitlab can feed it."""
+    channels = {1: "grey", 3: "RGB"}.get(config.in_chans, f"{config.in_chans}-channel")
+    if preprocess:
+        return (f"uint8 {channels} pixels (B, {config.in_chans}, H, W), any H and W; the graph resizes them to "
+                f"{config.image_size[0]}x{config.image_size[1]} (bilinear, antialiased) and normalises")
+    mean = ", ".join(f"{v:g}" for v in config.image_mean)
+    std = ", ".join(f"{v:g}" for v in config.image_std)
+    size = ("sides multiples of {}x{}".format(*patch_steps(config)) if dynamic_size
+            else "{}x{}".format(*config.image_size))
+    return (f"float32 {channels} (B, {config.in_chans}, H, W) at {size}: pixels / 255, then (x - mean) / std per "
+            f"channel with mean ({mean}) and std ({std})")
+
+
 def patch_steps(config: ViTConfig) -> tuple[int, int]:
     """The input-pixel step between patch-grid sizes: the patch size, times the ResNet stem's stride on a hybrid."""
     stride = stem_stride(config.resnet_layers)
@@ -129,9 +144,7 @@ def export_onnx(
     metadata = {
         "config": config.to_dict(),
         "input": input_name,
-        "input_layout": "uint8 pixels (B, C, H, W), any H and W" if preprocess else (
-            "normalised float32 (B, C, H, W)" + (", sides multiples of the patch size" if dynamic_size else
-                                                 f" at {height}x{width}")),
+        "input_layout": input_contract(config, preprocess, dynamic_size),
         "preprocess": preprocess,
         "dynamic_batch": dynamic_batch,
         "batch_size": None if dynamic_batch else batch_size,
@@ -232,6 +245,15 @@ class OnnxClassifier:
             outputs.append(self.session.run(None, {self.input_name: padded})[0][:len(chunk)])
         return torch.from_numpy(np.concatenate(outputs))
 
+    def classify_unit(self, images: torch.Tensor) -> torch.Tensor:
+        """float images (B, C, H, W) in [0, 1] at the model's size -> logits (a graph with preprocessing baked in
+        gets them as the uint8 pixels it takes)."""
+        if self.preprocess:
+            return self((images * 255).round().clamp(0, 255).to(torch.uint8))
+        from vitlab.data.preprocess import normalize
+
+        return self(normalize(images, self.config))
+
     def classify_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 pixels (B, C, H, W) at the model's size -> logits, preprocessing in the graph or here."""
         if self.preprocess:
@@ -299,7 +321,7 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
     return {"int8": bool(runtime.metadata["int8"]), "checks": results}
 
 
-def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, dynamic_batch: bool = False,
+def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, dynamic_batch: bool = True,
                dynamic_size: bool = False, int8: bool = False, batch_size: int = 1,
                pixels: torch.Tensor | None = None, tolerance: float = 1e-4) -> dict[str, Any]:
     """`vitlab export`: export, check against PyTorch on real images (`pixels`, default `validation_pixels`), and

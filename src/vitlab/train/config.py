@@ -99,7 +99,15 @@ class TrainConfig:
         self.check_optional_fields()
 
     def check_optional_fields(self) -> None:
-        """Fields whose default is None accept any type through --set; check them here, not deep in training."""
+        """Fields whose default is None accept any type through --set; check them here, not deep in training.
+        The command line's text forms are accepted too: classes "5-9" or "1,3,5", image_size "48x32"."""
+        from vitlab.config import parse_classes, parse_image_size
+
+        if isinstance(self.classes, str):
+            self.classes = parse_classes(self.classes)
+        if isinstance(self.image_size, str):
+            size = parse_image_size(self.image_size)
+            self.image_size = size if isinstance(size, int) else list(size)
         def whole(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 
@@ -189,10 +197,24 @@ def apply_overrides(config: TrainConfig, assignments: list[str]) -> TrainConfig:
 
 
 def load_recipe(path: str | Path) -> TrainConfig:
-    """Run a recipe file and return its module-level `config` (a TrainConfig)."""
+    """The TrainConfig of a recipe: a Python file (configs/*.py) defining `config = TrainConfig(...)`, or the JSON
+    a run wrote (RUN/train_config.json), whose run_name is dropped so that the new run gets a folder of its own."""
     path = Path(path)
+    if path.is_dir() and (path / "train_config.json").is_file():
+        path = path / "train_config.json"
     if not path.is_file():
-        raise ConfigError(f"recipe {path} does not exist; the recipes are in configs/")
+        raise ConfigError(f"recipe {path} does not exist; the recipes are in configs/, and a run's is "
+                          "RUN/train_config.json")
+    if path.suffix == ".json":
+        import json
+
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ConfigError(f"recipe {path} is not valid JSON ({error})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"recipe {path} must hold a JSON object of TrainConfig fields")
+        return TrainConfig.from_dict({**data, "run_name": None})
     spec = importlib.util.spec_from_file_location(f"vitlab_recipe_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

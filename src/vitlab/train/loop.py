@@ -124,6 +124,7 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signal: int | None = None  # the first stop signal received: SIGINT (Ctrl-C) exits 130, SIGTERM 0
         self.previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopFlag":
@@ -141,6 +142,7 @@ class StopFlag:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested = True
+        self.signal = self.signal or signum
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self.previous.items():
@@ -364,11 +366,14 @@ def read_metrics(path: Path, before_epoch: int | None = None) -> list[dict[str, 
     return rows
 
 
-def train(config: TrainConfig, resume: str | Path | None = None, use_previous: bool = False) -> dict[str, Any]:
-    """Train a recipe (or resume a run folder) to the end; returns the summary (also written to the run)."""
+def train(config: TrainConfig, resume: str | Path | None = None, use_previous: bool = False,
+          epochs: int | None = None) -> dict[str, Any]:
+    """Train a recipe (or resume a run folder) to the end; returns the summary (also written to the run).
+    epochs: with `resume`, a new length for the run (e.g. to extend a finished one); the learning rate then
+    follows the schedule of a run of that length from where the run stands."""
     env = init_distributed()
     try:
-        summary = _train(config, resume, use_previous, env)
+        summary = _train(config, resume, use_previous, env, epochs)
         # Leave together: rank 0 may still be writing (a stop's checkpoint, the final report) when the others
         # return, and a worker that tore down its process group and exited meanwhile was once seen to abort in
         # the teardown ("terminate called without an active exception", exit -6) after a SIGTERM stop.
@@ -378,12 +383,20 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
         cleanup(env)
 
 
-def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, env: DistEnv) -> dict[str, Any]:
+def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, env: DistEnv,
+           new_epochs: int | None = None) -> dict[str, Any]:
     state = None
+    old_epochs = None
     if resume is not None:
         run_dir = Path(resume)
         state = load_training_state(run_dir, allow_previous=use_previous)
         config = TrainConfig.from_dict(json.loads(state["train_config"]))
+        if new_epochs is not None and new_epochs != config.epochs:
+            done = state["epoch"] + (1 if state["step_in_epoch"] else 0)
+            if new_epochs < done:
+                raise ConfigError(f"{run_dir} has already trained {done} epochs; --epochs must be at least that "
+                                  f"to extend it (the recipe's length is {config.epochs})")
+            old_epochs, config.epochs = config.epochs, new_epochs
     torch.set_num_threads(config.threads or default_threads(env))
     torch.manual_seed(config.seed + env.rank)
     if config.tensorboard and env.is_main:
@@ -430,6 +443,15 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if old_epochs is not None:  # the new length's schedule applies from the very next step
+            previous_lr = optimizer.param_groups[-1]["lr"]
+            for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+                group["lr"] = base_lr * factor(scheduler.last_epoch)
+            scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+            if env.is_main:
+                print(f"extending {run_dir} from {old_epochs} to {config.epochs} epochs: the learning rate now follows "
+                      f"a {config.epochs}-epoch schedule, {previous_lr:.2e} -> {optimizer.param_groups[-1]['lr']:.2e} "
+                      f"at step {scheduler.last_epoch} of {total_steps}")
         if ema is not None and state["ema"] is not None:
             ema.state = {k: v.to(env.device) for k, v in state["ema"].items()}
         position = Position(
@@ -496,7 +518,8 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
                                         checkpoints)
                     print(f"stopped at epoch {epoch + 1}, step {position.step_in_epoch}; state saved. "
                           f"Resume with: vitlab train --resume {run_dir}")
-                return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch, "step": position.step_in_epoch}
+                return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch, "step": position.step_in_epoch,
+                        "signal": stop.signal}
             if ema is not None:
                 ema.copy_to(eval_model)
             loss_sum, correct, count = position.epoch_sums
@@ -539,7 +562,8 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
             if any_rank(stop.requested, env) and epoch + 1 < config.epochs:
                 if env.is_main:
                     print(f"stopped after epoch {epoch + 1}; state saved. Resume with: vitlab train --resume {run_dir}")
-                return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch + 1, "step": 0}
+                return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch + 1, "step": 0,
+                        "signal": stop.signal}
     final_model = eval_model or core
     results = final_results(final_model, splits, checkpoints / "best.safetensors", position, config, env)
     replica_diff = replica_difference(core, env)
