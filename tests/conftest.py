@@ -46,3 +46,18 @@ def reference_io(name: str) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """A finished 2-epoch digits run of a one-block model (about 2 s), shared by tests that only read a run
+    folder. Tests that change it copy it first."""
+    from vitlab.train.config import TrainConfig
+    from vitlab.train.loop import train
+
+    out = tmp_path_factory.mktemp("runs")
+    config = TrainConfig(epochs=2, warmup_epochs=1, run_name="tiny", out_dir=str(out), threads=1, progress=False,
+                         model_overrides=dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32))
+    summary = train(config)
+    assert summary["status"] == "finished"
+    return out / "tiny"

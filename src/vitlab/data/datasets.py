@@ -268,9 +268,14 @@ def read_image(path: Path, image_size: tuple[int, int], channels: int = 3) -> to
                     image = image.convert("RGBA")
                 image = image.convert("RGB" if channels == 3 else "L")  # also CMYK, YCbCr, RGBA (alpha dropped)
                 height, width = image_size
-                scale = max(height / image.height, width / image.width)
-                resized = image.resize((max(width, round(image.width * scale)), max(height, round(image.height * scale))),
-                                       Image.Resampling.BICUBIC)
+                # The axis that needs the larger scale goes to its size exactly, the other keeps the aspect ratio,
+                # rounded down as torchvision's Resize and Hugging Face's image processors do (so that an HF export's
+                # preprocessor_config.json reproduces this crop to the pixel).
+                if height * image.width >= width * image.height:
+                    new_height, new_width = height, int(height * image.width / image.height)
+                else:
+                    new_height, new_width = int(width * image.height / image.width), width
+                resized = image.resize((max(width, new_width), max(height, new_height)), Image.Resampling.BICUBIC)
                 left, top = (resized.width - width) // 2, (resized.height - height) // 2
                 array = np.asarray(resized.crop((left, top, left + width, top + height)), dtype=np.uint8)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:

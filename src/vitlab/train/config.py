@@ -105,6 +105,8 @@ class TrainConfig:
 
         if isinstance(self.classes, str):
             self.classes = parse_classes(self.classes)
+        elif isinstance(self.classes, tuple):  # --set classes=1,3 reads as a Python tuple
+            self.classes = list(self.classes)
         if isinstance(self.image_size, str):
             size = parse_image_size(self.image_size)
             self.image_size = size if isinstance(size, int) else list(size)
