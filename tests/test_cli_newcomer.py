@@ -118,3 +118,73 @@ def test_models_accepts_a_size_some_patches_do_not_divide(capsys):
     assert main(["models", "--image-size", "384"]) == 0
     out = capsys.readouterr().out
     assert "note: H/14: patch 14 does not divide 384x384; shown at 378x378" in out
+
+
+def test_a_runs_json_recipe_trains_again_in_a_new_folder(tiny_run, tmp_path, capsys):
+    assert main(["train", "--config", str(tiny_run / "train_config.json"), "--epochs", "1",
+                 "--out-dir", str(tmp_path)]) == 0
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    again = json.loads((run / "train_config.json").read_text())
+    first = json.loads((tiny_run / "train_config.json").read_text())
+    assert run.name.startswith("digits-") and again["model_overrides"] == first["model_overrides"]
+    assert again["epochs"] == 1
+
+
+def test_a_finished_run_is_extended_with_resume_and_epochs(tiny_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    assert main(["train", "--resume", str(run), "--epochs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"extending {run} from 2 to 3 epochs: the learning rate now follows a 3-epoch schedule" in out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2, 3]
+    assert json.loads((run / "train_config.json").read_text())["epochs"] == 3
+    assert json.loads((run / "summary.json").read_text())["epochs"] == 3
+    assert main(["train", "--resume", str(run), "--epochs", "2"]) == 2
+    assert "already trained 3 epochs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [["--model", "Ti/16"], ["--data-dir", "x"], ["--out-dir", "x"], ["--set", "lr=1"]])
+def test_resume_refuses_flags_it_would_ignore(tiny_run, flag, capsys):
+    assert main(["train", "--resume", str(tiny_run), *flag]) == 2
+    assert f"drop {flag[0]}" in capsys.readouterr().err
+    assert main(["finetune", "--resume", str(tiny_run), "--dataset", "digits"]) == 2
+    assert "drop --dataset" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_train_saves_and_exits_130(tmp_path):
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set",
+                                "run_name=c", "--epochs", "400", "--set", "threads=1", "--set",
+                                "model_overrides={'embed_dim': 16, 'depth': 1, 'num_heads': 2, 'mlp_dim': 32}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "c" / "checkpoints" / "last.pt").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "state saved. Resume with: vitlab train --resume" in out
+
+
+def test_eval_and_info_take_an_onnx_export(tiny_run, tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    assert main(["export", str(run)]) == 0
+    printed = capsys.readouterr().out
+    assert "batch any" in printed and "(x - mean) / std per channel with mean (0.5) and std (0.5)" in printed
+    assert main(["eval", str(run), "--json"]) == 0
+    torch_report = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(run / "model.onnx"), "--dataset", "digits", "--json"]) == 0
+    onnx_report = json.loads(capsys.readouterr().out)
+    assert onnx_report["count"] == torch_report["count"]
+    assert abs(onnx_report["top1"] - torch_report["top1"]) <= 1 / torch_report["count"]
+    assert main(["eval", str(run), "--backend", "onnx", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["top1"] == onnx_report["top1"]
+    assert main(["info", str(run / "model.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "onnx checkpoint" in out and "input 'images': float32 grey (B, 1, H, W) at 8x8" in out
