@@ -188,3 +188,102 @@ def test_eval_and_info_take_an_onnx_export(tiny_run, tmp_path, capsys):
     assert main(["info", str(run / "model.onnx")]) == 0
     out = capsys.readouterr().out
     assert "onnx checkpoint" in out and "input 'images': float32 grey (B, 1, H, W) at 8x8" in out
+
+
+def test_short_runs_say_what_the_schedule_and_batch_cannot_do():
+    from vitlab.train.loop import fit_schedule
+
+    warmup, notes = fit_schedule(TrainConfig(epochs=1, warmup_epochs=2), train_images=1294, steps_per_epoch=10)
+    assert warmup == 2 and "warm-up is longer than this 1-epoch run" in notes[0]
+    assert "10 optimizer steps in all" in notes[1]
+    warmup, notes = fit_schedule(TrainConfig(epochs=3, warmup_epochs=1), train_images=240, steps_per_epoch=1)
+    assert "240 training images at batch 128 make 1 optimizer step(s) per epoch" in notes[-1]
+    assert "112 images are left out of each epoch" in notes[-1] and "--set batch_size=16" in notes[-1]
+    warmup, notes = fit_schedule(TrainConfig(epochs=150, warmup_epochs=5), train_images=1294, steps_per_epoch=10)
+    assert warmup == 50 and notes == []  # the recipe itself: nothing to say
+
+
+def test_a_failed_start_leaves_no_run_folder(tmp_path):
+    result = vitlab("train", "--out-dir", tmp_path / "runs", "--set", "batch_size=4096")
+    assert result.returncode == 2 and "larger than the 1294 training images" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_files_are_written_with_the_users_umask(tiny_run):
+    import os
+
+    from vitlab.checkpoint.io import current_umask
+
+    expected = 0o666 & ~current_umask()
+    for name in ("model.safetensors", "train_config.json", "summary.json", "summary.txt",
+                 "checkpoints/best.safetensors", "checkpoints/last.pt"):
+        assert os.stat(tiny_run / name).st_mode & 0o777 == expected, name
+
+
+def test_logs_without_a_terminal_get_progress_lines_within_an_epoch(tmp_path):
+    result = vitlab("train", "--out-dir", tmp_path, "--epochs", "1", "--set", "batch_size=16", "--set",
+                    "log_every_steps=20", "--set", "model_overrides={'embed_dim': 16, 'depth': 1, 'num_heads': 2, "
+                    "'mlp_dim': 32}")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "step " in line and "/80" in line]
+    assert [line.split()[3] for line in lines] == ["20/80", "40/80", "60/80"]
+    assert all("epoch" in line and "left, run" in line for line in lines)
+
+
+def test_a_training_state_is_not_taken_for_a_timm_file(tiny_run, capsys):
+    assert main(["info", str(tiny_run / "checkpoints" / "last.pt")]) == 1
+    err = capsys.readouterr().err
+    assert "is a vitlab training state" in err and f"give the run folder {tiny_run}" in err
+
+
+def test_the_digits_preset_is_the_grey_model_the_recipe_trains(tiny_run):
+    from vitlab.checkpoint import load_model
+    from vitlab.models import create_model
+
+    assert create_model("digits-8").config.in_chans == 1 == load_model(tiny_run).config.in_chans
+
+
+def test_a_channel_mismatch_names_channels():
+    import torch
+
+    from vitlab.errors import UsageError
+    from vitlab.models import create_model
+
+    with pytest.raises(UsageError, match=r"takes 1-channel images .* \(3 channels\); convert them \(grey"):
+        create_model("digits-8")(torch.zeros(1, 3, 8, 8))
+
+
+def test_eval_with_classes_that_do_not_fit_the_head_says_so(tiny_run, capsys):
+    assert main(["eval", str(tiny_run), "--classes", "0-4"]) == 2
+    assert "--classes picks 5 classes but" in capsys.readouterr().err
+
+
+def test_analyze_carries_on_past_an_unreadable_image(tiny_run, images, tmp_path, capsys):
+    (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    assert main(["analyze", str(tiny_run), "--images", str(images), "--out", str(tmp_path / "a")]) == 0
+    captured = capsys.readouterr()
+    assert "analysed" in captured.out and "(1 unreadable skipped)" in captured.out
+    assert f"skipped {images / 'broken.png'}" in captured.err
+
+
+def test_curves_of_a_one_epoch_run_show_their_points(tmp_path):
+    from vitlab import plots
+
+    history = [dict(epoch=1, train_loss=2.3, train_top1=0.1, val_loss=2.2, val_top1=0.2)]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    captured = {}
+    original = matplotlib.figure.Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        captured["lines"] = [line for axis in figure.axes for line in axis.get_lines()]
+        captured["xlim"] = figure.axes[0].get_xlim()
+        return original(figure, *args, **kwargs)
+
+    matplotlib.figure.Figure.savefig = keep
+    try:
+        plots.plot_training_curves(history, tmp_path / "curves.png")
+    finally:
+        matplotlib.figure.Figure.savefig = original
+    assert all(line.get_marker() == "o" for line in captured["lines"]) and captured["xlim"] == (0, 2)

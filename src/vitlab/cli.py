@@ -341,7 +341,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     summary = analyze(args.checkpoint, args.images, args.out, args.data_dir, args.num_images,
                       args.distance_images, image_size=args.image_size, num_heads=args.num_heads)
     per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
-    print(f"analysed {summary['checkpoint']} on {summary['images_for_distance']} images")
+    for item in summary["skipped"]:
+        print(f"skipped {item['path']}: {item['error']}", file=sys.stderr)
+    print(f"analysed {summary['checkpoint']} on {summary['images_for_distance']} images"
+          + (f" ({len(summary['skipped'])} unreadable skipped)" if summary["skipped"] else ""))
     print(f"  mean attention distance per layer (pixels): {per_layer}")
     for name, path in summary["files"].items():
         print(f"  {name:<22} {path}")

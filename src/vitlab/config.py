@@ -333,9 +333,9 @@ HYBRIDS: dict[str, dict[str, Any]] = {
 
 # Small-image presets for training from scratch on a CPU: names say the input size they are made for.
 SMALL_PRESETS: dict[str, dict[str, Any]] = {
-    # 8x8 digits: 2x2 patches give a 4x4 grid of 16 tokens.
+    # 8x8 grey digits: 2x2 patches give a 4x4 grid of 16 tokens.
     "digits-8": dict(image_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4, mlp_dim=128,
-                     num_classes=10, in_chans=3),
+                     num_classes=10, in_chans=1),  # grey, as the digits recipe trains it
     # 28x28 grey MNIST / Fashion-MNIST: 7x7 patches give a 4x4 grid, 16 tokens + the class token. Chosen on
     # MNIST validation accuracy per CPU-second over 4x4 patches (49 tokens, 3.3x the cost per image at the same
     # width; configs/mnist.py).

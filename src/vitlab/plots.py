@@ -20,19 +20,28 @@ def plot_training_curves(history: Sequence[dict[str, Any]], path: str | Path) ->
     epoch (dashed, labelled as not used for choosing)."""
     plt = _pyplot()
     epochs = [row["epoch"] for row in history]
+    from matplotlib.ticker import MaxNLocator
+
     figure, (loss_axis, acc_axis) = plt.subplots(1, 2, figsize=(10, 3.8))
-    loss_axis.plot(epochs, [row["train_loss"] for row in history], label="train")
-    acc_axis.plot(epochs, [100 * row["train_top1"] for row in history], label="train (augmented)")
+    # Markers on short runs: a line through one or two points is invisible or says nothing.
+    marker = "o" if len(epochs) <= 20 else None
+    loss_axis.plot(epochs, [row["train_loss"] for row in history], marker=marker, label="train")
+    acc_axis.plot(epochs, [100 * row["train_top1"] for row in history], marker=marker, label="train (augmented)")
     for split, label, style in (("val", "validation", "-"), ("test", "test (not used to choose)", "--")):
         rows = [row for row in history if f"{split}_top1" in row]
         if rows:
-            loss_axis.plot([r["epoch"] for r in rows], [r[f"{split}_loss"] for r in rows], style, label=label)
-            acc_axis.plot([r["epoch"] for r in rows], [100 * r[f"{split}_top1"] for r in rows], style, label=label)
+            loss_axis.plot([r["epoch"] for r in rows], [r[f"{split}_loss"] for r in rows], style, marker=marker,
+                           label=label)
+            acc_axis.plot([r["epoch"] for r in rows], [100 * r[f"{split}_top1"] for r in rows], style, marker=marker,
+                          label=label)
     loss_axis.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
     acc_axis.set(xlabel="epoch", ylabel="top-1 accuracy (%)", title="accuracy")
     for axis in (loss_axis, acc_axis):
         axis.grid(alpha=0.3)
         axis.legend()
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # no "epoch 0.8" ticks
+        if len(epochs) == 1:
+            axis.set_xlim(epochs[0] - 1, epochs[0] + 1)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

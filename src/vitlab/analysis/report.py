@@ -23,17 +23,31 @@ from vitlab.errors import DataError
 from vitlab.eval.predict import collect_images
 
 
-def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int) -> tuple[torch.Tensor, list[str] | None, list[str]]:
-    """([0, 1] images at the model's size (N, C, H, W), labels or None, names) from a data set name or paths."""
+def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int,
+                  skipped: list[dict[str, str]] | None = None) -> tuple[torch.Tensor, list[str] | None, list[str]]:
+    """([0, 1] images at the model's size (N, C, H, W), labels or None, names) from a data set name or paths.
+    An unreadable file is left out and noted in `skipped` ({"path", "error"}), as `vitlab predict` does; none
+    readable is an error."""
     if len(spec) == 1 and spec[0] in DATASET_NAMES and not Path(spec[0]).exists():
         data = load_dataset(spec[0], "test", data_dir, image_size=config.image_size, channels=config.in_chans)
         count = min(limit, len(data))
         images = to_unit_range(data.images[:count], data.max_value, config)
         labels = [data.class_names[int(i)] for i in data.labels[:count]]
         return images, labels, [f"{spec[0]} test #{i}" for i in range(count)]
-    files = collect_images(spec)[:limit]
-    pixels = [read_image(path, config.image_size, config.in_chans) for path in files]
-    return to_unit_range(torch.stack(pixels), 255.0, config), None, [path.name for path in files]
+    pixels, names = [], []
+    for path in collect_images(spec):
+        if len(pixels) == limit:
+            break
+        try:
+            pixels.append(read_image(path, config.image_size, config.in_chans))
+            names.append(path.name)
+        except DataError as error:
+            if skipped is not None:
+                skipped.append({"path": str(path), "error": str(error)})
+    if not pixels:
+        raise DataError(f"none of {', '.join(spec)} holds a readable image"
+                        + (f" ({skipped[0]['error']})" if skipped else ""))
+    return to_unit_range(torch.stack(pixels), 255.0, config), None, names
 
 
 def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | None = None, data_dir: str | None = None,
@@ -46,10 +60,9 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
     config = model.config
     source = Path(checkpoint)
     folder = Path(out) if out else (source / "analysis" if source.is_dir() else source.parent / f"analysis-{source.stem}")
-    folder.mkdir(parents=True, exist_ok=True)
-    pictures, labels, names = gather_images(images, config, data_dir, max(num_shown, num_distance_images))
-    if len(pictures) == 0:
-        raise DataError("no images to analyse")
+    skipped: list[dict[str, str]] = []
+    pictures, labels, names = gather_images(images, config, data_dir, max(num_shown, num_distance_images), skipped)
+    folder.mkdir(parents=True, exist_ok=True)  # only once there is something to analyse
     grid = config.grid_size
     # Distances in input pixels: on the hybrid a feature-map patch covers stride x P pixels.
     stride = stem_stride(config.resnet_layers)
@@ -119,7 +132,7 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
         "mean_attention_distance": distances.tolist(),
         "mean_attention_distance_per_layer": distances.mean(dim=1).tolist(),
         "filter_explained_variance": ratios.tolist() if ratios is not None else None,
-        "predictions": predictions, "files": {k: str(v) for k, v in files.items()},
+        "predictions": predictions, "files": {k: str(v) for k, v in files.items()}, "skipped": skipped,
     }
     atomic_write_bytes(folder / "analysis.json", json.dumps(summary, indent=1).encode())
     report = write_report(folder, config, summary, files)

@@ -32,6 +32,21 @@ FORMAT_VERSION = "1"
 
 
 # ------------------------------------------------------------------------------------------------ writing
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux allows (os.umask can only be read by setting it,
+    which would race with other threads' file creation)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` so that readers see the old file or the complete new one, never a partial one.
 
@@ -45,6 +60,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+            # mkstemp makes the file private (0600); give it the mode any other file of the user gets.
+            os.fchmod(handle.fileno(), 0o666 & ~current_umask())
         os.replace(tmp_name, path)
     except BaseException:
         try:
@@ -151,6 +168,11 @@ def read_torch_file(path: Path) -> dict[str, torch.Tensor]:
         ) from None
     except Exception as error:
         raise CheckpointError(f"{path}: not a readable PyTorch file ({error}); is it truncated or corrupt?") from None
+    if isinstance(loaded, dict) and {"model", "model_config", "optimizer", "train_config"} <= set(loaded):
+        run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        raise CheckpointError(f"{path} is a vitlab training state (model, optimizer and schedule, for resuming), not a "
+                              f"checkpoint to load: give the run folder {run} (its model.safetensors) instead, or "
+                              f"continue training with: vitlab train --resume {run}")
     for wrapper in ("state_dict", "model", "model_state", "module"):
         if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
             loaded = loaded[wrapper]

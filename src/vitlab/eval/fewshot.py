@@ -26,11 +26,16 @@ from vitlab.errors import DataError
 def extract_features(model, data: ImageDataset, batch_size: int = 256) -> torch.Tensor:
     """Frozen representations (N, D'): the pooled output after the final norm and the pre-logits layer, i.e.
     the input of the head, with whatever pooling (class token or mean of patches) the checkpoint's head used."""
+    from vitlab.progress import progress
+
     model.eval()
     features = []
+    bar = progress(len(data), f"features of {data.name}", unit="img")
     for first in range(0, len(data), batch_size):
         images = prepare(data.images[first:first + batch_size], data.max_value, model.config)
         features.append(model.forward_head(model.forward_features(images), pre_logits=True).double())
+        bar.update(len(images))
+    bar.close()
     return torch.cat(features)
 
 

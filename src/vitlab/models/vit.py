@@ -144,7 +144,16 @@ class VisionTransformer(nn.Module):
         expected = self.config.image_size
         # In dynamic mode the size is not compared at all, so a symbolic size (export) meets no branch here.
         wrong_size = not self.dynamic_image_size and tuple(images.shape[-2:]) != expected
-        if wrong_size or images.shape[1] != self.config.in_chans:
+        if images.ndim != 4 or images.shape[1] != self.config.in_chans:
+            channels = images.shape[1] if images.ndim == 4 else "no channel axis"
+            raise UsageError(
+                f"the model takes {self.config.in_chans}-channel images (B, {self.config.in_chans}, H, W), got "
+                f"{tuple(images.shape)} ({channels} channels); convert them ("
+                + ("grey: average the RGB channels" if self.config.in_chans == 1 else
+                   "RGB: repeat a grey channel" if self.config.in_chans == 3 else "to the channels it was trained on")
+                + "), as vitlab's data loading does"
+            )
+        if wrong_size:
             raise UsageError(
                 f"the model expects images of shape (B, {self.config.in_chans}, {expected[0]}, {expected[1]}), "
                 f"got {tuple(images.shape)}; resize the input, or load the model with image_size="

@@ -68,6 +68,9 @@ class TrainConfig:
     run_name: str | None = None  # default: <dataset>-<time>
     tensorboard: bool = False
     progress: bool = True
+    # Where stdout is no terminal (a log file, a pipe) there is no progress bar; a line every this many steps
+    # instead. 0: four lines an epoch for epochs of 40 steps or more, none for shorter ones.
+    log_every_steps: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.augment, dict):
@@ -91,6 +94,7 @@ class TrainConfig:
             (lambda: 0 <= self.label_smoothing < 1, lambda: f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
             (lambda: 0 < self.layer_decay <= 1, lambda: f"layer_decay must be in (0, 1], got {self.layer_decay}"),
             (lambda: self.freeze_blocks >= 0, lambda: f"freeze_blocks must be >= 0, got {self.freeze_blocks}"),
+            (lambda: self.log_every_steps >= 0, lambda: f"log_every_steps must be >= 0, got {self.log_every_steps}"),
             (lambda: self.resample_mode in ("bilinear", "bicubic"), lambda: "resample_mode must be bilinear or bicubic"),
         ]
         for ok, message in checks:

@@ -39,6 +39,7 @@ from vitlab.data.transforms import Draws, augment_batch
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.eval.classify import evaluate
 from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer
+from vitlab.progress import LogLines, format_duration
 from vitlab.train.config import TrainConfig
 from vitlab.train.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, gather_rng_states,
                                       init_distributed, replica_difference, synchronize)
@@ -241,22 +242,10 @@ class RunClock:
         return (time.perf_counter() - self.started) / done_here * (self.total_steps - steps_done)
 
 
-def format_duration(seconds: float | None) -> str:
-    """61.2 -> '1m01s', 3725 -> '1h02m', 8.4 -> '8s'; None -> '?'."""
-    if seconds is None:
-        return "?"
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
 def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDataset, optimizer, scheduler,
                     ema: EMA | None, config: TrainConfig, env: DistEnv, position: Position,
                     permutation_seed: int, stop: StopFlag, progress_bar: Any = None,
-                    clock: RunClock | None = None) -> bool:
+                    clock: RunClock | None = None, log_lines: LogLines | None = None) -> bool:
     """Run the rest of one epoch from `position`; returns False if a stop was requested (state is consistent)."""
     batch = config.batch_size
     steps_per_epoch = len(data) // batch
@@ -316,6 +305,10 @@ def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDatase
                                      lr=f"{scheduler.get_last_lr()[0]:.2e}",
                                      img_s=f"{len(images) * env.world_size / (time.perf_counter() - started):.0f}",
                                      run_left=format_duration(clock.remaining(position.global_step)) if clock else "?")
+        if log_lines is not None:
+            log_lines.update(1, loss=f"{sums[0] / sums[2]:.4f}", train=f"{100 * sums[1] / sums[2]:.1f}%",
+                             lr=f"{scheduler.get_last_lr()[-1]:.2e}",
+                             tail=f"run {format_duration(clock.remaining(position.global_step)) if clock else '?'} left")
         position.epoch_sums = sums.tolist()
         if any_rank(stop.requested, env) and step + 1 < steps_per_epoch:
             position.augment_state = augment_rng.get_state()
@@ -333,6 +326,35 @@ class _null_context:
 
 
 # ------------------------------------------------------------------------------------------------ run
+FEW_STEPS_PER_EPOCH = 10  # below this an epoch is a handful of updates: the recipe's epoch counts assume more
+MIN_TOTAL_STEPS = 100  # a ViT from scratch barely leaves chance level in fewer optimizer steps
+
+
+def fit_schedule(config: TrainConfig, train_images: int, steps_per_epoch: int) -> tuple[int, list[str]]:
+    """(warm-up steps, notes for the user). A warm-up longer than half the run is shortened to a fifth of it,
+    so that the learning rate reaches its peak; a run of few steps per epoch or few steps in all is named."""
+    total = config.epochs * steps_per_epoch
+    warmup = round(config.warmup_epochs * steps_per_epoch)
+    notes = []
+    if total > 1 and warmup > total / 2:
+        shortened = max(1, round(total / 5))
+        notes.append(f"the {config.warmup_epochs:g}-epoch warm-up is {'longer than' if warmup >= total else 'most of'} "
+                     f"this {config.epochs}-epoch run, so the learning rate would {'never reach' if warmup >= total else 'barely reach'} "
+                     f"its peak; it is shortened to {shortened} steps ({shortened / steps_per_epoch:.2g} epochs)")
+        warmup = shortened
+    dropped = train_images - steps_per_epoch * config.batch_size
+    if steps_per_epoch < FEW_STEPS_PER_EPOCH or total < MIN_TOTAL_STEPS:
+        suggestion = max(8, 2 ** int(math.log2(max(1, train_images // FEW_STEPS_PER_EPOCH))))
+        notes.append(f"{train_images} training images at batch {config.batch_size} make {steps_per_epoch} optimizer "
+                     f"step(s) per epoch, {total} in all" + (f", and {dropped} images are left out of each epoch"
+                                                             if dropped else "")
+                     + f"; a ViT needs far more steps to learn: use a smaller batch (--set batch_size={suggestion}) "
+                     "or more epochs" if suggestion < config.batch_size else
+                     f"{train_images} training images at batch {config.batch_size} make {total} optimizer steps in "
+                     "all; a ViT needs far more to learn: train for more epochs")
+    return warmup, notes
+
+
 def new_run_dir(config: TrainConfig, env: DistEnv) -> Path:
     name = config.run_name or f"{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     name = broadcast_object(name, env)
@@ -341,7 +363,8 @@ def new_run_dir(config: TrainConfig, env: DistEnv) -> Path:
         if (run_dir / "checkpoints" / "last.pt").exists():
             raise ConfigError(f"run folder {run_dir} already holds a run; resume it with --resume {run_dir} "
                               "or choose another --set run_name=...")
-        run_dir.mkdir(parents=True, exist_ok=True)
+    # Not created here: the first file written makes it, after data, model and schedule are checked, so a
+    # command that fails before training leaves no empty run folder behind.
     return run_dir
 
 
@@ -436,8 +459,11 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
     optimizer = build_optimizer(core, config.optimizer, config.lr, config.weight_decay, config.momentum,
                                 config.layer_decay)
     total_steps = config.epochs * steps_per_epoch
-    scheduler = build_scheduler(optimizer, round(config.warmup_epochs * steps_per_epoch), total_steps,
-                                config.min_lr / config.lr)
+    warmup_steps, notes = fit_schedule(config, len(train_data), steps_per_epoch)
+    if env.is_main and state is None:
+        for note in notes:
+            print(f"note: {note}")
+    scheduler = build_scheduler(optimizer, warmup_steps, total_steps, config.min_lr / config.lr)
     ema = EMA(core, config.ema_decay) if config.ema_decay > 0 else None
     position = Position()
     if state is not None:
@@ -506,9 +532,15 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
                        disable=None if env.is_main and config.progress else True)
             epoch_started = time.perf_counter()
             seconds_before = position.train_seconds
+            log_lines = None
+            if bar.disable and env.is_main and config.progress:  # no terminal, no bar: lines in the log instead
+                every = config.log_every_steps or (-(-steps_per_epoch // 4) if steps_per_epoch >= 40 else 0)
+                if every:
+                    log_lines = LogLines(steps_per_epoch, f"epoch {epoch + 1:>3}/{config.epochs}", every,
+                                         done=position.step_in_epoch, left_label="epoch")
             finished = train_one_epoch(model, core, train_data, optimizer, scheduler, ema, config, env, position,
                                        permutation_seed=config.seed * 1_000_003 + epoch, stop=stop, progress_bar=bar,
-                                       clock=clock)
+                                       clock=clock, log_lines=log_lines)
             bar.close()
             if not finished:
                 position.elapsed_seconds = clock.elapsed()

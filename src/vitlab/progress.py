@@ -1,0 +1,68 @@
+"""Progress of a long loop for a person watching: tqdm's bar on a terminal, and where output goes to a log or a
+pipe (no terminal, so no bar) a line now and then with the count, the rate and the time left."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+
+def format_duration(seconds: float | None) -> str:
+    """'45s', '3m07s', '1h02m'; '?' when unknown."""
+    if seconds is None:
+        return "?"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class LogLines:
+    """A line every `every` steps (never at the last one: the caller reports the end), for output without a
+    terminal: `label step/total  key value ...  rate, time left`."""
+
+    def __init__(self, total: int, label: str, every: int, unit: str = "step", stream: TextIO | None = None,
+                 done: int = 0, left_label: str = "") -> None:
+        self.total, self.label, self.every, self.unit = total, label, max(1, every), unit
+        self.left_label = left_label  # e.g. "epoch": "epoch 12s left"
+        self.stream = stream or sys.stdout
+        self.done = done
+        self.started, self.done_at_start = time.perf_counter(), done
+
+    def update(self, count: int = 1, tail: str = "", **fields: Any) -> None:
+        """Count `count` steps; on a reporting step print `fields` and then `tail` (e.g. the whole run's time left)."""
+        before, self.done = self.done, self.done + count
+        if self.done >= self.total or self.done // self.every == before // self.every:
+            return
+        seconds = time.perf_counter() - self.started
+        rate = (self.done - self.done_at_start) / max(seconds, 1e-9)
+        left = (self.total - self.done) / rate if rate > 0 else None
+        extra = "".join(f"  {key} {value}" for key, value in fields.items())
+        left_text = f"{self.left_label} {format_duration(left)} left".strip()
+        print(f"{self.label}  {self.unit} {self.done}/{self.total}{extra}  {rate:.1f} {self.unit}/s  {left_text}"
+              + (f", {tail}" if tail else ""), file=self.stream, flush=True)
+
+
+def progress(total: int, label: str, unit: str = "it", lines: int = 4, min_total: int = 8) -> Any:
+    """A tqdm bar on a terminal (stderr); otherwise `LogLines` about `lines` times over a loop of `min_total`
+    steps or more, and nothing for a shorter one. Call .update(n) and .close()."""
+    from tqdm import tqdm
+
+    if sys.stderr.isatty():
+        return tqdm(total=total, desc=label, unit=unit, leave=False, dynamic_ncols=True)
+    every = -(-total // lines) if total >= min_total else total + 1
+    return _Closing(LogLines(total, label, every, unit, stream=sys.stderr))
+
+
+class _Closing:
+    def __init__(self, inner: LogLines) -> None:
+        self.inner = inner
+
+    def update(self, count: int = 1, **fields: Any) -> None:
+        self.inner.update(count, **fields)
+
+    def close(self) -> None:
+        pass

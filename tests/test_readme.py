@@ -1,0 +1,128 @@
+"""The README's workflows run as printed: every `vitlab` command of its shell blocks (and the `$ vitlab` lines of
+its output blocks), in order, in a fresh folder where `make demo` has just run, and its Python snippet.
+
+A few commands cannot run here; each is listed with the reason. Training commands run one or two epochs instead
+of the recipe's length (appended `--set epochs=N`, which overrides the recipe): the test is about paths, flags
+and exit codes, not accuracy.
+"""
+
+import os
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import FIXTURES
+from vitlab.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+NOT_RUN_HERE = {
+    "make test": "the test suite itself",
+    "configs/mnist.py": "downloads MNIST (tests/test_train.py trains on ../shared/data/mnist where it exists)",
+    "torchrun": "tests/test_distributed.py runs DDP under torchrun",
+    "--resume runs/digits-20261121-190000": "names an example run folder",
+    "--image-size 384": "a ViT-B/16 at 384x384 takes minutes on a CPU (the stand-in fixture would need GBs)",
+    "vitlab bench": "timings take minutes; tests/test_bench.py runs every path of the command",
+}
+
+
+def fenced_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """(language, lines) of every ``` block, read fence by fence."""
+    blocks, current = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current = (line[3:].strip(), [])
+            else:
+                blocks.append(current)
+                current = None
+        elif current is not None:
+            current[1].append(line)
+    return blocks
+
+
+def readme_commands(text: str) -> list[str]:
+    """`vitlab` / `make` commands of the shell blocks and `$ ` lines of the output blocks, in order."""
+    commands = []
+    for language, lines in fenced_blocks(text):
+        for line in lines:
+            if language == "sh":
+                command = re.split(r"\s+#", line)[0].strip()
+            elif line.startswith("$ "):
+                command = line[2:].strip()
+            else:
+                continue
+            if command.startswith(("vitlab ", "make ")) or command == "vitlab":
+                commands.append(command)
+    return commands
+
+
+def make_sandbox(root: Path) -> None:
+    """What the README's commands assume beside the clone: a digit saved as my_digit.png, a ~/photos folder of
+    class folders, and ViT-B_16.npz (the tiny official-format fixture stands in for the real download)."""
+    from vitlab.data.datasets import load_dataset
+
+    digits = load_dataset("digits", "test")
+    seven = int((digits.labels == 7).nonzero()[0])
+    pixels = (digits.images[seven, 0].numpy() * (255 / digits.max_value)).astype(np.uint8)
+    Image.fromarray(pixels).resize((64, 64), Image.Resampling.NEAREST).save(root / "my_digit.png")
+    rng = np.random.default_rng(0)
+    for name, colour in (("cats", (200, 120, 40)), ("dogs", (40, 90, 200))):
+        (root / "photos" / name).mkdir(parents=True)
+        for index in range(100):
+            noise = rng.integers(-40, 40, (48, 40, 3))
+            Image.fromarray(np.clip(np.array(colour) + noise, 0, 255).astype(np.uint8)).save(
+                root / "photos" / name / f"{index}.png")
+    shutil.copy(FIXTURES / "jax_vit_token.npz", root / "ViT-B_16.npz")
+    shutil.copy(FIXTURES / "jax_vit_token.json", root / "ViT-B_16.json")
+    (root / "tests").symlink_to(REPO / "tests")
+
+
+def as_run_here(command: str) -> list[str] | None:
+    """The argument list to run for a README command, or None for one listed in NOT_RUN_HERE."""
+    if any(pattern in command for pattern in NOT_RUN_HERE):
+        return None
+    if command == "make demo":  # what the Makefile runs, shortened
+        return ["train", "--set", "run_name=demo", "--set", "epochs=2"]
+    args = [os.path.expanduser(arg) for arg in shlex.split(command)[1:]]
+    if args and args[0] in ("train", "finetune") and "--resume" not in args:
+        args += ["--set", "epochs=1"]
+    return args
+
+
+@pytest.mark.slow
+def test_the_readme_commands_run_as_printed(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("onnxruntime")
+    commands = readme_commands((REPO / "README.md").read_text())
+    assert "make demo" in commands and any(c.startswith("vitlab predict runs/demo") for c in commands)
+    make_sandbox(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))  # ~/photos
+    ran, skipped = [], []
+    for command in commands:
+        args = as_run_here(command)
+        if args is None:
+            skipped.append(command)
+            continue
+        code = main(args)
+        captured = capsys.readouterr()
+        assert code == 0, f"{command}\n{captured.err[-2000:]}"
+        ran.append(command)
+    assert len(ran) >= 20 and len(skipped) <= 10, (ran, skipped)
+    assert (tmp_path / "runs" / "demo" / "model-int8.onnx").is_file()
+
+
+def test_the_readme_python_snippet_runs(tmp_path, monkeypatch):
+    snippets = ["\n".join(lines) for language, lines in fenced_blocks((REPO / "README.md").read_text())
+                if language == "python"]
+    assert snippets
+    (tmp_path / "tests").symlink_to(REPO / "tests")
+    monkeypatch.chdir(tmp_path)
+    for snippet in snippets:
+        exec(compile(snippet, "README.md", "exec"), {})
+    assert (tmp_path / "model.safetensors").is_file()
