@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,8 @@ def as_run_here(command: str) -> list[str] | None:
     args = [os.path.expanduser(arg) for arg in shlex.split(command)[1:]]
     if args and args[0] in ("train", "finetune") and "--resume" not in args:
         args += ["--set", "epochs=1"]
+    if "--resume" in args and "--epochs" in args:  # extend the 2-epoch demo run by one epoch
+        args[args.index("--epochs") + 1] = "3"
     return args
 
 
@@ -103,13 +106,15 @@ def test_the_readme_commands_run_as_printed(tmp_path, monkeypatch, capsys):
     make_sandbox(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))  # ~/photos
-    ran, skipped = [], []
+    ran, skipped, seconds = [], [], {}
     for command in commands:
         args = as_run_here(command)
         if args is None:
             skipped.append(command)
             continue
+        started = time.perf_counter()
         code = main(args)
+        seconds[command] = round(time.perf_counter() - started, 1)
         captured = capsys.readouterr()
         assert code == 0, f"{command}\n{captured.err[-2000:]}"
         ran.append(command)
