@@ -352,6 +352,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from vitlab.serve.server import serve
+
+    return serve(args.checkpoint, host=args.host, port=args.port, backend=args.backend, precision=args.precision,
+                 max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_body_mb=args.max_body_mb,
+                 threads=args.threads, top_k=args.top_k, access_log=args.access_log)
+
+
 # ------------------------------------------------------------------------------------------------ parser
 EXIT_CODES = """exit codes:
   0    done (train: finished, or stopped by SIGTERM with its state saved)
@@ -547,6 +555,24 @@ def build_parser() -> ArgumentParser:
                    help="images averaged for the attention distances (default 256)")
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_analyze)
+
+    p = subcommand("serve", help="an HTTP inference service with a web page (needs the extra: vitlab[serve])")
+    p.add_argument("checkpoint", help="run folder, checkpoint, or .onnx file written by `vitlab export`")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
+    p.add_argument("--backend", choices=("torch", "onnx"), help=BACKEND_HELP)
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+                   help="fp32 (default); bf16 weights (torch); int8 weights (torch dynamic, or ONNX Runtime)")
+    p.add_argument("--max-batch", type=positive_int, default=32,
+                   help="dynamic batching: most images per model call (default 32; 1 turns batching off)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="dynamic batching: longest wait for more requests after the first (default 5)")
+    p.add_argument("--max-body-mb", type=float, default=10.0, help="largest request body accepted (default 10 MB)")
+    p.add_argument("--top-k", type=positive_int, default=5, help="labels per answer unless ?top_k= says (default 5)")
+    p.add_argument("--threads", type=positive_int, help="intra-op threads for the model (default: PyTorch's)")
+    p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
+    p.set_defaults(func=cmd_serve)
 
     p = subcommand("info", help="show what a checkpoint or ONNX export holds")
     p.add_argument("checkpoint", help="run folder, checkpoint, or .onnx file written by `vitlab export`")

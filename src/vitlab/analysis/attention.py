@@ -85,3 +85,11 @@ def class_token_attention(attention: torch.Tensor, grid_size: tuple[int, int]) -
     rows, cols = grid_size
     prefix = attention.shape[-1] - rows * cols
     return attention[:, :, 0, prefix:].reshape(*attention.shape[:2], rows, cols)
+
+
+def rollout_patch_maps(rollout: torch.Tensor, config) -> torch.Tensor:
+    """Rollout (B, T, T) -> (B, rows, cols): how much each patch flows into the output, read from the class
+    token's row, or for a model without one (GAP, MAP pooling) averaged over the patch tokens' rows."""
+    prefix = config.num_prefix_tokens
+    flow = rollout[:, 0, prefix:] if config.class_token else rollout[:, prefix:, prefix:].mean(dim=1)
+    return flow.reshape(len(rollout), *config.grid_size)

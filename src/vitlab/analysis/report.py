@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_attention
+from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_attention, rollout_patch_maps
 from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
 from vitlab.checkpoint import load_model
 from vitlab.checkpoint.io import atomic_write_bytes
@@ -86,9 +86,7 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
     with torch.no_grad():
         out_shown = model.forward_intermediates(normalize(shown, config), attention_layers="all", hidden_states=False,
                                                 attention_callback=on_layer)
-    prefix = config.num_prefix_tokens
-    flow = rollout.result[:, 0, prefix:] if config.class_token else rollout.result[:, prefix:, prefix:].mean(dim=1)
-    rollout_maps = flow.reshape(len(shown), *grid)
+    rollout_maps = rollout_patch_maps(rollout.result, config)
     probabilities = out_shown["logits"].softmax(dim=-1) if config.num_classes else None
     class_names = config.class_names or [str(i) for i in range(config.num_classes)]
     predictions = []

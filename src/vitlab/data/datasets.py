@@ -245,19 +245,25 @@ IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".
 MAX_BAD_FRACTION = 0.1
 
 
-def read_image(path: Path, image_size: tuple[int, int], channels: int = 3) -> torch.Tensor:
-    """One image file as uint8 (C, H, W): EXIF rotation applied, converted to RGB (or L), the shorter side
-    resized to fit and the centre cropped to `image_size`.
+def read_image(path: Path | bytes, image_size: tuple[int, int], channels: int = 3,
+               name: str | None = None) -> torch.Tensor:
+    """One image file (or its bytes, e.g. an upload; `name` is what messages call it) as uint8 (C, H, W): EXIF
+    rotation applied, converted to RGB (or L), the shorter side resized to fit and the centre cropped to
+    `image_size`.
 
     Image files are untrusted input: whatever the decoder raises, and images over Pillow's pixel limit
     (`PIL.Image.MAX_IMAGE_PIXELS`, decompression bombs; checked before decoding), become one DataError.
     """
+    import io
+
     from PIL import Image, ImageOps
 
+    source = io.BytesIO(path) if isinstance(path, (bytes, bytearray)) else path
+    path = name or (path if not isinstance(path, (bytes, bytearray)) else "the image")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as image:
+            with Image.open(source) as image:
                 image = ImageOps.exif_transpose(image)
                 if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16/32-bit grey: rescale to 8 bits, not clip
                     array = np.asarray(image, dtype=np.float64)
@@ -281,7 +287,8 @@ def read_image(path: Path, image_size: tuple[int, int], channels: int = 3) -> to
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise DataError(f"{path}: refused, too many pixels for a safe decode ({error})") from None
     except Exception as error:  # noqa: BLE001 - decoders raise many types on malformed files
-        raise DataError(f"{path}: not a readable image ({type(error).__name__}: {error})") from None
+        detail = str(error).replace(repr(source), "the data") if source is not path else str(error)
+        raise DataError(f"{path}: not a readable image ({type(error).__name__}: {detail})") from None
     array = array[:, :, None] if array.ndim == 2 else array
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
 

@@ -1,0 +1,283 @@
+"""The HTTP service of `vitlab serve` (Starlette, run by uvicorn).
+
+    GET  /             the page: choose or drop an image, see the top-k labels and where the model looked
+    POST /v1/predict   an image (multipart field "file", or the raw bytes) -> top-k labels, probabilities, latency
+    POST /v1/explain   an image -> the attention-rollout overlay as PNG (?format=png), or the map (?format=json)
+    GET  /v1/model     what is served: classes, input size, preprocessing, config
+    GET  /health       200 once the model is loaded
+    GET  /metrics      Prometheus text: requests by path and status, latency, batch sizes
+
+Bad input gets a 4xx JSON answer {"error": message, "status": code} and the server carries on: an empty body
+(400), a body over the size limit (413), a content type that is no image (415), bytes that do not decode or an
+image with too many pixels (422).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import io
+import logging
+import time
+from importlib import resources
+from typing import Any
+
+from vitlab.errors import DataError
+from vitlab.serve.batcher import DynamicBatcher
+from vitlab.serve.engine import Engine
+
+logger = logging.getLogger("vitlab.serve")
+IMAGE_TYPES = ("image/", "application/octet-stream")
+# Label values of the path in metrics: the known routes, everything else as "other" (bounded cardinality).
+ROUTES = ("/", "/v1/predict", "/v1/explain", "/v1/model", "/health", "/metrics")
+
+
+class Problem(Exception):
+    """An answer with a 4xx/5xx status and a message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class Metrics:
+    """The service's Prometheus metrics, in a registry of its own (so two apps in one process stay apart)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+
+        disable_created_metrics()  # the *_created timestamps only add noise to a scrape
+        self.registry = CollectorRegistry()
+        self.requests = Counter("vitlab_requests", "HTTP requests by path and status", ["path", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("vitlab_request_seconds", "time from request to response, by path", ["path"],
+                                 registry=self.registry,
+                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.batch_size = Histogram("vitlab_batch_size", "images per model call (dynamic batching)",
+                                    registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+        self.inference = Histogram("vitlab_inference_seconds", "time of one batched model call",
+                                   registry=self.registry,
+                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+
+    def record_batch(self, size: int, seconds: float) -> None:
+        self.batch_size.observe(size)
+        self.inference.observe(seconds)
+
+
+class MetricsMiddleware:
+    """Counts every response by path and status and times it (plain ASGI, so streaming and disconnects pass
+    through untouched). A client that left before its answer is counted with status 499."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"] if scope["path"] in ROUTES else "other"
+        started = time.perf_counter()
+        status = {"code": 499}
+
+        async def send_and_note(message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            self.metrics.requests.labels(path, str(status["code"])).inc()
+            self.metrics.latency.labels(path).observe(time.perf_counter() - started)
+
+
+async def read_upload(request, max_bytes: int) -> tuple[bytes, str]:
+    """(image bytes, a name for messages) from a multipart form (field "file", else its first file) or a raw
+    image body; refused with a Problem when empty, too large or of another content type."""
+    from starlette.requests import ClientDisconnect, Request
+
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    multipart = content_type == "multipart/form-data"
+    if not multipart and not content_type.startswith(IMAGE_TYPES):
+        raise Problem(415, f"content type {content_type or '(none)'!r} is not an image: send the image bytes "
+                           "(Content-Type image/png, image/jpeg, ... or application/octet-stream) or a "
+                           "multipart/form-data upload with the image in a field named 'file'")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise Problem(413, f"the body is {int(declared)} bytes, over this server's limit of {max_bytes} "
+                           "(--max-body-mb); send a smaller image")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise Problem(413, f"the body is over this server's limit of {max_bytes} bytes (--max-body-mb); "
+                                   "send a smaller image")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise
+    body = b"".join(chunks)
+    if not body:
+        raise Problem(400, "the request has no body: send an image")
+    if not multipart:
+        return body, "the uploaded image"
+
+    async def replay() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(request.scope, replay).form(max_files=4, max_fields=16)
+    except Exception as error:  # noqa: BLE001 - the multipart parser raises several types on malformed forms
+        raise Problem(400, f"the multipart form cannot be read ({error})") from None
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        upload = next((value for value in form.values() if not isinstance(value, str)), None)
+    if upload is None:
+        raise Problem(400, "the multipart form holds no file: put the image in a field named 'file'")
+    data = await upload.read()
+    if not data:
+        raise Problem(400, "the uploaded file is empty")
+    return data, upload.filename or "the uploaded image"
+
+
+def render_overlay(pixels, heat) -> bytes:
+    """PNG of the image (C, H, W uint8) with the rollout map (rows, cols) laid over it as a heat map, enlarged so
+    that the smaller side is at least 224 pixels (nearest neighbour: a digit's 8x8 pixels stay sharp)."""
+    import numpy as np
+    from PIL import Image
+
+    image = pixels.permute(1, 2, 0).numpy()
+    image = np.repeat(image, 3, axis=2) if image.shape[2] == 1 else image
+    scale = max(1, -(-224 // min(image.shape[:2])))
+    size = (image.shape[1] * scale, image.shape[0] * scale)
+    base = Image.fromarray(image).resize(size, Image.Resampling.NEAREST)
+    values = heat.numpy().astype(np.float32)
+    values = (values - values.min()) / max(float(values.max() - values.min()), 1e-12)
+    levels = np.asarray(Image.fromarray((values * 255).astype(np.uint8)).resize(size, Image.Resampling.BILINEAR),
+                        dtype=np.float32) / 255
+    # A black-red-yellow-white ramp ("hot"): readable over grey and colour images alike.
+    ramp = np.stack([np.clip(3 * levels, 0, 1), np.clip(3 * levels - 1, 0, 1), np.clip(3 * levels - 2, 0, 1)], -1)
+    blended = 0.45 * np.asarray(base, dtype=np.float32) + 0.55 * ramp * 255
+    out = io.BytesIO()
+    Image.fromarray(blended.clip(0, 255).astype(np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, max_body_bytes: int = 10 << 20,
+               top_k: int = 5):
+    """The Starlette application serving `engine`."""
+    from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect
+    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    metrics = Metrics()
+    # One inference thread: the model's own intra-op threads use the cores; two calls at once would only fight.
+    inference_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitlab-infer")
+    config = engine.config
+
+    def run_batch(items):
+        import torch
+
+        probabilities = engine.classify(torch.stack(items))
+        return list(probabilities)
+
+    batcher_holder: dict[str, DynamicBatcher] = {}
+    page = resources.files("vitlab.serve").joinpath("page.html").read_text()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        batcher = DynamicBatcher(run_batch, max_batch, max_wait_ms, inference_thread, metrics.record_batch)
+        batcher.start()
+        batcher_holder["batcher"] = batcher
+        yield
+        await batcher.stop()  # after uvicorn has let the requests in flight finish
+        inference_thread.shutdown(wait=True)
+
+    def problem(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message, "status": status}, status_code=status)
+
+    async def decode(request):
+        from vitlab.data.datasets import read_image
+
+        data, name = await read_upload(request, max_body_bytes)
+        try:
+            # Decoding a large photo takes tens of milliseconds: off the event loop, beside the inference thread.
+            return await asyncio.get_running_loop().run_in_executor(
+                None, lambda: read_image(data, config.image_size, config.in_chans, name=name))
+        except DataError as error:
+            raise Problem(422, str(error)) from None
+
+    def guarded(handler):
+        async def endpoint(request):
+            try:
+                return await handler(request)
+            except Problem as error:
+                return problem(error.status, error.message)
+            except ClientDisconnect:
+                return Response(status_code=499)  # nobody reads it; the middleware counts it
+            except Exception as error:  # noqa: BLE001 - a bug of ours: say so, log it, keep serving
+                logger.exception("error while answering %s", request.url.path)
+                return problem(500, f"internal error ({type(error).__name__}); the server log has the traceback")
+        return endpoint
+
+    async def home(request):
+        return HTMLResponse(page)
+
+    async def predict(request):
+        started = time.perf_counter()
+        k = request.query_params.get("top_k", str(top_k))
+        if not k.isdigit() or int(k) < 1:
+            raise Problem(400, f"top_k must be a whole number >= 1, got {k!r}")
+        pixels = await decode(request)
+        probabilities = await batcher_holder["batcher"].submit(pixels)
+        values, indices = probabilities.topk(min(int(k), len(engine.class_names)))
+        return JSONResponse({
+            "model": engine.name,
+            "predictions": [{"label": engine.class_names[int(i)], "index": int(i), "probability": float(v)}
+                            for v, i in zip(values, indices)],
+            "latency_ms": round(1000 * (time.perf_counter() - started), 3),
+        })
+
+    async def explain(request):
+        started = time.perf_counter()
+        fmt = request.query_params.get("format", "png")
+        if fmt not in ("png", "json"):
+            raise Problem(400, f"format must be png or json, got {fmt!r}")
+        if engine.explainer is None:
+            raise Problem(501, "explaining needs the attention weights of the PyTorch model; serve the checkpoint "
+                               "or run folder the .onnx file was exported from")
+        pixels = await decode(request)
+        loop = asyncio.get_running_loop()
+        heat = await loop.run_in_executor(inference_thread, engine.explain, pixels)
+        if fmt == "json":
+            return JSONResponse({"model": engine.name, "grid": list(heat.shape), "map": heat.tolist(),
+                                 "latency_ms": round(1000 * (time.perf_counter() - started), 3)})
+        png = await loop.run_in_executor(None, render_overlay, pixels, heat)
+        return Response(png, media_type="image/png")
+
+    async def model_info(request):
+        return JSONResponse(engine.describe())
+
+    async def health(request):
+        return JSONResponse({"status": "ok", "model": engine.name})
+
+    async def prometheus(request):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def not_found(request, exc):
+        status = getattr(exc, "status_code", 404)
+        message = "no such endpoint; see GET / and /v1/model" if status == 404 else str(getattr(exc, "detail", exc))
+        return problem(status, message)
+
+    routes = [
+        Route("/", home), Route("/v1/predict", guarded(predict), methods=["POST"]),
+        Route("/v1/explain", guarded(explain), methods=["POST"]), Route("/v1/model", model_info),
+        Route("/health", health), Route("/metrics", prometheus),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
+    app.state.metrics = metrics
+    return MetricsMiddleware(app, metrics)

@@ -1,0 +1,124 @@
+"""What `vitlab serve` runs: one model behind two calls, `classify` (a batch of decoded images -> class
+probabilities) and `explain` (one image -> its attention-rollout map), plus the description `GET /v1/model` gives.
+
+Backends: "torch" (the checkpoint in fp32, bf16 weights, or PyTorch's dynamic int8) and "onnx" (ONNX Runtime on a
+`vitlab export` file, or on an export made at start from a checkpoint: fp32, or int8 weights). Explaining needs the
+attention weights, so it runs the PyTorch model: available whenever a checkpoint (not only an .onnx file) was given.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitlab.errors import UsageError
+
+BACKENDS = ("torch", "onnx")
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+class Engine:
+    def __init__(self, source: str | Path, backend: str | None = None, precision: str = "fp32",
+                 threads: int | None = None) -> None:
+        from vitlab.checkpoint import load_model
+        from vitlab.eval.classify import require_head
+
+        source = Path(source)
+        is_onnx = source.suffix.lower() == ".onnx"
+        backend = backend or ("onnx" if is_onnx else "torch")
+        if backend not in BACKENDS or precision not in PRECISIONS:
+            raise UsageError(f"backend must be one of {BACKENDS} and precision one of {PRECISIONS}")
+        if threads:
+            torch.set_num_threads(threads)
+        self.source, self.backend, self.precision = str(source), backend, precision
+        self.explainer = None  # the fp32 PyTorch model, for attention rollout
+        self._temporary = None
+        if is_onnx:
+            if backend != "onnx":
+                raise UsageError(f"{source} is an ONNX export; serve it with --backend onnx (or leave --backend out)")
+            if precision == "bf16":
+                raise UsageError("ONNX Runtime runs the export as it was written (fp32 or int8); drop --precision bf16")
+            from vitlab.export.onnx import OnnxClassifier
+
+            self.runner = OnnxClassifier(source, threads=threads)
+            self.config = self.runner.config
+            if precision == "int8" and not self.runner.metadata.get("int8"):
+                raise UsageError(f"{source} is an fp32 export; export with --int8 for an int8 one")
+            self.precision = "int8" if self.runner.metadata.get("int8") else "fp32"
+        else:
+            model = load_model(source)
+            self.config = model.config
+            self.explainer = model
+            self.runner = self._prepare(model, backend, precision, threads)
+        require_head(self.config, str(source))
+        self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]
+        self.name = source.name if source.name not in ("model.safetensors", "model.onnx") else source.parent.name
+
+    def _prepare(self, model, backend: str, precision: str, threads: int | None):
+        if backend == "onnx":
+            if precision == "bf16":
+                raise UsageError("the ONNX Runtime backend serves fp32 or int8; use --backend torch for bf16")
+            from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
+
+            require_onnx("the onnx backend")
+            self._temporary = tempfile.TemporaryDirectory(prefix="vitlab-serve-")
+            path = Path(self._temporary.name) / "model.onnx"
+            export_onnx(model, path, preprocess=True, dynamic_batch=True, int8=precision == "int8")
+            return OnnxClassifier(path, threads=threads)
+        if precision == "bf16":
+            return copy.deepcopy(model).to(torch.bfloat16).eval()
+        if precision == "int8":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # deprecated in favour of torchao, which is not a dependency
+                return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear},
+                                                              dtype=torch.qint8).eval()
+        return model
+
+    @torch.no_grad()
+    def classify(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels (B, C, H, W) at the model's size -> class probabilities (B, K), float32."""
+        if self.backend == "onnx":
+            logits = self.runner.classify_pixels(pixels)
+        else:
+            from vitlab.data.preprocess import prepare
+
+            images = prepare(pixels, 255.0, self.config)
+            if self.precision == "bf16":
+                images = images.to(torch.bfloat16)
+            logits = self.runner(images)
+        return logits.float().softmax(dim=-1)
+
+    @torch.no_grad()
+    def explain(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels (C, H, W) of one image -> its attention-rollout map (rows, cols), summing to 1."""
+        from vitlab.analysis.attention import Rollout, rollout_patch_maps
+        from vitlab.data.preprocess import prepare
+
+        if self.explainer is None:
+            raise UsageError("explaining needs the attention weights of the PyTorch model; serve the checkpoint or "
+                             "run folder the .onnx file was exported from")
+        rollout = Rollout()
+        self.explainer.forward_intermediates(prepare(pixels[None], 255.0, self.config), attention_layers="all",
+                                             hidden_states=False, attention_callback=rollout)
+        flow = rollout_patch_maps(rollout.result, self.config)[0]
+        return flow / flow.sum().clamp_min(1e-12)
+
+    def describe(self) -> dict[str, Any]:
+        """`GET /v1/model`: what is served and what input it takes."""
+        config = self.config
+        return {
+            "name": self.name, "source": self.source, "backend": self.backend, "precision": self.precision,
+            "classes": self.class_names, "input_size": list(config.image_size), "channels": config.in_chans,
+            "preprocessing": {
+                "decode": "EXIF rotation applied, converted to " + ("RGB" if config.in_chans == 3 else "grey"),
+                "resize": "shorter side to cover the input size (bicubic), then the centre cropped",
+                "scale": "pixels / 255", "normalize": {"mean": list(config.image_mean), "std": list(config.image_std)},
+            },
+            "explain": self.explainer is not None,
+            "config": config.to_dict(),
+        }
