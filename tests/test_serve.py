@@ -220,19 +220,25 @@ def test_model_health_and_metrics_describe_the_service(server):
 
 
 def test_sigterm_finishes_the_requests_in_flight_and_exits_0(tiny_run, digit_files):
-    slow = Server(tiny_run, "--max-wait-ms", 1500)  # a request waits 1.5 s for company in its batch
-    results = {}
-
-    def ask():
-        results["answer"] = slow.post_image(digit_files[0].read_bytes())
-
-    client = threading.Thread(target=ask)
-    client.start()
-    time.sleep(0.5)
-    code, _, err = slow.stop()
-    client.join(30)
-    assert results["answer"][0] == 200 and json.loads(results["answer"][2])["predictions"]
-    assert code == 0, err
+    server = Server(tiny_run)
+    data = digit_files[0].read_bytes()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as raw:
+        # Half an upload, then SIGTERM, then the rest: the request is in flight while the server is told to stop.
+        raw.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                    + f"Content-Length: {len(data)}\r\n\r\n".encode() + data[:40])
+        time.sleep(0.3)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        raw.sendall(data[40:])
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < int(
+                re.search(rb"content-length: (\d+)", answer, re.I).group(1)):
+            chunk = raw.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200") and b'"predictions"' in answer
+    out, err = server.process.communicate(timeout=60)
+    assert server.process.returncode == 0, err
     assert "every request in flight was answered" in err
 
 
@@ -284,6 +290,22 @@ def test_the_batcher_groups_requests_and_never_mixes_answers():
 
     assert asyncio.run(scenario()) == [i * 10 for i in range(10)]
     assert sizes == [4, 4, 2]
+
+
+def test_a_lone_request_does_not_wait_for_company():
+    async def scenario():
+        with concurrent.futures.ThreadPoolExecutor(1) as thread:
+            batcher = DynamicBatcher(lambda items: items, max_batch=32, max_wait_ms=2000, executor=thread,
+                                     more_coming=lambda: False)
+            batcher.start()
+            started = time.perf_counter()
+            answer = await batcher.submit(7)
+            seconds = time.perf_counter() - started
+            await batcher.stop()
+        return answer, seconds
+
+    answer, seconds = asyncio.run(scenario())
+    assert answer == 7 and seconds < 1.0  # not the 2 s it would wait for others
 
 
 def test_a_failing_batch_fails_its_requests_only():

@@ -29,6 +29,9 @@ from vitlab.serve.engine import Engine
 
 logger = logging.getLogger("vitlab.serve")
 IMAGE_TYPES = ("image/", "application/octet-stream")
+# Uploads up to this size are decoded on the event loop: a 28x28 PNG takes 0.09 ms, less than handing it to a
+# thread and back; larger ones (photos: milliseconds) go to a worker thread.
+INLINE_DECODE_BYTES = 16 << 10
 # Label values of the path in metrics: the known routes, everything else as "other" (bounded cardinality).
 ROUTES = ("/", "/v1/predict", "/v1/explain", "/v1/model", "/health", "/metrics")
 
@@ -184,11 +187,13 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
         return list(probabilities)
 
     batcher_holder: dict[str, DynamicBatcher] = {}
+    arriving = [0]  # predict requests being read or decoded, not yet handed to the batcher
     page = resources.files("vitlab.serve").joinpath("page.html").read_text()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        batcher = DynamicBatcher(run_batch, max_batch, max_wait_ms, inference_thread, metrics.record_batch)
+        batcher = DynamicBatcher(run_batch, max_batch, max_wait_ms, inference_thread, metrics.record_batch,
+                                 more_coming=lambda: arriving[0] > 0)
         batcher.start()
         batcher_holder["batcher"] = batcher
         yield
@@ -203,6 +208,8 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
 
         data, name = await read_upload(request, max_body_bytes)
         try:
+            if len(data) <= INLINE_DECODE_BYTES:  # a small image decodes faster than a hop to another thread
+                return read_image(data, config.image_size, config.in_chans, name=name)
             # Decoding a large photo takes tens of milliseconds: off the event loop, beside the inference thread.
             return await asyncio.get_running_loop().run_in_executor(
                 None, lambda: read_image(data, config.image_size, config.in_chans, name=name))
@@ -230,7 +237,11 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
         k = request.query_params.get("top_k", str(top_k))
         if not k.isdigit() or int(k) < 1:
             raise Problem(400, f"top_k must be a whole number >= 1, got {k!r}")
-        pixels = await decode(request)
+        arriving[0] += 1  # read and decoded but not yet submitted: the batcher may wait for it
+        try:
+            pixels = await decode(request)
+        finally:
+            arriving[0] -= 1
         probabilities = await batcher_holder["batcher"].submit(pixels)
         values, indices = probabilities.topk(min(int(k), len(engine.class_names)))
         return JSONResponse({

@@ -1,7 +1,9 @@
 """Dynamic batching: requests that arrive together are classified together.
 
-The first waiting request opens a batch; the batch closes when it holds `max_batch` requests or `max_wait_ms`
-have passed, and runs on the inference thread, off the event loop, while the next batch fills. Each request waits
+The first waiting request opens a batch; the batch closes when it holds `max_batch` requests, when `max_wait_ms`
+have passed, or at once when no other request is on its way (`more_coming`, e.g. requests still being read or
+decoded: a lone client must not wait for company that cannot come), and runs on the inference thread, off the
+event loop, while the next batch fills. Each request waits
 on its own future, which only its own row of the result settles, so an answer never carries another request's
 result. A request whose client left before its batch ran is dropped from the batch.
 """
@@ -17,12 +19,15 @@ from typing import Any, Callable, Sequence
 class DynamicBatcher:
     def __init__(self, run_batch: Callable[[Sequence[Any]], Sequence[Any]], max_batch: int, max_wait_ms: float,
                  executor: concurrent.futures.Executor,
-                 on_batch: Callable[[int, float], None] | None = None) -> None:
-        """run_batch(items) -> one result per item, called on `executor`; on_batch(size, seconds) after each."""
+                 on_batch: Callable[[int, float], None] | None = None,
+                 more_coming: Callable[[], bool] | None = None) -> None:
+        """run_batch(items) -> one result per item, called on `executor`; on_batch(size, seconds) after each;
+        more_coming() -> whether requests not yet submitted are under way (None: always wait the full time)."""
         if max_batch < 1 or max_wait_ms < 0:
             raise ValueError("max_batch must be >= 1 and max_wait_ms >= 0")
         self.run_batch, self.max_batch, self.max_wait = run_batch, max_batch, max_wait_ms / 1000
         self.executor, self.on_batch = executor, on_batch
+        self.more_coming = more_coming or (lambda: True)
         self.pending: collections.deque[tuple[Any, asyncio.Future]] = collections.deque()
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -65,7 +70,7 @@ class DynamicBatcher:
                 await self._wait(None)
                 continue
             deadline = loop.time() + self.max_wait
-            while len(self.pending) < self.max_batch and not self.stopping:
+            while len(self.pending) < self.max_batch and not self.stopping and self.more_coming():
                 left = deadline - loop.time()
                 if left <= 0 or not await self._wait(left):
                     break

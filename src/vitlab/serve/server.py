@@ -37,6 +37,9 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as error:
         sock.close()
         raise UsageError(f"cannot listen on {host}:{port} ({error.strerror or error}); choose another --port") from None
+    # Small answers must not wait for Nagle's algorithm to meet the client's delayed ACK (40 ms a request was
+    # measured before this): accepted connections inherit TCP_NODELAY from the listening socket on Linux.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
