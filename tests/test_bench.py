@@ -130,3 +130,19 @@ def test_a_training_step_updates_the_weights_and_lowers_the_loss():
     assert loss(last) < loss(first) - 0.1
     result = run_bench("digits-8", batch_size=8, paths=["eager-fp32", "autocast-bf16"], train=True, **FAST)
     assert result["mode"] == "training step" and [r["path"] for r in result["paths"]] == ["eager-fp32", "autocast-bf16"]
+
+
+def test_temporary_folders_are_removed_when_a_path_fails_mid_run(tmp_path, monkeypatch):
+    import tempfile
+
+    from vitlab.bench import runner
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a path failed while timing")
+
+    monkeypatch.setattr(runner, "time_interleaved", broken)
+    with pytest.raises(RuntimeError, match="failed while timing"):
+        run_bench("digits-8", batch_size=2, paths=["eager-fp32", "onnx-fp32"], repetitions=1, warmup=0)
+    assert list(tmp_path.iterdir()) == []  # the ONNX path's export folder went too

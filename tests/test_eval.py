@@ -89,3 +89,16 @@ def test_eval_of_a_run_on_its_validation_split_sees_the_images_it_chose_with(tmp
     assert report["top1"] == pytest.approx(summary["val_top1"])  # the same model on the same 144 images
     with pytest.raises(DataError, match="no official validation split"):
         run_evaluation(tmp_path / "run" / "model.safetensors", dataset="digits", split="val")
+
+
+def test_a_head_wider_than_the_data_is_refused_not_sliced():
+    model = create_model("digits-8", num_classes=12)
+    with pytest.raises(DataError, match="the data have 10 classes but the model's head has 12"):
+        evaluate(model, load_dataset("digits", "test"))
+
+
+def test_images_with_channels_the_model_cannot_take_are_a_data_error():
+    from vitlab.data.preprocess import prepare
+
+    with pytest.raises(DataError, match="cannot turn 4-channel images into the model's 3 channels"):
+        prepare(torch.zeros(1, 4, 8, 8), 255.0, ViTConfig(image_size=8, patch_size=2, embed_dim=8, num_heads=2))

@@ -12,15 +12,6 @@ from vitlab import load_model, read_checkpoint, export_checkpoint
 from vitlab.errors import CheckpointError
 
 
-@pytest.mark.parametrize("name, weights", REFERENCE_CHECKPOINTS)
-def test_reference_checkpoint_reproduces_its_logits(name, weights):
-    images, expected = reference_io(name)
-    model = load_model(FIXTURES / weights)
-    with torch.no_grad():
-        logits = model(images)
-    assert (logits - expected).abs().max().item() <= 1e-4
-
-
 @pytest.mark.parametrize("name, weights, kind", [
     ("jax_vit_token", "jax_vit_token.npz", "jax"),
     ("timm_vit_token", "timm_vit_token.safetensors", "timm"),
@@ -105,33 +96,6 @@ def test_timm_export_writes_timm_constructor_arguments(tmp_path):
     from safetensors.torch import load_file
 
     assert set(load_file(weights)) == set(model.state_dict())
-
-
-def test_hf_export_loads_in_transformers_with_the_same_logits(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    model = load_model(FIXTURES / "jax_vit_token.npz")  # tanh GELU: checks the activation is carried over
-    export_checkpoint(model, tmp_path / "hf", to="hf")
-    theirs = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
-    images, expected = reference_io("jax_vit_token")
-    with torch.no_grad():
-        assert (theirs(pixel_values=images).logits - expected).abs().max().item() <= 1e-4
-
-
-def test_transformers_model_of_paper_shape_matches(tmp_path):
-    """A randomly initialised transformers ViT (6 heads of 64, the paper's head width) saved with
-    save_pretrained gives the same logits through vitlab."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=384, num_hidden_layers=2,
-                                    num_attention_heads=6, intermediate_size=1536, num_labels=7)
-    theirs = transformers.ViTForImageClassification(config).eval()
-    with torch.no_grad():
-        for parameter in theirs.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.02)
-    theirs.save_pretrained(tmp_path)
-    ours = load_model(tmp_path)
-    images = torch.randn(3, 3, 32, 32)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(images), theirs(pixel_values=images).logits, rtol=1e-4, atol=1e-4)
 
 
 def test_lone_weights_with_a_non_square_position_table_need_an_image_size(tmp_path):
@@ -250,18 +214,6 @@ def test_deit_layouts_read_the_distillation_token_and_heads(weights, teacher_hea
     assert config.has_distillation_head == teacher_heads and ("head_dist.weight" in state) == teacher_heads
 
 
-@pytest.mark.parametrize("name", ["hf_deit_teacher", "timm_deit_distilled"])
-def test_deit_hf_export_loads_in_transformers_with_the_same_logits(tmp_path, name):
-    transformers = pytest.importorskip("transformers")
-    model = load_model(FIXTURES / (name if name.startswith("hf") else f"{name}.safetensors"))
-    export_checkpoint(model, tmp_path / "hf", to="hf")
-    theirs = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "hf").eval()
-    assert type(theirs).__name__ == "DeiTForImageClassificationWithTeacher"
-    images, expected = reference_io(name)
-    with torch.no_grad():
-        assert (theirs(pixel_values=images).logits - expected).abs().max().item() <= 1e-4
-
-
 @pytest.mark.parametrize("keys, named", [
     (["layers.0.blocks.0.attn.relative_position_bias_table", "layers.0.downsample.norm.weight"], "Swin Transformer"),
     (["patch_embed.proj.weight", "blocks.0.attn.relative_position_bias_table", "blocks.0.attn.qkv.weight"], "BEiT"),
@@ -290,3 +242,14 @@ def test_timm_clip_hub_config_names_quickgelu_and_a_fine_tuned_head_stays_a_clas
     state["head.bias"] = torch.full_like(state["head.bias"], 0.1)  # a trained classifier's bias is not all zero
     save_file(state, tmp_path / "model.safetensors")
     assert not read_checkpoint(tmp_path)[0].projection
+
+
+def test_a_bug_in_an_importer_is_not_reported_as_a_damaged_file(monkeypatch):
+    from vitlab.checkpoint import timm as timm_layout
+
+    def buggy(*args, **kwargs):
+        raise TypeError("vitlab bug: unexpected argument")
+
+    monkeypatch.setattr(timm_layout, "config_from_timm", buggy)
+    with pytest.raises(TypeError, match="vitlab bug"):  # not "tensors with the names of a ViT checkpoint ..."
+        read_checkpoint(FIXTURES / "timm_vit_token.safetensors")

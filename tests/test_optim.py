@@ -58,3 +58,14 @@ def test_every_family_token_and_clip_pre_norm_sit_at_the_embeddings_depth():
         assert set(embedding) == {n for n in names if n.startswith(("patch_embed", "cls_token", "dist_token",
                                                                       "reg_token", "pos_embed", "norm_pre"))}
         assert len(embedding) >= 4
+
+
+def test_the_reported_learning_rate_is_the_peak_one_under_layer_decay():
+    from vitlab.train.optim import build_optimizer, build_scheduler, peak_lr
+
+    model = create_model("digits-8")
+    optimizer = build_optimizer(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+    scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=10, min_ratio=0.0)
+    rates = scheduler.get_last_lr()
+    assert rates[0] < 1e-3 * 0.5 ** 4  # group 0, the embeddings: decayed by every block and the head
+    assert peak_lr(scheduler) == max(rates) == 1e-3  # the head's, the schedule's own rate

@@ -29,6 +29,7 @@ NOT_RUN_HERE = {
     "--resume runs/digits-20261121-190000": "names an example run folder",
     "--image-size 384": "a ViT-B/16 at 384x384 takes minutes on a CPU (the stand-in fixture would need GBs)",
     "vitlab bench": "timings take minutes; tests/test_bench.py runs every path of the command",
+    "vitlab serve": "a server runs until it is stopped; tests/test_serve.py runs it on an ephemeral port",
 }
 
 
@@ -131,3 +132,18 @@ def test_the_readme_python_snippet_runs(tmp_path, monkeypatch):
     for snippet in snippets:
         exec(compile(snippet, "README.md", "exec"), {})
     assert (tmp_path / "model.safetensors").is_file()
+
+
+def test_the_readme_layout_lists_every_module():
+    layout = next("\n".join(lines) for language, lines in fenced_blocks((REPO / "README.md").read_text())
+                  if lines and lines[0] == "src/vitlab/")
+    package = REPO / "src" / "vitlab"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        relative = path.relative_to(package)
+        folder = f"{relative.parts[0]}/" if len(relative.parts) > 1 else None
+        if folder and folder not in layout or path.name not in layout:
+            missing.append(str(relative))
+    assert missing == []

@@ -1,7 +1,6 @@
 """The training loop, on the shipped digits with a micro model so every test takes seconds."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.runs import RunFolder
 from vitlab.train import loop
+from vitlab.train import state as train_state
 from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
 from vitlab.train.loop import TrainingError, train
 
@@ -103,7 +104,7 @@ def test_corrupt_last_checkpoint_names_the_previous_one(tmp_path):
     last.write_bytes(last.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="last.pt is unreadable.*add --use-previous"):
         train(TrainConfig(), resume=tmp_path / "run")
-    assert loop.load_training_state(tmp_path / "run", allow_previous=True)["epoch"] == 1
+    assert train_state.load_training_state(tmp_path / "run", allow_previous=True)["epoch"] == 1
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -170,7 +171,7 @@ def test_sigterm_saves_and_the_run_resumes(tmp_path):
     out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     assert "Resume with: vitlab train --resume" in out
-    state = loop.load_training_state(tmp_path / "sig")
+    state = train_state.load_training_state(tmp_path / "sig")
     assert 0 < state["global_step"] < 400 * 10
 
 
@@ -224,14 +225,14 @@ def test_a_failed_save_keeps_the_last_good_state_and_says_so(tmp_path, monkeypat
     train(micro_config(tmp_path, epochs=1))
     checkpoints = tmp_path / "run" / "checkpoints"
     good = (checkpoints / "last.pt").read_bytes()
-    state = loop.load_training_state(tmp_path / "run")
+    state = train_state.load_training_state(tmp_path / "run")
 
     def disk_full(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(loop, "atomic_write_bytes", disk_full)
+    monkeypatch.setattr(train_state, "atomic_write_bytes", disk_full)
     with pytest.raises(CheckpointError, match="No space left on device.*last good checkpoint .*last.pt is intact"):
-        loop.save_training_state(state, checkpoints)
+        train_state.save_training_state(state, RunFolder(tmp_path / "run"))
     assert (checkpoints / "last.pt").read_bytes() == good
 
 
@@ -239,7 +240,7 @@ def test_a_stop_between_the_two_renames_resumes_from_previous(tmp_path):
     train(micro_config(tmp_path, epochs=2))
     checkpoints = tmp_path / "run" / "checkpoints"
     (checkpoints / "last.pt").replace(checkpoints / "previous.pt")  # as if killed right after the first rename
-    assert loop.load_training_state(tmp_path / "run")["epoch"] == 2
+    assert train_state.load_training_state(tmp_path / "run")["epoch"] == 2
 
 
 @pytest.mark.slow
@@ -292,9 +293,9 @@ def test_use_previous_resumes_past_a_damaged_last_checkpoint(tmp_path):
     train(micro_config(tmp_path, epochs=3))
     checkpoints = tmp_path / "run" / "checkpoints"
     # Make the run look stopped after epoch 2, with a damaged last.pt and a good previous.pt (epoch 1).
-    state = loop.load_training_state(tmp_path / "run")
+    state = train_state.load_training_state(tmp_path / "run")
     state["epoch"] = 2
-    loop.save_training_state(state, checkpoints)
+    train_state.save_training_state(state, RunFolder(tmp_path / "run"))
     (checkpoints / "last.pt").write_bytes(b"damaged")
     result = cli("train", "--resume", str(tmp_path / "run"), "--use-previous")
     assert result.returncode == 0, result.stderr

@@ -62,3 +62,23 @@ def test_targets_stay_distributions_through_smoothing_and_mixing():
         images, mixed = mix(torch.rand(4, 3, 8, 8), one_hot(torch.arange(4), 4), draws(4), *alpha)
         assert torch.allclose(mixed.sum(1), torch.ones(4))
         assert (mixed > 0).sum(1).max() <= 2  # each row mixes a sample with its partner only
+
+
+def test_mixing_under_ddp_uses_the_same_numbers_with_partners_from_the_own_shard():
+    """What the module promises for N processes: the same mixing weight as one process, partners from the
+    process's own shard (the shard reversed), not from the whole batch."""
+    images = torch.rand(8, 1, 4, 4)
+    targets = one_hot(torch.arange(8), 8, 0.0)
+
+    def draws(shard=None):
+        return Draws(torch.Generator().manual_seed(3), 8, shard)
+
+    whole_images, whole_targets = mix(images.clone(), targets, draws(), mixup_alpha=0.4, cutmix_alpha=0.0)
+    lam = float(whole_targets[0, 0])  # row 0 keeps lam of its own class
+    assert 0 < lam < 1 and abs(float(whole_targets[0, 7]) - (1 - lam)) < 1e-6  # partner: row 7 of the batch
+    for shard in (slice(0, 4), slice(4, 8)):
+        part_images, part_targets = mix(images[shard].clone(), targets[shard], draws(shard), 0.4, 0.0)
+        own = torch.arange(8)[shard]
+        partners = own.flip(0)
+        torch.testing.assert_close(part_targets, lam * targets[own] + (1 - lam) * targets[partners])
+        torch.testing.assert_close(part_images, lam * images[own] + (1 - lam) * images[partners])

@@ -156,3 +156,14 @@ def test_extrapolated_stats_equal_a_full_count():
     config = variant_config("digits-8")
     full = sum(p.numel() for p in create_model(config).parameters())
     assert model_stats(config)[0] == full
+
+
+def test_attention_layers_index_as_python_lists_do_and_out_of_range_is_refused():
+    model = create_model("digits-8").eval()
+    images = torch.randn(1, 1, 8, 8)
+    out = model.forward_intermediates(images, attention_layers=[-1, 0], hidden_states=False)
+    assert len(out["attentions"]) == 2  # the last block and the first
+    with pytest.raises(UsageError, match="layer 4 is out of range for a 4-block model; use 0..3 or -4..-1"):
+        model.forward_intermediates(images, attention_layers=[4])  # once wrapped silently to block 0
+    with pytest.raises(UsageError, match="out of range"):
+        model.forward_intermediates(images, attention_layers=[-5])

@@ -65,54 +65,28 @@ def run_exit_code(summary: dict) -> int:
 
 # ------------------------------------------------------------------------------------------------ commands
 def cmd_models(args: argparse.Namespace) -> int:
-    from vitlab.reports import models_table
+    from vitlab.reports import format_models_table, models_table
 
-    rows = models_table(args.image_size, args.num_classes)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    header = f"{'variant':<10} {'image':>9} {'patch':>5} {'tokens':>6} {'width':>5} {'depth':>5} {'heads':>5} {'MLP':>5} {'params':>9} {'GFLOPs':>8}"
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        image = "x".join(map(str, row["image_size"]))
-        print(f"{row['name']:<10} {image:>9} {row['patch_size'][0]:>5} {row['tokens']:>6} {row['embed_dim']:>5} "
-              f"{row['depth']:>5} {row['num_heads']:>5} {row['mlp_dim']:>5} {row['params_m']:>8.2f}M {row['gflops']:>8.2f}")
-    for row in rows:
-        if row["note"]:
-            print(f"note: {row['note']}")
-    print(f"params at {'the default image size' if args.image_size is None else 'the image size shown'} and "
-          f"{'the default' if args.num_classes is None else 'the given'} class count; GFLOPs for one image's forward "
-          "pass (multiply-add = 2)")
+    rows = models_table(image_size=args.image_size, num_classes=args.num_classes)
+    print(json.dumps(rows, indent=1) if args.json else
+          format_models_table(rows, args.image_size is not None, args.num_classes is not None))
     return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from vitlab.reports import convert
+    from vitlab.reports import convert, format_conversion
 
     summary = convert(args.input, args.output, to=args.to, image_size=args.image_size, num_heads=args.num_heads,
                       force=args.force)
-    print(f"read {summary['input']} ({summary['kind']}): {summary['model']}")
-    print(f"wrote {summary['output']} ({args.to}); re-read and checked: max |logit difference| = "
-          f"{summary['max_abs_diff']:.2e} on a random batch")
-    for note in summary["notes"]:
-        print(f"note: {note}")
+    print(format_conversion(summary, args.to))
     return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from vitlab.reports import checkpoint_info
+    from vitlab.reports import checkpoint_info, format_info
 
     info = checkpoint_info(args.checkpoint, num_heads=args.num_heads, image_size=args.image_size)
-    if args.json:
-        print(json.dumps(info, indent=1))
-    else:
-        print(f"{info['path']}: {info['kind']} checkpoint, {info['params_m']:.2f}M parameters")
-        if "input_layout" in info:
-            print(f"  input {info['input']!r}: {info['input_layout']}; batch {info['batch_size'] or 'any'}")
-        for key, value in info["config"].items():
-            if value is not None and key != "class_names":
-                print(f"  {key:<20} {value}")
+    print(json.dumps(info, indent=1) if args.json else format_info(info))
     return 0
 
 
@@ -138,7 +112,7 @@ TRAIN_SHORTHANDS = ("dataset", "data_dir", "image_size", "classes", "epochs", "m
 
 def cmd_train(args: argparse.Namespace) -> int:
     from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
-    from vitlab.train.loop import train
+    from vitlab.train.loop import resume, train
 
     if args.resume:
         given = [flag for flag, value in (("--config", args.config), ("--set", args.set), ("--dataset", args.dataset),
@@ -148,7 +122,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if given:
             raise UsageError(f"--resume continues a run with its own recipe; drop {', '.join(given)} (only --epochs "
                              "may change, to extend the run)")
-        summary = train(TrainConfig(), resume=args.resume, use_previous=args.use_previous, epochs=args.epochs)
+        summary = resume(args.resume, use_previous=args.use_previous, epochs=args.epochs)
     else:
         config = load_recipe(args.config) if args.config else TrainConfig()
         summary = train(apply_overrides(config, shorthand_overrides(args, TRAIN_SHORTHANDS)))
@@ -190,7 +164,7 @@ FINETUNE_SHORTHANDS = ("init_from", "dataset", "data_dir", "image_size", "epochs
 
 def cmd_finetune(args: argparse.Namespace) -> int:
     from vitlab.train.config import apply_overrides, finetune_config, load_recipe
-    from vitlab.train.loop import train
+    from vitlab.train.loop import resume, train
 
     if args.resume:
         given = ["--from" if name == "init_from" else f"--{name.replace('_', '-')}"
@@ -199,8 +173,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         if given:
             raise UsageError(f"--resume continues a run with its own recipe; drop {', '.join(given)} (only --epochs "
                              "may change, to extend the run)")
-        return run_exit_code(train(finetune_config(), resume=args.resume, use_previous=args.use_previous,
-                                   epochs=args.epochs))
+        return run_exit_code(resume(args.resume, use_previous=args.use_previous, epochs=args.epochs))
     if not args.init_from or not args.dataset:
         raise UsageError("finetune needs --from CHECKPOINT and --dataset NAME (or --resume RUN_DIR)")
     config = load_recipe(args.config) if args.config else finetune_config()
@@ -208,76 +181,41 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def cmd_fewshot(args: argparse.Namespace) -> int:
-    from vitlab.eval.fewshot import run_fewshot
+    from vitlab.eval.fewshot import format_fewshot, run_fewshot
 
-    report = run_fewshot(args.checkpoint, args.dataset, args.shots, args.seeds, args.l2, args.data_dir, args.classes,
-                         args.image_size, args.num_heads)
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return 0
-    print(f"{report['checkpoint']} on {report['dataset']}: few-shot linear accuracy on {report['test_count']} test "
-          f"images, {report['feature_dim']}-d frozen features, mean of {report['seeds']} seeds")
-    for shots, result in report["shots"].items():
-        spread = ", ".join(f"{100 * a:.1f}" for a in result["per_seed"])
-        print(f"  {shots:>3}-shot  {100 * result['mean']:6.2f}%   (seeds: {spread})")
+    report = run_fewshot(args.checkpoint, args.dataset, shots=args.shots, seeds=args.seeds, l2=args.l2,
+                         data_dir=args.data_dir, classes=args.classes, image_size=args.image_size,
+                         num_heads=args.num_heads)
+    print(json.dumps(report, indent=1) if args.json else format_fewshot(report))
     return 0
 
 
 def cmd_linear_probe(args: argparse.Namespace) -> int:
-    from vitlab.eval.fewshot import run_linear_probe
+    from vitlab.eval.fewshot import format_linear_probe, run_linear_probe
 
-    report = run_linear_probe(args.checkpoint, args.dataset, args.l2, args.data_dir, args.classes, args.image_size,
-                              args.num_heads)
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        print(f"{report['checkpoint']} on {report['dataset']}: linear probe (logistic regression on frozen "
-              f"features) test top-1 {100 * report['test_top1']:.2f}%, train {100 * report['train_top1']:.2f}%")
+    report = run_linear_probe(args.checkpoint, args.dataset, l2=args.l2, data_dir=args.data_dir,
+                              classes=args.classes, image_size=args.image_size, num_heads=args.num_heads)
+    print(json.dumps(report, indent=1) if args.json else format_linear_probe(report))
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from vitlab.eval.runner import run_evaluation
+    from vitlab.eval.runner import format_evaluation, run_evaluation
 
     report = run_evaluation(args.checkpoint, args.dataset, data_dir=args.data_dir, split=args.split, out=args.out,
                             batch_size=args.batch_size, classes=args.classes, image_size=args.image_size,
                             num_heads=args.num_heads, backend=args.backend)
-    if args.json:
-        print(json.dumps({k: v for k, v in report.items() if k != "confusion"}, indent=1))
-        return 0
-    print(f"{report['checkpoint']} on {report['dataset']} ({report['split']}, {report['count']} images)")
-    print(f"  top-1 {100 * report['top1']:.2f}%   top-5 {100 * report['top5']:.2f}%   loss {report['loss']:.4f}")
-    worst = sorted(zip(report["class_names"], report["per_class"]), key=lambda item: item[1])[:5]
-    print("  weakest classes: " + ", ".join(f"{name} {100 * acc:.1f}%" for name, acc in worst))
-    print(f"  wrote {report['json_path']} and {report['confusion_path']}")
+    print(json.dumps({k: v for k, v in report.items() if k != "confusion"}, indent=1) if args.json
+          else format_evaluation(report))
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from vitlab.eval.predict import load_classifier, predict
+    from vitlab.eval.predict import format_predictions, load_classifier, predict
 
     model = load_classifier(args.checkpoint, args.backend, args.image_size, args.num_heads)
     rows = predict(model, args.inputs, top_k=args.top_k)
-    if args.format == "json":
-        print(json.dumps(rows, indent=1))
-    elif args.format == "csv":
-        import csv
-
-        writer = csv.writer(sys.stdout)
-        writer.writerow(["path", "rank", "label", "probability", "error"])
-        for row in rows:
-            if "error" in row:  # every input gets a row: a failed one with its error, so nothing vanishes
-                writer.writerow([row["path"], "", "", "", row["error"]])
-            for rank, pred in enumerate(row.get("predictions", []), 1):
-                writer.writerow([row["path"], rank, pred["label"], f"{pred['probability']:.6f}", ""])
-    else:
-        width = max(len(row["path"]) for row in rows)
-        for row in rows:
-            if "error" in row:
-                print(f"{row['path']:<{width}}  error: {row['error']}")
-                continue
-            top = "  ".join(f"{p['label']} {100 * p['probability']:5.1f}%" for p in row["predictions"])
-            print(f"{row['path']:<{width}}  {top}")
+    print(format_predictions(rows, args.format))
     failed = sum("error" in row for row in rows)
     if failed:
         print(f"vitlab predict: {failed} of {len(rows)} inputs could not be classified (their rows say why)",
@@ -286,44 +224,28 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from vitlab.checkpoint import load_model
-    from vitlab.export.onnx import require_onnx, run_export, validation_pixels
+    from vitlab.export.onnx import format_export, require_onnx, run_export, validation_pixels
+    from vitlab.runs import onnx_output
 
-    require_onnx()
-    model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
-    source = Path(args.checkpoint)
-    suffix = "-int8.onnx" if args.int8 else ".onnx"
-    output = args.output or (source / f"model{suffix}" if source.is_dir() else source.with_name(source.stem + suffix))
-    pixels = validation_pixels(model.config, args.images)
     if args.dynamic_batch and args.batch_size:
         raise UsageError("--dynamic-batch and --batch-size contradict each other: give --batch-size N to fix the "
                          "batch, nothing for any batch size")
-    dynamic_batch = args.batch_size is None
-    summary = run_export(model, output, preprocess=args.preprocess, dynamic_batch=dynamic_batch,
-                         dynamic_size=args.dynamic_size, int8=args.int8, batch_size=args.batch_size or 1, pixels=pixels)
-    if args.json:
-        print(json.dumps(summary, indent=1))
-        return 0
-    print(f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {'int8' if args.int8 else 'fp32'}); "
-          f"input {summary['input']!r}: {summary['input_layout']}, batch "
-          f"{'any' if dynamic_batch else args.batch_size}")
-    print(f"checked against PyTorch on {len(pixels)} real images "
-          f"({'given' if args.images else 'shipped digits'}):")
-    for name, check in summary["validation"]["checks"].items():
-        print(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
-              f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)")
-    if not args.int8:
-        print(f"fp32 tolerance {summary['tolerance']:g}: passed")
+    require_onnx()
+    model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
+    summary = run_export(model, args.output or onnx_output(args.checkpoint, args.int8), preprocess=args.preprocess,
+                         dynamic_batch=args.batch_size is None, dynamic_size=args.dynamic_size, int8=args.int8,
+                         batch_size=args.batch_size or 1, pixels=validation_pixels(model.config, args.images))
+    print(json.dumps(summary, indent=1) if args.json else format_export(summary, images_given=bool(args.images)))
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from vitlab.bench.runner import format_table, run_bench
 
-    result = run_bench(args.model, args.checkpoint, args.image_size, args.batch_size, args.paths, args.repetitions,
-                       args.warmup, args.threads, args.train, args.dataset, args.data_dir)
+    result = run_bench(args.model, checkpoint=args.checkpoint, image_size=args.image_size, batch_size=args.batch_size,
+                       paths=args.paths, repetitions=args.repetitions, warmup=args.warmup, threads=args.threads,
+                       train=args.train, dataset=args.dataset, data_dir=args.data_dir)
     print(format_table(result))
     if args.json:
         from pathlib import Path
@@ -336,19 +258,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from vitlab.analysis.report import analyze
+    from vitlab.analysis.report import analyze, format_analysis
 
-    summary = analyze(args.checkpoint, args.images, args.out, args.data_dir, args.num_images,
-                      args.distance_images, image_size=args.image_size, num_heads=args.num_heads)
-    per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
+    summary = analyze(args.checkpoint, args.images, out=args.out, data_dir=args.data_dir, num_shown=args.num_images,
+                      num_distance_images=args.distance_images, image_size=args.image_size, num_heads=args.num_heads)
     for item in summary["skipped"]:
         print(f"skipped {item['path']}: {item['error']}", file=sys.stderr)
-    print(f"analysed {summary['checkpoint']} on {summary['images_for_distance']} images"
-          + (f" ({len(summary['skipped'])} unreadable skipped)" if summary["skipped"] else ""))
-    print(f"  mean attention distance per layer (pixels): {per_layer}")
-    for name, path in summary["files"].items():
-        print(f"  {name:<22} {path}")
-    print(f"  report                 {summary['report']}")
+    print(format_analysis(summary))
     return 0
 
 

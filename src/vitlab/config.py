@@ -45,6 +45,25 @@ def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, i
     return pair
 
 
+def patch_grid(image_size: tuple[int, int], patch_size: tuple[int, int], stride: int = 1) -> tuple[int, int]:
+    """(rows, columns) of P x P patches of an image, seen through a stem of this stride (the hybrid's ResNet;
+    1 without one), or a ConfigError saying which side does not divide and what size would."""
+    grid = []
+    for axis, image, patch in zip(("height", "width"), image_size, patch_size):
+        if image % stride:
+            raise ConfigError(f"image {axis} {image} is not a multiple of the ResNet stem's stride {stride}; "
+                              f"use an image size such as {max(stride, image // stride * stride)}")
+        image //= stride
+        if image % patch:
+            suggestion = max(patch, round(image / patch) * patch) * stride
+            raise ConfigError(
+                f"patch size {patch} does not divide image {axis} {image * stride}"
+                + (f" (feature map {image} after the stem)" if stride > 1 else "")
+                + f"; use an image size of {suggestion} or a patch size that divides {image}")
+        grid.append(image // patch)
+    return grid[0], grid[1]
+
+
 def parse_image_size(text: str) -> int | tuple[int, int]:
     """'224' -> 224, '224x320' -> (224, 320) (height x width); the one grammar for sizes on every command."""
     try:
@@ -232,25 +251,14 @@ class ViTConfig:
     @property
     def grid_size(self) -> tuple[int, int]:
         """(rows, columns) of the patch grid: the image, through the stem, cut into P x P patches."""
+        return patch_grid(self.image_size, self.patch_size, stem_stride(self.resnet_layers))
+
+    @property
+    def pixel_patch_size(self) -> tuple[int, int]:
+        """The input pixels one patch covers: the patch size, times the ResNet stem's stride on a hybrid (so also
+        the step between image sizes the model takes)."""
         stride = stem_stride(self.resnet_layers)
-        grid = []
-        for axis, image, patch in zip(("height", "width"), self.image_size, self.patch_size):
-            if self.resnet_layers is not None:
-                if image % stride:
-                    raise ConfigError(
-                        f"image {axis} {image} is not a multiple of the ResNet stem's stride {stride}; "
-                        f"use an image size such as {max(stride, image // stride * stride)}"
-                    )
-                image //= stride
-            if image % patch:
-                suggestion = max(patch, round(image / patch) * patch) * stride
-                raise ConfigError(
-                    f"patch size {patch} does not divide image {axis} {image * stride}"
-                    + (f" (feature map {image} after the stem)" if stride > 1 else "")
-                    + f"; use an image size of {suggestion} or a patch size that divides {image}"
-                )
-            grid.append(image // patch)
-        return grid[0], grid[1]
+        return self.patch_size[0] * stride, self.patch_size[1] * stride
 
     @property
     def num_patches(self) -> int:
@@ -322,6 +330,9 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
     "H": dict(embed_dim=1280, depth=32, mlp_dim=5120, num_heads=16),
 }
 PATCH_SIZES = (8, 14, 16, 32)
+# The head count of the paper's model of each width: what a state dict cannot say (weights carry no head count)
+# is read from this table when no config beside the weights states it.
+HEADS_BY_WIDTH = {size["embed_dim"]: size["num_heads"] for size in MODEL_SIZES.values()}
 
 # Hybrids: ResNet stages of the stem. The stem's stride (16 for three stages, 32 for four) times P is the
 # effective patch size, hence "/16" and "/32".

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from vitlab.config import ViTConfig, stem_stride
+from vitlab.config import ViTConfig
 
 
 def formula_covers(config: ViTConfig) -> bool:

@@ -45,10 +45,7 @@ def models_table(image_size: int | tuple[int, int] | None = None, num_classes: i
 
 def fitted_image_size(config, size: tuple[int, int]) -> tuple[int, int]:
     """The largest size <= `size` on each axis that the config's patch (times its stem's stride) divides."""
-    from vitlab.config import stem_stride
-
-    step = [p * stem_stride(config.resnet_layers) for p in config.patch_size]
-    return tuple(max(s, n // s * s) for n, s in zip(size, step))
+    return tuple(max(s, n // s * s) for n, s in zip(size, config.pixel_patch_size))
 
 
 def describe(config) -> str:
@@ -114,3 +111,38 @@ def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
                      "side and centre-crops, which crops a little more than vitlab predict from images of other shapes")
     return dict(input=str(input_path), kind=kind, output=str(written), model=describe(model.config),
                 max_abs_diff=difference, notes=notes)
+
+
+# ------------------------------------------------------------------------------------------------ printing
+def format_models_table(rows: list[dict[str, Any]], image_size_given: bool = False,
+                        num_classes_given: bool = False) -> str:
+    """`vitlab models`: one line per variant, notes for sizes a patch does not divide, what the figures mean."""
+    header = (f"{'variant':<10} {'image':>9} {'patch':>5} {'tokens':>6} {'width':>5} {'depth':>5} {'heads':>5} "
+              f"{'MLP':>5} {'params':>9} {'GFLOPs':>8}")
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        image = "x".join(map(str, row["image_size"]))
+        lines.append(f"{row['name']:<10} {image:>9} {row['patch_size'][0]:>5} {row['tokens']:>6} {row['embed_dim']:>5} "
+                     f"{row['depth']:>5} {row['num_heads']:>5} {row['mlp_dim']:>5} {row['params_m']:>8.2f}M "
+                     f"{row['gflops']:>8.2f}")
+    lines += [f"note: {row['note']}" for row in rows if row["note"]]
+    lines.append(f"params at {'the image size shown' if image_size_given else 'the default image size'} and "
+                 f"{'the given' if num_classes_given else 'the default'} class count; GFLOPs for one image's forward "
+                 "pass (multiply-add = 2)")
+    return "\n".join(lines)
+
+
+def format_conversion(summary: dict[str, Any], to: str) -> str:
+    lines = [f"read {summary['input']} ({summary['kind']}): {summary['model']}",
+             f"wrote {summary['output']} ({to}); re-read and checked: max |logit difference| = "
+             f"{summary['max_abs_diff']:.2e} on a random batch"]
+    return "\n".join(lines + [f"note: {note}" for note in summary["notes"]])
+
+
+def format_info(info: dict[str, Any]) -> str:
+    lines = [f"{info['path']}: {info['kind']} checkpoint, {info['params_m']:.2f}M parameters"]
+    if "input_layout" in info:
+        lines.append(f"  input {info['input']!r}: {info['input_layout']}; batch {info['batch_size'] or 'any'}")
+    lines += [f"  {key:<20} {value}" for key, value in info["config"].items()
+              if value is not None and key != "class_names"]
+    return "\n".join(lines)

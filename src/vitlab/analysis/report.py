@@ -16,11 +16,10 @@ from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_at
 from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
 from vitlab.checkpoint import load_model
 from vitlab.checkpoint.io import atomic_write_bytes
-from vitlab.config import stem_stride
-from vitlab.data.datasets import DATASET_NAMES, load_dataset, read_image
+from vitlab.data.datasets import DATASET_NAMES, collect_images, load_dataset, read_image
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.errors import DataError
-from vitlab.eval.predict import collect_images
+from vitlab.runs import analysis_folder
 
 
 def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int,
@@ -58,15 +57,12 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
     image_size / num_heads: as for `load_model`."""
     model = load_model(checkpoint, image_size=image_size, num_heads=num_heads)
     config = model.config
-    source = Path(checkpoint)
-    folder = Path(out) if out else (source / "analysis" if source.is_dir() else source.parent / f"analysis-{source.stem}")
+    folder = Path(out) if out else analysis_folder(checkpoint)
     skipped: list[dict[str, str]] = []
     pictures, labels, names = gather_images(images, config, data_dir, max(num_shown, num_distance_images), skipped)
     folder.mkdir(parents=True, exist_ok=True)  # only once there is something to analyse
     grid = config.grid_size
-    # Distances in input pixels: on the hybrid a feature-map patch covers stride x P pixels.
-    stride = stem_stride(config.resnet_layers)
-    pixel_patch = (config.patch_size[0] * stride, config.patch_size[1] * stride)
+    pixel_patch = config.pixel_patch_size  # distances in input pixels (a hybrid's patch covers stride x P)
 
     distance = AttentionDistance(grid, pixel_patch, config.num_prefix_tokens)
     with torch.no_grad():
@@ -203,3 +199,13 @@ layer (pixels, averaged over heads): {per_layer}.</p>
     path = folder / "report.html"
     atomic_write_bytes(path, page.encode())
     return path
+
+
+def format_analysis(summary: dict[str, Any]) -> str:
+    per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
+    lines = [f"analysed {summary['checkpoint']} on {summary['images_for_distance']} images"
+             + (f" ({len(summary['skipped'])} unreadable skipped)" if summary["skipped"] else ""),
+             f"  mean attention distance per layer (pixels): {per_layer}"]
+    lines += [f"  {name:<22} {path}" for name, path in summary["files"].items()]
+    lines.append(f"  report                 {summary['report']}")
+    return "\n".join(lines)

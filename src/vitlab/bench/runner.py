@@ -111,24 +111,29 @@ def run_bench(
 
     built: dict[str, BenchPath] = {}
     skipped: dict[str, str] = {}
-    with torch.inference_mode(mode=not train):
-        for key in chosen:
-            try:
-                built[key] = registry[key](model, sample)
-            except Unavailable as error:
-                skipped[key] = str(error)
-        expected = model(sample).float() if not train else None
-        candidates = {key: (lambda path=path: path.run(sample)) for key, path in built.items()}
-        matmuls = matmul_candidates(model, batch_size)
-        for name, (run, _) in matmuls.items():
-            candidates[name] = run
-        timings = time_interleaved(candidates, repetitions, warmup, min_sample_seconds)
-        agreement = {}
-        if expected is not None:
-            for key, path in built.items():
-                logits = path.run(sample).float()
-                agreement[key] = {"max_abs_diff_vs_eager": float((logits - expected).abs().max())}
-        accuracy = measure_accuracy(built, model, dataset, data_dir, checkpoint, batch_size) if dataset else {}
+    try:
+        with torch.inference_mode(mode=not train):
+            for key in chosen:
+                try:
+                    built[key] = registry[key](model, sample)
+                except Unavailable as error:
+                    skipped[key] = str(error)
+            expected = model(sample).float() if not train else None
+            candidates = {key: (lambda path=path: path.run(sample)) for key, path in built.items()}
+            matmuls = matmul_candidates(model, batch_size)
+            for name, (run, _) in matmuls.items():
+                candidates[name] = run
+            timings = time_interleaved(candidates, repetitions, warmup, min_sample_seconds)
+            agreement = {}
+            if expected is not None:
+                for key, path in built.items():
+                    logits = path.run(sample).float()
+                    agreement[key] = {"max_abs_diff_vs_eager": float((logits - expected).abs().max())}
+            accuracy = measure_accuracy(built, model, dataset, data_dir, checkpoint, batch_size) if dataset else {}
+    finally:  # temporary folders (ONNX files, the transformers copy) go also when a path fails mid-run
+        for path in built.values():
+            for item in path.cleanup:
+                item.cleanup()
 
     peaks = {name.split()[1]: flops / timings[name]["median"] for name, (_, flops) in matmuls.items()}
     rows = []
@@ -147,9 +152,6 @@ def run_bench(
             **agreement.get(key, {}), **accuracy.get(key, {}),
         }
         rows.append(row)
-    for path in built.values():
-        for item in path.cleanup:
-            item.cleanup()
     fastest = max(rows, key=lambda row: row["images_per_second"]) if rows else None
     return {
         "mode": "training step" if train else "inference",
@@ -168,15 +170,11 @@ def measure_accuracy(built: dict[str, BenchPath], model: nn.Module, dataset: str
                      checkpoint: str, batch_size: int) -> dict[str, dict[str, float]]:
     """Test-set top-1 of every path and its top-1 agreement with eager fp32. Batches keep the benchmark's size
     (the last one padded) so that fixed-batch graphs and compiled models see the shape they were built for."""
-    import json
-
     from vitlab.data.preprocess import prepare
     from vitlab.eval.runner import evaluation_data
+    from vitlab.runs import RunFolder
 
-    classes = None
-    run_config = Path(checkpoint) / "train_config.json"
-    if run_config.is_file():
-        classes = json.loads(run_config.read_text()).get("classes")
+    classes = (RunFolder(checkpoint).recipe() or {}).get("classes")
     config = model.config
     data = evaluation_data(config, dataset, "test", data_dir, classes)
     predictions: dict[str, list[torch.Tensor]] = {key: [] for key in built}

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from vitlab import runs
 from vitlab.checkpoint import hf, hf_clip, jax_npz, timm
 from vitlab.checkpoint.io import (FORMAT_NAME, atomic_write_bytes, config_from_metadata, load_state_dict_checked,
                                   read_json, read_npz, read_safetensors, read_torch_file, save_model,
@@ -24,7 +25,7 @@ from vitlab.models.vit import VisionTransformer
 HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers")
 HF_CLIP_MODEL_TYPES = ("clip", "clip_vision_model", "siglip", "siglip_vision_model")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
-RUN_CHECKPOINTS = ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/last.safetensors")
+RUN_CHECKPOINTS = runs.MODEL_FILES
 
 
 def find_sidecar(path: Path) -> dict[str, Any] | None:
@@ -96,8 +97,10 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
             return config, state, "timm"
     except ConfigError as error:
         raise CheckpointError(f"{source}: the checkpoint describes an invalid model: {error}") from None
-    except (IndexError, KeyError, ValueError, TypeError, RuntimeError, AttributeError) as error:
-        # Known names with shapes or types that no ViT has (a crafted or damaged file).
+    except (IndexError, KeyError, ValueError, RuntimeError) as error:
+        # Known names with shapes that no ViT has (a crafted or damaged file): a missing tensor, a reshape or
+        # split that does not fit. TypeError and AttributeError are not caught: in vitlab's own code they are
+        # bugs, and reporting them as a damaged user file would hide them.
         raise CheckpointError(f"{source}: tensors with the names of a ViT checkpoint but not its shapes "
                               f"({type(error).__name__}: {error})") from None
     raise CheckpointError(f"{source}: tensors named like {sorted(state)[:3]} are no checkpoint layout vitlab knows. "

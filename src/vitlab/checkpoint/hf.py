@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from vitlab.config import ViTConfig
-from vitlab.errors import CheckpointError
 from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
-from vitlab.checkpoint.timm import HEADS_BY_WIDTH
+from vitlab.config import HEADS_BY_WIDTH, ViTConfig
+from vitlab.errors import CheckpointError
 
 # (HF name inside "vit.", vitlab name); per layer names use {i}.
 RENAMES = [

@@ -15,12 +15,11 @@ from typing import Any
 import torch
 
 from vitlab.checkpoint.io import image_size_from_positions
-from vitlab.config import MODEL_SIZES, ViTConfig, stem_stride
+from vitlab.config import HEADS_BY_WIDTH, MODEL_SIZES, ViTConfig, stem_stride
 from vitlab.errors import CheckpointError
 
 # timm's size names and the paper's, so "vit_base_patch16_224" finds B's head count.
 TIMM_SIZE_NAMES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
-HEADS_BY_WIDTH = {size["embed_dim"]: size["num_heads"] for size in MODEL_SIZES.values()}
 
 
 def is_timm_state_dict(keys: set[str]) -> bool:

@@ -16,6 +16,7 @@ import tarfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -243,6 +244,23 @@ def load_cifar(name: str, split: str, data_dir: Path | None, allow_download: boo
 # ------------------------------------------------------------------------------------------------ folder
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 MAX_BAD_FRACTION = 0.1
+
+
+def collect_images(inputs: Iterable[str | Path]) -> list[Path]:
+    """Image files named directly, plus every image file below each named folder (sorted)."""
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+            if not found:
+                raise DataError(f"folder {path} holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DataError(f"{path}: no such file or folder")
+    return files
 
 
 def read_image(path: Path | bytes, image_size: tuple[int, int], channels: int = 3,

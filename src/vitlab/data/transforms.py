@@ -1,7 +1,11 @@
 """Augmentation of whole batches of float images (B, C, H, W) in [0, 1], seeded and cheap on a CPU.
 
 Every random number is drawn for the global batch and each process keeps the rows of its shard, so a run
-on N processes sees exactly the augmentation of a single-process run with the same seed and global batch.
+on N processes draws exactly the numbers of a single-process run with the same seed and global batch: the same
+crops, flips, ops and magnitudes for the same images. One thing differs: Mixup/CutMix pairs each image with a
+partner from its own process's shard (the shard reversed), since pairing across processes would mean sending
+images between them every step; the mixing weight and the CutMix box are the same as on one process
+(tests/test_transforms.py holds both facts).
 
 Ops: random crop with padding, horizontal flip, TrivialAugment (Mueller and Hutter 2021: one op per image,
 uniformly chosen, uniform magnitude), random erasing (Zhong et al. 2017), Mixup (Zhang et al. 2018) and
@@ -181,7 +185,8 @@ def one_hot(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> t
 def mix(images: torch.Tensor, targets: torch.Tensor, draws: Draws, mixup_alpha: float, cutmix_alpha: float,
         probability: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixup or CutMix (one of the enabled ones, chosen per batch) with the batch in reverse order as
-    partners; the targets are mixed in the proportion of pixels (CutMix) or weight (Mixup)."""
+    partners; the targets are mixed in the proportion of pixels (CutMix) or weight (Mixup). Under DDP `images`
+    is this process's shard, so partners come from the shard (see the module docstring)."""
     if (mixup_alpha <= 0 and cutmix_alpha <= 0) or draws.scalar() >= probability:
         return images, targets
     use_cutmix = cutmix_alpha > 0 and (mixup_alpha <= 0 or draws.scalar() < 0.5)

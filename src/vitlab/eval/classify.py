@@ -13,7 +13,7 @@ from torch import nn
 
 from vitlab.data.datasets import ImageDataset
 from vitlab.data.preprocess import prepare, to_unit_range
-from vitlab.train.distributed import DistEnv, all_reduce_sum
+from vitlab.distributed import DistEnv, all_reduce_sum
 
 
 def require_head(config, checkpoint: str = "the model") -> None:
@@ -45,10 +45,11 @@ def evaluate(model: nn.Module, dataset: ImageDataset, batch_size: int = 512, env
     if torch_model:
         model.eval()
     num_classes = dataset.num_classes
-    if num_classes > config.num_classes:
+    if num_classes != config.num_classes:  # a wider head once hid behind a slice of the logits
         from vitlab.errors import DataError
 
-        raise DataError(f"the data have {num_classes} classes but the model's head has {config.num_classes}")
+        raise DataError(f"the data have {num_classes} classes but the model's head has {config.num_classes}; "
+                        "evaluate on the classes it was trained for (--classes), or fine-tune it first")
     device = next(core.parameters()).device if torch_model else torch.device("cpu")
     share = -(-len(dataset) // env.world_size)
     start, stop = env.rank * share, min(len(dataset), (env.rank + 1) * share)
@@ -63,7 +64,7 @@ def evaluate(model: nn.Module, dataset: ImageDataset, batch_size: int = 512, env
             images = prepare(dataset.images[rows], dataset.max_value, config).to(device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 logits = model(images)
-        logits = logits.float()[:, :num_classes]
+        logits = logits.float()
         sums[0] += F.cross_entropy(logits, labels, reduction="sum").double()
         top = logits.topk(min(5, num_classes), dim=1).indices
         sums[1] += (top == labels[:, None]).any(dim=1).sum()

@@ -42,12 +42,10 @@ def extract_features(model, data: ImageDataset, batch_size: int = 256) -> torch.
 def checkpoint_digest(path: str | Path) -> str:
     from vitlab.checkpoint.formats import resolve_weights
 
+    from vitlab.data.download import sha256_of
+
     weights, _ = resolve_weights(Path(path))
-    digest = hashlib.sha256()
-    with open(weights, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return sha256_of(weights)
 
 
 def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None = None,
@@ -183,3 +181,17 @@ def run_linear_probe(checkpoint: str | Path, dataset: str, l2: float = 1e-3, dat
     train, test = splits["train"], splits["test"]
     result = linear_probe_accuracy(train[0], train[1], test[0], test[1], l2)
     return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "l2": l2, **result}
+
+
+def format_fewshot(report: dict[str, Any]) -> str:
+    lines = [f"{report['checkpoint']} on {report['dataset']}: few-shot linear accuracy on {report['test_count']} test "
+             f"images, {report['feature_dim']}-d frozen features, mean of {report['seeds']} seeds"]
+    for shots, result in report["shots"].items():
+        spread = ", ".join(f"{100 * a:.1f}" for a in result["per_seed"])
+        lines.append(f"  {shots:>3}-shot  {100 * result['mean']:6.2f}%   (seeds: {spread})")
+    return "\n".join(lines)
+
+
+def format_linear_probe(report: dict[str, Any]) -> str:
+    return (f"{report['checkpoint']} on {report['dataset']}: linear probe (logistic regression on frozen features) "
+            f"test top-1 {100 * report['test_top1']:.2f}%, train {100 * report['train_top1']:.2f}%")

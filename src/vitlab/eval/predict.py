@@ -7,26 +7,9 @@ from typing import Any, Iterable
 
 import torch
 
-from vitlab.data.datasets import IMAGE_EXTENSIONS, read_image
+from vitlab.data.datasets import collect_images, read_image
 from vitlab.data.preprocess import prepare
 from vitlab.errors import DataError
-
-
-def collect_images(inputs: Iterable[str | Path]) -> list[Path]:
-    """Image files named directly, plus every image file below each named folder (sorted)."""
-    files: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-            if not found:
-                raise DataError(f"folder {path} holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise DataError(f"{path}: no such file or folder")
-    return files
 
 
 def load_classifier(path: str | Path, backend: str | None = None, image_size: int | tuple[int, int] | None = None,
@@ -48,7 +31,9 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
     from vitlab.export.onnx import OnnxClassifier
 
     if not is_onnx:
-        exported = path / "model.onnx" if path.is_dir() else path.with_suffix(".onnx")
+        from vitlab.runs import onnx_output
+
+        exported = onnx_output(path)
         if not exported.is_file():
             raise UsageError(f"--backend onnx runs an ONNX export, and {exported} does not exist; make it with: "
                              f"vitlab export {path}")
@@ -101,3 +86,34 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
             flush()
     flush()
     return rows
+
+
+def format_predictions(rows: list[dict[str, Any]], fmt: str = "table") -> str:
+    """The rows as a table, JSON or CSV; every input has a row, a failed one with its error (CSV: in the error
+    column), so nothing given vanishes from the output."""
+    if fmt == "json":
+        import json
+
+        return json.dumps(rows, indent=1)
+    if fmt == "csv":
+        import csv
+        import io
+
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["path", "rank", "label", "probability", "error"])
+        for row in rows:
+            if "error" in row:
+                writer.writerow([row["path"], "", "", "", row["error"]])
+            for rank, pred in enumerate(row.get("predictions", []), 1):
+                writer.writerow([row["path"], rank, pred["label"], f"{pred['probability']:.6f}", ""])
+        return out.getvalue().rstrip("\n")
+    width = max(len(row["path"]) for row in rows)
+    lines = []
+    for row in rows:
+        if "error" in row:
+            lines.append(f"{row['path']:<{width}}  error: {row['error']}")
+        else:
+            top = "  ".join(f"{p['label']} {100 * p['probability']:5.1f}%" for p in row["predictions"])
+            lines.append(f"{row['path']:<{width}}  {top}")
+    return "\n".join(lines)

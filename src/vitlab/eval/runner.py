@@ -11,6 +11,7 @@ from vitlab.config import ViTConfig
 from vitlab.data.datasets import ImageDataset, has_official_validation, load_dataset, load_splits
 from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate, require_head
+from vitlab.runs import RunFolder, eval_outputs, outputs_beside
 
 
 def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_dir: str | None = None,
@@ -47,8 +48,7 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_d
 
     if not Path(checkpoint).exists():
         raise UsageError(f"{checkpoint}: no such file or folder")
-    run_config = Path(checkpoint) / "train_config.json"
-    trained = json.loads(run_config.read_text()) if run_config.is_file() else None
+    trained = RunFolder(checkpoint).recipe()
     if dataset is None:
         if trained is None:
             raise DataError(f"{checkpoint} is not a run folder; say which data set to evaluate on with --dataset")
@@ -62,15 +62,23 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_d
                         f"(vitlab finetune --from {checkpoint} --dataset {dataset} --classes ...)")
     data = evaluation_data(model.config, dataset, split, data_dir, classes, trained)
     metrics = evaluate(model, data, batch_size)
-    source = Path(checkpoint)
-    folder = Path(out) if out else (source if source.is_dir() else source.parent)
+    folder = Path(out) if out else outputs_beside(checkpoint)
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"eval-{dataset}-{split}"
+    json_path, picture_path = eval_outputs(folder, dataset, split)
     report = {"checkpoint": str(checkpoint), "dataset": dataset, "split": split, **metrics}
-    json_path = folder / f"{stem}.json"
     atomic_write_bytes(json_path, json.dumps(report, indent=1).encode())
     from vitlab import plots
 
-    confusion_path = plots.plot_confusion(metrics["confusion"], metrics["class_names"], folder / f"{stem}.png",
+    confusion_path = plots.plot_confusion(metrics["confusion"], metrics["class_names"], picture_path,
                                           title=f"{dataset} {split}: {100 * metrics['top1']:.2f}% top-1")
     return {**report, "json_path": str(json_path), "confusion_path": str(confusion_path)}
+
+
+def format_evaluation(report: dict[str, Any]) -> str:
+    worst = sorted(zip(report["class_names"], report["per_class"]), key=lambda item: item[1])[:5]
+    return "\n".join([
+        f"{report['checkpoint']} on {report['dataset']} ({report['split']}, {report['count']} images)",
+        f"  top-1 {100 * report['top1']:.2f}%   top-5 {100 * report['top5']:.2f}%   loss {report['loss']:.4f}",
+        "  weakest classes: " + ", ".join(f"{name} {100 * acc:.1f}%" for name, acc in worst),
+        f"  wrote {report['json_path']} and {report['confusion_path']}",
+    ])

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.config import ViTConfig, stem_stride
+from vitlab.config import ViTConfig
 from vitlab.data.preprocess import normalize
 from vitlab.errors import CheckpointError, UsageError
 
@@ -75,16 +75,10 @@ def input_contract(config: ViTConfig, preprocess: bool, dynamic_size: bool) -> s
                 f"{config.image_size[0]}x{config.image_size[1]} (bilinear, antialiased) and normalises")
     mean = ", ".join(f"{v:g}" for v in config.image_mean)
     std = ", ".join(f"{v:g}" for v in config.image_std)
-    size = ("sides multiples of {}x{}".format(*patch_steps(config)) if dynamic_size
+    size = ("sides multiples of {}x{}".format(*config.pixel_patch_size) if dynamic_size
             else "{}x{}".format(*config.image_size))
     return (f"float32 {channels} (B, {config.in_chans}, H, W) at {size}: pixels / 255, then (x - mean) / std per "
             f"channel with mean ({mean}) and std ({std})")
-
-
-def patch_steps(config: ViTConfig) -> tuple[int, int]:
-    """The input-pixel step between patch-grid sizes: the patch size, times the ResNet stem's stride on a hybrid."""
-    stride = stem_stride(config.resnet_layers)
-    return config.patch_size[0] * stride, config.patch_size[1] * stride
 
 
 def export_onnx(
@@ -126,7 +120,7 @@ def export_onnx(
         dims[2], dims[3] = torch.export.Dim("height", min=1, max=16384), torch.export.Dim("width", min=1, max=16384)
     elif dynamic_size:
         # Sides must stay multiples of the patch size (times the ResNet stem's stride on a hybrid).
-        step_h, step_w = patch_steps(config)
+        step_h, step_w = config.pixel_patch_size
         dims[2] = step_h * torch.export.Dim("patch_rows", min=1, max=max(2, 16384 // step_h))
         dims[3] = step_w * torch.export.Dim("patch_cols", min=1, max=max(2, 16384 // step_w))
     input_name = "pixels" if preprocess else "images"
@@ -272,7 +266,7 @@ def validation_pixels(config: ViTConfig, inputs: list[str] | None = None, count:
 
     if inputs:
         from vitlab.data.datasets import read_image
-        from vitlab.eval.predict import collect_images
+        from vitlab.data.datasets import collect_images
 
         return torch.stack([read_image(path, config.image_size, config.in_chans)
                             for path in collect_images(inputs)[:count]])
@@ -302,7 +296,7 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
         checks["batch 1"] = (reference[:1], runtime.classify_pixels(pixels[:1]))
     if runtime.metadata["dynamic_size"]:
         height, width = config.image_size
-        step_h, step_w = patch_steps(config)
+        step_h, step_w = config.pixel_patch_size
         other = (height + step_h, width + 2 * step_w)
         larger = F.interpolate(pixels.float(), size=other, mode="bilinear", align_corners=False).round().to(torch.uint8)
         if runtime.preprocess:
@@ -349,3 +343,17 @@ def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, d
         os.replace(staged, path)
     return {**summary, "path": str(path), "bytes": path.stat().st_size, "validation": validation,
             "max_abs_diff": worst, "tolerance": tolerance}
+
+
+def format_export(summary: dict[str, Any], images_given: bool) -> str:
+    """`vitlab export`'s report: the file and its input contract, then each check against PyTorch."""
+    lines = [f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {'int8' if summary['int8'] else 'fp32'}); "
+             f"input {summary['input']!r}: {summary['input_layout']}, batch {summary['batch_size'] or 'any'}",
+             f"checked against PyTorch on {next(iter(summary['validation']['checks'].values()))['images']} real "
+             f"images ({'given' if images_given else 'shipped digits'}):"]
+    for name, check in summary["validation"]["checks"].items():
+        lines.append(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
+                     f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)")
+    if not summary["int8"]:
+        lines.append(f"fp32 tolerance {summary['tolerance']:g}: passed")
+    return "\n".join(lines)

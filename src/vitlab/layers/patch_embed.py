@@ -10,20 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitlab.errors import ConfigError
-
-
-def check_divisible(image_size: tuple[int, int], patch_size: tuple[int, int]) -> tuple[int, int]:
-    """The (rows, columns) patch grid, or a clear error when a patch side does not divide the image side."""
-    grid = []
-    for axis, image, patch in zip(("height", "width"), image_size, patch_size):
-        if image % patch:
-            raise ConfigError(
-                f"patch size {patch} does not divide image {axis} {image}; "
-                f"use an image {axis} of {max(patch, round(image / patch) * patch)} or another patch size"
-            )
-        grid.append(image // patch)
-    return grid[0], grid[1]
+from vitlab.config import patch_grid
 
 
 def patchify(images: torch.Tensor, patch_size: int | tuple[int, int]) -> torch.Tensor:
@@ -35,7 +22,7 @@ def patchify(images: torch.Tensor, patch_size: int | tuple[int, int]) -> torch.T
     """
     patch_h, patch_w = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
     batch, channels, height, width = images.shape
-    rows, cols = check_divisible((height, width), (patch_h, patch_w))
+    rows, cols = patch_grid((height, width), (patch_h, patch_w))
     patches = images.reshape(batch, channels, rows, patch_h, cols, patch_w)
     patches = patches.permute(0, 2, 4, 3, 5, 1)  # (B, rows, cols, P_h, P_w, C)
     return patches.reshape(batch, rows * cols, patch_h * patch_w * channels)
@@ -78,7 +65,7 @@ class PatchEmbed(nn.Module):
     def project(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> the projected patches on their grid (B, D, rows, cols)."""
         features = images if self.backbone is None else self.backbone(images)
-        check_divisible(tuple(features.shape[-2:]), self.patch_size)
+        patch_grid(tuple(features.shape[-2:]), self.patch_size)
         return self.proj(features)
 
     def linear_weight(self) -> torch.Tensor:

@@ -36,6 +36,13 @@ AttentionCallback = Callable[[int, torch.Tensor], None]
 EMBEDDING_PARAMETERS = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "norm_pre.")
 
 
+def block_index(parameter_name: str) -> int | None:
+    """The encoder block a parameter belongs to ("blocks.3.attn.qkv.weight" -> 3), or None outside the blocks."""
+    if parameter_name.startswith("blocks."):
+        return int(parameter_name.split(".")[1])
+    return None
+
+
 class VisionTransformer(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
@@ -97,8 +104,7 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(proj.bias)
         if self.config.pos_embed == "sincos2d":
             self.pos_embed.zero_()
-            patch_rows = sincos_2d_pos_embed(self.config.grid_size, self.config.embed_dim)
-            self.pos_embed[0, self.config.num_position_prefix:] = patch_rows
+            self.pos_embed.copy_(self.position_table(self.config.grid_size))
         else:
             nn.init.normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
@@ -163,13 +169,7 @@ class VisionTransformer(nn.Module):
         tokens = patches.flatten(2).transpose(1, 2)  # (B, N, D)
         pos_embed = self.pos_embed
         if self.dynamic_image_size:  # the same tables `set_image_size` would make for this grid
-            prefix = self.config.num_position_prefix
-            if self.config.pos_embed == "sincos2d":
-                patch_positions = sincos_2d_pos_embed(patches.shape[-2:], self.config.embed_dim)[None].to(pos_embed)
-            else:
-                patch_positions = interpolate_patch_positions(pos_embed[:, prefix:], self.config.grid_size,
-                                                              patches.shape[-2:])
-            pos_embed = torch.cat([pos_embed[:, :prefix], patch_positions], dim=1)
+            pos_embed = self.position_table(patches.shape[-2:])
         prefix_tokens = [token.expand(tokens.shape[0], -1, -1)
                          for token in (self.cls_token, self.dist_token, self.reg_token) if token is not None]
         if not self.config.prefix_positions:  # only the patch tokens get positions (timm's no_embed_class)
@@ -229,7 +229,7 @@ class VisionTransformer(nn.Module):
         if attention_layers == "all":
             wanted = set(range(len(self.blocks)))
         else:
-            wanted = set() if attention_layers is None else {int(i) % len(self.blocks) for i in attention_layers}
+            wanted = set() if attention_layers is None else {self.layer_index(i) for i in attention_layers}
         x = self.embed(images)
         out: dict[str, torch.Tensor | list[torch.Tensor]] = {"stem": x}
         states: list[torch.Tensor] = []
@@ -255,7 +255,27 @@ class VisionTransformer(nn.Module):
         out["logits"] = self.forward_head(out["encoder"]) if self.head_dist is not None else self.head(out["pre_logits"])
         return out
 
+    def layer_index(self, index: int) -> int:
+        """A block index as Python indexes a list: 0..L-1, or -L..-1 from the end; anything else is refused (it
+        once wrapped silently: 12 became 0 on a 12-block model)."""
+        depth = len(self.blocks)
+        if not -depth <= int(index) < depth:
+            raise UsageError(f"layer {index} is out of range for a {depth}-block model; use 0..{depth - 1} or "
+                             f"-{depth}..-1")
+        return int(index) % depth
+
     # ----------------------------------------------------------------------------------------- resolution
+    def position_table(self, grid: tuple) -> torch.Tensor:
+        """E_pos (1, prefix + rows * cols, D) for a patch grid: the prefix rows as they are, and the patch rows
+        either the fixed sin-cos ones of that grid or the learned ones interpolated to it. Traces with symbolic
+        grid sizes (the dynamic-size ONNX export)."""
+        prefix = self.config.num_position_prefix
+        if self.config.pos_embed == "sincos2d":
+            patch_rows = sincos_2d_pos_embed(grid, self.config.embed_dim)[None].to(self.pos_embed)
+        else:
+            patch_rows = interpolate_patch_positions(self.pos_embed[:, prefix:], self.config.grid_size, grid)
+        return torch.cat([self.pos_embed[:, :prefix], patch_rows], dim=1)
+
     def set_image_size(self, image_size: int | tuple[int, int], mode: str = "bilinear") -> None:
         """Change the input resolution in place, keeping the patch size and resampling the position embedding
         to the new grid (the paper's fine-tuning at higher resolution, section 3.2)."""
@@ -263,10 +283,7 @@ class VisionTransformer(nn.Module):
         new_config = self.config.replace(image_size=image_size)
         with torch.no_grad():
             if self.config.pos_embed == "sincos2d":
-                prefix = new_config.num_position_prefix
-                table = torch.zeros(1, prefix + new_config.num_patches, self.config.embed_dim)
-                table[0, prefix:] = sincos_2d_pos_embed(new_config.grid_size, self.config.embed_dim)
-                table[:, :prefix] = self.pos_embed[:, :prefix]
+                table = self.position_table(new_config.grid_size)
             else:
                 table = resample_pos_embed(self.pos_embed.data, new_config.grid_size, old_grid,
                                            self.config.num_position_prefix, mode)

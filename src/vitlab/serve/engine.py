@@ -78,7 +78,9 @@ class Engine:
             self.runner = self._prepare(model, backend, precision, threads)
         require_head(self.config, str(source))
         self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]
-        self.name = source.name if source.name not in ("model.safetensors", "model.onnx") else source.parent.name
+        from vitlab.runs import display_name
+
+        self.name = display_name(source)
 
     def _prepare(self, model, backend: str, precision: str, threads: int | None):
         if backend == "onnx":

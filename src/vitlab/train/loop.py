@@ -1,11 +1,8 @@
-"""Training: `train` runs a recipe end to end; `train_one_epoch` and `evaluate` are the plain steps.
+"""Training: `train` runs a recipe end to end, in three steps that read top to bottom: `start` (data, model,
+optimizer and schedule, fresh or restored from a saved state), `run_epochs` (each epoch: `train_one_epoch`, then
+`end_epoch` validates, keeps the best checkpoint and saves the state) and `finish` (the test split, once, and the
+run's outputs). What goes where in the run folder is `vitlab.runs`; the saved state is `vitlab.train.state`.
 
-The run folder holds everything a run produces:
-    train_config.json  the recipe as run          metrics.jsonl  one JSON line per epoch
-    checkpoints/last.pt    full training state (model, optimizer, schedule, EMA, RNG, position), every epoch
-    checkpoints/previous.pt  the one before it, in case the last is damaged
-    checkpoints/best.safetensors  the model with the best validation accuracy so far (vitlab format)
-    model.safetensors  the final model          summary.txt / summary.json, curves.png, confusion.png
 Model selection uses the validation split only (carved from the training images unless the data set has an
 official one); the test split is measured once at the end, for the final and for the best-validation model.
 Only rank 0 writes. Every file is written atomically, so the last good checkpoint survives any crash.
@@ -17,13 +14,13 @@ continues exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
 import math
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +28,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.checkpoint.io import atomic_write_bytes, save_model
+from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig, variant_config, variant_names
 from vitlab.data.datasets import ImageDataset, Splits, load_splits
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.transforms import Draws, augment_batch
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.eval.classify import evaluate
-from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer
+from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_index
 from vitlab.progress import LogLines, format_duration
 from vitlab.train.config import TrainConfig
-from vitlab.train.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, gather_rng_states,
+from vitlab.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, gather_rng_states,
                                       init_distributed, replica_difference, synchronize)
-from vitlab.train.optim import EMA, build_optimizer, build_scheduler
+from vitlab.runs import BEST, MODEL, RunFolder, default_run_name
+from vitlab.train.optim import EMA, build_optimizer, build_scheduler, peak_lr
+from vitlab.train.state import Position, load_training_state, save_training_state, training_state
 
 
 class TrainingError(VitlabError):
@@ -96,8 +95,8 @@ def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
         if config.linear_probe:
             frozen = not name.startswith(("head.", "head_dist."))
         elif config.freeze_blocks:
-            frozen = name.startswith(EMBEDDING_PARAMETERS) or (
-                name.startswith("blocks.") and int(name.split(".")[1]) < config.freeze_blocks)
+            block = block_index(name)
+            frozen = name.startswith(EMBEDDING_PARAMETERS) or (block is not None and block < config.freeze_blocks)
         else:
             frozen = False
         if frozen:
@@ -150,77 +149,6 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
-# ------------------------------------------------------------------------------------------------ state
-@dataclass
-class Position:
-    epoch: int = 0  # epochs fully done
-    step_in_epoch: int = 0  # optimizer steps done in the current epoch
-    global_step: int = 0
-    best_val_top1: float = -1.0  # validation accuracy of the best checkpoint (-1: none yet, or no validation)
-    best_epoch: int = -1
-    train_seconds: float = 0.0  # inside training steps
-    elapsed_seconds: float = 0.0  # wall time of the run at the last epoch end, over all its sessions
-    best_elapsed_seconds: float = -1.0  # wall time at which the best validation accuracy was reached
-    augment_state: torch.Tensor | None = None  # generator state mid-epoch
-    epoch_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss sum, correct, count so far
-
-
-def training_state(model: VisionTransformer, optimizer, scheduler, ema: EMA | None, position: Position,
-                   config: TrainConfig, rng_states: torch.Tensor) -> dict[str, Any]:
-    """Everything a resumed run needs; rng_states holds every rank's global RNG state (gather_rng_states)."""
-    return {
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "ema": ema.state if ema else None, "epoch": position.epoch, "step_in_epoch": position.step_in_epoch,
-        "global_step": position.global_step, "best_val_top1": position.best_val_top1, "best_epoch": position.best_epoch,
-        "train_seconds": position.train_seconds, "elapsed_seconds": position.elapsed_seconds,
-        "best_elapsed_seconds": position.best_elapsed_seconds, "augment_state": position.augment_state,
-        "epoch_sums": torch.tensor(position.epoch_sums, dtype=torch.float64),
-        "torch_rng_state": rng_states[0], "rank_rng_states": rng_states, "model_config": model.config.to_json(),
-        "train_config": json.dumps(config.to_dict()),
-    }
-
-
-def save_training_state(state: dict[str, Any], folder: Path) -> Path:
-    """Write checkpoints/last.pt, keeping the one before as previous.pt, so that no crash or error loses the
-    last good state: the new bytes are written and synced to a temporary file first; only then does last.pt
-    become previous.pt and the temporary file become last.pt (two renames). A crash between the renames
-    leaves previous.pt as the newest state, which `load_training_state` then takes."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    last, previous, pending = folder / "last.pt", folder / "previous.pt", folder / "next.pt"
-    try:
-        atomic_write_bytes(pending, buffer.getvalue())
-        if last.exists():
-            os.replace(last, previous)
-        os.replace(pending, last)
-    except OSError as error:
-        kept = last if last.exists() else previous
-        raise CheckpointError(f"could not save the training state in {folder} ({error.strerror or error}); "
-                              f"the last good checkpoint {kept} is intact") from None
-    return last
-
-
-def load_training_state(run_dir: Path, allow_previous: bool = False) -> dict[str, Any]:
-    """The newest readable training state of a run; the previous one only when allowed."""
-    folder = run_dir / "checkpoints"
-    last_missing = not (folder / "last.pt").exists() and (folder / "previous.pt").exists()
-    # A missing last.pt with a previous.pt means a stop between the two renames of a save: previous.pt is then
-    # the newest state, so it is taken without asking. A damaged last.pt needs --use-previous.
-    candidates = [folder / "last.pt"] + ([folder / "previous.pt"] if allow_previous or last_missing else [])
-    problems = []
-    for path in candidates:
-        if not path.exists():
-            problems.append(f"{path} does not exist")
-            continue
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # unreadable: truncated, corrupt or refused
-            problems.append(f"{path} is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
-    hint = "" if allow_previous or last_missing or not (folder / "previous.pt").exists() else \
-        "; the previous checkpoint exists: add --use-previous to resume from it"
-    raise CheckpointError(f"cannot resume {run_dir}: " + "; ".join(problems) + hint)
-
-
 # ------------------------------------------------------------------------------------------------ steps
 class RunClock:
     """Wall time of a run over all its sessions, and an estimate of the time left from this session's pace
@@ -242,11 +170,13 @@ class RunClock:
         return (time.perf_counter() - self.started) / done_here * (self.total_steps - steps_done)
 
 
-def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDataset, optimizer, scheduler,
+def train_one_epoch(wrapped: nn.Module, model: VisionTransformer, data: ImageDataset, optimizer, scheduler,
                     ema: EMA | None, config: TrainConfig, env: DistEnv, position: Position,
                     permutation_seed: int, stop: StopFlag, progress_bar: Any = None,
                     clock: RunClock | None = None, log_lines: LogLines | None = None) -> bool:
-    """Run the rest of one epoch from `position`; returns False if a stop was requested (state is consistent)."""
+    """Run the rest of one epoch from `position`; returns False if a stop was requested (state is consistent).
+    `wrapped` is what runs the steps (the model itself, or its DDP / compiled wrapper); `model` the
+    VisionTransformer inside, whose config and weights the EMA reads."""
     batch = config.batch_size
     steps_per_epoch = len(data) // batch
     per_rank = batch // env.world_size
@@ -258,15 +188,15 @@ def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDatase
     else:
         augment_rng.manual_seed(permutation_seed + 1)
     autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
-    model.train()
+    wrapped.train()
     sums = torch.tensor(position.epoch_sums, dtype=torch.float64)
     for step in range(position.step_in_epoch, steps_per_epoch):
         started = time.perf_counter()
         rows = order[step * batch:(step + 1) * batch][shard]
-        images = to_unit_range(data.images[rows], data.max_value, core.config)
+        images = to_unit_range(data.images[rows], data.max_value, model.config)
         images, targets = augment_batch(images, data.labels[rows], data.num_classes, config.augment,
                                         Draws(augment_rng, batch, shard), config.label_smoothing)
-        images = normalize(images, core.config).to(env.device)
+        images = normalize(images, model.config).to(env.device)
         targets, labels = targets.to(env.device), data.labels[rows].to(env.device)
         optimizer.zero_grad(set_to_none=True)
         step_loss = torch.zeros((), dtype=torch.float64)
@@ -274,10 +204,10 @@ def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDatase
         for micro, (x, t, y) in enumerate(zip(images.chunk(config.grad_accum), targets.chunk(config.grad_accum),
                                               labels.chunk(config.grad_accum))):
             last_micro = micro == config.grad_accum - 1
-            sync = model.no_sync() if env.enabled and not last_micro else _null_context()
+            sync = wrapped.no_sync() if env.enabled and not last_micro else contextlib.nullcontext()
             with sync:
                 with autocast:
-                    logits = model(x)
+                    logits = wrapped(x)
                 loss = F.cross_entropy(logits.float(), t) / config.grad_accum
                 loss.backward()
             step_loss += loss.detach().double() * len(x)
@@ -290,11 +220,11 @@ def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDatase
                 f"checkpoint is kept. Lower the learning rate (--set lr={config.lr / 3:.2g}), or use "
                 "--set precision=fp32 if bf16 was on")
         if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            torch.nn.utils.clip_grad_norm_(wrapped.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
         if ema is not None:
-            ema.update(core)
+            ema.update(model)
         sums += local
         position.step_in_epoch = step + 1
         position.global_step += 1
@@ -302,12 +232,12 @@ def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDatase
         if progress_bar is not None:
             progress_bar.update(1)
             progress_bar.set_postfix(loss=f"{sums[0] / sums[2]:.3f}", acc=f"{sums[1] / sums[2]:.3f}",
-                                     lr=f"{scheduler.get_last_lr()[0]:.2e}",
+                                     lr=f"{peak_lr(scheduler):.2e}",
                                      img_s=f"{len(images) * env.world_size / (time.perf_counter() - started):.0f}",
                                      run_left=format_duration(clock.remaining(position.global_step)) if clock else "?")
         if log_lines is not None:
             log_lines.update(1, loss=f"{sums[0] / sums[2]:.4f}", train=f"{100 * sums[1] / sums[2]:.1f}%",
-                             lr=f"{scheduler.get_last_lr()[-1]:.2e}",
+                             lr=f"{peak_lr(scheduler):.2e}",
                              tail=f"run {format_duration(clock.remaining(position.global_step)) if clock else '?'} left")
         position.epoch_sums = sums.tolist()
         if any_rank(stop.requested, env) and step + 1 < steps_per_epoch:
@@ -315,14 +245,6 @@ def train_one_epoch(model: nn.Module, core: VisionTransformer, data: ImageDatase
             return False
     position.augment_state = None
     return True
-
-
-class _null_context:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -355,38 +277,37 @@ def fit_schedule(config: TrainConfig, train_images: int, steps_per_epoch: int) -
     return warmup, notes
 
 
-def new_run_dir(config: TrainConfig, env: DistEnv) -> Path:
-    name = config.run_name or f"{config.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    name = broadcast_object(name, env)
-    run_dir = Path(config.out_dir) / name
-    if env.is_main:
-        if (run_dir / "checkpoints" / "last.pt").exists():
-            raise ConfigError(f"run folder {run_dir} already holds a run; resume it with --resume {run_dir} "
-                              "or choose another --set run_name=...")
-    # Not created here: the first file written makes it, after data, model and schedule are checked, so a
-    # command that fails before training leaves no empty run folder behind.
-    return run_dir
+@dataclass
+class Session:
+    """One sitting of a run, built (fresh or from a saved state) and ready for its epochs."""
 
+    config: TrainConfig
+    run: RunFolder
+    env: DistEnv
+    splits: Splits
+    model: VisionTransformer  # the model being trained
+    wrapped: nn.Module  # what runs the steps: `model`, or its DDP / torch.compile wrapper
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    ema: EMA | None
+    eval_model: VisionTransformer | None  # holds the EMA weights for evaluation (None without EMA)
+    position: Position
+    history: list[dict[str, Any]]
+    steps_per_epoch: int
+    writer: Any = None  # TensorBoard
+    elapsed_seconds: float = 0.0  # wall time of the run when its last epoch ended, over all its sessions
 
-def append_metrics(path: Path, row: dict[str, Any]) -> None:
-    with open(path, "a") as handle:
-        handle.write(json.dumps(row) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    @property
+    def evaluated(self) -> VisionTransformer:
+        """The weights that are validated, tested and saved: the EMA's if any, else the model's."""
+        return self.eval_model or self.model
 
-
-def read_metrics(path: Path, before_epoch: int | None = None) -> list[dict[str, Any]]:
-    """Metric rows (dropping any torn last line and, on resume, rows of epochs that will be redone)."""
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if before_epoch is None or row["epoch"] <= before_epoch:
-                rows.append(row)
-    return rows
+    def save_state(self) -> None:
+        """Every rank's RNG state gathered, then rank 0 writes checkpoints/last.pt."""
+        rng_states = gather_rng_states(self.env)
+        if self.env.is_main:
+            save_training_state(training_state(self.model, self.optimizer, self.scheduler, self.ema, self.position,
+                                               self.config, rng_states), self.run)
 
 
 def train(config: TrainConfig, resume: str | Path | None = None, use_previous: bool = False,
@@ -396,7 +317,14 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
     follows the schedule of a run of that length from where the run stands."""
     env = init_distributed()
     try:
-        summary = _train(config, resume, use_previous, env, epochs)
+        state = None
+        if resume is not None:
+            state = load_training_state(Path(resume), allow_previous=use_previous)
+            config = resumed_config(state, Path(resume), epochs)
+        session = start(config, env, state, Path(resume) if resume is not None else None, epochs)
+        summary = run_epochs(session)
+        if summary is None:
+            summary = finish(session)
         # Leave together: rank 0 may still be writing (a stop's checkpoint, the final report) when the others
         # return, and a worker that tore down its process group and exited meanwhile was once seen to abort in
         # the teardown ("terminate called without an active exception", exit -6) after a SIGTERM stop.
@@ -406,127 +334,164 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
         cleanup(env)
 
 
-def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, env: DistEnv,
-           new_epochs: int | None = None) -> dict[str, Any]:
-    state = None
-    old_epochs = None
-    if resume is not None:
-        run_dir = Path(resume)
-        state = load_training_state(run_dir, allow_previous=use_previous)
-        config = TrainConfig.from_dict(json.loads(state["train_config"]))
-        if new_epochs is not None and new_epochs != config.epochs:
-            done = state["epoch"] + (1 if state["step_in_epoch"] else 0)
-            if new_epochs < done:
-                raise ConfigError(f"{run_dir} has already trained {done} epochs; --epochs must be at least that "
-                                  f"to extend it (the recipe's length is {config.epochs})")
-            old_epochs, config.epochs = config.epochs, new_epochs
+def resume(run_dir: str | Path, use_previous: bool = False, epochs: int | None = None) -> dict[str, Any]:
+    """Continue a stopped run exactly where it stopped (with `epochs`, at a new length); see `train`."""
+    return train(TrainConfig(), resume=run_dir, use_previous=use_previous, epochs=epochs)
+
+
+def resumed_config(state: dict[str, Any], run_dir: Path, new_epochs: int | None) -> TrainConfig:
+    """The recipe a run was saved with, at a new length if asked (never below the epochs already trained)."""
+    config = TrainConfig.from_dict(json.loads(state["train_config"]))
+    if new_epochs is not None and new_epochs != config.epochs:
+        done = state["epoch"] + (1 if state["step_in_epoch"] else 0)
+        if new_epochs < done:
+            raise ConfigError(f"{run_dir} has already trained {done} epochs; --epochs must be at least that "
+                              f"to extend it (the recipe's length is {config.epochs})")
+        config.epochs = new_epochs
+    return config
+
+
+def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_dir: Path | None,
+          new_epochs: int | None) -> Session:
+    """Data, model, optimizer and schedule of a run, fresh or restored from `state`; the run folder's recipe
+    written. Everything that can be wrong with the recipe or the data is found before the folder is made."""
     torch.set_num_threads(config.threads or default_threads(env))
     torch.manual_seed(config.seed + env.rank)
     if config.tensorboard and env.is_main:
-        open_tensorboard(None, config, env)  # fail before anything is written if tensorboard is missing
-    if resume is None:
-        run_dir = new_run_dir(config, env)
+        require_tensorboard()  # fail before anything is written if tensorboard is missing
+    if run_dir is None:
+        # Every rank must name the folder alike: rank 0's name (and time) wins.
+        run = RunFolder(Path(config.out_dir) / broadcast_object(config.run_name or default_run_name(config.dataset),
+                                                                env))
+        if env.is_main and run.holds_run:
+            raise ConfigError(f"run folder {run} already holds a run; resume it with --resume {run} "
+                              "or choose another --set run_name=...")
+    else:
+        run = RunFolder(run_dir)
     splits = load_splits(config.dataset, config.data_dir, config.val_size, config.seed, config.image_size,
                          config.classes, max_train_images=config.max_train_images)
-    train_data, val_data, test_data = splits.train, splits.validation, splits.test
-    if train_data.num_classes < 2:
-        raise DataError(f"{train_data.name} has a single class; a classifier needs at least two")
+    if splits.train.num_classes < 2:
+        raise DataError(f"{splits.train.name} has a single class; a classifier needs at least two")
     if state is not None:
-        core = VisionTransformer(ViTConfig.from_json(state["model_config"]))
-        core.load_state_dict(state["model"])
+        model = VisionTransformer(ViTConfig.from_json(state["model_config"]))
+        model.load_state_dict(state["model"])
     else:
-        core = build_model(config, train_data)
-    apply_freezing(core, config)
-    core.set_attention_kernel(training_attention_kernel(config, core))
-    if config.augment.hflip and not train_data.hflip and env.is_main:
+        model = build_model(config, splits.train)
+    apply_freezing(model, config)
+    model.set_attention_kernel(training_attention_kernel(config, model))
+    if config.augment.hflip and not splits.train.hflip and env.is_main:
         print(f"note: horizontal flips change the meaning of {config.dataset} images; flips are off")
         config.augment.hflip = False
-    if config.batch_size % env.world_size:
-        raise ConfigError(f"batch_size {config.batch_size} does not divide over {env.world_size} processes")
-    if (config.batch_size // env.world_size) % config.grad_accum:
-        raise ConfigError(f"the per-process batch {config.batch_size // env.world_size} does not divide into "
-                          f"{config.grad_accum} micro-batches")
-    steps_per_epoch = len(train_data) // config.batch_size
-    if steps_per_epoch == 0:
-        raise ConfigError(f"batch_size {config.batch_size} is larger than the {len(train_data)} training images; "
-                          f"use --set batch_size={2 ** int(math.log2(len(train_data)))}")
-    core.to(env.device)
-    model: nn.Module = core
+    steps_per_epoch = check_batching(config, env, len(splits.train))
+    model.to(env.device)
+    wrapped: nn.Module = model
     if env.enabled:
-        model = nn.parallel.DistributedDataParallel(core, device_ids=[env.device] if env.device.type == "cuda" else None)
+        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda"
+                                                      else None)
     if config.compile:
-        model = torch.compile(model)
-    optimizer = build_optimizer(core, config.optimizer, config.lr, config.weight_decay, config.momentum,
+        wrapped = torch.compile(wrapped)
+    optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay, config.momentum,
                                 config.layer_decay)
-    total_steps = config.epochs * steps_per_epoch
-    warmup_steps, notes = fit_schedule(config, len(train_data), steps_per_epoch)
+    warmup_steps, notes = fit_schedule(config, len(splits.train), steps_per_epoch)
     if env.is_main and state is None:
         for note in notes:
             print(f"note: {note}")
-    scheduler = build_scheduler(optimizer, warmup_steps, total_steps, config.min_lr / config.lr)
-    ema = EMA(core, config.ema_decay) if config.ema_decay > 0 else None
+    scheduler = build_scheduler(optimizer, warmup_steps, config.epochs * steps_per_epoch, config.min_lr / config.lr)
+    ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
     position = Position()
     if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if old_epochs is not None:  # the new length's schedule applies from the very next step
-            previous_lr = optimizer.param_groups[-1]["lr"]
-            for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-                group["lr"] = base_lr * factor(scheduler.last_epoch)
-            scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-            if env.is_main:
-                print(f"extending {run_dir} from {old_epochs} to {config.epochs} epochs: the learning rate now follows "
-                      f"a {config.epochs}-epoch schedule, {previous_lr:.2e} -> {optimizer.param_groups[-1]['lr']:.2e} "
-                      f"at step {scheduler.last_epoch} of {total_steps}")
-        if ema is not None and state["ema"] is not None:
-            ema.state = {k: v.to(env.device) for k, v in state["ema"].items()}
-        position = Position(
-            epoch=state["epoch"], step_in_epoch=state["step_in_epoch"], global_step=state["global_step"],
-            best_val_top1=state.get("best_val_top1", -1.0), best_epoch=state["best_epoch"],
-            train_seconds=state["train_seconds"], elapsed_seconds=state.get("elapsed_seconds", 0.0),
-            best_elapsed_seconds=state.get("best_elapsed_seconds", -1.0), augment_state=state["augment_state"],
-            epoch_sums=state["epoch_sums"].tolist())
-        rank_states = state.get("rank_rng_states")
-        if rank_states is not None and len(rank_states) == env.world_size:
-            # clone(): torch 2.13's set_rng_state segfaults on a row view with a storage offset (seen here).
-            torch.set_rng_state(rank_states[env.rank].clone())  # each rank continues its own stream exactly
-        else:  # resumed on another number of processes: rank 0's stream, fresh distinct ones for the others
-            torch.set_rng_state(state["torch_rng_state"].clone())
-            if env.rank:
-                torch.manual_seed(config.seed + env.rank + position.global_step)
-    checkpoints = run_dir / "checkpoints"
-    metrics_path = run_dir / "metrics.jsonl"
-    history = read_metrics(metrics_path, before_epoch=position.epoch)
+        position = restore(state, optimizer, scheduler, ema, config, env, run, steps_per_epoch)
+    history = run.read_metrics(before_epoch=position.epoch)
     if env.is_main:
-        atomic_write_bytes(run_dir / "train_config.json", json.dumps(config.to_dict(), indent=1).encode())
+        run.write_recipe(config.to_dict())
         if state is not None:  # drop rows of epochs that will be redone, so the file matches the state
-            atomic_write_bytes(metrics_path, "".join(json.dumps(r) + "\n" for r in history).encode())
-    writer = open_tensorboard(run_dir, config, env)
+            run.rewrite_metrics(history)
     eval_model = None
     if ema is not None:
         # Its random init is overwritten by the EMA weights; building it must not draw from the global RNG, or a
         # resumed run (which builds it after restoring that RNG) would diverge from an uninterrupted one.
         with torch.random.fork_rng(devices=[]):
-            eval_model = VisionTransformer(core.config).to(env.device)
+            eval_model = VisionTransformer(model.config).to(env.device)
+    session = Session(config, run, env, splits, model, wrapped, optimizer, scheduler, ema, eval_model, position,
+                      history, steps_per_epoch,
+                      writer=run.tensorboard_writer() if config.tensorboard and env.is_main else None)
     if env.is_main:
-        params = sum(p.numel() for p in core.parameters())
-        trainable = sum(p.numel() for p in core.parameters() if p.requires_grad)
-        what = f"fine-tuning {config.init_from}" if config.init_from else f"training {config.model}"
-        validation = "no validation" if val_data is None else f"{len(val_data)} validation ({splits.validation_source}" + (
-            f", seed {config.seed})" if splits.validation_source == "carved" else ")")
-        print(f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
-              f"{len(train_data)} train / {validation} / {len(test_data)} test images, {config.epochs} epochs of "
-              f"{steps_per_epoch} steps, batch {config.batch_size}, {env.world_size} process(es) on "
-              f"{env.device.type}; run folder {run_dir}")
-        if state is not None:
-            print(f"resuming at epoch {position.epoch + 1}, step {position.step_in_epoch} of {steps_per_epoch}")
+        announce(session, resumed=state is not None)
+    return session
 
+
+def check_batching(config: TrainConfig, env: DistEnv, train_images: int) -> int:
+    """Steps per epoch, after checking that the batch splits over processes and micro-batches and fits the data."""
+    if config.batch_size % env.world_size:
+        raise ConfigError(f"batch_size {config.batch_size} does not divide over {env.world_size} processes")
+    if (config.batch_size // env.world_size) % config.grad_accum:
+        raise ConfigError(f"the per-process batch {config.batch_size // env.world_size} does not divide into "
+                          f"{config.grad_accum} micro-batches")
+    steps_per_epoch = train_images // config.batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"batch_size {config.batch_size} is larger than the {train_images} training images; "
+                          f"use --set batch_size={2 ** int(math.log2(train_images))}")
+    return steps_per_epoch
+
+
+def restore(state: dict[str, Any], optimizer, scheduler, ema: EMA | None, config: TrainConfig, env: DistEnv,
+            run: RunFolder, steps_per_epoch: int) -> Position:
+    """Optimizer, schedule, EMA and this rank's RNG stream as saved; the position where the run stands."""
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    saved_epochs = TrainConfig.from_dict(json.loads(state["train_config"])).epochs
+    if saved_epochs != config.epochs:  # extended (`resumed_config`): the new length's schedule from the next step
+        previous_lr = optimizer.param_groups[-1]["lr"]
+        for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base_lr * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        if env.is_main:
+            print(f"extending {run} from {saved_epochs} to {config.epochs} epochs: the learning rate now follows "
+                  f"a {config.epochs}-epoch schedule, {previous_lr:.2e} -> {optimizer.param_groups[-1]['lr']:.2e} "
+                  f"at step {scheduler.last_epoch} of {config.epochs * steps_per_epoch}")
+    if ema is not None and state["ema"] is not None:
+        ema.state = {k: v.to(env.device) for k, v in state["ema"].items()}
+    position = Position.from_state(state)
+    rank_states = state.get("rank_rng_states")
+    if rank_states is not None and len(rank_states) == env.world_size:
+        # clone(): torch 2.13's set_rng_state segfaults on a row view with a storage offset (seen here).
+        torch.set_rng_state(rank_states[env.rank].clone())  # each rank continues its own stream exactly
+    else:  # resumed on another number of processes: rank 0's stream, fresh distinct ones for the others
+        torch.set_rng_state(state["torch_rng_state"].clone())
+        if env.rank:
+            torch.manual_seed(config.seed + env.rank + position.global_step)
+    return position
+
+
+def announce(session: Session, resumed: bool) -> None:
+    """The run's first line: what trains on what, how long, where."""
+    config, splits, model = session.config, session.splits, session.model
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    what = f"fine-tuning {config.init_from}" if config.init_from else f"training {config.model}"
+    validation = "no validation" if splits.validation is None else (
+        f"{len(splits.validation)} validation ({splits.validation_source}"
+        + (f", seed {config.seed})" if splits.validation_source == "carved" else ")"))
+    print(f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
+          f"{len(splits.train)} train / {validation} / {len(splits.test)} test images, {config.epochs} epochs of "
+          f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
+          f"{session.env.device.type}; run folder {session.run}")
+    if resumed:
+        print(f"resuming at epoch {session.position.epoch + 1}, step {session.position.step_in_epoch} of "
+              f"{session.steps_per_epoch}")
+
+
+def run_epochs(session: Session) -> dict[str, Any] | None:
+    """The remaining epochs: train, validate, choose the best, save, report. Returns the 'interrupted' summary
+    when a stop was asked for (state saved), None when every epoch ran."""
     from tqdm import tqdm
 
-    clock = RunClock(position.elapsed_seconds, position.global_step, config.epochs * steps_per_epoch)
+    config, env, position, run = session.config, session.env, session.position, session.run
+    steps = session.steps_per_epoch
+    clock = RunClock(position.elapsed_seconds, position.global_step, config.epochs * steps)
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):
-            bar = tqdm(total=steps_per_epoch, initial=position.step_in_epoch, desc=f"epoch {epoch + 1}/{config.epochs}",
+            bar = tqdm(total=steps, initial=position.step_in_epoch, desc=f"epoch {epoch + 1}/{config.epochs}",
                        leave=False, dynamic_ncols=True,
                        # None: tqdm shows the bar only on a terminal, so logs get the epoch lines alone.
                        disable=None if env.is_main and config.progress else True)
@@ -534,77 +499,91 @@ def _train(config: TrainConfig, resume: str | Path | None, use_previous: bool, e
             seconds_before = position.train_seconds
             log_lines = None
             if bar.disable and env.is_main and config.progress:  # no terminal, no bar: lines in the log instead
-                every = config.log_every_steps or (-(-steps_per_epoch // 4) if steps_per_epoch >= 40 else 0)
+                every = config.log_every_steps or (-(-steps // 4) if steps >= 40 else 0)
                 if every:
-                    log_lines = LogLines(steps_per_epoch, f"epoch {epoch + 1:>3}/{config.epochs}", every,
+                    log_lines = LogLines(steps, f"epoch {epoch + 1:>3}/{config.epochs}", every,
                                          done=position.step_in_epoch, left_label="epoch")
-            finished = train_one_epoch(model, core, train_data, optimizer, scheduler, ema, config, env, position,
+            finished = train_one_epoch(session.wrapped, session.model, session.splits.train, session.optimizer,
+                                       session.scheduler, session.ema, config, env, position,
                                        permutation_seed=config.seed * 1_000_003 + epoch, stop=stop, progress_bar=bar,
                                        clock=clock, log_lines=log_lines)
             bar.close()
             if not finished:
                 position.elapsed_seconds = clock.elapsed()
-                rng_states = gather_rng_states(env)
+                session.save_state()
                 if env.is_main:
-                    save_training_state(training_state(core, optimizer, scheduler, ema, position, config, rng_states),
-                                        checkpoints)
                     print(f"stopped at epoch {epoch + 1}, step {position.step_in_epoch}; state saved. "
-                          f"Resume with: vitlab train --resume {run_dir}")
-                return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch, "step": position.step_in_epoch,
+                          f"Resume with: vitlab train --resume {run}")
+                return {"status": "interrupted", "run_dir": str(run), "epoch": epoch, "step": position.step_in_epoch,
                         "signal": stop.signal}
-            if ema is not None:
-                ema.copy_to(eval_model)
-            loss_sum, correct, count = position.epoch_sums
-            epoch_seconds = position.train_seconds - seconds_before
-            row = dict(epoch=epoch + 1, step=position.global_step, lr=scheduler.get_last_lr()[0],
-                       train_loss=loss_sum / count, train_top1=correct / count)
-            if val_data is not None:
-                val = evaluate(eval_model or core, val_data, config.eval_batch_size, env, config.precision)
-                row.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"])
-            if config.test_every_epoch:  # shown to the user; nothing below reads it
-                test = evaluate(eval_model or core, test_data, config.eval_batch_size, env, config.precision)
-                row.update(test_loss=test["loss"], test_top1=test["top1"], test_top5=test["top5"])
-            position.elapsed_seconds = clock.elapsed()
-            row.update(images_per_second=count / max(epoch_seconds, 1e-9),
-                       epoch_seconds=time.perf_counter() - epoch_started, elapsed_seconds=position.elapsed_seconds)
-            history.append(row)
-            position.epoch, position.step_in_epoch, position.epoch_sums = epoch + 1, 0, [0.0, 0.0, 0.0]
-            improved = val_data is not None and row["val_top1"] > position.best_val_top1
-            if improved:
-                position.best_val_top1, position.best_epoch = row["val_top1"], epoch + 1
-                position.best_elapsed_seconds = position.elapsed_seconds
-            rng_states = gather_rng_states(env)
+            row, improved = end_epoch(session, epoch, epoch_started, seconds_before, clock)
             if env.is_main:
-                append_metrics(metrics_path, row)
-                if writer is not None:
-                    for key, value in row.items():
-                        if key not in ("epoch", "step"):
-                            writer.add_scalar(key, value, epoch + 1)
-                if improved:
-                    try:
-                        save_model(eval_model or core, checkpoints / "best.safetensors")
-                    except OSError as error:
-                        raise CheckpointError(f"could not save {checkpoints / 'best.safetensors'} "
-                                              f"({error.strerror or error}); the previous best is intact") from None
-                save_training_state(training_state(core, optimizer, scheduler, ema, position, config, rng_states),
-                                    checkpoints)
                 every = max(1, config.epochs // 25)
                 if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
                     print(epoch_line(row, config.epochs, clock.remaining(position.global_step), improved), flush=True)
             if any_rank(stop.requested, env) and epoch + 1 < config.epochs:
                 if env.is_main:
-                    print(f"stopped after epoch {epoch + 1}; state saved. Resume with: vitlab train --resume {run_dir}")
-                return {"status": "interrupted", "run_dir": str(run_dir), "epoch": epoch + 1, "step": 0,
+                    print(f"stopped after epoch {epoch + 1}; state saved. Resume with: vitlab train --resume {run}")
+                return {"status": "interrupted", "run_dir": str(run), "epoch": epoch + 1, "step": 0,
                         "signal": stop.signal}
-    final_model = eval_model or core
-    results = final_results(final_model, splits, checkpoints / "best.safetensors", position, config, env)
-    replica_diff = replica_difference(core, env)
-    summary = {"status": "finished", "run_dir": str(run_dir), "replica_max_abs_diff": replica_diff}
+    session.elapsed_seconds = clock.elapsed()
+    return None
+
+
+def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before: float,
+              clock: RunClock) -> tuple[dict[str, Any], bool]:
+    """Validate (and test, if asked to show it), record the epoch's row, keep the best checkpoint by validation
+    accuracy, save the training state. Returns the row and whether it is the best so far."""
+    config, env, position, splits = session.config, session.env, session.position, session.splits
+    if session.ema is not None:
+        session.ema.copy_to(session.eval_model)
+    loss_sum, correct, count = position.epoch_sums
+    row = dict(epoch=epoch + 1, step=position.global_step, lr=peak_lr(session.scheduler),
+               train_loss=loss_sum / count, train_top1=correct / count)
+    if splits.validation is not None:
+        val = evaluate(session.evaluated, splits.validation, config.eval_batch_size, env, config.precision)
+        row.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"])
+    if config.test_every_epoch:  # shown to the user; nothing below reads it
+        test = evaluate(session.evaluated, splits.test, config.eval_batch_size, env, config.precision)
+        row.update(test_loss=test["loss"], test_top1=test["top1"], test_top5=test["top5"])
+    position.elapsed_seconds = clock.elapsed()
+    row.update(images_per_second=count / max(position.train_seconds - seconds_before, 1e-9),
+               epoch_seconds=time.perf_counter() - epoch_started, elapsed_seconds=position.elapsed_seconds)
+    session.history.append(row)
+    position.epoch, position.step_in_epoch, position.epoch_sums = epoch + 1, 0, [0.0, 0.0, 0.0]
+    improved = splits.validation is not None and row["val_top1"] > position.best_val_top1
+    if improved:
+        position.best_val_top1, position.best_epoch = row["val_top1"], epoch + 1
+        position.best_elapsed_seconds = position.elapsed_seconds
     if env.is_main:
-        summary = write_outputs(run_dir, final_model, results, history, position, config, splits, env,
-                                replica_diff, clock.elapsed())
-        if writer is not None:
-            writer.close()
+        session.run.append_metrics(row)
+        if session.writer is not None:
+            for key, value in row.items():
+                if key not in ("epoch", "step"):
+                    session.writer.add_scalar(key, value, epoch + 1)
+        if improved:
+            best = session.run / BEST
+            try:
+                save_model(session.evaluated, best)
+            except OSError as error:
+                raise CheckpointError(f"could not save {best} ({error.strerror or error}); the previous best is "
+                                      "intact") from None
+    session.save_state()
+    return row, improved
+
+
+def finish(session: Session) -> dict[str, Any]:
+    """The end of a run: the test split measured once (final model and best-validation checkpoint), the final
+    model, pictures and summaries written."""
+    env = session.env
+    results = final_results(session.evaluated, session.splits, session.run / BEST, session.position,
+                            session.config, env)
+    replica_diff = replica_difference(session.model, env)
+    summary = {"status": "finished", "run_dir": str(session.run), "replica_max_abs_diff": replica_diff}
+    if env.is_main:
+        summary = write_outputs(session, results, replica_diff)
+        if session.writer is not None:
+            session.writer.close()
     return summary
 
 
@@ -642,24 +621,23 @@ def final_results(final_model: VisionTransformer, splits: Splits, best_path: Pat
     return results
 
 
-def open_tensorboard(run_dir: Path, config: TrainConfig, env: DistEnv):
-    """A SummaryWriter in the run folder (None if off); with run_dir=None only checks the package is there."""
-    if not (config.tensorboard and env.is_main):
-        return None
+def require_tensorboard() -> None:
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        import torch.utils.tensorboard  # noqa: F401 - only whether it is there
     except ImportError:
         raise ConfigError("tensorboard=True needs the tensorboard package: pip install tensorboard") from None
-    return SummaryWriter(run_dir / "tensorboard") if run_dir is not None else None
 
 
-def write_outputs(run_dir: Path, model: VisionTransformer, results: dict[str, Any], history: list[dict[str, Any]],
-                  position: Position, config: TrainConfig, splits: Splits, env: DistEnv,
-                  replica_diff: float = 0.0, wall_seconds: float = 0.0) -> dict[str, Any]:
+def write_outputs(session: Session, results: dict[str, Any], replica_diff: float = 0.0) -> dict[str, Any]:
+    """The final model, curves, confusion matrix and the summary (JSON and the text it prints)."""
     from vitlab import plots
 
+    run, model, history, position = session.run, session.evaluated, session.history, session.position
+    config, splits, env, wall_seconds = session.config, session.splits, session.env, session.elapsed_seconds
+    run_dir = run.path
+
     final, best_test, val = results["test"], results["best_test"], results["val"]
-    model_path = save_model(model, run_dir / "model.safetensors")
+    model_path = save_model(model, run / MODEL)
     plots.plot_training_curves(history, run_dir / "curves.png")
     plots.plot_confusion(final["confusion"], final["class_names"], run_dir / "confusion.png",
                          title=f"{config.dataset} test set: {100 * final['top1']:.2f}% top-1")
@@ -681,7 +659,6 @@ def write_outputs(run_dir: Path, model: VisionTransformer, results: dict[str, An
         "best_checkpoint_test_top1": best_test["top1"] if best_test else None,
         "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
     }
-    atomic_write_bytes(run_dir / "summary.json", json.dumps(summary, indent=1).encode())
     worst = sorted(summary["per_class_top1"].items(), key=lambda item: item[1])[:3]
     lines = [
         f"vitlab {'finetune' if config.init_from else 'train'}: {config.init_from or config.model} on "
@@ -707,6 +684,6 @@ def write_outputs(run_dir: Path, model: VisionTransformer, results: dict[str, An
         f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png, confusion.png",
     ]
     text = "\n".join(lines)
-    atomic_write_bytes(run_dir / "summary.txt", (text + "\n").encode())
+    run.write_summary(summary, text)
     print(text)
     return summary

@@ -7,16 +7,15 @@ import math
 import torch
 from torch import nn
 
-from vitlab.models.vit import EMBEDDING_PARAMETERS
+from vitlab.models.vit import EMBEDDING_PARAMETERS, block_index
 
 
 def layer_id(name: str, depth: int) -> int:
     """Depth of a parameter for layer-wise lr decay: 0 for the embeddings, l + 1 for block l, depth + 1 after."""
     if name.startswith(EMBEDDING_PARAMETERS):
         return 0
-    if name.startswith("blocks."):
-        return int(name.split(".")[1]) + 1
-    return depth + 1
+    block = block_index(name)
+    return depth + 1 if block is None else block + 1
 
 
 def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0, layer_decay: float = 1.0) -> list[dict]:
@@ -65,6 +64,12 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float):
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps, min_ratio))
+
+
+def peak_lr(scheduler) -> float:
+    """The learning rate to report: the largest of the groups', i.e. the head's (with layer-wise decay group 0,
+    the embeddings, runs at lr * decay^(L + 1), which says little about the schedule)."""
+    return max(scheduler.get_last_lr())
 
 
 class EMA:

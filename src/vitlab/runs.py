@@ -1,0 +1,136 @@
+"""The run folder: where a training run keeps what it produces, and where the other commands find it and put
+their own outputs. This module is the one place that knows the layout:
+
+    RUN/train_config.json            the recipe as run (TrainConfig fields)
+    RUN/metrics.jsonl                one JSON line per epoch
+    RUN/checkpoints/last.pt          full training state, every epoch; previous.pt the one before it
+    RUN/checkpoints/best.safetensors the model with the best validation accuracy so far
+    RUN/model.safetensors            the final model
+    RUN/summary.json, summary.txt    the end-of-run figures; curves.png, confusion.png; tensorboard/
+    RUN/eval-DATASET-SPLIT.json/.png `vitlab eval`;  RUN/analysis/ `vitlab analyze`;  RUN/model.onnx `vitlab export`
+
+Commands given a checkpoint file instead of a run folder write beside the file (`outputs_beside`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+TRAIN_CONFIG = "train_config.json"
+METRICS = "metrics.jsonl"
+MODEL = "model.safetensors"
+CHECKPOINTS = "checkpoints"
+BEST = f"{CHECKPOINTS}/best.safetensors"
+LAST_STATE = f"{CHECKPOINTS}/last.pt"
+# Model files of a run folder, in the order a command that loads "the run" takes them.
+MODEL_FILES = (MODEL, BEST, f"{CHECKPOINTS}/last.safetensors")
+
+
+class RunFolder:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def holds_run(self) -> bool:
+        """A run was started here (its training state exists)."""
+        return (self.path / LAST_STATE).exists()
+
+    def recipe(self) -> dict[str, Any] | None:
+        """The TrainConfig fields the run trained with, or None when the path is no run folder."""
+        path = self.path / TRAIN_CONFIG
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    # ------------------------------------------------------------------------------------- metrics
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        """One epoch's line, flushed and synced: a crash loses at most the line being written."""
+        with open(self.path / METRICS, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read_metrics(self, before_epoch: int | None = None) -> list[dict[str, Any]]:
+        """Metric rows (dropping any torn last line and, on resume, rows of epochs that will be redone)."""
+        rows = []
+        path = self.path / METRICS
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if before_epoch is None or row["epoch"] <= before_epoch:
+                    rows.append(row)
+        return rows
+
+    def rewrite_metrics(self, rows: list[dict[str, Any]]) -> None:
+        from vitlab.checkpoint.io import atomic_write_bytes
+
+        atomic_write_bytes(self.path / METRICS, "".join(json.dumps(row) + "\n" for row in rows).encode())
+
+    # ------------------------------------------------------------------------------------- writing
+    def write_recipe(self, recipe: dict[str, Any]) -> None:
+        from vitlab.checkpoint.io import atomic_write_bytes
+
+        atomic_write_bytes(self.path / TRAIN_CONFIG, json.dumps(recipe, indent=1).encode())
+
+    def write_summary(self, summary: dict[str, Any], text: str) -> None:
+        from vitlab.checkpoint.io import atomic_write_bytes
+
+        atomic_write_bytes(self.path / "summary.json", json.dumps(summary, indent=1).encode())
+        atomic_write_bytes(self.path / "summary.txt", (text + "\n").encode())
+
+    def tensorboard_writer(self):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(self.path / "tensorboard")
+
+
+def default_run_name(dataset: str) -> str:
+    """<dataset>-<time>: the folder a run gets unless `run_name` says. The folder is made by the first file the
+    run writes, so a command failing before that leaves no empty folder behind."""
+    return f"{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def outputs_beside(checkpoint: str | Path) -> Path:
+    """Where a command writes what it makes from a checkpoint: into the run folder itself, or beside a file."""
+    source = Path(checkpoint)
+    return source if source.is_dir() else source.parent
+
+
+def eval_outputs(folder: Path, dataset: str, split: str) -> tuple[Path, Path]:
+    """The metrics JSON and confusion-matrix picture of `vitlab eval`."""
+    stem = f"eval-{dataset}-{split}"
+    return folder / f"{stem}.json", folder / f"{stem}.png"
+
+
+def analysis_folder(checkpoint: str | Path) -> Path:
+    """`vitlab analyze`'s default output: RUN/analysis, or analysis-<name> beside a checkpoint file."""
+    source = Path(checkpoint)
+    return source / "analysis" if source.is_dir() else source.parent / f"analysis-{source.stem}"
+
+
+def onnx_output(checkpoint: str | Path, int8: bool = False) -> Path:
+    """`vitlab export`'s default file: RUN/model.onnx (model-int8.onnx), or NAME.onnx beside a checkpoint file."""
+    source = Path(checkpoint)
+    suffix = "-int8.onnx" if int8 else ".onnx"
+    return source / f"model{suffix}" if source.is_dir() else source.with_name(source.stem + suffix)
+
+
+def display_name(source: str | Path) -> str:
+    """A model's name for people: the run folder's name for a run or its model file, else the file's name."""
+    source = Path(source)
+    return source.parent.name if source.name in (MODEL, "model.onnx") else source.name

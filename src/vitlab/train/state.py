@@ -1,0 +1,104 @@
+"""Training state: where a run stands (`Position`) and everything a resumed run needs, saved so that no crash
+loses the last good state.
+
+checkpoints/last.pt holds the model, optimizer, schedule, EMA, every rank's RNG state and the position, each
+position field under its own name; checkpoints/previous.pt the state before it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitlab.checkpoint.io import atomic_write_bytes
+from vitlab.errors import CheckpointError
+from vitlab.runs import RunFolder
+
+
+@dataclass
+class Position:
+    epoch: int = 0  # epochs fully done
+    step_in_epoch: int = 0  # optimizer steps done in the current epoch
+    global_step: int = 0
+    best_val_top1: float = -1.0  # validation accuracy of the best checkpoint (-1: none yet, or no validation)
+    best_epoch: int = -1
+    train_seconds: float = 0.0  # inside training steps
+    elapsed_seconds: float = 0.0  # wall time of the run at the last epoch end, over all its sessions
+    best_elapsed_seconds: float = -1.0  # wall time at which the best validation accuracy was reached
+    augment_state: torch.Tensor | None = None  # generator state mid-epoch
+    epoch_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss sum, correct, count so far
+
+    def to_state(self) -> dict[str, Any]:
+        """Every field under its own name (epoch_sums as a float64 tensor, which weights_only loading takes)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["epoch_sums"] = torch.tensor(self.epoch_sums, dtype=torch.float64)
+        return values
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "Position":
+        """The fields found in a saved state, by name; a field an older checkpoint lacks keeps its default."""
+        values = {f.name: state[f.name] for f in dataclasses.fields(cls) if f.name in state}
+        if isinstance(values.get("epoch_sums"), torch.Tensor):
+            values["epoch_sums"] = values["epoch_sums"].tolist()
+        return cls(**values)
+
+
+def training_state(model, optimizer, scheduler, ema, position: Position, config, rng_states: torch.Tensor
+                   ) -> dict[str, Any]:
+    """Everything a resumed run needs; rng_states holds every rank's global RNG state (gather_rng_states)."""
+    return {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "ema": ema.state if ema else None, **position.to_state(),
+        "torch_rng_state": rng_states[0], "rank_rng_states": rng_states, "model_config": model.config.to_json(),
+        "train_config": json.dumps(config.to_dict()),
+    }
+
+
+def save_training_state(state: dict[str, Any], run: RunFolder) -> Path:
+    """Write checkpoints/last.pt, keeping the one before as previous.pt, so that no crash or error loses the
+    last good state: the new bytes are written and synced to a temporary file first; only then does last.pt
+    become previous.pt and the temporary file become last.pt (two renames). A crash between the renames
+    leaves previous.pt as the newest state, which `load_training_state` then takes."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    folder = run.checkpoints
+    last, previous, pending = folder / "last.pt", folder / "previous.pt", folder / "next.pt"
+    try:
+        atomic_write_bytes(pending, buffer.getvalue())
+        if last.exists():
+            os.replace(last, previous)
+        os.replace(pending, last)
+    except OSError as error:
+        kept = last if last.exists() else previous
+        raise CheckpointError(f"could not save the training state in {folder} ({error.strerror or error}); "
+                              f"the last good checkpoint {kept} is intact") from None
+    return last
+
+
+def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> dict[str, Any]:
+    """The newest readable training state of a run; the previous one only when allowed."""
+    run = run if isinstance(run, RunFolder) else RunFolder(run)
+    folder = run.checkpoints
+    last_missing = not (folder / "last.pt").exists() and (folder / "previous.pt").exists()
+    # A missing last.pt with a previous.pt means a stop between the two renames of a save: previous.pt is then
+    # the newest state, so it is taken without asking. A damaged last.pt needs --use-previous.
+    candidates = [folder / "last.pt"] + ([folder / "previous.pt"] if allow_previous or last_missing else [])
+    problems = []
+    for path in candidates:
+        if not path.exists():
+            problems.append(f"{path} does not exist")
+            continue
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # unreadable: truncated, corrupt or refused
+            problems.append(f"{path} is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+    hint = "" if allow_previous or last_missing or not (folder / "previous.pt").exists() else \
+        "; the previous checkpoint exists: add --use-previous to resume from it"
+    raise CheckpointError(f"cannot resume {run}: " + "; ".join(problems) + hint)
