@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 from vitlab.config import variant_config
 from vitlab.models.vit import VisionTransformer
 from vitlab.train.config import TrainConfig
-from vitlab.train.loop import training_attention_kernel
+from vitlab.train.setup import training_attention_kernel
 from vitlab.train.optim import build_optimizer
 
 KINDS = [  # (kind, substrings of aten op names), first match wins

@@ -9,7 +9,8 @@ from vitlab import load_model
 from vitlab.data.datasets import load_dataset
 from vitlab.errors import ConfigError, DataError
 from vitlab.train.config import finetune_config
-from vitlab.train.loop import build_finetune_model, train
+from vitlab.train.loop import train
+from vitlab.train.setup import build_finetune_model
 
 
 def quick(tmp_path, source, **changes):

@@ -14,7 +14,9 @@ from safetensors.torch import load_file
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.runs import RunFolder
 from vitlab.train import loop
+from vitlab.progress import format_duration
 from vitlab.train import state as train_state
+from vitlab.train.summary import epoch_line
 from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
 from vitlab.train.loop import TrainingError, train
 
@@ -350,12 +352,12 @@ def test_no_validation_split_trains_on_everything_and_chooses_nothing(tmp_path):
 
 
 def test_progress_shows_time_left():
-    assert loop.format_duration(8.4) == "8s" and loop.format_duration(61.2) == "1m01s"
-    assert loop.format_duration(3725) == "1h02m" and loop.format_duration(None) == "?"
+    assert format_duration(8.4) == "8s" and format_duration(61.2) == "1m01s"
+    assert format_duration(3725) == "1h02m" and format_duration(None) == "?"
     row = dict(epoch=3, train_loss=0.5, train_top1=0.9, val_top1=0.95, images_per_second=1000.0,
                elapsed_seconds=30.0)
-    assert loop.epoch_line(row, 10, 70.0, True).endswith("30s, 1m10s left  best")
-    assert "left" not in loop.epoch_line(dict(row, epoch=10), 10, 0.0, False)
+    assert epoch_line(row, 10, 70.0, True).endswith("30s, 1m10s left  best")
+    assert "left" not in epoch_line(dict(row, epoch=10), 10, 0.0, False)
 
 
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"

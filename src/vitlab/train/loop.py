@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import signal
 import time
 from dataclasses import dataclass
@@ -29,94 +28,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.checkpoint.io import save_model
-from vitlab.config import ViTConfig, variant_config, variant_names
+from vitlab.config import ViTConfig
 from vitlab.data.datasets import ImageDataset, Splits, load_splits
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.transforms import Draws, augment_batch
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.eval.classify import evaluate
-from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_index
+from vitlab.models.vit import VisionTransformer
 from vitlab.progress import LogLines, format_duration
 from vitlab.train.config import TrainConfig
 from vitlab.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, gather_rng_states,
                                       init_distributed, replica_difference, synchronize)
-from vitlab.runs import BEST, MODEL, RunFolder, default_run_name
+from vitlab.runs import BEST, RunFolder, default_run_name
 from vitlab.train.optim import EMA, build_optimizer, build_scheduler, peak_lr
+from vitlab.train.setup import apply_freezing, build_model, default_threads, training_attention_kernel
 from vitlab.train.state import Position, load_training_state, save_training_state, training_state
+from vitlab.train.summary import epoch_line, write_outputs
 
 
 class TrainingError(VitlabError):
     """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""
-
-
-# ------------------------------------------------------------------------------------------------ set-up
-def build_model(config: TrainConfig, data: ImageDataset) -> VisionTransformer:
-    """A fresh model of the recipe's variant shaped for the data (classes, channels), or with `init_from`
-    the pre-trained model prepared for fine-tuning."""
-    if config.init_from:
-        return build_finetune_model(config, data)
-    if config.model not in variant_names():
-        raise ConfigError(f"unknown model {config.model!r}; choose a variant from `vitlab models` "
-                          "(fine-tuning from a checkpoint is `vitlab finetune`)")
-    fields: dict[str, Any] = dict(num_classes=data.num_classes, in_chans=data.channels, class_names=data.class_names,
-                                  drop_path=config.drop_path, dropout=config.dropout)
-    if config.image_size is not None:
-        fields["image_size"] = config.image_size
-    fields.update(config.model_overrides)
-    return VisionTransformer(variant_config(config.model, **fields))
-
-
-def build_finetune_model(config: TrainConfig, data: ImageDataset) -> VisionTransformer:
-    """The paper's transfer set-up (section 3.2): load any checkpoint, drop its head and pre-logits layer, attach
-    a zero-initialised D x K head, and for a new image size keep the patch size and resample the position
-    embedding to the new grid (2-D interpolation, class-token row kept)."""
-    from vitlab.checkpoint.formats import model_from_state, read_checkpoint
-
-    pretrained_config, state, _ = read_checkpoint(config.init_from, image_size=config.image_size)
-    model = model_from_state(pretrained_config.replace(drop_path=config.drop_path, dropout=config.dropout), state,
-                             config.init_from)
-    if model.config.representation_size:
-        model.remove_representation()
-    model.reset_head(data.num_classes, data.class_names)
-    if config.image_size is not None:
-        try:
-            model.set_image_size(config.image_size, config.resample_mode)
-        except ConfigError as error:
-            raise ConfigError(f"{config.init_from} cannot be fine-tuned at image size {config.image_size}: {error}") from None
-    return model
-
-
-def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
-    """Freeze what the recipe says: with linear_probe all but the head; with freeze_blocks = k the embeddings
-    and the first k blocks. Frozen parameters get no gradient and are left out of the optimizer."""
-    if config.freeze_blocks > len(model.blocks):
-        raise ConfigError(f"freeze_blocks {config.freeze_blocks} is more than the model's {len(model.blocks)} blocks")
-    for name, parameter in model.named_parameters():
-        if config.linear_probe:
-            frozen = not name.startswith(("head.", "head_dist."))
-        elif config.freeze_blocks:
-            block = block_index(name)
-            frozen = name.startswith(EMBEDDING_PARAMETERS) or (block is not None and block < config.freeze_blocks)
-        else:
-            frozen = False
-        if frozen:
-            parameter.requires_grad_(False)
-
-
-# Up to this many tokens "auto" trains with the explicit attention kernel: measured on a 2-core Xeon, 17 tokens
-# (mnist-28) 1.05x the SDPA step, 50 tokens (4x4 patches on 28x28) even (`vitlab bench --train`).
-TRAIN_EXPLICIT_ATTENTION_TOKENS = 32
-
-
-def training_attention_kernel(config: TrainConfig, model: VisionTransformer) -> str:
-    if config.attention != "auto":
-        return config.attention
-    return "explicit" if model.config.num_tokens <= TRAIN_EXPLICIT_ATTENTION_TOKENS else "sdpa"
-
-
-def default_threads(env: DistEnv) -> int:
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
-    return max(1, (os.cpu_count() or 1) // local_world)
 
 
 class StopFlag:
@@ -587,20 +518,6 @@ def finish(session: Session) -> dict[str, Any]:
     return summary
 
 
-def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool) -> str:
-    """One line per epoch: training figures, validation accuracy (which chooses), test accuracy only when
-    asked for (labelled as not used), speed and time left."""
-    text = (f"epoch {row['epoch']:>3}/{epochs}  loss {row['train_loss']:.4f}  train {100 * row['train_top1']:5.1f}%")
-    if "val_top1" in row:
-        text += f"  val {100 * row['val_top1']:5.2f}%"
-    if "test_top1" in row:
-        text += f"  (test {100 * row['test_top1']:5.2f}%, not used to choose)"
-    text += f"  {row['images_per_second']:.0f} img/s  {format_duration(row['elapsed_seconds'])}"
-    if row["epoch"] < epochs:
-        text += f", {format_duration(seconds_left)} left"
-    return text + ("  best" if improved else "")
-
-
 def final_results(final_model: VisionTransformer, splits: Splits, best_path: Path, position: Position,
                   config: TrainConfig, env: DistEnv) -> dict[str, Any]:
     """The figures measured once at the end: test (and validation) metrics of the final model, and test metrics
@@ -626,64 +543,3 @@ def require_tensorboard() -> None:
         import torch.utils.tensorboard  # noqa: F401 - only whether it is there
     except ImportError:
         raise ConfigError("tensorboard=True needs the tensorboard package: pip install tensorboard") from None
-
-
-def write_outputs(session: Session, results: dict[str, Any], replica_diff: float = 0.0) -> dict[str, Any]:
-    """The final model, curves, confusion matrix and the summary (JSON and the text it prints)."""
-    from vitlab import plots
-
-    run, model, history, position = session.run, session.evaluated, session.history, session.position
-    config, splits, env, wall_seconds = session.config, session.splits, session.env, session.elapsed_seconds
-    run_dir = run.path
-
-    final, best_test, val = results["test"], results["best_test"], results["val"]
-    model_path = save_model(model, run / MODEL)
-    plots.plot_training_curves(history, run_dir / "curves.png")
-    plots.plot_confusion(final["confusion"], final["class_names"], run_dir / "confusion.png",
-                         title=f"{config.dataset} test set: {100 * final['top1']:.2f}% top-1")
-    throughput = sum(r["images_per_second"] * r["epoch_seconds"] for r in history) / max(
-        sum(r["epoch_seconds"] for r in history), 1e-9)
-    has_best = position.best_epoch > 0
-    summary = {
-        "status": "finished", "run_dir": str(run_dir), "model_path": str(model_path), "dataset": config.dataset,
-        "model": config.model, "params": sum(p.numel() for p in model.parameters()), "epochs": config.epochs,
-        "processes": env.world_size, "replica_max_abs_diff": replica_diff, "seed": config.seed,
-        "wall_seconds": round(wall_seconds, 2), "train_seconds": round(position.train_seconds, 2),
-        "train_images_per_second": round(throughput, 1), "train_count": len(splits.train),
-        "validation": splits.validation_source, "val_count": len(splits.validation) if splits.validation else 0,
-        "val_top1": val["top1"] if val else None,
-        "best_val_top1": position.best_val_top1 if has_best else None,
-        "best_epoch": position.best_epoch if has_best else None,
-        "seconds_to_best": round(position.best_elapsed_seconds, 2) if has_best else None,
-        "test_top1": final["top1"], "test_top5": final["top5"], "test_loss": final["loss"], "test_count": final["count"],
-        "best_checkpoint_test_top1": best_test["top1"] if best_test else None,
-        "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
-    }
-    worst = sorted(summary["per_class_top1"].items(), key=lambda item: item[1])[:3]
-    lines = [
-        f"vitlab {'finetune' if config.init_from else 'train'}: {config.init_from or config.model} on "
-        f"{config.dataset}{'' if config.classes is None else ' classes ' + str(config.classes)} - finished",
-        f"  model        {summary['params'] / 1e6:.3f}M parameters, {model.config.num_patches} patches of "
-        f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",
-        f"  training     {config.epochs} epochs in {format_duration(wall_seconds)} ({position.train_seconds:.1f} s in "
-        f"training steps, {summary['train_images_per_second']:.0f} images/s, {env.world_size} process(es))",
-    ]
-    if has_best:
-        lines.append(f"  validation   best top-1 {100 * position.best_val_top1:.2f}% at epoch {position.best_epoch}, "
-                     f"reached after {format_duration(position.best_elapsed_seconds)} ({summary['val_count']} "
-                     f"{splits.validation_source} images; chooses the best checkpoint)")
-    else:
-        lines.append("  validation   none (val_size 0): no best checkpoint is chosen")
-    lines.append(f"  test         final model: top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  "
-                 f"loss {final['loss']:.4f}  ({final['count']} images, measured once, at the end)")
-    if best_test is not None:
-        lines.append(f"               best-validation checkpoint (epoch {position.best_epoch}): top-1 "
-                     f"{100 * best_test['top1']:.2f}%")
-    lines += [
-        "  weakest      " + ", ".join(f"{name}: {100 * acc:.1f}%" for name, acc in worst),
-        f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png, confusion.png",
-    ]
-    text = "\n".join(lines)
-    run.write_summary(summary, text)
-    print(text)
-    return summary

@@ -1,0 +1,88 @@
+"""What a run reports: one line per epoch, and at the end the final model, pictures and the summary (JSON, and
+the text it prints)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vitlab.checkpoint.io import save_model
+from vitlab.progress import format_duration
+from vitlab.runs import MODEL
+
+if TYPE_CHECKING:
+    from vitlab.train.loop import Session
+
+
+def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool) -> str:
+    """One line per epoch: training figures, validation accuracy (which chooses), test accuracy only when
+    asked for (labelled as not used), speed and time left."""
+    text = (f"epoch {row['epoch']:>3}/{epochs}  loss {row['train_loss']:.4f}  train {100 * row['train_top1']:5.1f}%")
+    if "val_top1" in row:
+        text += f"  val {100 * row['val_top1']:5.2f}%"
+    if "test_top1" in row:
+        text += f"  (test {100 * row['test_top1']:5.2f}%, not used to choose)"
+    text += f"  {row['images_per_second']:.0f} img/s  {format_duration(row['elapsed_seconds'])}"
+    if row["epoch"] < epochs:
+        text += f", {format_duration(seconds_left)} left"
+    return text + ("  best" if improved else "")
+
+
+def write_outputs(session: Session, results: dict[str, Any], replica_diff: float = 0.0) -> dict[str, Any]:
+    """The final model, curves, confusion matrix and the summary (JSON and the text it prints)."""
+    from vitlab import plots
+
+    run, model, history, position = session.run, session.evaluated, session.history, session.position
+    config, splits, env, wall_seconds = session.config, session.splits, session.env, session.elapsed_seconds
+    run_dir = run.path
+
+    final, best_test, val = results["test"], results["best_test"], results["val"]
+    model_path = save_model(model, run / MODEL)
+    plots.plot_training_curves(history, run_dir / "curves.png")
+    plots.plot_confusion(final["confusion"], final["class_names"], run_dir / "confusion.png",
+                         title=f"{config.dataset} test set: {100 * final['top1']:.2f}% top-1")
+    throughput = sum(r["images_per_second"] * r["epoch_seconds"] for r in history) / max(
+        sum(r["epoch_seconds"] for r in history), 1e-9)
+    has_best = position.best_epoch > 0
+    summary = {
+        "status": "finished", "run_dir": str(run_dir), "model_path": str(model_path), "dataset": config.dataset,
+        "model": config.model, "params": sum(p.numel() for p in model.parameters()), "epochs": config.epochs,
+        "processes": env.world_size, "replica_max_abs_diff": replica_diff, "seed": config.seed,
+        "wall_seconds": round(wall_seconds, 2), "train_seconds": round(position.train_seconds, 2),
+        "train_images_per_second": round(throughput, 1), "train_count": len(splits.train),
+        "validation": splits.validation_source, "val_count": len(splits.validation) if splits.validation else 0,
+        "val_top1": val["top1"] if val else None,
+        "best_val_top1": position.best_val_top1 if has_best else None,
+        "best_epoch": position.best_epoch if has_best else None,
+        "seconds_to_best": round(position.best_elapsed_seconds, 2) if has_best else None,
+        "test_top1": final["top1"], "test_top5": final["top5"], "test_loss": final["loss"], "test_count": final["count"],
+        "best_checkpoint_test_top1": best_test["top1"] if best_test else None,
+        "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
+    }
+    worst = sorted(summary["per_class_top1"].items(), key=lambda item: item[1])[:3]
+    lines = [
+        f"vitlab {'finetune' if config.init_from else 'train'}: {config.init_from or config.model} on "
+        f"{config.dataset}{'' if config.classes is None else ' classes ' + str(config.classes)} - finished",
+        f"  model        {summary['params'] / 1e6:.3f}M parameters, {model.config.num_patches} patches of "
+        f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",
+        f"  training     {config.epochs} epochs in {format_duration(wall_seconds)} ({position.train_seconds:.1f} s in "
+        f"training steps, {summary['train_images_per_second']:.0f} images/s, {env.world_size} process(es))",
+    ]
+    if has_best:
+        lines.append(f"  validation   best top-1 {100 * position.best_val_top1:.2f}% at epoch {position.best_epoch}, "
+                     f"reached after {format_duration(position.best_elapsed_seconds)} ({summary['val_count']} "
+                     f"{splits.validation_source} images; chooses the best checkpoint)")
+    else:
+        lines.append("  validation   none (val_size 0): no best checkpoint is chosen")
+    lines.append(f"  test         final model: top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  "
+                 f"loss {final['loss']:.4f}  ({final['count']} images, measured once, at the end)")
+    if best_test is not None:
+        lines.append(f"               best-validation checkpoint (epoch {position.best_epoch}): top-1 "
+                     f"{100 * best_test['top1']:.2f}%")
+    lines += [
+        "  weakest      " + ", ".join(f"{name}: {100 * acc:.1f}%" for name, acc in worst),
+        f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png, confusion.png",
+    ]
+    text = "\n".join(lines)
+    run.write_summary(summary, text)
+    print(text)
+    return summary
