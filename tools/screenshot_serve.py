@@ -25,7 +25,7 @@ def main(run: str, image: str, out: str) -> None:
     time.sleep(2)
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=900,560"):
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1000,640"):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(shutil.which("chromedriver")))
     try:
