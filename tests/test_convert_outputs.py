@@ -28,10 +28,16 @@ def rgb_model(**changes):
 
 
 def photo(path, height=37, width=23):
-    """A non-square RGB picture with structure at every scale, so resizing and cropping choices show."""
-    y, x = np.mgrid[0:height, 0:width]
-    image = np.stack([(x * 11) % 256, (y * 7) % 256, ((x - width / 2) ** 2 + (y - height / 3) ** 2 < 60) * 230], -1)
-    Image.fromarray(image.astype(np.uint8)).save(path)
+    """A real image, non-square and in colour: a handwritten digit of the shipped test split, enlarged to
+    height x width (so the preprocessing has to resize and crop) and tinted per channel."""
+    from vitlab.data.datasets import load_dataset
+
+    digits = load_dataset("digits", "test")
+    grey = digits.images[0, 0].numpy() * (255 / digits.max_value)
+    image = Image.fromarray(grey.astype(np.uint8)).resize((width, height), Image.Resampling.BILINEAR)
+    array = np.asarray(image, dtype=np.float32)
+    tinted = np.stack([array, 0.6 * array + 60, 255 - 0.8 * array], axis=-1)
+    Image.fromarray(tinted.clip(0, 255).astype(np.uint8)).save(path)
     return path
 
 

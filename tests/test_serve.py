@@ -367,3 +367,15 @@ def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(server, t
             driver.save_screenshot(os.environ["VITLAB_SCREENSHOT"])
     finally:
         driver.quit()
+
+
+def test_without_the_serve_extra_the_command_says_what_to_install(monkeypatch):
+    import importlib.util
+
+    from vitlab.errors import UsageError
+    from vitlab.serve.server import require_serve_packages
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    with pytest.raises(UsageError, match=r"vitlab serve needs uvicorn, which is not installed; pip install \"vitlab\[serve\]\""):
+        require_serve_packages()
