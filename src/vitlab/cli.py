@@ -278,10 +278,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------ parser
 EXIT_CODES = """exit codes:
-  0    done (train: finished, or stopped by SIGTERM with its state saved)
+  0    done (train: finished, or stopped by SIGTERM with its state saved; serve: stopped by SIGTERM after
+       answering the requests in flight)
   1    failed (predict: at least one input could not be classified; the others are still reported)
   2    a usage error: a bad option, value, path or data set, said in one line
-  130  train stopped by Ctrl-C, state saved (resume with: vitlab train --resume RUN)"""
+  130  stopped by Ctrl-C (train: state saved; resume with: vitlab train --resume RUN)
+  141  the reader of the output left early (| head); the output was cut, nothing else went wrong"""
 BACKEND_HELP = ("torch (default) or onnx: ONNX Runtime on a file written by `vitlab export`; a .onnx path picks onnx, "
                 "and a run folder with onnx uses its model.onnx")
 
