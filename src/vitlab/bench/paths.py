@@ -149,6 +149,54 @@ def transformers_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
                 cleanup=[folder])
 
 
+def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    """transformers' own model exported to ONNX (torch.onnx, as Optimum-style exports do) and run by ONNX Runtime
+    with all graph optimisations, at the benchmark's fixed batch as vitlab's ONNX paths: the route a transformers
+    user takes to a faster CPU model, so vitlab's paths are compared with it too."""
+    from vitlab.errors import UsageError
+    from vitlab.export.onnx import quiet_loggers, require_onnx
+
+    try:
+        require_onnx("the ONNX Runtime paths")
+    except UsageError as error:
+        raise Unavailable(str(error)) from None
+    import onnxruntime as ort
+
+    reference, note, hf_folder = transformers_reference(model, sample)
+    folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-hf-onnx-")
+    path = Path(folder.name) / "transformers.onnx"
+
+    class Logits(nn.Module):  # the exporter wants tensors out, not transformers' output object
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return self.inner(pixel_values=pixel_values).logits
+
+    try:
+        with torch.no_grad(), warnings.catch_warnings(), quiet_loggers("torch.onnx"):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(Logits(reference), (sample,), dynamo=True, input_names=["pixel_values"],
+                                        output_names=["logits"], external_data=False, verbose=False, report=False)
+            program.save(str(path))
+    except Exception as error:  # noqa: BLE001 - the exporter raises many types on models it cannot take
+        raise Unavailable(f"torch.onnx could not export transformers' model: {str(error).splitlines()[0][:200]}") \
+            from None
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def run(images: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run(None, {"pixel_values": images.numpy()})[0])
+
+    return BenchPath("transformers onnxruntime fp32", "fp32", run,
+                     f"{note}; exported by torch.onnx, ONNX Runtime {ort.__version__} with graph optimisations",
+                     cleanup=[hf_folder, folder])
+
+
 INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "eager-fp32": eager_fp32,
     "eager-bf16": eager_bf16,
@@ -158,6 +206,7 @@ INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "onnx-int8": onnx_int8,
     "torch-int8": torch_int8,
     "transformers": transformers_fp32,
+    "transformers-onnx": transformers_onnx,
 }
 
 

@@ -55,9 +55,10 @@ def bench_model(name: str | None, checkpoint: str | None, image_size: int | tupl
 
 
 def matmul_candidates(model: nn.Module, batch_size: int) -> dict[str, tuple[Any, float]]:
-    """A plain matmul of the shape of the model's MLP input layer, (B * T, D) @ (D, mlp_dim), in fp32 and bf16:
-    {name: (run, GFLOP per call)}. It is the biggest matmul of the model, so its speed is the peak a path can
-    approach."""
+    """A plain matmul of the shape of the model's MLP input layer, (B * T, D) @ (D, mlp_dim), in fp32, bf16 and,
+    where PyTorch has its int8 kernel (`torch._int_mm`: int8 x int8 -> int32, VNNI / AMX on x86), int8:
+    {name: (run, GFLOP per call)}. It is the biggest matmul of the model, so its speed is the peak a path of that
+    precision can approach (int8 counts a multiply-add as 2 operations, as the float ones do)."""
     config = model.config
     rows, inner, outer = batch_size * config.num_tokens, config.embed_dim, config.mlp_dim
     flops = 2 * rows * inner * outer / 1e9
@@ -67,6 +68,15 @@ def matmul_candidates(model: nn.Module, batch_size: int) -> dict[str, tuple[Any,
         left = torch.randn(rows, inner, generator=generator).to(dtype)
         right = torch.randn(inner, outer, generator=generator).to(dtype)
         out[f"matmul {precision}"] = ((lambda a=left, b=right: a @ b), flops)
+    int_mm = getattr(torch, "_int_mm", None)
+    if int_mm is not None:
+        left = torch.randint(-128, 128, (rows, inner), dtype=torch.int8, generator=generator)
+        right = torch.randint(-128, 128, (inner, outer), dtype=torch.int8, generator=generator)
+        try:
+            int_mm(left, right)
+        except RuntimeError:  # no int8 kernel for this shape or device: the int8 paths show no % of peak
+            return out
+        out["matmul int8"] = ((lambda a=left, b=right: int_mm(a, b)), flops)
     return out
 
 
@@ -211,12 +221,13 @@ def format_table(result: dict[str, Any]) -> str:
         "",
     ]
     has_accuracy = any("top1" in row for row in result["paths"])
-    header = f"{'path':<26} {'images/s':>9} {'ms/batch':>9} {'GFLOP/s':>8} {'% peak':>7} {'vs eager':>9} {'vs ref':>7}"
+    width = max([26] + [len(row["name"]) for row in result["paths"]] + [len(key) for key in result["skipped"]])
+    header = f"{'path':<{width}} {'images/s':>9} {'ms/batch':>9} {'GFLOP/s':>8} {'% peak':>7} {'vs eager':>9} {'vs ref':>7}"
     if has_accuracy:
         header += f" {'top-1':>7} {'agree':>7}"
     lines += [header, "-" * len(header)]
     for row in result["paths"]:
-        line = (f"{row['name']:<26} {row['images_per_second']:>9.1f} {1000 * row['seconds_per_batch']:>9.1f} "
+        line = (f"{row['name']:<{width}} {row['images_per_second']:>9.1f} {1000 * row['seconds_per_batch']:>9.1f} "
                 f"{row['gflops_per_second']:>8.1f} "
                 f"{'' if row['percent_of_peak'] is None else format(row['percent_of_peak'], '.0f') + '%':>7} "
                 f"{'' if row['vs_eager_fp32'] is None else format(row['vs_eager_fp32'], '.2f') + 'x':>9} "
@@ -226,7 +237,7 @@ def format_table(result: dict[str, Any]) -> str:
                      f" {100 * row.get('agreement_with_eager_fp32', float('nan')):>6.2f}%")
         lines.append(line)
     for key, reason in result["skipped"].items():
-        lines.append(f"{key:<26} skipped: {reason}")
+        lines.append(f"{key:<{width}} skipped: {reason}")
     if result["fastest"]:
         fastest = next(row for row in result["paths"] if row["path"] == result["fastest"])
         lines += ["", f"fastest: {fastest['name']}"
