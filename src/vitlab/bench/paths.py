@@ -116,6 +116,34 @@ def torch_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return BenchPath("torch int8", "int8", lambda images: quantized(images), "torch.ao dynamic quantization (fbgemm)")
 
 
+def pt2e_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    """Static int8 through PyTorch 2 export quantization: torchao's X86InductorQuantizer (int8 activations and
+    weights, calibrated), compiled by Inductor with freezing so the int8 matmuls run in oneDNN (VNNI / AMX). The
+    fastest int8 route measured for B/16 here (benchmarks/int8_routes.py); calibration uses the benchmark's own
+    batches, which is enough for speed; accuracy comes from `--dataset`."""
+    try:
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    except ImportError:
+        raise Unavailable("needs torchao (pip install torchao): PyTorch 2 export quantization moved there") from None
+    import torch._inductor.config as inductor_config
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exported = torch.export.export(copy.deepcopy(model).float().eval(), (sample,)).module()
+            quantizer = x86.X86InductorQuantizer()
+            quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
+            prepared = prepare_pt2e(exported, quantizer)
+            prepared(sample)
+            compiled = torch.compile(convert_pt2e(prepared))
+            with inductor_config.patch(freezing=True):
+                compiled(sample)
+    except Exception as error:  # noqa: BLE001 - export, quantizer and Inductor raise many types
+        raise Unavailable(f"PT2E quantization failed: {str(error).splitlines()[0][:200]}") from None
+    return BenchPath("pt2e int8", "int8", compiled, "static int8, torchao X86InductorQuantizer, Inductor + freezing")
+
+
 def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.Module, str, object]:
     """transformers' ViTForImageClassification with the same weights, through vitlab's HF export and
     `from_pretrained`, its logits checked against vitlab's: (model, description, temporary folder to keep)."""
@@ -205,6 +233,7 @@ INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "onnx-fp32": onnx_fp32,
     "onnx-int8": onnx_int8,
     "torch-int8": torch_int8,
+    "pt2e-int8": pt2e_int8,
     "transformers": transformers_fp32,
     "transformers-onnx": transformers_onnx,
 }
