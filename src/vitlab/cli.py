@@ -110,18 +110,23 @@ def shorthand_overrides(args: argparse.Namespace, names: Sequence[str]) -> list[
 TRAIN_SHORTHANDS = ("dataset", "data_dir", "image_size", "classes", "epochs", "model", "out_dir")
 
 
+def refuse_flags_resume_ignores(args: argparse.Namespace, shorthands: Sequence[str]) -> None:
+    """--resume continues a run with its own recipe: any recipe flag given with it would be ignored, so it is
+    refused; only --epochs may change (to extend the run)."""
+    given = ["--from" if name == "init_from" else f"--{name.replace('_', '-')}"
+             for name in (*shorthands, "config", "set")
+             if name != "epochs" and getattr(args, name, None) not in (None, False, 0, [])]
+    if given:
+        raise UsageError(f"--resume continues a run with its own recipe; drop {', '.join(given)} (only --epochs "
+                         "may change, to extend the run)")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
     from vitlab.train.loop import resume, train
 
     if args.resume:
-        given = [flag for flag, value in (("--config", args.config), ("--set", args.set), ("--dataset", args.dataset),
-                                          ("--data-dir", args.data_dir), ("--model", args.model),
-                                          ("--out-dir", args.out_dir), ("--image-size", args.image_size),
-                                          ("--classes", args.classes)) if value]
-        if given:
-            raise UsageError(f"--resume continues a run with its own recipe; drop {', '.join(given)} (only --epochs "
-                             "may change, to extend the run)")
+        refuse_flags_resume_ignores(args, TRAIN_SHORTHANDS)
         summary = resume(args.resume, use_previous=args.use_previous, epochs=args.epochs)
     else:
         config = load_recipe(args.config) if args.config else TrainConfig()
@@ -167,12 +172,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from vitlab.train.loop import resume, train
 
     if args.resume:
-        given = ["--from" if name == "init_from" else f"--{name.replace('_', '-')}"
-                 for name in FINETUNE_SHORTHANDS + ("config", "set")
-                 if name != "epochs" and getattr(args, name, None) not in (None, False, 0, [])]
-        if given:
-            raise UsageError(f"--resume continues a run with its own recipe; drop {', '.join(given)} (only --epochs "
-                             "may change, to extend the run)")
+        refuse_flags_resume_ignores(args, FINETUNE_SHORTHANDS)
         return run_exit_code(resume(args.resume, use_previous=args.use_previous, epochs=args.epochs))
     if not args.init_from or not args.dataset:
         raise UsageError("finetune needs --from CHECKPOINT and --dataset NAME (or --resume RUN_DIR)")

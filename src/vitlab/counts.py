@@ -63,6 +63,16 @@ def resnet_stem_counts(config: ViTConfig) -> tuple[int, int, int]:
     return params, flops, channels
 
 
+def model_size(config: ViTConfig) -> tuple[int, float]:
+    """(parameter count, GFLOPs per image) of any config: by formula where it covers the config, else by tracing
+    the model (`models.registry.model_stats`, which imports torch)."""
+    if formula_covers(config):
+        return parameters_and_flops(config)
+    from vitlab.models.registry import model_stats
+
+    return model_stats(config)
+
+
 def parameters_and_flops(config: ViTConfig) -> tuple[int, float]:
     """(parameter count, GFLOPs of one image's forward pass) of a config `formula_covers`."""
     if not formula_covers(config):

@@ -45,6 +45,9 @@ class LogLines:
         print(f"{self.label}  {self.unit} {self.done}/{self.total}{extra}  {rate:.1f} {self.unit}/s  {left_text}"
               + (f", {tail}" if tail else ""), file=self.stream, flush=True)
 
+    def close(self) -> None:
+        """Nothing to tidy (lines are already out); there so that callers treat it as tqdm's bar."""
+
 
 def progress(total: int, label: str, unit: str = "it", lines: int = 4, min_total: int = 8) -> Any:
     """A tqdm bar on a terminal (stderr); otherwise `LogLines` about `lines` times over a loop of `min_total`
@@ -54,15 +57,4 @@ def progress(total: int, label: str, unit: str = "it", lines: int = 4, min_total
     if sys.stderr.isatty():
         return tqdm(total=total, desc=label, unit=unit, leave=False, dynamic_ncols=True)
     every = -(-total // lines) if total >= min_total else total + 1
-    return _Closing(LogLines(total, label, every, unit, stream=sys.stderr))
-
-
-class _Closing:
-    def __init__(self, inner: LogLines) -> None:
-        self.inner = inner
-
-    def update(self, count: int = 1, **fields: Any) -> None:
-        self.inner.update(count, **fields)
-
-    def close(self) -> None:
-        pass
+    return LogLines(total, label, every, unit, stream=sys.stderr)

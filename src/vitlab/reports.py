@@ -12,28 +12,23 @@ def models_table(image_size: int | tuple[int, int] | None = None, num_classes: i
     """One row per variant: its shape, parameter count (millions) and GFLOPs per image. A variant whose patch does
     not divide the asked image size is shown at the nearest size below that it takes, with a note saying so."""
     from vitlab.config import to_pair
-    from vitlab.counts import formula_covers, parameters_and_flops
+    from vitlab.counts import model_size
 
+    asked = to_pair(image_size, "image size") if image_size is not None else None
     rows = []
     for name in variant_names():
         overrides: dict[str, Any] = {}
         note = None
-        if image_size is not None:
-            overrides["image_size"] = image_size
-            fitted = fitted_image_size(variant_config(name), to_pair(image_size, "image size"))
-            if fitted != to_pair(image_size, "image size"):
-                overrides["image_size"] = fitted
-                note = (f"{name}: patch {variant_config(name).patch_size[0]} does not divide "
-                        f"{'x'.join(map(str, to_pair(image_size, 'image size')))}; shown at {'x'.join(map(str, fitted))}")
+        if asked is not None:
+            default = variant_config(name)
+            overrides["image_size"] = fitted_image_size(default, asked)
+            if overrides["image_size"] != asked:
+                note = (f"{name}: patch {default.patch_size[0]} does not divide {'x'.join(map(str, asked))}; "
+                        f"shown at {'x'.join(map(str, overrides['image_size']))}")
         if num_classes is not None:
             overrides["num_classes"] = num_classes
         config = variant_config(name, **overrides)
-        if formula_covers(config):
-            params, gflops = parameters_and_flops(config)
-        else:  # pragma: no cover - every variant in the table is covered; kept for presets added later
-            from vitlab.models.registry import model_stats
-
-            params, gflops = model_stats(config)
+        params, gflops = model_size(config)
         rows.append(dict(
             name=name, image_size=list(config.image_size), patch_size=list(config.patch_size),
             tokens=config.num_tokens, embed_dim=config.embed_dim, depth=config.depth,
@@ -72,12 +67,12 @@ def checkpoint_info(path: str | Path, num_heads: int | None = None,
 def onnx_info(path: str | Path) -> dict[str, Any]:
     """What an ONNX export by `vitlab export` holds: its config and input contract, from the metadata it carries."""
     from vitlab.export.onnx import OnnxClassifier
-    from vitlab.models.registry import model_stats
+    from vitlab.counts import model_size
 
     runtime = OnnxClassifier(path, threads=1)
     config = runtime.config
     return dict(path=str(path), kind="onnx" + (" int8" if runtime.metadata.get("int8") else ""),
-                params_m=model_stats(config)[0] / 1e6, config=config.to_dict(),
+                params_m=model_size(config)[0] / 1e6, config=config.to_dict(),
                 input=runtime.metadata["input"], input_layout=runtime.metadata["input_layout"],
                 batch_size=runtime.metadata.get("batch_size"))
 

@@ -98,7 +98,7 @@ class MetricsMiddleware:
 async def read_upload(request, max_bytes: int) -> tuple[bytes, str]:
     """(image bytes, a name for messages) from a multipart form (field "file", else its first file) or a raw
     image body; refused with a Problem when empty, too large or of another content type."""
-    from starlette.requests import ClientDisconnect, Request
+    from starlette.requests import Request
 
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     multipart = content_type == "multipart/form-data"
@@ -111,15 +111,12 @@ async def read_upload(request, max_bytes: int) -> tuple[bytes, str]:
         raise Problem(413, f"the body is {int(declared)} bytes, over this server's limit of {max_bytes} "
                            "(--max-body-mb); send a smaller image")
     chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise Problem(413, f"the body is over this server's limit of {max_bytes} bytes (--max-body-mb); "
-                                   "send a smaller image")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise
+    async for chunk in request.stream():  # a client that leaves raises ClientDisconnect: the endpoint's 499
+        size += len(chunk)
+        if size > max_bytes:
+            raise Problem(413, f"the body is over this server's limit of {max_bytes} bytes (--max-body-mb); "
+                               "send a smaller image")
+        chunks.append(chunk)
     body = b"".join(chunks)
     if not body:
         raise Problem(400, "the request has no body: send an image")

@@ -28,15 +28,9 @@ SINGLE_THREAD_GFLOPS = 0.1
 
 def default_threads(config) -> int | None:
     """1 for a tiny model (see SINGLE_THREAD_GFLOPS); None (PyTorch's default: every core) otherwise."""
-    from vitlab.counts import formula_covers, parameters_and_flops
+    from vitlab.counts import model_size
 
-    if formula_covers(config):
-        gflops = parameters_and_flops(config)[1]
-    else:
-        from vitlab.models.registry import model_stats
-
-        gflops = model_stats(config)[1]
-    return 1 if gflops < SINGLE_THREAD_GFLOPS else None
+    return 1 if model_size(config)[1] < SINGLE_THREAD_GFLOPS else None
 PRECISIONS = ("fp32", "bf16", "int8")
 
 
