@@ -39,3 +39,15 @@ def test_models_table_fits_variants_whose_patch_does_not_divide_the_size():
     assert rows["B/16"]["image_size"] == [384, 384] and rows["B/16"]["note"] is None
     assert rows["H/14"]["image_size"] == [378, 378]
     assert "does not divide 384x384; shown at 378x378" in rows["H/14"]["note"]
+
+
+def test_vitlab_models_starts_without_importing_torch():
+    """What keeps `vitlab models` well under a second: it needs neither torch nor the training recipe (the
+    train --help epilog, which imports both, is made only when that help is shown)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from vitlab.cli import main; main(['models']); "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('vitlab'))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

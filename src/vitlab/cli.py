@@ -20,6 +20,13 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def format_help(self) -> str:
+        # An epilog may be a function, made only when help is shown: the --set key list imports the training
+        # recipe (and with it torch), which no other command should pay for at start-up.
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
 
 def image_size_arg(text: str) -> int | tuple[int, int]:
     """'224' or '224x320' (height x width)."""
@@ -338,7 +345,7 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_convert)
 
     p = subcommand("train", help="train a ViT (default: the digits recipe); torchrun-ready",
-                       epilog=recipe_keys_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=recipe_keys_help, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="recipe: a file (configs/*.py) defining `config = TrainConfig(...)`, or a run's "
                                     "RUN/train_config.json to train it again in a new folder")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -359,7 +366,8 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = subcommand("finetune", help="fine-tune any checkpoint on a new data set (the paper's transfer recipe)",
-                       epilog=recipe_keys_help(finetune=True), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=lambda: recipe_keys_help(finetune=True),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="init_from", metavar="CHECKPOINT", help="vitlab, official .npz, timm or HF checkpoint")
     p.add_argument("--dataset", help="data set to fine-tune on (digits, mnist, fashion-mnist, cifar10, cifar100, "
                                      "folder)")
