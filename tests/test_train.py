@@ -379,3 +379,14 @@ def test_real_mnist_files_parse_and_train(tmp_path):
                                  augment={}, drop_path=0.0))
     assert (summary["train_count"], summary["val_count"], summary["test_count"]) == (3000, 1000, 10000)
     assert summary["test_top1"] > 0.4  # chance is 10%; this 0.02M-parameter model measured 55% after 115 steps
+
+
+def test_a_fresh_start_drops_metric_rows_a_killed_start_left(tmp_path):
+    # Killed after writing epoch 1's metrics row but before its state: the folder holds no run, so the next launch
+    # starts afresh, and its metrics.jsonl must hold its own rows only (kill -9 test: [1, 1, 2, ...] was seen).
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train_loss": 9.9}) + "\n")
+    train(micro_config(tmp_path, epochs=2))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2] and rows[0]["train_loss"] != 9.9

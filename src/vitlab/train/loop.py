@@ -335,8 +335,9 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     history = run.read_metrics(before_epoch=position.epoch)
     if env.is_main:
         run.write_recipe(config.to_dict())
-        if state is not None:  # drop rows of epochs that will be redone, so the file matches the state
-            run.rewrite_metrics(history)
+        # The file must match the state: on resume the rows of epochs that will be redone go; on a fresh start
+        # every row goes (a start killed after writing an epoch's row but before its state leaves one behind).
+        run.rewrite_metrics(history)
     eval_model = None
     if ema is not None:
         # Its random init is overwritten by the EMA weights; building it must not draw from the global RNG, or a
