@@ -90,6 +90,11 @@ def parse_classes(text: str) -> list[int]:
     return classes
 
 
+POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d")
+PLACEMENTS = ("input", "every_block", "every_block_shared")
+CLASSIFIERS = ("token", "gap", "map", "gem", "max", "layer_weighted")
+
+
 @dataclass
 class ViTConfig:
     """Everything needed to build a VisionTransformer; serialised as JSON inside every vitlab checkpoint."""
@@ -103,8 +108,12 @@ class ViTConfig:
     num_heads: int = 12  # heads of multi-head self-attention; embed_dim must divide by it
     mlp_dim: int = 3072  # hidden width of each block's MLP
     qkv_bias: bool = True
-    classifier: str = "token"  # "token": the class token feeds the head; "gap": mean of the patch tokens;
-    # "map": multi-head attention pooling with a learned probe (SigLIP, big_vision)
+    # How the encoder output becomes one vector for the head (paper Appendix D.3 and the heads of later work):
+    # "token": the class token; "gap": mean of the patch tokens; "map": multi-head attention pooling with a learned
+    # probe (SigLIP, big_vision); "gem": generalised mean of the patch tokens with a learned exponent p (Radenovic
+    # et al. 2018); "max": per-channel maximum over the patch tokens; "layer_weighted": a learned softmax-weighted
+    # mix of every block's output, each pooled by the class token if there is one, else by the mean.
+    classifier: str = "token"
     class_token: bool | None = None  # prepend a class token; None means "only if classifier == 'token'"
     fc_norm: bool = False  # timm's placement: LayerNorm after pooling instead of on every token before it
     # DeiT (Touvron et al. 2021): a distillation token after the class token; with distillation_head its own
@@ -126,7 +135,14 @@ class ViTConfig:
     pre_norm: bool = False
     projection: bool = False
     representation_size: int | None = None  # pre-logits Linear + tanh used in pre-training; None for none
-    pos_embed: str = "learned"  # "learned" (the paper's 1-D table) or "sincos2d" (fixed 2-D sine-cosine)
+    # Position information (paper Appendix D.4, Table 8): "learned" (the paper's 1-D table, one row per token),
+    # "none", "learned_2d" (learned row and column tables of D/2 each, concatenated per patch), "relative" (a
+    # learned key per 1-D token offset in every block's attention: the query against it gives a logit bias) or
+    # "sincos2d" (fixed 2-D sine-cosine).
+    pos_embed: str = "learned"
+    # Where a table is added (Table 8's columns): "input" once after the stem (the paper's default);
+    # "every_block" before every block, each with its own table; "every_block_shared" before every block, one table.
+    pos_embed_placement: str = "input"
     mlp_activation: str = "gelu"  # "gelu" (exact; timm, HF) or "gelu_tanh" (Flax's default; official JAX code)
     layer_norm_eps: float = 1e-6  # 1e-6 in the official code and timm, 1e-12 in Hugging Face
     dropout: float = 0.0  # after the position embedding, the attention projection and in the MLP
@@ -166,7 +182,7 @@ class ViTConfig:
                 fail(name, "true or false")
         if self.class_token is not None and not isinstance(self.class_token, bool):
             fail("class_token", "true, false or null")
-        for name in ("classifier", "pos_embed", "mlp_activation"):
+        for name in ("classifier", "pos_embed", "pos_embed_placement", "mlp_activation"):
             if not isinstance(getattr(self, name), str):
                 fail(name, "a string")
         for name in ("layer_norm_eps", "dropout", "attention_dropout", "drop_path", "resnet_width_factor"):
@@ -205,8 +221,8 @@ class ViTConfig:
             setattr(self, name, value)
         if min(self.image_std) <= 0:
             raise ConfigError(f"image_std must be positive, got {self.image_std}")
-        if self.classifier not in ("token", "gap", "map"):
-            raise ConfigError(f"classifier must be 'token', 'gap' or 'map', got {self.classifier!r}")
+        if self.classifier not in CLASSIFIERS:
+            raise ConfigError(f"classifier must be one of {', '.join(CLASSIFIERS)}, got {self.classifier!r}")
         if self.class_token is None:
             self.class_token = self.classifier == "token"
         if self.classifier == "token" and not self.class_token:
@@ -220,8 +236,23 @@ class ViTConfig:
         if self.distilled and (self.classifier != "token" or self.representation_size or self.fc_norm):
             raise ConfigError("a distilled (DeiT) model pools its class and distillation tokens: it needs "
                               "classifier='token', and no representation layer or fc_norm")
-        if self.pos_embed not in ("learned", "sincos2d"):
-            raise ConfigError(f"pos_embed must be 'learned' or 'sincos2d', got {self.pos_embed!r}")
+        if self.pos_embed not in POSITION_EMBEDDINGS:
+            raise ConfigError(f"pos_embed must be one of {', '.join(POSITION_EMBEDDINGS)}, got {self.pos_embed!r}")
+        if self.pos_embed_placement not in PLACEMENTS:
+            raise ConfigError(f"pos_embed_placement must be one of {', '.join(PLACEMENTS)}, "
+                              f"got {self.pos_embed_placement!r}")
+        if self.pos_embed_placement != "input" and self.pos_embed in ("none", "relative"):
+            # Table 8 has no such cells: relative attention already acts in every block, and "none" adds nothing.
+            raise ConfigError(f"pos_embed {self.pos_embed!r} has no table to place; pos_embed_placement must be "
+                              f"'input', got {self.pos_embed_placement!r}")
+        if self.pos_embed_placement == "every_block" and self.pos_embed == "sincos2d":
+            raise ConfigError("a fixed sin-cos table is the same in every block; use pos_embed_placement="
+                              "'every_block_shared'")
+        if self.pos_embed == "learned_2d" and self.embed_dim % 2:
+            raise ConfigError(f"learned_2d splits the width into row and column halves: embed_dim must be even, "
+                              f"got {self.embed_dim}")
+        if self.pos_embed == "sincos2d" and self.embed_dim % 4:
+            raise ConfigError(f"the sin-cos position embedding needs embed_dim divisible by 4, got {self.embed_dim}")
         if self.mlp_activation not in ("gelu", "gelu_tanh", "quick_gelu"):
             raise ConfigError(f"mlp_activation must be 'gelu', 'gelu_tanh' or 'quick_gelu', got {self.mlp_activation!r}")
         for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "in_chans"):
@@ -280,6 +311,14 @@ class ViTConfig:
         """Rows of the position table before the patch rows: one per prefix token, or none when only the patch
         tokens get positions (prefix_positions False)."""
         return self.num_prefix_tokens if self.prefix_positions else 0
+
+    @property
+    def num_position_tables(self) -> int:
+        """Tables of absolute positions the model holds: one per block with placement "every_block", else one
+        (none at all for pos_embed "none" or "relative")."""
+        if self.pos_embed in ("none", "relative"):
+            return 0
+        return self.depth if self.pos_embed_placement == "every_block" else 1
 
     @property
     def has_distillation_head(self) -> bool:

@@ -99,8 +99,16 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
     distances = distance.result  # (layers, heads)
     files["attention_distance"] = plots.plot_attention_distance(distances, folder / "attention_distance.png",
                                                                 config.image_size)
-    similarity = position_embedding_similarity(model.pos_embed, grid, config.num_position_prefix)
-    files["position_similarity"] = plots.plot_position_similarity(similarity, folder / "position_similarity.png")
+    notes: list[str] = []
+    positions = model.position_table()  # (P, prefix + N, D); None for "none" and "relative"
+    if positions is None:
+        notes.append(f"No position-similarity picture: a model with pos_embed {config.pos_embed!r} holds no table "
+                     "of absolute positions.")
+    else:
+        if positions.shape[0] > 1:
+            notes.append("Position similarity shows the first block's table (the model has one per block).")
+        similarity = position_embedding_similarity(positions[:1], grid, config.num_position_prefix)
+        files["position_similarity"] = plots.plot_position_similarity(similarity, folder / "position_similarity.png")
     components = ratios = None
     if config.resnet_layers is None:  # a hybrid's 1x1 "patches" of ResNet features are not pictures
         components, ratios = patch_embedding_pca(model.patch_embed.proj.weight, num_components)
@@ -127,6 +135,7 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
         "mean_attention_distance_per_layer": distances.mean(dim=1).tolist(),
         "filter_explained_variance": ratios.tolist() if ratios is not None else None,
         "predictions": predictions, "files": {k: str(v) for k, v in files.items()}, "skipped": skipped,
+        "notes": notes,
     }
     atomic_write_bytes(folder / "analysis.json", json.dumps(summary, indent=1).encode())
     report = write_report(folder, config, summary, files)
@@ -189,6 +198,7 @@ section {{ margin: 2em 0; }} p {{ max-width: 60em; }}
 attention distances, {summary['images_shown']} shown. Patch grid {summary['grid_size'][0]} x {summary['grid_size'][1]},
 each patch {summary['patch_size_pixels'][0]} x {summary['patch_size_pixels'][1]} pixels. Mean attention distance per
 layer (pixels, averaged over heads): {per_layer}.</p>
+{''.join(f"<p>{html.escape(note)}</p>" for note in summary.get("notes", []))}
 {''.join(sections)}
 <section><h2>Predictions for the shown images</h2>
 <table><tr><th>image</th><th>label</th><th>prediction</th><th>probability</th></tr>{prediction_rows}</table></section>
@@ -207,5 +217,6 @@ def format_analysis(summary: dict[str, Any]) -> str:
              + (f" ({len(summary['skipped'])} unreadable skipped)" if summary["skipped"] else ""),
              f"  mean attention distance per layer (pixels): {per_layer}"]
     lines += [f"  {name:<22} {path}" for name, path in summary["files"].items()]
+    lines += [f"  note: {note}" for note in summary.get("notes", [])]
     lines.append(f"  report                 {summary['report']}")
     return "\n".join(lines)

@@ -188,9 +188,10 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
     if config.resnet_layers is not None or not config.class_token or config.classifier != "token" or config.fc_norm:
         raise CheckpointError("Hugging Face's ViT has a class-token head only: hybrids, 'gap' and fc_norm models "
                               "cannot be exported to it; export to timm instead")
-    if config.pos_embed != "learned":
-        raise CheckpointError("Hugging Face's ViT has a learned position table only; a fixed sin-cos one is exported "
-                              "to timm or kept in vitlab's format")
+    if config.pos_embed != "learned" or config.pos_embed_placement != "input":
+        raise CheckpointError(f"Hugging Face's ViT has one learned 1-D position table at the input only, not "
+                              f"{config.pos_embed} at {config.pos_embed_placement!r}; export to timm (sin-cos) or keep "
+                              "vitlab's format")
     if config.representation_size and config.num_classes:
         raise CheckpointError("Hugging Face's ViTForImageClassification has no pre-logits layer; remove it first")
     out: dict[str, torch.Tensor] = {}

@@ -161,6 +161,13 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
         raise CheckpointError("vitlab does not export hybrids to timm (timm builds them from a separate ResNetV2 "
                               "backbone, which its constructor arguments cannot describe), so nothing was written; "
                               "keep vitlab's format: vitlab convert CHECKPOINT OUT.safetensors")
+    if (config.pos_embed not in ("learned", "sincos2d") or config.pos_embed_placement != "input"
+            or config.classifier not in ("token", "gap", "map")):
+        raise CheckpointError(
+            f"timm's VisionTransformer has no {config.pos_embed} position embedding placed at "
+            f"{config.pos_embed_placement!r} with {config.classifier!r} pooling (it has a 1-D table at the input and "
+            "token, avg or map pooling), so nothing was written; keep vitlab's format: vitlab convert CHECKPOINT "
+            "OUT.safetensors")
     if config.layer_norm_eps != (1e-5 if config.pre_norm else 1e-6) or config.pos_embed != "learned":
         warnings.warn("timm's constructor arguments cannot express layer_norm_eps != 1e-6 or a fixed sin-cos "
                       "position embedding; the weights file carries vitlab's exact config, but a model built in "

@@ -33,7 +33,7 @@ def extract_features(model, data: ImageDataset, batch_size: int = 256) -> torch.
     bar = progress(len(data), f"features of {data.name}", unit="img")
     for first in range(0, len(data), batch_size):
         images = prepare(data.images[first:first + batch_size], data.max_value, model.config)
-        features.append(model.forward_head(model.forward_features(images), pre_logits=True).double())
+        features.append(model.forward_pre_logits(images).double())
         bar.update(len(images))
     bar.close()
     return torch.cat(features)

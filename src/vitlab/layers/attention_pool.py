@@ -27,7 +27,9 @@ class AttentionPool(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, T, D) -> pooled (B, D)."""
         batch, length, dim = tokens.shape
-        q = self.q(self.latent.expand(batch, -1, -1)).reshape(batch, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        # The probe's query is the same for every image: project it once, then broadcast. (Projecting an expanded
+        # view of the parameter also broke torch's FLOP counter, which `vitlab models`/`info` and ablate use.)
+        q = self.q(self.latent).reshape(1, 1, self.num_heads, self.head_dim).transpose(1, 2).expand(batch, -1, -1, -1)
         kv = self.kv(tokens).reshape(batch, length, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         k, v = kv.unbind(0)  # each (B, heads, T, head_dim)
         pooled = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, 1, dim)

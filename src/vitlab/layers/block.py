@@ -14,10 +14,11 @@ from vitlab.layers.mlp import Mlp
 class Block(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, qkv_bias: bool = True,
                  mlp_activation: str = "gelu", layer_norm_eps: float = 1e-6, dropout: float = 0.0,
-                 attention_dropout: float = 0.0, drop_path: float = 0.0, layer_scale: float | None = None) -> None:
+                 attention_dropout: float = 0.0, drop_path: float = 0.0, layer_scale: float | None = None,
+                 relative_tokens: int = 0) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
-        self.attn = Attention(embed_dim, num_heads, qkv_bias, attention_dropout, dropout)
+        self.attn = Attention(embed_dim, num_heads, qkv_bias, attention_dropout, dropout, relative_tokens)
         self.norm2 = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
         self.mlp = Mlp(embed_dim, mlp_dim, mlp_activation, dropout)
         self.drop_path = DropPath(drop_path)

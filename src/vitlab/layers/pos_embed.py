@@ -1,4 +1,5 @@
-"""Position embeddings: the fixed 2-D sine-cosine table, and resampling a learned table to a new patch grid.
+"""Position embeddings: the fixed 2-D sine-cosine table, the learned 2-D (row and column) table of the paper's
+Appendix D.4, and resampling a learned table to a new patch grid.
 
 Resampling is how the paper fine-tunes at a higher resolution (section 3.2): the patch size stays, so the grid
 grows, and the pre-trained embeddings are 2-D interpolated "according to their location in the original image".
@@ -41,8 +42,9 @@ def resample_pos_embed(
 ) -> torch.Tensor:
     """Interpolate the patch rows of a position embedding to a new grid; prefix (class token) rows are kept.
 
-    pos_embed: (1, num_prefix_tokens + rows * cols, D). old_grid defaults to a square grid. mode: "bilinear"
-    (as the official code) or "bicubic". Returns (1, num_prefix_tokens + new_rows * new_cols, D).
+    pos_embed: (P, num_prefix_tokens + rows * cols, D), P tables (1, or one per block). old_grid defaults to a
+    square grid. mode: "bilinear" (as the official code) or "bicubic". Returns (P, num_prefix_tokens + new_rows *
+    new_cols, D).
     """
     if mode not in ("bilinear", "bicubic"):
         raise ConfigError(f"resampling mode must be 'bilinear' or 'bicubic', got {mode!r}")
@@ -65,12 +67,31 @@ def resample_pos_embed(
 
 def interpolate_patch_positions(patch_rows: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple, mode: str = "bilinear"
                                 ) -> torch.Tensor:
-    """(1, old_rows * old_cols, D) -> (1, new_rows * new_cols, D) by 2-D interpolation, with no branch on the sizes,
+    """(P, old_rows * old_cols, D) -> (P, new_rows * new_cols, D) by 2-D interpolation, with no branch on the sizes,
     so it also traces with symbolic grid sizes (ONNX export with a dynamic image size). To the same grid it is
     exact: with align_corners=False every sample falls on a source point with weight 1.
     """
-    dim = patch_rows.shape[-1]
-    grid = patch_rows.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)  # (1, D, rows, cols)
+    tables, dim = patch_rows.shape[0], patch_rows.shape[-1]
+    grid = patch_rows.reshape(tables, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)  # (P, D, rows, cols)
     # Interpolate in float32: bicubic is not implemented for every low-precision dtype.
     grid = F.interpolate(grid.float(), size=(new_grid[0], new_grid[1]), mode=mode, align_corners=False)
-    return grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(patch_rows.dtype)  # (1, new_rows * new_cols, D)
+    return grid.permute(0, 2, 3, 1).reshape(tables, -1, dim).to(patch_rows.dtype)  # (P, new_rows * new_cols, D)
+
+
+def interpolate_1d_positions(table: torch.Tensor, length) -> torch.Tensor:
+    """(P, n, C) -> (P, length, C) by linear interpolation along the positions; exact for length == n (as the
+    2-D case), and traceable with a symbolic length."""
+    resized = F.interpolate(table.transpose(1, 2).float(), size=length, mode="linear", align_corners=False)
+    return resized.transpose(1, 2).to(table.dtype)
+
+
+def axial_pos_embed(row_table: torch.Tensor, column_table: torch.Tensor) -> torch.Tensor:
+    """The paper's 2-D position embedding (Appendix D.4): patch (r, c) gets [row_table[r]; column_table[c]].
+
+    row_table (P, rows, D/2), column_table (P, cols, D/2) -> (P, rows * cols, D), in the patch order of the
+    sequence (row-major)."""
+    tables, rows, half = row_table.shape
+    cols = column_table.shape[1]
+    row_part = row_table[:, :, None, :].expand(tables, rows, cols, half)
+    column_part = column_table[:, None, :, :].expand(tables, rows, cols, column_table.shape[-1])
+    return torch.cat([row_part, column_part], dim=-1).reshape(tables, rows * cols, -1)

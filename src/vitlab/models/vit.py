@@ -9,6 +9,11 @@ parameter names follow timm's `VisionTransformer`, so timm state dicts load with
     y = LN(z_L^0)                                            (eq. 4)  norm, then the class token (or mean)
     logits = head(pre_logits(y))                                      pre_logits: Linear + tanh, pre-training only
 
+The ablations of Appendix D change two of these lines. E_pos (D.4, Table 8): none, the learned 1-D table, a learned
+2-D one (row and column halves), relative attention inside every block, or a fixed sin-cos table; a table can also
+be added before every block (own or shared) instead of once in eq. 1. Pooling in eq. 4 (D.3): the class token,
+the mean of the patch tokens (GAP), or later work's heads: attention pooling (MAP), GeM, max, and a learned mix
+of every block's output.
 DeiT's distilled models (`config.distilled`) add a distillation token after the class token, with its own head;
 their logits are the mean of both heads', as DeiT infers.
 """
@@ -27,7 +32,10 @@ from vitlab.errors import UsageError
 from vitlab.layers.attention_pool import AttentionPool
 from vitlab.layers.block import Block
 from vitlab.layers.patch_embed import PatchEmbed
-from vitlab.layers.pos_embed import interpolate_patch_positions, resample_pos_embed, sincos_2d_pos_embed
+from vitlab.layers.pooling import GeneralizedMeanPool
+from vitlab.layers.pos_embed import (axial_pos_embed, interpolate_1d_positions, interpolate_patch_positions,
+                                     resample_pos_embed, sincos_2d_pos_embed)
+from vitlab.layers.relative_position import resample_relative_keys
 from vitlab.models.hybrid import ResNetStem
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
@@ -58,9 +66,20 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.register_tokens, dim)) if config.register_tokens else None
-        num_positions = config.num_position_prefix + config.num_patches
-        self.pos_embed = nn.Parameter(torch.zeros(1, num_positions, dim),
-                                      requires_grad=config.pos_embed == "learned")
+        # E_pos in the form config.pos_embed asks; P tables: one per block for placement "every_block", else one.
+        # learned / sincos2d: `pos_embed` (P, prefix + N, D), timm's name and shape for P = 1 (sincos2d's is fixed).
+        # learned_2d: `pos_embed_row` (P, rows, D/2) and `pos_embed_col` (P, cols, D/2), with the prefix tokens'
+        # rows in `pos_embed` (P, prefix, D). relative: keys in every block's attention. none: nothing.
+        tables, prefix, (rows, cols) = config.num_position_tables, config.num_position_prefix, config.grid_size
+        self.pos_embed = self.pos_embed_row = self.pos_embed_col = None
+        if config.pos_embed in ("learned", "sincos2d"):
+            self.pos_embed = nn.Parameter(torch.zeros(tables, prefix + rows * cols, dim),
+                                          requires_grad=config.pos_embed == "learned")
+        elif config.pos_embed == "learned_2d":
+            if prefix:
+                self.pos_embed = nn.Parameter(torch.zeros(tables, prefix, dim))
+            self.pos_embed_row = nn.Parameter(torch.zeros(tables, rows, dim // 2))
+            self.pos_embed_col = nn.Parameter(torch.zeros(tables, cols, dim // 2))
         self.pos_drop = nn.Dropout(config.dropout)
         self.norm_pre = nn.LayerNorm(dim, eps=config.layer_norm_eps) if config.pre_norm else nn.Identity()  # CLIP
 
@@ -68,7 +87,8 @@ class VisionTransformer(nn.Module):
         drop_rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
         self.blocks = nn.ModuleList(
             Block(dim, config.num_heads, config.mlp_dim, config.qkv_bias, config.mlp_activation,
-                  config.layer_norm_eps, config.dropout, config.attention_dropout, rate, config.layer_scale)
+                  config.layer_norm_eps, config.dropout, config.attention_dropout, rate, config.layer_scale,
+                  config.num_tokens if config.pos_embed == "relative" else 0)
             for rate in drop_rates
         )
         # With fc_norm (timm's "avg" models) the final LayerNorm moves from every token to the pooled vector.
@@ -76,6 +96,9 @@ class VisionTransformer(nn.Module):
         self.fc_norm = nn.LayerNorm(dim, eps=config.layer_norm_eps) if config.fc_norm else nn.Identity()
         self.attn_pool = AttentionPool(dim, config.num_heads, config.mlp_dim, config.mlp_activation,
                                        config.layer_norm_eps) if config.classifier == "map" else None
+        self.gem_pool = GeneralizedMeanPool() if config.classifier == "gem" else None
+        # layer_weighted: one logit per block; softmax(layer_weights) mixes the blocks' pooled outputs.
+        self.layer_weights = nn.Parameter(torch.zeros(config.depth)) if config.classifier == "layer_weighted" else None
         self.pre_logits: nn.Module = nn.Identity()
         if config.representation_size:
             self.pre_logits = nn.Sequential(OrderedDict(
@@ -84,8 +107,20 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else nn.Identity()
         self.head_dist = nn.Linear(dim, config.num_classes) if config.has_distillation_head else None
         # Off by default: a wrong image size is then an error rather than a silent resampling (see `embed`).
-        self.dynamic_image_size = False
+        self._dynamic_image_size = False
         self.init_weights()
+
+    @property
+    def dynamic_image_size(self) -> bool:
+        """Accept any image whose sides are multiples of the patch size, resampling the positions on every call
+        (see `embed`); relative attention then stretches its offset table to each input's length."""
+        return self._dynamic_image_size
+
+    @dynamic_image_size.setter
+    def dynamic_image_size(self, value: bool) -> None:
+        self._dynamic_image_size = bool(value)
+        for block in self.blocks:
+            block.attn.resample_relative = bool(value)
 
     # ----------------------------------------------------------------------------------------- set-up
     @torch.no_grad()
@@ -103,10 +138,14 @@ class VisionTransformer(nn.Module):
         if proj.bias is not None:
             nn.init.zeros_(proj.bias)
         if self.config.pos_embed == "sincos2d":
-            self.pos_embed.zero_()
-            self.pos_embed.copy_(self.position_table(self.config.grid_size))
-        else:
-            nn.init.normal_(self.pos_embed, std=0.02)
+            self.pos_embed.copy_(self.position_table(self.config.grid_size, fixed_only=True))
+        else:  # the official code's N(0, 0.02) for every learned position parameter
+            for table in (self.pos_embed, self.pos_embed_row, self.pos_embed_col):
+                if table is not None:
+                    nn.init.normal_(table, std=0.02)
+            for block in self.blocks:
+                if block.attn.rel_pos_keys is not None:
+                    nn.init.normal_(block.attn.rel_pos_keys, std=0.02)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
         if self.attn_pool is not None:  # big_vision initialises the MAP probe like a Dense kernel's scale
@@ -127,7 +166,7 @@ class VisionTransformer(nn.Module):
     def reset_head(self, num_classes: int, class_names: list[str] | None = None) -> None:
         """Replace the head by a zero-initialised D x K one (the paper's fine-tuning head)."""
         head_in = self.config.representation_size or self.config.embed_dim
-        device = self.pos_embed.device
+        device = self.patch_embed.proj.weight.device
         self.head = nn.Linear(head_in, num_classes, device=device) if num_classes else nn.Identity()
         # A new head classifies: a CLIP tower's projection is replaced, not kept.
         self.config = self.config.replace(num_classes=num_classes, class_names=class_names, projection=False)
@@ -141,12 +180,21 @@ class VisionTransformer(nn.Module):
 
     # ----------------------------------------------------------------------------------------- forward
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Eq. 1: images (B, C, H, W) -> z_0 (B, prefix + N, D).
+        """Eq. 1: images (B, C, H, W) -> z_0 (B, prefix + N, D); E_pos is added here with placement "input" (the
+        paper's), and before every block (`encode`) otherwise.
 
         With `dynamic_image_size` any image whose sides are multiples of the patch size is accepted: the patch
         rows of E_pos are interpolated to the input's grid on every call (as the paper's fine-tuning does once),
         in a form that traces with symbolic sizes, so an ONNX export keeps the image size dynamic.
         """
+        tokens, positions = self.tokens_and_positions(images)
+        if positions is not None and self.config.pos_embed_placement == "input":
+            tokens = self.add_positions(tokens, positions[0])
+        return self.norm_pre(self.pos_drop(tokens))
+
+    def tokens_and_positions(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """images (B, C, H, W) -> (the embedded tokens before positions (B, prefix + N, D), the position tables for
+        this input's grid (P, rows, D), or None without absolute positions)."""
         expected = self.config.image_size
         # In dynamic mode the size is not compared at all, so a symbolic size (export) meets no branch here.
         wrong_size = not self.dynamic_image_size and tuple(images.shape[-2:]) != expected
@@ -167,48 +215,107 @@ class VisionTransformer(nn.Module):
             )
         patches = self.patch_embed.project(images)  # (B, D, rows, cols)
         tokens = patches.flatten(2).transpose(1, 2)  # (B, N, D)
-        pos_embed = self.pos_embed
-        if self.dynamic_image_size:  # the same tables `set_image_size` would make for this grid
-            pos_embed = self.position_table(patches.shape[-2:])
+        positions = None
+        if self.config.num_position_tables:
+            # The same tables `set_image_size` would make for this grid, in dynamic mode.
+            positions = self.position_table(patches.shape[-2:] if self.dynamic_image_size else None)
         prefix_tokens = [token.expand(tokens.shape[0], -1, -1)
                          for token in (self.cls_token, self.dist_token, self.reg_token) if token is not None]
-        if not self.config.prefix_positions:  # only the patch tokens get positions (timm's no_embed_class)
-            return self.norm_pre(self.pos_drop(torch.cat(prefix_tokens + [tokens + pos_embed], dim=1)))
         if prefix_tokens:
             tokens = torch.cat(prefix_tokens + [tokens], dim=1)
-        return self.norm_pre(self.pos_drop(tokens + pos_embed))
+        return tokens, positions
+
+    def add_positions(self, tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """tokens (B, prefix + N, D) + one position table (rows, D): to every token, or with prefix_positions False
+        (timm's no_embed_class) to the patch tokens only."""
+        if self.config.prefix_positions:
+            return tokens + table
+        prefix = self.config.num_prefix_tokens
+        return torch.cat([tokens[:, :prefix], tokens[:, prefix:] + table], dim=1)
+
+    def encode(self, images: torch.Tensor, attention_layers: set[int] = frozenset(),
+               on_attention: AttentionCallback | None = None, keep_states: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """Eqs. 1-3: images -> (z_0, z_L before the final norm, the output of every block if keep_states, else []).
+        Blocks in `attention_layers` take the explicit-softmax path and hand their weights to `on_attention`."""
+        tokens, positions = self.tokens_and_positions(images)
+        placement = self.config.pos_embed_placement
+        if positions is not None and placement == "input":
+            tokens = self.add_positions(tokens, positions[0])
+        x = stem = self.norm_pre(self.pos_drop(tokens))
+        states: list[torch.Tensor] = []
+        for index, block in enumerate(self.blocks):
+            if positions is not None and placement != "input":  # Table 8's "every layer" columns
+                x = self.add_positions(x, positions[index if placement == "every_block" else 0])
+            if index in attention_layers:
+                x, weights = block(x, return_attention=True)
+                on_attention(index, weights)
+            else:
+                x = block(x)
+            if keep_states:
+                states.append(x)
+        return stem, x, states
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> encoder output (B, prefix + N, D), after the final norm."""
-        x = self.embed(images)
-        for block in self.blocks:
-            x = block(x)
-        return self.norm(x)
+        return self.norm(self.encode(images)[1])
 
-    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (B, D): the class token, the mean of the patch tokens (paper Appendix D.3), or attention
-        pooling of every token (SigLIP's MAP head)."""
-        if self.config.classifier == "token":
+    def pool(self, tokens: torch.Tensor, hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """(B, T, D) -> (B, D): the class token, the mean of the patch tokens (paper Appendix D.3), attention
+        pooling of every token (SigLIP's MAP head), GeM or max over the patch tokens, or, for "layer_weighted",
+        the learned mix of every block's output (`hidden_states`, before the final norm, which is applied here)."""
+        classifier = self.config.classifier
+        patch_tokens = tokens[:, self.config.num_prefix_tokens:]
+        if classifier == "token":
             return tokens[:, 0]
-        if self.attn_pool is not None:
+        if classifier == "gap":
+            return patch_tokens.mean(dim=1)
+        if classifier == "map":
             return self.attn_pool(tokens)
-        return tokens[:, self.config.num_prefix_tokens:].mean(dim=1)
+        if classifier == "gem":
+            return self.gem_pool(patch_tokens)
+        if classifier == "max":
+            return patch_tokens.amax(dim=1)
+        if hidden_states is None or len(hidden_states) != len(self.blocks):
+            raise UsageError("layer-weighted pooling mixes every block's output: call the model itself, "
+                             "forward_pre_logits or forward_intermediates(hidden_states=True), not forward_head alone")
+        per_block = []
+        for state in hidden_states:
+            state = self.norm(state)
+            per_block.append(state[:, 0] if self.config.class_token
+                             else state[:, self.config.num_prefix_tokens:].mean(dim=1))
+        mix = self.layer_weights.softmax(dim=0)  # (L,)
+        return (torch.stack(per_block, dim=1) * mix[None, :, None]).sum(dim=1)  # (B, L, D) -> (B, D)
 
-    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False,
+                     hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Encoder output (B, T, D) -> logits (B, K); with pre_logits=True the features fed to the head (for a
-        distilled model with its distillation head: the mean of the class and distillation tokens, as timm's)."""
+        distilled model with its distillation head: the mean of the class and distillation tokens, as timm's).
+        `hidden_states`: every block's output, which layer-weighted pooling needs."""
         if self.config.distilled and self.config.distillation_head:
             class_features, distillation_features = tokens[:, 0], tokens[:, 1]
             if self.head_dist is not None and not pre_logits:
                 return (self.head(class_features) + self.head_dist(distillation_features)) / 2
             features = (class_features + distillation_features) / 2
             return features if pre_logits else self.head(features)
-        features = self.pre_logits(self.fc_norm(self.pool(tokens)))
+        features = self.pre_logits(self.fc_norm(self.pool(tokens, hidden_states)))
         return features if pre_logits else self.head(features)
+
+    def forward_pre_logits(self, images: torch.Tensor) -> torch.Tensor:
+        """images (B, C, H, W) -> the features the head reads (B, D'), e.g. for few-shot probes."""
+        tokens, states = self.encoded(images)
+        return self.forward_head(tokens, pre_logits=True, hidden_states=states)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> logits (B, K)."""
-        return self.forward_head(self.forward_features(images))
+        tokens, states = self.encoded(images)
+        return self.forward_head(tokens, hidden_states=states)
+
+    def encoded(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """(encoder output after the final norm, every block's output if the pooling reads them, else None)."""
+        keep = self.config.classifier == "layer_weighted"
+        _, last, states = self.encode(images, keep_states=keep)
+        return self.norm(last), (states if keep else None)
 
     def forward_intermediates(
         self,
@@ -230,27 +337,16 @@ class VisionTransformer(nn.Module):
             wanted = set(range(len(self.blocks)))
         else:
             wanted = set() if attention_layers is None else {self.layer_index(i) for i in attention_layers}
-        x = self.embed(images)
-        out: dict[str, torch.Tensor | list[torch.Tensor]] = {"stem": x}
-        states: list[torch.Tensor] = []
         attentions: list[torch.Tensor] = []
-        for index, block in enumerate(self.blocks):
-            if index in wanted:
-                x, weights = block(x, return_attention=True)
-                if attention_callback is not None:
-                    attention_callback(index, weights)
-                else:
-                    attentions.append(weights)
-            else:
-                x = block(x)
-            if hidden_states:
-                states.append(x)
+        stem, x, states = self.encode(images, wanted, attention_callback or (lambda _, weights: attentions.append(weights)),
+                                      keep_states=hidden_states or self.config.classifier == "layer_weighted")
+        out: dict[str, torch.Tensor | list[torch.Tensor]] = {"stem": stem}
         if hidden_states:
             out["hidden_states"] = states
         if wanted and attention_callback is None:
             out["attentions"] = attentions
         out["encoder"] = self.norm(x)
-        out["pre_logits"] = self.forward_head(out["encoder"], pre_logits=True)
+        out["pre_logits"] = self.forward_head(out["encoder"], pre_logits=True, hidden_states=states or None)
         # Only DeiT's two heads need the tokens again; every other head reads the pooled features (pooling once).
         out["logits"] = self.forward_head(out["encoder"]) if self.head_dist is not None else self.head(out["pre_logits"])
         return out
@@ -265,29 +361,56 @@ class VisionTransformer(nn.Module):
         return int(index) % depth
 
     # ----------------------------------------------------------------------------------------- resolution
-    def position_table(self, grid: tuple) -> torch.Tensor:
-        """E_pos (1, prefix + rows * cols, D) for a patch grid: the prefix rows as they are, and the patch rows
-        either the fixed sin-cos ones of that grid or the learned ones interpolated to it. Traces with symbolic
-        grid sizes (the dynamic-size ONNX export)."""
-        prefix = self.config.num_position_prefix
-        if self.config.pos_embed == "sincos2d":
+    def position_table(self, grid: tuple | None = None, fixed_only: bool = False) -> torch.Tensor | None:
+        """E_pos (P, prefix + rows * cols, D) for a patch grid (default: the model's): the prefix rows as they are,
+        and the patch rows the fixed sin-cos ones of that grid, the learned 1-D ones interpolated to it, or the
+        learned row and column tables interpolated to its sides and concatenated. None for pos_embed "none" and
+        "relative". Traces with symbolic grid sizes (the dynamic-size ONNX export)."""
+        kind, prefix = self.config.pos_embed, self.config.num_position_prefix
+        if kind in ("none", "relative"):
+            return None
+        if grid is None:
+            if kind == "learned" or (kind == "sincos2d" and not fixed_only):
+                return self.pos_embed  # stored for this grid
+            grid = self.config.grid_size
+        if kind == "sincos2d":
             patch_rows = sincos_2d_pos_embed(grid, self.config.embed_dim)[None].to(self.pos_embed)
-        else:
+        elif kind == "learned":
             patch_rows = interpolate_patch_positions(self.pos_embed[:, prefix:], self.config.grid_size, grid)
-        return torch.cat([self.pos_embed[:, :prefix], patch_rows], dim=1)
+        else:  # learned_2d
+            patch_rows = axial_pos_embed(interpolate_1d_positions(self.pos_embed_row, grid[0]),
+                                         interpolate_1d_positions(self.pos_embed_col, grid[1]))
+        if not prefix:
+            return patch_rows
+        return torch.cat([self.pos_embed[:, :prefix].expand(patch_rows.shape[0], -1, -1), patch_rows], dim=1)
 
     def set_image_size(self, image_size: int | tuple[int, int], mode: str = "bilinear") -> None:
         """Change the input resolution in place, keeping the patch size and resampling the position embedding
-        to the new grid (the paper's fine-tuning at higher resolution, section 3.2)."""
+        to the new grid (the paper's fine-tuning at higher resolution, section 3.2): 2-D interpolation of a
+        learned 1-D table (`mode`), 1-D of the row and column tables of learned_2d, a new sin-cos table, and
+        for relative attention the offset table stretched to the new length (an approximation: see
+        layers/relative_position.py)."""
         old_grid = self.config.grid_size
         new_config = self.config.replace(image_size=image_size)
+        rows, cols = new_config.grid_size
+        kind = self.config.pos_embed
+
+        def replaced(parameter: nn.Parameter, table: torch.Tensor) -> nn.Parameter:
+            return nn.Parameter(table.to(parameter), requires_grad=parameter.requires_grad)
+
         with torch.no_grad():
-            if self.config.pos_embed == "sincos2d":
-                table = self.position_table(new_config.grid_size)
-            else:
-                table = resample_pos_embed(self.pos_embed.data, new_config.grid_size, old_grid,
-                                           self.config.num_position_prefix, mode)
-        self.pos_embed = nn.Parameter(table.to(self.pos_embed), requires_grad=self.pos_embed.requires_grad)
+            if kind == "sincos2d":
+                self.pos_embed = replaced(self.pos_embed, self.position_table(new_config.grid_size))
+            elif kind == "learned":
+                self.pos_embed = replaced(self.pos_embed, resample_pos_embed(
+                    self.pos_embed.data, new_config.grid_size, old_grid, self.config.num_position_prefix, mode))
+            elif kind == "learned_2d":
+                self.pos_embed_row = replaced(self.pos_embed_row, interpolate_1d_positions(self.pos_embed_row, rows))
+                self.pos_embed_col = replaced(self.pos_embed_col, interpolate_1d_positions(self.pos_embed_col, cols))
+            elif kind == "relative":
+                for block in self.blocks:
+                    keys = block.attn.rel_pos_keys
+                    block.attn.rel_pos_keys = replaced(keys, resample_relative_keys(keys, new_config.num_tokens))
         self.config = new_config
 
     def set_attention_kernel(self, kernel: str) -> None:
@@ -300,4 +423,5 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip besides norms and biases."""
-        return {"pos_embed", "cls_token", "dist_token", "reg_token", "latent"}
+        return {"pos_embed", "pos_embed_row", "pos_embed_col", "rel_pos_keys", "cls_token", "dist_token", "reg_token",
+                "latent"}
