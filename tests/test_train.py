@@ -142,6 +142,9 @@ def test_set_overrides():
         apply_overrides(TrainConfig(), ["grad_accum=0"])
     with pytest.raises(ConfigError, match="takes key=value"):
         apply_overrides(TrainConfig(), ["lr"])
+    # A recipe that writes a float field as a whole number (configs/mnist.py: warmup_epochs=1) still takes a
+    # fraction for it (it was refused as "expected a whole number").
+    assert apply_overrides(TrainConfig(warmup_epochs=1), ["warmup_epochs=0.5"]).warmup_epochs == 0.5
 
 
 def test_grad_accumulation_matches_one_big_batch(tmp_path):

@@ -187,6 +187,68 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     return run_exit_code(train(apply_overrides(config, shorthand_overrides(args, FINETUNE_SHORTHANDS))))
 
 
+def cmd_ablate(args: argparse.Namespace) -> int:
+    import shlex
+    from pathlib import Path
+
+    from vitlab.ablate.plan import Ablation, load_ablations, parse_vary
+    from vitlab.ablate.results import format_results
+    from vitlab.ablate.runner import run_ablations
+    from vitlab.train.config import TrainConfig
+
+    ablations = load_ablations(args.source) if args.source else []
+    if ablations:
+        if args.vary:
+            raise UsageError(f"{args.source} is an ablation file and says what to vary; --vary is for a recipe "
+                             "(vitlab ablate configs/mnist.py --vary pos_embed=none,learned)")
+        if args.name:
+            ablations = [a for a in ablations if a.name in args.name.split(",")] or ablations_missing(
+                args.name, ablations)
+    else:
+        if not args.vary:
+            raise UsageError("say what to vary: --vary KEY=V1,V2 (e.g. --vary pos_embed=none,learned --vary "
+                             "lr=8e-4,3e-4), or give an ablation file from configs/ablations/")
+        ablations = [Ablation(name=args.name or "ablation", recipe=args.source or TrainConfig(),
+                              vary=parse_vary(args.vary))]
+    for ablation in ablations:
+        if args.seeds is not None:
+            ablation.seeds = args.seeds
+        ablation.settings = list(ablation.settings) + list(args.set or [])
+    source = Path(args.source).stem if args.source else "digits"
+    out = args.out or str(Path("runs") / "ablations" / source)
+    command = "vitlab ablate " + " ".join(shlex.quote(a) for a in (args.argv or []))
+    outcome = run_ablations(ablations, out, args.jobs, dry_run=args.dry_run, command=command)
+    if outcome.get("dry_run"):
+        return 0
+    print(format_results(outcome))
+    if outcome["interrupted"]:
+        import signal
+
+        return 0 if outcome.get("signal") == signal.SIGTERM else 130  # as train: SIGTERM is "save and leave"
+    return 1 if outcome["failed"] else 0
+
+
+def ablations_missing(names: str, ablations) -> list:
+    raise UsageError(f"--name {names}: the file's ablations are {', '.join(a.name for a in ablations)}")
+
+
+def seeds_arg(text: str) -> list[int]:
+    """'3' -> [0, 1, 2]; '0,1,2' or '5,7' -> those seeds."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds must be a count (3) or a list (0,1,2), got {text!r}") from None
+    if not values or min(values) < 0 or (len(values) == 1 and "," not in text and values[0] < 1):
+        raise argparse.ArgumentTypeError(f"seeds must be a positive count or non-negative seeds, got {text!r}")
+    return list(range(values[0])) if len(values) == 1 and "," not in text else values
+
+
+def jobs_arg(text: str) -> str | int:
+    if text == "auto":
+        return text
+    return positive_int(text)
+
+
 def cmd_fewshot(args: argparse.Namespace) -> int:
     from vitlab.eval.fewshot import format_fewshot, run_fewshot
 
@@ -389,6 +451,31 @@ def build_parser() -> ArgumentParser:
                    help="with --resume: fall back to the previous checkpoint if the last one is damaged")
     p.set_defaults(func=cmd_finetune)
 
+    p = subcommand("ablate", help="train a recipe over a grid of settings and seeds (the paper's ablations); "
+                                  "resumable", formatter_class=argparse.RawDescriptionHelpFormatter,
+                   epilog="examples:\n"
+                          "  vitlab ablate configs/ablations/digits.py              Table 8, Figure 9 and pooling "
+                          "on digits (~10 min)\n"
+                          "  vitlab ablate configs/mnist.py --vary classifier=token,gap --vary lr=8e-4,3e-4 "
+                          "--seeds 3\n"
+                          "Run the same command again to continue a stopped ablation: finished runs are kept.")
+    p.add_argument("source", nargs="?", help="an ablation file (configs/ablations/*.py) or a recipe to vary "
+                                             "(configs/*.py, RUN/train_config.json; default: the digits recipe)")
+    p.add_argument("--vary", action="append", metavar="KEY=V1,V2",
+                   help="an axis: a training setting (lr, epochs, ...) or a model setting (pos_embed, "
+                        "pos_embed_placement, classifier, ...) and its values; axes are crossed (repeatable)")
+    p.add_argument("--seeds", type=seeds_arg, help="a count (3: seeds 0,1,2) or a list (0,1,2); default 3, or "
+                                                   "the ablation file's")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe field in every cell")
+    p.add_argument("--out", help="output root (default runs/ablations/<file name>); cells are shared under it")
+    p.add_argument("--name", help="with a recipe: the results folder's name (default 'ablation'); with an "
+                                  "ablation file: run only these of its ablations (comma-separated)")
+    p.add_argument("--jobs", type=jobs_arg, default="auto",
+                   help="runs at once, in processes of cores/jobs threads (default auto: one per core for small "
+                        "models, which train faster so, else one)")
+    p.add_argument("--dry-run", action="store_true", help="check the plan and say what would run, run nothing")
+    p.set_defaults(func=cmd_ablate)
+
     for name, helptext in (("fewshot", "few-shot linear accuracy of frozen features (closed-form least squares)"),
                            ("linear-probe", "logistic regression on frozen features")):
         p = subcommand(name, help=helptext)
@@ -514,6 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
     handler: Callable[[argparse.Namespace], int] = args.func
     try:
         code = handler(args)

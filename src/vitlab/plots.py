@@ -204,3 +204,41 @@ def plot_attention_grid(maps, path: str | Path, title: str) -> Path:
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return Path(path)
+
+
+def plot_ablation_curves(curves: dict[str, list[list[float]]], path: str | Path, title: str = "") -> Path:
+    """Validation top-1 per epoch of every ablation cell: the mean over its seeds as a line, the range of the
+    seeds as a band. curves: cell name -> one list of accuracies (0-1) per seed."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    figure, (full, zoom) = plt.subplots(1, 2, figsize=(12, 4.6))
+    finals = []
+    for name, seeds in curves.items():
+        length = min((len(c) for c in seeds if c), default=0)
+        if not length:
+            continue
+        epochs = list(range(1, length + 1))
+        per_epoch = [[100 * c[e] for c in seeds if len(c) >= length] for e in range(length)]
+        mean = [sum(v) / len(v) for v in per_epoch]
+        for axis in (full, zoom):
+            line, = axis.plot(epochs, mean, marker="o" if length <= 20 else None, markersize=3,
+                              label=f"{name} ({len(seeds)} seeds)")
+            axis.fill_between(epochs, [min(v) for v in per_epoch], [max(v) for v in per_epoch],
+                              color=line.get_color(), alpha=0.15)
+        finals += [v for v in per_epoch[-1]] + [v for values in per_epoch[len(per_epoch) // 2:] for v in values]
+    full.set(xlabel="epoch", ylabel="validation top-1 (%)", title="validation accuracy")
+    zoom.set(xlabel="epoch", ylabel="validation top-1 (%)", title="second half, zoomed")
+    if finals:
+        low, high = min(finals), max(finals)
+        zoom.set_ylim(low - 0.1 * (high - low + 0.1), high + 0.1 * (high - low + 0.1))
+    for axis in (full, zoom):
+        axis.grid(alpha=0.3)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    zoom.legend(fontsize=7, loc="lower right")
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)

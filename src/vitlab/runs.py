@@ -49,6 +49,11 @@ class RunFolder:
         """A run was started here (its training state exists)."""
         return (self.path / LAST_STATE).exists()
 
+    def summary(self) -> dict[str, Any] | None:
+        """The end-of-run figures (summary.json), or None while the run has not finished."""
+        path = self.path / "summary.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
     def recipe(self) -> dict[str, Any] | None:
         """The TrainConfig fields the run trained with, or None when the path is no run folder."""
         path = self.path / TRAIN_CONFIG

@@ -180,6 +180,9 @@ def checked_value(key: str, old: Any, new: Any) -> Any:
     return new
 
 
+FLOAT_FIELDS = {f.name: f.default for f in dataclasses.fields(TrainConfig) if isinstance(f.default, float)}
+
+
 def apply_overrides(config: TrainConfig, assignments: list[str]) -> TrainConfig:
     """Apply `key=value` strings; dotted keys reach into nested dataclasses and dicts."""
     data = config.to_dict()
@@ -195,7 +198,10 @@ def apply_overrides(config: TrainConfig, assignments: list[str]) -> TrainConfig:
             target = target[part]
         if parts[-1] not in target and parts[0] != "model_overrides":
             raise ConfigError(f"--set {key}: unknown setting {parts[-1]!r}; known: {', '.join(sorted(target))}")
-        target[parts[-1]] = checked_value(key, target.get(parts[-1]), parse_value(raw))
+        current = target.get(parts[-1])
+        if len(parts) == 1 and isinstance(FLOAT_FIELDS.get(key), float):
+            current = float(current)  # a recipe may write warmup_epochs=1; the field still takes 0.5
+        target[parts[-1]] = checked_value(key, current, parse_value(raw))
     try:
         return TrainConfig.from_dict(data)
     except TypeError as error:

@@ -1,0 +1,147 @@
+"""vitlab ablate: the plan (axes, values, cells), running and resuming, and the results it writes."""
+
+import csv
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vitlab.ablate.plan import Ablation, parse_vary, plan
+from vitlab.ablate.runner import choose_jobs
+from vitlab.cli import main
+from vitlab.errors import ConfigError
+from vitlab.train.config import TrainConfig
+
+QUICK = ["--set", "epochs=2", "--set", "warmup_epochs=1"]
+
+
+@pytest.mark.parametrize("vary,message", [
+    (["pos_embd=none,learned"], "unknown setting (did you mean pos_embed?)"),
+    (["pos_embed=none,rope"], "pos_embed=rope is not valid with this recipe: pos_embed must be one of"),
+    (["lr=1e-3,-1"], "lr=-1 is not valid with this recipe: lr must be positive"),
+    (["depth=two"], "depth=two is not valid"),
+    (["seed=1,2"], "use --seeds for seeds"),
+    (["lr"], "--vary takes KEY=V1,V2"),
+    (["lr=1e-3,1e-3"], "repeats a value"),
+])
+def test_bad_vary_is_one_message_before_anything_runs(vary, message, tmp_path, capsys):
+    args = ["ablate", "--out", str(tmp_path / "out")]
+    for axis in vary:
+        args += ["--vary", axis]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_combinations_that_cannot_exist_are_left_out_and_listed():
+    ablation = Ablation("t", TrainConfig(), parse_vary(["pos_embed=none,learned", "pos_embed_placement=input,every_block"]))
+    cells, skipped = plan(ablation)
+    assert [c.name for c in cells] == ["pos_embed=none, pos_embed_placement=input",
+                                       "pos_embed=learned, pos_embed_placement=input",
+                                       "pos_embed=learned, pos_embed_placement=every_block"]
+    assert skipped == [("pos_embed=none, pos_embed_placement=every_block",
+                        "pos_embed 'none' has no table to place; pos_embed_placement must be 'input', got 'every_block'")]
+    # A value that no cell can use is an error, not a silently empty row.
+    with pytest.raises(ConfigError, match="pos_embed_placement=every_block is not valid"):
+        plan(Ablation("t", TrainConfig(), parse_vary(["pos_embed=none", "pos_embed_placement=input,every_block"])))
+
+
+def test_cells_that_compute_the_same_run_share_one_key():
+    by_pos = plan(Ablation("a", TrainConfig(), {"pos_embed": ["learned", "none"]}))[0]
+    by_head = plan(Ablation("b", TrainConfig(), {"classifier": ["token", "gap"], "lr": [4e-3]}))[0]
+    assert by_pos[0].key == by_head[0].key  # the recipe's own model, written two ways
+    assert len({c.key for c in by_pos + by_head}) == 3
+    typed = plan(Ablation("c", TrainConfig(), parse_vary(["lr=4e-3", "pos_embed=none"])))[0][0]
+    assert typed.values == {"lr": 0.004, "pos_embed": "none"}  # text for text settings, numbers for numbers
+
+
+def test_jobs_auto_runs_small_models_one_per_core_and_large_ones_alone():
+    cores = len(os.sched_getaffinity(0))
+    small = plan(Ablation("s", TrainConfig(), {"lr": [1e-3]}))[0]
+    large = plan(Ablation("l", TrainConfig(model="B/16"), {"lr": [1e-3]}))[0]
+    assert choose_jobs("auto", small) == cores and choose_jobs("auto", large) == 1 and choose_jobs(3, small) == 3
+
+
+def test_an_ablation_writes_tables_curves_and_a_page_and_a_rerun_redoes_nothing(tmp_path, capsys):
+    out = tmp_path / "abl"
+    args = ["ablate", "--vary", "classifier=token,gap", "--seeds", "2", "--out", str(out), "--jobs", "2", *QUICK]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "4 runs under" in printed and "4 to run" in printed
+    folder = out / "ablation"
+    rows = list(csv.DictReader((folder / "results.csv").open()))
+    assert [(r["classifier"], r["seed"], r["status"]) for r in rows] == [
+        ("token", "0", "finished"), ("token", "1", "finished"), ("gap", "0", "finished"), ("gap", "1", "finished")]
+    # The table's mean +- std is the runs' own figures, validation and test side by side.
+    summaries = [json.loads((Path(r["run_dir"]) / "summary.json").read_text()) for r in rows]
+    gap_val = [100 * s["val_top1"] for s in summaries[2:]]
+    table = (folder / "table.md").read_text()
+    assert f"| gap | 2/2 | {statistics.fmean(gap_val):.2f} ± {statistics.stdev(gap_val):.2f} |" in table
+    assert {s["seed"] for s in summaries} == {0, 1} and {s["epochs"] for s in summaries} == {2}
+    page = (folder / "report.html").read_text()
+    assert "data:image/png;base64," in page and 'src="http' not in page and "never used to choose" in page
+    assert (folder / "curves.png").stat().st_size > 0
+    data = json.loads((folder / "results.json").read_text())
+    assert [c["seeds"] for c in data["cells"]] == [2, 2] and len(data["runs"][0]["val_curve"]) == 2
+
+    model_files = {r["run_dir"]: (Path(r["run_dir"]) / "model.safetensors").stat().st_mtime_ns for r in rows}
+    assert main(args) == 0
+    assert "4 done, 0 to run" in capsys.readouterr().out
+    assert {d: (Path(d) / "model.safetensors").stat().st_mtime_ns for d in model_files} == model_files
+    # More seeds later: only the new ones run.
+    more = ["ablate", "--vary", "classifier=token,gap", "--seeds", "0,1,2", "--out", str(out), "--jobs", "2", *QUICK]
+    assert main(more) == 0
+    assert "6 runs under" in (printed := capsys.readouterr().out) and "4 done, 2 to run" in printed
+    assert {d: (Path(d) / "model.safetensors").stat().st_mtime_ns for d in model_files} == model_files
+
+
+def test_a_stopped_ablation_resumes_only_what_is_missing(tmp_path):
+    """Ctrl-C while the second run trains: the finished run is kept, the stopped one resumes from its state."""
+    out = tmp_path / "abl"
+    command = [sys.executable, "-m", "vitlab", "ablate", "--vary", "lr=4e-3", "--seeds", "2", "--jobs", "1",
+               "--out", str(out), "--set", "epochs=30"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cell = next(iter((out / "cells").glob("*")), None)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # wait until seed 1 has saved a training state
+        cells = list((out / "cells").glob("*")) if (out / "cells").exists() else []
+        if cells and (cells[0] / "seed1" / "checkpoints" / "last.pt").exists():
+            cell = cells[0]
+            break
+        time.sleep(0.1)
+    else:
+        process.kill()
+        pytest.fail("the second run never started")
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "run the same command again" in stderr
+    assert (cell / "seed0" / "summary.json").exists() and not (cell / "seed1" / "summary.json").exists()
+    finished_model = (cell / "seed0" / "model.safetensors").stat().st_mtime_ns
+
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "1 done, 1 to run (1 resumed where they stopped)" in rerun.stdout
+    assert (cell / "seed0" / "model.safetensors").stat().st_mtime_ns == finished_model
+    log = (cell / "seed1.log").read_text()
+    assert "--resume" in log and json.loads((cell / "seed1" / "summary.json").read_text())["epochs"] == 30
+
+
+def test_an_ablation_file_runs_its_studies_and_refuses_vary(tmp_path, capsys):
+    path = tmp_path / "abl.py"
+    path.write_text("from vitlab.ablate.plan import Ablation\nfrom vitlab.train.config import TrainConfig\n"
+                    "ablations = [Ablation('heads', TrainConfig(epochs=1), {'classifier': ['token', 'max']}, seeds=[0]),\n"
+                    "             Ablation('pos', TrainConfig(epochs=1), {'pos_embed': ['learned', 'none']}, seeds=[0])]\n")
+    assert main(["ablate", str(path), "--vary", "lr=1e-3"]) == 2
+    assert "is an ablation file" in capsys.readouterr().err
+    assert main(["ablate", str(path), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    printed = capsys.readouterr().out
+    assert "heads: 2 cells x 1 seeds" in printed and "3 runs under" in printed  # the recipe's own cell is shared
+    assert not (tmp_path / "o").exists()
