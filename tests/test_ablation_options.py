@@ -232,3 +232,21 @@ def test_analysis_runs_on_the_new_kinds(fields, tmp_path):
     assert (tmp_path / "analysis" / "report.html").is_file()
     assert ("position_similarity" in summary["files"]) == (fields["pos_embed"] not in ("none", "relative"))
     assert len(summary["mean_attention_distance"]) == 3
+
+
+@pytest.mark.parametrize("fields", [dict(pos_embed="relative"), dict(pos_embed="learned_2d"),
+                                    dict(pos_embed="learned", pos_embed_placement="every_block"),
+                                    dict(classifier="gem"), dict(classifier="layer_weighted")])
+def test_timm_and_hugging_face_exports_refuse_what_they_cannot_hold_and_write_nothing(fields, tmp_path):
+    from vitlab.checkpoint.formats import export_checkpoint
+    from vitlab.errors import CheckpointError
+
+    model = trained_like(ViTConfig(**TINY, **fields))
+    with pytest.raises(CheckpointError, match="timm's VisionTransformer has no .*nothing was written"):
+        export_checkpoint(model, tmp_path / "timm.safetensors", to="timm")
+    with pytest.raises(CheckpointError, match="Hugging Face's ViT"):
+        export_checkpoint(model, tmp_path / "hf", to="hf")
+    assert list(tmp_path.iterdir()) == []
+    # vitlab's own format holds them all.
+    export_checkpoint(model, tmp_path / "own.safetensors", to="vitlab")
+    assert load_model(tmp_path / "own.safetensors").config == model.config

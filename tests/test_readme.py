@@ -30,6 +30,8 @@ NOT_RUN_HERE = {
     "--image-size 384": "a ViT-B/16 at 384x384 takes minutes on a CPU (the stand-in fixture would need GBs)",
     "vitlab bench": "timings take minutes; tests/test_bench.py runs every path of the command",
     "vitlab serve": "a server runs until it is stopped; tests/test_serve.py runs it on an ephemeral port",
+    "vitlab ablate configs/ablations": "57 runs take 10 minutes (digits) or more; tests/test_ablate.py runs the "
+                                       "command on short recipes",
 }
 
 
@@ -92,7 +94,7 @@ def as_run_here(command: str) -> list[str] | None:
     if command == "make demo":  # what the Makefile runs, shortened
         return ["train", "--set", "run_name=demo", "--set", "epochs=2"]
     args = [os.path.expanduser(arg) for arg in shlex.split(command)[1:]]
-    if args and args[0] in ("train", "finetune") and "--resume" not in args:
+    if args and args[0] in ("train", "finetune", "ablate") and "--resume" not in args:
         args += ["--set", "epochs=1"]
     if "--resume" in args and "--epochs" in args:  # extend the 2-epoch demo run by one epoch
         args[args.index("--epochs") + 1] = "3"

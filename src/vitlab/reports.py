@@ -47,8 +47,11 @@ def describe(config) -> str:
     size = "x".join(map(str, config.image_size))
     patch = "x".join(map(str, config.patch_size))
     hybrid = f"ResNet stages {list(config.resnet_layers)} + " if config.resnet_layers is not None else ""
+    positions = "" if config.pos_embed == "learned" and config.pos_embed_placement == "input" else (
+        f", position embedding {config.pos_embed}"
+        + ("" if config.pos_embed_placement == "input" else f" ({config.pos_embed_placement.replace('_', ' ')})"))
     return (f"{hybrid}ViT width {config.embed_dim}, depth {config.depth}, {config.num_heads} heads, "
-            f"image {size}, patch {patch}, {config.classifier} head, {config.num_classes} classes")
+            f"image {size}, patch {patch}{positions}, {config.classifier} head, {config.num_classes} classes")
 
 
 def checkpoint_info(path: str | Path, num_heads: int | None = None,

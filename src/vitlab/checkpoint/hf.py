@@ -186,8 +186,9 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
         raise CheckpointError("vitlab writes Hugging Face's ViT and DeiT layouts, which have no LayerScale or "
                               "register tokens; export a DINOv2-style model to timm or keep vitlab's format")
     if config.resnet_layers is not None or not config.class_token or config.classifier != "token" or config.fc_norm:
-        raise CheckpointError("Hugging Face's ViT has a class-token head only: hybrids, 'gap' and fc_norm models "
-                              "cannot be exported to it; export to timm instead")
+        raise CheckpointError(f"Hugging Face's ViT has a class-token head only: hybrids, fc_norm models and "
+                              f"{config.classifier!r} pooling cannot be exported to it; export to timm (gap, map) or "
+                              "keep vitlab's format")
     if config.pos_embed != "learned" or config.pos_embed_placement != "input":
         raise CheckpointError(f"Hugging Face's ViT has one learned 1-D position table at the input only, not "
                               f"{config.pos_embed} at {config.pos_embed_placement!r}; export to timm (sin-cos) or keep "

@@ -187,10 +187,15 @@ class VisionTransformer(nn.Module):
         rows of E_pos are interpolated to the input's grid on every call (as the paper's fine-tuning does once),
         in a form that traces with symbolic sizes, so an ONNX export keeps the image size dynamic.
         """
+        return self.embed_with_positions(images)[0]
+
+    def embed_with_positions(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(z_0 as `embed` gives it, the position tables (P, rows, D) still to be added before the blocks when
+        the placement is not "input", else None)."""
         tokens, positions = self.tokens_and_positions(images)
         if positions is not None and self.config.pos_embed_placement == "input":
-            tokens = self.add_positions(tokens, positions[0])
-        return self.norm_pre(self.pos_drop(tokens))
+            return self.norm_pre(self.pos_drop(self.add_positions(tokens, positions[0]))), None
+        return self.norm_pre(self.pos_drop(tokens)), positions
 
     def tokens_and_positions(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """images (B, C, H, W) -> (the embedded tokens before positions (B, prefix + N, D), the position tables for
@@ -238,15 +243,12 @@ class VisionTransformer(nn.Module):
                ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """Eqs. 1-3: images -> (z_0, z_L before the final norm, the output of every block if keep_states, else []).
         Blocks in `attention_layers` take the explicit-softmax path and hand their weights to `on_attention`."""
-        tokens, positions = self.tokens_and_positions(images)
-        placement = self.config.pos_embed_placement
-        if positions is not None and placement == "input":
-            tokens = self.add_positions(tokens, positions[0])
-        x = stem = self.norm_pre(self.pos_drop(tokens))
+        stem, positions = self.embed_with_positions(images)
+        x = stem
         states: list[torch.Tensor] = []
         for index, block in enumerate(self.blocks):
-            if positions is not None and placement != "input":  # Table 8's "every layer" columns
-                x = self.add_positions(x, positions[index if placement == "every_block" else 0])
+            if positions is not None:  # Table 8's "every layer" columns: own tables, or one shared
+                x = self.add_positions(x, positions[index if len(positions) > 1 else 0])
             if index in attention_layers:
                 x, weights = block(x, return_attention=True)
                 on_attention(index, weights)
