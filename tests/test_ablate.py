@@ -85,8 +85,12 @@ def test_an_ablation_writes_tables_curves_and_a_page_and_a_rerun_redoes_nothing(
     table = (folder / "table.md").read_text()
     assert f"| gap | 2/2 | {statistics.fmean(gap_val):.2f} ± {statistics.stdev(gap_val):.2f} |" in table
     assert {s["seed"] for s in summaries} == {0, 1} and {s["epochs"] for s in summaries} == {2}
+    token_val = [100 * s["val_top1"] for s in summaries[:2]]
+    best = "gap" if statistics.fmean(gap_val) > statistics.fmean(token_val) else "token"
+    assert f"Best on validation: classifier={best} (" in table
     page = (folder / "report.html").read_text()
     assert "data:image/png;base64," in page and 'src="http' not in page and "never used to choose" in page
+    assert "<pre>vitlab ablate --vary classifier=token,gap --seeds 2" in page  # the command as typed
     assert (folder / "curves.png").stat().st_size > 0
     data = json.loads((folder / "results.json").read_text())
     assert [c["seeds"] for c in data["cells"]] == [2, 2] and len(data["runs"][0]["val_curve"]) == 2

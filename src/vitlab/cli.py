@@ -216,7 +216,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
         ablation.settings = list(ablation.settings) + list(args.set or [])
     source = Path(args.source).stem if args.source else "digits"
     out = args.out or str(Path("runs") / "ablations" / source)
-    command = "vitlab ablate " + " ".join(shlex.quote(a) for a in (args.argv or []))
+    command = "vitlab " + " ".join(shlex.quote(a) for a in args.argv)  # argv starts with "ablate"
     outcome = run_ablations(ablations, out, args.jobs, dry_run=args.dry_run, command=command)
     if outcome.get("dry_run"):
         return 0

@@ -72,6 +72,12 @@ def duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
+def best_on_validation(summary: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The cell with the highest mean validation top-1 among those with every seed finished (ties: the first)."""
+    complete = [c for c in summary if c["val_top1"] is not None and c["seeds"] == c["seeds_planned"]]
+    return max(complete, key=lambda c: c["val_top1"][0]) if complete else None
+
+
 def table_rows(ablation: Ablation, summary: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     header = list(ablation.vary) + ["seeds", "val top-1 (%)", "test top-1 (%)", "params", "time/run"]
     body = []
@@ -135,6 +141,10 @@ def write_results(ablation: Ablation, cells: list[Cell], skipped: list[tuple[str
 
     header, body = table_rows(ablation, summary)
     text = markdown(header, body)
+    best = best_on_validation(summary)
+    if best is not None:
+        text += (f"\n\nBest on validation: {best['cell']} ({percent(best['val_top1'])}% validation, "
+                 f"{percent(best['test_top1'])}% test)")
     grids = {metric: pivot(ablation, summary, metric) for metric in ("val_top1", "test_top1")}
     if grids["val_top1"]:
         text += "\n\nValidation top-1 (%):\n\n" + markdown(*grids["val_top1"])
@@ -162,6 +172,9 @@ def write_page(folder: Path, ablation: Ablation, summary, rows, skipped, header,
     if grids["val_top1"]:
         grid_html = ("<h2>Validation top-1 (%) as a grid</h2>" + html_table(*grids["val_top1"])
                      + "<h2>Test top-1 (%), reported only</h2>" + html_table(*grids["test_top1"]))
+    best = best_on_validation(summary)
+    best_html = (f"<p>Best on validation: <b>{html.escape(best['cell'])}</b> ({percent(best['val_top1'])}% "
+                 f"validation, {percent(best['test_top1'])}% test).</p>" if best else "")
     left_out = "".join(f"<li>{html.escape(name)}: {html.escape(reason)}</li>" for name, reason in skipped)
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>vitlab ablation: {html.escape(ablation.title or ablation.name)}</title>
@@ -178,6 +191,7 @@ pre {{ background: #f6f6f6; padding: 0.5em; overflow-x: auto; font-size: 0.85em;
 Mean ± sample standard deviation over the seeds. Cells are compared on validation accuracy (images held out of the
 training set); each run's test accuracy is measured once, at its end, and reported, never used to choose.</p>
 {html_table(header, body)}
+{best_html}
 {grid_html}
 <h2>Validation accuracy per epoch</h2>
 {image}
