@@ -69,11 +69,14 @@ def test_every_inference_path_computes_the_same_logits_and_accuracy_matches_eval
     pytest.importorskip("onnxruntime")
     pytest.importorskip("transformers")
     result = run_bench(checkpoint=str(trained_checkpoint), batch_size=64,
-                       paths=["eager-fp32", "eager-bf16", "onnx-fp32", "onnx-int8", "transformers",
+                       paths=["eager-fp32", "eager-bf16", "onnx-fp32", "onnx-int8", "onnx-int8-static", "transformers",
                               "transformers-onnx"],
                        dataset="digits", **FAST)
     rows = {row["path"]: row for row in result["paths"]}
-    assert set(rows) == {"eager-fp32", "eager-bf16", "onnx-fp32", "onnx-int8", "transformers", "transformers-onnx"}
+    assert set(rows) == {"eager-fp32", "eager-bf16", "onnx-fp32", "onnx-int8", "onnx-int8-static", "transformers",
+                         "transformers-onnx"}
+    # Static int8 (calibrated activations) classifies the trained model nearly as fp32 does.
+    assert rows["onnx-int8-static"]["agreement_with_eager_fp32"] >= 0.95
     # transformers' own model through torch.onnx and ONNX Runtime (the peers' exported route) computes the same.
     assert rows["transformers-onnx"]["max_abs_diff_vs_eager"] < 1e-4
     assert rows["eager-fp32"]["vs_eager_fp32"] == 1.0 and rows["transformers"]["vs_reference"] == 1.0

@@ -95,6 +95,36 @@ def test_int8_export_quantizes_the_matmuls_and_mostly_agrees(model, pixels, tmp_
     assert check["top1_agreement"] >= 0.9 and 0 < check["max_abs_diff"] < 0.5
 
 
+def test_static_int8_quantizes_every_matmul_input_including_attention_from_training_images(model, pixels, tmp_path,
+                                                                                           monkeypatch):
+    from vitlab.data import datasets
+
+    splits = []
+    real_load = datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset", lambda name, split="train", *a, **k: (
+        splits.append(split), real_load(name, split, *a, **k))[1])
+    calibration = export.calibration_pixels(SMALL, ["digits"], count=64)
+    assert splits == ["train"] and calibration.shape == (64, 3, 8, 12) and calibration.dtype == torch.uint8
+    path = tmp_path / "static.onnx"
+    summary = export.run_export(model, path, int8=True, pixels=pixels, calibration=calibration)
+    assert summary["quantization"] == "static" and summary["calibration_images"] == 64
+    graph = onnx.load(path).graph
+    made_by = {output: node.op_type for node in graph.node for output in node.output}
+    matmuls = [node for node in graph.node if node.op_type == "MatMul"]
+    # qkv, proj, fc1, fc2 per block and the attention's q k^T and a v: both inputs of each come through a
+    # DequantizeLinear, i.e. int8 weights and calibrated int8 activations.
+    assert len(matmuls) >= 6 * SMALL.depth
+    assert all(made_by.get(name) == "DequantizeLinear" for node in matmuls for name in node.input)
+    check = summary["validation"]["checks"]["at export size"]
+    assert check["top1_agreement"] >= 0.9 and 0 < check["max_abs_diff"] < 0.5
+    assert "int8 static, calibrated on 64 images" in export.format_export(summary, images_given=False)
+
+
+def test_calibrate_needs_int8(tmp_path, capsys):
+    assert main(["export", str(tmp_path), "--calibrate", "digits"]) == 2
+    assert "--calibrate is for static int8: add --int8" in capsys.readouterr().err
+
+
 def test_a_failed_check_writes_nothing_and_keeps_the_old_file(model, pixels, tmp_path):
     path = tmp_path / "m.onnx"
     path.write_bytes(b"the last good export")

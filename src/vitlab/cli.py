@@ -300,11 +300,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.dynamic_batch and args.batch_size:
         raise UsageError("--dynamic-batch and --batch-size contradict each other: give --batch-size N to fix the "
                          "batch, nothing for any batch size")
+    if args.calibrate and not args.int8:
+        raise UsageError("--calibrate is for static int8: add --int8 (vitlab export RUN --int8 --calibrate mnist)")
     require_onnx()
     model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
+    calibration = None
+    if args.calibrate:
+        from vitlab.export.onnx import calibration_pixels
+
+        calibration = calibration_pixels(model.config, args.calibrate, args.data_dir, args.calibration_images)
     summary = run_export(model, args.output or onnx_output(args.checkpoint, args.int8), preprocess=args.preprocess,
                          dynamic_batch=args.batch_size is None, dynamic_size=args.dynamic_size, int8=args.int8,
-                         batch_size=args.batch_size or 1, pixels=validation_pixels(model.config, args.images))
+                         batch_size=args.batch_size or 1, pixels=validation_pixels(model.config, args.images),
+                         calibration=calibration)
     print(json.dumps(summary, indent=1) if args.json else format_export(summary, images_given=bool(args.images)))
     return 0
 
@@ -543,7 +551,14 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--format", choices=("onnx",), default="onnx", help="the only format so far: ONNX")
     p.add_argument("-o", "--output", help="the .onnx file to write (default: model.onnx or model-int8.onnx in a run "
                         "folder, NAME.onnx or NAME-int8.onnx beside a checkpoint file)")
-    p.add_argument("--int8", action="store_true", help="int8 weights (ONNX Runtime dynamic quantization)")
+    p.add_argument("--int8", action="store_true", help="int8 weights (ONNX Runtime dynamic quantization; with "
+                                                       "--calibrate, static quantization of activations too)")
+    p.add_argument("--calibrate", nargs="+", metavar="DATASET_OR_IMAGES",
+                   help="with --int8: static int8, activation ranges measured on a data set's training split (e.g. "
+                        "mnist; never the test split) or on image files / folders")
+    p.add_argument("--calibration-images", type=positive_int, default=256,
+                   help="images to calibrate on (default 256)")
+    p.add_argument("--data-dir", help="where the --calibrate data set's files are (default: the download cache)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="fix the graph's batch size (default: any batch size)")
     p.add_argument("--dynamic-batch", action="store_true", help="any batch size (the default; kept for old scripts)")

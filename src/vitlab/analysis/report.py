@@ -16,37 +16,9 @@ from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_at
 from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
 from vitlab.checkpoint import load_model
 from vitlab.checkpoint.io import atomic_write_bytes
-from vitlab.data.datasets import DATASET_NAMES, collect_images, load_dataset, read_image
-from vitlab.data.preprocess import normalize, to_unit_range
-from vitlab.errors import DataError
+from vitlab.data.datasets import gather_images
+from vitlab.data.preprocess import normalize
 from vitlab.runs import analysis_folder
-
-
-def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int,
-                  skipped: list[dict[str, str]] | None = None) -> tuple[torch.Tensor, list[str] | None, list[str]]:
-    """([0, 1] images at the model's size (N, C, H, W), labels or None, names) from a data set name or paths.
-    An unreadable file is left out and noted in `skipped` ({"path", "error"}), as `vitlab predict` does; none
-    readable is an error."""
-    if len(spec) == 1 and spec[0] in DATASET_NAMES and not Path(spec[0]).exists():
-        data = load_dataset(spec[0], "test", data_dir, image_size=config.image_size, channels=config.in_chans)
-        count = min(limit, len(data))
-        images = to_unit_range(data.images[:count], data.max_value, config)
-        labels = [data.class_names[int(i)] for i in data.labels[:count]]
-        return images, labels, [f"{spec[0]} test #{i}" for i in range(count)]
-    pixels, names = [], []
-    for path in collect_images(spec):
-        if len(pixels) == limit:
-            break
-        try:
-            pixels.append(read_image(path, config.image_size, config.in_chans))
-            names.append(path.name)
-        except DataError as error:
-            if skipped is not None:
-                skipped.append({"path": str(path), "error": str(error)})
-    if not pixels:
-        raise DataError(f"none of {', '.join(spec)} holds a readable image"
-                        + (f" ({skipped[0]['error']})" if skipped else ""))
-    return to_unit_range(torch.stack(pixels), 255.0, config), None, names
 
 
 def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | None = None, data_dir: str | None = None,

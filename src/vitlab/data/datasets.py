@@ -16,7 +16,7 @@ import tarfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -466,3 +466,38 @@ def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = 
         train, test = split_indices(dataset.labels, test_fraction, seed)
         return dataset.subset(train if split == "train" else test)
     raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+
+
+def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int,
+                  skipped: list[dict[str, str]] | None = None, split: str = "test", shuffle_seed: int | None = None
+                  ) -> tuple[torch.Tensor, list[str] | None, list[str]]:
+    """([0, 1] images at the model's size (N, C, H, W), labels or None, names) from a data set name (its `split`:
+    the first `limit` images, or a random `limit` of them with `shuffle_seed`) or from image files and folders.
+    An unreadable file is left out and noted in `skipped` ({"path", "error"}), as `vitlab predict` does; none
+    readable is an error."""
+    from vitlab.data.preprocess import to_unit_range
+
+    if len(spec) == 1 and spec[0] in DATASET_NAMES and not Path(spec[0]).exists():
+        data = load_dataset(spec[0], split, data_dir, image_size=config.image_size, channels=config.in_chans)
+        count = min(limit, len(data))
+        order = torch.arange(len(data))
+        if shuffle_seed is not None:
+            order = torch.randperm(len(data), generator=torch.Generator().manual_seed(shuffle_seed))
+        chosen = order[:count]
+        images = to_unit_range(data.images[chosen], data.max_value, config)
+        labels = [data.class_names[int(data.labels[i])] for i in chosen]
+        return images, labels, [f"{spec[0]} {split} #{int(i)}" for i in chosen]
+    pixels, names = [], []
+    for path in collect_images(spec):
+        if len(pixels) == limit:
+            break
+        try:
+            pixels.append(read_image(path, config.image_size, config.in_chans))
+            names.append(path.name)
+        except DataError as error:
+            if skipped is not None:
+                skipped.append({"path": str(path), "error": str(error)})
+    if not pixels:
+        raise DataError(f"none of {', '.join(spec)} holds a readable image"
+                        + (f" ({skipped[0]['error']})" if skipped else ""))
+    return to_unit_range(torch.stack(pixels), 255.0, config), None, names

@@ -90,14 +90,17 @@ def export_onnx(
     dynamic_size: bool = False,
     int8: bool = False,
     batch_size: int = 2,
+    calibration: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Write `model` (a VisionTransformer) as ONNX to `out` (not atomic: `run_export` stages and checks it).
 
     preprocess: the graph takes uint8 pixels (B, C, H, W) of any height and width and resizes them itself;
     otherwise it takes normalised float32 images (B, C, H, W) at the model's size, or, with dynamic_size, any
     size whose sides are multiples of the patch size. int8: ONNX Runtime dynamic quantization of the matmul
-    weights. batch_size: the fixed batch of a graph without dynamic_batch. Returns a summary dict (path, input
-    name and layout, size in bytes).
+    weights, or with `calibration` (uint8 pixels (N, C, H, W) at the model's size, from training data) static
+    quantization of the weights and activations of every matmul, the attention's included (QDQ format).
+    batch_size: the fixed batch of a graph without dynamic_batch. Returns a summary dict (path, input name and
+    layout, size in bytes).
     """
     require_onnx()
     import onnx
@@ -144,10 +147,20 @@ def export_onnx(
         "batch_size": None if dynamic_batch else batch_size,
         "dynamic_size": bool(dynamic_size or preprocess),
         "int8": int8,
+        "quantization": ("static" if calibration is not None else "dynamic") if int8 else None,
+        "calibration_images": len(calibration) if int8 and calibration is not None else None,
     }
     proto.metadata_props.add(key=METADATA_KEY, value=json.dumps(metadata))
     proto.producer_name = "vitlab"
-    if int8:
+    if int8 and calibration is not None:
+        from vitlab.data.preprocess import prepare
+
+        inputs = calibration if preprocess else prepare(calibration, 255.0, config)
+        if not dynamic_batch:  # whole batches of the graph's size
+            inputs = inputs[:max(batch_size, len(inputs) // batch_size * batch_size)]
+        step = batch_size if not dynamic_batch else 32
+        proto = quantize_static_int8(proto, input_name, [inputs[i:i + step].numpy() for i in range(0, len(inputs), step)])
+    elif int8:
         proto = quantize_int8(proto)
     path = Path(out)
     write_model(proto, path)
@@ -169,6 +182,43 @@ def quantize_int8(proto):
             quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=True,
                              op_types_to_quantize=["MatMul", "Gemm"])
         return onnx.load_model(target)
+
+
+def quantize_static_int8(proto, input_name: str, batches: list[np.ndarray]):
+    """ONNX Runtime static quantization in the QDQ format: int8 weights per output channel, and uint8
+    activations whose ranges come from running the graph on `batches` (MinMax calibration), for every MatMul
+    and Gemm, so the attention's two activation-by-activation products are quantized too. The patch convolution
+    stays fp32, as in `quantize_int8`."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
+                                          quantize_static)
+
+    class Batches(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.remaining = iter(batches)
+
+        def get_next(self):
+            batch = next(self.remaining, None)
+            return None if batch is None else {input_name: batch}
+
+    with tempfile.TemporaryDirectory(prefix="vitlab-int8-") as folder:
+        source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
+        write_model(proto, source)
+        with quiet_loggers(""):
+            quantize_static(source, target, Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                            calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=["MatMul", "Gemm"])
+        return onnx.load_model(target)
+
+
+def calibration_pixels(config: ViTConfig, source: list[str], data_dir: str | None = None, count: int = 256
+                       ) -> torch.Tensor:
+    """uint8 pixels (N, C, H, W) at the model's size to calibrate static int8 on: a random `count` of a data set's
+    training split (never its test split, which measures the result), or the given image files and folders."""
+    from vitlab.data.datasets import gather_images
+
+    images, _, _ = gather_images(source, config, data_dir, count, split="train", shuffle_seed=0)
+    return (images * 255).round().to(torch.uint8)
 
 
 @contextlib.contextmanager
@@ -317,7 +367,8 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
 
 def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, dynamic_batch: bool = True,
                dynamic_size: bool = False, int8: bool = False, batch_size: int = 1,
-               pixels: torch.Tensor | None = None, tolerance: float = 1e-4) -> dict[str, Any]:
+               pixels: torch.Tensor | None = None, tolerance: float = 1e-4,
+               calibration: torch.Tensor | None = None) -> dict[str, Any]:
     """`vitlab export`: export, check against PyTorch on real images (`pixels`, default `validation_pixels`), and
     only then move the file into place, so `out` is never a partial or unchecked model. An fp32 export whose
     logits differ from PyTorch's by more than `tolerance` is refused; for int8 the agreement is reported."""
@@ -331,7 +382,7 @@ def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, d
     with tempfile.TemporaryDirectory(prefix=".vitlab-export-", dir=path.parent) as folder:
         staged = Path(folder) / path.name
         summary = export_onnx(model, staged, preprocess=preprocess, dynamic_batch=dynamic_batch,
-                              dynamic_size=dynamic_size, int8=int8, batch_size=batch_size)
+                              dynamic_size=dynamic_size, int8=int8, batch_size=batch_size, calibration=calibration)
         validation = validate_export(model, staged, pixels)
         worst = max(check["max_abs_diff"] for check in validation["checks"].values())
         if not int8 and not worst <= tolerance:
@@ -347,7 +398,11 @@ def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, d
 
 def format_export(summary: dict[str, Any], images_given: bool) -> str:
     """`vitlab export`'s report: the file and its input contract, then each check against PyTorch."""
-    lines = [f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {'int8' if summary['int8'] else 'fp32'}); "
+    kind = "fp32"
+    if summary["int8"]:
+        kind = (f"int8 static, calibrated on {summary['calibration_images']} images"
+                if summary.get("quantization") == "static" else "int8 dynamic")
+    lines = [f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {kind}); "
              f"input {summary['input']!r}: {summary['input_layout']}, batch {summary['batch_size'] or 'any'}",
              f"checked against PyTorch on {next(iter(summary['validation']['checks'].values()))['images']} real "
              f"images ({'given' if images_given else 'shipped digits'}):"]
