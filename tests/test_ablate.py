@@ -149,3 +149,15 @@ def test_an_ablation_file_runs_its_studies_and_refuses_vary(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "heads: 2 cells x 1 seeds" in printed and "3 runs under" in printed  # the recipe's own cell is shared
     assert not (tmp_path / "o").exists()
+
+
+def test_help_lists_every_value_of_the_model_settings(capsys):
+    from vitlab.config import CLASSIFIERS, PLACEMENTS, POSITION_EMBEDDINGS
+
+    with pytest.raises(SystemExit):
+        main(["ablate", "--help"])
+    text = capsys.readouterr().out
+    for name, values in (("pos_embed ", POSITION_EMBEDDINGS), ("pos_embed_placement", PLACEMENTS),
+                         ("classifier ", CLASSIFIERS)):
+        line = next(line for line in text.splitlines() if line.strip().startswith(name.strip() + " "))
+        assert all(value in line for value in values), line

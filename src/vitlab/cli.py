@@ -466,7 +466,11 @@ def build_parser() -> ArgumentParser:
                           "on digits (~10 min)\n"
                           "  vitlab ablate configs/mnist.py --vary classifier=token,gap --vary lr=8e-4,3e-4 "
                           "--seeds 3\n"
-                          "Run the same command again to continue a stopped ablation: finished runs are kept.")
+                          "Run the same command again to continue a stopped ablation: finished runs are kept.\n\n"
+                          "the paper's ablations as model settings:\n"
+                          "  pos_embed            learned (default) | none | learned_2d | relative | sincos2d\n"
+                          "  pos_embed_placement  input (default) | every_block | every_block_shared\n"
+                          "  classifier           token (default) | gap | map | gem | max | layer_weighted")
     p.add_argument("source", nargs="?", help="an ablation file (configs/ablations/*.py) or a recipe to vary "
                                              "(configs/*.py, RUN/train_config.json; default: the digits recipe)")
     p.add_argument("--vary", action="append", metavar="KEY=V1,V2",
