@@ -109,7 +109,7 @@ def run_ablations(ablations: list[Ablation], out: str | Path, jobs: str | int = 
                   command: str = "") -> dict:
     """Run every missing (cell, seed) of the ablations under `out`, then write each one's results. Returns
     {"results": [per-ablation results], "failed": [...], "interrupted": bool}."""
-    from vitlab.ablate.results import collect, write_results
+    from vitlab.ablate.results import collect, duration, write_results
 
     out = Path(out)
     plans = [(ablation, *plan(ablation)) for ablation in ablations]  # every error before anything runs
@@ -150,6 +150,7 @@ def run_ablations(ablations: list[Ablation], out: str | Path, jobs: str | int = 
     running: dict[subprocess.Popen, tuple[Task, float]] = {}
     queue = list(todo)
     finished_count = len(done)
+    durations: list[float] = []
     try:
         while queue or running:
             while queue and len(running) < processes:
@@ -160,14 +161,18 @@ def run_ablations(ablations: list[Ablation], out: str | Path, jobs: str | int = 
                 task, started = running.pop(process)
                 summary = task.run.summary()
                 finished_count += 1
+                durations.append(time.monotonic() - started)
+                left = len(queue) + len(running)
+                # Runs of one ablation take about as long as each other: the mean so far, `processes` at a time.
+                eta = f", about {duration(sum(durations) / len(durations) * left / processes)} left" if left else ""
                 if process.returncode == 0 and summary is not None:
                     print(f"[{finished_count}/{len(tasks)}] {task.label}: validation "
-                          f"{100 * (summary['val_top1'] or 0):.2f}%, {time.monotonic() - started:.0f} s")
+                          f"{100 * (summary['val_top1'] or 0):.2f}%, {durations[-1]:.0f} s{eta}", flush=True)
                 else:
                     failed.append({"run": str(task.run), "cell": task.cell.name, "seed": task.seed,
                                    "exit_code": process.returncode, "log": str(task.log)})
                     print(f"[{finished_count}/{len(tasks)}] {task.label}: FAILED (exit {process.returncode}); "
-                          f"see {task.log}", file=sys.stderr)
+                          f"see {task.log}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         interrupted = True
         print(f"\nstopping {len(running)} run(s): each saves its state; run the same command again to go on",
