@@ -49,7 +49,7 @@ def main() -> None:
         text = (f"{data['title']}. {ablation.notes}\n\n{table}\n\n"
                 f"Runs of this study: {total / 60:.0f} min of run time in all "
                 f"(`vitlab ablate {ablation_file}`, then `python benchmarks/ablation_tables.py {ablation_file} "
-                f"OUT`).")
+                f"{out}`).")
         write_section(f"ablation-{ablation_file.stem}-{ablation.name}", f"Ablation: {data['title']}", text)
     elapsed, total = elapsed_seconds(list(all_runs.values()))
     print(f"{len(all_runs)} distinct runs: {elapsed / 60:.1f} min from the first start to the last end, "
