@@ -121,7 +121,9 @@ def test_the_readme_commands_run_as_printed(tmp_path, monkeypatch, capsys):
         captured = capsys.readouterr()
         assert code == 0, f"{command}\n{captured.err[-2000:]}"
         ran.append(command)
-    assert len(ran) >= 20 and len(skipped) <= 12, (ran, skipped)
+    # Skips stay the exception (at most a third of the commands), and every reason above still names a command.
+    assert len(ran) >= 20 and len(ran) >= 2 * len(skipped), (ran, skipped)
+    assert all(any(pattern in command for command in skipped) for pattern in NOT_RUN_HERE), skipped
     assert (tmp_path / "runs" / "demo" / "model-int8.onnx").is_file()
 
 

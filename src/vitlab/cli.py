@@ -463,7 +463,7 @@ def build_parser() -> ArgumentParser:
                                   "resumable", formatter_class=argparse.RawDescriptionHelpFormatter,
                    epilog="examples:\n"
                           "  vitlab ablate configs/ablations/digits.py              Table 8, Figure 9 and pooling "
-                          "on digits (~10 min)\n"
+                          "on digits (under 10 min)\n"
                           "  vitlab ablate configs/mnist.py --vary classifier=token,gap --vary lr=8e-4,3e-4 "
                           "--seeds 3\n"
                           "Run the same command again to continue a stopped ablation: finished runs are kept.\n\n"
