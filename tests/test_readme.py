@@ -25,7 +25,6 @@ REPO = Path(__file__).resolve().parents[1]
 NOT_RUN_HERE = {
     "make test": "the test suite itself",
     "configs/mnist.py": "downloads MNIST (tests/test_train.py trains on ../shared/data/mnist where it exists)",
-    "torchrun": "tests/test_distributed.py runs DDP under torchrun",
     "--resume runs/digits-20261121-190000": "names an example run folder",
     "--image-size 384": "a ViT-B/16 at 384x384 takes minutes on a CPU (the stand-in fixture would need GBs)",
     "vitlab bench": "timings take minutes; tests/test_bench.py runs every path of the command",
