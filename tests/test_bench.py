@@ -170,3 +170,21 @@ def test_pt2e_static_int8_agrees_with_fp32_on_a_trained_model(trained_checkpoint
     assert abs(rows["pt2e-int8"]["top1"] - rows["eager-fp32"]["top1"]) <= 0.02
     if "int8" in result["peaks_gflops_per_second"]:
         assert rows["pt2e-int8"]["percent_of_peak"] is not None
+
+
+def test_the_onednn_int8_peak_kernel_computes_the_quantized_product():
+    from vitlab.bench.runner import matmul_candidates, onednn_int8_matmul
+
+    run = onednn_int8_matmul(40, 32, 24, torch.Generator().manual_seed(0))
+    if run is None:
+        pytest.skip("this PyTorch has no oneDNN int8 linear for this CPU")
+    # The same random operands, drawn again, give the product the kernel must return (uint8, requantized).
+    generator = torch.Generator().manual_seed(0)
+    activations = torch.randint(0, 256, (40, 32), dtype=torch.uint8, generator=generator)
+    weight = torch.randint(-128, 128, (24, 32), dtype=torch.int8, generator=generator)
+    real = ((activations.float() - 128) * 0.02) @ (weight.float() * 0.01).T
+    expected = (real / 0.05).round().add(128).clamp(0, 255)
+    assert (run().float() - expected).abs().max() <= 1
+    # Both int8 kernels are timed; the peak of a precision is its fastest candidate.
+    names = matmul_candidates(create_model("digits-8"), 4)
+    assert {"matmul fp32", "matmul bf16", "matmul int8 onednn"} <= set(names)

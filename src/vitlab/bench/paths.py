@@ -133,15 +133,21 @@ def pt2e_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     weights, calibrated), compiled by Inductor with freezing so the int8 matmuls run in oneDNN (VNNI / AMX). The
     fastest int8 route measured for B/16 here (benchmarks/int8_routes.py); calibration uses the benchmark's own
     batches, which is enough for speed; accuracy comes from `--dataset`."""
+    from vitlab.export.onnx import quiet_loggers
+
+    # torchao logs that its CUDA and Triton kernels cannot load on a CPU build, and torch that torchao registers
+    # enums it need not: nothing the user can or needs to act on, and it would break the table.
+    noise = quiet_loggers("torchao", "torch.utils._pytree")
     try:
-        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        with noise:
+            import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     except ImportError:
         raise Unavailable("needs torchao (pip install torchao): PyTorch 2 export quantization moved there") from None
     import torch._inductor.config as inductor_config
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):
             warnings.simplefilter("ignore")
             exported = torch.export.export(copy.deepcopy(model).float().eval(), (sample,)).module()
             quantizer = x86.X86InductorQuantizer()
