@@ -128,26 +128,31 @@ def torch_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return BenchPath("torch int8", "int8", lambda images: quantized(images), "torch.ao dynamic quantization (fbgemm)")
 
 
-def pt2e_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+def _pt2e(model: nn.Module, sample: torch.Tensor, mixed_bf16: bool) -> Callable[[torch.Tensor], torch.Tensor]:
     """Static int8 through PyTorch 2 export quantization: torchao's X86InductorQuantizer (int8 activations and
-    weights, calibrated), compiled by Inductor with freezing so the int8 matmuls run in oneDNN (VNNI / AMX). The
-    fastest int8 route measured for B/16 here (benchmarks/int8_routes.py); calibration uses the benchmark's own
-    batches, which is enough for speed; accuracy comes from `--dataset`."""
+    weights of the linear layers and the patch convolution, calibrated), compiled by Inductor with freezing so the
+    int8 matmuls run in oneDNN (VNNI / AMX). The quantizer leaves the attention products, softmax, LayerNorm and
+    GELU in float; with `mixed_bf16` they run under bf16 autocast (compiled inside it), which on a CPU with AMX
+    takes the fp32 flash-attention kernel, a third of the int8 model's time, off the critical path.
+    Calibration uses the benchmark's own batch, which is enough for speed; accuracy comes from `--dataset`."""
     from vitlab.export.onnx import quiet_loggers
 
     # torchao logs that its CUDA and Triton kernels cannot load on a CPU build, and torch that torchao registers
     # enums it need not: nothing the user can or needs to act on, and it would break the table.
-    noise = quiet_loggers("torchao", "torch.utils._pytree")
+    noise = ("torchao", "torch.utils._pytree")
     try:
-        with noise:
+        with quiet_loggers(*noise):
             import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
             from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     except ImportError:
         raise Unavailable("needs torchao (pip install torchao): PyTorch 2 export quantization moved there") from None
     import torch._inductor.config as inductor_config
 
+    def autocast() -> torch.autocast:
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_bf16)
+
     try:
-        with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):
+        with warnings.catch_warnings(), quiet_loggers(*noise):
             warnings.simplefilter("ignore")
             exported = torch.export.export(copy.deepcopy(model).float().eval(), (sample,)).module()
             quantizer = x86.X86InductorQuantizer()
@@ -155,11 +160,26 @@ def pt2e_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
             prepared = prepare_pt2e(exported, quantizer)
             prepared(sample)
             compiled = torch.compile(convert_pt2e(prepared))
-            with inductor_config.patch(freezing=True):
+            with autocast(), inductor_config.patch(freezing=True):
                 compiled(sample)
     except Exception as error:  # noqa: BLE001 - export, quantizer and Inductor raise many types
         raise Unavailable(f"PT2E quantization failed: {str(error).splitlines()[0][:200]}") from None
-    return BenchPath("pt2e int8", "int8", compiled, "static int8, torchao X86InductorQuantizer, Inductor + freezing")
+
+    def run(images: torch.Tensor) -> torch.Tensor:
+        with autocast():
+            return compiled(images).float()
+
+    return run
+
+
+def pt2e_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return BenchPath("pt2e int8", "int8", _pt2e(model, sample, mixed_bf16=False),
+                     "static int8, torchao X86InductorQuantizer, Inductor + freezing; attention etc. in fp32")
+
+
+def pt2e_int8_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return BenchPath("pt2e int8 + bf16", "int8", _pt2e(model, sample, mixed_bf16=True),
+                     "as pt2e int8, with attention, softmax, LayerNorm and GELU under bf16 autocast")
 
 
 def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.Module, str, object]:
@@ -253,6 +273,7 @@ INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "onnx-int8-static": onnx_int8_static,
     "torch-int8": torch_int8,
     "pt2e-int8": pt2e_int8,
+    "pt2e-int8-bf16": pt2e_int8_bf16,
     "transformers": transformers_fp32,
     "transformers-onnx": transformers_onnx,
 }
