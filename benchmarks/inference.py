@@ -13,7 +13,7 @@ Runs `vitlab bench` once per table in a fresh process (so compile caches and mem
 - mnist: the trained MNIST recipe model (--mnist-run; `vitlab train --config configs/mnist.py`) at batch 256 on
   the 10,000 MNIST test images of ../shared/data/mnist (or --mnist-dir);
 - mnist28: the MNIST-size preset at batch 256 (random weights);
-- train: training steps for the digits preset and S/16.
+- train: training steps for the digits preset, S/16 and mnist-28.
 Without --digits-run it first trains the digits recipe (about a minute). Random-weight tables measure speed only.
 Writes each table into BENCHMARKS.md between its `bench-*` markers and the JSON into benchmarks/results/.
 """
@@ -118,6 +118,8 @@ def main() -> None:
             "train-digits", "--model", "digits-8", "--batch-size", "128", "--train", "--repetitions", "9")))
         sections.append(("train-s16", "Training steps: ViT-S/16, 224x224, batch 16", bench(
             "train-s16", "--model", "S/16", "--batch-size", "16", "--train", "--repetitions", "3")))
+        sections.append(("train-mnist28", "Training steps: mnist-28 (the MNIST recipe's model), batch 256", bench(
+            "train-mnist28", "--model", "mnist-28", "--batch-size", "256", "--train", "--repetitions", "7")))
     for key, title, body in sections:
         write_section(f"bench-{key}", title, body)
 

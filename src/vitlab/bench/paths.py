@@ -3,8 +3,9 @@ and returns a `BenchPath` whose `run(images)` maps normalised float32 images (B,
 `Unavailable` with the reason (a missing package, a model the peer cannot express).
 
 Inference: eager fp32; bf16 weights (eager and compiled); torch.compile fp32 (Inductor with weight freezing, which
-pre-packs the weights for oneDNN); ONNX Runtime fp32 and int8 (`vitlab.export.onnx`); PyTorch's own dynamic int8;
-and, as the reference, transformers' ViTForImageClassification with the same weights. Training steps: eager fp32,
+pre-packs the weights for oneDNN); ONNX Runtime fp32, dynamic int8 and static int8 (`vitlab.export.onnx`); PyTorch's
+own dynamic int8; PyTorch 2 export static int8 (torchao), alone or with the unquantized rest in bf16; and, as the
+reference, transformers' ViTForImageClassification with the same weights, in PyTorch and exported to ONNX Runtime. Training steps: eager fp32,
 bf16 autocast, compiled fp32, and transformers fp32.
 """
 
