@@ -5,8 +5,8 @@ and returns a `BenchPath` whose `run(images)` maps normalised float32 images (B,
 Inference: eager fp32; bf16 weights (eager and compiled); torch.compile fp32 (Inductor with weight freezing, which
 pre-packs the weights for oneDNN); ONNX Runtime fp32, dynamic int8 and static int8 (`vitlab.export.onnx`); PyTorch's
 own dynamic int8; PyTorch 2 export static int8 (torchao), alone or with the unquantized rest in bf16; and, as the
-reference, transformers' ViTForImageClassification with the same weights, in PyTorch and exported to ONNX Runtime. Training steps: eager fp32,
-bf16 autocast, compiled fp32, and transformers fp32.
+reference, transformers' ViTForImageClassification with the same weights, in PyTorch and exported to ONNX Runtime.
+Training steps: eager fp32, bf16 autocast, compiled fp32, and transformers fp32.
 """
 
 from __future__ import annotations
