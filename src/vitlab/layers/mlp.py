@@ -25,4 +25,12 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, T, D) -> (B, T, D)."""
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        hidden = self.fc1(x)
+        if isinstance(self.act, nn.GELU) and not torch.is_grad_enabled():
+            # Without autograd nothing else holds fc1's fresh output, so GELU may overwrite it: one (B, T, 4D)
+            # buffer fewer to allocate and first-touch per block, about 3% of B/16's eager CPU inference, with
+            # bit-identical results. (It bypasses hooks on `self.act`; hook the block or fc1 instead.)
+            hidden = torch.ops.aten.gelu_(hidden, approximate=self.act.approximate)
+        else:
+            hidden = self.act(hidden)
+        return self.drop2(self.fc2(self.drop1(hidden)))
