@@ -190,3 +190,16 @@ def test_the_onednn_int8_peak_kernel_computes_the_quantized_product():
     # Both int8 kernels are timed; the peak of a precision is its fastest candidate.
     names = matmul_candidates(create_model("digits-8"), 4)
     assert {"matmul fp32", "matmul bf16", "matmul int8 onednn"} <= set(names)
+
+
+def test_the_table_shows_sub_millisecond_latencies_with_their_digits():
+    row = {"path": "eager-fp32", "name": "eager fp32", "precision": "fp32", "seconds_per_batch": 0.000532,
+           "images_per_second": 1879.7, "gflops_per_second": 52.4, "percent_of_peak": None, "vs_eager_fp32": 1.0,
+           "vs_reference": None}
+    result = {"mode": "inference", "model": "tiny", "config": {"embed_dim": 32, "depth": 2}, "image_size": [8, 8],
+              "batch_size": 1, "gflops_per_image": 0.0278, "machine": {"cpu": "cpu", "threads": 2, "torch": "x"},
+              "peaks_gflops_per_second": {}, "repetitions": 3, "warmup": 1, "paths": [row], "skipped": {},
+              "fastest": "eager-fp32"}
+    assert "0.532" in format_table(result)  # not "0.5"
+    row["seconds_per_batch"] = 2.1513
+    assert "2151.3" in format_table(result)

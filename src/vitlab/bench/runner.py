@@ -257,7 +257,9 @@ def format_table(result: dict[str, Any]) -> str:
         header += f" {'top-1':>7} {'agree':>7}"
     lines += [header, "-" * len(header)]
     for row in result["paths"]:
-        line = (f"{row['name']:<{width}} {row['images_per_second']:>9.1f} {1000 * row['seconds_per_batch']:>9.1f} "
+        milliseconds = 1000 * row["seconds_per_batch"]  # batch-1 latencies of small models are below 1 ms
+        line = (f"{row['name']:<{width}} {row['images_per_second']:>9.1f} "
+                f"{milliseconds:>9.{1 if milliseconds >= 10 else 3}f} "
                 f"{row['gflops_per_second']:>8.1f} "
                 f"{'' if row['percent_of_peak'] is None else format(row['percent_of_peak'], '.0f') + '%':>7} "
                 f"{'' if row['vs_eager_fp32'] is None else format(row['vs_eager_fp32'], '.2f') + 'x':>9} "
