@@ -70,31 +70,40 @@ def profile_onnx(model, sample: torch.Tensor, int8: bool, calls: int) -> dict[st
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = torch.get_num_threads()
         options.log_severity_level = 3
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        feed = {session.get_inputs()[0].name: sample.numpy()}
-        session.run(None, feed)  # warm-up, outside the profile
-        session.end_profiling()
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(folder) / "profile")
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        session.run(None, feed)
-        first = Path(session.end_profiling())
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        feed = {session.get_inputs()[0].name: sample.numpy()}
         for _ in range(calls + 1):
             session.run(None, feed)
         events = json.loads(Path(session.end_profiling()).read_text())
-        warm_up = json.loads(first.read_text())
+    # The first run is the warm-up: keep only the node events that start after it ends.
+    first_run = min((event for event in events if event.get("name") == "model_run"), key=lambda event: event["ts"])
+    warm_up_end = first_run["ts"] + first_run["dur"]
     out: dict[str, float] = collections.Counter()
-    for event in events:  # the first call of a session is its warm-up: subtract one session's first call
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time") and event["ts"] >= warm_up_end:
             out[event["args"]["op_name"]] += event["dur"] / 1e6
-    for event in warm_up:
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            out[event["args"]["op_name"]] -= event["dur"] / 1e6
     # In the int8 graph every weight MatMul became DynamicQuantizeMatMul: the float MatMuls left are the
     # attention's two activation-by-activation products (FusedMatMul is the first, with the scale folded in).
     rename = {"MatMul": "MatMul (attention)"} if int8 else {}
     return {rename.get(name, name): seconds / calls for name, seconds in out.items()}
+
+
+def fused_attention_nodes(model, sample: torch.Tensor) -> int:
+    """How many Attention nodes ONNX Runtime's transformer optimizer (model_type "vit") fuses in vitlab's fp32
+    export: the layout question of issue 16 ("an attention layout that its optimizer fuses")."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from vitlab.export.onnx import export_onnx, quiet_loggers
+
+    with tempfile.TemporaryDirectory(prefix="vitlab-profile-") as folder:
+        path = Path(folder) / "model.onnx"
+        export_onnx(model, path, dynamic_batch=False, batch_size=len(sample))
+        with quiet_loggers(""):  # it warns that the producer is not "pytorch"
+            optimized = optimize_model(str(path), model_type="vit", num_heads=model.config.num_heads,
+                                       hidden_size=model.config.embed_dim, opt_level=0)
+    return optimized.get_fused_operator_statistics().get("Attention", 0)
 
 
 def main() -> None:
@@ -125,6 +134,8 @@ def main() -> None:
             if key.startswith("onnx-"):
                 kernels = profile_onnx(model, sample, int8=key == "onnx-int8", calls=args.calls)
                 name = {"onnx-int8": "onnxruntime int8", "onnx-fp32": "onnxruntime fp32"}[key]
+                name += (f" (ONNX Runtime's transformer optimizer fuses {fused_attention_nodes(model, sample)} of "
+                         f"{config.depth} attention blocks of this export)")
             else:
                 path = INFERENCE_PATHS[key](model, sample)
                 for _ in range(2):
