@@ -28,9 +28,9 @@ class Mlp(nn.Module):
         hidden = self.fc1(x)
         if isinstance(self.act, nn.GELU) and not torch.is_grad_enabled():
             # Without autograd nothing else holds fc1's fresh output, so GELU may overwrite it: one (B, T, 4D)
-            # buffer fewer to allocate and first-touch per block, 6% of B/16 eager CPU inference (benchmarks/
-            # eager_vs_transformers.py), with
-            # bit-identical results. (It bypasses hooks on `self.act`; hook the block or fc1 instead.)
+            # buffer fewer to allocate and first-touch per block, 6% of B/16 eager CPU inference
+            # (benchmarks/eager_vs_transformers.py), with bit-identical results. (It bypasses hooks on
+            # `self.act`; hook the block or fc1 instead.)
             hidden = torch.ops.aten.gelu_(hidden, approximate=self.act.approximate)
         else:
             hidden = self.act(hidden)
