@@ -2,7 +2,7 @@
 
     python benchmarks/profile_train_step.py [--model mnist-28] [--batch-size 256] [--steps 4]
 
-The step is `vitlab train`'s: the model with the attention kernel training picks, label-smoothed cross-entropy,
+The step is `vitlab train`'s (`vitlab.train.step.TrainingStep`): the model with the attention kernel training picks, label-smoothed cross-entropy,
 backward, gradient clipping and the fused AdamW of `build_optimizer`. Prints a table (share of self CPU time
 per kind) and the matmuls' own rate against a plain matmul of the MLP's shape timed in the same process. Never
 run by pytest.
@@ -14,14 +14,16 @@ import argparse
 import time
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from vitlab.config import variant_config
+from vitlab.data.transforms import one_hot
 from vitlab.models.vit import VisionTransformer
+from vitlab.objectives import Classification
 from vitlab.train.config import TrainConfig
-from vitlab.train.setup import training_attention_kernel
 from vitlab.train.optim import build_optimizer
+from vitlab.train.setup import training_attention_kernel
+from vitlab.train.step import TrainingStep
 
 KINDS = [  # (kind, substrings of aten op names), first match wins
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm")),
@@ -47,12 +49,11 @@ def main() -> None:
     optimizer = build_optimizer(model, "adamw", 1e-3, 0.05)
     images = torch.randn(args.batch_size, config.in_chans, *config.image_size)
     labels = torch.randint(0, config.num_classes, (args.batch_size,))
+    targets = {"target": one_hot(labels, config.num_classes, 0.1), "label": labels}
+    training_step = TrainingStep(model, Classification(config.num_classes), optimizer, grad_clip=1.0)
 
     def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(images), labels, label_smoothing=0.1).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        training_step(images, targets)
 
     for _ in range(3):
         step()

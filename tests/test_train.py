@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.runs import RunFolder
+from vitlab.eval import classify
 from vitlab.train import loop
 from vitlab.progress import format_duration
 from vitlab.train import state as train_state
@@ -84,7 +85,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
 def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     train(micro_config(tmp_path, epochs=1))
     good = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
-    real = loop.F.cross_entropy
+    real = torch.nn.functional.cross_entropy
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -92,7 +93,7 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_pa
         loss = real(*args, **kwargs)
         return loss * float("nan") if calls["n"] > 3 else loss
 
-    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", poisoned)
     with pytest.raises(TrainingError, match="the loss became nan at epoch 1, step 4.*Lower the learning rate"):
         train(micro_config(tmp_path, run_name="nan", epochs=1))
     assert not (tmp_path / "nan" / "checkpoints" / "last.pt").exists()
@@ -317,7 +318,7 @@ def test_every_subcommand_rejects_a_bad_flag_in_one_line_with_exit_2(command):
 def test_best_checkpoint_follows_validation_not_test(tmp_path, monkeypatch):
     """Validation says epoch 2 is best, test says epoch 1: the best checkpoint, its marker and the summary follow
     validation, and test accuracy is measured once per model at the end."""
-    real = loop.evaluate
+    real = classify.evaluate
     seen = []
 
     def scripted(model, data, *args, **kwargs):
@@ -328,7 +329,7 @@ def test_best_checkpoint_follows_validation_not_test(tmp_path, monkeypatch):
             metrics["top1"] = {1: 0.5, 2: 0.9, 3: 0.7}.get(sum(n.endswith("validation") for n in seen), 0.7)
         return metrics
 
-    monkeypatch.setattr(loop, "evaluate", scripted)
+    monkeypatch.setattr(classify, "evaluate", scripted)
     summary = train(micro_config(tmp_path, epochs=3, test_every_epoch=False))
     assert summary["best_epoch"] == 2 and summary["best_val_top1"] == 0.9
     assert seen.count("digits") == 2  # test: the final model and the best-validation checkpoint, at the end only

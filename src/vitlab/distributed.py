@@ -59,10 +59,11 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     return bool(tensor.item())
 
 
-def gather_rng_states(env: DistEnv) -> torch.Tensor:
-    """Every process's global CPU RNG state, stacked (world_size, n): call on all ranks, so rank 0 can save
-    them and a resumed run gives each rank its own dropout / stochastic-depth stream back."""
-    local = torch.get_rng_state()
+def gather_rng_states(env: DistEnv, local: torch.Tensor | None = None) -> torch.Tensor:
+    """Every process's global CPU RNG state (or the `local` state given, e.g. its CUDA generator's), stacked
+    (world_size, n): call on all ranks, so rank 0 can save them and a resumed run gives each rank its own
+    dropout / stochastic-depth stream back."""
+    local = torch.get_rng_state() if local is None else local
     if not env.enabled:
         return local[None]
     local = local.to(env.device)  # NCCL gathers GPU tensors, gloo CPU ones

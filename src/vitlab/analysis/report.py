@@ -16,8 +16,9 @@ from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_at
 from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
 from vitlab.checkpoint import load_model
 from vitlab.checkpoint.io import atomic_write_bytes
-from vitlab.data.datasets import gather_images
+from vitlab.data.datasets import ImageDataset, gather_images
 from vitlab.data.preprocess import normalize
+from vitlab.eval.batches import run_batches
 from vitlab.runs import analysis_folder
 
 
@@ -37,10 +38,10 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
     pixel_patch = config.pixel_patch_size  # distances in input pixels (a hybrid's patch covers stride x P)
 
     distance = AttentionDistance(grid, pixel_patch, config.num_prefix_tokens)
-    with torch.no_grad():
-        for first in range(0, len(pictures), batch_size):
-            batch = normalize(pictures[first:first + batch_size], config)
-            model.forward_intermediates(batch, attention_layers="all", hidden_states=False, attention_callback=distance)
+    unlabeled = ImageDataset(pictures, None, [], "analysed images", max_value=1.0)
+    for _ in run_batches(model, unlabeled, batch_size, forward=lambda module, images: module.forward_intermediates(
+            images, attention_layers="all", hidden_states=False, attention_callback=distance)):
+        pass  # the callback gathers the distances
 
     shown = pictures[:num_shown]
     rollout = Rollout()

@@ -288,7 +288,9 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
     Every path, transformers' too, steps the same optimizer (`vitlab train`'s fused AdamW), so the paths differ
     only in the model's forward and backward. attention: a vitlab model's kernel ("sdpa" / "explicit"); default
     the one `vitlab train` chooses. Runs under torch.enable_grad, whatever the caller's mode."""
+    from vitlab.objectives import Classification
     from vitlab.train.optim import build_optimizer
+    from vitlab.train.step import TrainingStep
 
     trained = copy.deepcopy(model).train()
     if hasattr(trained, "set_attention_kernel"):  # a vitlab model (not transformers')
@@ -297,17 +299,16 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
     forward = call or (lambda module, images: module(images))
     if compile:
         forward = torch.compile(forward)
-    labels = torch.arange(len(sample)) % max(1, num_classes or model.config.num_classes)
+    num_classes = max(1, num_classes or model.config.num_classes)
+    labels = torch.arange(len(sample)) % num_classes
+    training_step = TrainingStep(trained, Classification(num_classes), optimizer,
+                                 precision="bf16" if dtype == torch.bfloat16 else "fp32", forward=forward)
 
     @torch.enable_grad()
     def step(images: torch.Tensor) -> torch.Tensor:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            logits = forward(trained, images)
-            loss = F.cross_entropy(logits.float(), labels[:len(images)])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return logits.detach()
+        batch_labels = labels[:len(images)]
+        training_step(images, {"target": batch_labels, "label": batch_labels})
+        return training_step.last_outputs
 
     return step
 

@@ -1,4 +1,5 @@
-"""Image classification data sets, held in memory as uint8 tensors (N, C, H, W) with int64 labels.
+"""Image classification data sets, held in memory as uint8 tensors (N, C, H, W) with int64 labels: the first
+implementation of the batch-source seam (`vitlab.data.source`).
 
 `digits` ships inside the package (UCI optical digits, 8x8, CC BY 4.0); `mnist` and `fashion-mnist` read the
 standard IDX `.gz` files; `cifar10` and `cifar100` the standard python tarballs (through an unpickler that only
@@ -16,12 +17,13 @@ import tarfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 
 from vitlab.data.download import RemoteFile, download
+from vitlab.data.source import Batch, digest, epoch_order, evaluation_share, rank_shard, steps_per_epoch
 from vitlab.errors import DataError
 
 DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder")
@@ -30,7 +32,7 @@ DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "fol
 @dataclass
 class ImageDataset:
     images: torch.Tensor  # uint8 (N, C, H, W)
-    labels: torch.Tensor  # int64 (N,)
+    labels: torch.Tensor | None  # int64 (N,); None for unlabeled images
     class_names: list[str]
     name: str
     max_value: float = 255.0  # pixel value that means "white" (16 for digits)
@@ -40,6 +42,8 @@ class ImageDataset:
     def __post_init__(self) -> None:
         if len(self.images) == 0:
             raise DataError(f"data set {self.name!r} has no images")
+        if self.labels is None:
+            return
         if len(self.images) != len(self.labels):
             raise DataError(f"data set {self.name!r}: {len(self.images)} images but {len(self.labels)} labels")
         bad = (self.labels < 0) | (self.labels >= len(self.class_names))
@@ -49,7 +53,7 @@ class ImageDataset:
                             f"0..{len(self.class_names) - 1}; the files are corrupt or of another data set")
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.images)
 
     @property
     def num_classes(self) -> int:
@@ -62,6 +66,30 @@ class ImageDataset:
     @property
     def channels(self) -> int:
         return int(self.images.shape[1])
+
+    def training_batches(self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0,
+                         world_size: int = 1) -> Iterator[Batch]:
+        """The rest of an epoch from `start_step`: this rank's shard of each global batch of a seeded order."""
+        order = epoch_order(len(self), epoch_seed)
+        shard = rank_shard(batch_size, rank, world_size)
+        for step in range(start_step, steps_per_epoch(len(self), batch_size)):
+            rows = order[step * batch_size:(step + 1) * batch_size][shard]
+            yield Batch(self.images[rows], self.labels[rows] if self.labels is not None else None, rows,
+                        self.max_value, batch_size, shard)
+
+    def evaluation_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
+        """Every image once, in order: this rank's contiguous share, in batches of at most `batch_size`."""
+        share = evaluation_share(len(self), rank, world_size)
+        for first in range(share.start, share.stop, batch_size):
+            rows = slice(first, min(first + batch_size, share.stop))
+            yield Batch(self.images[rows], self.labels[rows] if self.labels is not None else None,
+                        torch.arange(rows.start, rows.stop), self.max_value)
+
+    def fingerprint(self) -> dict[str, object]:
+        """What a saved run records of its data: the count, and hashes of the labels and of the pixels."""
+        labels = b"" if self.labels is None else self.labels.numpy().tobytes()
+        return {"count": len(self), "labels": digest(labels),
+                "content": digest(self.images.contiguous().numpy().tobytes())}
 
     def select_classes(self, classes: list[int]) -> "ImageDataset":
         """Only the images of `classes` (indices into class_names), relabelled 0..len(classes)-1 in that order."""

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.data.datasets import ImageDataset
-from vitlab.data.preprocess import prepare, to_unit_range
+from vitlab.data.source import BatchSource
 from vitlab.distributed import DistEnv, all_reduce_sum
+from vitlab.eval.batches import run_batches
 
 
 def require_head(config, checkpoint: str = "the model") -> None:
@@ -33,38 +33,24 @@ def require_head(config, checkpoint: str = "the model") -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset: ImageDataset, batch_size: int = 512, env: DistEnv | None = None,
+def evaluate(model: nn.Module, dataset: BatchSource, batch_size: int = 512, env: DistEnv | None = None,
              precision: str = "fp32") -> dict[str, Any]:
     """Metrics of `model` (a VisionTransformer, possibly wrapped, or an ONNX Runtime `OnnxClassifier`) on all of
-    `dataset`."""
+    `dataset` (any labelled batch source)."""
     env = env or DistEnv()
-    core = getattr(model, "module", model)
-    config = core.config
-    torch_model = isinstance(model, nn.Module)
-    was_training = torch_model and core.training
-    if torch_model:
-        model.eval()
-    num_classes = dataset.num_classes
+    config = getattr(model, "module", model).config
+    num_classes = len(dataset.class_names or [])
     if num_classes != config.num_classes:  # a wider head once hid behind a slice of the logits
         from vitlab.errors import DataError
 
         raise DataError(f"the data have {num_classes} classes but the model's head has {config.num_classes}; "
                         "evaluate on the classes it was trained for (--classes), or fine-tune it first")
-    device = next(core.parameters()).device if torch_model else torch.device("cpu")
-    share = -(-len(dataset) // env.world_size)
-    start, stop = env.rank * share, min(len(dataset), (env.rank + 1) * share)
+    device = next(model.parameters()).device if isinstance(model, nn.Module) else torch.device("cpu")
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=device)
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, top-5 hits
-    for first in range(start, stop, batch_size):
-        rows = slice(first, min(first + batch_size, stop))
-        labels = dataset.labels[rows].to(device)
-        if not torch_model:
-            logits = model.classify_unit(to_unit_range(dataset.images[rows], dataset.max_value, config))
-        else:
-            images = prepare(dataset.images[rows], dataset.max_value, config).to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                logits = model(images)
-        logits = logits.float()
+    for batch, logits in run_batches(model, dataset, batch_size, env, precision):
+        labels = batch.labels.to(device)
+        logits = logits.float().to(device)
         sums[0] += F.cross_entropy(logits, labels, reduction="sum").double()
         top = logits.topk(min(5, num_classes), dim=1).indices
         sums[1] += (top == labels[:, None]).any(dim=1).sum()
@@ -72,8 +58,6 @@ def evaluate(model: nn.Module, dataset: ImageDataset, batch_size: int = 512, env
                              accumulate=True)
     all_reduce_sum(confusion, env)
     all_reduce_sum(sums, env)
-    if was_training:
-        model.train()
     count = confusion.sum().item()
     per_class_total = confusion.sum(dim=1).clamp_min(1)
     return {

@@ -18,7 +18,7 @@ import torch
 
 from vitlab.data.datasets import ImageDataset, load_dataset
 from vitlab.data.download import cache_dir
-from vitlab.data.preprocess import prepare
+from vitlab.eval.batches import run_batches
 from vitlab.errors import DataError
 
 
@@ -26,16 +26,9 @@ from vitlab.errors import DataError
 def extract_features(model, data: ImageDataset, batch_size: int = 256) -> torch.Tensor:
     """Frozen representations (N, D'): the pooled output after the final norm and the pre-logits layer, i.e.
     the input of the head, with whatever pooling (class token or mean of patches) the checkpoint's head used."""
-    from vitlab.progress import progress
-
-    model.eval()
-    features = []
-    bar = progress(len(data), f"features of {data.name}", unit="img")
-    for first in range(0, len(data), batch_size):
-        images = prepare(data.images[first:first + batch_size], data.max_value, model.config)
-        features.append(model.forward_pre_logits(images).double())
-        bar.update(len(images))
-    bar.close()
+    features = [outputs.double() for _, outputs in run_batches(
+        model, data, batch_size, forward=lambda module, images: module.forward_pre_logits(images),
+        progress=f"features of {data.name}")]
     return torch.cat(features)
 
 

@@ -7,9 +7,9 @@ from typing import Any, Iterable
 
 import torch
 
-from vitlab.data.datasets import collect_images, read_image
-from vitlab.data.preprocess import prepare
-from vitlab.errors import DataError
+from vitlab.data.datasets import collect_images
+from vitlab.data.source import ImageFiles
+from vitlab.eval.batches import run_batches
 
 
 def load_classifier(path: str | Path, backend: str | None = None, image_size: int | tuple[int, int] | None = None,
@@ -57,34 +57,17 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
     require_head(config)
     names = config.class_names or [str(i) for i in range(config.num_classes)]
     top_k = min(top_k, config.num_classes)
-    rows: list[dict[str, Any]] = []  # in input order; predictions are filled in batch by batch
-    batch: list[tuple[dict[str, Any], torch.Tensor]] = []
-
-    def flush() -> None:
-        if not batch:
-            return
-        pixels = torch.stack([image for _, image in batch])
-        if isinstance(model, torch.nn.Module):
-            logits = model(prepare(pixels, 255.0, config))
-        else:
-            logits = model.classify_pixels(pixels)
+    files = ImageFiles(collect_images(inputs), config.image_size, config.in_chans,
+                       getattr(config, "preprocessing", None))
+    rows: list[dict[str, Any]] = [{"path": str(path)} for path in files.paths]  # in input order
+    for batch, logits in run_batches(model, files, batch_size):
         probabilities = logits.float().softmax(dim=-1)
         values, indices = probabilities.topk(top_k, dim=-1)
-        for (row, _), vals, idxs in zip(batch, values, indices):
-            row["predictions"] = [{"label": names[i], "index": int(i), "probability": float(v)}
-                                  for v, i in zip(vals, idxs)]
-        batch.clear()
-
-    for path in collect_images(inputs):
-        row: dict[str, Any] = {"path": str(path)}
-        rows.append(row)
-        try:
-            batch.append((row, read_image(path, config.image_size, config.in_chans)))
-        except DataError as error:
-            row["error"] = str(error)
-        if len(batch) == batch_size:
-            flush()
-    flush()
+        for index, vals, idxs in zip(batch.indices.tolist(), values, indices):
+            rows[index]["predictions"] = [{"label": names[i], "index": int(i), "probability": float(v)}
+                                          for v, i in zip(vals, idxs)]
+    for index, error in files.errors.items():
+        rows[index]["error"] = error
     return rows
 
 

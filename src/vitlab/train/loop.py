@@ -14,35 +14,35 @@ continues exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vitlab.checkpoint.io import save_model
-from vitlab.config import ViTConfig
-from vitlab.data.datasets import ImageDataset, Splits, load_splits
-from vitlab.data.preprocess import normalize, to_unit_range
-from vitlab.data.transforms import Draws, augment_batch
+from vitlab.config import ViTConfig, variant_config, variant_names
+from vitlab.data.datasets import ImageDataset, load_splits
+from vitlab.data.source import Batch
+from vitlab.data.transforms import Draws
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
-from vitlab.eval.classify import evaluate
 from vitlab.models.vit import VisionTransformer
+from vitlab.objectives import Classification, NonFiniteLoss, Objective
+from vitlab.objectives.base import is_better
 from vitlab.progress import LogLines, format_duration
 from vitlab.train.config import TrainConfig
-from vitlab.distributed import (DistEnv, all_reduce_sum, any_rank, broadcast_object, cleanup, gather_rng_states,
-                                      init_distributed, replica_difference, synchronize)
+from vitlab.distributed import (DistEnv, any_rank, broadcast_object, cleanup, init_distributed, replica_difference,
+                                synchronize)
 from vitlab.runs import BEST, RunFolder, default_run_name
 from vitlab.train.optim import EMA, build_optimizer, build_scheduler, peak_lr
 from vitlab.train.setup import apply_freezing, build_model, default_threads, training_attention_kernel
-from vitlab.train.state import Position, load_training_state, save_training_state, training_state
+from vitlab.train.session import Session
+from vitlab.train.state import Position, check_resumable, load_training_state
+from vitlab.train.step import TrainingStep
 from vitlab.train.summary import epoch_line, write_outputs
 
 
@@ -101,77 +101,37 @@ class RunClock:
         return (time.perf_counter() - self.started) / done_here * (self.total_steps - steps_done)
 
 
-def train_one_epoch(wrapped: nn.Module, model: VisionTransformer, data: ImageDataset, optimizer, scheduler,
-                    ema: EMA | None, config: TrainConfig, env: DistEnv, position: Position,
-                    permutation_seed: int, stop: StopFlag, progress_bar: Any = None,
-                    clock: RunClock | None = None, log_lines: LogLines | None = None) -> bool:
-    """Run the rest of one epoch from `position`; returns False if a stop was requested (state is consistent).
-    `wrapped` is what runs the steps (the model itself, or its DDP / compiled wrapper); `model` the
-    VisionTransformer inside, whose config and weights the EMA reads."""
-    batch = config.batch_size
-    steps_per_epoch = len(data) // batch
-    per_rank = batch // env.world_size
-    shard = slice(env.rank * per_rank, (env.rank + 1) * per_rank)
-    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(permutation_seed))
+def train_one_epoch(step: TrainingStep, objective: Objective, batches: Iterable[Batch], steps_per_epoch: int,
+                    env: DistEnv, position: Position, epoch_seed: int, stop: StopFlag | None = None,
+                    on_step: Callable[[Position, list[float], float], None] | None = None) -> bool:
+    """Run the rest of one epoch from `position` (the batches must start at its step); returns False if a stop was
+    requested (the position is then consistent and can be saved). `step` holds the model, optimizer, schedule and
+    EMA; `objective` turns each batch into inputs and targets. After each step `on_step(position, epoch sums,
+    images per second)` reports progress. A non-finite loss raises NonFiniteLoss with `epoch` and `step` set."""
     augment_rng = torch.Generator()
     if position.augment_state is not None:
         augment_rng.set_state(position.augment_state)
     else:
-        augment_rng.manual_seed(permutation_seed + 1)
-    autocast = torch.autocast(env.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
-    wrapped.train()
+        augment_rng.manual_seed(epoch_seed + 1)
+    spec = (step.model or step.wrapped).config
+    step.wrapped.train()
     sums = torch.tensor(position.epoch_sums, dtype=torch.float64)
-    for step in range(position.step_in_epoch, steps_per_epoch):
+    for index, batch in enumerate(batches, start=position.step_in_epoch):
         started = time.perf_counter()
-        rows = order[step * batch:(step + 1) * batch][shard]
-        images = to_unit_range(data.images[rows], data.max_value, model.config)
-        images, targets = augment_batch(images, data.labels[rows], data.num_classes, config.augment,
-                                        Draws(augment_rng, batch, shard), config.label_smoothing)
-        images = normalize(images, model.config).to(env.device)
-        targets, labels = targets.to(env.device), data.labels[rows].to(env.device)
-        optimizer.zero_grad(set_to_none=True)
-        step_loss = torch.zeros((), dtype=torch.float64)
-        correct = 0
-        for micro, (x, t, y) in enumerate(zip(images.chunk(config.grad_accum), targets.chunk(config.grad_accum),
-                                              labels.chunk(config.grad_accum))):
-            last_micro = micro == config.grad_accum - 1
-            sync = wrapped.no_sync() if env.enabled and not last_micro else contextlib.nullcontext()
-            with sync:
-                with autocast:
-                    logits = wrapped(x)
-                loss = F.cross_entropy(logits.float(), t) / config.grad_accum
-                loss.backward()
-            step_loss += loss.detach().double() * len(x)
-            correct += (logits.argmax(1) == y).sum().item()
-        local = torch.tensor([step_loss.item() * config.grad_accum, correct, len(images)], dtype=torch.float64)
-        all_reduce_sum(local, env)
-        if not math.isfinite(local[0].item()):
-            raise TrainingError(
-                f"the loss became {local[0].item()} at epoch {position.epoch + 1}, step {step + 1}; the last good "
-                f"checkpoint is kept. Lower the learning rate (--set lr={config.lr / 3:.2g}), or use "
-                "--set precision=fp32 if bf16 was on")
-        if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(wrapped.parameters(), config.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        if ema is not None:
-            ema.update(model)
-        sums += local
-        position.step_in_epoch = step + 1
+        inputs, targets = objective.training_inputs(batch, spec, Draws(augment_rng, batch.global_size, batch.shard))
+        try:
+            sums += step(inputs, targets)
+        except NonFiniteLoss as error:
+            error.epoch, error.step = position.epoch + 1, index + 1
+            raise
+        seconds = time.perf_counter() - started
+        position.step_in_epoch = index + 1
         position.global_step += 1
-        position.train_seconds += time.perf_counter() - started
-        if progress_bar is not None:
-            progress_bar.update(1)
-            progress_bar.set_postfix(loss=f"{sums[0] / sums[2]:.3f}", acc=f"{sums[1] / sums[2]:.3f}",
-                                     lr=f"{peak_lr(scheduler):.2e}",
-                                     img_s=f"{len(images) * env.world_size / (time.perf_counter() - started):.0f}",
-                                     run_left=format_duration(clock.remaining(position.global_step)) if clock else "?")
-        if log_lines is not None:
-            log_lines.update(1, loss=f"{sums[0] / sums[2]:.4f}", train=f"{100 * sums[1] / sums[2]:.1f}%",
-                             lr=f"{peak_lr(scheduler):.2e}",
-                             tail=f"run {format_duration(clock.remaining(position.global_step)) if clock else '?'} left")
+        position.train_seconds += seconds
         position.epoch_sums = sums.tolist()
-        if any_rank(stop.requested, env) and step + 1 < steps_per_epoch:
+        if on_step is not None:
+            on_step(position, position.epoch_sums, len(batch) * env.world_size / seconds)
+        if any_rank(stop is not None and stop.requested, env) and index + 1 < steps_per_epoch:
             position.augment_state = augment_rng.get_state()
             return False
     position.augment_state = None
@@ -206,39 +166,6 @@ def fit_schedule(config: TrainConfig, train_images: int, steps_per_epoch: int) -
                      f"{train_images} training images at batch {config.batch_size} make {total} optimizer steps in "
                      "all; a ViT needs far more to learn: train for more epochs")
     return warmup, notes
-
-
-@dataclass
-class Session:
-    """One sitting of a run, built (fresh or from a saved state) and ready for its epochs."""
-
-    config: TrainConfig
-    run: RunFolder
-    env: DistEnv
-    splits: Splits
-    model: VisionTransformer  # the model being trained
-    wrapped: nn.Module  # what runs the steps: `model`, or its DDP / torch.compile wrapper
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    ema: EMA | None
-    eval_model: VisionTransformer | None  # holds the EMA weights for evaluation (None without EMA)
-    position: Position
-    history: list[dict[str, Any]]
-    steps_per_epoch: int
-    writer: Any = None  # TensorBoard
-    elapsed_seconds: float = 0.0  # wall time of the run when its last epoch ended, over all its sessions
-
-    @property
-    def evaluated(self) -> VisionTransformer:
-        """The weights that are validated, tested and saved: the EMA's if any, else the model's."""
-        return self.eval_model or self.model
-
-    def save_state(self) -> None:
-        """Every rank's RNG state gathered, then rank 0 writes checkpoints/last.pt."""
-        rng_states = gather_rng_states(self.env)
-        if self.env.is_main:
-            save_training_state(training_state(self.model, self.optimizer, self.scheduler, self.ema, self.position,
-                                               self.config, rng_states), self.run)
 
 
 def train(config: TrainConfig, resume: str | Path | None = None, use_previous: bool = False,
@@ -299,19 +226,29 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
                               "or choose another --set run_name=...")
     else:
         run = RunFolder(run_dir)
-    splits = load_splits(config.dataset, config.data_dir, config.val_size, config.seed, config.image_size,
-                         config.classes, max_train_images=config.max_train_images)
+    pretrained = None
+    if state is None and config.init_from:
+        from vitlab.checkpoint.formats import read_checkpoint
+
+        pretrained = read_checkpoint(config.init_from, image_size=config.image_size)[:2]
+    # Image files are decoded at the size the model takes (its variant's, its checkpoint's or --image-size), as
+    # `predict`, `eval` and `serve` read them; in-memory data sets are resized per batch whatever this is.
+    splits = load_splits(config.dataset, config.data_dir, config.val_size, config.seed,
+                         model_input_size(config, state, pretrained), config.classes,
+                         max_train_images=config.max_train_images)
     if splits.train.num_classes < 2:
         raise DataError(f"{splits.train.name} has a single class; a classifier needs at least two")
     if state is not None:
         model = VisionTransformer(ViTConfig.from_json(state["model_config"]))
         model.load_state_dict(state["model"])
     else:
-        model = build_model(config, splits.train)
+        model = build_model(config, splits.train, pretrained)
     apply_freezing(model, config)
     model.set_attention_kernel(training_attention_kernel(config, model))
-    if config.augment.hflip and not splits.train.hflip and env.is_main:
-        print(f"note: horizontal flips change the meaning of {config.dataset} images; flips are off")
+    if config.augment.hflip and not splits.train.hflip:
+        # Every rank turns flips off (each draws its augmentation from the same stream); rank 0 says so.
+        if env.is_main:
+            print(f"note: horizontal flips change the meaning of {config.dataset} images; flips are off")
         config.augment.hflip = False
     steps_per_epoch = check_batching(config, env, len(splits.train))
     model.to(env.device)
@@ -330,7 +267,11 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     scheduler = build_scheduler(optimizer, warmup_steps, config.epochs * steps_per_epoch, config.min_lr / config.lr)
     ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
     position = Position()
+    data_fingerprint = splits.train.fingerprint()
     if state is not None:
+        for note in check_resumable(state, data_fingerprint, steps_per_epoch, env.world_size, run):
+            if env.is_main:
+                print(f"note: {note}")
         position = restore(state, optimizer, scheduler, ema, config, env, run, steps_per_epoch)
     history = run.read_metrics(before_epoch=position.epoch)
     if env.is_main:
@@ -344,12 +285,33 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         # resumed run (which builds it after restoring that RNG) would diverge from an uninterrupted one.
         with torch.random.fork_rng(devices=[]):
             eval_model = VisionTransformer(model.config).to(env.device)
+        # From the start it holds the EMA weights, not only after an epoch's end: a run resumed after its last
+        # epoch goes straight to `finish`, which tests and saves these weights.
+        ema.copy_to(eval_model)
+    objective = Classification(splits.train.num_classes, config.augment, config.label_smoothing)
+    step = TrainingStep(wrapped, objective, optimizer, scheduler, ema, model, env, config.grad_accum,
+                        config.grad_clip, config.precision)
     session = Session(config, run, env, splits, model, wrapped, optimizer, scheduler, ema, eval_model, position,
-                      history, steps_per_epoch,
+                      history, steps_per_epoch, objective, step, data_fingerprint,
                       writer=run.tensorboard_writer() if config.tensorboard and env.is_main else None)
     if env.is_main:
         announce(session, resumed=state is not None)
     return session
+
+
+def model_input_size(config: TrainConfig, state: dict[str, Any] | None,
+                     pretrained: tuple[ViTConfig, Any] | None) -> tuple[int, int] | None:
+    """The image size the run's model takes: the saved model's on resume, else --image-size, else the
+    checkpoint's (fine-tuning) or the variant's. None when the variant is unknown (build_model then says so)."""
+    if state is not None:
+        return ViTConfig.from_json(state["model_config"]).image_size
+    if config.image_size is not None:
+        return config.image_size
+    if pretrained is not None:
+        return pretrained[0].image_size
+    if config.model in variant_names():
+        return variant_config(config.model, **config.model_overrides).image_size
+    return None
 
 
 def check_batching(config: TrainConfig, env: DistEnv, train_images: int) -> int:
@@ -392,6 +354,13 @@ def restore(state: dict[str, Any], optimizer, scheduler, ema: EMA | None, config
         torch.set_rng_state(state["torch_rng_state"].clone())
         if env.rank:
             torch.manual_seed(config.seed + env.rank + position.global_step)
+    cuda_states = state.get("cuda_rng_states")
+    if env.device.type == "cuda":
+        if cuda_states is not None and len(cuda_states) == env.world_size:
+            torch.cuda.set_rng_state(cuda_states[env.rank].clone(), env.device)
+        elif env.is_main:
+            print("note: the saved state holds no CUDA random state for these processes (saved on a CPU, or by "
+                  "another number of GPUs): dropout and stochastic depth on the GPU continue from a fresh stream")
     return position
 
 
@@ -435,10 +404,28 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
                 if every:
                     log_lines = LogLines(steps, f"epoch {epoch + 1:>3}/{config.epochs}", every,
                                          done=position.step_in_epoch, left_label="epoch")
-            finished = train_one_epoch(session.wrapped, session.model, session.splits.train, session.optimizer,
-                                       session.scheduler, session.ema, config, env, position,
-                                       permutation_seed=config.seed * 1_000_003 + epoch, stop=stop, progress_bar=bar,
-                                       clock=clock, log_lines=log_lines)
+
+            def report(position: Position, sums: list[float], images_per_second: float) -> None:
+                figures = session.objective.progress_figures(sums)
+                run_left = format_duration(clock.remaining(position.global_step))
+                lr = f"{peak_lr(session.scheduler):.2e}"
+                if not bar.disable:
+                    bar.update(1)
+                    bar.set_postfix(**figures, lr=lr, img_s=f"{images_per_second:.0f}", run_left=run_left)
+                if log_lines is not None:
+                    log_lines.update(1, **figures, lr=lr, tail=f"run {run_left} left")
+
+            epoch_seed = config.seed * 1_000_003 + epoch
+            batches = session.splits.train.training_batches(epoch_seed, config.batch_size, position.step_in_epoch,
+                                                            env.rank, env.world_size)
+            try:
+                finished = train_one_epoch(session.step, session.objective, batches, steps, env, position,
+                                           epoch_seed, stop, report)
+            except NonFiniteLoss as error:
+                raise TrainingError(
+                    f"the loss became {error.value} at epoch {error.epoch}, step {error.step}; the last good "
+                    f"checkpoint is kept. Lower the learning rate (--set lr={config.lr / 3:.2g}), or use "
+                    "--set precision=fp32 if bf16 was on") from None
             bar.close()
             if not finished:
                 position.elapsed_seconds = clock.elapsed()
@@ -464,28 +451,33 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
 
 def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before: float,
               clock: RunClock) -> tuple[dict[str, Any], bool]:
-    """Validate (and test, if asked to show it), record the epoch's row, keep the best checkpoint by validation
-    accuracy, save the training state. Returns the row and whether it is the best so far."""
+    """Validate (and test, if asked to show it), record the epoch's row, keep the best checkpoint by the
+    objective's validation figure, save the training state. Returns the row and whether it is the best so far."""
     config, env, position, splits = session.config, session.env, session.position, session.splits
+    objective = session.objective
     if session.ema is not None:
         session.ema.copy_to(session.eval_model)
-    loss_sum, correct, count = position.epoch_sums
     row = dict(epoch=epoch + 1, step=position.global_step, lr=peak_lr(session.scheduler),
-               train_loss=loss_sum / count, train_top1=correct / count)
+               **objective.epoch_figures(position.epoch_sums))
+    validation = None
     if splits.validation is not None:
-        val = evaluate(session.evaluated, splits.validation, config.eval_batch_size, env, config.precision)
-        row.update(val_loss=val["loss"], val_top1=val["top1"], val_top5=val["top5"])
+        validation = objective.evaluate(session.evaluated, splits.validation, config.eval_batch_size, env,
+                                        config.precision)
+        row.update({f"val_{name}": value for name, value in objective.row_figures(validation).items()})
     if config.test_every_epoch:  # shown to the user; nothing below reads it
-        test = evaluate(session.evaluated, splits.test, config.eval_batch_size, env, config.precision)
-        row.update(test_loss=test["loss"], test_top1=test["top1"], test_top5=test["top5"])
+        test = objective.evaluate(session.evaluated, splits.test, config.eval_batch_size, env, config.precision)
+        row.update({f"test_{name}": value for name, value in objective.row_figures(test).items()})
     position.elapsed_seconds = clock.elapsed()
+    count = position.epoch_sums[-1]
     row.update(images_per_second=count / max(position.train_seconds - seconds_before, 1e-9),
                epoch_seconds=time.perf_counter() - epoch_started, elapsed_seconds=position.elapsed_seconds)
     session.history.append(row)
-    position.epoch, position.step_in_epoch, position.epoch_sums = epoch + 1, 0, [0.0, 0.0, 0.0]
-    improved = splits.validation is not None and row["val_top1"] > position.best_val_top1
+    position.epoch, position.step_in_epoch = epoch + 1, 0
+    position.epoch_sums = [0.0] * len(position.epoch_sums)
+    improved = validation is not None and is_better(objective, validation[objective.selection],
+                                                    position.best_value if position.best_epoch > 0 else None)
     if improved:
-        position.best_val_top1, position.best_epoch = row["val_top1"], epoch + 1
+        position.best_value, position.best_epoch = validation[objective.selection], epoch + 1
         position.best_elapsed_seconds = position.elapsed_seconds
     if env.is_main:
         session.run.append_metrics(row)
@@ -508,8 +500,7 @@ def finish(session: Session) -> dict[str, Any]:
     """The end of a run: the test split measured once (final model and best-validation checkpoint), the final
     model, pictures and summaries written."""
     env = session.env
-    results = final_results(session.evaluated, session.splits, session.run / BEST, session.position,
-                            session.config, env)
+    results = final_results(session, session.run / BEST)
     replica_diff = replica_difference(session.model, env)
     summary = {"status": "finished", "run_dir": str(session.run), "replica_max_abs_diff": replica_diff}
     if env.is_main:
@@ -519,12 +510,14 @@ def finish(session: Session) -> dict[str, Any]:
     return summary
 
 
-def final_results(final_model: VisionTransformer, splits: Splits, best_path: Path, position: Position,
-                  config: TrainConfig, env: DistEnv) -> dict[str, Any]:
-    """The figures measured once at the end: test (and validation) metrics of the final model, and test metrics
+def final_results(session: Session, best_path: Path) -> dict[str, Any]:
+    """The figures measured once at the end: test (and validation) figures of the final model, and test figures
     of the best-validation checkpoint (the same model when the best epoch is the last)."""
+    config, env, splits, position = session.config, session.env, session.splits, session.position
+    final_model = session.evaluated
+
     def measure(model: nn.Module, data: ImageDataset) -> dict[str, Any]:
-        return evaluate(model, data, config.eval_batch_size, env, config.precision)
+        return session.objective.evaluate(model, data, config.eval_batch_size, env, config.precision)
 
     results: dict[str, Any] = {"test": measure(final_model, splits.test), "val": None, "best_test": None}
     if splits.validation is not None:

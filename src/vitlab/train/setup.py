@@ -14,11 +14,12 @@ from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_ind
 from vitlab.train.config import TrainConfig
 
 
-def build_model(config: TrainConfig, data: ImageDataset) -> VisionTransformer:
+def build_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, Any] | None = None
+                ) -> VisionTransformer:
     """A fresh model of the recipe's variant shaped for the data (classes, channels), or with `init_from`
-    the pre-trained model prepared for fine-tuning."""
+    the pre-trained model prepared for fine-tuning (`pretrained`: its (config, state) when already read)."""
     if config.init_from:
-        return build_finetune_model(config, data)
+        return build_finetune_model(config, data, pretrained)
     if config.model not in variant_names():
         raise ConfigError(f"unknown model {config.model!r}; choose a variant from `vitlab models` "
                           "(fine-tuning from a checkpoint is `vitlab finetune`)")
@@ -30,13 +31,14 @@ def build_model(config: TrainConfig, data: ImageDataset) -> VisionTransformer:
     return VisionTransformer(variant_config(config.model, **fields))
 
 
-def build_finetune_model(config: TrainConfig, data: ImageDataset) -> VisionTransformer:
+def build_finetune_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, Any] | None = None
+                         ) -> VisionTransformer:
     """The paper's transfer set-up (section 3.2): load any checkpoint, drop its head and pre-logits layer, attach
     a zero-initialised D x K head, and for a new image size keep the patch size and resample the position
     embedding to the new grid (2-D interpolation, class-token row kept)."""
     from vitlab.checkpoint.formats import model_from_state, read_checkpoint
 
-    pretrained_config, state, _ = read_checkpoint(config.init_from, image_size=config.image_size)
+    pretrained_config, state = pretrained or read_checkpoint(config.init_from, image_size=config.image_size)[:2]
     model = model_from_state(pretrained_config.replace(drop_path=config.drop_path, dropout=config.dropout), state,
                              config.init_from)
     if model.config.representation_size:

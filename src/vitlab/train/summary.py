@@ -3,14 +3,12 @@ the text it prints)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vitlab.checkpoint.io import save_model
 from vitlab.progress import format_duration
 from vitlab.runs import MODEL
-
-if TYPE_CHECKING:
-    from vitlab.train.loop import Session
+from vitlab.train.session import Session
 
 
 def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool) -> str:
@@ -28,37 +26,35 @@ def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, imp
 
 
 def write_outputs(session: Session, results: dict[str, Any], replica_diff: float = 0.0) -> dict[str, Any]:
-    """The final model, curves, confusion matrix and the summary (JSON and the text it prints)."""
+    """The final model, curves, the objective's pictures and the summary (JSON, and the text it prints).
+    results: {"test", "val", "best_test"}, each what `session.objective.evaluate` returned (or None)."""
     from vitlab import plots
 
     run, model, history, position = session.run, session.evaluated, session.history, session.position
     config, splits, env, wall_seconds = session.config, session.splits, session.env, session.elapsed_seconds
+    objective = session.objective
     run_dir = run.path
 
-    final, best_test, val = results["test"], results["best_test"], results["val"]
     model_path = save_model(model, run / MODEL)
     plots.plot_training_curves(history, run_dir / "curves.png")
-    plots.plot_confusion(final["confusion"], final["class_names"], run_dir / "confusion.png",
-                         title=f"{config.dataset} test set: {100 * final['top1']:.2f}% top-1")
     throughput = sum(r["images_per_second"] * r["epoch_seconds"] for r in history) / max(
         sum(r["epoch_seconds"] for r in history), 1e-9)
     has_best = position.best_epoch > 0
+    selection = f"val_{objective.selection}"
+    figures, lines_after, pictures = objective.summarize(results, run_dir, config.dataset, position.best_epoch)
     summary = {
         "status": "finished", "run_dir": str(run_dir), "model_path": str(model_path), "dataset": config.dataset,
-        "model": config.model, "params": sum(p.numel() for p in model.parameters()), "epochs": config.epochs,
+        "model": config.model, "objective": objective.name, "selection": selection,
+        "params": sum(p.numel() for p in model.parameters()), "epochs": config.epochs,
         "processes": env.world_size, "replica_max_abs_diff": replica_diff, "seed": config.seed,
         "wall_seconds": round(wall_seconds, 2), "train_seconds": round(position.train_seconds, 2),
         "train_images_per_second": round(throughput, 1), "train_count": len(splits.train),
         "validation": splits.validation_source, "val_count": len(splits.validation) if splits.validation else 0,
-        "val_top1": val["top1"] if val else None,
-        "best_val_top1": position.best_val_top1 if has_best else None,
+        f"best_{selection}": position.best_value if has_best else None,
         "best_epoch": position.best_epoch if has_best else None,
         "seconds_to_best": round(position.best_elapsed_seconds, 2) if has_best else None,
-        "test_top1": final["top1"], "test_top5": final["top5"], "test_loss": final["loss"], "test_count": final["count"],
-        "best_checkpoint_test_top1": best_test["top1"] if best_test else None,
-        "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
+        **figures,
     }
-    worst = sorted(summary["per_class_top1"].items(), key=lambda item: item[1])[:3]
     lines = [
         f"vitlab {'finetune' if config.init_from else 'train'}: {config.init_from or config.model} on "
         f"{config.dataset}{'' if config.classes is None else ' classes ' + str(config.classes)} - finished",
@@ -68,20 +64,14 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         f"training steps, {summary['train_images_per_second']:.0f} images/s, {env.world_size} process(es))",
     ]
     if has_best:
-        lines.append(f"  validation   best top-1 {100 * position.best_val_top1:.2f}% at epoch {position.best_epoch}, "
+        lines.append(f"  validation   best {objective.describe(position.best_value)} at epoch {position.best_epoch}, "
                      f"reached after {format_duration(position.best_elapsed_seconds)} ({summary['val_count']} "
                      f"{splits.validation_source} images; chooses the best checkpoint)")
     else:
         lines.append("  validation   none (val_size 0): no best checkpoint is chosen")
-    lines.append(f"  test         final model: top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  "
-                 f"loss {final['loss']:.4f}  ({final['count']} images, measured once, at the end)")
-    if best_test is not None:
-        lines.append(f"               best-validation checkpoint (epoch {position.best_epoch}): top-1 "
-                     f"{100 * best_test['top1']:.2f}%")
-    lines += [
-        "  weakest      " + ", ".join(f"{name}: {100 * acc:.1f}%" for name, acc in worst),
-        f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png, confusion.png",
-    ]
+    lines += lines_after
+    lines.append(f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png"
+                 + "".join(f", {name}" for name in pictures))
     text = "\n".join(lines)
     run.write_summary(summary, text)
     print(text)

@@ -1,0 +1,59 @@
+"""The one evaluation loop: a model over a batch source's images, batch by batch, for `eval`, training-time
+validation, few-shot features, `predict` and `analyze`. Stored pixels become model input through the model's
+preprocessing (`vitlab.data.preprocess.prepare`), so every one of them sees the same tensors."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from vitlab.data.preprocess import prepare, to_unit_range
+from vitlab.data.source import Batch, BatchSource
+from vitlab.distributed import DistEnv
+
+
+def call_model(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    return module(inputs)
+
+
+@torch.no_grad()
+def run_batches(model: Any, source: BatchSource, batch_size: int = 256, env: DistEnv | None = None,
+                precision: str = "fp32", forward: Callable[[Any, torch.Tensor], Any] = call_model,
+                progress: str | None = None) -> Iterator[tuple[Batch, Any]]:
+    """(batch, outputs) for this rank's share of `source` (all of it on one process), in order.
+
+    model: a VisionTransformer (possibly wrapped in DDP / torch.compile), evaluated in eval mode on its device
+    (under bf16 autocast with precision "bf16") and left in the mode it was in; or an ONNX Runtime classifier
+    (`vitlab.export.onnx.OnnxClassifier`), given [0, 1] images. forward(model, inputs): what to call (default
+    `model(inputs)`, e.g. `forward_pre_logits` for features). progress: a label shows a progress bar."""
+    env = env or DistEnv()
+    torch_model = isinstance(model, nn.Module)
+    core = getattr(model, "module", model)
+    config = core.config
+    was_training = torch_model and model.training
+    if torch_model:
+        model.eval()
+    device = next(core.parameters()).device if torch_model else torch.device("cpu")
+    bar = None
+    if progress is not None:
+        from vitlab.progress import progress as progress_bar
+
+        bar = progress_bar(len(source), progress, unit="img")
+    try:
+        for batch in source.evaluation_batches(batch_size, env.rank, env.world_size):
+            if torch_model:
+                inputs = prepare(batch.images, batch.max_value, config).to(device)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    outputs = forward(model, inputs)
+            else:
+                outputs = model.classify_unit(to_unit_range(batch.images, batch.max_value, config))
+            if bar is not None:
+                bar.update(len(batch))
+            yield batch, outputs
+    finally:
+        if bar is not None:
+            bar.close()
+        if was_training:
+            model.train()

@@ -1,0 +1,88 @@
+"""Supervised classification (the paper's objective): cross-entropy on soft targets (label smoothing, Mixup,
+CutMix), accuracy summed per epoch, validation top-1 chooses the best checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitlab.data.preprocess import normalize, to_unit_range
+from vitlab.data.source import Batch, BatchSource
+from vitlab.data.transforms import AugmentConfig, Draws, augment_batch
+from vitlab.distributed import DistEnv
+
+
+class Classification:
+    name = "classification"
+    sum_names = ("correct",)
+    selection = "top1"
+    higher_is_better = True
+
+    def __init__(self, num_classes: int, augment: AugmentConfig | None = None, label_smoothing: float = 0.0) -> None:
+        self.num_classes = num_classes
+        self.augment = augment or AugmentConfig(crop_padding=0, hflip=False)
+        self.label_smoothing = label_smoothing
+
+    def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if batch.labels is None:
+            from vitlab.errors import DataError
+
+            raise DataError("classification needs labelled images; this data source has no labels")
+        images = to_unit_range(batch.images, batch.max_value, spec)
+        images, targets = augment_batch(images, batch.labels, self.num_classes, self.augment, draws,
+                                        self.label_smoothing)
+        return normalize(images, spec), {"target": targets, "label": batch.labels}
+
+    def loss(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        loss = F.cross_entropy(outputs.float(), targets["target"])
+        correct = (outputs.argmax(1) == targets["label"]).sum()
+        return loss, correct.double().reshape(1)
+
+    def epoch_figures(self, sums: list[float]) -> dict[str, float]:
+        loss_sum, correct, count = sums
+        return {"train_loss": loss_sum / count, "train_top1": correct / count}
+
+    def progress_figures(self, sums: list[float]) -> dict[str, str]:
+        loss_sum, correct, count = sums
+        return {"loss": f"{loss_sum / count:.4f}", "train": f"{100 * correct / count:.1f}%"}
+
+    def evaluate(self, model: nn.Module, source: BatchSource, batch_size: int, env: DistEnv,
+                 precision: str) -> dict[str, Any]:
+        from vitlab.eval.classify import evaluate
+
+        return evaluate(model, source, batch_size, env, precision)
+
+    def row_figures(self, result: dict[str, Any]) -> dict[str, float]:
+        return {"loss": result["loss"], "top1": result["top1"], "top5": result["top5"]}
+
+    def describe(self, value: float) -> str:
+        """The selection figure as the summary says it."""
+        return f"top-1 {100 * value:.2f}%"
+
+    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int
+                  ) -> tuple[dict[str, Any], list[str], list[str]]:
+        """(the summary's figures, its text lines after the validation line, the pictures written into run_dir)
+        from the end-of-run measurements {"test", "val", "best_test"}."""
+        from vitlab import plots
+
+        final, best_test, val = results["test"], results["best_test"], results["val"]
+        plots.plot_confusion(final["confusion"], final["class_names"], run_dir / "confusion.png",
+                             title=f"{dataset} test set: {100 * final['top1']:.2f}% top-1")
+        figures = {
+            "val_top1": val["top1"] if val else None,
+            "test_top1": final["top1"], "test_top5": final["top5"], "test_loss": final["loss"],
+            "test_count": final["count"], "best_checkpoint_test_top1": best_test["top1"] if best_test else None,
+            "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
+        }
+        worst = sorted(figures["per_class_top1"].items(), key=lambda item: item[1])[:3]
+        lines = [f"  test         final model: top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  "
+                 f"loss {final['loss']:.4f}  ({final['count']} images, measured once, at the end)"]
+        if best_test is not None:
+            lines.append(f"               best-validation checkpoint (epoch {best_epoch}): top-1 "
+                         f"{100 * best_test['top1']:.2f}%")
+        lines.append("  weakest      " + ", ".join(f"{name}: {100 * acc:.1f}%" for name, acc in worst))
+        return figures, lines, ["confusion.png"]

@@ -1,0 +1,60 @@
+"""One sitting of a training run: what `vitlab.train.loop.start` builds (fresh or from a saved state) and the
+epochs, the summary and the saved state read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.data.datasets import Splits
+from vitlab.distributed import DistEnv, gather_rng_states
+from vitlab.models.vit import VisionTransformer
+from vitlab.objectives.base import Objective
+from vitlab.runs import RunFolder
+from vitlab.train.config import TrainConfig
+from vitlab.train.optim import EMA
+from vitlab.train.state import Position, save_training_state, training_state
+from vitlab.train.step import TrainingStep
+
+
+@dataclass
+class Session:
+    """One sitting of a run, built (fresh or from a saved state) and ready for its epochs."""
+
+    config: TrainConfig
+    run: RunFolder
+    env: DistEnv
+    splits: Splits
+    model: VisionTransformer  # the model being trained
+    wrapped: nn.Module  # what runs the steps: `model`, or its DDP / torch.compile wrapper
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    ema: EMA | None
+    eval_model: VisionTransformer | None  # holds the EMA weights for evaluation (None without EMA)
+    position: Position
+    history: list[dict[str, Any]]
+    steps_per_epoch: int
+    objective: Objective
+    step: TrainingStep
+    data_fingerprint: dict[str, Any]  # of the training split, recorded in the saved state
+    writer: Any = None  # TensorBoard
+    elapsed_seconds: float = 0.0  # wall time of the run when its last epoch ended, over all its sessions
+
+    @property
+    def evaluated(self) -> VisionTransformer:
+        """The weights that are validated, tested and saved: the EMA's if any, else the model's."""
+        return self.eval_model or self.model
+
+    def save_state(self) -> None:
+        """Every rank's RNG state gathered, then rank 0 writes checkpoints/last.pt."""
+        rng_states = gather_rng_states(self.env)
+        cuda_states = None
+        if self.env.device.type == "cuda":
+            cuda_states = gather_rng_states(self.env, torch.cuda.get_rng_state(self.env.device))
+        if self.env.is_main:
+            save_training_state(training_state(self.model, self.optimizer, self.scheduler, self.ema, self.position,
+                                               self.config, rng_states, self.data_fingerprint, self.steps_per_epoch,
+                                               self.env.world_size, cuda_states), self.run)

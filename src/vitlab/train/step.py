@@ -1,0 +1,75 @@
+"""One optimisation step, the same for `vitlab train`, `vitlab bench --train` and benchmarks/profile_train_step.py:
+forward and loss per micro-batch (gradients accumulated, synchronised across DDP ranks on the last one only),
+the figures summed over ranks, a non-finite loss refused before the update, gradient clipping, the optimizer,
+the schedule and the EMA."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from vitlab.distributed import DistEnv, all_reduce_sum
+from vitlab.objectives.base import NonFiniteLoss, Objective
+
+
+def call_model(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    return module(inputs)
+
+
+@dataclass
+class TrainingStep:
+    wrapped: nn.Module  # what runs forward and backward: the model, or its DDP / torch.compile wrapper
+    objective: Objective
+    optimizer: torch.optim.Optimizer
+    scheduler: Any = None  # stepped once per optimizer step
+    ema: Any = None  # vitlab.train.optim.EMA, updated from `model` after each step
+    model: nn.Module | None = None  # the module inside `wrapped` (default: `wrapped`)
+    env: DistEnv = field(default_factory=DistEnv)
+    grad_accum: int = 1
+    grad_clip: float = 0.0  # clip the gradient norm to this (0: off)
+    precision: str = "fp32"  # "bf16": forward under bf16 autocast on the step's device
+    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] = call_model  # e.g. to unwrap another library's output
+    last_outputs: torch.Tensor | None = None  # the last micro-batch's outputs, detached (bench compares them)
+
+    def __call__(self, inputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One update on a batch; returns [loss sum, *objective.sum_names, count] (float64, summed over ranks).
+        Raises NonFiniteLoss, without updating, when the loss is not finite on any rank."""
+        device = self.env.device
+        inputs = inputs.to(device)
+        targets = {name: value.to(device) for name, value in targets.items()}
+        chunks = [inputs.chunk(self.grad_accum)] + [value.chunk(self.grad_accum) for value in targets.values()]
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        extra_sums = None
+        for micro, (x, *parts) in enumerate(zip(*chunks)):
+            last_micro = micro == self.grad_accum - 1
+            sync = self.wrapped.no_sync() if self.env.enabled and not last_micro else contextlib.nullcontext()
+            with sync:
+                with autocast:
+                    outputs = self.forward(self.wrapped, x)
+                loss, extras = self.objective.loss(outputs, dict(zip(targets, parts)))
+                loss = loss / self.grad_accum
+                loss.backward()
+            loss_sum += loss.detach().double().cpu() * len(x)
+            extras = extras.detach().cpu()
+            extra_sums = extras if extra_sums is None else extra_sums + extras
+            self.last_outputs = outputs.detach()
+        sums = torch.cat([torch.tensor([loss_sum.item() * self.grad_accum], dtype=torch.float64), extra_sums,
+                          torch.tensor([len(inputs)], dtype=torch.float64)])
+        all_reduce_sum(sums, self.env)
+        if not math.isfinite(sums[0].item()):
+            raise NonFiniteLoss(sums[0].item())
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), self.grad_clip)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.model if self.model is not None else self.wrapped)
+        return sums
