@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 import torch
 
+from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.datasets import collect_images, read_image
 from vitlab.data.preprocess import prepare
 from vitlab.errors import DataError
@@ -79,7 +80,8 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
         row: dict[str, Any] = {"path": str(path)}
         rows.append(row)
         try:
-            batch.append((row, read_image(path, config.image_size, config.in_chans)))
+            batch.append((row, read_image(path, config.image_size, config.in_chans,
+                                          preprocessing=resolved_preprocessing(config, "files"))))
         except DataError as error:
             row["error"] = str(error)
         if len(batch) == batch_size:
