@@ -296,16 +296,23 @@ def preprocessing_from_hf(processor: dict[str, Any] | None, model_type: str | No
         crop = {"height": crop, "width": crop}
     resized_side = size.get("shortest_edge") or min(size.get("height", 0), size.get("width", 0)) or None
     if settings.get("do_center_crop") and crop and resized_side:
-        contract = Preprocessing(mode="crop", resize=resize,
-                                 crop_fraction=min(1.0, min(crop.get("height", 0), crop.get("width", 0)) / resized_side))
+        crop_side = min(crop.get("height", 0), crop.get("width", 0))
+        fraction = min(1.0, crop_side / resized_side)
+        # vitlab's writer adds timm's crop_pct, which integer sizes cannot carry exactly (16 / 0.9 -> 17);
+        # trusted when it gives the sizes written.
+        written = settings.get("crop_pct")
+        if isinstance(written, (int, float)) and 0.1 <= written <= 1 and cropped_side(crop_side, written) == resized_side:
+            fraction = written
+        contract = Preprocessing(mode="crop", resize=resize, crop_fraction=fraction)
     elif "shortest_edge" in size:
         contract = Preprocessing(mode="crop", resize=resize)
     else:
         contract = Preprocessing(mode="stretch", resize=resize)
     fields: dict[str, Any] = {"preprocessing": contract}
     if settings.get("do_normalize", True):
-        fields.update(image_mean=tuple(settings.get("image_mean", (0.5,))),
-                      image_std=tuple(settings.get("image_std", (0.5,))))
+        for name in ("image_mean", "image_std"):
+            values = tuple(float(v) for v in settings.get(name, (0.5,)))
+            fields[name] = values[:1] if len(set(values)) == 1 else values  # one value for all channels, as written
     else:
         fields.update(image_mean=(0.0,), image_std=(1.0,))
     return fields
@@ -325,7 +332,8 @@ def hf_preprocessor_dict(config: ViTConfig) -> dict[str, Any]:
         resize = {"image_processor_type": "BitImageProcessor",
                   "size": {"shortest_edge": max(cropped_side(height, contract.crop_fraction),
                                                 cropped_side(width, contract.crop_fraction))},
-                  "do_center_crop": True, "crop_size": {"height": height, "width": width}}
+                  "do_center_crop": True, "crop_size": {"height": height, "width": width},
+                  "crop_pct": contract.crop_fraction}  # timm's name; only vitlab reads it back
     else:
         resize = {"image_processor_type": "ViTImageProcessor", "size": {"height": height, "width": width}}
     return {
