@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from vitlab.data.contract import Preprocessing
 from vitlab.errors import ConfigError
 
 
@@ -155,6 +156,11 @@ class ViTConfig:
     # for all channels, or one per channel). The official code and the paper use 0.5 / 0.5, i.e. [-1, 1].
     image_mean: tuple[float, ...] = (0.5,)
     image_std: tuple[float, ...] = (0.5,)
+    # How an image becomes the input before the statistics above apply: resize kernel, stretch or centre crop
+    # (with timm's crop fraction), grey conversion (vitlab.data.contract). None: not recorded (configs written
+    # before vitlab recorded it); stored arrays then get Preprocessing.in_memory() and image files
+    # Preprocessing.image_files(), what vitlab did to each before.
+    preprocessing: Preprocessing | None = None
     # Optional metadata: names of the classes, in head order, so predictions can print labels.
     class_names: list[str] | None = None
     name: str | None = field(default=None, compare=False)  # variant the config came from, for display only
@@ -200,6 +206,8 @@ class ViTConfig:
         if self.class_names is not None and not (
                 isinstance(self.class_names, (list, tuple)) and all(isinstance(n, str) for n in self.class_names)):
             fail("class_names", "a list of strings or null")
+        if self.preprocessing is not None and not isinstance(self.preprocessing, (Preprocessing, dict)):
+            fail("preprocessing", "an object such as " + json.dumps(Preprocessing().to_dict()) + " or null")
         for name in ("image_mean", "image_std"):
             value = getattr(self, name)
             values = [value] if isinstance(value, (int, float)) else value
@@ -210,6 +218,8 @@ class ViTConfig:
     def __post_init__(self) -> None:
         self.check_types()
         self.image_size = to_pair(self.image_size, "image_size")
+        if isinstance(self.preprocessing, dict):  # as from_json hands it over
+            self.preprocessing = Preprocessing.from_dict(self.preprocessing)
         self.patch_size = to_pair(self.patch_size, "patch_size")
         if self.resnet_layers is not None:
             self.resnet_layers = tuple(int(n) for n in self.resnet_layers)

@@ -93,10 +93,9 @@ def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool, static: bool = Fal
     path = Path(folder.name) / "model.onnx"
     calibration = None
     if static:  # the benchmark's own batch back as pixels: enough to calibrate for speed (accuracy: --dataset)
-        config = model.config
-        mean = torch.tensor(config.image_mean).view(1, -1, 1, 1)
-        std = torch.tensor(config.image_std).view(1, -1, 1, 1)
-        calibration = ((sample.float() * std + mean) * 255).round().clamp(0, 255).to(torch.uint8)
+        from vitlab.data.preprocess import denormalize
+
+        calibration = (denormalize(sample.float(), model.config) * 255).round().clamp(0, 255).to(torch.uint8)
     export_onnx(model, path, dynamic_batch=False, batch_size=len(sample), int8=int8, calibration=calibration)
     runtime = OnnxClassifier(path, threads=torch.get_num_threads())
     name = ("onnxruntime static int8" if static else "onnxruntime int8") if int8 else "onnxruntime fp32"

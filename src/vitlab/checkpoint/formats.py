@@ -89,7 +89,9 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
             return config, hf_clip.clip_to_state_dict(state, config, source), "hf"
         if hf.is_hf_state_dict(keys):
             hf_config = sidecar if sidecar and sidecar.get("model_type") in HF_MODEL_TYPES else None
-            config = apply_hints(hf.config_from_hf(state, hf_config, source, image_size), hints)
+            processor_path = weights.parent / "preprocessor_config.json"
+            processor = read_json(processor_path) if processor_path.is_file() else None
+            config = apply_hints(hf.config_from_hf(state, hf_config, source, image_size, processor), hints)
             return config, hf.hf_to_state_dict(state, config, source), "hf"
         if timm.is_timm_state_dict(keys):
             timm_hints = timm.hints_from_timm_json(sidecar) if sidecar else {}

@@ -14,12 +14,14 @@ checkpoint has no classifier (a classifier in HF never reads the pooler).
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 import torch
 
 from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
 from vitlab.config import HEADS_BY_WIDTH, ViTConfig
+from vitlab.data.contract import Preprocessing, cropped_side, resolved_preprocessing
 from vitlab.errors import CheckpointError
 
 # (HF name inside "vit.", vitlab name); per layer names use {i}.
@@ -82,8 +84,10 @@ def head_count(hf_config: dict[str, Any], embed_dim: int, source: str) -> int:
 
 
 def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None, source: str,
-                   given_image_size: int | tuple[int, int] | None = None) -> ViTConfig:
-    """A ViTConfig from an HF `config.json` (if there is one) and the weights' shapes."""
+                   given_image_size: int | tuple[int, int] | None = None,
+                   processor: dict[str, Any] | None = None) -> ViTConfig:
+    """A ViTConfig from an HF `config.json` (if there is one), its `preprocessor_config.json` (if there is one;
+    else the model type's processor defaults) and the weights' shapes."""
     state = strip_prefix(state)
     hf_config = hf_config or {}
     proj = state["embeddings.patch_embeddings.projection.weight"]
@@ -131,6 +135,8 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
         # row into the class token (hf_to_state_dict) and gives positions to the patch tokens only.
         register_tokens=registers, prefix_positions=not registers,
         layer_scale=hf_config.get("layerscale_value", 1.0) if dinov2 else None,
+        **preprocessing_from_hf(processor, hf_config.get("model_type") or (
+            "dinov2" if dinov2 else "deit" if distilled else "vit"), source),
     )
 
 
@@ -249,21 +255,91 @@ def side_or_pair(size: tuple[int, int]) -> int | list[int]:
 
 
 # PIL's resampling filter numbers, as HF image processors store them.
-PIL_BICUBIC = 3
+PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3}
+RESIZE_OF_PIL = {code: name for name, code in PIL_RESAMPLE.items()}
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# What each model type's image processor does when no preprocessor_config.json says otherwise (transformers'
+# defaults): ViTImageProcessor stretches to 224x224 (bilinear, mean/std 0.5); DeiTImageProcessor resizes to
+# 256x256 bicubic and crops 224 with ImageNet statistics; Dinov2 ships BitImageProcessor (shortest edge 256,
+# bicubic, crop 224, ImageNet statistics).
+PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vit": {"size": {"height": 224, "width": 224}, "resample": 2, "do_center_crop": False},
+    "vit_mae": {"size": {"height": 224, "width": 224}, "resample": 2, "do_center_crop": False},
+    "deit": {"size": {"height": 256, "width": 256}, "resample": 3, "do_center_crop": True,
+             "crop_size": {"height": 224, "width": 224}, "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
+    "dinov2": {"size": {"shortest_edge": 256}, "resample": 3, "do_center_crop": True,
+               "crop_size": {"height": 224, "width": 224}, "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
+}
+PROCESSOR_DEFAULTS["dinov2_with_registers"] = PROCESSOR_DEFAULTS["dinov2"]
+
+
+def preprocessing_from_hf(processor: dict[str, Any] | None, model_type: str | None, source: str
+                          ) -> dict[str, Any]:
+    """ViTConfig fields (preprocessing, image_mean, image_std) from an HF `preprocessor_config.json`, or from the
+    defaults of the model type's image processor when there is none. HF's size {height, width} without a crop is
+    a stretch; {shortest_edge} or a centre crop is vitlab's crop, with crop_fraction = crop side / resized side.
+    (DeiT's processor stretches to 256x256 before cropping 224: the same as a 0.875 crop on square images, a
+    little different on others.)"""
+    settings = dict(PROCESSOR_DEFAULTS.get(model_type or "vit", PROCESSOR_DEFAULTS["vit"]))
+    settings.update(processor or {})
+    resample = settings.get("resample", 2)
+    resize = RESIZE_OF_PIL.get(resample)
+    if resize is None:
+        warnings.warn(f"{source}: preprocessor_config.json asks for PIL resample filter {resample!r}; vitlab "
+                      "resizes bilinear (2) or bicubic (3) and takes bicubic", stacklevel=2)
+        resize = "bicubic"
+    size = settings.get("size") or {}
+    crop = settings.get("crop_size") or {}
+    if isinstance(size, int):
+        size = {"shortest_edge": size}
+    if isinstance(crop, int):
+        crop = {"height": crop, "width": crop}
+    resized_side = size.get("shortest_edge") or min(size.get("height", 0), size.get("width", 0)) or None
+    if settings.get("do_center_crop") and crop and resized_side:
+        crop_side = min(crop.get("height", 0), crop.get("width", 0))
+        fraction = min(1.0, crop_side / resized_side)
+        # vitlab's writer adds timm's crop_pct, which integer sizes cannot carry exactly (16 / 0.9 -> 17);
+        # trusted when it gives the sizes written.
+        written = settings.get("crop_pct")
+        if isinstance(written, (int, float)) and 0.1 <= written <= 1 and cropped_side(crop_side, written) == resized_side:
+            fraction = written
+        contract = Preprocessing(mode="crop", resize=resize, crop_fraction=fraction)
+    elif "shortest_edge" in size:
+        contract = Preprocessing(mode="crop", resize=resize)
+    else:
+        contract = Preprocessing(mode="stretch", resize=resize)
+    fields: dict[str, Any] = {"preprocessing": contract}
+    if settings.get("do_normalize", True):
+        for name in ("image_mean", "image_std"):
+            values = tuple(float(v) for v in settings.get(name, (0.5,)))
+            fields[name] = values[:1] if len(set(values)) == 1 else values  # one value for all channels, as written
+    else:
+        fields.update(image_mean=(0.0,), image_std=(1.0,))
+    return fields
 
 
 def hf_preprocessor_dict(config: ViTConfig) -> dict[str, Any]:
     """The `preprocessor_config.json` that makes `AutoImageProcessor` and `pipeline("image-classification")`
-    prepare images as `vitlab predict` does: the shorter side resized (bicubic) to cover the input, the centre
-    cropped, pixels / 255, then (x - mean) / std. It is the BitImageProcessor (what DINOv2 ships): ViT's own
-    processor stretches an image to the input size instead of cropping. For a non-square input the shorter side
-    goes to the longer input side, which crops a little more than vitlab does from images of other shapes."""
+    prepare images as `vitlab predict` does, under the model's contract (for a config that records none, what
+    vitlab does to image files): a crop is BitImageProcessor's (what DINOv2 ships: the shorter side resized to
+    cover input side / crop_fraction, the centre cropped), a stretch ViTImageProcessor's. Then pixels / 255 and
+    (x - mean) / std. For a non-square input with a crop, the shorter side goes to the longer input side, which
+    crops a little more than vitlab does from images of other shapes."""
+    contract = resolved_preprocessing(config, "files")
     mean, std = config.image_mean, config.image_std
+    height, width = config.image_size
+    if contract.mode == "crop":
+        resize = {"image_processor_type": "BitImageProcessor",
+                  "size": {"shortest_edge": max(cropped_side(height, contract.crop_fraction),
+                                                cropped_side(width, contract.crop_fraction))},
+                  "do_center_crop": True, "crop_size": {"height": height, "width": width},
+                  "crop_pct": contract.crop_fraction}  # timm's name; only vitlab reads it back
+    else:
+        resize = {"image_processor_type": "ViTImageProcessor", "size": {"height": height, "width": width}}
     return {
-        "image_processor_type": "BitImageProcessor",
+        "image_processor_type": resize.pop("image_processor_type"),
         "do_convert_rgb": config.in_chans == 3,
-        "do_resize": True, "size": {"shortest_edge": max(config.image_size)}, "resample": PIL_BICUBIC,
-        "do_center_crop": True, "crop_size": {"height": config.image_size[0], "width": config.image_size[1]},
+        "do_resize": True, **resize, "resample": PIL_RESAMPLE[contract.resize],
         "do_rescale": True, "rescale_factor": 1 / 255,
         "do_normalize": True,
         "image_mean": list(mean) * (config.in_chans if len(mean) == 1 else 1),

@@ -24,6 +24,7 @@ import torch
 from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
 from vitlab.checkpoint.hf import head_count
 from vitlab.config import ViTConfig
+from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
 
 PREFIX = "vision_model."
@@ -84,11 +85,15 @@ def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] |
     projection = "visual_projection.weight" in state
     if siglip:  # no class token, attention pooling, the ViT's own norms and [-1, 1] inputs
         family = dict(num_classes=0, classifier="map", class_token=False, layer_norm_eps=1e-6,
-                      image_mean=(0.5,), image_std=(0.5,))
+                      image_mean=(0.5,), image_std=(0.5,),
+                      # SiglipImageProcessor: resized to the input size, bicubic, no crop.
+                      preprocessing=Preprocessing(mode="stretch", resize="bicubic"))
     else:  # pre-encoder norm, the image-text projection as the head, OpenAI's normalisation
         family = dict(num_classes=state["visual_projection.weight"].shape[0] if projection else 0,
                       classifier="token", pre_norm=True, projection=projection, layer_norm_eps=1e-5,
-                      image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711))
+                      image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711),
+                      # CLIPImageProcessor: the shorter side to the input size, bicubic, then the centre crop.
+                      preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0))
     family["layer_norm_eps"] = hf_config.get("layer_norm_eps", family["layer_norm_eps"])
     for name in ("image_mean", "image_std"):
         family[name] = tuple(hf_config.get(name, family[name]))

@@ -15,6 +15,7 @@ import torch
 
 from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
 from vitlab.config import ViTConfig, stem_stride
+from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
 
 ENCODER = "Transformer/encoderblock_{}/"
@@ -64,6 +65,9 @@ def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str,
         mlp_dim=mlp_dim, classifier="token" if class_token else "gap", representation_size=representation,
         mlp_activation="gelu_tanh", layer_norm_eps=1e-6, resnet_layers=resnet_layers,
         resnet_width_factor=width_factor,
+        # How the official code evaluates: vit_jax input_pipeline, tf.image.resize to (size, size) (bilinear,
+        # no crop), then [-1, 1]; big_vision's eval pipelines resize the same way.
+        image_mean=(0.5,), image_std=(0.5,), preprocessing=Preprocessing(mode="stretch", resize="bilinear"),
     )
 
 

@@ -16,6 +16,7 @@ import torch
 
 from vitlab.checkpoint.io import image_size_from_positions
 from vitlab.config import HEADS_BY_WIDTH, MODEL_SIZES, ViTConfig, stem_stride
+from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
 
 # timm's size names and the paper's, so "vit_base_patch16_224" finds B's head count.
@@ -57,7 +58,30 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
         hints["mlp_activation"] = args["act_layer"]
     if args.get("label_names"):
         hints["class_names"] = list(args["label_names"])
+    if str(args.get("architecture", "")).startswith("deit"):
+        hints["family"] = "deit"
+    pretrained = args.get("pretrained_cfg") or {}
+    if pretrained.get("mean") and pretrained.get("std"):
+        hints["image_mean"], hints["image_std"] = tuple(pretrained["mean"]), tuple(pretrained["std"])
+    if pretrained.get("interpolation") in ("bilinear", "bicubic") or pretrained.get("crop_pct") is not None:
+        hints["preprocessing"] = Preprocessing(
+            mode="stretch" if pretrained.get("crop_mode") == "squash" else "crop", resize=pretrained.get("interpolation") if pretrained.get("interpolation") in (
+                "bilinear", "bicubic") else "bicubic", crop_fraction=1.0 if pretrained.get("crop_mode") == "squash" else pretrained.get("crop_pct") or 1.0)
     return hints
+
+
+# timm's pretrained configs (pretrained_cfg: mean, std, interpolation, crop_pct) per family, for a file that comes
+# without one: DeiT trains and evaluates on ImageNet statistics with a 0.875 crop; CLIP towers on OpenAI's
+# statistics, the shorter side to the input size and the centre (crop_pct 1.0); the AugReg ViTs (timm's default
+# vit_* weights) on [-1, 1] with a 0.9 crop. All bicubic.
+TIMM_FAMILY_PREPROCESSING: dict[str, dict[str, Any]] = {
+    "deit": dict(image_mean=(0.485, 0.456, 0.406), image_std=(0.229, 0.224, 0.225),
+                 preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.875)),
+    "clip": dict(image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711),
+                 preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0)),
+    "augreg": dict(image_mean=(0.5,), image_std=(0.5,),
+                   preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.9)),
+}
 
 
 def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[str, Any] | None = None,
@@ -122,6 +146,8 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
         layer_scale=hints.pop("layer_scale", None) or (1e-5 if "blocks.0.ls1.gamma" in state else None),
         distillation_head=distilled and ("head_dist.weight" in state or "head.weight" not in state),
     )
+    family = hints.pop("family", None) or ("deit" if distilled else "clip" if fields["pre_norm"] else "augreg")
+    fields.update(TIMM_FAMILY_PREPROCESSING[family])
     fields.update(hints)
     if fields["pre_norm"] and "mlp_activation" not in hints:
         warnings.warn(f"{source}: a CLIP-style tower (norm_pre) without its timm arguments: the weights cannot tell "

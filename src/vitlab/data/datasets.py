@@ -22,6 +22,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from vitlab.data.contract import Preprocessing
 from vitlab.data.download import RemoteFile, download
 from vitlab.data.source import Batch, digest, epoch_order, evaluation_share, rank_shard, steps_per_epoch
 from vitlab.errors import DataError
@@ -292,51 +293,15 @@ def collect_images(inputs: Iterable[str | Path]) -> list[Path]:
 
 
 def read_image(path: Path | bytes, image_size: tuple[int, int], channels: int = 3,
-               name: str | None = None) -> torch.Tensor:
-    """One image file (or its bytes, e.g. an upload; `name` is what messages call it) as uint8 (C, H, W): EXIF
-    rotation applied, converted to RGB (or L), the shorter side resized to fit and the centre cropped to
-    `image_size`.
-
-    Image files are untrusted input: whatever the decoder raises, and images over Pillow's pixel limit
-    (`PIL.Image.MAX_IMAGE_PIXELS`, decompression bombs; checked before decoding), become one DataError.
+               name: str | None = None, preprocessing: Preprocessing | None = None) -> torch.Tensor:
+    """One image file (or its bytes, e.g. an upload; `name` is what messages call it) as uint8 (C, H, W) at
+    `image_size`, under the preprocessing contract (default `Preprocessing.image_files()`: EXIF rotation applied,
+    converted to RGB (or luma grey), the shorter side resized bicubic to fit and the centre cropped). Unreadable
+    files and decompression bombs are a DataError; see `vitlab.data.preprocess.decode_image`, which does the work.
     """
-    import io
+    from vitlab.data.preprocess import decode_image
 
-    from PIL import Image, ImageOps
-
-    source = io.BytesIO(path) if isinstance(path, (bytes, bytearray)) else path
-    path = name or (path if not isinstance(path, (bytes, bytearray)) else "the image")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(source) as image:
-                image = ImageOps.exif_transpose(image)
-                if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16/32-bit grey: rescale to 8 bits, not clip
-                    array = np.asarray(image, dtype=np.float64)
-                    low, high = float(np.nanmin(array)), float(np.nanmax(array))
-                    array = (array - low) / (high - low) if high > low else np.zeros_like(array)
-                    image = Image.fromarray((np.nan_to_num(array) * 255).astype(np.uint8))
-                if image.mode in ("P", "PA", "LA"):
-                    image = image.convert("RGBA")
-                image = image.convert("RGB" if channels == 3 else "L")  # also CMYK, YCbCr, RGBA (alpha dropped)
-                height, width = image_size
-                # The axis that needs the larger scale goes to its size exactly, the other keeps the aspect ratio,
-                # rounded down as torchvision's Resize and Hugging Face's image processors do (so that an HF export's
-                # preprocessor_config.json reproduces this crop to the pixel).
-                if height * image.width >= width * image.height:
-                    new_height, new_width = height, int(height * image.width / image.height)
-                else:
-                    new_height, new_width = int(width * image.height / image.width), width
-                resized = image.resize((max(width, new_width), max(height, new_height)), Image.Resampling.BICUBIC)
-                left, top = (resized.width - width) // 2, (resized.height - height) // 2
-                array = np.asarray(resized.crop((left, top, left + width, top + height)), dtype=np.uint8)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-        raise DataError(f"{path}: refused, too many pixels for a safe decode ({error})") from None
-    except Exception as error:  # noqa: BLE001 - decoders raise many types on malformed files
-        detail = str(error).replace(repr(source), "the data") if source is not path else str(error)
-        raise DataError(f"{path}: not a readable image ({type(error).__name__}: {detail})") from None
-    array = array[:, :, None] if array.ndim == 2 else array
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+    return decode_image(path, image_size, channels, preprocessing, name)
 
 
 def scan_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
@@ -357,12 +322,13 @@ def scan_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     return classes, samples
 
 
-def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3) -> ImageDataset:
+def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3,
+                preprocessing: Preprocessing | None = None) -> ImageDataset:
     classes, samples = scan_folder(root)
     images, labels, skipped = [], [], []
     for path, label in samples:
         try:
-            images.append(read_image(path, image_size, channels))
+            images.append(read_image(path, image_size, channels, preprocessing=preprocessing))
             labels.append(label)
         except DataError as error:
             skipped.append(str(error))
@@ -503,6 +469,7 @@ def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int,
     the first `limit` images, or a random `limit` of them with `shuffle_seed`) or from image files and folders.
     An unreadable file is left out and noted in `skipped` ({"path", "error"}), as `vitlab predict` does; none
     readable is an error."""
+    from vitlab.data.contract import resolved_preprocessing
     from vitlab.data.preprocess import to_unit_range
 
     if len(spec) == 1 and spec[0] in DATASET_NAMES and not Path(spec[0]).exists():
@@ -520,7 +487,8 @@ def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int,
         if len(pixels) == limit:
             break
         try:
-            pixels.append(read_image(path, config.image_size, config.in_chans))
+            pixels.append(read_image(path, config.image_size, config.in_chans,
+                                     preprocessing=resolved_preprocessing(config, "files")))
             names.append(path.name)
         except DataError as error:
             if skipped is not None:

@@ -7,6 +7,7 @@ from typing import Any, Iterable
 
 import torch
 
+from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.datasets import collect_images
 from vitlab.data.source import ImageFiles
 from vitlab.eval.batches import run_batches
@@ -49,7 +50,7 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
     """One row per input image: {"path", "predictions": [{"label", "index", "probability"}, ...]}, or
     {"path", "error"} for a file that could not be read (the others are still predicted).
 
-    model: a VisionTransformer, or anything with `.config` and `classify_pixels(uint8 (B, C, H, W)) -> logits`
+    model: a VisionTransformer, or anything with `.config` and `classify_unit([0, 1] (B, C, H, W)) -> logits`
     (`vitlab.export.onnx.OnnxClassifier`, the ONNX Runtime backend)."""
     from vitlab.eval.classify import require_head
 
@@ -58,7 +59,7 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
     names = config.class_names or [str(i) for i in range(config.num_classes)]
     top_k = min(top_k, config.num_classes)
     files = ImageFiles(collect_images(inputs), config.image_size, config.in_chans,
-                       getattr(config, "preprocessing", None))
+                       resolved_preprocessing(config, "files"))
     rows: list[dict[str, Any]] = [{"path": str(path)} for path in files.paths]  # in input order
     for batch, logits in run_batches(model, files, batch_size):
         probabilities = logits.float().softmax(dim=-1)

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.config import ViTConfig
-from vitlab.data.preprocess import normalize
+from vitlab.data.contract import Preprocessing, resolved_preprocessing
+from vitlab.data.preprocess import describe_preprocessing, normalize, resize_unit_images
 from vitlab.errors import CheckpointError, UsageError
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
@@ -47,22 +48,35 @@ def require_onnx(purpose: str = "ONNX export", packages: tuple[str, ...] = ONNX_
                          f"not installed; {INSTALL_HINT}")
 
 
+def graph_preprocessing(config: ViTConfig) -> Preprocessing:
+    """The contract a graph with the preprocessing baked in implements: the model's, or for a config that records
+    none, the bilinear stretch such graphs always did (`Preprocessing.in_memory()`)."""
+    return resolved_preprocessing(config, "arrays")
+
+
 class PreprocessAndClassify(nn.Module):
-    """uint8 pixels (B, C, H, W) of any size -> logits (B, K): scale to [0, 1], resize to the model's input
-    (bilinear, antialiased when shrinking, as `vitlab.data.preprocess`), normalise, classify. Baked into an export
-    so that deployment code only decodes images."""
+    """uint8 pixels (B, C, H, W) of any size -> logits (B, K): scale to [0, 1], resize (and crop) to the model's
+    input under its preprocessing contract, normalise, classify. Baked into an export so that deployment code
+    only decodes images (and converts them to the model's channels: the graph takes C = in_chans).
+
+    It traces `vitlab.data.preprocess.resize_unit_images`, the function the in-memory pipeline runs, and exports
+    as ONNX Resize (mode linear or cubic with cubic_coeff_a -0.5, antialias 1, half_pixel) then a Slice for the
+    crop; on ONNX Runtime it matches that torch function to float rounding. What differs from decoding a file
+    (`decode_image`, PIL): PIL resizes uint8 and rounds the result to uint8, and its antialiasing filter is
+    evaluated in fixed point, so on an image that needs resizing the input differs by up to about one grey level
+    (see tests/test_preprocess_paths.py for the measured residual); on an image already at the input size both
+    do nothing and agree exactly."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         config: ViTConfig = model.config
         self.model = model
         self.image_size = config.image_size
+        self.preprocessing = graph_preprocessing(config)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         images = pixels.float() / 255.0
-        # Antialiasing matters when shrinking (photos are larger than the model's input); when enlarging, the
-        # antialiased filter is the plain bilinear one, so one graph serves both.
-        images = F.interpolate(images, size=self.image_size, mode="bilinear", align_corners=False, antialias=True)
+        images = resize_unit_images(images, self.image_size, self.preprocessing)
         return self.model(normalize(images, self.model.config))
 
 
@@ -71,8 +85,9 @@ def input_contract(config: ViTConfig, preprocess: bool, dynamic_size: bool) -> s
     code outside vitlab can feed it."""
     channels = {1: "grey", 3: "RGB"}.get(config.in_chans, f"{config.in_chans}-channel")
     if preprocess:
-        return (f"uint8 {channels} pixels (B, {config.in_chans}, H, W), any H and W; the graph resizes them to "
-                f"{config.image_size[0]}x{config.image_size[1]} (bilinear, antialiased) and normalises")
+        resize = describe_preprocessing(config.replace(preprocessing=graph_preprocessing(config)))["resize"]
+        return (f"uint8 {channels} pixels (B, {config.in_chans}, H, W), any H and W; the graph resizes them: "
+                f"{resize}, antialiased, and normalises")
     mean = ", ".join(f"{v:g}" for v in config.image_mean)
     std = ", ".join(f"{v:g}" for v in config.image_std)
     size = ("sides multiples of {}x{}".format(*config.pixel_patch_size) if dynamic_size
@@ -299,12 +314,25 @@ class OnnxClassifier:
         return self(normalize(images, self.config))
 
     def classify_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
-        """uint8 pixels (B, C, H, W) at the model's size -> logits, preprocessing in the graph or here."""
+        """uint8 pixels (B, C, H, W) at the model's size, already prepared under the model's contract (as
+        `read_image` gives them) -> logits, preprocessing in the graph or here."""
         if self.preprocess:
+            require_identity_at_input_size(self.config, str(self.path))
             return self(pixels)
         from vitlab.data.preprocess import prepare
 
         return self(prepare(pixels, 255.0, self.config))
+
+
+def require_identity_at_input_size(config: ViTConfig, what: str) -> None:
+    """Refuse to feed pixels already at the input size through a graph that would crop them again: a contract
+    with a crop fraction below 1 zooms into any image, its own size included."""
+    contract = graph_preprocessing(config)
+    if contract.mode == "crop" and contract.crop_fraction < 1:
+        raise UsageError(f"{what} bakes in a centre crop of {contract.crop_fraction:g}, which would crop images "
+                         "that are already prepared at the input size a second time; feed the graph the decoded "
+                         "images at their own size (vitlab.data.preprocess.decode_image(..., image_size=None)), "
+                         "or export without --preprocess for vitlab predict and serve")
 
 
 # ------------------------------------------------------------------------------------------------ checking
@@ -318,7 +346,8 @@ def validation_pixels(config: ViTConfig, inputs: list[str] | None = None, count:
         from vitlab.data.datasets import read_image
         from vitlab.data.datasets import collect_images
 
-        return torch.stack([read_image(path, config.image_size, config.in_chans)
+        return torch.stack([read_image(path, config.image_size, config.in_chans,
+                                       preprocessing=resolved_preprocessing(config, "files"))
                             for path in collect_images(inputs)[:count]])
     from vitlab.data.datasets import load_dataset
 
@@ -340,17 +369,30 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
     runtime = OnnxClassifier(path)
     config: ViTConfig = model.config
     model = copy.deepcopy(model).float().eval()
-    reference = model(prepare(pixels, 255.0, config))
-    checks = {"at export size": (reference, runtime.classify_pixels(pixels))}
+    if runtime.preprocess:
+        # The graph's own steps in PyTorch: it resizes even an image at the input size when its contract crops.
+        def reference_of(images: torch.Tensor) -> torch.Tensor:
+            return model(normalize(resize_unit_images(images.float() / 255.0, config.image_size,
+                                                      graph_preprocessing(config)), config))
+
+        def runtime_of(images: torch.Tensor) -> torch.Tensor:
+            return runtime(images)
+    else:
+        def reference_of(images: torch.Tensor) -> torch.Tensor:
+            return model(prepare(images, 255.0, config))
+
+        runtime_of = runtime.classify_pixels
+    reference = reference_of(pixels)
+    checks = {"at export size": (reference, runtime_of(pixels))}
     if runtime.metadata["dynamic_batch"]:
-        checks["batch 1"] = (reference[:1], runtime.classify_pixels(pixels[:1]))
+        checks["batch 1"] = (reference[:1], runtime_of(pixels[:1]))
     if runtime.metadata["dynamic_size"]:
         height, width = config.image_size
         step_h, step_w = config.pixel_patch_size
         other = (height + step_h, width + 2 * step_w)
         larger = F.interpolate(pixels.float(), size=other, mode="bilinear", align_corners=False).round().to(torch.uint8)
         if runtime.preprocess:
-            checks[f"input {other[0]}x{other[1]}"] = (model(prepare(larger, 255.0, config)), runtime(larger))
+            checks[f"input {other[0]}x{other[1]}"] = (reference_of(larger), runtime(larger))
         else:
             model.dynamic_image_size = True
             images = prepare(larger, 255.0, config.replace(image_size=other))

@@ -201,15 +201,17 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
         return JSONResponse({"error": message, "status": status}, status_code=status)
 
     async def decode(request):
+        from vitlab.data.contract import resolved_preprocessing
         from vitlab.data.datasets import read_image
 
+        contract = resolved_preprocessing(config, "files")
         data, name = await read_upload(request, max_body_bytes)
         try:
             if len(data) <= INLINE_DECODE_BYTES:  # a small image decodes faster than a hop to another thread
-                return read_image(data, config.image_size, config.in_chans, name=name)
+                return read_image(data, config.image_size, config.in_chans, name=name, preprocessing=contract)
             # Decoding a large photo takes tens of milliseconds: off the event loop, beside the inference thread.
             return await asyncio.get_running_loop().run_in_executor(
-                None, lambda: read_image(data, config.image_size, config.in_chans, name=name))
+                None, lambda: read_image(data, config.image_size, config.in_chans, name=name, preprocessing=contract))
         except DataError as error:
             raise Problem(422, str(error)) from None
 

@@ -62,6 +62,10 @@ class Engine:
             if precision == "int8" and not self.runner.metadata.get("int8"):
                 raise UsageError(f"{source} is an fp32 export; export with --int8 for an int8 one")
             self.precision = "int8" if self.runner.metadata.get("int8") else "fp32"
+            if self.runner.preprocess:  # uploads are decoded under the contract before the graph sees them
+                from vitlab.export.onnx import require_identity_at_input_size
+
+                require_identity_at_input_size(self.config, str(source))
         else:
             model = load_model(source)
             self.config = model.config
@@ -85,7 +89,13 @@ class Engine:
             require_onnx("the onnx backend")
             self._temporary = tempfile.TemporaryDirectory(prefix="vitlab-serve-")
             path = Path(self._temporary.name) / "model.onnx"
-            export_onnx(model, path, preprocess=True, dynamic_batch=True, int8=precision == "int8")
+            # Uploads are decoded at the input size under the contract first; the graph's own resize is then a
+            # no-op, except for a crop fraction below 1, which it would apply twice: such a graph gets none.
+            from vitlab.data.contract import resolved_preprocessing
+
+            contract = resolved_preprocessing(model.config, "arrays")
+            preprocess = not (contract.mode == "crop" and contract.crop_fraction < 1)
+            export_onnx(model, path, preprocess=preprocess, dynamic_batch=True, int8=precision == "int8")
             return OnnxClassifier(path, threads=threads)
         if precision == "bf16":
             return copy.deepcopy(model).to(torch.bfloat16).eval()
@@ -127,15 +137,13 @@ class Engine:
 
     def describe(self) -> dict[str, Any]:
         """`GET /v1/model`: what is served and what input it takes."""
+        from vitlab.data.preprocess import describe_preprocessing
+
         config = self.config
         return {
             "name": self.name, "source": self.source, "backend": self.backend, "precision": self.precision,
             "classes": self.class_names, "input_size": list(config.image_size), "channels": config.in_chans,
-            "preprocessing": {
-                "decode": "EXIF rotation applied, converted to " + ("RGB" if config.in_chans == 3 else "grey"),
-                "resize": "shorter side to cover the input size (bicubic), then the centre cropped",
-                "scale": "pixels / 255", "normalize": {"mean": list(config.image_mean), "std": list(config.image_std)},
-            },
+            "preprocessing": describe_preprocessing(config, "files"),  # what decoding an upload does
             "explain": self.explainer is not None,
             "config": config.to_dict(),
         }

@@ -1,0 +1,100 @@
+"""The preprocessing contract a model's weights expect, stored with them (as timm keeps a pretrained config).
+
+How an image of any size becomes the model's input: the resize kernel, whether the image is stretched to the
+input size or its shorter side resized and the centre cropped (timm's crop_pct), and how colour becomes grey
+for a one-channel model. The per-channel statistics stay where every vitlab checkpoint has always stored them,
+`ViTConfig.image_mean` / `image_std`: one source of truth, so a contract never disagrees with the config it is in.
+
+No torch here: `vitlab.config` imports this module, and `import vitlab` stays light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from vitlab.errors import ConfigError
+
+RESIZE_KERNELS = ("bilinear", "bicubic")  # what PIL, torch and ONNX Resize (linear, cubic) all implement
+MODES = ("stretch", "crop")
+GREY_CONVERSIONS = ("mean", "luma")
+SOURCES = ("arrays", "files")  # stored uint8 arrays of a data set in memory; image files or uploaded bytes
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How images are resized and turned grey before (x / 255 - mean) / std with the config's statistics."""
+
+    # "stretch": resize to the input size, aspect ratio not kept (the official JAX code, ViTImageProcessor).
+    # "crop": resize the shorter side so the image covers input size / crop_fraction, then cut the centre at the
+    # input size (timm's crop_pct, BitImageProcessor).
+    mode: str = "stretch"
+    resize: str = "bilinear"  # kernel: "bilinear" or "bicubic"; antialiased when shrinking, as PIL always is
+    crop_fraction: float = 1.0  # "crop" only: input size / the side resized to, e.g. 0.875 = 224 of 256
+    grey: str = "mean"  # RGB -> one channel: "mean" of the channels, or "luma" (ITU-R 601-2, PIL's convert("L"))
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"preprocessing mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.resize not in RESIZE_KERNELS:
+            raise ConfigError(f"preprocessing resize must be one of {', '.join(RESIZE_KERNELS)}, got {self.resize!r}")
+        if self.grey not in GREY_CONVERSIONS:
+            raise ConfigError(f"preprocessing grey must be one of {', '.join(GREY_CONVERSIONS)}, got {self.grey!r}")
+        fraction = self.crop_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.1 <= fraction <= 1:
+            raise ConfigError(f"preprocessing crop_fraction must be a number in [0.1, 1] (timm's crop_pct, e.g. "
+                              f"0.875), got {fraction!r}")
+        object.__setattr__(self, "crop_fraction", float(fraction))
+        if self.mode == "stretch" and self.crop_fraction != 1.0:
+            raise ConfigError(f"crop_fraction {self.crop_fraction} means nothing when stretching; use mode 'crop' "
+                              "or crop_fraction 1.0")
+
+    @classmethod
+    def in_memory(cls) -> "Preprocessing":
+        """What vitlab has always done to the stored arrays of in-memory data sets (digits, MNIST, CIFAR):
+        bilinear stretch to the input size, grey as the mean of the channels."""
+        return cls(mode="stretch", resize="bilinear", grey="mean")
+
+    @classmethod
+    def image_files(cls, crop_fraction: float = 1.0) -> "Preprocessing":
+        """What vitlab has always done to image files (folder data sets, predict, serve): bicubic, the shorter
+        side resized to cover the input, the centre cropped, grey as luma."""
+        return cls(mode="crop", resize="bicubic", crop_fraction=crop_fraction, grey="luma")
+
+    def replace(self, **changes: Any) -> "Preprocessing":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Preprocessing":
+        if not isinstance(data, dict):
+            raise ConfigError(f"model config field preprocessing must be an object such as {cls().to_dict()}, "
+                              f"got {data!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown preprocessing keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)
+
+
+def resolved_preprocessing(spec: Any, source: str = "files") -> Preprocessing:
+    """The contract `spec` (a ViTConfig, or any object with a `preprocessing` field) records; for a config written
+    before contracts were recorded (preprocessing None), what vitlab did then to this `source` of images, so that
+    old checkpoints and run folders behave as they did: "arrays" (stored data-set arrays) -> `in_memory()`,
+    "files" (image files, uploads, anything decoded) -> `image_files()`."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    recorded = getattr(spec, "preprocessing", None)
+    if recorded is not None:
+        return recorded
+    return Preprocessing.in_memory() if source == "arrays" else Preprocessing.image_files()
+
+
+def cropped_side(side: int, crop_fraction: float) -> int:
+    """The side an image is resized to before its centre `side` is cut: floor(side / crop_fraction), as timm
+    computes its scale size (224 / 0.875 = 256, 224 / 0.9 = 248)."""
+    # The small epsilon keeps 224 / 0.875 at 256 whatever the float rounding of the fraction.
+    return max(side, int(side / crop_fraction + 1e-6))
