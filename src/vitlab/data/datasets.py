@@ -39,6 +39,10 @@ class ImageDataset:
     max_value: float = 255.0  # pixel value that means "white" (16 for digits)
     hflip: bool = False  # whether a horizontal flip keeps the label (photos yes, digits no)
     skipped: list[str] = field(default_factory=list)  # files that could not be read
+    # How stored pixels become model input: arrays kept at their own size and resized per batch (digits, MNIST,
+    # CIFAR) by default; a folder's files are decoded under the contract given to `load_folder`. A model trained
+    # on the data records it, so `predict`, `eval`, `serve` and the exports read images as training saw them.
+    preprocessing: Preprocessing = field(default_factory=Preprocessing.in_memory)
 
     def __post_init__(self) -> None:
         if len(self.images) == 0:
@@ -103,11 +107,12 @@ class ImageDataset:
         lookup[torch.tensor(classes)] = torch.arange(len(classes))
         keep = lookup[self.labels] >= 0
         return ImageDataset(self.images[keep], lookup[self.labels[keep]], [self.class_names[i] for i in classes],
-                            f"{self.name}[{','.join(map(str, classes))}]", self.max_value, self.hflip)
+                            f"{self.name}[{','.join(map(str, classes))}]", self.max_value, self.hflip,
+                            preprocessing=self.preprocessing)
 
     def subset(self, indices: torch.Tensor, name: str | None = None) -> "ImageDataset":
         return ImageDataset(self.images[indices], self.labels[indices], self.class_names, name or self.name,
-                            self.max_value, self.hflip)
+                            self.max_value, self.hflip, preprocessing=self.preprocessing)
 
 
 # ------------------------------------------------------------------------------------------------ digits
@@ -338,7 +343,8 @@ def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3,
     if len(skipped) > MAX_BAD_FRACTION * len(samples):
         raise DataError(f"{len(skipped)} of {len(samples)} images in {root} are unreadable (more than "
                         f"{MAX_BAD_FRACTION:.0%}); first: {skipped[0]}")
-    dataset = ImageDataset(torch.stack(images), torch.tensor(labels), classes, f"folder:{root.name}", hflip=True)
+    dataset = ImageDataset(torch.stack(images), torch.tensor(labels), classes, f"folder:{root.name}", hflip=True,
+                           preprocessing=preprocessing or Preprocessing.image_files())
     dataset.skipped = skipped
     return dataset
 
@@ -383,14 +389,16 @@ class Splits:
 
 def load_splits(name: str, data_dir: str | Path | None = None, val_size: float = 0.1, seed: int = 0,
                 image_size: int | tuple[int, int] | None = None, classes: list[int] | None = None,
-                allow_download: bool = True, max_train_images: int | None = None, channels: int = 3) -> Splits:
+                allow_download: bool = True, max_train_images: int | None = None, channels: int = 3,
+                preprocessing: Preprocessing | None = None) -> Splits:
     """Train, validation and test splits of a data set. A data set with an official validation split (an image
     folder with train/, val/ and test/) keeps it; otherwise `val_size` images (a fraction below 1, or a count)
     are carved from the training split, stratified by class and fixed by `seed`. val_size 0: no validation.
-    `max_train_images` then keeps a stratified subset of what is left for training (quick runs, tests)."""
+    `max_train_images` then keeps a stratified subset of what is left for training (quick runs, tests).
+    `preprocessing`: the contract image files are decoded under (default `Preprocessing.image_files()`)."""
     def load(split: str) -> ImageDataset:
         return load_dataset(name, split, data_dir, allow_download, image_size=image_size, channels=channels,
-                            classes=classes)
+                            classes=classes, preprocessing=preprocessing)
 
     train, test = load("train"), load("test")
     validation, source = None, "none"
@@ -421,7 +429,8 @@ def has_official_validation(name: str, data_dir: str | Path | None) -> bool:
 
 def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = None, allow_download: bool = True,
                  image_size: int | tuple[int, int] | None = None, channels: int = 3,
-                 test_fraction: float = 0.2, seed: int = 0, classes: list[int] | None = None) -> ImageDataset:
+                 test_fraction: float = 0.2, seed: int = 0, classes: list[int] | None = None,
+                 preprocessing: Preprocessing | None = None) -> ImageDataset:
     """A data set split ("train", "test", or "val" where the data set has an official one) by name; see the
     module docstring for the names. `classes` keeps
     only those classes, relabelled in the order given (e.g. digits [5, 6, 7, 8, 9] become labels 0-4).
@@ -435,8 +444,8 @@ def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = 
     if split == "val" and not has_official_validation(name, data_dir):
         raise DataError(f"{name} has no official validation split; training carves one from its training images")
     if classes is not None:
-        return load_dataset(name, split, data_dir, allow_download, image_size, channels, test_fraction, seed
-                            ).select_classes(list(classes))
+        return load_dataset(name, split, data_dir, allow_download, image_size, channels, test_fraction, seed,
+                            preprocessing=preprocessing).select_classes(list(classes))
     root = Path(data_dir).expanduser() if data_dir is not None else None
     if root is not None and not root.exists():
         raise DataError(f"--data-dir {root} does not exist")
@@ -452,11 +461,11 @@ def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = 
         size = image_size if image_size is not None else 32
         size = (size, size) if isinstance(size, int) else tuple(size)
         if split == "val":
-            return load_folder(root / "val", size, channels)
+            return load_folder(root / "val", size, channels, preprocessing)
         for test_name in ("test", "val"):
             if (root / "train").is_dir() and (root / test_name).is_dir():
-                return load_folder(root / ("train" if split == "train" else test_name), size, channels)
-        dataset = load_folder(root, size, channels)
+                return load_folder(root / ("train" if split == "train" else test_name), size, channels, preprocessing)
+        dataset = load_folder(root, size, channels, preprocessing)
         train, test = split_indices(dataset.labels, test_fraction, seed)
         return dataset.subset(train if split == "train" else test)
     raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")

@@ -308,6 +308,7 @@ class OnnxClassifier:
         """float images (B, C, H, W) in [0, 1] at the model's size -> logits (a graph with preprocessing baked in
         gets them as the uint8 pixels it takes)."""
         if self.preprocess:
+            require_identity_at_input_size(self.config, str(self.path))
             return self((images * 255).round().clamp(0, 255).to(torch.uint8))
         from vitlab.data.preprocess import normalize
 

@@ -26,6 +26,7 @@ from torch import nn
 
 from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig, variant_config, variant_names
+from vitlab.data.contract import Preprocessing
 from vitlab.data.datasets import ImageDataset, load_splits
 from vitlab.data.source import Batch
 from vitlab.data.transforms import Draws
@@ -235,7 +236,8 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     # `predict`, `eval` and `serve` read them; in-memory data sets are resized per batch whatever this is.
     splits = load_splits(config.dataset, config.data_dir, config.val_size, config.seed,
                          model_input_size(config, state, pretrained), config.classes,
-                         max_train_images=config.max_train_images)
+                         max_train_images=config.max_train_images,
+                         preprocessing=file_preprocessing(state, pretrained))
     if splits.train.num_classes < 2:
         raise DataError(f"{splits.train.name} has a single class; a classifier needs at least two")
     if state is not None:
@@ -297,6 +299,17 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     if env.is_main:
         announce(session, resumed=state is not None)
     return session
+
+
+def file_preprocessing(state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> Preprocessing:
+    """The contract image files are decoded under: the resumed model's, the pre-trained checkpoint's (fine-tuning
+    reads images as it was pre-trained to see them), else vitlab's default for files."""
+    recorded = None
+    if state is not None:
+        recorded = ViTConfig.from_json(state["model_config"]).preprocessing
+    elif pretrained is not None:
+        recorded = pretrained[0].preprocessing
+    return recorded or Preprocessing.image_files()
 
 
 def model_input_size(config: TrainConfig, state: dict[str, Any] | None,

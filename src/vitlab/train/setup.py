@@ -24,7 +24,8 @@ def build_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, 
         raise ConfigError(f"unknown model {config.model!r}; choose a variant from `vitlab models` "
                           "(fine-tuning from a checkpoint is `vitlab finetune`)")
     fields: dict[str, Any] = dict(num_classes=data.num_classes, in_chans=data.channels, class_names=data.class_names,
-                                  drop_path=config.drop_path, dropout=config.dropout)
+                                  drop_path=config.drop_path, dropout=config.dropout,
+                                  preprocessing=data.preprocessing)
     if config.image_size is not None:
         fields["image_size"] = config.image_size
     fields.update(config.model_overrides)
@@ -39,8 +40,9 @@ def build_finetune_model(config: TrainConfig, data: ImageDataset, pretrained: tu
     from vitlab.checkpoint.formats import model_from_state, read_checkpoint
 
     pretrained_config, state = pretrained or read_checkpoint(config.init_from, image_size=config.image_size)[:2]
-    model = model_from_state(pretrained_config.replace(drop_path=config.drop_path, dropout=config.dropout), state,
-                             config.init_from)
+    # The model records how its training data became input (mean/std stay the checkpoint's).
+    model = model_from_state(pretrained_config.replace(drop_path=config.drop_path, dropout=config.dropout,
+                                                       preprocessing=data.preprocessing), state, config.init_from)
     if model.config.representation_size:
         model.remove_representation()
     model.reset_head(data.num_classes, data.class_names)
