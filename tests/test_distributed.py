@@ -79,3 +79,21 @@ def test_a_stopped_two_process_run_resumes_exactly(tmp_path):
     b = load_file(tmp_path / "stopped" / "model.safetensors")
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_flips_that_would_change_digits_are_off_on_every_rank(tmp_path):
+    """Asking for flips on digits turns them off on every rank, not only on rank 0 (where the note is printed):
+    two processes then draw the same augmentation as one, and match it."""
+    args = ARGS + ["--set", "optimizer=sgd", "--set", "augment.hflip=true", "--set", "epochs=1"]
+    single = subprocess.run([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path),
+                             "--set", "run_name=single", "--set", "threads=1", *args],
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set", "run_name=double", *args],
+                            capture_output=True, text=True, timeout=300)
+    assert double.returncode == 0, double.stderr[-3000:]
+    assert double.stdout.count("flips are off") == 1  # said once, by rank 0
+    one, two = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "double" / "model.safetensors")
+    assert max((two[name] - one[name]).abs().max().item() for name in one) < 1e-5

@@ -180,6 +180,7 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
         if resume is not None:
             state = load_training_state(Path(resume), allow_previous=use_previous)
             config = resumed_config(state, Path(resume), epochs)
+            refuse_finished(state, Path(resume), config)
         session = start(config, env, state, Path(resume) if resume is not None else None, epochs)
         summary = run_epochs(session)
         if summary is None:
@@ -196,6 +197,15 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
 def resume(run_dir: str | Path, use_previous: bool = False, epochs: int | None = None) -> dict[str, Any]:
     """Continue a stopped run exactly where it stopped (with `epochs`, at a new length); see `train`."""
     return train(TrainConfig(), resume=run_dir, use_previous=use_previous, epochs=epochs)
+
+
+def refuse_finished(state: dict[str, Any], run_dir: Path, config: TrainConfig) -> None:
+    """A run whose every epoch is trained and whose summary is written has nothing left to resume. (One stopped
+    after its last state was saved but before its summary resumes into `finish`, which writes it.)"""
+    summary = RunFolder(run_dir).summary()
+    if state["epoch"] >= config.epochs and summary is not None and summary.get("status") == "finished":
+        raise ConfigError(f"{run_dir} has finished its {config.epochs} epochs; nothing to resume. To train it "
+                          f"longer, add --epochs N (more than {config.epochs}); to start again, train a new run")
 
 
 def resumed_config(state: dict[str, Any], run_dir: Path, new_epochs: int | None) -> TrainConfig:

@@ -1,0 +1,145 @@
+"""The saved run state describes itself (schema, data fingerprint, steps per epoch, processes), a resume that
+would silently become another run is refused with what changed, and the weights a resumed run saves are the
+trained ones."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from test_train import MICRO, micro_config, weights
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.train import loop, state as train_state
+from vitlab.train.config import TrainConfig
+from vitlab.train.loop import train
+
+
+def rewrite_state(run_dir, change):
+    path = run_dir / "checkpoints" / "last.pt"
+    saved = torch.load(path, weights_only=True)
+    change(saved)
+    torch.save(saved, path)
+
+
+def test_an_ema_run_resumed_after_its_last_epoch_saves_the_trained_weights(tmp_path):
+    """Killed between its last state save and its summary: the resume goes straight to `finish`, which must
+    test and save the EMA weights, not the evaluation model's random init (zero head included)."""
+    changes = dict(epochs=2, ema_decay=0.9)
+    finished = train(micro_config(tmp_path, **changes))
+    trained = weights(tmp_path / "run")
+    for name in ("model.safetensors", "summary.json", "summary.txt"):  # as if killed before they were written
+        (tmp_path / "run" / name).unlink()
+    resumed = train(TrainConfig(), resume=tmp_path / "run")
+    assert resumed["status"] == "finished" and resumed["test_top1"] == finished["test_top1"]
+    again = weights(tmp_path / "run")
+    for name in trained:
+        assert torch.equal(trained[name], again[name]), name
+    assert again["head.weight"].abs().sum() > 0
+
+
+def test_resuming_a_finished_run_is_refused_with_what_to_do(tmp_path):
+    train(micro_config(tmp_path, epochs=1))
+    with pytest.raises(ConfigError, match="has finished its 1 epochs; nothing to resume.*--epochs N"):
+        train(TrainConfig(), resume=tmp_path / "run")
+    extended = train(TrainConfig(), resume=tmp_path / "run", epochs=2)  # extending is still a resume
+    assert extended["status"] == "finished" and extended["epochs"] == 2
+
+
+def test_the_state_records_schema_data_steps_and_processes(tmp_path):
+    train(micro_config(tmp_path, epochs=1))
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert saved["schema_version"] == train_state.STATE_SCHEMA_VERSION
+    fingerprint = json.loads(saved["data_fingerprint"])
+    assert fingerprint["count"] > 0 and len(fingerprint["labels"]) == len(fingerprint["content"]) == 16
+    assert saved["steps_per_epoch"] >= 1 and saved["world_size"] == 1
+    assert saved["cuda_rng_states"] is None  # a CPU run
+
+
+def write_folder(root, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    for label in ("cats", "dogs"):
+        (root / label).mkdir(parents=True)
+        for index in range(40):
+            pixels = torch.randint(0, 256, (20, 24, 3), generator=generator, dtype=torch.uint8).numpy()
+            Image.fromarray(pixels).save(root / label / f"{index}.png")
+
+
+def test_resuming_on_changed_data_is_refused_with_what_changed(tmp_path):
+    write_folder(tmp_path / "photos")
+    config = micro_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16, epochs=1,
+                          model_overrides=dict(MICRO, image_size=16, patch_size=4))
+    train(config)
+    Image.new("RGB", (20, 24), "white").save(tmp_path / "photos" / "cats" / "3.png")  # one file edited
+    with pytest.raises(ConfigError, match=r"training data differ from those .* was trained on \(content "):
+        train(TrainConfig(), resume=tmp_path / "run", epochs=2)
+
+
+def test_resuming_at_other_steps_per_epoch_is_refused(tmp_path):
+    train(micro_config(tmp_path, epochs=1))
+    rewrite_state(tmp_path / "run", lambda saved: saved.update(steps_per_epoch=saved["steps_per_epoch"] + 1))
+    with pytest.raises(ConfigError, match="steps per epoch"):
+        train(TrainConfig(), resume=tmp_path / "run", epochs=2)
+
+
+def test_an_older_state_without_the_record_resumes_with_a_message(tmp_path, capsys):
+    train(micro_config(tmp_path, epochs=1))
+
+    def as_schema_1(saved):
+        for key in ("schema_version", "data_fingerprint", "steps_per_epoch", "world_size", "cuda_rng_states"):
+            del saved[key]
+        saved["best_val_top1"] = saved.pop("best_value")
+
+    rewrite_state(tmp_path / "run", as_schema_1)
+    capsys.readouterr()
+    summary = train(TrainConfig(), resume=tmp_path / "run", epochs=2)
+    assert summary["status"] == "finished"
+    out = capsys.readouterr().out
+    assert "written by an older vitlab (schema 1)" in out and "none of them can be checked" in out
+
+
+def test_a_state_from_a_newer_vitlab_is_refused(tmp_path):
+    train(micro_config(tmp_path, epochs=1))
+    rewrite_state(tmp_path / "run", lambda saved: saved.update(schema_version=99))
+    with pytest.raises(CheckpointError, match="schema 99, newer than this vitlab reads"):
+        train(TrainConfig(), resume=tmp_path / "run", epochs=2)
+
+
+def test_a_folder_is_read_at_the_models_input_size(tmp_path, monkeypatch):
+    """Without --image-size, image files are decoded at the size the model takes (its variant's), as predict,
+    eval and serve read them, not at a fixed 32x32 then stretched."""
+    write_folder(tmp_path / "photos")
+    seen = {}
+    real = loop.load_splits
+
+    def spy(*args, **kwargs):
+        splits = real(*args, **kwargs)
+        seen["size"] = splits.train.image_size
+        return splits
+
+    monkeypatch.setattr(loop, "load_splits", spy)
+    config = micro_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16, epochs=1,
+                          model_overrides=dict(MICRO, image_size=16, patch_size=4))
+    train(config)
+    model = load_file(tmp_path / "run" / "model.safetensors")
+    assert seen["size"] == (16, 16) and model["pos_embed"].shape[1] == 1 + 16
+
+
+def test_a_finetune_reads_its_folder_at_the_checkpoints_size(tmp_path, monkeypatch):
+    write_folder(tmp_path / "photos")
+    train(micro_config(tmp_path, run_name="pretrained", epochs=1, model_overrides=dict(MICRO, image_size=12,
+                                                                                        patch_size=4)))
+    seen = {}
+    real = loop.load_splits
+
+    def spy(*args, **kwargs):
+        splits = real(*args, **kwargs)
+        seen["size"] = splits.train.image_size
+        return splits
+
+    monkeypatch.setattr(loop, "load_splits", spy)
+    train(micro_config(tmp_path, run_name="tuned", dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16,
+                       epochs=1, init_from=str(tmp_path / "pretrained" / "model.safetensors")))
+    assert seen["size"] == (12, 12)
