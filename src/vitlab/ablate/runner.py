@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitlab.ablate.plan import Ablation, Cell, plan
+from vitlab.files import atomic_write_bytes
 from vitlab.runs import RunFolder
 
 # Below this many GFLOPs per image a model trains faster as one single-thread process per core than as one
@@ -96,8 +97,6 @@ def launch(task: Task, threads: int) -> subprocess.Popen:
 
 
 def write_cells(out: Path, cells: list[Cell]) -> None:
-    from vitlab.checkpoint.io import atomic_write_bytes
-
     for cell in cells:
         folder = cell_folder(out, cell)
         folder.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import torch
 from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_attention, rollout_patch_maps
 from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
 from vitlab.checkpoint import load_model
-from vitlab.checkpoint.io import atomic_write_bytes
+from vitlab.files import atomic_write_bytes
 from vitlab.data.datasets import gather_images
 from vitlab.data.preprocess import normalize
 from vitlab.runs import analysis_folder

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vitlab.checkpoint.io import atomic_write_bytes
+from vitlab.files import atomic_write_bytes
 from vitlab.errors import CheckpointError
 from vitlab.runs import RunFolder
 
