@@ -138,8 +138,9 @@ def candidate_urls(remote: RemoteFile) -> list[str]:
     return list(remote.urls)
 
 
-def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: float) -> None:
-    """Append the rest of `url` to `partial`, resuming from its current size when the server allows it."""
+def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: float, label: str = "") -> None:
+    """Append the rest of `url` to `partial`, resuming from its current size when the server allows it; `label`
+    names the download on the progress bar."""
     from tqdm import tqdm
 
     have = partial.stat().st_size if partial.exists() else 0
@@ -159,7 +160,7 @@ def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: 
         expected_total = have + int(length) if length and length.isdigit() else None
         mode = "ab" if have else "wb"
         with open(partial, mode) as handle, tqdm(total=expected_size or None, initial=have, unit="B",
-                                                   unit_scale=True, desc=partial.name.removesuffix(".part"),
+                                                   unit_scale=True, desc=label or partial.name,
                                                    disable=not progress, leave=False) as bar:
             for chunk in iter(lambda: response.read(CHUNK), b""):
                 handle.write(chunk)
@@ -185,7 +186,7 @@ def download(remote: RemoteFile, folder: Path | None = None, progress: bool = Tr
     problems = []
     for url in candidate_urls(remote):
         try:
-            fetch(url, partial, remote.size, progress, timeout)
+            fetch(url, partial, remote.size, progress, timeout, label=remote.name)
         except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as error:
             problems.append(f"{url}: {getattr(error, 'reason', error)}")
             continue  # the partial file stays, so the next mirror (or the next run) resumes it
