@@ -5,8 +5,8 @@ eager and compiled (fp32 and bf16).
     python benchmarks/attention_paths.py
 
 Writes the table into BENCHMARKS.md between the `attention-paths` markers. It is the measurement behind
-`vitlab.bench.paths.EXPLICIT_ATTENTION_MAX_TOKENS` (compiled paths use the explicit kernel up to 64 tokens) and
-behind keeping SDPA for eager inference: an earlier kernel-only timing had the explicit path 3.2x faster for the
+`vitlab.hardware.COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS` (compiled bf16 uses the explicit kernel up to 64
+tokens) and behind keeping SDPA for eager inference: an earlier kernel-only timing had the explicit path 3.2x faster for the
 digits model's 17 tokens, which whole-model, interleaved timing does not reproduce.
 """
 

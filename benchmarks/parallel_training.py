@@ -6,13 +6,12 @@ models the ablation recipes train and a larger one.
 
 Each configuration runs for a fixed number of steps after a warm-up; the two set-ups alternate three times and the
 median of each is kept, so both meet the same background load. Writes the table into BENCHMARKS.md between the
-`parallel-training` markers. It is the measurement behind `vitlab.ablate.runner.PARALLEL_BELOW_GFLOPS`.
+`parallel-training` markers. It is the measurement behind `vitlab.hardware.PARALLEL_TRAINING_BELOW_GFLOPS`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -81,8 +80,9 @@ def main() -> None:
     from vitlab.counts import model_size
     from vitlab.config import variant_config
     from vitlab.bench.runner import machine_info
+    from vitlab.hardware import available_cores
 
-    cores = len(os.sched_getaffinity(0))
+    cores = available_cores()
     rows = ["| model | GFLOPs/image | batch | 1 process x {0} threads (img/s) | {0} processes x 1 thread (img/s) | ratio |"
             .format(cores), "|---|---|---|---|---|---|"]
     for label, variant, overrides, batch in MODELS:

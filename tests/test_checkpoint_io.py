@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitlab import load_model
-from vitlab.checkpoint.io import atomic_write_bytes, read_npz, read_torch_file, save_model
+from vitlab.checkpoint.io import read_npz, read_torch_file, save_model
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
 from vitlab.models import create_model
@@ -31,20 +31,6 @@ def test_load_with_a_new_image_size_resamples(tmp_path):
     path = save_model(create_model(TINY), tmp_path / "m.safetensors")
     model = load_model(path, image_size=16)
     assert model.config.grid_size == (8, 8) and model(torch.randn(1, 3, 16, 16)).shape == (1, 3)
-
-
-def test_failed_atomic_write_keeps_the_previous_file(tmp_path, monkeypatch):
-    target = tmp_path / "ckpt.bin"
-    atomic_write_bytes(target, b"good")
-
-    def fail(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError, match="No space left"):
-        atomic_write_bytes(target, b"new and bigger")
-    assert target.read_bytes() == b"good"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.bin"]
 
 
 def test_truncated_file_is_a_clear_error_naming_it(tmp_path):

@@ -212,7 +212,7 @@ def test_a_failed_start_leaves_no_run_folder(tmp_path):
 def test_files_are_written_with_the_users_umask(tiny_run):
     import os
 
-    from vitlab.checkpoint.io import current_umask
+    from vitlab.files import current_umask
 
     expected = 0o666 & ~current_umask()
     for name in ("model.safetensors", "train_config.json", "summary.json", "summary.txt",

@@ -97,3 +97,35 @@ def test_flips_that_would_change_digits_are_off_on_every_rank(tmp_path):
     assert double.stdout.count("flips are off") == 1  # said once, by rank 0
     one, two = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "double" / "model.safetensors")
     assert max((two[name] - one[name]).abs().max().item() for name in one) < 1e-5
+
+
+def test_fetch_once_runs_on_one_process_per_machine_before_the_others(monkeypatch):
+    """Ranks simulated in turn: each records when it fetches and when it meets the others (the collective)."""
+    from vitlab import distributed
+    from vitlab.distributed import DistEnv, fetch_once
+
+    events = []
+    monkeypatch.setattr(distributed, "any_rank", lambda flag, env: events.append(("barrier", env.rank)) or flag)
+    for rank, local_rank in [(0, 0), (1, 1)]:
+        env = DistEnv(rank=rank, world_size=2, local_rank=local_rank)
+        assert fetch_once(lambda: events.append(("fetch", rank)) or "data", env) == "data"
+    assert events == [("fetch", 0), ("barrier", 0), ("barrier", 1), ("fetch", 1)]
+    assert fetch_once(lambda: "alone", DistEnv()) == "alone"  # one process: just the call
+
+
+def test_fetch_once_fails_on_every_process_when_the_first_one_fails(monkeypatch):
+    from vitlab import distributed
+    from vitlab.distributed import DistEnv, fetch_once
+    from vitlab.errors import DataError, VitlabError
+
+    monkeypatch.setattr(distributed, "any_rank", lambda flag, env: True)  # the first process's failure, shared
+
+    def unreachable():
+        raise DataError("could not download x.bin")
+
+    with pytest.raises(DataError, match="could not download"):
+        fetch_once(unreachable, DistEnv(rank=0, world_size=2))
+    called = []
+    with pytest.raises(VitlabError, match="another process failed to fetch"):
+        fetch_once(lambda: called.append(1), DistEnv(rank=1, world_size=2, local_rank=1))
+    assert called == []  # it did not start a download of its own

@@ -1,24 +1,28 @@
 """The real download code against a small HTTP server on 127.0.0.1 that serves synthetic files."""
 
 import hashlib
+import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from datafiles import write_idx_set
-from vitlab.data import datasets
+from vitlab.data import datasets, download as download_module
 from vitlab.data.download import RemoteFile, download
 from vitlab.errors import DataError
 
 
 class Server:
     """Serves `files` (name -> bytes) with Range support; `cut_after[name] = n` closes the first response
-    for that name after n bytes, as a dropped connection would."""
+    for that name after n bytes, as a dropped connection would; `pause` seconds between 64 KiB pieces makes a
+    download slow enough for two to overlap."""
 
     def __init__(self, files):
         self.files = files
         self.cut_after = {}
+        self.pause = 0.0
         self.requests = []
         outer = self
 
@@ -47,7 +51,10 @@ class Server:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 cut = outer.cut_after.pop(name, None)
-                self.wfile.write(body[:cut] if cut is not None else body)
+                body = body[:cut] if cut is not None else body
+                for start in range(0, len(body), 1 << 16):
+                    self.wfile.write(body[start:start + (1 << 16)])
+                    time.sleep(outer.pause)
                 if cut is not None:
                     self.wfile.flush()
                     self.close_connection = True
@@ -94,9 +101,10 @@ def test_interrupted_download_resumes_with_a_range_request(tmp_path, server):
     server.cut_after["big.bin"] = 150_000
     with pytest.raises(DataError, match="could not download"):
         download(remote, tmp_path, progress=False)
-    assert (tmp_path / "big.bin.part").stat().st_size == 150_000
+    [partial] = tmp_path.glob("big.bin.*.part")
+    assert partial.stat().st_size == 150_000
     path = download(remote, tmp_path, progress=False)
-    assert path.read_bytes() == data and not (tmp_path / "big.bin.part").exists()
+    assert path.read_bytes() == data and not list(tmp_path.glob("*.part"))
     assert server.requests[-1] == ("big.bin", "bytes=150000-")
 
 
@@ -138,3 +146,86 @@ def test_unreachable_server_says_what_to_do(tmp_path):
     remote = RemoteFile("x.bin", "0" * 64, 1, ("http://127.0.0.1:9/x.bin",))
     with pytest.raises(DataError, match="Download it by hand into .* or pass --data-dir"):
         download(remote, tmp_path, progress=False, timeout=2)
+
+
+def test_two_processes_downloading_one_file_both_get_it_whole(tmp_path, server):
+    """DDP ranks that start together: each writes its own partial file and moves it into place atomically, so
+    neither writes into or deletes the other's, both end with the valid file, and no partial file is left."""
+    data = bytes(range(256)) * 4096  # 1 MiB, sent in 16 pieces
+    remote = remote_for(server, "shared.bin", data)
+    server.pause = 0.01
+    results, errors = [], []
+
+    def rank():
+        try:
+            results.append(download(remote, tmp_path, progress=False).read_bytes())
+        except Exception as error:  # noqa: BLE001 - the test reports any failure of either download
+            errors.append(error)
+
+    ranks = [threading.Thread(target=rank) for _ in range(2)]
+    for thread in ranks:
+        thread.start()
+    for thread in ranks:
+        thread.join()
+    assert errors == [] and results == [data, data]
+    assert (tmp_path / "shared.bin").read_bytes() == data
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_a_partial_file_names_its_process():
+    partial = download_module.partial_path(download_module.Path("/cache"), "a.bin")
+    assert str(os.getpid()) in partial.name and partial.name.startswith("a.bin.") and partial.suffix == ".part"
+
+
+def count_hashing(monkeypatch):
+    calls = []
+    real = download_module.sha256_of
+
+    def counted(path):
+        calls.append(path)
+        return real(path)
+
+    monkeypatch.setattr(download_module, "sha256_of", counted)
+    return calls
+
+
+def test_a_verified_file_is_not_hashed_on_every_load(tmp_path, server, monkeypatch):
+    remote = remote_for(server, "a.bin", b"y" * 100_000)
+    download(remote, tmp_path, progress=False)
+    hashed = count_hashing(monkeypatch)
+    for _ in range(3):
+        assert download(remote, tmp_path, progress=False).read_bytes() == b"y" * 100_000
+    assert hashed == [] and len(server.requests) == 1
+
+
+def test_a_changed_file_is_hashed_again_and_a_corrupt_one_replaced(tmp_path, server, monkeypatch):
+    data = b"z" * 100_000
+    remote = remote_for(server, "a.bin", data)
+    path = download(remote, tmp_path, progress=False)
+    hashed = count_hashing(monkeypatch)
+    later = path.stat().st_mtime + 10
+    os.utime(path, (later, later))  # touched, content intact: hashed once, trusted again after
+    download(remote, tmp_path, progress=False)
+    download(remote, tmp_path, progress=False)
+    assert len(hashed) == 1 and len(server.requests) == 1
+    path.write_bytes(b"Z" * 100_000)  # same size, new content (and so a new mtime): caught and fetched again
+    assert download(remote, tmp_path, progress=False).read_bytes() == data
+    assert (tmp_path / "a.bin.bad").read_bytes() == b"Z" * 100_000 and len(server.requests) == 2
+
+
+def test_a_stopped_process_s_partial_file_is_resumed_and_a_running_one_s_left_alone(tmp_path, server):
+    import socket
+    import subprocess
+    import sys
+
+    data = bytes(range(256)) * 1000
+    remote = remote_for(server, "big.bin", data)
+    stopped = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    abandoned = tmp_path / f"big.bin.{host}-{int(stopped.stdout)}-1.part"
+    abandoned.write_bytes(data[:100_000])
+    running = tmp_path / f"big.bin.{host}-{os.getpid()}-0.part"  # this process, another thread: still going
+    running.write_bytes(b"someone else's bytes")
+    assert download(remote, tmp_path, progress=False).read_bytes() == data
+    assert server.requests == [("big.bin", "bytes=100000-")]
+    assert not abandoned.exists() and running.read_bytes() == b"someone else's bytes"

@@ -31,3 +31,24 @@ def test_strided_conv_equals_linear_projection_of_flattened_patches():
 def test_size_the_patch_does_not_divide_is_a_clear_error():
     with pytest.raises(ConfigError, match="patch size 4 does not divide image width 10"):
         patchify(torch.randn(1, 3, 8, 10), 4)
+
+
+def test_no_layer_imports_the_model_config():
+    """The dependency runs config -> layers, never back: a layer takes plain arguments, so it can be reused and
+    tested without a ViTConfig, and `vitlab.config` can use layer helpers (`patch_grid`) without a cycle."""
+    import ast
+    from pathlib import Path
+
+    import vitlab.layers
+
+    for path in sorted(Path(vitlab.layers.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "vitlab":
+                modules = [f"vitlab.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module or ""]
+            else:
+                continue
+            assert not any(m == "vitlab.config" or m.startswith("vitlab.config.") for m in modules), path.name

@@ -327,7 +327,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         from pathlib import Path
 
-        from vitlab.checkpoint.io import atomic_write_bytes
+        from vitlab.files import atomic_write_bytes
 
         atomic_write_bytes(Path(args.json), json.dumps(result, indent=1).encode())
         print(f"wrote {args.json}")

@@ -14,6 +14,7 @@ from typing import Any
 
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import ConfigError
+from vitlab.layers.patch_grid import patch_grid
 
 
 def stem_stride(resnet_layers: tuple[int, ...] | None) -> int:
@@ -44,25 +45,6 @@ def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, i
     if min(pair) <= 0:
         raise ConfigError(f"{name} must be positive, got {value!r}")
     return pair
-
-
-def patch_grid(image_size: tuple[int, int], patch_size: tuple[int, int], stride: int = 1) -> tuple[int, int]:
-    """(rows, columns) of P x P patches of an image, seen through a stem of this stride (the hybrid's ResNet;
-    1 without one), or a ConfigError saying which side does not divide and what size would."""
-    grid = []
-    for axis, image, patch in zip(("height", "width"), image_size, patch_size):
-        if image % stride:
-            raise ConfigError(f"image {axis} {image} is not a multiple of the ResNet stem's stride {stride}; "
-                              f"use an image size such as {max(stride, image // stride * stride)}")
-        image //= stride
-        if image % patch:
-            suggestion = max(patch, round(image / patch) * patch) * stride
-            raise ConfigError(
-                f"patch size {patch} does not divide image {axis} {image * stride}"
-                + (f" (feature map {image} after the stem)" if stride > 1 else "")
-                + f"; use an image size of {suggestion} or a patch size that divides {image}")
-        grid.append(image // patch)
-    return grid[0], grid[1]
 
 
 def parse_image_size(text: str) -> int | tuple[int, int]:

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from vitlab.errors import VitlabError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -103,6 +108,30 @@ def synchronize(env: DistEnv) -> None:
         dist.barrier(device_ids=[env.device.index])
     else:
         dist.barrier()
+
+
+def fetch_once(fetch: Callable[[], T], env: DistEnv) -> T:
+    """Run `fetch` (loading a data set into the download cache, say) first on one process per machine (local
+    rank 0), then, once every such process is done, on the others, which find the cache warm: one download per
+    machine instead of one per process. Call it on every process; returns `fetch()`'s value on each.
+
+    Local rank 0 rather than global rank 0, so machines whose caches are not shared still download only once
+    each. If a first process fails, it raises its own error and every other process an error pointing to it,
+    rather than waiting at a barrier forever or all downloading at once."""
+    first = env.local_rank == 0
+    value, failure = None, None
+    if first:
+        try:
+            value = fetch()
+        except Exception as error:  # noqa: BLE001 - re-raised below, after the others have been told
+            failure = error
+    # A collective, so also the barrier: no process goes on before every first process has finished.
+    if any_rank(failure is not None, env):
+        if failure is not None:
+            raise failure
+        raise VitlabError(f"process {env.rank}: another process failed to fetch the data (its error is in the "
+                          "output above); fix that and start again")
+    return fetch() if not first else value
 
 
 def cleanup(env: DistEnv) -> None:

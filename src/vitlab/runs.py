@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vitlab.files import atomic_write_bytes
+
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
 MODEL = "model.safetensors"
@@ -82,19 +84,13 @@ class RunFolder:
         return rows
 
     def rewrite_metrics(self, rows: list[dict[str, Any]]) -> None:
-        from vitlab.checkpoint.io import atomic_write_bytes
-
         atomic_write_bytes(self.path / METRICS, "".join(json.dumps(row) + "\n" for row in rows).encode())
 
     # ------------------------------------------------------------------------------------- writing
     def write_recipe(self, recipe: dict[str, Any]) -> None:
-        from vitlab.checkpoint.io import atomic_write_bytes
-
         atomic_write_bytes(self.path / TRAIN_CONFIG, json.dumps(recipe, indent=1).encode())
 
     def write_summary(self, summary: dict[str, Any], text: str) -> None:
-        from vitlab.checkpoint.io import atomic_write_bytes
-
         atomic_write_bytes(self.path / "summary.json", json.dumps(summary, indent=1).encode())
         atomic_write_bytes(self.path / "summary.txt", (text + "\n").encode())
 

@@ -122,7 +122,7 @@ def write_results(ablation: Ablation, cells: list[Cell], skipped: list[tuple[str
     """Write results.csv, results.json, table.md, curves.png and report.html into OUT/<ablation name>/ and return
     what was written with the table text."""
     from vitlab import plots
-    from vitlab.checkpoint.io import atomic_write_bytes
+    from vitlab.files import atomic_write_bytes
 
     folder = out / ablation.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,7 @@ def write_results(ablation: Ablation, cells: list[Cell], skipped: list[tuple[str
 def write_page(folder: Path, ablation: Ablation, summary, rows, skipped, header, body, grids, picture,
                command: str) -> Path:
     from vitlab.ablate.plan import base_recipe
-    from vitlab.checkpoint.io import atomic_write_bytes
+    from vitlab.files import atomic_write_bytes
 
     done = sum(1 for r in rows if r["status"] == "finished")
     recipe = base_recipe(ablation).to_dict()

@@ -22,12 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitlab.ablate.plan import Ablation, Cell, plan
+from vitlab.files import atomic_write_bytes
+from vitlab.hardware import PARALLEL_TRAINING_BELOW_GFLOPS, available_cores
 from vitlab.runs import RunFolder
-
-# Below this many GFLOPs per image a model trains faster as one single-thread process per core than as one
-# process using every core (the matrices are too small to keep two threads busy).
-PARALLEL_BELOW_GFLOPS = 0.5
-
 
 @dataclass
 class Task:
@@ -53,8 +50,8 @@ def tasks_of(out: Path, cells: list[Cell], seeds: list[int]) -> list[Task]:
 
 
 def choose_jobs(jobs: str | int, cells: list[Cell]) -> int:
-    """'auto': one process per core for small models (below PARALLEL_BELOW_GFLOPS), else one process."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """'auto': one process per core for small models (below PARALLEL_TRAINING_BELOW_GFLOPS), else one process."""
+    cores = available_cores()
     if jobs != "auto":
         return max(1, min(int(jobs), cores * 4))
     from vitlab.counts import model_size
@@ -69,7 +66,7 @@ def choose_jobs(jobs: str | int, cells: list[Cell]) -> int:
         if config.image_size is not None:
             fields["image_size"] = config.image_size
         largest = max(largest, model_size(variant_config(config.model, **fields))[1])
-    return cores if largest < PARALLEL_BELOW_GFLOPS else 1
+    return cores if largest < PARALLEL_TRAINING_BELOW_GFLOPS else 1
 
 
 def launch(task: Task, threads: int) -> subprocess.Popen:
@@ -96,8 +93,6 @@ def launch(task: Task, threads: int) -> subprocess.Popen:
 
 
 def write_cells(out: Path, cells: list[Cell]) -> None:
-    from vitlab.checkpoint.io import atomic_write_bytes
-
     for cell in cells:
         folder = cell_folder(out, cell)
         folder.mkdir(parents=True, exist_ok=True)
@@ -121,7 +116,7 @@ def run_ablations(ablations: list[Ablation], out: str | Path, jobs: str | int = 
     done = [t for t in tasks.values() if t.run.summary() is not None]
     todo = [t for t in tasks.values() if t.run.summary() is None]
     processes = choose_jobs(jobs, all_cells)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     threads = max(1, cores // processes)
     for ablation, cells, skipped in plans:
         print(f"{ablation.name}: {len(cells)} cells x {len(ablation.seeds)} seeds"

@@ -15,8 +15,8 @@ import torch
 from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_attention, rollout_patch_maps
 from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
 from vitlab.checkpoint import load_model
-from vitlab.checkpoint.io import atomic_write_bytes
 from vitlab.data.datasets import ImageDataset, gather_images
+from vitlab.files import atomic_write_bytes
 from vitlab.data.preprocess import normalize
 from vitlab.eval.batches import run_batches
 from vitlab.runs import analysis_folder

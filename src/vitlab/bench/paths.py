@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
+
 
 class Unavailable(Exception):
     """This path cannot run here; the message says why."""
@@ -46,18 +48,11 @@ def eager_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
                 "bf16 weights and activations (oneDNN bf16 matmuls)")
 
 
-# Up to this many tokens the compiled bf16 path uses the explicit attention kernel: at 17 (digits) and 50
-# (MNIST-size) tokens Inductor's fused bf16 softmax is 1.5-1.6x and 1.3x faster than the CPU flash kernel, at 65
-# (CIFAR-size) they are even; in fp32 the flash kernel is as fast or faster at every size measured
-# (`python benchmarks/attention_paths.py`, BENCHMARKS.md).
-EXPLICIT_ATTENTION_MAX_TOKENS = 64
-
-
 def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     import torch._inductor.config as inductor_config
 
     copied = copy.deepcopy(model).to(dtype)
-    short = model.config.num_tokens <= EXPLICIT_ATTENTION_MAX_TOKENS
+    short = model.config.num_tokens <= COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
     copied.set_attention_kernel("explicit" if short and dtype == torch.bfloat16 else "sdpa")
     try:
         compiled = torch.compile(copied)
@@ -78,7 +73,8 @@ def compiled_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 def compiled_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return BenchPath("compile bf16", "bf16", _compiled(model, sample, torch.bfloat16),
-                "torch.compile of the bf16 model, Inductor + freezing; explicit attention up to 64 tokens")
+                f"torch.compile of the bf16 model, Inductor + freezing; explicit attention up to "
+                f"{COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS} tokens")
 
 
 def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool, static: bool = False) -> BenchPath:
@@ -321,7 +317,7 @@ def train_eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 def train_step_kernel(model: nn.Module) -> str:
     """The attention kernel `vitlab train` chooses for this model with the default recipe settings."""
     from vitlab.train.config import TrainConfig
-    from vitlab.train.loop import training_attention_kernel
+    from vitlab.train.setup import training_attention_kernel
 
     return training_attention_kernel(TrainConfig(), model)
 

@@ -14,11 +14,11 @@ import torch
 
 from vitlab import runs
 from vitlab.checkpoint import hf, hf_clip, jax_npz, timm
-from vitlab.checkpoint.io import (FORMAT_NAME, atomic_write_bytes, config_from_metadata, load_state_dict_checked,
-                                  read_json, read_npz, read_safetensors, read_torch_file, save_model,
-                                  save_state_dict, sniff)
+from vitlab.checkpoint.io import (FORMAT_NAME, config_from_metadata, load_state_dict_checked, read_json, read_npz,
+                                  read_safetensors, read_torch_file, save_model, save_state_dict, sniff)
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError, UsageError
+from vitlab.files import atomic_write_bytes
 from vitlab.models.vit import VisionTransformer
 
 # HF `model_type`s whose config.json vitlab reads beside the weights.

@@ -3,7 +3,7 @@
 Own format: one safetensors file whose header metadata holds the model config as JSON
 (`{"format": "vitlab", "config": "{...}"}`); the tensors use timm's key names. Writing is atomic: the bytes go
 to a temporary file in the same folder, are flushed to disk, and replace the target in one rename, so a crash
-leaves either the old file or the new one, never half of one.
+leaves either the old file or the new one, never half of one (`vitlab.files.atomic_write_bytes`).
 
 Nothing here unpickles: safetensors and `.npz` (with allow_pickle=False) hold raw arrays only, and PyTorch
 files are read with `torch.load(weights_only=True)`, which refuses any object that is not a tensor or a
@@ -16,7 +16,6 @@ import json
 import math
 import os
 import struct
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -26,58 +25,13 @@ import torch
 
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.files import atomic_write_bytes
 
 FORMAT_NAME = "vitlab"
 FORMAT_VERSION = "1"
 
 
 # ------------------------------------------------------------------------------------------------ writing
-def current_umask() -> int:
-    """The process's umask, read without changing it where Linux allows (os.umask can only be read by setting it,
-    which would race with other threads' file creation)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the complete new one, never a partial one.
-
-    On failure (disk full, permission) the temporary file is removed and the previous file stays untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-            # mkstemp makes the file private (0600); give it the mode any other file of the user gets.
-            os.fchmod(handle.fileno(), 0o666 & ~current_umask())
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    # Make the rename itself durable (POSIX only: directories cannot be opened on Windows).
-    if hasattr(os, "O_DIRECTORY"):
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
 def save_state_dict(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
                     metadata: dict[str, str] | None = None) -> None:
     """Save tensors as safetensors, atomically."""

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vitlab.checkpoint.io import atomic_write_bytes
+from vitlab.files import atomic_write_bytes
 from vitlab.config import ViTConfig
 from vitlab.data.datasets import ImageDataset, has_official_validation, load_dataset, load_splits
 from vitlab.errors import DataError

@@ -1,13 +1,37 @@
-"""Building blocks of the Vision Transformer, one concept per file."""
+"""Building blocks of the Vision Transformer, one concept per file.
 
-from vitlab.layers.attention import Attention
-from vitlab.layers.block import Block
-from vitlab.layers.drop import DropPath
-from vitlab.layers.mlp import Mlp
-from vitlab.layers.patch_embed import PatchEmbed, patchify, unpatchify
-from vitlab.layers.pos_embed import resample_pos_embed, sincos_2d_pos_embed
+The names below load on first use, so that `vitlab.config` can import the torch-free `layers.patch_grid`
+without this package pulling in torch (`vitlab models` runs without it).
+"""
 
-__all__ = [
-    "Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "patchify", "unpatchify",
-    "resample_pos_embed", "sincos_2d_pos_embed",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Attention": "vitlab.layers.attention",
+    "Block": "vitlab.layers.block",
+    "DropPath": "vitlab.layers.drop",
+    "Mlp": "vitlab.layers.mlp",
+    "PatchEmbed": "vitlab.layers.patch_embed",
+    "patchify": "vitlab.layers.patch_embed",
+    "unpatchify": "vitlab.layers.patch_embed",
+    "patch_grid": "vitlab.layers.patch_grid",
+    "resample_pos_embed": "vitlab.layers.pos_embed",
+    "sincos_2d_pos_embed": "vitlab.layers.pos_embed",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'vitlab.layers' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitlab.config import patch_grid
+from vitlab.layers.patch_grid import patch_grid
 
 
 def patchify(images: torch.Tensor, patch_size: int | tuple[int, int]) -> torch.Tensor:

@@ -17,21 +17,19 @@ from typing import Any
 import torch
 
 from vitlab.errors import UsageError
+from vitlab.hardware import SERVE_ONE_THREAD_BELOW_GFLOPS, available_cores
 
 BACKENDS = ("torch", "onnx")
-# Below this many GFLOPs per image the model is served on one intra-op thread: its operations are too small to
-# share, and a second thread's spinning takes the core the HTTP handling needs. Measured with
-# benchmarks/serve_load.py on the MNIST-size model (0.03 GFLOPs), 32 clients, 2 cores: 952 requests/s on one thread
-# against 719 on two (and 265 against 155 at batch size 1).
-SINGLE_THREAD_GFLOPS = 0.1
+PRECISIONS = ("fp32", "bf16", "int8")
 
 
-def default_threads(config) -> int | None:
-    """1 for a tiny model (see SINGLE_THREAD_GFLOPS); None (PyTorch's default: every core) otherwise."""
+def serving_threads(config) -> int:
+    """Intra-op threads to serve a model of this config with: 1 for a tiny one (under
+    SERVE_ONE_THREAD_BELOW_GFLOPS per image, where a second thread only takes the core the HTTP handling needs),
+    else every core this process may use."""
     from vitlab.counts import model_size
 
-    return 1 if model_size(config)[1] < SINGLE_THREAD_GFLOPS else None
-PRECISIONS = ("fp32", "bf16", "int8")
+    return 1 if model_size(config)[1] < SERVE_ONE_THREAD_BELOW_GFLOPS else available_cores()
 
 
 class Engine:
@@ -55,9 +53,10 @@ class Engine:
                 raise UsageError("ONNX Runtime runs the export as it was written (fp32 or int8); drop --precision bf16")
             from vitlab.export.onnx import OnnxClassifier
 
-            self.runner = OnnxClassifier(source, threads=threads)
+            # The thread count depends on the model, whose config is only known once the session has read it.
+            self.runner = OnnxClassifier(source, threads=threads or available_cores())
             self.config = self.runner.config
-            if threads is None and default_threads(self.config) == 1:  # a tiny model: one thread serves it faster
+            if threads is None and serving_threads(self.config) == 1:  # a tiny model: one thread serves it faster
                 self.runner = OnnxClassifier(source, threads=1)
             if precision == "int8" and not self.runner.metadata.get("int8"):
                 raise UsageError(f"{source} is an fp32 export; export with --int8 for an int8 one")
@@ -70,9 +69,8 @@ class Engine:
             model = load_model(source)
             self.config = model.config
             self.explainer = model
-            threads = threads or default_threads(self.config)
-            if threads:
-                torch.set_num_threads(threads)
+            threads = threads or serving_threads(self.config)
+            torch.set_num_threads(threads)
             self.runner = self._prepare(model, backend, precision, threads)
         require_head(self.config, str(source))
         self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]

@@ -58,8 +58,9 @@ class TrainConfig:
     # Running.
     precision: str = "fp32"  # fp32 or bf16 (autocast)
     compile: bool = False  # torch.compile the model
-    # Attention kernel for training: "auto" takes the explicit softmax up to TRAIN_EXPLICIT_ATTENTION_TOKENS tokens,
-    # where it trains faster on a CPU than the fused SDPA kernel (17 tokens: 1.05x; 50: even), and SDPA above.
+    # Attention kernel for training: "auto" takes the explicit softmax up to
+    # vitlab.hardware.TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS tokens, where it trains faster on a CPU than the fused
+    # SDPA kernel (17 tokens: 1.05x; 50: even), and SDPA above.
     attention: str = "auto"
     seed: int = 0
     threads: int | None = None  # torch threads per process; default: the cores / processes on this machine

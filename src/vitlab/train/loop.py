@@ -36,8 +36,8 @@ from vitlab.objectives import Classification, NonFiniteLoss, Objective
 from vitlab.objectives.base import is_better
 from vitlab.progress import LogLines, format_duration
 from vitlab.train.config import TrainConfig
-from vitlab.distributed import (DistEnv, any_rank, broadcast_object, cleanup, init_distributed, replica_difference,
-                                synchronize)
+from vitlab.distributed import (DistEnv, any_rank, broadcast_object, cleanup, fetch_once, init_distributed,
+                                replica_difference, synchronize)
 from vitlab.runs import BEST, RunFolder, default_run_name
 from vitlab.train.optim import EMA, build_optimizer, build_scheduler, peak_lr
 from vitlab.train.setup import apply_freezing, build_model, default_threads, training_attention_kernel
@@ -244,10 +244,12 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         pretrained = read_checkpoint(config.init_from, image_size=config.image_size)[:2]
     # Image files are decoded at the size the model takes (its variant's, its checkpoint's or --image-size), as
     # `predict`, `eval` and `serve` read them; in-memory data sets are resized per batch whatever this is.
-    splits = load_splits(config.dataset, config.data_dir, config.val_size, config.seed,
-                         model_input_size(config, state, pretrained), config.classes,
-                         max_train_images=config.max_train_images,
-                         preprocessing=file_preprocessing(state, pretrained))
+    # Under torchrun one process per machine loads first (and downloads, where the files are not cached); the
+    # others then find them verified in the cache, instead of racing for the same partial file.
+    splits = fetch_once(lambda: load_splits(config.dataset, config.data_dir, config.val_size, config.seed,
+                                            model_input_size(config, state, pretrained), config.classes,
+                                            max_train_images=config.max_train_images,
+                                            preprocessing=file_preprocessing(state, pretrained)), env)
     if splits.train.num_classes < 2:
         raise DataError(f"{splits.train.name} has a single class; a classifier needs at least two")
     if state is not None:

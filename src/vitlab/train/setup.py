@@ -10,6 +10,7 @@ from vitlab.config import variant_config, variant_names
 from vitlab.data.datasets import ImageDataset
 from vitlab.distributed import DistEnv
 from vitlab.errors import ConfigError
+from vitlab.hardware import TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS, available_cores
 from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_index
 from vitlab.train.config import TrainConfig
 
@@ -71,17 +72,16 @@ def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
             parameter.requires_grad_(False)
 
 
-# Up to this many tokens "auto" trains with the explicit attention kernel: measured on a 2-core Xeon, 17 tokens
-# (mnist-28) 1.05x the SDPA step, 50 tokens (4x4 patches on 28x28) even (`vitlab bench --train`).
-TRAIN_EXPLICIT_ATTENTION_TOKENS = 32
-
-
 def training_attention_kernel(config: TrainConfig, model: VisionTransformer) -> str:
+    """The recipe's attention kernel; for "auto" the explicit softmax up to TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS
+    tokens (faster to train there on a CPU), SDPA above."""
     if config.attention != "auto":
         return config.attention
-    return "explicit" if model.config.num_tokens <= TRAIN_EXPLICIT_ATTENTION_TOKENS else "sdpa"
+    return "explicit" if model.config.num_tokens <= TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS else "sdpa"
 
 
 def default_threads(env: DistEnv) -> int:
+    """Torch threads for one training process: the cores this process may use, shared evenly among the
+    processes torchrun started on this machine (LOCAL_WORLD_SIZE), at least 1."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
-    return max(1, (os.cpu_count() or 1) // local_world)
+    return max(1, available_cores() // local_world)

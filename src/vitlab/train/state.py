@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from vitlab.checkpoint.io import atomic_write_bytes
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.files import atomic_write_bytes
 from vitlab.runs import RunFolder
 
 
