@@ -30,10 +30,14 @@ def collect(tasks) -> list[dict[str, Any]]:
         status = "finished" if summary else ("stopped" if task.run.holds_run else "missing")
         row: dict[str, Any] = {"cell": task.cell.name, "key": task.cell.key, "values": task.cell.values,
                                "seed": task.seed, "status": status, "run_dir": str(task.run)}
+        # The figure the run's objective chooses by (summary["selection"]; validation top-1 for classification
+        # and for summaries written before it was recorded) is what the cells are compared on.
+        selection = (summary or {}).get("selection", "val_top1")
         if summary:
             for name in COLUMNS[3:-1]:
                 row[name] = summary.get(name)
-        row["val_curve"] = [m["val_top1"] for m in task.run.read_metrics() if "val_top1" in m]
+            row["val_top1"], row["best_val_top1"] = summary.get(selection), summary.get(f"best_{selection}")
+        row["val_curve"] = [m[selection] for m in task.run.read_metrics() if selection in m]
         rows.append(row)
     return rows
 

@@ -482,7 +482,8 @@ def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int,
     from vitlab.data.preprocess import to_unit_range
 
     if len(spec) == 1 and spec[0] in DATASET_NAMES and not Path(spec[0]).exists():
-        data = load_dataset(spec[0], split, data_dir, image_size=config.image_size, channels=config.in_chans)
+        data = load_dataset(spec[0], split, data_dir, image_size=config.image_size, channels=config.in_chans,
+                            preprocessing=resolved_preprocessing(config, "files"))
         count = min(limit, len(data))
         order = torch.arange(len(data))
         if shuffle_seed is not None:

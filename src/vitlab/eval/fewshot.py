@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.datasets import ImageDataset, load_dataset
 from vitlab.data.download import cache_dir
 from vitlab.eval.batches import run_batches
@@ -67,7 +68,8 @@ def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None =
             continue
         model = model or load_model(checkpoint, image_size=image_size, num_heads=num_heads)
         data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size,
-                            channels=model.config.in_chans, classes=classes)
+                            channels=model.config.in_chans, classes=classes,
+                            preprocessing=resolved_preprocessing(model.config, "files"))
         if check is not None and split == "train":
             check(data.labels, data.class_names)
         features = extract_features(model, data)

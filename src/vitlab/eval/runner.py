@@ -8,6 +8,7 @@ from typing import Any
 
 from vitlab.files import atomic_write_bytes
 from vitlab.config import ViTConfig
+from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.datasets import ImageDataset, has_official_validation, load_dataset, load_splits
 from vitlab.errors import DataError
 from vitlab.eval.classify import evaluate, require_head
@@ -24,12 +25,13 @@ def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_d
             raise DataError(f"{dataset} has no official validation split, and a carved one is defined by a training "
                             "run: evaluate a run folder on the data set it trained on, or use --split test")
         data = load_splits(dataset, data_dir, run.get("val_size", 0.1), run.get("seed", 0), config.image_size,
-                           classes, channels=config.in_chans).validation
+                           classes, channels=config.in_chans,
+                           preprocessing=resolved_preprocessing(config, "files")).validation
         if data is None:
             raise DataError("the run trained with val_size 0: it has no validation split")
     else:
         data = load_dataset(dataset, split, data_dir, image_size=config.image_size, channels=config.in_chans,
-                            classes=classes)
+                            classes=classes, preprocessing=resolved_preprocessing(config, "files"))
     if data.num_classes != config.num_classes:
         raise DataError(f"the model has {config.num_classes} classes but {dataset} has {data.num_classes}; "
                         "evaluate on the data set it was trained for, or fine-tune it first")

@@ -2,7 +2,7 @@
 
 The loop knows nothing of labels, logits or accuracy. Per step it asks the objective to turn a `Batch` of stored
 pixels into model inputs and targets (`training_inputs`: resizing, augmentation, normalisation), and, per
-micro-batch, for a loss and the extra figures to sum (`loss`). The epoch's sums are `("loss", *sum_names,
+micro-batch, to run the model (`forward`) and for a loss and the extra figures to sum (`loss`). The epoch's sums are `("loss", *sum_names,
 "count")`; `epoch_figures` turns them into the epoch row's training figures. At the end of an epoch the
 objective evaluates a model on a source (`evaluate`) and names the figure that chooses the best checkpoint
 (`selection`, with `higher_is_better`).
@@ -37,6 +37,9 @@ class Objective(Protocol):
     sum_names: tuple[str, ...]  # what `loss` returns to be summed per epoch besides the loss and the count
     selection: str  # the evaluation figure that chooses the best checkpoint, e.g. "top1"
     higher_is_better: bool
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> Any:
+        """The training forward pass (e.g. `model(inputs)`; a masked objective masks and reconstructs here)."""
 
     def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(model inputs (B, C, H, W), targets: tensors with B rows, chunked per micro-batch by the step)."""

@@ -27,6 +27,9 @@ class Classification:
         self.augment = augment or AugmentConfig(crop_padding=0, hflip=False)
         self.label_smoothing = label_smoothing
 
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return model(inputs)
+
     def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if batch.labels is None:
             from vitlab.errors import DataError

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.config import checked_fields
+from vitlab.objectives import objective_names
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import ConfigError
 
@@ -26,6 +27,7 @@ class TrainConfig:
     data_dir: str | None = None  # files already on disk (else downloaded into the cache)
     image_size: int | list[int] | None = None  # input size, N or [H, W]; default: the variant's (data are resized)
     classes: list[int] | None = None  # train on these classes only, relabelled 0..n-1 (e.g. [5, 6, 7, 8, 9])
+    objective: str = "classification"  # what the run optimises and chooses by (vitlab.objectives.OBJECTIVES)
     # Model selection. The best checkpoint (and any choice made from a run) follows the validation split: a
     # fraction of the training images (< 1) or a count, stratified, fixed by `seed`; 0 = none. A data set with an
     # official validation split keeps it. The test split is measured at the end only.
@@ -97,6 +99,8 @@ class TrainConfig:
             (lambda: self.freeze_blocks >= 0, lambda: f"freeze_blocks must be >= 0, got {self.freeze_blocks}"),
             (lambda: self.log_every_steps >= 0, lambda: f"log_every_steps must be >= 0, got {self.log_every_steps}"),
             (lambda: self.resample_mode in ("bilinear", "bicubic"), lambda: "resample_mode must be bilinear or bicubic"),
+            (lambda: self.objective in objective_names(),
+             lambda: f"objective must be one of {', '.join(objective_names())}, got {self.objective!r}"),
         ]
         for ok, message in checks:
             if not ok():

@@ -32,7 +32,7 @@ from vitlab.data.source import Batch
 from vitlab.data.transforms import Draws
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.models.vit import VisionTransformer
-from vitlab.objectives import Classification, NonFiniteLoss, Objective
+from vitlab.objectives import NonFiniteLoss, Objective, build_objective
 from vitlab.objectives.base import is_better
 from vitlab.progress import LogLines, format_duration
 from vitlab.train.config import TrainConfig
@@ -302,9 +302,9 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         # From the start it holds the EMA weights, not only after an epoch's end: a run resumed after its last
         # epoch goes straight to `finish`, which tests and saves these weights.
         ema.copy_to(eval_model)
-    objective = Classification(splits.train.num_classes, config.augment, config.label_smoothing)
+    objective = build_objective(config, splits.train)
     step = TrainingStep(wrapped, objective, optimizer, scheduler, ema, model, env, config.grad_accum,
-                        config.grad_clip, config.precision)
+                        config.grad_clip, config.precision, forward=objective.forward)
     session = Session(config, run, env, splits, model, wrapped, optimizer, scheduler, ema, eval_model, position,
                       history, steps_per_epoch, objective, step, data_fingerprint,
                       writer=run.tensorboard_writer() if config.tensorboard and env.is_main else None)
