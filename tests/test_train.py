@@ -303,6 +303,7 @@ def test_use_previous_resumes_past_a_damaged_last_checkpoint(tmp_path):
     state["epoch"] = 2
     train_state.save_training_state(state, RunFolder(tmp_path / "run"))
     (checkpoints / "last.pt").write_bytes(b"damaged")
+    (tmp_path / "run" / "summary.json").unlink()  # a stopped run has no summary (a finished one refuses --resume)
     result = cli("train", "--resume", str(tmp_path / "run"), "--use-previous")
     assert result.returncode == 0, result.stderr
 

@@ -1,0 +1,115 @@
+"""Per-image crops for streamed training, done in the loader's worker processes on the decoded (or DCT-down-
+scaled) image, before it is ever held at full size in a batch:
+
+- `inception`: the pre-training crop of the paper's code (big_vision `decode_jpeg_and_inception_crop`, the
+  "random resized crop" of Szegedy et al. 2015): a box of 5-100% of the area and aspect ratio 3/4-4/3, resized
+  to the input size.
+- `resize_small_crop`: the paper's transfer crop (big_vision `resize_small(448)|random_crop(384)`): the shorter
+  side to `resize_small`, then a random box of the input size.
+- horizontal flip with probability 1/2, where the data allow it.
+
+Every random number comes from a generator seeded with (seed, epoch, image index) alone, so an image is cropped
+the same way whatever the number of workers or processes, and a resumed run crops as an uninterrupted one.
+
+JPEG files are decoded in draft mode (Pillow's `draft`: the decoder scales by 1/2, 1/4 or 1/8 in the DCT domain)
+when the crop needs far fewer pixels than the file has, which is most of a photo's decode time saved.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+CROPS = ("inception", "resize_small_crop")
+
+
+@dataclass(frozen=True)
+class TrainCrop:
+    """The recipe's per-image training crop (see the module docstring)."""
+
+    kind: str = "inception"  # one of CROPS
+    min_area: float = 0.05  # inception: smallest share of the image's area a box may cover
+    max_area: float = 1.0
+    min_ratio: float = 3 / 4  # inception: aspect ratios (width / height) drawn log-uniformly in this range
+    max_ratio: float = 4 / 3
+    resize_small: int = 0  # resize_small_crop: the shorter side before the crop (0: the input size / 0.875)
+    hflip: bool = True
+    resample: str = "bicubic"  # the resize kernel (the model's preprocessing contract names it)
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator of one image's augmentation in one epoch."""
+    return np.random.default_rng([seed & 0xFFFFFFFF, epoch & 0xFFFFFFFF, index & 0xFFFFFFFF])
+
+
+def inception_box(width: int, height: int, rng: np.random.Generator, crop: TrainCrop) -> tuple[int, int, int, int]:
+    """(left, top, box width, box height): up to 10 tries at a box of the drawn area and ratio that fits, else the
+    largest centred box within the ratio range (as torchvision and big_vision do)."""
+    area = width * height
+    log_ratios = (math.log(crop.min_ratio), math.log(crop.max_ratio))
+    for _ in range(10):
+        target = area * rng.uniform(crop.min_area, crop.max_area)
+        ratio = math.exp(rng.uniform(*log_ratios))
+        box_width = int(round(math.sqrt(target * ratio)))
+        box_height = int(round(math.sqrt(target / ratio)))
+        if 0 < box_width <= width and 0 < box_height <= height:
+            left = int(rng.integers(0, width - box_width + 1))
+            top = int(rng.integers(0, height - box_height + 1))
+            return left, top, box_width, box_height
+    ratio = width / height
+    if ratio < crop.min_ratio:
+        box_width, box_height = width, int(round(width / crop.min_ratio))
+    elif ratio > crop.max_ratio:
+        box_width, box_height = int(round(height * crop.max_ratio)), height
+    else:
+        box_width, box_height = width, height
+    return (width - box_width) // 2, (height - box_height) // 2, box_width, box_height
+
+
+def small_side_box(width: int, height: int, size: tuple[int, int], resize_small: int, rng: np.random.Generator
+                   ) -> tuple[tuple[int, int, int, int], float]:
+    """The box of the original image that `resize shorter side to resize_small, random crop of size` keeps, and
+    that resize's scale."""
+    scale = resize_small / min(width, height)
+    box_width = min(width, size[1] / scale)
+    box_height = min(height, size[0] / scale)
+    left = rng.uniform(0, width - box_width)
+    top = rng.uniform(0, height - box_height)
+    return (int(left), int(top), max(1, int(round(box_width))), max(1, int(round(box_height)))), scale
+
+
+def crop_image(data: bytes, size: tuple[int, int], channels: int, crop: TrainCrop, rng: np.random.Generator,
+               flip_allowed: bool = True) -> np.ndarray:
+    """Encoded image bytes -> uint8 (H, W, C) at `size` after the training crop and flip. Raises what Pillow
+    raises on a bad file (the loader turns that into a skipped sample)."""
+    from PIL import Image, ImageOps
+
+    from vitlab.data.preprocess import to_pil_mode
+
+    with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        if crop.kind == "inception":
+            left, top, box_width, box_height = inception_box(width, height, rng, crop)
+        else:
+            resize_small = crop.resize_small or int(round(max(size) / 0.875))
+            (left, top, box_width, box_height), _ = small_side_box(width, height, size, resize_small, rng)
+        flip = crop.hflip and flip_allowed and rng.uniform() < 0.5
+        # DCT-domain down-scaling: ask for the whole image at the scale that still gives the box at least the
+        # output's resolution; the decoder picks 1/1, 1/2, 1/4 or 1/8 at or above it.
+        scale = min(box_width / size[1], box_height / size[0])
+        if image.format == "JPEG" and scale >= 2:
+            image.draft("RGB" if channels == 3 else "L", (math.ceil(width / scale), math.ceil(height / scale)))
+            factor_x, factor_y = image.size[0] / width, image.size[1] / height
+            left, box_width = left * factor_x, box_width * factor_x
+            top, box_height = top * factor_y, box_height * factor_y
+        image = ImageOps.exif_transpose(image) if image.getexif().get(0x0112, 1) != 1 else image
+        image = to_pil_mode(image, channels)
+        resample = Image.Resampling.BICUBIC if crop.resample == "bicubic" else Image.Resampling.BILINEAR
+        out = image.resize((size[1], size[0]), resample, box=(left, top, left + box_width, top + box_height))
+        if flip:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        array = np.asarray(out, dtype=np.uint8)
+    return array[:, :, None] if array.ndim == 2 else array
