@@ -79,19 +79,7 @@ def decode_image(source: Path | str | bytes, image_size: tuple[int, int] | None,
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(source_file) as image:
-                image = ImageOps.exif_transpose(image)
-                if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16/32-bit grey: rescale to 8 bits, not clip
-                    array = np.asarray(image, dtype=np.float64)
-                    low, high = float(np.nanmin(array)), float(np.nanmax(array))
-                    array = (array - low) / (high - low) if high > low else np.zeros_like(array)
-                    image = Image.fromarray((np.nan_to_num(array) * 255).astype(np.uint8))
-                if image.mode in ("P", "PA", "LA"):
-                    image = image.convert("RGBA")
-                if channels == 3 or contract.grey == "luma":
-                    image = image.convert("RGB" if channels == 3 else "L")  # also CMYK, YCbCr, RGBA (alpha dropped)
-                else:  # grey as the channel mean, as `to_unit_range` makes it from stored RGB arrays
-                    rgb = np.asarray(image.convert("RGB"), dtype=np.float32)
-                    image = Image.fromarray(rgb.mean(axis=2).round().astype(np.uint8))
+                image = convert_mode(ImageOps.exif_transpose(image), channels, contract.grey)
                 if image_size is not None:
                     image = resize_pil(image, image_size, contract)
                 array = np.asarray(image, dtype=np.uint8)
@@ -102,6 +90,25 @@ def decode_image(source: Path | str | bytes, image_size: tuple[int, int] | None,
         raise DataError(f"{label}: not a readable image ({type(error).__name__}: {detail})") from None
     array = array[:, :, None] if array.ndim == 2 else array
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+
+def convert_mode(image, channels: int, grey: str = "luma"):
+    """A decoded PIL image as 8-bit RGB (channels 3) or grey (channels 1: luma, or the channel mean as
+    `to_unit_range` makes it from stored RGB arrays): 16/32-bit grey rescaled to 8 bits, palettes expanded, CMYK,
+    YCbCr and alpha converted."""
+    from PIL import Image
+
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):  # 16/32-bit grey: rescale to 8 bits, not clip
+        array = np.asarray(image, dtype=np.float64)
+        low, high = float(np.nanmin(array)), float(np.nanmax(array))
+        array = (array - low) / (high - low) if high > low else np.zeros_like(array)
+        image = Image.fromarray((np.nan_to_num(array) * 255).astype(np.uint8))
+    if image.mode in ("P", "PA", "LA"):
+        image = image.convert("RGBA")
+    if channels == 3 or grey == "luma":
+        return image.convert("RGB" if channels == 3 else "L")  # also CMYK, YCbCr, RGBA (alpha dropped)
+    rgb = np.asarray(image.convert("RGB"), dtype=np.float32)
+    return Image.fromarray(rgb.mean(axis=2).round().astype(np.uint8))
 
 
 def resize_pil(image, image_size: tuple[int, int], contract: Preprocessing):

@@ -42,6 +42,8 @@ class Batch:
     max_value: float = 255.0  # the stored value that means white
     global_size: int = 0  # the global batch this is a shard of (0: the batch is the whole of it)
     shard: slice = field(default_factory=lambda: slice(None))  # this rank's rows of the global batch
+    # The source cropped and flipped each image already (streamed files): the batch's crop and flip are skipped.
+    per_image_augmented: bool = False
 
     def __len__(self) -> int:
         return len(self.images)

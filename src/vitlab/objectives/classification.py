@@ -3,6 +3,7 @@ CutMix), accuracy summed per epoch, validation top-1 chooses the best checkpoint
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,10 @@ class Classification:
 
             raise DataError("classification needs labelled images; this data source has no labels")
         images = to_unit_range(batch.images, batch.max_value, spec)
-        images, targets = augment_batch(images, batch.labels, self.num_classes, self.augment, draws,
-                                        self.label_smoothing)
+        augment = self.augment
+        if batch.per_image_augmented:  # cropped and flipped per image in the loader already
+            augment = dataclasses.replace(augment, crop_padding=0, hflip=False)
+        images, targets = augment_batch(images, batch.labels, self.num_classes, augment, draws, self.label_smoothing)
         return normalize(images, spec), {"target": targets, "label": batch.labels}
 
     def loss(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -66,6 +66,11 @@ class TrainConfig:
     attention: str = "auto"
     seed: int = 0
     threads: int | None = None  # torch threads per process; default: the cores / processes on this machine
+    # Image files (folder, manifest, tar shards, Hugging Face datasets) are decoded per batch in worker processes
+    # when the decoded set would not fit comfortably in memory; true / false forces it. workers: the decoding
+    # processes per training process (default: the cores this process may use).
+    stream: bool | None = None
+    workers: int | None = None
     eval_batch_size: int = 512
     out_dir: str = "runs"
     run_name: str | None = None  # default: <dataset>-<time>
@@ -99,6 +104,10 @@ class TrainConfig:
             (lambda: self.freeze_blocks >= 0, lambda: f"freeze_blocks must be >= 0, got {self.freeze_blocks}"),
             (lambda: self.log_every_steps >= 0, lambda: f"log_every_steps must be >= 0, got {self.log_every_steps}"),
             (lambda: self.resample_mode in ("bilinear", "bicubic"), lambda: "resample_mode must be bilinear or bicubic"),
+            (lambda: self.augment.crop in ("inception", "resize_small_crop", "none"),
+             lambda: f"augment.crop must be inception, resize_small_crop or none, got {self.augment.crop!r}"),
+            (lambda: 0 < self.augment.crop_min_area <= 1,
+             lambda: f"augment.crop_min_area must be in (0, 1], got {self.augment.crop_min_area}"),
             (lambda: self.objective in objective_names(),
              lambda: f"objective must be one of {', '.join(objective_names())}, got {self.objective!r}"),
         ]
@@ -128,6 +137,8 @@ class TrainConfig:
             ("image_size", lambda v: (whole(v) and v > 0) or (isinstance(v, (list, tuple)) and len(v) == 2
                                                                and all(whole(x) and x > 0 for x in v))),
             ("threads", lambda v: whole(v) and v > 0),
+            ("workers", lambda v: whole(v) and v >= 0),
+            ("stream", lambda v: isinstance(v, bool)),
             ("max_train_images", lambda v: whole(v) and v > 0),
             ("classes", lambda v: isinstance(v, list) and v and all(whole(c) and c >= 0 for c in v)),
             ("model_overrides", lambda v: isinstance(v, dict)),

@@ -27,7 +27,8 @@ from torch import nn
 from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig, variant_config, variant_names
 from vitlab.data.contract import Preprocessing
-from vitlab.data.datasets import ImageDataset, load_splits
+from vitlab.data.datasets import ImageDataset, Splits, load_splits
+from vitlab.data.stream.splits import STREAMED_DATASETS, index_data, should_stream, stream_splits
 from vitlab.data.source import Batch
 from vitlab.data.transforms import Draws
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
@@ -40,11 +41,11 @@ from vitlab.distributed import (DistEnv, any_rank, broadcast_object, cleanup, fe
                                 replica_difference, synchronize)
 from vitlab.runs import BEST, RunFolder, default_run_name
 from vitlab.train.optim import EMA, build_optimizer, build_scheduler, peak_lr
-from vitlab.train.setup import apply_freezing, build_model, default_threads, training_attention_kernel
+from vitlab.train.setup import apply_freezing, build_model, default_threads, default_workers, training_attention_kernel
 from vitlab.train.session import Session
 from vitlab.train.state import Position, check_resumable, load_training_state
 from vitlab.train.step import TrainingStep
-from vitlab.train.summary import epoch_line, write_outputs
+from vitlab.train.summary import epoch_line, unreadable_files, write_outputs
 
 
 class TrainingError(VitlabError):
@@ -246,10 +247,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     # `predict`, `eval` and `serve` read them; in-memory data sets are resized per batch whatever this is.
     # Under torchrun one process per machine loads first (and downloads, where the files are not cached); the
     # others then find them verified in the cache, instead of racing for the same partial file.
-    splits = fetch_once(lambda: load_splits(config.dataset, config.data_dir, config.val_size, config.seed,
-                                            model_input_size(config, state, pretrained), config.classes,
-                                            max_train_images=config.max_train_images,
-                                            preprocessing=file_preprocessing(state, pretrained)), env)
+    splits = fetch_once(lambda: training_splits(config, env, state, pretrained), env)
     if splits.train.num_classes < 2:
         raise DataError(f"{splits.train.name} has a single class; a classifier needs at least two")
     if state is not None:
@@ -311,6 +309,37 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     if env.is_main:
         announce(session, resumed=state is not None)
     return session
+
+
+def training_splits(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
+                    pretrained: tuple[ViTConfig, Any] | None) -> Splits:
+    """The run's data: in memory (the array data sets, and image folders that fit), or streamed from their files
+    through worker processes (manifests, tar shards, Hugging Face datasets, and folders too large to hold)."""
+    size = model_input_size(config, state, pretrained)
+    contract = file_preprocessing(state, pretrained)
+    if config.dataset in ("folder",) + STREAMED_DATASETS and size is not None:
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        channels = channels_of(state, pretrained)
+        count = len(index_data(config.dataset, config.data_dir)) if config.dataset == "folder" and \
+            config.stream is None else 0
+        stream, why = should_stream(config.dataset, config.stream, count, size, channels)
+        if stream:
+            workers = config.workers if config.workers is not None else default_workers(env)
+            if env.is_main:
+                print(f"note: streaming {config.dataset} {config.data_dir} through {workers} worker process(es) "
+                      f"per training process ({why})")
+            return stream_splits(config.dataset, config.data_dir, config.val_size, config.seed, size, channels,
+                                 config.classes, config.max_train_images, contract, config.augment, workers,
+                                 pin_memory=env.device.type == "cuda")
+    return load_splits(config.dataset, config.data_dir, config.val_size, config.seed, size, config.classes,
+                       max_train_images=config.max_train_images, preprocessing=contract)
+
+
+def channels_of(state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> int:
+    """The channels images are read with: the resumed or pre-trained model's, else RGB."""
+    if state is not None:
+        return ViTConfig.from_json(state["model_config"]).in_chans
+    return pretrained[0].in_chans if pretrained is not None else 3
 
 
 def file_preprocessing(state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> Preprocessing:
@@ -492,6 +521,9 @@ def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before
     if config.test_every_epoch:  # shown to the user; nothing below reads it
         test = objective.evaluate(session.evaluated, splits.test, config.eval_batch_size, env, config.precision)
         row.update({f"test_{name}": value for name, value in objective.row_figures(test).items()})
+    skipped = unreadable_files(splits)
+    if skipped:
+        row["skipped_files"] = len(skipped)
     position.elapsed_seconds = clock.elapsed()
     count = position.epoch_sums[-1]
     row.update(images_per_second=count / max(position.train_seconds - seconds_before, 1e-9),

@@ -85,3 +85,9 @@ def default_threads(env: DistEnv) -> int:
     processes torchrun started on this machine (LOCAL_WORLD_SIZE), at least 1."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     return max(1, available_cores() // local_world)
+
+
+def default_workers(env: DistEnv) -> int:
+    """Decoding processes per training process when data are streamed: the cores this machine's processes share,
+    as for threads (decoding and the training step then take turns on them)."""
+    return default_threads(env)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from vitlab.checkpoint.io import save_model
+from vitlab.data.datasets import Splits
+from vitlab.files import atomic_write_bytes
 from vitlab.progress import format_duration
 from vitlab.runs import MODEL
 from vitlab.train.session import Session
@@ -22,7 +24,15 @@ def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, imp
     text += f"  {row['images_per_second']:.0f} img/s  {format_duration(row['elapsed_seconds'])}"
     if row["epoch"] < epochs:
         text += f", {format_duration(seconds_left)} left"
+    if row.get("skipped_files"):
+        text += f"  ({row['skipped_files']} unreadable files skipped, see skipped.txt at the end)"
     return text + ("  best" if improved else "")
+
+
+def unreadable_files(splits: Splits) -> list[str]:
+    """Every file of the run's data that could not be read so far (each with its message), over the splits."""
+    return [message for part in (splits.train, splits.validation, splits.test) if part is not None
+            for message in getattr(part, "skipped", [])]
 
 
 def write_outputs(session: Session, results: dict[str, Any], replica_diff: float = 0.0) -> dict[str, Any]:
@@ -70,6 +80,12 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
     else:
         lines.append("  validation   none (val_size 0): no best checkpoint is chosen")
     lines += lines_after
+    skipped = unreadable_files(splits)
+    summary["skipped_files"] = len(skipped)
+    if skipped:
+        atomic_write_bytes(run_dir / "skipped.txt", "".join(line + "\n" for line in skipped).encode())
+        lines.append(f"  skipped      {len(skipped)} unreadable files (listed in skipped.txt), e.g. {skipped[0]}")
+        pictures = [*pictures, "skipped.txt"]
     lines.append(f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png"
                  + "".join(f", {name}" for name in pictures))
     text = "\n".join(lines)

@@ -38,6 +38,7 @@ class TrainCrop:
     resize_small: int = 0  # resize_small_crop: the shorter side before the crop (0: the input size / 0.875)
     hflip: bool = True
     resample: str = "bicubic"  # the resize kernel (the model's preprocessing contract names it)
+    grey: str = "luma"  # how a one-channel model sees colour images (the contract's `grey`)
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
@@ -70,15 +71,12 @@ def inception_box(width: int, height: int, rng: np.random.Generator, crop: Train
 
 
 def small_side_box(width: int, height: int, size: tuple[int, int], resize_small: int, rng: np.random.Generator
-                   ) -> tuple[tuple[int, int, int, int], float]:
-    """The box of the original image that `resize shorter side to resize_small, random crop of size` keeps, and
-    that resize's scale."""
+                   ) -> tuple[float, float, float, float]:
+    """(left, top, box width, box height) of the original image that `resize the shorter side to resize_small,
+    then a random crop of size` keeps (sub-pixel: Pillow resizes from a float box)."""
     scale = resize_small / min(width, height)
-    box_width = min(width, size[1] / scale)
-    box_height = min(height, size[0] / scale)
-    left = rng.uniform(0, width - box_width)
-    top = rng.uniform(0, height - box_height)
-    return (int(left), int(top), max(1, int(round(box_width))), max(1, int(round(box_height)))), scale
+    box_width, box_height = min(width, size[1] / scale), min(height, size[0] / scale)
+    return rng.uniform(0, width - box_width), rng.uniform(0, height - box_height), box_width, box_height
 
 
 def crop_image(data: bytes, size: tuple[int, int], channels: int, crop: TrainCrop, rng: np.random.Generator,
@@ -87,26 +85,28 @@ def crop_image(data: bytes, size: tuple[int, int], channels: int, crop: TrainCro
     raises on a bad file (the loader turns that into a skipped sample)."""
     from PIL import Image, ImageOps
 
-    from vitlab.data.preprocess import to_pil_mode
+    from vitlab.data.preprocess import convert_mode
 
     with Image.open(io.BytesIO(data)) as image:
+        rotated = image.getexif().get(0x0112, 1) != 1
+        if rotated:  # boxes are drawn on the image as it is shown, so turn it first (and decode it whole)
+            image = ImageOps.exif_transpose(image)
         width, height = image.size
         if crop.kind == "inception":
             left, top, box_width, box_height = inception_box(width, height, rng, crop)
         else:
             resize_small = crop.resize_small or int(round(max(size) / 0.875))
-            (left, top, box_width, box_height), _ = small_side_box(width, height, size, resize_small, rng)
+            left, top, box_width, box_height = small_side_box(width, height, size, resize_small, rng)
         flip = crop.hflip and flip_allowed and rng.uniform() < 0.5
         # DCT-domain down-scaling: ask for the whole image at the scale that still gives the box at least the
         # output's resolution; the decoder picks 1/1, 1/2, 1/4 or 1/8 at or above it.
         scale = min(box_width / size[1], box_height / size[0])
-        if image.format == "JPEG" and scale >= 2:
+        if not rotated and image.format == "JPEG" and scale >= 2:
             image.draft("RGB" if channels == 3 else "L", (math.ceil(width / scale), math.ceil(height / scale)))
             factor_x, factor_y = image.size[0] / width, image.size[1] / height
             left, box_width = left * factor_x, box_width * factor_x
             top, box_height = top * factor_y, box_height * factor_y
-        image = ImageOps.exif_transpose(image) if image.getexif().get(0x0112, 1) != 1 else image
-        image = to_pil_mode(image, channels)
+        image = convert_mode(image, channels, crop.grey)
         resample = Image.Resampling.BICUBIC if crop.resample == "bicubic" else Image.Resampling.BILINEAR
         out = image.resize((size[1], size[0]), resample, box=(left, top, left + box_width, top + box_height))
         if flip:

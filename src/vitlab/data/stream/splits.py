@@ -1,0 +1,135 @@
+"""The three splits of a training run over streamed data, carved exactly as `vitlab.data.datasets.load_splits`
+carves the in-memory ones (so a folder gives the same train / validation / test files either way), and the
+choice between the two.
+
+Data sets named by where they are: `folder` (class sub-folders, or train/ val/ test/ trees), `manifest` (a CSV
+or JSON-lines file of path and label), `shards` (WebDataset-style tar shards: a file, a list or a pattern such
+as `train-{000..015}.tar`) and `hf` (a Hugging Face dataset saved on disk, Parquet, or a hub name); `data_dir`
+says where. A folder is held in memory when its decoded pixels fit comfortably, and streamed otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vitlab.data.contract import Preprocessing
+from vitlab.data.datasets import Splits, split_indices
+from vitlab.data.stream.crops import TrainCrop
+from vitlab.data.stream.loader import StreamingSource
+from vitlab.data.transforms import AugmentConfig
+from vitlab.errors import DataError
+
+STREAMED_DATASETS = ("manifest", "shards", "hf")  # image files that are always streamed; `folder` may be either
+MEMORY_SHARE = 0.25  # a folder is held in memory while its decoded pixels take at most this share of free memory
+TEST_FRACTION = 0.2  # a single tree gives this share of its images to the test split (as load_dataset does)
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new allocations (MemAvailable), or all of it where that is unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def should_stream(dataset: str, stream: bool | None, count: int, image_size: tuple[int, int], channels: int
+                  ) -> tuple[bool, str]:
+    """(stream?, why) for a data set of image files; `stream` (the recipe's) wins when set."""
+    if dataset in STREAMED_DATASETS:
+        if stream is False:
+            raise DataError(f"{dataset} data are always streamed; drop --set stream=false")
+        return True, f"{dataset} data are read lazily"
+    decoded = count * channels * image_size[0] * image_size[1]
+    if stream is not None:
+        return stream, f"--set stream={str(stream).lower()}"
+    free = available_memory()
+    if decoded > MEMORY_SHARE * free:
+        return True, (f"its {count} images would take {decoded / 2**30:.1f} GiB decoded, more than "
+                      f"{MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free")
+    return False, f"its {count} images take {decoded / 2**20:.0f} MiB decoded"
+
+
+def index_data(dataset: str, data_dir: str | Path | None, split: str | None = None):
+    """The sample index of a streamed data set (or of one split of a folder with train/ val/ test/ trees)."""
+    from vitlab.data.stream.open import index_from_spec
+
+    if data_dir is None:
+        raise DataError(f"the {dataset} data set needs --data-dir (a folder, a manifest file, tar shards, or for hf "
+                        "a saved dataset or a hub name)")
+    if dataset == "folder":
+        return index_from_spec("folder", data_dir, split)
+    if dataset == "hf" and not Path(str(data_dir)).expanduser().exists():
+        return index_from_spec(f"hf:{data_dir}", None, split)
+    return index_from_spec(str(data_dir), None, split)
+
+
+def folder_trees(data_dir: str | Path) -> tuple[str, ...]:
+    """The split trees a folder has: ("train", "val", "test"), ("train", "test"), ("train", "val") or ()."""
+    root = Path(data_dir).expanduser()
+    present = tuple(name for name in ("train", "val", "test") if (root / name).is_dir())
+    return present if "train" in present and len(present) > 1 else ()
+
+
+def labels_of(index) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(index.labels, dtype=np.int64))
+
+
+def keep_classes(index, classes: list[int]):
+    """Only the samples of `classes`, relabelled 0..len(classes)-1 in that order (as ImageDataset.select_classes)."""
+    names = index.class_names or []
+    for label in classes:
+        if not 0 <= label < len(names):
+            raise DataError(f"class {label} does not exist in {index.name}, which has classes 0..{len(names) - 1}")
+    lookup = np.full(len(names), -1, dtype=np.int64)
+    lookup[classes] = np.arange(len(classes))
+    kept = index.subset(np.flatnonzero(lookup[index.labels] >= 0))
+    return dataclasses.replace(kept, labels=lookup[kept.labels], class_names=[names[i] for i in classes])
+
+
+def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, seed: int,
+                  image_size: tuple[int, int], channels: int = 3, classes: list[int] | None = None,
+                  max_train_images: int | None = None, preprocessing: Preprocessing | None = None,
+                  augment: AugmentConfig | None = None, workers: int = 0, pin_memory: bool = False) -> Splits:
+    """Train, validation and test splits of streamed image files; see the module docstring. The training split
+    crops per image (`augment.crop`); validation and test read images under the model's contract."""
+    augment = augment or AugmentConfig()
+    contract = preprocessing or Preprocessing.image_files()
+    trees = folder_trees(data_dir) if dataset == "folder" and data_dir is not None else ()
+    if trees:
+        train = index_data(dataset, data_dir, "train")
+        test = index_data(dataset, data_dir, "test" if "test" in trees else "val")
+        official = index_data(dataset, data_dir, "val") if trees == ("train", "val", "test") else None
+    else:
+        everything = index_data(dataset, data_dir)
+        kept, held = split_indices(labels_of(everything), TEST_FRACTION, 0)
+        train, test, official = everything.subset(kept.numpy()), everything.subset(held.numpy()), None
+    if classes is not None:
+        train, test = keep_classes(train, classes), keep_classes(test, classes)
+        official = keep_classes(official, classes) if official is not None else None
+    validation, source = official, "official" if official is not None else "none"
+    if official is None and val_size > 0:
+        kept, held = split_indices(labels_of(train), val_size, seed)
+        train, validation = train.subset(kept.numpy()), train.subset(held.numpy(), f"{train.name} validation")
+        source = "carved"
+    if max_train_images is not None and max_train_images < len(train):
+        _, chosen = split_indices(labels_of(train), max_train_images, seed + 1)
+        train = train.subset(chosen.numpy())
+    crop = TrainCrop("inception" if augment.crop == "inception" else "resize_small_crop",
+                     min_area=augment.crop_min_area, resize_small=augment.resize_small, hflip=augment.hflip,
+                     resample=contract.resize, grey=contract.grey)
+
+    def source_of(index, train_crop: TrainCrop | None) -> StreamingSource:
+        return StreamingSource(index, image_size, channels, train_crop, contract, seed, workers,
+                               hflip=augment.hflip, pin_memory=pin_memory)
+
+    return Splits(source_of(train, crop if augment.crop != "none" else None), source_of(validation, None) if validation is not None else None,
+                  source_of(test, None), source)

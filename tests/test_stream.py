@@ -1,0 +1,197 @@
+"""Streamed image files: decoded per sample in DataLoader workers, the same batches whatever the number of
+workers, exact resume, disjoint rank shares, unreadable files skipped and listed, memory that does not grow with
+the number of files."""
+
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from test_train import MICRO, micro_config, weights
+from vitlab.data.stream.crops import TrainCrop, crop_image, inception_box, sample_rng
+from vitlab.data.stream.loader import StreamingSource
+from vitlab.data.stream.open import index_from_spec
+from vitlab.data.stream.splits import stream_splits
+from vitlab.errors import DataError
+from vitlab.train import loop
+from vitlab.train.config import TrainConfig
+from vitlab.train.loop import train
+
+
+def write_photos(root, per_class=24, classes=("cats", "dogs"), size=(40, 30), seed=0):
+    generator = np.random.default_rng(seed)
+    for name in classes:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for index in range(per_class):
+            pixels = generator.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{index:03d}.jpg", quality=90)
+    return root
+
+
+def source(root, workers=0, crop=TrainCrop()):
+    return StreamingSource(index_from_spec("folder", root), (16, 16), 3, crop, seed=3, workers=workers)
+
+
+def epoch(data, **kwargs):
+    return [(b.images.clone(), b.labels.clone(), b.indices.clone())
+            for b in data.training_batches(epoch_seed=11, batch_size=8, **kwargs)]
+
+
+def test_zero_one_and_two_workers_give_identical_batches(tmp_path):
+    root = write_photos(tmp_path / "photos")
+    reference = epoch(source(root, workers=0))
+    assert len(reference) == 48 // 8 and reference[0][0].dtype == torch.uint8 and reference[0][0].shape == (8, 3, 16, 16)
+    for workers in (1, 2):
+        batches = epoch(source(root, workers=workers))
+        for (a, la, ia), (b, lb, ib) in zip(reference, batches, strict=True):
+            assert torch.equal(a, b) and torch.equal(la, lb) and torch.equal(ia, ib)
+
+
+def test_an_images_crop_depends_only_on_seed_epoch_and_index(tmp_path):
+    root = write_photos(tmp_path / "photos")
+    full = epoch(source(root))
+    resumed = epoch(source(root), start_step=3)
+    for (a, _, _), (b, _, _) in zip(full[3:], resumed, strict=True):
+        assert torch.equal(a, b)
+    other_epoch = [b.images for b in source(root).training_batches(epoch_seed=12, batch_size=8)]
+    assert not torch.equal(full[0][0], other_epoch[0])
+
+
+def test_two_ranks_read_disjoint_shares_that_cover_the_global_batches(tmp_path):
+    root = write_photos(tmp_path / "photos")
+    one = epoch(source(root))
+    ranks = [epoch(source(root), rank=rank, world_size=2) for rank in (0, 1)]
+    for step, (images, labels, indices) in enumerate(one):
+        first, second = ranks[0][step], ranks[1][step]
+        assert set(first[2].tolist()).isdisjoint(second[2].tolist())
+        assert torch.equal(torch.cat([first[2], second[2]]), indices)
+        assert torch.equal(torch.cat([first[0], second[0]]), images)
+    evaluation = [torch.cat([b.indices for b in source(root).evaluation_batches(5, rank, 2)]) for rank in (0, 1)]
+    assert torch.equal(torch.cat(evaluation), torch.arange(48))
+
+
+def test_inception_boxes_cover_5_to_100_percent_within_the_aspect_range():
+    crop = TrainCrop()
+    areas, ratios = [], []
+    for index in range(400):
+        left, top, width, height = inception_box(500, 375, sample_rng(0, 0, index), crop)
+        assert 0 <= left and left + width <= 500 and 0 <= top and top + height <= 375
+        areas.append(width * height / (500 * 375))
+        ratios.append(width / height)
+    # Uniform in area before boxes that do not fit are drawn again, which favours smaller boxes a little.
+    assert 0.05 <= min(areas) < 0.1 and 0.9 < max(areas) <= 1.0 and 0.35 < np.mean(areas) < 0.55
+    assert 0.74 <= min(ratios) and max(ratios) <= 1.35
+
+
+def test_jpeg_draft_decoding_gives_the_crop_at_the_output_size():
+    import io
+
+    pixels = np.random.default_rng(0).integers(0, 256, (1200, 1600, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG")
+    out = crop_image(buffer.getvalue(), (32, 32), 3, TrainCrop(), sample_rng(0, 0, 0))
+    assert out.shape == (32, 32, 3) and out.dtype == np.uint8
+    grey = crop_image(buffer.getvalue(), (32, 32), 1, TrainCrop("resize_small_crop"), sample_rng(0, 0, 0))
+    assert grey.shape == (32, 32, 1)
+
+
+def test_unreadable_files_are_replaced_counted_and_listed(tmp_path):
+    root = write_photos(tmp_path / "photos", per_class=40)
+    (root / "cats" / "005.jpg").write_bytes(b"")  # empty
+    (root / "dogs" / "007.jpg").write_bytes((root / "dogs" / "008.jpg").read_bytes()[:200])  # truncated
+    (root / "dogs" / "009.jpg").write_text("not an image")
+    data = StreamingSource(index_from_spec("folder", root), (16, 16), 3, TrainCrop(), workers=2,
+                           max_bad_fraction=0.05)
+    batches = list(data.training_batches(epoch_seed=1, batch_size=16))
+    assert all(len(b) == 16 for b in batches)  # every batch keeps its size
+    assert sorted(s.split(":")[0].rsplit("/", 2)[-2] + "/" + s.split(":")[0].rsplit("/", 1)[-1]
+                  for s in data.skipped) == ["cats/005.jpg", "dogs/007.jpg", "dogs/009.jpg"]
+    strict = StreamingSource(index_from_spec("folder", root), (16, 16), 3, TrainCrop(), max_bad_fraction=0.02)
+    with pytest.raises(DataError, match="unreadable, more than 2% .* the data are damaged"):
+        list(strict.training_batches(epoch_seed=1, batch_size=16))
+
+
+def stream_config(tmp_path, root, **changes):
+    fields = dict(dataset="folder", data_dir=str(root), stream=True, workers=1, batch_size=8, epochs=2,
+                  model_overrides=dict(MICRO, image_size=16, patch_size=4, depth=2), drop_path=0.1,
+                  augment={"random_erasing": 0.25}, ema_decay=0.9)
+    fields.update(changes)
+    return micro_config(tmp_path, **fields)
+
+
+def test_a_streamed_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
+    root = write_photos(tmp_path / "photos")
+    straight = train(stream_config(tmp_path, root, run_name="straight"))
+    assert straight["status"] == "finished"
+    calls = {"n": 0}
+    real = loop.any_rank
+
+    def stop_at_the_seventh_check(flag, env):
+        calls["n"] += 1
+        return real(flag or calls["n"] == 7, env)
+
+    monkeypatch.setattr(loop, "any_rank", stop_at_the_seventh_check)
+    stopped = train(stream_config(tmp_path, root, run_name="stopped"))
+    assert stopped["status"] == "interrupted"
+    monkeypatch.setattr(loop, "any_rank", real)
+    train(TrainConfig(), resume=tmp_path / "stopped")
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_a_streamed_folder_gives_the_splits_of_the_in_memory_one(tmp_path):
+    from vitlab.data.datasets import load_splits
+
+    root = write_photos(tmp_path / "photos", per_class=30)
+    memory = load_splits("folder", root, 0.1, 0, (16, 16))
+    streamed = stream_splits("folder", root, 0.1, 0, (16, 16))
+    for part in ("train", "validation", "test"):
+        a, b = getattr(memory, part), getattr(streamed, part)
+        assert len(a) == len(b) and torch.equal(a.labels, b.labels)
+        pixels = torch.cat([batch.images for batch in b.evaluation_batches(16)])
+        assert torch.equal(pixels, a.images)  # the same files, read under the same contract
+    assert streamed.validation_source == memory.validation_source == "carved"
+
+
+def test_a_streamed_run_reports_skipped_files(tmp_path):
+    root = tmp_path / "photos"
+    write_photos(root / "train", per_class=40)
+    write_photos(root / "test", per_class=10, seed=1)
+    (root / "train" / "cats" / "011.jpg").write_bytes(b"\x00" * 100)  # met by the first epoch's training
+    summary = train(stream_config(tmp_path, root, epochs=1, ema_decay=0.0))
+    assert summary["skipped_files"] == 1
+    listed = (tmp_path / "run" / "skipped.txt").read_text().splitlines()
+    assert len(listed) == 1 and "011.jpg" in listed[0]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["skipped_files"] == 1
+
+
+def test_memory_does_not_grow_with_the_number_of_files(tmp_path):
+    """A streamed source holds compact arrays: what it holds after reading an epoch's first batches is about the
+    files' path bytes per file, not their decoded pixels (16 x 16 x 3 = 768 bytes each here) or Python objects.
+    (Scanning a folder allocates its listing for a moment; what is kept is measured.)"""
+    costs = {}
+    for count in (400, 2000):
+        root = tmp_path / f"n{count}"
+        for name in ("a", "b"):
+            (root / name).mkdir(parents=True)
+        tiny = (tmp_path / "tiny.png")
+        Image.new("RGB", (4, 4), "red").save(tiny)
+        payload = tiny.read_bytes()
+        for index in range(count):
+            (root / ("a", "b")[index % 2] / f"{index:05d}.png").write_bytes(payload)
+        tracemalloc.start()
+        data = source(root)
+        for step, _ in enumerate(data.training_batches(epoch_seed=0, batch_size=16)):
+            if step == 3:
+                break
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        costs[count] = held
+        del data
+    per_file = (costs[2000] - costs[400]) / 1600
+    assert per_file < 100, per_file  # the paths here are ~40 bytes, plus an offset and a label
