@@ -195,3 +195,50 @@ def test_memory_does_not_grow_with_the_number_of_files(tmp_path):
         del data
     per_file = (costs[2000] - costs[400]) / 1600
     assert per_file < 100, per_file  # the paths here are ~40 bytes, plus an offset and a label
+
+
+def test_a_worker_that_dies_is_reported_with_the_file_it_was_reading(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from vitlab.data.stream import loader
+
+    root = write_photos(tmp_path / "photos", per_class=8)
+    victim = str(root / "dogs" / "002.jpg")
+    real = loader.SampleReader.decode
+
+    def crash_on_the_victim(self, position, epoch_seed):
+        if self.index.location(position) == victim:  # as a decoder that segfaults on one file would
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, position, epoch_seed)
+
+    monkeypatch.setattr(loader.SampleReader, "decode", crash_on_the_victim)
+    data = source(root, workers=2)
+    with pytest.raises(DataError, match="worker of folder:photos failed .* were reading .*dogs/002.jpg"):
+        list(data.evaluation_batches(4))
+
+
+def test_train_and_evaluate_on_a_manifest_and_on_tar_shards(tmp_path):
+    import tarfile
+
+    from vitlab.eval.runner import run_evaluation
+
+    root = write_photos(tmp_path / "photos", per_class=20)
+    files = sorted(root.rglob("*.jpg"))
+    manifest = tmp_path / "train.csv"
+    # paths relative to the manifest's folder
+    manifest.write_text("path,label\n" + "".join(f"{f.relative_to(tmp_path)},{f.parent.name}\n" for f in files))
+    summary = train(stream_config(tmp_path, tmp_path, dataset="manifest", data_dir=str(manifest), epochs=1))
+    assert summary["status"] == "finished" and summary["train_count"] + summary["val_count"] + \
+        summary["test_count"] == 40
+    report = run_evaluation(tmp_path / "run", "manifest", data_dir=str(manifest))
+    assert report["count"] == summary["test_count"] and report["top1"] == pytest.approx(summary["test_top1"])
+    with tarfile.open(tmp_path / "shard-000.tar", "w") as shard:
+        for index, path in enumerate(files):
+            shard.add(path, f"{index:05d}.jpg")
+            label = tmp_path / "label.cls"
+            label.write_text(str(int(path.parent.name == "dogs")))
+            shard.add(label, f"{index:05d}.cls")
+    shards = train(stream_config(tmp_path, tmp_path, run_name="shards", dataset="shards",
+                                 data_dir=str(tmp_path / "shard-000.tar"), epochs=1))
+    assert shards["test_count"] == summary["test_count"]

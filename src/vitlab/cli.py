@@ -421,7 +421,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a recipe field, e.g. --set lr=1e-3 --set augment.hflip=true (repeatable)")
     p.add_argument("--dataset", help="shorthand for --set dataset=NAME (digits, mnist, fashion-mnist, cifar10, "
-                                     "cifar100, folder)")
+                                     "cifar100, folder; streamed image files: manifest, shards, hf)")
     p.add_argument("--data-dir", help="shorthand for --set data_dir=PATH: data files already on disk")
     p.add_argument("--image-size", type=image_size_arg, help="shorthand for --set image_size=N or HxW (default: "
                                                              "the variant's; images are resized)")
@@ -440,7 +440,7 @@ def build_parser() -> ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--from", dest="init_from", metavar="CHECKPOINT", help="vitlab, official .npz, timm or HF checkpoint")
     p.add_argument("--dataset", help="data set to fine-tune on (digits, mnist, fashion-mnist, cifar10, cifar100, "
-                                     "folder)")
+                                     "folder; streamed image files: manifest, shards, hf)")
     p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
     add_checkpoint_options(p, "fine-tuning resolution, N or HxW: the position embedding is resampled to it (for a "
                               "checkpoint whose position table is not square: the size it was made for)",

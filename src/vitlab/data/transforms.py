@@ -231,7 +231,7 @@ class AugmentConfig:
     # (the model's evaluation resize and crop). hflip then flips per image there, not per batch.
     crop: str = "inception"
     crop_min_area: float = 0.05
-    resize_small: int = 0  # resize_small_crop: the shorter side before the crop; 0 = the input size / 0.875
+    resize_small: int = 0  # resize_small_crop: the shorter side before the crop; 0 = the paper's 448 for 384
 
 
 def augment_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, config: AugmentConfig,

@@ -20,7 +20,10 @@ def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_d
     """A split of a data set at the model's image size and channels; refused when its classes do not match the
     model's head. split "val": the data set's official validation split, or else the one a training run carved
     (`run`: its train_config.json; the same images, from its val_size and seed)."""
-    if split == "val" and not has_official_validation(dataset, data_dir):
+    streamed = streamed_split(config, dataset, split, data_dir, classes, run)
+    if streamed is not None:
+        data = streamed
+    elif split == "val" and not has_official_validation(dataset, data_dir):
         if run is None or run.get("dataset") != dataset:
             raise DataError(f"{dataset} has no official validation split, and a carved one is defined by a training "
                             "run: evaluate a run folder on the data set it trained on, or use --split test")
@@ -36,6 +39,36 @@ def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_d
         raise DataError(f"the model has {config.num_classes} classes but {dataset} has {data.num_classes}; "
                         "evaluate on the data set it was trained for, or fine-tune it first")
     return data
+
+
+def streamed_split(config: ViTConfig, dataset: str, split: str, data_dir: str | None, classes: list[int] | None,
+                   run: dict[str, Any] | None):
+    """A split of streamed image files (manifests, tar shards, Hugging Face datasets, and folders too large to
+    hold), read under the model's contract in worker processes; None for data held in memory."""
+    from vitlab.data.stream.splits import STREAMED_DATASETS, index_data, should_stream, stream_splits
+    from vitlab.data.transforms import AugmentConfig
+    from vitlab.hardware import available_cores
+
+    if dataset not in ("folder",) + STREAMED_DATASETS:
+        return None
+    count = len(index_data(dataset, data_dir)) if dataset == "folder" and not folder_has_trees(data_dir) else 0
+    if dataset == "folder" and (count == 0 or not should_stream(dataset, None, count, config.image_size,
+                                                                config.in_chans)[0]):
+        return None
+    run = run if run is not None and run.get("dataset") == dataset else {}
+    splits = stream_splits(dataset, data_dir, run.get("val_size", 0.1), run.get("seed", 0), config.image_size,
+                           config.in_chans, classes, None, resolved_preprocessing(config, "files"),
+                           AugmentConfig(crop="none"), workers=available_cores())
+    chosen = {"train": splits.train, "val": splits.validation, "test": splits.test}[split]
+    if chosen is None:
+        raise DataError("the run trained with val_size 0: it has no validation split")
+    return chosen
+
+
+def folder_has_trees(data_dir: str | None) -> bool:
+    from vitlab.data.stream.splits import folder_trees
+
+    return data_dir is not None and bool(folder_trees(data_dir))
 
 
 def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_dir: str | None = None,

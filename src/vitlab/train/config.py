@@ -159,10 +159,12 @@ class TrainConfig:
 def finetune_config(**changes: Any) -> TrainConfig:
     """The paper's fine-tuning recipe (section 3.2, Appendix B.1.1) as defaults for `vitlab finetune`: SGD with
     momentum 0.9, no weight decay, gradient clipping at norm 1, a short linear warm-up then cosine decay, no
-    label smoothing or stochastic depth; light augmentation (random crop), as the paper's."""
+    label smoothing or stochastic depth; light augmentation, as the paper's: image files get its transfer crop
+    (big_vision `resize_small(448)|random_crop(384)|flip_lr`, at any input size), arrays a padded random crop."""
     fields: dict[str, Any] = dict(
         optimizer="sgd", momentum=0.9, lr=0.01, min_lr=0.0, weight_decay=0.0, grad_clip=1.0, warmup_epochs=1.0,
-        label_smoothing=0.0, drop_path=0.0, epochs=20, batch_size=64, augment=AugmentConfig(crop_padding=1))
+        label_smoothing=0.0, drop_path=0.0, epochs=20, batch_size=64,
+        augment=AugmentConfig(crop_padding=1, crop="resize_small_crop", hflip=True))
     fields.update(changes)
     return TrainConfig(**fields)
 

@@ -35,10 +35,16 @@ class TrainCrop:
     max_area: float = 1.0
     min_ratio: float = 3 / 4  # inception: aspect ratios (width / height) drawn log-uniformly in this range
     max_ratio: float = 4 / 3
-    resize_small: int = 0  # resize_small_crop: the shorter side before the crop (0: the input size / 0.875)
+    resize_small: int = 0  # resize_small_crop: the shorter side before the crop (0: the paper's 448 for 384)
     hflip: bool = True
     resample: str = "bicubic"  # the resize kernel (the model's preprocessing contract names it)
     grey: str = "luma"  # how a one-channel model sees colour images (the contract's `grey`)
+
+
+def transfer_resize_small(size: tuple[int, int]) -> int:
+    """The shorter side the paper's transfer crop resizes to before cropping `size`: 448 for 384 (big_vision's
+    transfer configs), the same ratio at other sizes."""
+    return int(round(max(size) * 448 / 384))
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
@@ -95,7 +101,7 @@ def crop_image(data: bytes, size: tuple[int, int], channels: int, crop: TrainCro
         if crop.kind == "inception":
             left, top, box_width, box_height = inception_box(width, height, rng, crop)
         else:
-            resize_small = crop.resize_small or int(round(max(size) / 0.875))
+            resize_small = crop.resize_small or transfer_resize_small(size)
             left, top, box_width, box_height = small_side_box(width, height, size, resize_small, rng)
         flip = crop.hflip and flip_allowed and rng.uniform() < 0.5
         # DCT-domain down-scaling: ask for the whole image at the scale that still gives the box at least the

@@ -29,6 +29,7 @@ from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
 from vitlab.errors import DataError
 
 REPLACEMENT_TRIES = 16  # readable images looked for after a bad one before the batch is given up
+BATCH_TIMEOUT_SECONDS = 600  # a worker that delivers nothing for this long is taken as hung (a stalled disk, say)
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,15 @@ class SampleReader(torch.utils.data.Dataset):
         self.contract = contract
         self.seed = seed
         self.flips_allowed = flips_allowed
+        self.reading = None  # shared memory: the sample each worker is on, so a worker's death can name its file
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def note_reading(self, position: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and self.reading is not None:
+            self.reading[info.id] = position
 
     def decode(self, position: int, epoch_seed: int) -> torch.Tensor:
         from vitlab.data.preprocess import decode_image
@@ -71,6 +78,7 @@ class SampleReader(torch.utils.data.Dataset):
         """(image or None, label, the index used, (location, message) of each file that could not be read)."""
         skipped = []
         for position in (request.index, *request.replacements):
+            self.note_reading(position)
             try:
                 image = self.decode(position, request.epoch_seed)
                 return image, int(self.index.labels[position]), position, skipped
@@ -151,6 +159,10 @@ class StreamingSource:
         epoch is seconds on a large index), and each pass hands it that pass's plan (`batches` lists of requests,
         made as they are asked for)."""
         if purpose not in self._loaders:
+            if self.workers and self.reader.reading is None:
+                import multiprocessing
+
+                self.reader.reading = multiprocessing.Array("q", [-1] * self.workers, lock=False)
             sampler = PassRequests()
             # Its own generator: a DataLoader draws its workers' base seed from the global RNG each time a pass
             # starts, which would shift dropout and stochastic depth between a resumed run and an uninterrupted one
@@ -158,7 +170,8 @@ class StreamingSource:
             self._loaders[purpose] = (sampler, DataLoader(
                 self.reader, batch_sampler=sampler, collate_fn=collate, num_workers=self.workers,
                 prefetch_factor=self.prefetch if self.workers else None, pin_memory=self.pin_memory,
-                persistent_workers=self.workers > 0, generator=torch.Generator().manual_seed(self.seed)))
+                persistent_workers=self.workers > 0, generator=torch.Generator().manual_seed(self.seed),
+                timeout=BATCH_TIMEOUT_SECONDS if self.workers else 0))
         requests, loader = self._loaders[purpose]
         requests.plan, requests.batches = plan, batches
         return loader
@@ -176,7 +189,7 @@ class StreamingSource:
                 yield [Request(row, epoch_seed, self.replacements(order, after + offset))
                        for offset, row in enumerate(rows)]
 
-        for batch in self.loader("train", plan, len(steps)):
+        for batch in self.watched(self.loader("train", plan, len(steps))):
             self.record(batch)
             if batch["missing"]:  # every stand-in unreadable too: the shard would lose rows and its random draws
                 raise DataError(f"{batch['missing']} image(s) of a batch of {self.name} and the next "
@@ -198,10 +211,25 @@ class StreamingSource:
             for first in firsts:
                 yield [Request(i) for i in range(first, min(first + batch_size, share.stop))]
 
-        for batch in self.loader("eval", plan, len(firsts)):
+        for batch in self.watched(self.loader("eval", plan, len(firsts))):
             self.record(batch)
             if batch["images"] is not None:  # an unreadable image is left out of evaluation (and counted)
                 yield Batch(batch["images"], batch["labels"], batch["indices"], self.max_value)
+
+    def watched(self, loader: DataLoader) -> Iterator[dict[str, Any]]:
+        """The loader's batches; a worker that dies or hangs becomes one DataError naming the files the workers
+        were reading, instead of a traceback from inside the DataLoader (or a wait forever)."""
+        try:
+            yield from loader
+        except RuntimeError as error:
+            text = str(error)
+            if "DataLoader worker" not in text and "timed out" not in text:
+                raise
+            reading = [self.index.location(int(i)) for i in (self.reader.reading or []) if i >= 0]
+            cause = text.splitlines()[0].rstrip(".")
+            raise DataError(f"a data-loading worker of {self.name} failed ({cause}) while the workers were reading "
+                            f"{', '.join(reading) or 'no file yet'}; a file that crashes the decoder can be found "
+                            "with --set workers=0, which reads in this process and names it") from None
 
     def record(self, batch: dict[str, Any]) -> None:
         """Note the batch's unreadable files; stop when there are too many, or when no stand-in could be read."""
