@@ -67,7 +67,8 @@ def readme_commands(text: str) -> list[str]:
 
 def make_sandbox(root: Path) -> None:
     """What the README's commands assume beside the clone: a digit saved as my_digit.png, a ~/photos folder of
-    class folders, and ViT-B_16.npz (the tiny official-format fixture stands in for the real download)."""
+    class folders (and the same photos as ~/photos.csv, tar shards in ~/shards and a saved Hugging Face dataset
+    in ~/photos_hf), and ViT-B_16.npz (the tiny official-format fixture stands in for the real download)."""
     from vitlab.data.datasets import load_dataset
 
     digits = load_dataset("digits", "test")
@@ -81,9 +82,34 @@ def make_sandbox(root: Path) -> None:
             noise = rng.integers(-40, 40, (48, 40, 3))
             Image.fromarray(np.clip(np.array(colour) + noise, 0, 255).astype(np.uint8)).save(
                 root / "photos" / name / f"{index}.png")
+    write_streamed_forms(root / "photos", root)
     shutil.copy(FIXTURES / "jax_vit_token.npz", root / "ViT-B_16.npz")
     shutil.copy(FIXTURES / "jax_vit_token.json", root / "ViT-B_16.json")
     (root / "tests").symlink_to(REPO / "tests")
+
+
+def write_streamed_forms(photos: Path, root: Path) -> None:
+    """The class folders as a manifest, WebDataset tar shards and a saved Hugging Face dataset."""
+    import tarfile
+
+    files = sorted(photos.rglob("*.png"))
+    (root / "photos.csv").write_text("path,label\n" + "".join(f"photos/{f.relative_to(photos)},{f.parent.name}\n"
+                                                               for f in files))
+    (root / "shards").mkdir()
+    classes = sorted({f.parent.name for f in files})
+    (root / "shards" / "classes.txt").write_text("\n".join(classes) + "\n")
+    for shard in range(4):
+        with tarfile.open(root / "shards" / f"photos-{shard:03d}.tar", "w") as archive:
+            for index, path in list(enumerate(files))[shard::4]:
+                archive.add(path, f"{index:05d}.png")
+                label = root / "label.cls"
+                label.write_text(str(classes.index(path.parent.name)))
+                archive.add(label, f"{index:05d}.cls")
+    datasets = pytest.importorskip("datasets")
+    table = datasets.Dataset.from_dict({"image": [str(f) for f in files],
+                                        "label": [classes.index(f.parent.name) for f in files]})
+    table = table.cast_column("image", datasets.Image()).cast_column("label", datasets.ClassLabel(names=classes))
+    table.save_to_disk(str(root / "photos_hf"))
 
 
 def as_run_here(command: str) -> list[str] | None:

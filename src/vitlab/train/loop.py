@@ -319,7 +319,7 @@ def training_splits(config: TrainConfig, env: DistEnv, state: dict[str, Any] | N
     contract = file_preprocessing(state, pretrained)
     if config.dataset in ("folder",) + STREAMED_DATASETS and size is not None:
         size = (size, size) if isinstance(size, int) else tuple(size)
-        channels = channels_of(state, pretrained)
+        channels = channels_of(config, state, pretrained)
         count = len(index_data(config.dataset, config.data_dir)) if config.dataset == "folder" and \
             config.stream is None else 0
         stream, why = should_stream(config.dataset, config.stream, count, size, channels)
@@ -335,11 +335,14 @@ def training_splits(config: TrainConfig, env: DistEnv, state: dict[str, Any] | N
                        max_train_images=config.max_train_images, preprocessing=contract)
 
 
-def channels_of(state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> int:
-    """The channels images are read with: the resumed or pre-trained model's, else RGB."""
+def channels_of(config: TrainConfig, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> int:
+    """The channels streamed images are read with: the resumed or pre-trained model's, else the variant's (1 for
+    the grey presets such as mnist-28, 3 for the paper's variants)."""
     if state is not None:
         return ViTConfig.from_json(state["model_config"]).in_chans
-    return pretrained[0].in_chans if pretrained is not None else 3
+    if pretrained is not None:
+        return pretrained[0].in_chans
+    return variant_config(config.model, **config.model_overrides).in_chans
 
 
 def file_preprocessing(state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> Preprocessing:

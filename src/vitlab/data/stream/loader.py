@@ -176,6 +176,15 @@ class StreamingSource:
         requests.plan, requests.batches = plan, batches
         return loader
 
+    def close(self) -> None:
+        """Stop the persistent workers now (they also stop when the source is collected, or the process ends)."""
+        for _, loader in self._loaders.values():
+            iterator = getattr(loader, "_iterator", None)  # the persistent pass DataLoader keeps
+            if iterator is not None:
+                iterator._shutdown_workers()
+                loader._iterator = None
+        self._loaders.clear()
+
     def training_batches(self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0,
                          world_size: int = 1) -> Iterator[Batch]:
         order = epoch_order(len(self), epoch_seed)  # a tensor: 8 bytes an image, no Python object per image
