@@ -1,0 +1,76 @@
+"""The data of a training run: which batch source serves it (the in-memory data sets, image folders held in
+memory, or image files streamed through worker processes), at the size, channels and preprocessing of the model
+it trains. A new kind of data source is a module under `vitlab.data` and a branch of `training_splits`; the
+training loop only asks the splits for batches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vitlab.config import ViTConfig, variant_config, variant_names
+from vitlab.data.contract import Preprocessing
+from vitlab.data.datasets import Splits, load_splits
+from vitlab.data.stream.splits import STREAMED_DATASETS, index_data, should_stream, stream_splits
+from vitlab.distributed import DistEnv
+from vitlab.train.config import TrainConfig
+from vitlab.train.setup import default_workers
+
+
+def training_splits(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
+                    pretrained: tuple[ViTConfig, Any] | None) -> Splits:
+    """The run's data: in memory (the array data sets, and image folders that fit), or streamed from their files
+    through worker processes (manifests, tar shards, Hugging Face datasets, and folders too large to hold)."""
+    size = model_input_size(config, state, pretrained)
+    contract = file_preprocessing(state, pretrained)
+    if config.dataset in ("folder",) + STREAMED_DATASETS and size is not None:
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        channels = channels_of(config, state, pretrained)
+        count = len(index_data(config.dataset, config.data_dir)) if config.dataset == "folder" and \
+            config.stream is None else 0
+        stream, why = should_stream(config.dataset, config.stream, count, size, channels)
+        if stream:
+            workers = config.workers if config.workers is not None else default_workers(env)
+            if env.is_main:
+                print(f"note: streaming {config.dataset} {config.data_dir} through {workers} worker process(es) "
+                      f"per training process ({why})")
+            return stream_splits(config.dataset, config.data_dir, config.val_size, config.seed, size, channels,
+                                 config.classes, config.max_train_images, contract, config.augment, workers,
+                                 pin_memory=env.device.type == "cuda")
+    return load_splits(config.dataset, config.data_dir, config.val_size, config.seed, size, config.classes,
+                       max_train_images=config.max_train_images, preprocessing=contract)
+
+
+def channels_of(config: TrainConfig, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> int:
+    """The channels streamed images are read with: the resumed or pre-trained model's, else the variant's (1 for
+    the grey presets such as mnist-28, 3 for the paper's variants)."""
+    if state is not None:
+        return ViTConfig.from_json(state["model_config"]).in_chans
+    if pretrained is not None:
+        return pretrained[0].in_chans
+    return variant_config(config.model, **config.model_overrides).in_chans
+
+
+def file_preprocessing(state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> Preprocessing:
+    """The contract image files are decoded under: the resumed model's, the pre-trained checkpoint's (fine-tuning
+    reads images as it was pre-trained to see them), else vitlab's default for files."""
+    recorded = None
+    if state is not None:
+        recorded = ViTConfig.from_json(state["model_config"]).preprocessing
+    elif pretrained is not None:
+        recorded = pretrained[0].preprocessing
+    return recorded or Preprocessing.image_files()
+
+
+def model_input_size(config: TrainConfig, state: dict[str, Any] | None,
+                     pretrained: tuple[ViTConfig, Any] | None) -> tuple[int, int] | None:
+    """The image size the run's model takes: the saved model's on resume, else --image-size, else the
+    checkpoint's (fine-tuning) or the variant's. None when the variant is unknown (build_model then says so)."""
+    if state is not None:
+        return ViTConfig.from_json(state["model_config"]).image_size
+    if config.image_size is not None:
+        return config.image_size
+    if pretrained is not None:
+        return pretrained[0].image_size
+    if config.model in variant_names():
+        return variant_config(config.model, **config.model_overrides).image_size
+    return None
