@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from test_train import MICRO, micro_config, weights
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.train import loop, state as train_state
+from vitlab.train import data as run_data, state as train_state
 from vitlab.train.config import TrainConfig
 from vitlab.train.loop import train
 
@@ -112,14 +112,14 @@ def test_a_folder_is_read_at_the_models_input_size(tmp_path, monkeypatch):
     eval and serve read them, not at a fixed 32x32 then stretched."""
     write_folder(tmp_path / "photos")
     seen = {}
-    real = loop.load_splits
+    real = run_data.load_splits
 
     def spy(*args, **kwargs):
         splits = real(*args, **kwargs)
         seen["size"] = splits.train.image_size
         return splits
 
-    monkeypatch.setattr(loop, "load_splits", spy)
+    monkeypatch.setattr(run_data, "load_splits", spy)
     config = micro_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16, epochs=1,
                           model_overrides=dict(MICRO, image_size=16, patch_size=4))
     train(config)
@@ -132,14 +132,14 @@ def test_a_finetune_reads_its_folder_at_the_checkpoints_size(tmp_path, monkeypat
     train(micro_config(tmp_path, run_name="pretrained", epochs=1, model_overrides=dict(MICRO, image_size=12,
                                                                                         patch_size=4)))
     seen = {}
-    real = loop.load_splits
+    real = run_data.load_splits
 
     def spy(*args, **kwargs):
         splits = real(*args, **kwargs)
         seen["size"] = splits.train.image_size
         return splits
 
-    monkeypatch.setattr(loop, "load_splits", spy)
+    monkeypatch.setattr(run_data, "load_splits", spy)
     train(micro_config(tmp_path, run_name="tuned", dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16,
                        epochs=1, init_from=str(tmp_path / "pretrained" / "model.safetensors")))
     assert seen["size"] == (12, 12)

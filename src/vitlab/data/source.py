@@ -93,8 +93,8 @@ def evaluation_share(length: int, rank: int, world_size: int) -> range:
     return range(rank * share, min(length, (rank + 1) * share))
 
 
-def digest(*parts: bytes | str) -> str:
-    """A short content hash for fingerprints (16 hex digits of SHA-256)."""
+def digest(*parts: bytes | memoryview | str) -> str:
+    """A short content hash for fingerprints (16 hex digits of SHA-256); buffers are hashed in place."""
     hasher = hashlib.sha256()
     for part in parts:
         hasher.update(part.encode() if isinstance(part, str) else part)

@@ -43,32 +43,38 @@ def evaluation_data(config: ViTConfig, dataset: str, split: str = "test", data_d
 
 def streamed_split(config: ViTConfig, dataset: str, split: str, data_dir: str | None, classes: list[int] | None,
                    run: dict[str, Any] | None):
-    """A split of streamed image files (manifests, tar shards, Hugging Face datasets, and folders too large to
-    hold), read under the model's contract in worker processes; None for data held in memory."""
-    from vitlab.data.stream.splits import STREAMED_DATASETS, index_data, should_stream, stream_splits
+    """A split of streamed image files (manifests, tar shards, Hugging Face datasets, and folders a training run
+    streamed or that are too large to hold), read under the model's contract in worker processes; None for data
+    held in memory. A run folder's recorded choice (its recipe's `stream`) is followed, so it is evaluated on the
+    split it was carved."""
+    from vitlab.data.stream.splits import STREAMED_DATASETS, folder_trees, index_data, should_stream, stream_splits
     from vitlab.data.transforms import AugmentConfig
     from vitlab.hardware import available_cores
 
     if dataset not in ("folder",) + STREAMED_DATASETS:
         return None
-    count = len(index_data(dataset, data_dir)) if dataset == "folder" and not folder_has_trees(data_dir) else 0
-    if dataset == "folder" and (count == 0 or not should_stream(dataset, None, count, config.image_size,
-                                                                config.in_chans)[0]):
-        return None
-    run = run if run is not None and run.get("dataset") == dataset else {}
-    splits = stream_splits(dataset, data_dir, run.get("val_size", 0.1), run.get("seed", 0), config.image_size,
+    run = run if run is not None and run.get("dataset") == dataset else None
+    trees = folder_trees(data_dir) if dataset == "folder" and data_dir is not None else ()
+    if dataset == "folder":
+        recorded = (run or {}).get("stream")
+        if recorded is False:
+            return None
+        if recorded is None:
+            count = len(index_data(dataset, data_dir, "train" if trees else None))
+            if not should_stream(dataset, None, count, config.image_size, config.in_chans)[0]:
+                return None
+    if split == "val" and trees != ("train", "val", "test") and run is None:
+        raise DataError(f"{dataset} has no official validation split, and a carved one is defined by a training "
+                        "run: evaluate a run folder on the data set it trained on, or use --split test")
+    # --split train is every training image (as for data held in memory), not what is left after validation.
+    val_size = 0 if split == "train" else (run or {}).get("val_size", 0.1)
+    splits = stream_splits(dataset, data_dir, val_size, (run or {}).get("seed", 0), config.image_size,
                            config.in_chans, classes, None, resolved_preprocessing(config, "files"),
                            AugmentConfig(crop="none"), workers=available_cores())
     chosen = {"train": splits.train, "val": splits.validation, "test": splits.test}[split]
     if chosen is None:
         raise DataError("the run trained with val_size 0: it has no validation split")
     return chosen
-
-
-def folder_has_trees(data_dir: str | None) -> bool:
-    from vitlab.data.stream.splits import folder_trees
-
-    return data_dir is not None and bool(folder_trees(data_dir))
 
 
 def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_dir: str | None = None,
@@ -96,7 +102,10 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_d
                         f"head; give {model.config.num_classes} classes, or fine-tune on these {len(classes)} first "
                         f"(vitlab finetune --from {checkpoint} --dataset {dataset} --classes ...)")
     data = evaluation_data(model.config, dataset, split, data_dir, classes, trained)
-    metrics = evaluate(model, data, batch_size)
+    try:
+        metrics = evaluate(model, data, batch_size)
+    finally:
+        getattr(data, "close", lambda: None)()  # a streamed split's worker processes
     folder = Path(out) if out else outputs_beside(checkpoint)
     folder.mkdir(parents=True, exist_ok=True)
     json_path, picture_path = eval_outputs(folder, dataset, split)

@@ -5,39 +5,59 @@ training loop only asks the splits for batches."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from vitlab.config import ViTConfig, variant_config, variant_names
 from vitlab.data.contract import Preprocessing
 from vitlab.data.datasets import Splits, load_splits
 from vitlab.data.stream.splits import STREAMED_DATASETS, index_data, should_stream, stream_splits
-from vitlab.distributed import DistEnv
+from vitlab.distributed import DistEnv, broadcast_object
 from vitlab.train.config import TrainConfig
 from vitlab.train.setup import default_workers
+
+
+def choose_streaming(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
+                     pretrained: tuple[ViTConfig, Any] | None) -> bool | None:
+    """Whether the run's image files are streamed (None: data that are arrays, always in memory). Decided once,
+    by rank 0, and given to every rank (each rank deciding from its own free memory could split them between the
+    two paths); the caller records it in the recipe, so a resumed run and `vitlab eval` of the run choose alike.
+    The free memory is shared among the processes torchrun starts on this machine, each of which holds a copy."""
+    size = model_input_size(config, state, pretrained)
+    if config.dataset not in ("folder",) + STREAMED_DATASETS or size is None:
+        return config.stream
+    decision = None
+    if env.is_main:
+        size = (size, size) if isinstance(size, int) else tuple(size)
+        count = len(index_data(config.dataset, config.data_dir)) if config.dataset == "folder" and \
+            config.stream is None else 0
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+        decision = should_stream(config.dataset, config.stream, count, size, channels_of(config, state, pretrained),
+                                 local_processes)
+    stream, why = broadcast_object(decision, env)
+    if stream and env.is_main:
+        workers = config.workers if config.workers is not None else default_workers(env)
+        print(f"note: streaming {config.dataset} {config.data_dir} through {workers} worker process(es) per "
+              f"training process ({why})")
+    return stream
 
 
 def training_splits(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
                     pretrained: tuple[ViTConfig, Any] | None) -> Splits:
     """The run's data: in memory (the array data sets, and image folders that fit), or streamed from their files
-    through worker processes (manifests, tar shards, Hugging Face datasets, and folders too large to hold)."""
+    through worker processes (manifests, tar shards, Hugging Face datasets, and folders too large to hold), as
+    `config.stream` says (`choose_streaming`)."""
     size = model_input_size(config, state, pretrained)
     contract = file_preprocessing(state, pretrained)
-    if config.dataset in ("folder",) + STREAMED_DATASETS and size is not None:
+    channels = channels_of(config, state, pretrained)
+    if config.stream and size is not None:
         size = (size, size) if isinstance(size, int) else tuple(size)
-        channels = channels_of(config, state, pretrained)
-        count = len(index_data(config.dataset, config.data_dir)) if config.dataset == "folder" and \
-            config.stream is None else 0
-        stream, why = should_stream(config.dataset, config.stream, count, size, channels)
-        if stream:
-            workers = config.workers if config.workers is not None else default_workers(env)
-            if env.is_main:
-                print(f"note: streaming {config.dataset} {config.data_dir} through {workers} worker process(es) "
-                      f"per training process ({why})")
-            return stream_splits(config.dataset, config.data_dir, config.val_size, config.seed, size, channels,
-                                 config.classes, config.max_train_images, contract, config.augment, workers,
-                                 pin_memory=env.device.type == "cuda")
+        workers = config.workers if config.workers is not None else default_workers(env)
+        return stream_splits(config.dataset, config.data_dir, config.val_size, config.seed, size, channels,
+                             config.classes, config.max_train_images, contract, config.augment, workers,
+                             pin_memory=env.device.type == "cuda")
     return load_splits(config.dataset, config.data_dir, config.val_size, config.seed, size, config.classes,
-                       max_train_images=config.max_train_images, preprocessing=contract)
+                       max_train_images=config.max_train_images, preprocessing=contract, channels=channels)
 
 
 def channels_of(config: TrainConfig, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> int:
@@ -47,6 +67,8 @@ def channels_of(config: TrainConfig, state: dict[str, Any] | None, pretrained: t
         return ViTConfig.from_json(state["model_config"]).in_chans
     if pretrained is not None:
         return pretrained[0].in_chans
+    if config.model not in variant_names():  # build_model names the unknown variant
+        return 3
     return variant_config(config.model, **config.model_overrides).in_chans
 
 

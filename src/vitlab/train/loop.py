@@ -39,7 +39,7 @@ from vitlab.distributed import (DistEnv, any_rank, broadcast_object, cleanup, fe
                                 replica_difference, synchronize)
 from vitlab.runs import BEST, RunFolder, default_run_name
 from vitlab.train.optim import EMA, build_optimizer, build_scheduler, peak_lr
-from vitlab.train.data import training_splits
+from vitlab.train.data import choose_streaming, training_splits
 from vitlab.train.setup import apply_freezing, build_model, default_threads, training_attention_kernel
 from vitlab.train.session import Session
 from vitlab.train.state import Position, check_resumable, load_training_state
@@ -182,9 +182,13 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
             config = resumed_config(state, Path(resume), epochs)
             refuse_finished(state, Path(resume), config)
         session = start(config, env, state, Path(resume) if resume is not None else None, epochs)
-        summary = run_epochs(session)
-        if summary is None:
-            summary = finish(session)
+        try:
+            summary = run_epochs(session)
+            if summary is None:
+                summary = finish(session)
+        finally:  # streamed splits' worker processes go with the run, not whenever the objects are collected
+            for part in (session.splits.train, session.splits.validation, session.splits.test):
+                getattr(part, "close", lambda: None)()
         # Leave together: rank 0 may still be writing (a stop's checkpoint, the final report) when the others
         # return, and a worker that tore down its process group and exited meanwhile was once seen to abort in
         # the teardown ("terminate called without an active exception", exit -6) after a SIGTERM stop.
@@ -244,9 +248,13 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         pretrained = read_checkpoint(config.init_from, image_size=config.image_size)[:2]
     # Image files are decoded at the size the model takes (its variant's, its checkpoint's or --image-size), as
     # `predict`, `eval` and `serve` read them; in-memory data sets are resized per batch whatever this is.
+    config.stream = choose_streaming(config, env, state, pretrained)  # recorded in the recipe written below
     # Under torchrun one process per machine loads first (and downloads, where the files are not cached); the
     # others then find them verified in the cache, instead of racing for the same partial file.
     splits = fetch_once(lambda: training_splits(config, env, state, pretrained), env)
+    if not splits.train.class_names:
+        raise DataError(f"{splits.train.name} has no labels; a classifier needs labelled images (a label column "
+                        "in the manifest, class sub-folders, or a ClassLabel feature)")
     if splits.train.num_classes < 2:
         raise DataError(f"{splits.train.name} has a single class; a classifier needs at least two")
     if state is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,7 +94,10 @@ def crop_image(data: bytes, size: tuple[int, int], channels: int, crop: TrainCro
 
     from vitlab.data.preprocess import convert_mode
 
-    with Image.open(io.BytesIO(data)) as image:
+    with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as image:
+        # Pillow only warns between 1x and 2x its pixel limit; a decompression bomb is refused here as
+        # everywhere else vitlab decodes (`decode_image`).
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
         rotated = image.getexif().get(0x0112, 1) != 1
         if rotated:  # boxes are drawn on the image as it is shown, so turn it first (and decode it whole)
             image = ImageOps.exif_transpose(image)
@@ -108,7 +112,9 @@ def crop_image(data: bytes, size: tuple[int, int], channels: int, crop: TrainCro
         # output's resolution; the decoder picks 1/1, 1/2, 1/4 or 1/8 at or above it.
         scale = min(box_width / size[1], box_height / size[0])
         if not rotated and image.format == "JPEG" and scale >= 2:
-            image.draft("RGB" if channels == 3 else "L", (math.ceil(width / scale), math.ceil(height / scale)))
+            # libjpeg's grey is luma; a contract whose grey is the channel mean drafts in colour and averages.
+            mode = "L" if channels == 1 and crop.grey == "luma" else "RGB"
+            image.draft(mode, (math.ceil(width / scale), math.ceil(height / scale)))
             factor_x, factor_y = image.size[0] / width, image.size[1] / height
             left, box_width = left * factor_x, box_width * factor_x
             top, box_height = top * factor_y, box_height * factor_y

@@ -41,9 +41,10 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def should_stream(dataset: str, stream: bool | None, count: int, image_size: tuple[int, int], channels: int
-                  ) -> tuple[bool, str]:
-    """(stream?, why) for a data set of image files; `stream` (the recipe's) wins when set."""
+def should_stream(dataset: str, stream: bool | None, count: int, image_size: tuple[int, int], channels: int,
+                  processes: int = 1) -> tuple[bool, str]:
+    """(stream?, why) for a data set of image files; `stream` (the recipe's) wins when set. `processes`: how many
+    processes on this machine would each hold the decoded pixels."""
     if dataset in STREAMED_DATASETS:
         if stream is False:
             raise DataError(f"{dataset} data are always streamed; drop --set stream=false")
@@ -51,10 +52,10 @@ def should_stream(dataset: str, stream: bool | None, count: int, image_size: tup
     decoded = count * channels * image_size[0] * image_size[1]
     if stream is not None:
         return stream, f"--set stream={str(stream).lower()}"
-    free = available_memory()
+    free = available_memory() // max(1, processes)
     if decoded > MEMORY_SHARE * free:
         return True, (f"its {count} images would take {decoded / 2**30:.1f} GiB decoded, more than "
-                      f"{MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free")
+                      f"{MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free per process")
     return False, f"its {count} images take {decoded / 2**20:.0f} MiB decoded"
 
 
@@ -68,7 +69,8 @@ def index_data(dataset: str, data_dir: str | Path | None, split: str | None = No
     if dataset == "folder":
         return index_from_spec("folder", data_dir, split)
     if dataset == "hf" and not Path(str(data_dir)).expanduser().exists():
-        return index_from_spec(f"hf:{data_dir}", None, split)
+        name = str(data_dir).removeprefix("hf:")  # --data-dir beans and --data-dir hf:beans alike
+        return index_from_spec(f"hf:{name}", None, split)
     return index_from_spec(str(data_dir), None, split)
 
 
@@ -91,7 +93,8 @@ def keep_classes(index, classes: list[int]):
             raise DataError(f"class {label} does not exist in {index.name}, which has classes 0..{len(names) - 1}")
     lookup = np.full(len(names), -1, dtype=np.int64)
     lookup[classes] = np.arange(len(classes))
-    kept = index.subset(np.flatnonzero(lookup[index.labels] >= 0))
+    labelled = index.labels >= 0  # an unlabeled sample (-1) belongs to no class, not to the last one
+    kept = index.subset(np.flatnonzero(labelled & (lookup[index.labels.clip(0)] >= 0)))
     return dataclasses.replace(kept, labels=lookup[kept.labels], class_names=[names[i] for i in classes])
 
 
@@ -116,8 +119,14 @@ def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, se
         train, test = keep_classes(train, classes), keep_classes(test, classes)
         official = keep_classes(official, classes) if official is not None else None
     validation, source = official, "official" if official is not None else "none"
+    if official is None and val_size < 0:
+        raise DataError(f"val_size must be a fraction in (0, 1), a count of images or 0, got {val_size}")
     if official is None and val_size > 0:
         kept, held = split_indices(labels_of(train), val_size, seed)
+        classes_left = np.unique(train.labels[kept.numpy()])
+        if train.class_names and len(classes_left[classes_left >= 0]) < len(train.class_names):
+            raise DataError(f"a validation split of {val_size} leaves a class of {train.name} with no training "
+                            "image; use a smaller --set val_size")
         train, validation = train.subset(kept.numpy()), train.subset(held.numpy(), f"{train.name} validation")
         source = "carved"
     if max_train_images is not None and max_train_images < len(train):
