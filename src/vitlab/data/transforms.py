@@ -227,9 +227,10 @@ class AugmentConfig:
     mix_probability: float = 1.0  # chance that a batch is mixed at all
     # Streamed image files only (`vitlab.data.stream.crops`), done per image in the loader's workers, where the
     # whole image is still there: "inception" (area crop_min_area-100%, aspect 3/4-4/3: pre-training),
-    # "resize_small_crop" (shorter side to resize_small, then a random crop: the paper's transfer) or "none"
-    # (the model's evaluation resize and crop). hflip then flips per image there, not per batch.
-    crop: str = "inception"
+    # "resize_small_crop" (shorter side to resize_small, then a random crop: the paper's transfer) or None
+    # (`--set augment.crop=none`: the model's evaluation resize and crop, then the batch augmentation, as for
+    # arrays). With a crop, hflip flips per image there, not per batch.
+    crop: str | None = "inception"
     crop_min_area: float = 0.05
     resize_small: int = 0  # resize_small_crop: the shorter side before the crop; 0 = the paper's 448 for 384
 

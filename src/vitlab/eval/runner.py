@@ -70,7 +70,7 @@ def streamed_split(config: ViTConfig, dataset: str, split: str, data_dir: str | 
     val_size = 0 if split == "train" else (run or {}).get("val_size", 0.1)
     splits = stream_splits(dataset, data_dir, val_size, (run or {}).get("seed", 0), config.image_size,
                            config.in_chans, classes, None, resolved_preprocessing(config, "files"),
-                           AugmentConfig(crop="none"), workers=available_cores())
+                           AugmentConfig(crop=None), workers=available_cores())
     chosen = {"train": splits.train, "val": splits.validation, "test": splits.test}[split]
     if chosen is None:
         raise DataError("the run trained with val_size 0: it has no validation split")

@@ -104,7 +104,7 @@ class TrainConfig:
             (lambda: self.freeze_blocks >= 0, lambda: f"freeze_blocks must be >= 0, got {self.freeze_blocks}"),
             (lambda: self.log_every_steps >= 0, lambda: f"log_every_steps must be >= 0, got {self.log_every_steps}"),
             (lambda: self.resample_mode in ("bilinear", "bicubic"), lambda: "resample_mode must be bilinear or bicubic"),
-            (lambda: self.augment.crop in ("inception", "resize_small_crop", "none"),
+            (lambda: self.augment.crop in ("inception", "resize_small_crop", None),
              lambda: f"augment.crop must be inception, resize_small_crop or none, got {self.augment.crop!r}"),
             (lambda: 0 < self.augment.crop_min_area <= 1,
              lambda: f"augment.crop_min_area must be in (0, 1], got {self.augment.crop_min_area}"),

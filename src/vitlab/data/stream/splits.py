@@ -132,13 +132,14 @@ def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, se
     if max_train_images is not None and max_train_images < len(train):
         _, chosen = split_indices(labels_of(train), max_train_images, seed + 1)
         train = train.subset(chosen.numpy())
-    crop = TrainCrop("inception" if augment.crop == "inception" else "resize_small_crop",
-                     min_area=augment.crop_min_area, resize_small=augment.resize_small, hflip=augment.hflip,
-                     resample=contract.resize, grey=contract.grey)
+    crop = None  # --set augment.crop=none: training images read as for evaluation, then the batch augmentation
+    if augment.crop is not None:
+        crop = TrainCrop(augment.crop, min_area=augment.crop_min_area, resize_small=augment.resize_small,
+                         hflip=augment.hflip, resample=contract.resize, grey=contract.grey)
 
     def source_of(index, train_crop: TrainCrop | None) -> StreamingSource:
         return StreamingSource(index, image_size, channels, train_crop, contract, seed, workers,
                                hflip=augment.hflip, pin_memory=pin_memory)
 
-    return Splits(source_of(train, crop if augment.crop != "none" else None), source_of(validation, None) if validation is not None else None,
+    return Splits(source_of(train, crop), source_of(validation, None) if validation is not None else None,
                   source_of(test, None), source)
