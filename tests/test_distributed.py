@@ -129,3 +129,33 @@ def test_fetch_once_fails_on_every_process_when_the_first_one_fails(monkeypatch)
     with pytest.raises(VitlabError, match="another process failed to fetch"):
         fetch_once(lambda: called.append(1), DistEnv(rank=1, world_size=2, local_rank=1))
     assert called == []  # it did not start a download of its own
+
+
+@pytest.mark.slow
+def test_two_processes_streaming_a_folder_match_one(tmp_path):
+    """Streamed image files under torchrun: the choice is made once, each rank decodes only its share of every
+    batch in its own workers, and the weights match a single-process run."""
+    import numpy as np
+    from PIL import Image
+
+    generator = np.random.default_rng(0)
+    for name in ("cats", "dogs"):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for index in range(40):
+            pixels = generator.integers(0, 256, (30, 40, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "photos" / name / f"{index:03d}.jpg")
+    args = ["--dataset", "folder", "--data-dir", str(tmp_path / "photos"), "--set", "stream=true",
+            "--set", "workers=1", "--set", "epochs=2", "--set", "batch_size=16", "--set", "optimizer=sgd",
+            "--set", f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}", "--set", "drop_path=0.0",
+            "--set", "progress=false"]
+    single = subprocess.run([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path),
+                             "--set", "run_name=single", "--set", "threads=1", *args],
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set", "run_name=double", *args],
+                            capture_output=True, text=True, timeout=300)
+    assert double.returncode == 0, double.stderr[-3000:]
+    assert double.stdout.count("note: streaming folder") == 1
+    one, two = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "double" / "model.safetensors")
+    assert max((two[name] - one[name]).abs().max().item() for name in one) < 1e-5
