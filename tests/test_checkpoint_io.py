@@ -163,3 +163,17 @@ def test_vitlab_file_with_a_bad_config_header_names_the_file(tmp_path):
     save_file(load_file(path), path, metadata={"format": "vitlab", "config": '{"depth": "two"}'})
     with pytest.raises(CheckpointError, match=f"{path}: model config field depth must be a whole number"):
         load_model(path)
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_with_what_to_do(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+
+    model = create_model("digits-8")
+    path = save_model(model, tmp_path / "m.safetensors")
+    with safe_open(str(path), "pt") as handle:
+        metadata = dict(handle.metadata())
+    save_file(load_file(path), tmp_path / "future.safetensors", metadata={**metadata, "format_version": "2"})
+    with pytest.raises(CheckpointError, match="format '2', newer than this vitlab reads .*upgrade vitlab"):
+        load_model(tmp_path / "future.safetensors")
+    assert load_model(path).config == model.config

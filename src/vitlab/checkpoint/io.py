@@ -226,6 +226,10 @@ def image_size_from_positions(num_patch_rows: int, patch_size: tuple[int, int], 
 def config_from_metadata(metadata: Mapping[str, str], source: str) -> ViTConfig:
     if "config" not in metadata:
         raise CheckpointError(f"{source}: a vitlab checkpoint without its model config in the header")
+    version = metadata.get("format_version", "1")
+    if not version.isdigit() or int(version) > int(FORMAT_VERSION):
+        raise CheckpointError(f"{source}: written in vitlab checkpoint format {version!r}, newer than this vitlab "
+                              f"reads ({FORMAT_VERSION}); upgrade vitlab to load it")
     try:
         return ViTConfig.from_json(metadata["config"])
     except ConfigError as error:
