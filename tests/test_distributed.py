@@ -16,24 +16,30 @@ ARGS = ["--set", "epochs=2", "--set", f"model_overrides={MICRO}", "--set", "drop
         "--set", "augment.affine_degrees=10", "--set", "augment.random_erasing=0.25", "--set", "progress=false"]
 
 
+def one_and_two_processes(tmp_path, args: list[str]) -> tuple[dict, dict, subprocess.CompletedProcess]:
+    """The same recipe as one process (2 threads' worth on 1) and as two torchrun processes: both final weights,
+    and the two-process run (its output)."""
+    single = subprocess.run([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path),
+                             "--set", "run_name=single", "--set", "threads=1", *args],
+                            capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set", "run_name=double", *args],
+                            capture_output=True, text=True, timeout=300)
+    assert double.returncode == 0, double.stderr[-3000:]
+    return (load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "double" / "model.safetensors"),
+            double)
+
+
 # Tolerances: SGD's update is linear in the gradient, so only summation-order rounding (~1e-7) separates the
 # runs. Adam divides by sqrt(v): where a gradient is near zero, that rounding can change an update by up to
 # its full size lr = 4e-3, so the bound there is a tenth of one step.
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer, tolerance", [("sgd", 1e-5), ("adamw", 4e-4)])
 def test_two_processes_match_one(tmp_path, optimizer, tolerance):
-    args = ARGS + ["--set", f"optimizer={optimizer}"]
-    single = subprocess.run([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path),
-                             "--set", "run_name=single", "--set", "threads=1", *args],
-                            capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set", "run_name=double", *args],
-                            capture_output=True, text=True, timeout=300)
-    assert double.returncode == 0, double.stderr[-3000:]
+    one, two, _ = one_and_two_processes(tmp_path, ARGS + ["--set", f"optimizer={optimizer}"])
     summary = json.loads((tmp_path / "double" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["replica_max_abs_diff"] == 0.0  # identical on every rank
-    one, two = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "double" / "model.safetensors")
     worst = max((two[name] - one[name]).abs().max().item() for name in one)
     assert worst < tolerance
     single_rows = [json.loads(r) for r in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines()]
@@ -85,17 +91,9 @@ def test_a_stopped_two_process_run_resumes_exactly(tmp_path):
 def test_flips_that_would_change_digits_are_off_on_every_rank(tmp_path):
     """Asking for flips on digits turns them off on every rank, not only on rank 0 (where the note is printed):
     two processes then draw the same augmentation as one, and match it."""
-    args = ARGS + ["--set", "optimizer=sgd", "--set", "augment.hflip=true", "--set", "epochs=1"]
-    single = subprocess.run([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path),
-                             "--set", "run_name=single", "--set", "threads=1", *args],
-                            capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set", "run_name=double", *args],
-                            capture_output=True, text=True, timeout=300)
-    assert double.returncode == 0, double.stderr[-3000:]
+    one, two, double = one_and_two_processes(
+        tmp_path, ARGS + ["--set", "optimizer=sgd", "--set", "augment.hflip=true", "--set", "epochs=1"])
     assert double.stdout.count("flips are off") == 1  # said once, by rank 0
-    one, two = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "double" / "model.safetensors")
     assert max((two[name] - one[name]).abs().max().item() for name in one) < 1e-5
 
 
@@ -148,14 +146,6 @@ def test_two_processes_streaming_a_folder_match_one(tmp_path):
             "--set", "workers=1", "--set", "epochs=2", "--set", "batch_size=16", "--set", "optimizer=sgd",
             "--set", f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}", "--set", "drop_path=0.0",
             "--set", "progress=false"]
-    single = subprocess.run([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path),
-                             "--set", "run_name=single", "--set", "threads=1", *args],
-                            capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stderr[-3000:]
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set", "run_name=double", *args],
-                            capture_output=True, text=True, timeout=300)
-    assert double.returncode == 0, double.stderr[-3000:]
+    one, two, double = one_and_two_processes(tmp_path, args)
     assert double.stdout.count("note: streaming folder") == 1
-    one, two = load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "double" / "model.safetensors")
     assert max((two[name] - one[name]).abs().max().item() for name in one) < 1e-5

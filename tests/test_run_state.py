@@ -107,10 +107,8 @@ def test_a_state_from_a_newer_vitlab_is_refused(tmp_path):
         train(TrainConfig(), resume=tmp_path / "run", epochs=2)
 
 
-def test_a_folder_is_read_at_the_models_input_size(tmp_path, monkeypatch):
-    """Without --image-size, image files are decoded at the size the model takes (its variant's), as predict,
-    eval and serve read them, not at a fixed 32x32 then stretched."""
-    write_folder(tmp_path / "photos")
+def spy_on_the_training_size(monkeypatch) -> dict:
+    """{"size": the image size of the training split load_splits gives the run}, filled as the run starts."""
     seen = {}
     real = run_data.load_splits
 
@@ -120,6 +118,14 @@ def test_a_folder_is_read_at_the_models_input_size(tmp_path, monkeypatch):
         return splits
 
     monkeypatch.setattr(run_data, "load_splits", spy)
+    return seen
+
+
+def test_a_folder_is_read_at_the_models_input_size(tmp_path, monkeypatch):
+    """Without --image-size, image files are decoded at the size the model takes (its variant's), as predict,
+    eval and serve read them, not at a fixed 32x32 then stretched."""
+    write_folder(tmp_path / "photos")
+    seen = spy_on_the_training_size(monkeypatch)
     config = micro_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16, epochs=1,
                           model_overrides=dict(MICRO, image_size=16, patch_size=4))
     train(config)
@@ -131,15 +137,7 @@ def test_a_finetune_reads_its_folder_at_the_checkpoints_size(tmp_path, monkeypat
     write_folder(tmp_path / "photos")
     train(micro_config(tmp_path, run_name="pretrained", epochs=1, model_overrides=dict(MICRO, image_size=12,
                                                                                         patch_size=4)))
-    seen = {}
-    real = run_data.load_splits
-
-    def spy(*args, **kwargs):
-        splits = real(*args, **kwargs)
-        seen["size"] = splits.train.image_size
-        return splits
-
-    monkeypatch.setattr(run_data, "load_splits", spy)
+    seen = spy_on_the_training_size(monkeypatch)
     train(micro_config(tmp_path, run_name="tuned", dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16,
                        epochs=1, init_from=str(tmp_path / "pretrained" / "model.safetensors")))
     assert seen["size"] == (12, 12)
