@@ -106,7 +106,11 @@ def convert_mode(image, channels: int, grey: str = "luma"):
     if image.mode in ("P", "PA", "LA"):
         image = image.convert("RGBA")
     if channels == 3 or grey == "luma":
-        return image.convert("RGB" if channels == 3 else "L")  # also CMYK, YCbCr, RGBA (alpha dropped)
+        mode = "RGB" if channels == 3 else "L"
+        if image.mode == mode:  # convert() to the same mode copies the whole image; loading is enough
+            image.load()
+            return image
+        return image.convert(mode)  # also CMYK, YCbCr, RGBA (alpha dropped)
     rgb = np.asarray(image.convert("RGB"), dtype=np.float32)
     return Image.fromarray(rgb.mean(axis=2).round().astype(np.uint8))
 

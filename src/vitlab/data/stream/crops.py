@@ -123,5 +123,5 @@ def crop_image(data: bytes, size: tuple[int, int], channels: int, crop: TrainCro
         out = image.resize((size[1], size[0]), resample, box=(left, top, left + box_width, top + box_height))
         if flip:
             out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        array = np.asarray(out, dtype=np.uint8)
+        array = np.array(out, dtype=np.uint8)  # its own writable copy: torch takes it without another
     return array[:, :, None] if array.ndim == 2 else array

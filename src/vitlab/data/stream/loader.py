@@ -72,7 +72,7 @@ class SampleReader(torch.utils.data.Dataset):
                                 name=self.index.location(position))
         array = crop_image(data, self.image_size, self.channels, self.crop,
                            sample_rng(self.seed, epoch_seed, position), self.flips_allowed)
-        return torch.from_numpy(array.copy()).permute(2, 0, 1)
+        return torch.from_numpy(array).permute(2, 0, 1)
 
     def __getitem__(self, request: Request) -> tuple[torch.Tensor | None, int, int, list[tuple[str, str]]]:
         """(image or None, label, the index used, (location, message) of each file that could not be read)."""
