@@ -49,9 +49,15 @@ def init_distributed() -> DistEnv:
 
 
 def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    """Sum a tensor over all processes (in place; a no-op on one process)."""
+    """Sum a tensor over all processes (in place; a no-op on one process). NCCL reduces GPU tensors only, so a
+    CPU tensor (a step's loss and counts) makes the trip through this rank's GPU there."""
     if env.enabled:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        if env.device.type == "cuda" and tensor.device.type != "cuda":
+            on_device = tensor.to(env.device)
+            dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+            tensor.copy_(on_device)
+        else:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
