@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vitlab.data.datasets import scan_folder
+from vitlab.data.datasets import IMAGE_EXTENSIONS, scan_folder
 from vitlab.data.stream import (SampleIndex, expand_shard_pattern, index_folder, index_from_spec, index_hf,
                                 index_manifest, index_tar_shards, open_index)
 from vitlab.errors import DataError
@@ -147,11 +147,16 @@ def test_folder_order_and_extensions_match_scan_folder(tmp_path):
         (root / relative).write_bytes(b"")
     (root / "dog" / "link").symlink_to(root / "cat" / "deep")
     index = index_folder(root)
-    classes, found = scan_folder(root)
+    # The reference: the listing scan_folder made by Path.rglob before it used this walk.
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    found = [(path, label) for label, name in enumerate(classes)
+             for path in sorted(p for p in (root / name).rglob("*") if p.is_file()
+                                and p.suffix.lower() in IMAGE_EXTENSIONS)]
     assert index.class_names == classes == ["cat", "dog"]
     assert [index.location(i) for i in range(len(index))] == [str(path) for path, _ in found]
     assert index.labels.tolist() == [label for _, label in found]
     assert index.name == "folder:data"
+    assert scan_folder(root) == (classes, found)
 
 
 def test_folder_split_tree(photos, tmp_path):

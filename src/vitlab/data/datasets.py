@@ -310,21 +310,15 @@ def read_image(path: Path | bytes, image_size: tuple[int, int], channels: int = 
 
 
 def scan_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
-    """Class names (sorted sub-folder names) and (file, label) pairs of an ImageFolder-style tree."""
+    """Class names (sorted sub-folder names) and (file, label) pairs of an ImageFolder-style tree, listed by the
+    one folder walk streaming uses too (`vitlab.data.stream.folder.index_folder`: one `os.scandir` pass, no stat
+    per file)."""
+    from vitlab.data.stream.folder import index_folder  # here: that module reads IMAGE_EXTENSIONS from this one
+
     if not root.is_dir():
         raise DataError(f"data folder {root} does not exist; pass --data-dir with one sub-folder per class")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
-        raise DataError(f"data folder {root} has no class sub-folders; put each class's images in a sub-folder "
-                        f"named after the class ({root}/cat/1.jpg, {root}/dog/2.jpg, ...)")
-    samples = []
-    for label, name in enumerate(classes):
-        files = sorted(p for p in (root / name).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-        if not files:
-            raise DataError(f"class folder {root / name} holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))}); "
-                            "add images or remove the folder")
-        samples.extend((path, label) for path in files)
-    return classes, samples
+    index = index_folder(root)
+    return index.class_names, [(Path(index.location(i)), int(index.labels[i])) for i in range(len(index))]
 
 
 def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3,
