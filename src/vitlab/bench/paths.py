@@ -283,6 +283,7 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
     Every path, transformers' too, steps the same optimizer (`vitlab train`'s fused AdamW), so the paths differ
     only in the model's forward and backward. attention: a vitlab model's kernel ("sdpa" / "explicit"); default
     the one `vitlab train` chooses. Runs under torch.enable_grad, whatever the caller's mode."""
+    from vitlab.eval.batches import call_model
     from vitlab.objectives import Classification
     from vitlab.train.optim import build_optimizer
     from vitlab.train.step import TrainingStep
@@ -291,7 +292,7 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
     if hasattr(trained, "set_attention_kernel"):  # a vitlab model (not transformers')
         trained.set_attention_kernel(attention or train_step_kernel(trained))
     optimizer = build_optimizer(trained, "adamw", 1e-3, 0.05)
-    forward = call or (lambda module, images: module(images))
+    forward = call or call_model
     if compile:
         forward = torch.compile(forward)
     num_classes = max(1, num_classes or model.config.num_classes)

@@ -15,6 +15,7 @@ from vitlab.distributed import DistEnv
 
 
 def call_model(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The plain forward pass, `module(inputs)`: the default of the evaluation loop and the training step."""
     return module(inputs)
 
 

@@ -27,7 +27,7 @@ from torch import nn
 from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig
 from vitlab.data.datasets import ImageDataset
-from vitlab.data.source import Batch
+from vitlab.data.source import Batch, steps_per_epoch as whole_batches
 from vitlab.data.transforms import Draws
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.models.vit import VisionTransformer
@@ -325,7 +325,7 @@ def check_batching(config: TrainConfig, env: DistEnv, train_images: int) -> int:
     if (config.batch_size // env.world_size) % config.grad_accum:
         raise ConfigError(f"the per-process batch {config.batch_size // env.world_size} does not divide into "
                           f"{config.grad_accum} micro-batches")
-    steps_per_epoch = train_images // config.batch_size
+    steps_per_epoch = whole_batches(train_images, config.batch_size)
     if steps_per_epoch == 0:
         raise ConfigError(f"batch_size {config.batch_size} is larger than the {train_images} training images; "
                           f"use --set batch_size={2 ** int(math.log2(train_images))}")

@@ -14,11 +14,8 @@ import torch
 from torch import nn
 
 from vitlab.distributed import DistEnv, all_reduce_sum
+from vitlab.eval.batches import call_model
 from vitlab.objectives.base import NonFiniteLoss, Objective
-
-
-def call_model(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-    return module(inputs)
 
 
 @dataclass
