@@ -192,7 +192,13 @@ class VisionTransformer(nn.Module):
     def embed_with_positions(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(z_0 as `embed` gives it, the position tables (P, rows, D) still to be added before the blocks when
         the placement is not "input", else None)."""
-        tokens, positions = self.tokens_and_positions(images)
+        return self.place_positions(*self.tokens_and_positions(images))
+
+    def place_positions(self, tokens: torch.Tensor, positions: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(tokens (B, prefix + N, D), their position tables) -> (z_0, the tables still to be added before the
+        blocks, or None): with placement "input" the table is added here. Masked pre-training corrupts the
+        tokens between `tokens_and_positions` and this, so a masked patch keeps its position."""
         if positions is not None and self.config.pos_embed_placement == "input":
             return self.norm_pre(self.pos_drop(self.add_positions(tokens, positions[0]))), None
         return self.norm_pre(self.pos_drop(tokens)), positions
@@ -244,7 +250,15 @@ class VisionTransformer(nn.Module):
         """Eqs. 1-3: images -> (z_0, z_L before the final norm, the output of every block if keep_states, else []).
         Blocks in `attention_layers` take the explicit-softmax path and hand their weights to `on_attention`."""
         stem, positions = self.embed_with_positions(images)
-        x = stem
+        x, states = self.run_blocks(stem, positions, attention_layers, on_attention, keep_states)
+        return stem, x, states
+
+    def run_blocks(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                   attention_layers: set[int] = frozenset(), on_attention: AttentionCallback | None = None,
+                   keep_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eqs. 2-3: z_0 (B, T, D) -> (z_L before the final norm, every block's output if keep_states, else []).
+        `positions`: tables added before every block (placements other than "input"). MAE runs the blocks on
+        the visible tokens only (any T)."""
         states: list[torch.Tensor] = []
         for index, block in enumerate(self.blocks):
             if positions is not None:  # Table 8's "every layer" columns: own tables, or one shared
@@ -256,7 +270,7 @@ class VisionTransformer(nn.Module):
                 x = block(x)
             if keep_states:
                 states.append(x)
-        return stem, x, states
+        return x, states
 
     def forward_features(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> encoder output (B, prefix + N, D), after the final norm."""
