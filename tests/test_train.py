@@ -17,6 +17,7 @@ from vitlab.eval import classify
 from vitlab.train import loop
 from vitlab.progress import format_duration
 from vitlab.train import state as train_state
+from vitlab.objectives import Classification
 from vitlab.train.summary import epoch_line
 from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
 from vitlab.train.loop import TrainingError, train
@@ -361,8 +362,8 @@ def test_progress_shows_time_left():
     assert format_duration(3725) == "1h02m" and format_duration(None) == "?"
     row = dict(epoch=3, train_loss=0.5, train_top1=0.9, val_top1=0.95, images_per_second=1000.0,
                elapsed_seconds=30.0)
-    assert epoch_line(row, 10, 70.0, True).endswith("30s, 1m10s left  best")
-    assert "left" not in epoch_line(dict(row, epoch=10), 10, 0.0, False)
+    assert epoch_line(row, 10, 70.0, True, Classification(2)).endswith("30s, 1m10s left  best")
+    assert "left" not in epoch_line(dict(row, epoch=10), 10, 0.0, False, Classification(2))
 
 
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"

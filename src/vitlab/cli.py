@@ -187,6 +187,31 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     return run_exit_code(train(apply_overrides(config, shorthand_overrides(args, FINETUNE_SHORTHANDS))))
 
 
+PRETRAIN_SHORTHANDS = ("dataset", "data_dir", "image_size", "epochs", "model", "out_dir", "init_from")
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from vitlab.train.config import apply_overrides, load_recipe, pretrain_config
+    from vitlab.train.loop import resume, train
+
+    if args.resume:
+        refuse_flags_resume_ignores(args, PRETRAIN_SHORTHANDS + ("method",))
+        return run_exit_code(resume(args.resume, use_previous=args.use_previous, epochs=args.epochs))
+    if args.config:
+        config = load_recipe(args.config)
+        if args.method and config.objective != args.method:
+            raise UsageError(f"{args.config} pre-trains by {config.objective!r}, not {args.method!r}; drop --method "
+                             f"or add --set objective={args.method}")
+    elif args.method:
+        config = pretrain_config(args.method)
+    else:
+        raise UsageError("pretrain needs --method mpp|mae (or a --config recipe, or --resume RUN_DIR)")
+    if config.objective == "classification":
+        raise UsageError(f"{args.config} is a supervised recipe; pretrain takes a recipe with objective mpp or mae "
+                         "(configs/pretrain/)")
+    return run_exit_code(train(apply_overrides(config, shorthand_overrides(args, PRETRAIN_SHORTHANDS))))
+
+
 def cmd_ablate(args: argparse.Namespace) -> int:
     import shlex
     from pathlib import Path
@@ -365,15 +390,15 @@ BACKEND_HELP = ("torch (default) or onnx: ONNX Runtime on a file written by `vit
                 "and a run folder with onnx uses its model.onnx")
 
 
-def recipe_keys_help(finetune: bool = False) -> str:
-    """Every --set key with its default (the fine-tuning defaults for `finetune`), for the help's epilog."""
+def recipe_keys_help(finetune: bool = False, pretrain: bool = False) -> str:
+    """Every --set key with its default (the fine-tuning or pre-training defaults), for the help's epilog."""
     import dataclasses
 
-    from vitlab.train.config import TrainConfig, finetune_config
+    from vitlab.train.config import TrainConfig, finetune_config, pretrain_config
 
-    config = finetune_config() if finetune else TrainConfig()
-    lines = [f"--set keys and their defaults{' for fine-tuning' if finetune else ''} (nested ones as "
-             "augment.KEY=VALUE):"]
+    config = finetune_config() if finetune else pretrain_config("mae") if pretrain else TrainConfig()
+    purpose = " for fine-tuning" if finetune else " for pre-training (mae; mpp alike)" if pretrain else ""
+    lines = [f"--set keys and their defaults{purpose} (nested ones as augment.KEY=VALUE):"]
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
         if dataclasses.is_dataclass(value):
@@ -458,6 +483,30 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--use-previous", action="store_true",
                    help="with --resume: fall back to the previous checkpoint if the last one is damaged")
     p.set_defaults(func=cmd_finetune)
+
+    p = subcommand("pretrain", help="self-supervised pre-training on images without labels: the paper's masked "
+                                    "patch prediction (mpp) or MAE",
+                   epilog=lambda: "recipes: configs/pretrain/ (e.g. mnist_mae.py, mnist_mpp.py, digits_mae.py)\n\n"
+                                  + recipe_keys_help(pretrain=True),
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", choices=("mpp", "mae"),
+                   help="mpp: the paper's masked patch prediction (section 4.6); mae: masked autoencoder")
+    p.add_argument("--config", help="a pre-training recipe (configs/pretrain/*.py) instead of the method's defaults")
+    p.add_argument("--dataset", help="images to learn from (labels, if any, are not used): digits, mnist, "
+                                     "fashion-mnist, cifar10, cifar100, folder, manifest, shards, hf")
+    p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
+    p.add_argument("--model", help="shorthand for --set model=VARIANT (the encoder to pre-train)")
+    p.add_argument("--from", dest="init_from", metavar="CHECKPOINT",
+                   help="continue pre-training an encoder from a checkpoint of any kind vitlab loads")
+    p.add_argument("--image-size", type=image_size_arg, help="shorthand for --set image_size=N or HxW")
+    p.add_argument("--epochs", type=positive_int, help="shorthand for --set epochs=N; with --resume, a new length")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a recipe field, e.g. --set pretrain.mask_ratio=0.15 (repeatable)")
+    p.add_argument("--out-dir", help="folder for the run folder (default runs/)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped pre-training run exactly where it stopped")
+    p.add_argument("--use-previous", action="store_true",
+                   help="with --resume: fall back to the previous checkpoint if the last one is damaged")
+    p.set_defaults(func=cmd_pretrain)
 
     p = subcommand("ablate", help="train a recipe over a grid of settings and seeds (the paper's ablations); "
                                   "resumable", formatter_class=argparse.RawDescriptionHelpFormatter,

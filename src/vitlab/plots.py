@@ -22,6 +22,8 @@ def plot_training_curves(history: Sequence[dict[str, Any]], path: str | Path) ->
     epochs = [row["epoch"] for row in history]
     from matplotlib.ticker import MaxNLocator
 
+    if "train_top1" not in history[0]:  # a pre-training objective: its loss alone
+        return plot_loss_curves(history, path)
     figure, (loss_axis, acc_axis) = plt.subplots(1, 2, figsize=(10, 3.8))
     # Markers on short runs: a line through one or two points is invisible or says nothing.
     marker = "o" if len(epochs) <= 20 else None
@@ -42,6 +44,51 @@ def plot_training_curves(history: Sequence[dict[str, Any]], path: str | Path) ->
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # no "epoch 0.8" ticks
         if len(epochs) == 1:
             axis.set_xlim(epochs[0] - 1, epochs[0] + 1)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)
+
+
+def plot_loss_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    """Training and validation loss per epoch (a self-supervised objective's run)."""
+    plt = _pyplot()
+    epochs = [row["epoch"] for row in history]
+    marker = "o" if len(epochs) <= 20 else None
+    figure, axis = plt.subplots(figsize=(5.5, 3.8))
+    axis.plot(epochs, [row["train_loss"] for row in history], marker=marker, label="train")
+    rows = [row for row in history if "val_loss" in row]
+    if rows:
+        axis.plot([r["epoch"] for r in rows], [r["val_loss"] for r in rows], marker=marker, label="validation")
+    axis.set(xlabel="epoch", ylabel="loss", title="pre-training loss")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)
+
+
+def plot_reconstructions(columns: Sequence[Any], titles: Sequence[str], path: str | Path,
+                         title: str = "reconstructions") -> Path:
+    """A grid of images: one row per image, one column per tensor in `columns` (each (B, C, H, W) in [0, 1],
+    e.g. original, masked, reconstructed), titled on the first row."""
+    plt = _pyplot()
+    rows = len(columns[0])
+    figure, axes = plt.subplots(rows, len(columns), figsize=(1.9 * len(columns), 1.9 * rows + 0.5), squeeze=False)
+    for column, (images, name) in enumerate(zip(columns, titles)):
+        for row in range(rows):
+            image = images[row].permute(1, 2, 0).numpy()
+            axis = axes[row][column]
+            if image.shape[-1] == 1:
+                axis.imshow(image[..., 0], cmap="gray", vmin=0, vmax=1)
+            else:
+                axis.imshow(image)
+            axis.set_xticks([])
+            axis.set_yticks([])
+            if row == 0:
+                axis.set_title(name, fontsize=9)
+    figure.suptitle(title, fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

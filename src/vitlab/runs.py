@@ -5,6 +5,7 @@ their own outputs. This module is the one place that knows the layout:
     RUN/metrics.jsonl                one JSON line per epoch
     RUN/checkpoints/last.pt          full training state, every epoch; previous.pt the one before it
     RUN/checkpoints/best.safetensors the model with the best validation accuracy so far
+    RUN/checkpoints/best-objective.safetensors  a pre-training objective's decoder or head at that epoch
     RUN/model.safetensors            the final model
     RUN/summary.json, summary.txt    the end-of-run figures; curves.png, confusion.png; tensorboard/
     RUN/eval-DATASET-SPLIT.json/.png `vitlab eval`;  RUN/analysis/ `vitlab analyze`;  RUN/model.onnx `vitlab export`
@@ -27,6 +28,8 @@ METRICS = "metrics.jsonl"
 MODEL = "model.safetensors"
 CHECKPOINTS = "checkpoints"
 BEST = f"{CHECKPOINTS}/best.safetensors"
+# A pre-training objective's own parameters (MAE's decoder, masked patch prediction's head) at the best epoch.
+BEST_OBJECTIVE = f"{CHECKPOINTS}/best-objective.safetensors"
 LAST_STATE = f"{CHECKPOINTS}/last.pt"
 # Model files of a run folder, in the order a command that loads "the run" takes them.
 MODEL_FILES = (MODEL, BEST, f"{CHECKPOINTS}/last.safetensors")

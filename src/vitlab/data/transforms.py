@@ -238,6 +238,14 @@ class AugmentConfig:
 def augment_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, config: AugmentConfig,
                   draws: Draws, label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """images (B, C, H, W) in [0, 1], labels (B,) -> augmented images and soft targets (B, K)."""
+    images = augment_images(images, config, draws)
+    targets = one_hot(labels, num_classes, label_smoothing)
+    return mix(images, targets, draws, config.mixup_alpha, config.cutmix_alpha, config.mix_probability)
+
+
+def augment_images(images: torch.Tensor, config: AugmentConfig, draws: Draws) -> torch.Tensor:
+    """The label-free part of `augment_batch` (crop, flip, affine, TrivialAugment, erasing), in its order: what
+    a self-supervised objective augments with. images (B, C, H, W) in [0, 1]."""
     images = random_crop(images, config.crop_padding, draws)
     if config.hflip:
         images = random_hflip(images, draws)
@@ -246,6 +254,4 @@ def augment_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, 
                                config.affine_translate)
     if config.trivial_augment > 0:
         images = trivial_augment(images, draws, config.trivial_augment)
-    images = random_erasing(images, draws, config.random_erasing)
-    targets = one_hot(labels, num_classes, label_smoothing)
-    return mix(images, targets, draws, config.mixup_alpha, config.cutmix_alpha, config.mix_probability)
+    return random_erasing(images, draws, config.random_erasing)

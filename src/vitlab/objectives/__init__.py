@@ -20,8 +20,25 @@ def build_classification(config: Any, train_data: Any) -> "Objective":
     return Classification(train_data.num_classes, config.augment, config.label_smoothing)
 
 
+def build_mpp(config: Any, train_data: Any) -> "Objective":
+    from vitlab.objectives.mpp import MaskedPatchPrediction
+
+    return MaskedPatchPrediction(config.pretrain, config.augment)
+
+
+def build_mae(config: Any, train_data: Any) -> "Objective":
+    from vitlab.objectives.mae import MaskedAutoencoding
+
+    return MaskedAutoencoding(config.pretrain, config.augment)
+
+
 # name -> builder(train config, training batch source) -> Objective
-OBJECTIVES: dict[str, Callable[[Any, Any], "Objective"]] = {"classification": build_classification}
+OBJECTIVES: dict[str, Callable[[Any, Any], "Objective"]] = {
+    "classification": build_classification,
+    "mpp": build_mpp,  # masked patch prediction, the paper's section 4.6 (`vitlab pretrain --method mpp`)
+    "mae": build_mae,  # masked autoencoder, He et al. 2021 (`vitlab pretrain --method mae`)
+}
+PRETRAINING_METHODS = ("mpp", "mae")
 
 
 def objective_names() -> tuple[str, ...]:

@@ -37,6 +37,32 @@ class Objective(Protocol):
     sum_names: tuple[str, ...]  # what `loss` returns to be summed per epoch besides the loss and the count
     selection: str  # the evaluation figure that chooses the best checkpoint, e.g. "top1"
     higher_is_better: bool
+    needs_labels: bool  # False: the objective learns from the images alone (self-supervised pre-training)
+
+    def check_data(self, source: BatchSource) -> None:
+        """Refuse training data the objective cannot learn from (e.g. no labels for a classifier), with a message."""
+
+    def model_fields(self, source: BatchSource) -> dict[str, Any]:
+        """ViTConfig fields the trained model takes from the data (a classifier: its classes; an encoder being
+        pre-trained: no head)."""
+
+    def attach(self, model: nn.Module) -> nn.Module:
+        """The module the optimizer trains and DDP wraps: the model itself, or a module holding it and the
+        objective's own parameters (MAE's decoder, masked patch prediction's [mask] embedding and head), whose
+        `forward` is what `forward` below calls. Called once per run, after the model is built or restored."""
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """The objective's own parameters (not the model's), saved with the training state and beside the best
+        checkpoint; {} for an objective that has none."""
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what `extra_state` gave."""
+
+    def epoch_text(self, row: dict[str, Any]) -> str:
+        """The figures of an epoch row as the epoch line shows them (after "epoch n/N")."""
+
+    def after_epoch(self, model: nn.Module, epoch: int, run_dir: Path, validation: BatchSource | None) -> list[str]:
+        """Rank 0, after each epoch: pictures the objective writes at chosen epochs; returns their file names."""
 
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> Any:
         """The training forward pass (e.g. `model(inputs)`; a masked objective masks and reconstructs here)."""

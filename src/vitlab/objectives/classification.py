@@ -23,10 +23,46 @@ class Classification:
     selection = "top1"
     higher_is_better = True
 
+    needs_labels = True
+
     def __init__(self, num_classes: int, augment: AugmentConfig | None = None, label_smoothing: float = 0.0) -> None:
         self.num_classes = num_classes
         self.augment = augment or AugmentConfig(crop_padding=0, hflip=False)
         self.label_smoothing = label_smoothing
+
+    def check_data(self, source: BatchSource) -> None:
+        from vitlab.errors import DataError
+
+        if not source.class_names:
+            raise DataError(f"{source.name} has no labels; a classifier needs labelled images (a label column in the "
+                            "manifest, class sub-folders, or a ClassLabel feature); to learn from unlabeled images, "
+                            "pre-train: vitlab pretrain --method mae")
+        if len(source.class_names) < 2:
+            raise DataError(f"{source.name} has a single class; a classifier needs at least two")
+
+    def model_fields(self, source: BatchSource) -> dict[str, Any]:
+        return {"num_classes": len(source.class_names), "class_names": source.class_names}
+
+    def attach(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        if state:
+            raise ValueError(f"classification has no parameters of its own, got {sorted(state)[:3]}")
+
+    def epoch_text(self, row: dict[str, Any]) -> str:
+        text = f"loss {row['train_loss']:.4f}  train {100 * row['train_top1']:5.1f}%"
+        if "val_top1" in row:
+            text += f"  val {100 * row['val_top1']:5.2f}%"
+        if "test_top1" in row:
+            text += f"  (test {100 * row['test_top1']:5.2f}%, not used to choose)"
+        return text
+
+    def after_epoch(self, model: nn.Module, epoch: int, run_dir: Path, validation: BatchSource | None) -> list[str]:
+        return []
 
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return model(inputs)

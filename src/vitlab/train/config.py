@@ -12,6 +12,7 @@ from typing import Any
 
 from vitlab.config import checked_fields
 from vitlab.objectives import objective_names
+from vitlab.objectives.settings import PretrainConfig
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import ConfigError
 
@@ -28,6 +29,7 @@ class TrainConfig:
     image_size: int | list[int] | None = None  # input size, N or [H, W]; default: the variant's (data are resized)
     classes: list[int] | None = None  # train on these classes only, relabelled 0..n-1 (e.g. [5, 6, 7, 8, 9])
     objective: str = "classification"  # what the run optimises and chooses by (vitlab.objectives.OBJECTIVES)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # the objectives mpp and mae (`vitlab pretrain`)
     # Model selection. The best checkpoint (and any choice made from a run) follows the validation split: a
     # fraction of the training images (< 1) or a count, stratified, fixed by `seed`; 0 = none. A data set with an
     # official validation split keeps it. The test split is measured at the end only.
@@ -45,6 +47,7 @@ class TrainConfig:
     batch_size: int = 128  # global batch, over all processes and accumulation steps
     grad_accum: int = 1  # micro-batches per optimizer step
     optimizer: str = "adamw"  # adamw or sgd (momentum)
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's; MAE pre-trains with 0.95
     lr: float = 4e-3  # peak learning rate, reached after warm-up
     min_lr: float = 1e-5  # end of the cosine decay
     warmup_epochs: float = 5.0
@@ -83,6 +86,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.augment, dict):
             self.augment = AugmentConfig(**self.augment)
+        if isinstance(self.pretrain, dict):
+            self.pretrain = PretrainConfig(**checked_fields(PretrainConfig, self.pretrain, "pretrain settings"))
         # Checked in order, each only after the ones before it passed (batch_size % grad_accum needs
         # grad_accum > 0: the fuzz run found `--set grad_accum=0` dividing by zero when they were eager).
         checks = [
@@ -108,6 +113,8 @@ class TrainConfig:
              lambda: f"augment.crop must be inception, resize_small_crop or none, got {self.augment.crop!r}"),
             (lambda: 0 < self.augment.crop_min_area <= 1,
              lambda: f"augment.crop_min_area must be in (0, 1], got {self.augment.crop_min_area}"),
+            (lambda: len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
+             lambda: f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}"),
             (lambda: self.objective in objective_names(),
              lambda: f"objective must be one of {', '.join(objective_names())}, got {self.objective!r}"),
         ]
@@ -165,6 +172,19 @@ def finetune_config(**changes: Any) -> TrainConfig:
         optimizer="sgd", momentum=0.9, lr=0.01, min_lr=0.0, weight_decay=0.0, grad_clip=1.0, warmup_epochs=1.0,
         label_smoothing=0.0, drop_path=0.0, epochs=20, batch_size=64,
         augment=AugmentConfig(crop_padding=1, crop="resize_small_crop", hflip=True))
+    fields.update(changes)
+    return TrainConfig(**fields)
+
+
+def pretrain_config(method: str, **changes: Any) -> TrainConfig:
+    """Self-supervised pre-training defaults for `vitlab pretrain --method mpp|mae`: MAE's optimiser (AdamW with
+    betas 0.9 / 0.95, weight decay 0.05, a warm-up then cosine decay) and light augmentation (random crops and
+    flips, no label-based mixing), the objective named by `method` with its own mask ratio (`pretrain.*`). The
+    validation split (carved as for training) chooses by the objective's loss."""
+    fields: dict[str, Any] = dict(
+        objective=method, optimizer="adamw", adam_betas=[0.9, 0.95], lr=1.5e-3, min_lr=1e-6, weight_decay=0.05,
+        warmup_epochs=5.0, label_smoothing=0.0, grad_clip=0.0, drop_path=0.0, epochs=100, batch_size=128,
+        augment=AugmentConfig(crop_padding=1, hflip=True, crop="inception", crop_min_area=0.2))
     fields.update(changes)
     return TrainConfig(**fields)
 

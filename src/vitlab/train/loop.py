@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from vitlab.checkpoint.io import save_model
+from vitlab.checkpoint.io import save_model, save_state_dict
 from vitlab.config import ViTConfig
 from vitlab.data.datasets import ImageDataset
 from vitlab.data.source import Batch, steps_per_epoch as whole_batches
@@ -37,7 +37,7 @@ from vitlab.progress import LogLines, format_duration
 from vitlab.train.config import TrainConfig
 from vitlab.distributed import (DistEnv, any_rank, broadcast_object, cleanup, fetch_once, init_distributed,
                                 replica_difference, synchronize)
-from vitlab.runs import BEST, RunFolder, default_run_name
+from vitlab.runs import BEST, BEST_OBJECTIVE, RunFolder, default_run_name
 from vitlab.train.optim import EMA, build_optimizer, build_scheduler, peak_lr
 from vitlab.train.data import choose_streaming, training_splits
 from vitlab.train.setup import apply_freezing, build_model, default_threads, training_attention_kernel
@@ -252,16 +252,13 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     # Under torchrun one process per machine loads first (and downloads, where the files are not cached); the
     # others then find them verified in the cache, instead of racing for the same partial file.
     splits = fetch_once(lambda: training_splits(config, env, state, pretrained), env)
-    if not splits.train.class_names:
-        raise DataError(f"{splits.train.name} has no labels; a classifier needs labelled images (a label column "
-                        "in the manifest, class sub-folders, or a ClassLabel feature)")
-    if splits.train.num_classes < 2:
-        raise DataError(f"{splits.train.name} has a single class; a classifier needs at least two")
+    objective = build_objective(config, splits.train)
+    objective.check_data(splits.train)
     if state is not None:
         model = VisionTransformer(ViTConfig.from_json(state["model_config"]))
         model.load_state_dict(state["model"])
     else:
-        model = build_model(config, splits.train, pretrained)
+        model = build_model(config, splits.train, pretrained, objective.model_fields(splits.train))
     apply_freezing(model, config)
     model.set_attention_kernel(training_attention_kernel(config, model))
     if config.augment.hflip and not splits.train.hflip:
@@ -270,22 +267,26 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
             print(f"note: horizontal flips change the meaning of {config.dataset} images; flips are off")
         config.augment.hflip = False
     steps_per_epoch = check_batching(config, env, len(splits.train))
-    model.to(env.device)
-    wrapped: nn.Module = model
+    # What trains: the model, or the objective's module around it (MAE's decoder, masked patch prediction's head).
+    trained = objective.attach(model)
+    if state is not None and state.get("objective_state"):
+        objective.load_extra_state(state["objective_state"])
+    trained.to(env.device)
+    wrapped: nn.Module = trained
     if env.enabled:
-        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda"
+        wrapped = nn.parallel.DistributedDataParallel(trained, device_ids=[env.device] if env.device.type == "cuda"
                                                       else None)
     if config.compile:
         wrapped = torch.compile(wrapped)
-    optimizer = build_optimizer(model, config.optimizer, config.lr, config.weight_decay, config.momentum,
-                                config.layer_decay)
+    optimizer = build_optimizer(trained, config.optimizer, config.lr, config.weight_decay, config.momentum,
+                                config.layer_decay, config.adam_betas)
     warmup_steps, notes = fit_schedule(config, len(splits.train), steps_per_epoch)
     if env.is_main and state is None:
         for note in notes:
             print(f"note: {note}")
     scheduler = build_scheduler(optimizer, warmup_steps, config.epochs * steps_per_epoch, config.min_lr / config.lr)
     ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
-    position = Position()
+    position = Position(epoch_sums=[0.0] * (2 + len(objective.sum_names)))  # loss, the objective's sums, count
     data_fingerprint = splits.train.fingerprint()
     if state is not None:
         for note in check_resumable(state, data_fingerprint, steps_per_epoch, env.world_size, run):
@@ -307,7 +308,6 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         # From the start it holds the EMA weights, not only after an epoch's end: a run resumed after its last
         # epoch goes straight to `finish`, which tests and saves these weights.
         ema.copy_to(eval_model)
-    objective = build_objective(config, splits.train)
     step = TrainingStep(wrapped, objective, optimizer, scheduler, ema, model, env, config.grad_accum,
                         config.grad_clip, config.precision, forward=objective.forward)
     session = Session(config, run, env, splits, model, wrapped, optimizer, scheduler, ema, eval_model, position,
@@ -374,6 +374,8 @@ def announce(session: Session, resumed: bool) -> None:
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     what = f"fine-tuning {config.init_from}" if config.init_from else f"training {config.model}"
+    if not session.objective.needs_labels:
+        what = f"pre-training {config.init_from or config.model} by {session.objective.description}"
     validation = "no validation" if splits.validation is None else (
         f"{len(splits.validation)} validation ({splits.validation_source}"
         + (f", seed {config.seed})" if splits.validation_source == "carved" else ")"))
@@ -394,6 +396,7 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
     config, env, position, run = session.config, session.env, session.position, session.run
     steps = session.steps_per_epoch
     clock = RunClock(position.elapsed_seconds, position.global_step, config.epochs * steps)
+    resume_command = "train" if session.objective.needs_labels else "pretrain"
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):
             bar = tqdm(total=steps, initial=position.step_in_epoch, desc=f"epoch {epoch + 1}/{config.epochs}",
@@ -436,17 +439,19 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
                 session.save_state()
                 if env.is_main:
                     print(f"stopped at epoch {epoch + 1}, step {position.step_in_epoch}; state saved. "
-                          f"Resume with: vitlab train --resume {run}")
+                          f"Resume with: vitlab {resume_command} --resume {run}")
                 return {"status": "interrupted", "run_dir": str(run), "epoch": epoch, "step": position.step_in_epoch,
                         "signal": stop.signal}
             row, improved = end_epoch(session, epoch, epoch_started, seconds_before, clock)
             if env.is_main:
                 every = max(1, config.epochs // 25)
                 if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
-                    print(epoch_line(row, config.epochs, clock.remaining(position.global_step), improved), flush=True)
+                    print(epoch_line(row, config.epochs, clock.remaining(position.global_step), improved,
+                                     session.objective), flush=True)
             if any_rank(stop.requested, env) and epoch + 1 < config.epochs:
                 if env.is_main:
-                    print(f"stopped after epoch {epoch + 1}; state saved. Resume with: vitlab train --resume {run}")
+                    print(f"stopped after epoch {epoch + 1}; state saved. Resume with: vitlab {resume_command} --resume "
+                          f"{run}")
                 return {"status": "interrupted", "run_dir": str(run), "epoch": epoch + 1, "step": 0,
                         "signal": stop.signal}
     session.elapsed_seconds = clock.elapsed()
@@ -496,9 +501,13 @@ def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before
             best = session.run / BEST
             try:
                 save_model(session.evaluated, best)
+                extra = objective.extra_state()
+                if extra:  # the objective's own parameters of the best epoch (a decoder), for its test figures
+                    save_state_dict(extra, session.run / BEST_OBJECTIVE)
             except OSError as error:
                 raise CheckpointError(f"could not save {best} ({error.strerror or error}); the previous best is "
                                       "intact") from None
+        objective.after_epoch(session.evaluated, epoch + 1, session.run.path, splits.validation)
     session.save_state()
     return row, improved
 
@@ -526,16 +535,25 @@ def final_results(session: Session, best_path: Path) -> dict[str, Any]:
     def measure(model: nn.Module, data: ImageDataset) -> dict[str, Any]:
         return session.objective.evaluate(model, data, config.eval_batch_size, env, config.precision)
 
-    results: dict[str, Any] = {"test": measure(final_model, splits.test), "val": None, "best_test": None}
+    # "images": where an objective draws its end-of-run pictures from (MAE's reconstructions): held-out images.
+    results: dict[str, Any] = {"test": measure(final_model, splits.test), "val": None, "best_test": None,
+                               "images": splits.validation or splits.test}
     if splits.validation is not None:
         results["val"] = measure(final_model, splits.validation)
     if position.best_epoch == config.epochs:
         results["best_test"] = results["test"]
     elif position.best_epoch > 0:
         from vitlab.checkpoint.formats import load_model
+        from vitlab.checkpoint.io import read_safetensors
 
         best = load_model(best_path).to(next(final_model.parameters()).device)
+        final_extra = {name: value.detach().clone() for name, value in session.objective.extra_state().items()}
+        extra_path = session.run / BEST_OBJECTIVE
+        if final_extra and extra_path.is_file():  # the best epoch's decoder with its encoder, then the final's back
+            session.objective.load_extra_state(read_safetensors(extra_path)[0])
         results["best_test"] = measure(best, splits.test)
+        if final_extra:
+            session.objective.load_extra_state(final_extra)
     return results
 
 

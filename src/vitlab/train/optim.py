@@ -39,14 +39,15 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0, layer_d
 
 
 def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, momentum: float = 0.9,
-                    layer_decay: float = 1.0) -> torch.optim.Optimizer:
+                    layer_decay: float = 1.0, betas: tuple[float, float] | list[float] = (0.9, 0.999)
+                    ) -> torch.optim.Optimizer:
     groups = param_groups(model, weight_decay, lr, layer_decay)
     # The fused kernels update every tensor in one pass (CPU and CUDA); on the CPU PyTorch otherwise loops over
     # the tensors one by one. Devices without fused kernels fall back to the default implementation.
     if name == "sgd":
         optimizer_class, options = torch.optim.SGD, dict(lr=lr, momentum=momentum)
     else:
-        optimizer_class, options = torch.optim.AdamW, dict(lr=lr, betas=(0.9, 0.999))
+        optimizer_class, options = torch.optim.AdamW, dict(lr=lr, betas=tuple(betas))
     try:
         return optimizer_class(groups, fused=True, **options)
     except (RuntimeError, TypeError):

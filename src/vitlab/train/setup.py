@@ -15,17 +15,19 @@ from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_ind
 from vitlab.train.config import TrainConfig
 
 
-def build_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, Any] | None = None
-                ) -> VisionTransformer:
+def build_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, Any] | None = None,
+                head: dict[str, Any] | None = None) -> VisionTransformer:
     """A fresh model of the recipe's variant shaped for the data (classes, channels), or with `init_from`
-    the pre-trained model prepared for fine-tuning (`pretrained`: its (config, state) when already read)."""
+    the pre-trained model prepared for fine-tuning (`pretrained`: its (config, state) when already read).
+    head: the fields the objective takes from the data (`Objective.model_fields`; default: the data's classes),
+    e.g. no head at all for an encoder being pre-trained."""
+    head = head if head is not None else {"num_classes": data.num_classes, "class_names": data.class_names}
     if config.init_from:
-        return build_finetune_model(config, data, pretrained)
+        return build_finetune_model(config, data, pretrained, head)
     if config.model not in variant_names():
         raise ConfigError(f"unknown model {config.model!r}; choose a variant from `vitlab models` "
                           "(fine-tuning from a checkpoint is `vitlab finetune`)")
-    fields: dict[str, Any] = dict(num_classes=data.num_classes, in_chans=data.channels, class_names=data.class_names,
-                                  drop_path=config.drop_path, dropout=config.dropout,
+    fields: dict[str, Any] = dict(**head, in_chans=data.channels, drop_path=config.drop_path, dropout=config.dropout,
                                   preprocessing=data.preprocessing)
     if config.image_size is not None:
         fields["image_size"] = config.image_size
@@ -33,8 +35,8 @@ def build_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, 
     return VisionTransformer(variant_config(config.model, **fields))
 
 
-def build_finetune_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, Any] | None = None
-                         ) -> VisionTransformer:
+def build_finetune_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, Any] | None = None,
+                         head: dict[str, Any] | None = None) -> VisionTransformer:
     """The paper's transfer set-up (section 3.2): load any checkpoint, drop its head and pre-logits layer, attach
     a zero-initialised D x K head, and for a new image size keep the patch size and resample the position
     embedding to the new grid (2-D interpolation, class-token row kept)."""
@@ -46,7 +48,8 @@ def build_finetune_model(config: TrainConfig, data: ImageDataset, pretrained: tu
                                                        preprocessing=data.preprocessing), state, config.init_from)
     if model.config.representation_size:
         model.remove_representation()
-    model.reset_head(data.num_classes, data.class_names)
+    head = head if head is not None else {"num_classes": data.num_classes, "class_names": data.class_names}
+    model.reset_head(head["num_classes"], head["class_names"])
     if config.image_size is not None:
         try:
             model.set_image_size(config.image_size, config.resample_mode)

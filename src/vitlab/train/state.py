@@ -62,9 +62,11 @@ STATE_SCHEMA_VERSION = 2
 
 def training_state(model, optimizer, scheduler, ema, position: Position, config, rng_states: torch.Tensor,
                    data_fingerprint: dict[str, Any], steps_per_epoch: int, world_size: int,
-                   cuda_rng_states: torch.Tensor | None = None) -> dict[str, Any]:
+                   cuda_rng_states: torch.Tensor | None = None,
+                   objective_state: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Everything a resumed run needs; rng_states holds every rank's global RNG state (gather_rng_states), and
-    cuda_rng_states every rank's CUDA generator state on a GPU run."""
+    cuda_rng_states every rank's CUDA generator state on a GPU run; objective_state the objective's own
+    parameters (a pre-training decoder or head: `Objective.extra_state`)."""
     return {
         "schema_version": STATE_SCHEMA_VERSION,
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
@@ -72,7 +74,7 @@ def training_state(model, optimizer, scheduler, ema, position: Position, config,
         "torch_rng_state": rng_states[0], "rank_rng_states": rng_states, "cuda_rng_states": cuda_rng_states,
         "model_config": model.config.to_json(), "train_config": json.dumps(config.to_dict()),
         "data_fingerprint": json.dumps(data_fingerprint, sort_keys=True), "steps_per_epoch": steps_per_epoch,
-        "world_size": world_size,
+        "world_size": world_size, "objective_state": objective_state or {},
     }
 
 

@@ -8,25 +8,31 @@ from typing import Any
 from vitlab.checkpoint.io import save_model
 from vitlab.data.datasets import Splits
 from vitlab.files import atomic_write_bytes
+from vitlab.objectives.base import Objective
+from vitlab.train.config import TrainConfig
 from vitlab.progress import format_duration
 from vitlab.runs import MODEL
 from vitlab.train.session import Session
 
 
-def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool) -> str:
-    """One line per epoch: training figures, validation accuracy (which chooses), test accuracy only when
-    asked for (labelled as not used), speed and time left."""
-    text = (f"epoch {row['epoch']:>3}/{epochs}  loss {row['train_loss']:.4f}  train {100 * row['train_top1']:5.1f}%")
-    if "val_top1" in row:
-        text += f"  val {100 * row['val_top1']:5.2f}%"
-    if "test_top1" in row:
-        text += f"  (test {100 * row['test_top1']:5.2f}%, not used to choose)"
+def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool,
+               objective: Objective) -> str:
+    """One line per epoch: the objective's training and validation figures (validation chooses; a classifier's
+    test accuracy only when asked for, labelled as not used), speed and time left."""
+    text = f"epoch {row['epoch']:>3}/{epochs}  {objective.epoch_text(row)}"
     text += f"  {row['images_per_second']:.0f} img/s  {format_duration(row['elapsed_seconds'])}"
     if row["epoch"] < epochs:
         text += f", {format_duration(seconds_left)} left"
     if row.get("skipped_files"):
         text += f"  ({row['skipped_files']} unreadable files skipped, see skipped.txt at the end)"
     return text + ("  best" if improved else "")
+
+
+def command_of(config: TrainConfig, objective: Objective) -> str:
+    """The command a run is: pretrain (a self-supervised objective), finetune (from a checkpoint) or train."""
+    if not objective.needs_labels:
+        return f"pretrain --method {objective.name}"
+    return "finetune" if config.init_from else "train"
 
 
 def unreadable_files(splits: Splits) -> list[str]:
@@ -66,7 +72,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         **figures,
     }
     lines = [
-        f"vitlab {'finetune' if config.init_from else 'train'}: {config.init_from or config.model} on "
+        f"vitlab {command_of(config, objective)}: {config.init_from or config.model} on "
         f"{config.dataset}{'' if config.classes is None else ' classes ' + str(config.classes)} - finished",
         f"  model        {summary['params'] / 1e6:.3f}M parameters, {model.config.num_patches} patches of "
         f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",

@@ -1,0 +1,92 @@
+"""MAE as a training objective (`vitlab pretrain --method mae`, He et al. 2021): the encoder sees the visible
+patches only, a light decoder reconstructs the masked ones, the loss is their (per-patch normalised) pixel error.
+The model side is `vitlab.models.mae`; this module runs it in the loop, keeps its decoder in the run's state, and
+draws the reconstructions. The end of a run also writes the whole pre-training model in transformers'
+`ViTMAEForPreTraining` layout (RUN/mae/) where that layout can hold it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.data.preprocess import denormalize, prepare
+from vitlab.data.source import BatchSource
+from vitlab.objectives.pretraining import EVALUATION_SEED, MaskedPretraining
+
+RECONSTRUCTIONS = "reconstructions.png"
+HF_LAYOUT_FOLDER = "mae"
+
+
+class MaskedAutoencoding(MaskedPretraining):
+    name = "mae"
+    description = "MAE"
+    sum_names = ()
+
+    def build_module(self, model: nn.Module) -> nn.Module:
+        from vitlab.models.mae import MAEConfig, MaskedAutoencoder, check_maskable
+
+        check_maskable(model.config)
+        settings = self.settings
+        return MaskedAutoencoder(model, MAEConfig(
+            mask_ratio=settings.ratio("mae"), decoder_dim=settings.decoder_dim, decoder_depth=settings.decoder_depth,
+            decoder_heads=settings.decoder_heads, decoder_mlp_dim=settings.decoder_mlp_dim,
+            norm_pix_loss=settings.norm_pix_loss))
+
+    def loss(self, outputs: Any, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """MAE's loss, computed inside the module (it needs the inputs): the mean squared error per value of the
+        masked patches."""
+        return outputs.loss, torch.zeros(0, dtype=torch.float64)
+
+    def noise(self, inputs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """transformers' masking noise (B, N): the patches with the smallest values stay visible."""
+        grid = self.module.encoder.config.grid_size
+        return torch.rand(len(inputs), grid[0] * grid[1], generator=generator).to(inputs.device)
+
+    def measure(self, module: nn.Module, inputs: torch.Tensor, targets: dict[str, torch.Tensor],
+                generator: torch.Generator) -> list[float]:
+        return [module(inputs, noise=self.noise(inputs, generator)).loss.item()]
+
+    @torch.no_grad()
+    def picture(self, model: nn.Module, source: BatchSource, path: Path, when: str) -> str:
+        """Rows of validation images: the original, what the encoder saw (masked patches grey), the decoder's
+        reconstruction with the visible patches pasted back."""
+        from vitlab import plots
+
+        batch = next(iter(source.evaluation_batches(self.settings.grid_images)))
+        device = next(model.parameters()).device
+        inputs = prepare(batch.images, batch.max_value, model.config).to(device)
+        with self.encoder_of(model) as module:
+            output = module(inputs, noise=self.noise(inputs, torch.Generator().manual_seed(EVALUATION_SEED)))
+            masked, _, pasted = module.reconstruction(inputs, output.pred, output.mask)
+        spec = model.config
+        columns = [denormalize(images, spec).clamp(0, 1).cpu() for images in (inputs, masked, pasted)]
+        plots.plot_reconstructions(columns, ["original", f"masked {100 * self.settings.ratio('mae'):.0f}%",
+                                             "reconstruction + visible"],
+                                   path, title=f"MAE reconstructions of validation images ({when})")
+        return path.name
+
+    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int
+                  ) -> tuple[dict[str, Any], list[str], list[str]]:
+        from vitlab.errors import CheckpointError
+
+        figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch)
+        settings = self.settings
+        figures.update(mask_ratio=settings.ratio("mae"), norm_pix_loss=settings.norm_pix_loss,
+                       decoder=dict(dim=settings.decoder_dim, depth=settings.decoder_depth,
+                                    heads=settings.decoder_heads, mlp_dim=settings.decoder_mlp_dim))
+        source = results.get("images")
+        if source is not None and settings.grid_images:
+            pictures.append(self.picture(self.module.encoder, source, run_dir / RECONSTRUCTIONS, "end of training"))
+        try:
+            from vitlab.checkpoint.hf_mae import save_mae_hf
+
+            save_mae_hf(self.module, run_dir / HF_LAYOUT_FOLDER)
+            lines.append(f"  MAE          encoder + decoder in transformers' ViTMAEForPreTraining layout: "
+                         f"{run_dir / HF_LAYOUT_FOLDER}")
+            figures["hf_layout"] = str(run_dir / HF_LAYOUT_FOLDER)
+        except CheckpointError as error:
+            lines.append(f"  MAE          not written in transformers' layout: {error}")
+        return figures, lines, pictures

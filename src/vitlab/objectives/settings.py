@@ -1,0 +1,63 @@
+"""The settings of the self-supervised objectives (`vitlab pretrain --method mpp|mae`), a group of the training
+recipe: `--set pretrain.mask_ratio=0.15`. Torch-free, so recipes are checked cheaply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vitlab.errors import ConfigError
+
+# What masked patch prediction predicts for each corrupted patch (Appendix B.1.2 and its ablations):
+MPP_TARGETS = {
+    "colour": "the patch's mean colour at `colour_bits` bits per channel: 512 classes for RGB at 3 bits, 8 for "
+              "grey (the paper's choice)",
+    "downsized": "a 4x4 downsized patch, each cell's colour one of those classes (the paper's option 2)",
+    "mean_l2": "L2 regression on the mean colour (an ablation)",
+    "patch_l2": "L2 regression on the whole patch's pixels (the paper's option 3: 'slightly worse')",
+}
+DEFAULT_MASK_RATIO = {"mpp": 0.5, "mae": 0.75}  # the paper's 50%; MAE's 75%
+
+
+@dataclass
+class PretrainConfig:
+    mask_ratio: float | None = None  # share of the patches masked or corrupted; None: the method's (DEFAULT_MASK_RATIO)
+    # Masked patch prediction (paper section 4.6, Appendix B.1.2).
+    mpp_target: str = "colour"  # one of MPP_TARGETS
+    colour_bits: int = 3  # bits per channel of the colour classes
+    # Of the corrupted patches: replaced by the learned [mask] embedding, by another patch's embedding, kept as
+    # they are (BERT's 80/10/10, which the paper follows).
+    mpp_corruption: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
+    # MAE (He et al. 2021): the decoder that reconstructs the masked patches from the visible ones' encoding.
+    decoder_dim: int = 512
+    decoder_depth: int = 8
+    decoder_heads: int = 16
+    decoder_mlp_dim: int = 2048
+    norm_pix_loss: bool = True  # targets normalised per patch (mean 0, variance 1): MAE's better representation
+    # The picture of validation images (original, masked, reconstructed): at the end, and after these epochs.
+    grid_images: int = 8
+    grid_epochs: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.mask_ratio is None or 0 < self.mask_ratio < 1,
+             f"pretrain.mask_ratio must be in (0, 1), got {self.mask_ratio}"),
+            (self.mpp_target in MPP_TARGETS,
+             f"pretrain.mpp_target must be one of {', '.join(MPP_TARGETS)}, got {self.mpp_target!r}"),
+            (isinstance(self.colour_bits, int) and 1 <= self.colour_bits <= 4,
+             f"pretrain.colour_bits must be 1 to 4, got {self.colour_bits}"),
+            (len(self.mpp_corruption) == 3 and min(self.mpp_corruption) >= 0
+             and abs(sum(self.mpp_corruption) - 1) < 1e-6,
+             f"pretrain.mpp_corruption must be three shares (mask token, other patch, unchanged) summing to 1, "
+             f"got {self.mpp_corruption}"),
+            (min(self.decoder_dim, self.decoder_depth, self.decoder_heads, self.decoder_mlp_dim) > 0
+             and self.decoder_dim % self.decoder_heads == 0,
+             f"pretrain.decoder_heads {self.decoder_heads} must divide decoder_dim {self.decoder_dim} (all positive)"),
+            (self.grid_images >= 0, f"pretrain.grid_images must be >= 0, got {self.grid_images}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+    def ratio(self, method: str) -> float:
+        """The mask ratio a method uses: the recipe's, else the method's own."""
+        return self.mask_ratio if self.mask_ratio is not None else DEFAULT_MASK_RATIO[method]
