@@ -95,6 +95,9 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
             torch.stack(cls_maps), folder / "class_token_attention.png",
             f"Class-token attention per layer and head ({names[0]})")
 
+    reconstructions = Path(checkpoint) / "reconstructions.png"
+    if reconstructions.is_file():  # an MAE run: what its decoder made of held-out images, at the end of training
+        files["reconstructions"] = reconstructions
     with open(folder / "attention_distance.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["layer", "head", "mean_distance_pixels"])
@@ -131,6 +134,10 @@ CAPTIONS = {
     "rollout": ("Attention rollout (Figure 6)",
                 "Head-averaged attention, with the residual identity added, multiplied through all layers (Abnar "
                 "and Zuidema 2020): how much each patch flows into the class token, overlaid on the image."),
+    "reconstructions": ("MAE reconstructions (the pre-training run)",
+                        "Held-out images (left), what the encoder saw with the masked patches greyed out (middle), "
+                        "and the decoder's reconstruction with the visible patches pasted back (right), at the end "
+                        "of the self-supervised run (He et al. 2021, Figure 2)."),
     "class_token_attention": ("Raw class-token attention",
                               "The class token's attention to each patch, per layer (rows) and head (columns), for "
                               "the first image."),
@@ -144,7 +151,8 @@ def embed_png(path: Path) -> str:
 def write_report(folder: Path, config, summary: dict[str, Any], files: dict[str, Path]) -> Path:
     """One HTML file with every figure embedded, so it can be mailed or opened anywhere."""
     sections = []
-    for key in ("rollout", "attention_distance", "position_similarity", "filters", "class_token_attention"):
+    for key in ("reconstructions", "rollout", "attention_distance", "position_similarity", "filters",
+                "class_token_attention"):
         if key in files:
             heading, caption = CAPTIONS[key]
             sections.append(f'<section><h2>{heading}</h2><img alt="{html.escape(heading)}" '
