@@ -91,7 +91,7 @@ class MAEOutput:
 
     loss: torch.Tensor  # () mean squared error over the masked patches
     pred: torch.Tensor  # (B, N, P*P*C) predicted pixels of every patch, in patchify's order (normalised with norm_pix)
-    mask: torch.Tensor  # (B, N) 0 for a kept patch, 1 for a removed one, in patch order
+    mask: torch.Tensor  # (B, N) float32: 0 for a kept patch, 1 for a removed one, in patch order
     ids_restore: torch.Tensor  # (B, N) position of each patch in the shuffled order (argsort of the shuffle)
 
 
@@ -120,12 +120,13 @@ def kept_patches(num_patches: int, mask_ratio: float) -> int:
 def random_masking(noise: torch.Tensor, mask_ratio: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """MAE's per-sample random masking from `noise` (B, N): the patches with the smallest noise are kept.
 
-    Returns (ids_keep (B, keep) the kept patches' indices in shuffled order, mask (B, N) 0 keep / 1 removed in
-    patch order, as noise's dtype, ids_restore (B, N) each patch's rank in the shuffle)."""
+    Returns (ids_keep (B, keep) the kept patches' indices in shuffled order, mask (B, N) float32, 0 keep / 1
+    removed, in patch order, ids_restore (B, N) each patch's rank in the shuffle). The mask stays float32 under
+    autocast: the loss divides by its sum, which bfloat16 would round beyond 256 patches."""
     keep = kept_patches(noise.shape[1], mask_ratio)
     ids_shuffle = torch.argsort(noise, dim=1)  # ascending: the first `keep` are kept
     ids_restore = torch.argsort(ids_shuffle, dim=1)
-    mask = (ids_restore >= keep).to(noise.dtype)  # a patch is removed when its rank is past the kept ones
+    mask = (ids_restore >= keep).float()  # a patch is removed when its rank is past the kept ones
     return ids_shuffle[:, :keep], mask, ids_restore
 
 
@@ -162,7 +163,7 @@ class MaskedAutoencoder(nn.Module):
         dim, decoder_dim, prefix = encoder_config.embed_dim, config.decoder_dim, encoder_config.num_prefix_tokens
         self.decoder_embed = nn.Linear(dim, decoder_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_dim))
-        # Fixed, as MAE's; a Parameter (not a buffer) so that it is in the state dict under MAE's name.
+        # Fixed: a frozen Parameter, as MAE and transformers hold it (the optimizer's groups leave it out).
         self.decoder_pos_embed = nn.Parameter(torch.zeros(1, prefix + num_patches, decoder_dim), requires_grad=False)
         # The decoder's blocks take the encoder's activation and LayerNorm epsilon, as transformers' do.
         self.decoder_blocks = nn.ModuleList(
@@ -219,7 +220,7 @@ class MaskedAutoencoder(nn.Module):
         ids_keep, mask, ids_restore = random_masking(noise.to(tokens.device), self.config.mask_ratio)
         visible = torch.cat([tokens[:, :prefix], gather_tokens(patches, ids_keep)], dim=1)  # (B, prefix + keep, D)
         latent, _ = self.encoder.run_blocks(visible)
-        return self.encoder.norm(latent), mask.to(tokens.dtype), ids_restore
+        return self.encoder.norm(latent), mask, ids_restore
 
     def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
         """latent (B, prefix + keep, D), ids_restore (B, N) -> predicted pixels (B, N, P*P*C) of every patch."""
