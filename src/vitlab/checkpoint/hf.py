@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -158,16 +158,7 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
         out["cls_token"] = out["cls_token"] + out["pos_embed"][:, :1]
         out["pos_embed"] = out["pos_embed"][:, 1:]
     for layer in range(config.depth):
-        hf_layer, block = f"encoder.layer.{layer}.", f"blocks.{layer}."
-        for hf_name, name in DINOV2_LAYER_RENAMES if dinov2 else LAYER_RENAMES:
-            out[block + name + ".weight"] = take(hf_layer + hf_name + ".weight")
-            out[block + name + ".bias"] = take(hf_layer + hf_name + ".bias")
-        for hf_name, name in DINOV2_LAYER_SCALES if dinov2 else []:
-            out[block + name] = take(hf_layer + hf_name)
-        parts = [hf_layer + f"attention.attention.{part}" for part in ("query", "key", "value")]
-        out[block + "attn.qkv.weight"] = torch.cat([take(p + ".weight") for p in parts])
-        if config.qkv_bias:
-            out[block + "attn.qkv.bias"] = torch.cat([take(p + ".bias") for p in parts])
+        out.update(hf_layer_to_block(take, f"encoder.layer.{layer}.", f"blocks.{layer}.", config.qkv_bias, dinov2))
     if config.distilled:
         out["dist_token"] = take("embeddings.distillation_token")
     heads = DEIT_HEADS if config.has_distillation_head else [("classifier", "head")]
@@ -179,6 +170,39 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
     if config.representation_size:
         out["pre_logits.fc.weight"], out["pre_logits.fc.bias"] = take("pooler.dense.weight"), take("pooler.dense.bias")
     picker.check_all_taken()
+    return out
+
+
+def hf_layer_to_block(take: Callable[[str], torch.Tensor], hf_layer: str, block: str, qkv_bias: bool,
+                      dinov2: bool = False) -> dict[str, torch.Tensor]:
+    """One HF Transformer layer (names under `hf_layer`, e.g. "encoder.layer.3.", read through `take`) -> vitlab's
+    `Block` names under `block` ("blocks.3."), query/key/value fused into `attn.qkv`. MAE's decoder layers have
+    the same layout, so `checkpoint/hf_mae.py` maps them with this too."""
+    out: dict[str, torch.Tensor] = {}
+    for hf_name, name in DINOV2_LAYER_RENAMES if dinov2 else LAYER_RENAMES:
+        out[block + name + ".weight"] = take(hf_layer + hf_name + ".weight")
+        out[block + name + ".bias"] = take(hf_layer + hf_name + ".bias")
+    for hf_name, name in DINOV2_LAYER_SCALES if dinov2 else []:
+        out[block + name] = take(hf_layer + hf_name)
+    parts = [hf_layer + f"attention.attention.{part}" for part in ("query", "key", "value")]
+    out[block + "attn.qkv.weight"] = torch.cat([take(p + ".weight") for p in parts])
+    if qkv_bias:
+        out[block + "attn.qkv.bias"] = torch.cat([take(p + ".bias") for p in parts])
+    return out
+
+
+def block_to_hf_layer(state: dict[str, torch.Tensor], block: str, hf_layer: str, qkv_bias: bool
+                      ) -> dict[str, torch.Tensor]:
+    """The inverse of `hf_layer_to_block` for ViT's layer layout: vitlab's `Block` under `block` -> HF names under
+    `hf_layer`, the fused `attn.qkv` split into query, key and value."""
+    out: dict[str, torch.Tensor] = {}
+    for hf_name, name in LAYER_RENAMES:
+        out[hf_layer + hf_name + ".weight"] = state[block + name + ".weight"]
+        out[hf_layer + hf_name + ".bias"] = state[block + name + ".bias"]
+    names = ["weight", "bias"] if qkv_bias else ["weight"]
+    for kind in names:
+        for part, tensor in zip(("query", "key", "value"), state[block + f"attn.qkv.{kind}"].chunk(3)):
+            out[hf_layer + f"attention.attention.{part}.{kind}"] = tensor
     return out
 
 
@@ -207,16 +231,8 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
         out[prefix + hf_name] = state[name]
     if config.distilled:
         out["deit.embeddings.distillation_token"] = state["dist_token"]
-    dim = config.embed_dim
     for layer in range(config.depth):
-        hf_layer, block = f"{prefix}encoder.layer.{layer}.", f"blocks.{layer}."
-        for hf_name, name in LAYER_RENAMES:
-            out[hf_layer + hf_name + ".weight"] = state[block + name + ".weight"]
-            out[hf_layer + hf_name + ".bias"] = state[block + name + ".bias"]
-        for index, part in enumerate(("query", "key", "value")):
-            out[hf_layer + f"attention.attention.{part}.weight"] = state[block + "attn.qkv.weight"][index * dim:(index + 1) * dim]
-            if config.qkv_bias:
-                out[hf_layer + f"attention.attention.{part}.bias"] = state[block + "attn.qkv.bias"][index * dim:(index + 1) * dim]
+        out.update(block_to_hf_layer(state, f"blocks.{layer}.", f"{prefix}encoder.layer.{layer}.", config.qkv_bias))
     heads = DEIT_HEADS if config.has_distillation_head else [("classifier", "head")]
     if config.num_classes:
         for hf_name, name in heads:
