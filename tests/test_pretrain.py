@@ -69,6 +69,14 @@ def test_a_pretraining_run_reports_its_loss_and_leaves_an_encoder(tmp_path):
 
     encoder = load_model(run)
     assert encoder.config.num_classes == 0 and encoder.config.in_chans == 1
+    # the encoder works where a checkpoint does: the paper's Figure 7 for it, and the report shows the pictures
+    from vitlab.analysis.report import analyze
+    from vitlab.eval.fewshot import run_fewshot
+
+    report = analyze(run, ["digits"], num_distance_images=16, num_shown=2)
+    assert len(report["mean_attention_distance_per_layer"]) == 2
+    assert "MAE reconstructions" in (run / "analysis" / "report.html").read_text()
+    assert 0.1 < run_fewshot(run, "digits", shots=[5], seeds=1)["shots"]["5"]["mean"] <= 1
 
 
 def test_pretraining_learns_from_unlabeled_files(tmp_path):
@@ -87,19 +95,20 @@ def test_pretraining_learns_from_unlabeled_files(tmp_path):
 
 
 def test_a_short_pretraining_then_fine_tuning_beats_an_untrained_start_on_digits(tmp_path):
-    """MAE on digits' 1,294 training images (labels unused) for 40 epochs, then the same fine-tuning on 100
-    labelled images from the pre-trained encoder and from a fresh one; the same seeds, measured on the test
-    split once each."""
+    """MAE on digits' 1,294 training images (labels unused) for 40 epochs, then the same fine-tuning (60 epochs)
+    on 100 labelled images from the pre-trained encoder and from a fresh one; the same seeds, measured on the
+    test split once each."""
     pretrained = train(pretrain_micro(tmp_path, "mae", epochs=40, lr=3e-3, warmup_epochs=2, batch_size=64,
                                       augment={"crop_padding": 1}))
-    tune = dict(dataset="digits", epochs=30, batch_size=25, lr=3e-3, optimizer="adamw", weight_decay=0.05,
+    tune = dict(dataset="digits", epochs=60, batch_size=25, lr=3e-3, optimizer="adamw", weight_decay=0.05,
                 max_train_images=100, out_dir=str(tmp_path), progress=False, threads=1,
                 augment={"crop_padding": 1})
     from_mae = train(finetune_config(init_from=pretrained["run_dir"], run_name="from-mae", **tune))
     scratch = train(TrainConfig(model="digits-8", model_overrides=SMALL, run_name="scratch", **tune,
                                 label_smoothing=0.0, warmup_epochs=1.0, min_lr=0.0))
     assert from_mae["train_count"] == scratch["train_count"] == 100
-    assert from_mae["test_top1"] > scratch["test_top1"] + 0.03, (from_mae["test_top1"], scratch["test_top1"])
+    # measured on an Intel Xeon (AMX): 54.0% against 32.9%; chance is 10%
+    assert from_mae["test_top1"] > scratch["test_top1"] + 0.08, (from_mae["test_top1"], scratch["test_top1"])
 
 
 def test_pretrain_cli_needs_a_method_and_refuses_a_supervised_recipe(tmp_path):
@@ -110,3 +119,18 @@ def test_pretrain_cli_needs_a_method_and_refuses_a_supervised_recipe(tmp_path):
     assert result.returncode == 2 and "--method" in result.stderr
     result = cli("--config", str(REPO / "configs" / "digits.py"), "--out-dir", str(tmp_path))
     assert result.returncode == 2 and "supervised recipe" in result.stderr
+
+
+@pytest.mark.slow
+def test_pretraining_runs_under_torchrun(tmp_path):
+    """Two processes: each masks its own shard of every batch; the gradients (decoder included) are averaged,
+    so both replicas end identical, and validation sums over both shares."""
+    args = ["pretrain", "--method", "mae", "--out-dir", str(tmp_path), "--set", "run_name=double", "--epochs", "2",
+            "--set", f"model_overrides={SMALL}", "--set", "pretrain.decoder_dim=16", "--set", "pretrain.decoder_heads=2",
+            "--set", "pretrain.decoder_depth=1", "--set", "pretrain.decoder_mlp_dim=32", "--set", "progress=false"]
+    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "vitlab", *args], capture_output=True, text=True, timeout=300)
+    assert double.returncode == 0, double.stderr[-3000:]
+    summary = json.loads((tmp_path / "double" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["replica_max_abs_diff"] == 0.0
+    assert summary["val_count"] == 144 and summary["test_count"] == 359  # both ranks' shares, summed
