@@ -79,6 +79,26 @@ def test_a_pretraining_run_reports_its_loss_and_leaves_an_encoder(tmp_path):
     assert 0.1 < run_fewshot(run, "digits", shots=[5], seeds=1)["shots"]["5"]["mean"] <= 1
 
 
+def test_mae_pretraining_continues_from_transformers_layout_with_its_decoder(tmp_path):
+    from vitlab.checkpoint.formats import read_checkpoint
+    from vitlab.checkpoint.hf_mae import load_mae
+    from vitlab.objectives.mae import MaskedAutoencoding
+    from vitlab.train.setup import build_finetune_model
+
+    train(pretrain_micro(tmp_path, "mae", epochs=1))
+    written = load_mae(tmp_path / "mae" / "mae")  # the run's encoder + decoder in ViTMAEForPreTraining layout
+    config = pretrain_micro(tmp_path, "mae", init_from=str(tmp_path / "mae" / "mae"),
+                            pretrain=PretrainConfig(decoder_dim=64, decoder_depth=3))  # the checkpoint's shape wins
+    objective = MaskedAutoencoding(config.pretrain, config.augment, config.init_from)
+    from vitlab.data.datasets import load_dataset
+
+    encoder = build_finetune_model(config, load_dataset("digits", "train"), read_checkpoint(config.init_from)[:2],
+                                   {"num_classes": 0, "class_names": None})
+    module = objective.attach(encoder)
+    ours, theirs = module.state_dict(), written.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_pretraining_learns_from_unlabeled_files(tmp_path):
     root = write_photos(tmp_path / "photos", per_class=24)
     files = sorted(root.rglob("*.jpg"))

@@ -29,7 +29,7 @@ def build_mpp(config: Any, train_data: Any) -> "Objective":
 def build_mae(config: Any, train_data: Any) -> "Objective":
     from vitlab.objectives.mae import MaskedAutoencoding
 
-    return MaskedAutoencoding(config.pretrain, config.augment)
+    return MaskedAutoencoding(config.pretrain, config.augment, config.init_from)
 
 
 # name -> builder(train config, training batch source) -> Objective

@@ -25,15 +25,40 @@ class MaskedAutoencoding(MaskedPretraining):
     description = "MAE"
     sum_names = ()
 
+    def __init__(self, settings: Any, augment: Any = None, init_from: str | None = None) -> None:
+        super().__init__(settings, augment)
+        self.init_from = init_from  # a checkpoint to continue pre-training from; its decoder too, where it has one
+
     def build_module(self, model: nn.Module) -> nn.Module:
         from vitlab.models.mae import MAEConfig, MaskedAutoencoder, check_maskable
 
         check_maskable(model.config)
         settings = self.settings
-        return MaskedAutoencoder(model, MAEConfig(
+        decoder = self.pretrained_decoder()
+        if decoder is not None:  # the checkpoint's decoder shape wins over the recipe's
+            settings.decoder_dim, settings.decoder_depth = decoder.config.decoder_dim, decoder.config.decoder_depth
+            settings.decoder_heads, settings.decoder_mlp_dim = decoder.config.decoder_heads, decoder.config.decoder_mlp_dim
+        module = MaskedAutoencoder(model, MAEConfig(
             mask_ratio=settings.ratio("mae"), decoder_dim=settings.decoder_dim, decoder_depth=settings.decoder_depth,
             decoder_heads=settings.decoder_heads, decoder_mlp_dim=settings.decoder_mlp_dim,
             norm_pix_loss=settings.norm_pix_loss))
+        if decoder is not None:
+            module.load_state_dict({name: value for name, value in decoder.state_dict().items()
+                                    if not name.startswith("encoder.")}, strict=False)
+        return module
+
+    def pretrained_decoder(self) -> nn.Module | None:
+        """The MAE of a transformers `ViTMAEForPreTraining` checkpoint that pre-training continues from (its
+        encoder is the run's model already), or None for any other start."""
+        import json
+
+        if not self.init_from or not (Path(self.init_from) / "config.json").is_file():
+            return None
+        if json.loads((Path(self.init_from) / "config.json").read_text()).get("model_type") != "vit_mae":
+            return None
+        from vitlab.checkpoint.hf_mae import load_mae
+
+        return load_mae(self.init_from)
 
     def loss(self, outputs: Any, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """MAE's loss, computed inside the module (it needs the inputs): the mean squared error per value of the
