@@ -86,6 +86,7 @@ def make_sandbox(root: Path) -> None:
     shutil.copy(FIXTURES / "jax_vit_token.npz", root / "ViT-B_16.npz")
     shutil.copy(FIXTURES / "jax_vit_token.json", root / "ViT-B_16.json")
     (root / "tests").symlink_to(REPO / "tests")
+    (root / "configs").symlink_to(REPO / "configs")  # the README runs from the clone, where the recipes are
 
 
 def write_streamed_forms(photos: Path, root: Path) -> None:
@@ -119,7 +120,7 @@ def as_run_here(command: str) -> list[str] | None:
     if command == "make demo":  # what the Makefile runs, shortened
         return ["train", "--set", "run_name=demo", "--set", "epochs=2"]
     args = [os.path.expanduser(arg) for arg in shlex.split(command)[1:]]
-    if args and args[0] in ("train", "finetune", "ablate") and "--resume" not in args:
+    if args and args[0] in ("train", "finetune", "ablate", "pretrain") and "--resume" not in args:
         args += ["--set", "epochs=1"]
     if "--resume" in args and "--epochs" in args:  # extend the 2-epoch demo run by one epoch
         args[args.index("--epochs") + 1] = "3"
