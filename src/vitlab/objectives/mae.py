@@ -38,10 +38,11 @@ class MaskedAutoencoding(MaskedPretraining):
         if decoder is not None:  # the checkpoint's decoder shape wins over the recipe's
             settings.decoder_dim, settings.decoder_depth = decoder.config.decoder_dim, decoder.config.decoder_depth
             settings.decoder_heads, settings.decoder_mlp_dim = decoder.config.decoder_heads, decoder.config.decoder_mlp_dim
+        dim, depth, heads, mlp_dim = settings.decoder_shape(model.config.embed_dim, model.config.num_heads)
+        self.decoder = dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim)
         module = MaskedAutoencoder(model, MAEConfig(
-            mask_ratio=settings.ratio("mae"), decoder_dim=settings.decoder_dim, decoder_depth=settings.decoder_depth,
-            decoder_heads=settings.decoder_heads, decoder_mlp_dim=settings.decoder_mlp_dim,
-            norm_pix_loss=settings.norm_pix_loss))
+            mask_ratio=settings.ratio("mae"), decoder_dim=dim, decoder_depth=depth, decoder_heads=heads,
+            decoder_mlp_dim=mlp_dim, norm_pix_loss=settings.norm_pix_loss))
         if decoder is not None:
             module.load_state_dict({name: value for name, value in decoder.state_dict().items()
                                     if not name.startswith("encoder.")}, strict=False)
@@ -100,8 +101,7 @@ class MaskedAutoencoding(MaskedPretraining):
         figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch)
         settings = self.settings
         figures.update(mask_ratio=settings.ratio("mae"), norm_pix_loss=settings.norm_pix_loss,
-                       decoder=dict(dim=settings.decoder_dim, depth=settings.decoder_depth,
-                                    heads=settings.decoder_heads, mlp_dim=settings.decoder_mlp_dim))
+                       decoder=self.decoder)
         source = results.get("images")
         if source is not None and settings.grid_images:
             pictures.append(self.picture(self.module.encoder, source, run_dir / RECONSTRUCTIONS, "end of training"))

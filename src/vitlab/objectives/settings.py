@@ -28,10 +28,12 @@ class PretrainConfig:
     # they are (BERT's 80/10/10, which the paper follows).
     mpp_corruption: list[float] = field(default_factory=lambda: [0.8, 0.1, 0.1])
     # MAE (He et al. 2021): the decoder that reconstructs the masked patches from the visible ones' encoding.
-    decoder_dim: int = 512
-    decoder_depth: int = 8
-    decoder_heads: int = 16
-    decoder_mlp_dim: int = 2048
+    # None: MAE's decoder (width 512, 8 blocks, 16 heads, MLP 2048) for encoders of width 512 or more; for a
+    # narrower one (the small presets, Ti/S) a decoder as wide as the encoder, of 2 blocks (`decoder_shape`).
+    decoder_dim: int | None = None
+    decoder_depth: int | None = None
+    decoder_heads: int | None = None
+    decoder_mlp_dim: int | None = None
     norm_pix_loss: bool = True  # targets normalised per patch (mean 0, variance 1): MAE's better representation
     # The picture of validation images (original, masked, reconstructed): at the end, and after these epochs.
     grid_images: int = 8
@@ -49,14 +51,25 @@ class PretrainConfig:
              and abs(sum(self.mpp_corruption) - 1) < 1e-6,
              f"pretrain.mpp_corruption must be three shares (mask token, other patch, unchanged) summing to 1, "
              f"got {self.mpp_corruption}"),
-            (min(self.decoder_dim, self.decoder_depth, self.decoder_heads, self.decoder_mlp_dim) > 0
-             and self.decoder_dim % self.decoder_heads == 0,
-             f"pretrain.decoder_heads {self.decoder_heads} must divide decoder_dim {self.decoder_dim} (all positive)"),
+            (all(value is None or (isinstance(value, int) and value > 0) for value in
+                 (self.decoder_dim, self.decoder_depth, self.decoder_heads, self.decoder_mlp_dim)),
+             "pretrain.decoder_dim, decoder_depth, decoder_heads and decoder_mlp_dim must be positive whole numbers "
+             "(or none: chosen from the encoder)"),
             (self.grid_images >= 0, f"pretrain.grid_images must be >= 0, got {self.grid_images}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+
+    def decoder_shape(self, encoder_dim: int, encoder_heads: int) -> tuple[int, int, int, int]:
+        """(width, depth, heads, MLP width) of MAE's decoder: the recipe's, the unset ones chosen from the encoder."""
+        wide = encoder_dim >= 512
+        dim = self.decoder_dim or (512 if wide else encoder_dim)
+        heads = self.decoder_heads or (16 if wide else encoder_heads)
+        shape = (dim, self.decoder_depth or (8 if wide else 2), heads, self.decoder_mlp_dim or 4 * dim)
+        if dim % heads:
+            raise ConfigError(f"pretrain.decoder_heads {heads} does not divide decoder_dim {dim}; set both")
+        return shape
 
     def ratio(self, method: str) -> float:
         """The mask ratio a method uses: the recipe's, else the method's own."""
