@@ -53,6 +53,13 @@ def test_combinations_that_cannot_exist_are_left_out_and_listed():
         plan(Ablation("t", TrainConfig(), parse_vary(["pos_embed=none", "pos_embed_placement=input,every_block"])))
 
 
+def test_a_pretraining_recipe_is_refused_with_what_to_do_instead():
+    from vitlab.train.config import pretrain_config
+
+    with pytest.raises(ConfigError, match="benchmarks/pretrain_mnist.py"):
+        plan(Ablation("t", pretrain_config("mae"), parse_vary(["lr=1e-3,2e-3"])))
+
+
 def test_cells_that_compute_the_same_run_share_one_key():
     by_pos = plan(Ablation("a", TrainConfig(), {"pos_embed": ["learned", "none"]}))[0]
     by_head = plan(Ablation("b", TrainConfig(), {"classifier": ["token", "gap"], "lr": [4e-3]}))[0]

@@ -173,6 +173,11 @@ def plan(ablation: Ablation) -> tuple[list[Cell], list[tuple[str, str]]]:
     if not ablation.seeds or len(set(ablation.seeds)) != len(ablation.seeds):
         raise ConfigError(f"seeds must be distinct and at least one, got {ablation.seeds}")
     recipe = base_recipe(ablation)
+    if recipe.objective != "classification" or "objective" in ablation.vary:
+        # Its tables and curves compare validation accuracy; a pre-training run chooses by a loss.
+        raise ConfigError("ablate compares classifiers by validation accuracy; a pre-training recipe (objective "
+                          f"{recipe.objective!r}) is compared by fine-tuning its encoders, as "
+                          "benchmarks/pretrain_mnist.py does")
     axes = list(ablation.vary)
     for axis in axes:
         if not ablation.vary[axis]:
