@@ -6,8 +6,7 @@ The names below load on first use, so listing the pre-trained table (`vitlab pre
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vitlab.lazy import lazy_exports
 
 _EXPORTS = {
     "atomic_write_bytes": "vitlab.files",
@@ -23,13 +22,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vitlab.checkpoint' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
