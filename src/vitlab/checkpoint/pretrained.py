@@ -87,24 +87,25 @@ def table_row(name: str) -> dict[str, Any] | None:
     return next((row for row in pretrained_document()["rows"] if row["name"] == name), None)
 
 
+# How `top1_of` reads in the text table.
+TOP1_OF = {"this checkpoint": "itself", "its fine-tune at 384": "fine-tuned 384", "its fine-tune": "fine-tuned",
+           "linear probe": "linear probe", "zero-shot": "zero-shot"}
+
+
 def format_pretrained_table(rows: list[dict[str, Any]]) -> str:
-    """The rows as a text table: name, family, image size, pre-training, top-1, file size, licence, source."""
-    header = ("name", "family", "image", "pre-training", "top-1", "size", "licence", "source")
-    lines = [[row["name"], row["family"], str(row["image_size"]), row["pretraining"],
-              "-" if row["top1"] is None else f"{row['top1']:.1f}",
+    """The rows as a text table: name, family, image size, pre-training data, top-1 (and of what), file size,
+    licence, source (the hub for hf-hub: names)."""
+    header = ("name", "family", "image", "pre-training", "top-1", "of", "size", "licence", "source")
+    lines = [(row["name"], row["family"], str(row["image_size"]), row["pretraining"],
+              "-" if row["top1"] is None else f"{row['top1']:.1f}", TOP1_OF.get(row["top1_of"], ""),
               ("~" if row["size_source"].startswith("estimate") else "") + size_text(row["size_mib"]),
-              row["licence"].split(" ")[0], "hub" if row["source"] == row["name"] else row["source"]]
+              row["licence"].split(" ")[0], "hub" if row["source"] == row["name"] else row["source"])
              for row in rows]
-    widths = [max(len(header[i]), *(len(line[i]) for line in lines)) if lines else len(header[i])
-              for i in range(len(header))]
-    widths[3] = min(widths[3], 44)  # the pre-training text wraps into its column's width at most
-    text = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
-    for line in lines:
-        line[3] = line[3] if len(line[3]) <= widths[3] else line[3][:widths[3] - 3] + "..."
-        text.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
-    text.append("top-1: ImageNet-1k % as reported (fine-tuned, linear probe or zero-shot: `--json` says which and "
-                "where from); ~: size estimated from the parameter count; docs/pretrained.md says how each row was "
-                "checked")
+    widths = [max([len(header[i])] + [len(line[i]) for line in lines]) for i in range(len(header))]
+    text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *lines]]
+    text.append("top-1: ImageNet-1k % as reported, of the checkpoint itself, of its fine-tune, of a linear probe on "
+                "its features or zero-shot; ~: size estimated from the parameter count. --json says where each figure "
+                "comes from, docs/pretrained.md how each row was checked.")
     return "\n".join(text)
 
 
