@@ -8,7 +8,8 @@ its check. A partial file left by a process that has stopped is taken over and r
 A file once verified is not hashed again on every load: `<name>.sha256` records its hash, size and mtime, and the
 file is trusted while its size and mtime match (hashed again when they differ). Under DDP,
 `vitlab.distributed.fetch_once` lets one process per machine download while the others wait.
-Set `VITLAB_CACHE` to choose the cache folder and `VITLAB_MIRROR` to fetch every file from another base URL.
+Set `VITLAB_CACHE` to choose the cache folder and `VITLAB_MIRROR` to fetch every file from another base URL
+(a file's `mirror_path` says where it is below it; a URL outside the data sets and the bucket has none).
 
 The checksum is known in advance (the data sets' SHA-256) or, for files whose hash vitlab cannot ship (pre-trained
 weights in a bucket, a URL), the one the server publishes: Google Cloud Storage's `x-goog-hash` (MD5, else
