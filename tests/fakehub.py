@@ -25,7 +25,9 @@ def git_blob_sha1(data: bytes) -> str:
 class FakeServer:
     """The hub's resolve API (HEAD/GET /ORG/NAME/resolve/REVISION/FILE) and a bucket (HEAD/GET /BUCKET/PATH).
     `cut_after[path] = n` ends the first response for that path after n bytes of its body, as a dropped
-    connection; a path in `corrupt` is served with one byte flipped under the hash of the true bytes."""
+    connection; a path in `corrupt` is served with one byte flipped under the hash of the true bytes. `plain`
+    makes it a plainer server: a bare 404 for a missing file, no HEAD on the bucket (501), and the bucket's hash
+    only on whole (200) answers."""
 
     def __init__(self) -> None:
         self.repos: dict[str, dict[str, bytes]] = {}
@@ -33,6 +35,7 @@ class FakeServer:
         self.cut_after: dict[str, int] = {}
         self.corrupt: set[str] = set()
         self.requests: list[tuple[str, str, str | None]] = []
+        self.plain = False
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -65,7 +68,8 @@ class FakeServer:
             if revision not in ("main", commit):
                 return self.error(handler, 404, {"X-Error-Code": "RevisionNotFound"})
             if file not in self.repos[repo]:
-                return self.error(handler, 404, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": commit})
+                return self.error(handler, 404, {} if self.plain else {"X-Error-Code": "EntryNotFound",
+                                                                        "X-Repo-Commit": commit})
             data = self.repos[repo][file]
             headers = {"X-Repo-Commit": commit}
             if file.endswith(LARGE_FILES):
@@ -74,8 +78,10 @@ class FakeServer:
             else:
                 headers["ETag"] = f'"{git_blob_sha1(data)}"'
         elif path.lstrip("/") in self.bucket:
+            if self.plain and head:
+                return self.error(handler, 501, {})
             data = self.bucket[path.lstrip("/")]
-            headers = {"x-goog-hash": [f"crc32c={base64.b64encode(crc32c(data).to_bytes(4, 'big')).decode()}",
+            headers = {} if self.plain and handler.headers.get("Range") else {"x-goog-hash": [f"crc32c={base64.b64encode(crc32c(data).to_bytes(4, 'big')).decode()}",
                                        f"md5={base64.b64encode(hashlib.md5(data).digest()).decode()}"]}
         else:
             return self.error(handler, 404, {})

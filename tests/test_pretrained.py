@@ -23,7 +23,7 @@ from vitlab.checkpoint.pretrained import (is_checkpoint_name, name_stem, parse_n
                                           resolve_checkpoint)
 from vitlab.cli import main
 from vitlab.data.download import crc32c, published_digests
-from vitlab.data.imagenet import imagenet1k_class_names
+from vitlab.data.imagenet import imagenet1k_class_names, says_imagenet1k
 from vitlab.errors import CheckpointError, UsageError
 
 @pytest.fixture
@@ -172,6 +172,25 @@ def test_a_flipped_byte_is_caught_and_the_file_deleted(tmp_path, server):
     load_model("hf-hub:org/vit-tiny"), load_model("augreg:B/16")
 
 
+def test_a_plainer_server_works_too(tmp_path, server):
+    """A bare 404 for a missing file; a bucket that answers no HEAD and publishes its hash only on whole answers: a
+    resumed download is still checked, against the hash of its first answer."""
+    server.plain = True
+    server.repos["org/vit-tiny"] = files = hf_vit_repo()
+    del files["preprocessor_config.json"]
+    assert same_logits(load_model("hf-hub:org/vit-tiny"), load_model(FIXTURES / "hf_vit"))
+    server.bucket[AUGREG_B16] = (FIXTURES / "jax_vit_token.npz").read_bytes()
+    server.cut_after["/" + AUGREG_B16] = 30_000
+    server.corrupt.add("/" + AUGREG_B16)
+    with pytest.raises(CheckpointError, match="checksum mismatch.*md5"):
+        load_model("augreg:B/16")
+    server.corrupt.clear()
+    server.cut_after["/" + AUGREG_B16] = 30_000
+    assert same_logits(load_model("augreg:B/16"), load_model(FIXTURES / "jax_vit_token.npz"))
+    record = json.loads((tmp_path / "cache" / "pretrained" / (AUGREG_B16 + ".sha256")).read_text())
+    assert record["checked"] == "md5"
+
+
 def test_a_small_file_is_checked_against_its_git_blob_hash(tmp_path, server):
     server.repos["org/vit-tiny"] = hf_vit_repo()
     server.corrupt.add("/org/vit-tiny/resolve/main/config.json")
@@ -246,6 +265,9 @@ def test_imagenet_class_names_ship_in_order():
     assert len(names) == 1000 == len(set(names))
     assert (names[0], names[1], names[281], names[291], names[409], names[999]) == (
         "tench", "goldfish", "tabby cat", "lion", "analog clock", "toilet tissue")
+    for marked in ("augreg:B/16-in1k-384", "imagenet21k+imagenet2012/ViT-B_16.npz", "augreg_in21k_ft_in1k"):
+        assert says_imagenet1k(marked)
+    assert not says_imagenet1k("runs/demo/model.safetensors", None)
 
 
 @pytest.fixture

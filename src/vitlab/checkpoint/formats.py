@@ -19,7 +19,7 @@ from vitlab.checkpoint import hf, hf_clip, jax_npz, timm
 from vitlab.checkpoint.hub import WEIGHT_FILES
 from vitlab.checkpoint.io import (FORMAT_NAME, config_from_metadata, load_state_dict_checked, read_json, read_npz,
                                   read_safetensors, read_torch_file, save_model, save_state_dict, sniff)
-from vitlab.checkpoint.pretrained import is_checkpoint_name, resolve_checkpoint
+from vitlab.checkpoint.pretrained import is_checkpoint_name, normalized, resolve_checkpoint, table_row
 from vitlab.config import ViTConfig
 from vitlab.data.imagenet import NUM_CLASSES as IMAGENET_CLASSES, imagenet1k_class_names, says_imagenet1k
 from vitlab.errors import CheckpointError, ConfigError, UsageError
@@ -66,14 +66,17 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
 
 def with_imagenet_names(config: ViTConfig, spec: str | Path, sidecar: dict[str, Any] | None, kind: str) -> ViTConfig:
     """The ImageNet-1k class names for a 1000-class head that has none, when the checkpoint is an ImageNet-1k
-    fine-tune by its name, its file's and folder's names ("imagenet2012" in the official release's folders and
-    file names, "in1k" in timm's tags and vitlab's names) or its timm config (pretrained_cfg tag); HF's id2label
-    and the names in vitlab's own files come first."""
+    classifier by its name (and its row of the pre-trained table), its file's and folder's names ("imagenet2012"
+    in the official release's folders and file names, "in1k" in timm's tags and vitlab's names) or its timm config
+    (pretrained_cfg tag); HF's id2label and the names in vitlab's own files come first."""
     if config.num_classes != IMAGENET_CLASSES or config.class_names or kind == "vitlab":
         return config
     pretrained_cfg = (sidecar or {}).get("pretrained_cfg") or {}
-    named = spec if is_checkpoint_name(spec) else "/".join(Path(spec).parts[-2:])
-    if says_imagenet1k(named, pretrained_cfg.get("tag"), pretrained_cfg.get("hf_hub_id")):
+    if is_checkpoint_name(spec):
+        named, row = normalized(spec), table_row(normalized(spec)) or {}
+    else:
+        named, row = "/".join(Path(spec).parts[-2:]), {}
+    if says_imagenet1k(named, row.get("pretraining"), pretrained_cfg.get("tag"), pretrained_cfg.get("hf_hub_id")):
         return config.replace(class_names=list(imagenet1k_class_names()))
     return config
 

@@ -247,5 +247,5 @@ def url_checkpoint(remote: Remote) -> Path:
                               f"downloading it; put the file from {candidate_urls(wanted)[0]} at {final}, or give "
                               "its local path instead of the name")
     return download(wanted, folder, progress=sys.stderr.isatty(), error=CheckpointError,
-                    hint=f"Run the command again to resume, or download {candidate_urls(wanted)[0]} by hand and "
-                         f"give its path (or put it at {folder / file_name})")
+                    hint=f"Run the command again (a partial download resumes), or download "
+                         f"{candidate_urls(wanted)[0]} by hand and give its path (or put it at {folder / file_name})")

@@ -256,9 +256,11 @@ def head_digests(url: str, timeout: float) -> dict[str, str]:
         return {}
 
 
-def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: float, label: str = ""):
+def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: float, label: str = "",
+          headers_seen: list | None = None) -> None:
     """Append the rest of `url` to `partial`, resuming from its current size when the server allows it; `label`
-    names the download on the progress bar. Returns the response's headers (None when nothing was left)."""
+    names the download on the progress bar. The response's headers are added to `headers_seen` as soon as they
+    arrive (so a dropped connection keeps them)."""
     from tqdm import tqdm
 
     have = partial.stat().st_size if partial.exists() else 0
@@ -269,8 +271,10 @@ def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: 
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as error:
         if error.code == 416 and have:  # nothing left to fetch: the partial file is already whole
-            return None
+            return
         raise
+    if headers_seen is not None:
+        headers_seen.append(response.headers)
     with response:
         if have and response.status != 206:
             have = 0  # the server ignored the Range header: start again
@@ -285,25 +289,26 @@ def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: 
                 bar.update(len(chunk))
     if expected_total is not None and partial.stat().st_size < expected_total:
         raise ConnectionError(f"connection closed after {partial.stat().st_size} of {expected_total} bytes")
-    return response.headers
 
 
 FETCH_ERRORS = (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException)
 
 
 def fetch_resuming(url: str, partial: Path, expected_size: int, progress: bool, timeout: float, label: str = "",
-                   attempts: int = 4):
+                   attempts: int = 4) -> list:
     """`fetch`, resumed with a Range request when the connection drops after bytes arrived (up to `attempts`
-    tries in all); an error that brought nothing is raised at once. Returns the last response's headers."""
+    tries in all); an error that brought nothing is raised at once. Returns the headers of every response."""
+    headers_seen: list = []
     for attempt in range(attempts):
         before = partial.stat().st_size if partial.exists() else 0
         try:
-            return fetch(url, partial, expected_size, progress, timeout, label)
+            fetch(url, partial, expected_size, progress, timeout, label, headers_seen)
+            return headers_seen
         except FETCH_ERRORS:
             grew = (partial.stat().st_size if partial.exists() else 0) > before
             if not grew or attempt == attempts - 1:
                 raise
-    return None
+    return headers_seen
 
 
 def cached_copy(remote: RemoteFile, folder: Path | None = None) -> Path | None:
@@ -335,12 +340,12 @@ def download(remote: RemoteFile, folder: Path | None = None, progress: bool = Tr
     for url in candidate_urls(remote):
         published = {} if remote.sha256 else head_digests(url, timeout)
         try:
-            headers = fetch_resuming(url, partial, remote.size, progress, timeout, label=remote.name)
+            responses = fetch_resuming(url, partial, remote.size, progress, timeout, label=remote.name)
         except FETCH_ERRORS as failure:
             problems.append(f"{url}: {getattr(failure, 'reason', failure)}")
             continue  # the partial file stays, so the next mirror (or the next run) resumes it
-        if headers is not None and not remote.sha256:
-            published.update(published_digests(headers))
+        for headers in responses if not remote.sha256 else []:
+            published.update(published_digests(headers))  # a resumed (206) answer may publish none
         check = expected_digest(remote, published)
         digests = digests_of(partial, (check[0],) if check and check[0] != "sha256" else ())
         if check is not None and digests[check[0]] != check[1]:
