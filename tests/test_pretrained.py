@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import FIXTURES
+from conftest import FIXTURES, REFERENCE_CHECKPOINTS
 from fakehub import AUGREG_B16, FakeServer, folder_files, serve_names
 from vitlab import load_model
 from vitlab.checkpoint.pretrained import (is_checkpoint_name, name_stem, parse_name, pretrained_table,
@@ -115,6 +115,29 @@ def test_a_timm_repository_and_a_pytorch_bin_only_repository_load_by_name(tmp_pa
     server.requests.clear()
     assert same_logits(load_model("hf-hub:org/bin-only@main"), load_model(FIXTURES / "hf_vit"))
     assert "/org/bin-only/resolve/main/preprocessor_config.json" not in server.gets()  # a missing file is skipped
+
+
+def test_every_reference_checkpoint_loads_by_name_as_from_its_files(server):
+    """Each fixture (written by transformers, in timm's layout or the official .npz layout) served as a hub
+    repository (timm's: its constructor arguments as config.json's model_args) or a bucket file."""
+    for name, weights in REFERENCE_CHECKPOINTS + [("timm_vit_48x32", "timm_vit_48x32.safetensors")]:
+        local = FIXTURES / weights
+        if local.is_dir():
+            server.repos[f"org/{name}"] = folder_files(local)
+            spec = f"hf-hub:org/{name}"
+        elif local.suffix == ".npz":
+            server.bucket[f"vit_models/augreg/{local.name}"] = local.read_bytes()
+            spec = f"augreg:{local.name}"
+        else:
+            args = json.loads(local.with_suffix(".json").read_text())
+            server.repos[f"timm/{name}"] = {"config.json": json.dumps({"architecture": name, "model_args": args}).encode(),
+                                            "model.safetensors": local.read_bytes()}
+            spec = f"hf-hub:timm/{name}"
+        by_name, from_files = load_model(spec), load_model(local)
+        images = torch.randn(2, 3, *from_files.config.image_size, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            assert by_name.config == from_files.config, name
+            assert torch.equal(by_name.forward_features(images), from_files.forward_features(images)), name
 
 
 def test_bucket_names_urls_and_the_mirror_load_the_official_npz(tmp_path, server):

@@ -39,7 +39,7 @@ def hub_settings() -> dict[str, Any]:
     cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not cache and os.environ.get("HF_HOME"):
         cache = os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
-    return dict(cache_dir=cache or None, endpoint=os.environ.get("HF_ENDPOINT") or None,
+    return dict(cache_dir=cache or None, endpoint=os.environ.get("HF_ENDPOINT", "").rstrip("/") or None,
                 local_files_only=offline_mode(hub=True) is not None)
 
 
