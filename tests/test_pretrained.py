@@ -238,6 +238,14 @@ def test_offline_a_warm_cache_needs_no_network_and_a_cold_one_says_what_is_missi
                                               r"forbids downloading it; put the file from .*/vit_models/augreg/S_16-.* "
                                               r"at .*pretrained.vit_models.augreg.S_16"):
         load_model("augreg:S/16")
+    import huggingface_hub.constants  # offline as huggingface_hub knows it, from HF_HUB_OFFLINE at its import
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("VITLAB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert same_logits(load_model("hf-hub:org/vit-tiny"), online[0])
+    with pytest.raises(CheckpointError, match="org/other: .*HF_HUB_OFFLINE=1 forbids"):
+        load_model("hf-hub:org/other")
     assert server.requests == []
 
 

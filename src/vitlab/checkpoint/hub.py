@@ -34,13 +34,24 @@ SIDECARS = ("config.json", "preprocessor_config.json")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
 
 
+def hub_offline_mode() -> tuple[str, str] | None:
+    """(variable, value) that forbids downloads from the hub: vitlab's `offline_mode`, or huggingface_hub's own
+    flag (HF_HUB_OFFLINE as it was at its import, or set in code)."""
+    import huggingface_hub.constants
+
+    found = offline_mode(hub=True)
+    if found is None and huggingface_hub.constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE", "1"
+    return found
+
+
 def hub_settings() -> dict[str, Any]:
     """hf_hub_download's cache_dir, endpoint and local_files_only from the environment as it is now."""
     cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not cache and os.environ.get("HF_HOME"):
         cache = os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
     return dict(cache_dir=cache or None, endpoint=os.environ.get("HF_ENDPOINT", "").rstrip("/") or None,
-                local_files_only=offline_mode(hub=True) is not None)
+                local_files_only=hub_offline_mode() is not None)
 
 
 def hub_checkpoint(repo: str, revision: str | None, name: str | None = None) -> Path:
@@ -56,7 +67,7 @@ def hub_checkpoint(repo: str, revision: str | None, name: str | None = None) -> 
             path = fetch_file(repo, file, revision, settings, name)
             if path is not None:
                 return path
-    offline = offline_mode(hub=True)
+    offline = hub_offline_mode()
     if offline:
         import huggingface_hub.constants
 
