@@ -99,13 +99,32 @@ def test_interrupted_download_resumes_with_a_range_request(tmp_path, server):
     data = bytes(range(256)) * 2000
     remote = remote_for(server, "big.bin", data)
     server.cut_after["big.bin"] = 150_000
+    path = download(remote, tmp_path, progress=False)  # the drop is resumed within the call
+    assert path.read_bytes() == data and not list(tmp_path.glob("*.part"))
+    assert server.requests == [("big.bin", None), ("big.bin", "bytes=150000-")]
+
+
+def test_a_download_that_brings_nothing_fails_and_its_partial_file_waits_for_the_next_run(tmp_path, server,
+                                                                                          monkeypatch):
+    data = bytes(range(256)) * 2000
+    remote = remote_for(server, "big.bin", data)
+    server.cut_after["big.bin"] = 150_000
+    real, calls = download_module.fetch, []
+
+    def refused_after_the_first(url, partial, *args, **kwargs):  # the resumed request finds no route
+        calls.append(url)
+        if len(calls) > 1:
+            raise ConnectionError("no route")
+        return real(url, partial, *args, **kwargs)
+
+    monkeypatch.setattr(download_module, "fetch", refused_after_the_first)
     with pytest.raises(DataError, match="could not download"):
         download(remote, tmp_path, progress=False)
     [partial] = tmp_path.glob("big.bin.*.part")
     assert partial.stat().st_size == 150_000
+    monkeypatch.setattr(download_module, "fetch", real)
     path = download(remote, tmp_path, progress=False)
-    assert path.read_bytes() == data and not list(tmp_path.glob("*.part"))
-    assert server.requests[-1] == ("big.bin", "bytes=150000-")
+    assert path.read_bytes() == data and server.requests[-1] == ("big.bin", "bytes=150000-")
 
 
 def test_second_mirror_is_tried_and_a_corrupt_cached_file_is_replaced(tmp_path, server):

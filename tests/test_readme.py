@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from conftest import FIXTURES
+from fakehub import AUGREG_B16, FakeServer, folder_files, serve_names
 from vitlab.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,8 +86,20 @@ def make_sandbox(root: Path) -> None:
     write_streamed_forms(root / "photos", root)
     shutil.copy(FIXTURES / "jax_vit_token.npz", root / "ViT-B_16.npz")
     shutil.copy(FIXTURES / "jax_vit_token.json", root / "ViT-B_16.json")
+    Image.new("RGB", (64, 48), (200, 120, 40)).save(root / "cat.jpg")
     (root / "tests").symlink_to(REPO / "tests")
     (root / "configs").symlink_to(REPO / "configs")  # the README runs from the clone, where the recipes are
+
+
+def serve_readme_names(server: FakeServer) -> None:
+    """The pre-trained names the README uses, served by the local fake hub and bucket with tiny stand-ins of the
+    same layouts (tests/fixtures); tests/test_pretrained.py covers the names themselves."""
+    official = (FIXTURES / "jax_vit_token.npz").read_bytes()
+    server.bucket[AUGREG_B16] = official
+    server.bucket["vit_models/imagenet21k/ViT-B_16.npz"] = official
+    server.repos["google/vit-base-patch16-224"] = folder_files(FIXTURES / "hf_vit")
+    server.repos["facebook/dino-vits16"] = folder_files(FIXTURES / "hf_dino")
+    server.repos["facebook/dinov2-small"] = folder_files(FIXTURES / "hf_dinov2")
 
 
 def write_streamed_forms(photos: Path, root: Path) -> None:
@@ -128,13 +141,17 @@ def as_run_here(command: str) -> list[str] | None:
 
 
 @pytest.mark.slow
-def test_the_readme_commands_run_as_printed(tmp_path, monkeypatch, capsys):
+def test_the_readme_commands_run_as_printed(tmp_path, monkeypatch, capsys, request):
     pytest.importorskip("onnxruntime")
     commands = readme_commands((REPO / "README.md").read_text())
     assert "make demo" in commands and any(c.startswith("vitlab predict runs/demo") for c in commands)
     make_sandbox(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))  # ~/photos
+    server = FakeServer()
+    request.addfinalizer(server.close)
+    serve_readme_names(server)
+    serve_names(server, tmp_path, monkeypatch)
     ran, skipped, seconds = [], [], {}
     for command in commands:
         args = as_run_here(command)

@@ -5,8 +5,7 @@ The public names below load on first use, so `import vitlab` and `vitlab --help`
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vitlab.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -20,6 +19,7 @@ _EXPORTS = {
     "load_model": "vitlab.checkpoint.formats",
     "read_checkpoint": "vitlab.checkpoint.formats",
     "export_checkpoint": "vitlab.checkpoint.formats",
+    "resolve_checkpoint": "vitlab.checkpoint.pretrained",
     "save_model": "vitlab.checkpoint.io",
     "VitlabError": "vitlab.errors",
     "UsageError": "vitlab.errors",
@@ -30,13 +30,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'vitlab' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -80,6 +80,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pretrained(args: argparse.Namespace) -> int:
+    from vitlab.checkpoint.pretrained import format_pretrained_table, pretrained_table
+
+    rows = pretrained_table(args.family)
+    print(json.dumps(rows, indent=1) if args.json else format_pretrained_table(rows))
+    return 0
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from vitlab.reports import convert, format_conversion
 
@@ -386,6 +394,18 @@ EXIT_CODES = """exit codes:
   2    a usage error: a bad option, value, path or data set, said in one line
   130  stopped by Ctrl-C (train: state saved; resume with: vitlab train --resume RUN)
   141  the reader of the output left early (| head); the output was cut, nothing else went wrong"""
+NAMES_HELP = """names (anywhere a checkpoint is taken; a local path that exists always wins):
+  hf-hub:ORG/NAME[@REVISION]   a Hugging Face hub repository (transformers or timm layout)
+  augreg:B/16                  the paper's recommended AugReg ImageNet-21k pre-training (also Ti/16 S/16 L/16
+                               S/32 B/32 R26+S/32 R50+L/32); augreg:B/16-in1k-384 its ImageNet-1k fine-tune;
+                               augreg:FILE an exact file of gs://vit_models/augreg
+  imagenet21k:B/16             the original release (ViT-B_16.npz); imagenet21k:B/16-in1k-384 / -in1k-224
+                               fine-tuned on ImageNet-1k
+  gs://BUCKET/PATH, https://URL  one file
+downloaded once into the cache and checked against the hash the server publishes. HF_HOME, HF_ENDPOINT,
+HF_TOKEN and HF_HUB_OFFLINE=1 apply to hub names; VITLAB_CACHE, VITLAB_MIRROR (the bucket's paths below it) and
+VITLAB_OFFLINE=1 to the others."""
+CHECKPOINT_HELP = "run folder, checkpoint file or folder of any kind vitlab loads, or a pre-trained name (vitlab pretrained)"
 BACKEND_HELP = ("torch (default) or onnx: ONNX Runtime on a file written by `vitlab export`; a .onnx path picks onnx, "
                 "and a run folder with onnx uses its model.onnx")
 
@@ -431,8 +451,18 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_models)
 
+    p = subcommand("pretrained", help="list the pre-trained checkpoints vitlab knows by name (hf-hub:ORG/NAME, "
+                                      "augreg:B/16, ...), with their data, ImageNet top-1, size and licence",
+                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=NAMES_HELP)
+    from vitlab.checkpoint.pretrained import FAMILIES
+
+    p.add_argument("--family", help="only this family: " + ", ".join(FAMILIES))
+    p.add_argument("--json", action="store_true", help="print JSON, with where each figure comes from")
+    p.set_defaults(func=cmd_pretrained)
+
     p = subcommand("convert", help="convert an official .npz / timm / HF / vitlab checkpoint to another kind")
-    p.add_argument("input", help="checkpoint file or folder (kind detected from its content)")
+    p.add_argument("input", help="checkpoint file or folder (kind detected from its content), or a pre-trained "
+                                 "name such as augreg:B/16")
     p.add_argument("output", help="a .safetensors file (--to vitlab, timm) or a folder (--to hf) to write")
     p.add_argument("--to", choices=("vitlab", "timm", "hf"), default="vitlab", help="kind to write (default vitlab)")
     p.add_argument("--force", action="store_true", help="replace an existing output file or folder")
@@ -463,7 +493,9 @@ def build_parser() -> ArgumentParser:
     p = subcommand("finetune", help="fine-tune any checkpoint on a new data set (the paper's transfer recipe)",
                        epilog=lambda: recipe_keys_help(finetune=True),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--from", dest="init_from", metavar="CHECKPOINT", help="vitlab, official .npz, timm or HF checkpoint")
+    p.add_argument("--from", dest="init_from", metavar="CHECKPOINT",
+                   help="vitlab, official .npz, timm or HF checkpoint, or a pre-trained name (augreg:B/16, "
+                        "hf-hub:ORG/NAME; vitlab pretrained lists them)")
     p.add_argument("--dataset", help="data set to fine-tune on (digits, mnist, fashion-mnist, cifar10, cifar100, "
                                      "folder; streamed image files: manifest, shards, hf)")
     p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
@@ -540,7 +572,7 @@ def build_parser() -> ArgumentParser:
     for name, helptext in (("fewshot", "few-shot linear accuracy of frozen features (closed-form least squares)"),
                            ("linear-probe", "logistic regression on frozen features")):
         p = subcommand(name, help=helptext)
-        p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")
+        p.add_argument("checkpoint", help=CHECKPOINT_HELP)
         p.add_argument("--dataset", required=True, help="data set whose train split fits and test split measures")
         p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
         p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9")
@@ -556,7 +588,7 @@ def build_parser() -> ArgumentParser:
         p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = subcommand("eval", help="evaluate a run, checkpoint or ONNX export on a data set")
-    p.add_argument("checkpoint", help="run folder, checkpoint, or .onnx file written by `vitlab export`")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
     p.add_argument("--dataset", help="data set name (default for a run folder: the one it trained on)")
     p.add_argument("--data-dir", help="where the data set's files are (default: a run's, or the download cache)")
     p.add_argument("--split", choices=("train", "val", "test"), default="test",
@@ -570,7 +602,7 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = subcommand("predict", help="top-k labels for images or folders of images")
-    p.add_argument("checkpoint", help="run folder, checkpoint, or .onnx file written by `vitlab export`")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
     p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files, or folders searched for images")
     p.add_argument("--top-k", type=positive_int, default=3, help="labels per image (default 3)")
     p.add_argument("--format", choices=("table", "json", "csv"), default="table",
@@ -583,7 +615,8 @@ def build_parser() -> ArgumentParser:
                                      "against a matmul peak and transformers")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model", default="B/16", help="a variant or preset (random weights), default B/16")
-    source.add_argument("--checkpoint", help="a trained run folder or checkpoint (needed for --dataset accuracy)")
+    source.add_argument("--checkpoint", help="a trained run folder, checkpoint or pre-trained name (needed for "
+                                             "--dataset accuracy)")
     p.add_argument("--image-size", type=image_size_arg,
                    help="a variant's input size; with --checkpoint as for every command that loads one: "
                         + CHECKPOINT_IMAGE_SIZE_HELP)
@@ -600,7 +633,7 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = subcommand("export", help="export a checkpoint for deployment (ONNX, fp32 or int8), checked against PyTorch")
-    p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP)
     p.add_argument("--format", choices=("onnx",), default="onnx", help="the only format so far: ONNX")
     p.add_argument("-o", "--output", help="the .onnx file to write (default: model.onnx or model-int8.onnx in a run "
                         "folder, NAME.onnx or NAME-int8.onnx beside a checkpoint file)")
@@ -626,7 +659,7 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = subcommand("analyze", help="the paper's attention and embedding analyses, as pictures and an HTML report")
-    p.add_argument("checkpoint", help="run folder or checkpoint of any kind vitlab loads")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP)
     p.add_argument("--images", nargs="+", required=True, metavar="PATH_OR_DATASET",
                    help="image files / folders, or a data set name (its test split), e.g. --images digits")
     p.add_argument("--data-dir", help="where the named data set's files are")
@@ -638,7 +671,7 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_analyze)
 
     p = subcommand("serve", help="an HTTP inference service with a web page (needs the extra: vitlab[serve])")
-    p.add_argument("checkpoint", help="run folder, checkpoint, or .onnx file written by `vitlab export`")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
@@ -656,7 +689,7 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = subcommand("info", help="show what a checkpoint or ONNX export holds")
-    p.add_argument("checkpoint", help="run folder, checkpoint, or .onnx file written by `vitlab export`")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
     add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_info)

@@ -10,7 +10,8 @@ their own outputs. This module is the one place that knows the layout:
     RUN/summary.json, summary.txt    the end-of-run figures; curves.png, confusion.png; tensorboard/
     RUN/eval-DATASET-SPLIT.json/.png `vitlab eval`;  RUN/analysis/ `vitlab analyze`;  RUN/model.onnx `vitlab export`
 
-Commands given a checkpoint file instead of a run folder write beside the file (`outputs_beside`).
+Commands given a checkpoint file instead of a run folder write beside the file (`outputs_beside`); given a
+pre-trained name (augreg:B/16, hf-hub:ORG/NAME), in the current folder, under a name made from it.
 """
 
 from __future__ import annotations
@@ -109,9 +110,18 @@ def default_run_name(dataset: str) -> str:
     return f"{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def local_source(checkpoint: str | Path) -> Path:
+    """The path outputs made from `checkpoint` are placed by: the checkpoint itself, or for a pre-trained name
+    a file named after it in the current folder ("augreg:B/16" -> augreg-B-16)."""
+    from vitlab.checkpoint.pretrained import is_checkpoint_name, name_stem
+
+    return Path(name_stem(checkpoint)) if is_checkpoint_name(checkpoint) else Path(checkpoint)
+
+
 def outputs_beside(checkpoint: str | Path) -> Path:
-    """Where a command writes what it makes from a checkpoint: into the run folder itself, or beside a file."""
-    source = Path(checkpoint)
+    """Where a command writes what it makes from a checkpoint: into the run folder itself, or beside a file (the
+    current folder for a pre-trained name)."""
+    source = local_source(checkpoint)
     return source if source.is_dir() else source.parent
 
 
@@ -123,18 +133,19 @@ def eval_outputs(folder: Path, dataset: str, split: str) -> tuple[Path, Path]:
 
 def analysis_folder(checkpoint: str | Path) -> Path:
     """`vitlab analyze`'s default output: RUN/analysis, or analysis-<name> beside a checkpoint file."""
-    source = Path(checkpoint)
+    source = local_source(checkpoint)
     return source / "analysis" if source.is_dir() else source.parent / f"analysis-{source.stem}"
 
 
 def onnx_output(checkpoint: str | Path, int8: bool = False) -> Path:
     """`vitlab export`'s default file: RUN/model.onnx (model-int8.onnx), or NAME.onnx beside a checkpoint file."""
-    source = Path(checkpoint)
+    source = local_source(checkpoint)
     suffix = "-int8.onnx" if int8 else ".onnx"
     return source / f"model{suffix}" if source.is_dir() else source.with_name(source.stem + suffix)
 
 
 def display_name(source: str | Path) -> str:
-    """A model's name for people: the run folder's name for a run or its model file, else the file's name."""
-    source = Path(source)
+    """A model's name for people: the run folder's name for a run or its model file, else the file's name (a
+    pre-trained name's short form)."""
+    source = local_source(source)
     return source.parent.name if source.name in (MODEL, "model.onnx") else source.name

@@ -1,8 +1,25 @@
-"""Checkpoints: vitlab's own format, import from the official JAX release, timm and Hugging Face, export."""
+"""Checkpoints: vitlab's own format, import from the official JAX release, timm and Hugging Face, export, and
+pre-trained weights by name (`pretrained.py`, `hub.py`).
 
-from vitlab.checkpoint.formats import export_checkpoint, load_model, read_checkpoint
-from vitlab.checkpoint.io import load_state_dict_checked, save_model, save_state_dict
-from vitlab.files import atomic_write_bytes
+The names below load on first use, so listing the pre-trained table (`vitlab pretrained`) does not import torch.
+"""
 
-__all__ = ["atomic_write_bytes", "export_checkpoint", "load_model", "load_state_dict_checked", "read_checkpoint",
-           "save_model", "save_state_dict"]
+from __future__ import annotations
+
+from vitlab.lazy import lazy_exports
+
+_EXPORTS = {
+    "atomic_write_bytes": "vitlab.files",
+    "export_checkpoint": "vitlab.checkpoint.formats",
+    "load_model": "vitlab.checkpoint.formats",
+    "read_checkpoint": "vitlab.checkpoint.formats",
+    "load_state_dict_checked": "vitlab.checkpoint.io",
+    "save_model": "vitlab.checkpoint.io",
+    "save_state_dict": "vitlab.checkpoint.io",
+    "resolve_checkpoint": "vitlab.checkpoint.pretrained",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,7 +1,9 @@
 """Read any checkpoint vitlab understands, telling the kind by content, and write any kind it exports.
 
 Kinds: "vitlab" (own safetensors with config), "jax" (official `.npz`), "timm" (state dict, safetensors or
-PyTorch file), "hf" (transformers folder or weights file). The file extension is never trusted.
+PyTorch file), "hf" (transformers folder or weights file). The file extension is never trusted. Wherever a path is
+taken a pre-trained name is too (`hf-hub:ORG/NAME`, `augreg:B/16`, a URL: `checkpoint/pretrained.py`), resolved to
+its cached files first; a local path that exists always wins.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import torch
 
 from vitlab import runs
 from vitlab.checkpoint import hf, hf_clip, jax_npz, timm
+from vitlab.checkpoint.hub import WEIGHT_FILES
 from vitlab.checkpoint.io import (FORMAT_NAME, config_from_metadata, load_state_dict_checked, read_json, read_npz,
                                   read_safetensors, read_torch_file, save_model, save_state_dict, sniff)
+from vitlab.checkpoint.pretrained import is_checkpoint_name, normalized, resolve_checkpoint, table_row
 from vitlab.config import ViTConfig
+from vitlab.data.imagenet import NUM_CLASSES as IMAGENET_CLASSES, imagenet1k_class_names, says_imagenet1k
 from vitlab.errors import CheckpointError, ConfigError, UsageError
 from vitlab.files import atomic_write_bytes
 from vitlab.models.vit import VisionTransformer
@@ -24,7 +29,6 @@ from vitlab.models.vit import VisionTransformer
 # HF `model_type`s whose config.json vitlab reads beside the weights.
 HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers")
 HF_CLIP_MODEL_TYPES = ("clip", "clip_vision_model", "siglip", "siglip_vision_model")
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
 RUN_CHECKPOINTS = runs.MODEL_FILES
 
 
@@ -36,10 +40,10 @@ def find_sidecar(path: Path) -> dict[str, Any] | None:
     return None
 
 
-def resolve_weights(path: Path) -> tuple[Path, dict[str, Any] | None]:
-    """(weights file, sidecar JSON) for a file or a folder (HF / timm hub folder, or a vitlab run folder)."""
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file or folder")
+def resolve_weights(path: str | Path) -> tuple[Path, dict[str, Any] | None]:
+    """(weights file, sidecar JSON) for a file or a folder (HF / timm hub folder, or a vitlab run folder), or a
+    pre-trained name (downloaded into the cache first)."""
+    path = resolve_checkpoint(path)
     if path.is_file():
         return path, find_sidecar(path)
     config_path = path / "config.json"
@@ -55,7 +59,31 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
     fill in what neither the file nor its sidecar says. `image_size`, the size the user asked for: where the
     position table is not square it is the checkpoint's own size (and is checked against the table's rows);
     where it is square the config keeps the table's size and the caller resamples (`model_from_state`)."""
-    weights, sidecar = resolve_weights(Path(path))
+    weights, sidecar = resolve_weights(path)
+    config, state, kind = read_weights(weights, sidecar, hints, image_size)
+    return with_imagenet_names(config, path, sidecar, kind), state, kind
+
+
+def with_imagenet_names(config: ViTConfig, spec: str | Path, sidecar: dict[str, Any] | None, kind: str) -> ViTConfig:
+    """The ImageNet-1k class names for a 1000-class head that has none, when the checkpoint is an ImageNet-1k
+    classifier by its name (and its row of the pre-trained table), its file's and folder's names ("imagenet2012"
+    in the official release's folders and file names, "in1k" in timm's tags and vitlab's names) or its timm config
+    (pretrained_cfg tag); HF's id2label and the names in vitlab's own files come first."""
+    if config.num_classes != IMAGENET_CLASSES or config.class_names or kind == "vitlab":
+        return config
+    pretrained_cfg = (sidecar or {}).get("pretrained_cfg") or {}
+    if is_checkpoint_name(spec):
+        named, row = normalized(spec), table_row(normalized(spec)) or {}
+    else:
+        named, row = "/".join(Path(spec).parts[-2:]), {}
+    if says_imagenet1k(named, row.get("pretraining"), pretrained_cfg.get("tag"), pretrained_cfg.get("hf_hub_id")):
+        return config.replace(class_names=list(imagenet1k_class_names()))
+    return config
+
+
+def read_weights(weights: Path, sidecar: dict[str, Any] | None, hints: dict[str, Any] | None = None,
+                 image_size: int | tuple[int, int] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
+    """`read_checkpoint` of a resolved weights file and its sidecar JSON, before class names are filled in."""
     source = str(weights)
     container = sniff(weights)
     hints = dict(hints or {})
@@ -214,7 +242,7 @@ def check_overwrite(input_path: str | Path, out: str | Path, to: str, force: boo
     """The files a conversion will write, refused before anything is read when one of them is the checkpoint
     being read, or exists and `force` is not given."""
     targets = output_files(out, to)
-    source = resolve_weights(Path(input_path))[0].resolve()
+    source = resolve_weights(input_path)[0].resolve()
     for target in targets:
         if target.resolve() == source:
             raise UsageError(f"{target} is the checkpoint being converted; write the conversion somewhere else")

@@ -38,7 +38,7 @@ def checkpoint_digest(path: str | Path) -> str:
 
     from vitlab.data.download import sha256_of
 
-    weights, _ = resolve_weights(Path(path))
+    weights, _ = resolve_weights(path)
     return sha256_of(weights)
 
 

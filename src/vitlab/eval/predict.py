@@ -21,14 +21,13 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
     from vitlab.checkpoint import load_model
     from vitlab.errors import UsageError
 
-    path = Path(path)
-    is_onnx = path.suffix.lower() == ".onnx"
+    is_onnx = Path(path).suffix.lower() == ".onnx"
     if backend is None:
         backend = "onnx" if is_onnx else "torch"
     if backend == "torch":
         if is_onnx:
             raise UsageError(f"{path} is an ONNX export; run it with --backend onnx (or leave --backend out)")
-        return load_model(path, image_size=image_size, num_heads=num_heads)
+        return load_model(path, image_size=image_size, num_heads=num_heads)  # a path, or a pre-trained name
     from vitlab.export.onnx import OnnxClassifier
 
     if not is_onnx:
@@ -39,6 +38,7 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
             raise UsageError(f"--backend onnx runs an ONNX export, and {exported} does not exist; make it with: "
                              f"vitlab export {path}")
         path = exported
+    path = Path(path)
     if image_size is not None or num_heads is not None:
         raise UsageError(f"{path} is an ONNX export with its input size fixed at export; drop --image-size and "
                          "--num-heads (export again with --image-size to change it)")

@@ -87,7 +87,9 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_d
     from vitlab.errors import UsageError
     from vitlab.eval.predict import load_classifier
 
-    if not Path(checkpoint).exists():
+    from vitlab.checkpoint.pretrained import is_checkpoint_name
+
+    if not Path(checkpoint).exists() and not is_checkpoint_name(checkpoint):
         raise UsageError(f"{checkpoint}: no such file or folder")
     trained = RunFolder(checkpoint).recipe()
     if dataset is None:

@@ -38,8 +38,7 @@ class Engine:
         from vitlab.checkpoint import load_model
         from vitlab.eval.classify import require_head
 
-        source = Path(source)
-        is_onnx = source.suffix.lower() == ".onnx"
+        is_onnx = Path(source).suffix.lower() == ".onnx"  # else a checkpoint path or a pre-trained name
         backend = backend or ("onnx" if is_onnx else "torch")
         if backend not in BACKENDS or precision not in PRECISIONS:
             raise UsageError(f"backend must be one of {BACKENDS} and precision one of {PRECISIONS}")

@@ -245,7 +245,8 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     if state is None and config.init_from:
         from vitlab.checkpoint.formats import read_checkpoint
 
-        pretrained = read_checkpoint(config.init_from, image_size=config.image_size)[:2]
+        # A pre-trained name is downloaded by one process per machine; the others then find it in the cache.
+        pretrained = fetch_once(lambda: read_checkpoint(config.init_from, image_size=config.image_size)[:2], env)
     # Image files are decoded at the size the model takes (its variant's, its checkpoint's or --image-size), as
     # `predict`, `eval` and `serve` read them; in-memory data sets are resized per batch whatever this is.
     config.stream = choose_streaming(config, env, state, pretrained)  # recorded in the recipe written below
