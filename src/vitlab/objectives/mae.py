@@ -53,13 +53,18 @@ class MaskedAutoencoding(MaskedPretraining):
         encoder is the run's model already), or None for any other start."""
         import json
 
-        if not self.init_from or not (Path(self.init_from) / "config.json").is_file():
+        from vitlab.checkpoint.pretrained import resolve_checkpoint
+
+        if not self.init_from:
             return None
-        if json.loads((Path(self.init_from) / "config.json").read_text()).get("model_type") != "vit_mae":
+        path = resolve_checkpoint(self.init_from)  # a path, or a name's files (hf-hub:facebook/vit-mae-base)
+        folder = path if path.is_dir() else path.parent
+        config = folder / "config.json"
+        if not config.is_file() or json.loads(config.read_text()).get("model_type") != "vit_mae":
             return None
         from vitlab.checkpoint.hf_mae import load_mae
 
-        return load_mae(self.init_from)
+        return load_mae(folder)
 
     def loss(self, outputs: Any, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """MAE's loss, computed inside the module (it needs the inputs): the mean squared error per value of the
