@@ -54,15 +54,15 @@ def finetune_recipe(init_from: str | None, labelled: int, held_out: int, epochs:
 
 def run(config: TrainConfig) -> dict:
     """The run's summary: read when it finished before, else trained now."""
-    from vitlab.train.loop import train
+    from vitlab.runs import RunFolder
+    from vitlab.train.loop import resume, train
 
-    summary_path = Path(config.out_dir) / config.run_name / "summary.json"
-    if summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-        if summary.get("status") == "finished":
-            return summary
+    folder = RunFolder(Path(config.out_dir) / config.run_name)
+    summary = folder.summary()
+    if summary is not None and summary.get("status") == "finished":
+        return summary
     started = time.perf_counter()
-    summary = train(config)
+    summary = resume(folder.path) if folder.holds_run else train(config)  # a stopped benchmark continues its runs
     print(f"  {config.run_name}: {time.perf_counter() - started:.0f} s", flush=True)
     return summary
 
