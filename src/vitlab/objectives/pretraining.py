@@ -3,8 +3,8 @@ of their own around the encoder (`attach`), are validated and chosen by their ow
 lower the better), and leave an encoder without a head that every command taking a checkpoint accepts.
 
 Validation masks the same patches of the same images every epoch (a generator seeded from each batch's first
-image index, independent of the number of processes), so the validation loss of two epochs compares their
-weights, not their masks.
+image index), so the validation loss of two epochs compares their weights, not their masks. (Under torchrun the
+batches start at other images, so the masks, and the loss in its last digits, differ from a one-process run's.)
 """
 
 from __future__ import annotations
