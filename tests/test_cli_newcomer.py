@@ -287,3 +287,18 @@ def test_curves_of_a_one_epoch_run_show_their_points(tmp_path):
     finally:
         matplotlib.figure.Figure.savefig = original
     assert all(line.get_marker() == "o" for line in captured["lines"]) and captured["xlim"] == (0, 2)
+
+
+def test_a_recipe_that_is_not_python_and_a_port_out_of_range_are_one_line_each(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("lr = 3e-3\n")
+    assert main(["train", "--config", str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert "neither a Python recipe" in err and "Traceback" not in err and err.count("\n") == 1
+    broken = tmp_path / "broken.py"
+    broken.write_text("config = undefined_name\n")
+    assert main(["train", "--config", str(broken)]) == 2
+    assert "failed to run: NameError" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "runs/x", "--port", "-1"])
+    assert stop.value.code == 2 and "port must be 0-65535" in capsys.readouterr().err

@@ -58,6 +58,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_arg(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be a whole number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535 (0: any free port), got {port}")
+    return port
+
+
 def run_exit_code(summary: dict) -> int:
     """0: finished, or stopped by SIGTERM with its state saved (how schedulers ask a job to checkpoint and leave);
     130: stopped by Ctrl-C (SIGINT), state saved; 1: failed."""
@@ -674,7 +684,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
+    p.add_argument("--port", type=port_arg, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
     p.add_argument("--backend", choices=("torch", "onnx"), help=BACKEND_HELP)
     p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
                    help="fp32 (default); bf16 weights (torch); int8 weights (torch dynamic, or ONNX Runtime)")

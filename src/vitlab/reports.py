@@ -60,11 +60,22 @@ def checkpoint_info(path: str | Path, num_heads: int | None = None,
     the checkpoint's own size, resampling is not applied here)."""
     if Path(path).suffix.lower() == ".onnx":
         return onnx_info(path)
+    if not Path(path).exists() and str(path) in variant_names():  # `vitlab info B/16`: the variant, no weights
+        return variant_info(str(path), image_size)
     from vitlab.checkpoint.formats import read_checkpoint
 
     config, state, kind = read_checkpoint(path, {"num_heads": num_heads} if num_heads else None, image_size)
     return dict(path=str(path), kind=kind, params_m=sum(t.numel() for t in state.values()) / 1e6,
                 config=config.to_dict())
+
+
+def variant_info(name: str, image_size: int | tuple[int, int] | None = None) -> dict[str, Any]:
+    """What a variant of the table is: its config (at `image_size`, else its own), parameters and GFLOPs per image."""
+    from vitlab.counts import model_size
+
+    config = variant_config(name, **({"image_size": image_size} if image_size is not None else {}))
+    params, gflops = model_size(config)
+    return dict(path=name, kind="variant", params_m=params / 1e6, gflops=round(gflops, 3), config=config.to_dict())
 
 
 def onnx_info(path: str | Path) -> dict[str, Any]:
@@ -138,7 +149,11 @@ def format_conversion(summary: dict[str, Any], to: str) -> str:
 
 
 def format_info(info: dict[str, Any]) -> str:
-    lines = [f"{info['path']}: {info['kind']} checkpoint, {info['params_m']:.2f}M parameters"]
+    if info["kind"] == "variant":
+        lines = [f"{info['path']}: a variant of the table (no weights: `vitlab train --model {info['path']}` makes "
+                 f"some), {info['params_m']:.2f}M parameters, {info['gflops']:g} GFLOPs per image"]
+    else:
+        lines = [f"{info['path']}: {info['kind']} checkpoint, {info['params_m']:.2f}M parameters"]
     if "input_layout" in info:
         lines.append(f"  input {info['input']!r}: {info['input_layout']}; batch {info['batch_size'] or 'any'}")
     lines += [f"  {key:<20} {value}" for key, value in info["config"].items()

@@ -265,9 +265,17 @@ def load_recipe(path: str | Path) -> TrainConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"recipe {path} must hold a JSON object of TrainConfig fields")
         return TrainConfig.from_dict({**data, "run_name": None})
+    if path.suffix != ".py":
+        raise ConfigError(f"recipe {path} is neither a Python recipe (.py, like configs/mnist.py) nor a run's "
+                          "train_config.json")
     spec = importlib.util.spec_from_file_location(f"vitlab_recipe_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a recipe is user code: say which file and what went wrong
+        raise ConfigError(f"recipe {path} failed to run: {type(error).__name__}: {error}") from None
     config = getattr(module, "config", None)
     if not isinstance(config, TrainConfig):
         raise ConfigError(f"recipe {path} must define `config = TrainConfig(...)`")
