@@ -110,3 +110,15 @@ def test_convert_refuses_an_output_of_the_wrong_kind(tiny_run, tmp_path, capsys,
     assert message in capsys.readouterr().err
     assert (tmp_path / "run" / "train_config.json").read_text() == "{}"
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_convert_and_export_refuse_outputs_that_would_surprise(tiny_run, tmp_path, capsys):
+    """A missing folder is not made without a word, and ONNX is not written into a .txt file."""
+    missing = tmp_path / "nonexistent_dir" / "x.safetensors"
+    assert main(["convert", str(tiny_run), str(missing)]) == 2
+    assert "does not exist; create it first" in capsys.readouterr().err
+    assert not missing.parent.exists()
+    assert main(["export", str(tiny_run), "-o", str(tmp_path / "x.txt")]) == 2
+    assert "written to a .onnx file" in capsys.readouterr().err and not (tmp_path / "x.txt").exists()
+    assert main(["train", "--use-previous", "--out-dir", str(tmp_path)]) == 2
+    assert "--use-previous goes with --resume" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 from vitlab.errors import UsageError, VitlabError
@@ -135,6 +136,13 @@ def shorthand_overrides(args: argparse.Namespace, names: Sequence[str]) -> list[
 TRAIN_SHORTHANDS = ("dataset", "data_dir", "image_size", "classes", "epochs", "model", "out_dir")
 
 
+def refuse_use_previous_without_resume(args: argparse.Namespace) -> None:
+    """--use-previous chooses the checkpoint a resume starts from; alone it would be ignored and a new run start."""
+    if getattr(args, "use_previous", False) and not args.resume:
+        raise UsageError("--use-previous goes with --resume RUN_DIR (resume from the previous checkpoint when the last "
+                         "one is damaged); without --resume it would start a new run")
+
+
 def refuse_flags_resume_ignores(args: argparse.Namespace, shorthands: Sequence[str]) -> None:
     """--resume continues a run with its own recipe: any recipe flag given with it would be ignored, so it is
     refused; only --epochs may change (to extend the run)."""
@@ -150,6 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
     from vitlab.train.loop import resume, train
 
+    refuse_use_previous_without_resume(args)
     if args.resume:
         refuse_flags_resume_ignores(args, TRAIN_SHORTHANDS)
         summary = resume(args.resume, use_previous=args.use_previous, epochs=args.epochs)
@@ -196,6 +205,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from vitlab.train.config import apply_overrides, finetune_config, load_recipe
     from vitlab.train.loop import resume, train
 
+    refuse_use_previous_without_resume(args)
     if args.resume:
         refuse_flags_resume_ignores(args, FINETUNE_SHORTHANDS)
         return run_exit_code(resume(args.resume, use_previous=args.use_previous, epochs=args.epochs))
@@ -212,6 +222,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from vitlab.train.config import apply_overrides, load_recipe, pretrain_config
     from vitlab.train.loop import resume, train
 
+    refuse_use_previous_without_resume(args)
     if args.resume:
         refuse_flags_resume_ignores(args, PRETRAIN_SHORTHANDS + ("method",))
         return run_exit_code(resume(args.resume, use_previous=args.use_previous, epochs=args.epochs))
@@ -345,6 +356,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                          "batch, nothing for any batch size")
     if args.calibrate and not args.int8:
         raise UsageError("--calibrate is for static int8: add --int8 (vitlab export RUN --int8 --calibrate mnist)")
+    if args.output and Path(args.output).suffix.lower() != ".onnx":
+        raise UsageError(f"-o {args.output}: an ONNX model is written to a .onnx file; name it "
+                         f"{Path(args.output).with_suffix('.onnx')}")
     require_onnx()
     model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
     calibration = None

@@ -242,6 +242,9 @@ def check_overwrite(input_path: str | Path, out: str | Path, to: str, force: boo
     """The files a conversion will write, refused before anything is read when one of them is the checkpoint
     being read, or exists and `force` is not given."""
     targets = output_files(out, to)
+    parent = Path(out).parent
+    if not parent.is_dir():  # a typo in a folder name should not quietly make a new tree
+        raise UsageError(f"{parent} does not exist; create it first (mkdir -p {parent}) or choose another output")
     source = resolve_weights(input_path)[0].resolve()
     for target in targets:
         if target.resolve() == source:
