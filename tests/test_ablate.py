@@ -60,6 +60,13 @@ def test_a_pretraining_recipe_is_refused_with_what_to_do_instead():
         plan(Ablation("t", pretrain_config("mae"), parse_vary(["lr=1e-3,2e-3"])))
 
 
+def test_one_seed_shows_its_figure_without_a_spread():
+    from vitlab.ablate.results import mean_std, percent
+
+    assert percent(mean_std([0.975])) == "97.50"  # not "97.50 ± 0.00": one seed has no spread
+    assert percent(mean_std([0.97, 0.98])) == "97.50 ± 0.71"
+
+
 def test_cells_that_compute_the_same_run_share_one_key():
     by_pos = plan(Ablation("a", TrainConfig(), {"pos_embed": ["learned", "none"]}))[0]
     by_head = plan(Ablation("b", TrainConfig(), {"classifier": ["token", "gap"], "lr": [4e-3]}))[0]

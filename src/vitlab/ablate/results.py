@@ -42,10 +42,11 @@ def collect(tasks) -> list[dict[str, Any]]:
     return rows
 
 
-def mean_std(values: list[float]) -> tuple[float, float] | None:
+def mean_std(values: list[float]) -> tuple[float, float | None] | None:
+    """(mean, sample standard deviation), the deviation None for one value (it has none, not a zero one)."""
     if not values:
         return None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def aggregate(cells: list[Cell], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -69,6 +70,8 @@ def aggregate(cells: list[Cell], rows: list[dict[str, Any]]) -> list[dict[str, A
 def percent(stats: tuple[float, float] | None, digits: int = 2) -> str:
     if stats is None:
         return "-"
+    if stats[1] is None:  # one seed
+        return f"{100 * stats[0]:.{digits}f}"
     return f"{100 * stats[0]:.{digits}f} ± {100 * stats[1]:.{digits}f}"
 
 

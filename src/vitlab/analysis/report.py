@@ -159,7 +159,8 @@ def write_report(folder: Path, config, summary: dict[str, Any], files: dict[str,
                             f'src="{embed_png(files[key])}"><p>{caption}</p></section>')
     per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
     config_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                          for k, v in config.to_dict().items() if v is not None and k != "class_names")
+                          for k, v in config.to_dict().items() if v is not None and k != "class_names"
+                          and not (k == "distillation_head" and not config.distilled))  # DeiT's only
     prediction_rows = "".join(
         f"<tr><td>{html.escape(p['image'])}</td><td>{html.escape(str(p['label'] or '-'))}</td>"
         f"<td>{html.escape(str(p.get('prediction', '-')))}</td>"
