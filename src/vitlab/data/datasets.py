@@ -309,6 +309,13 @@ def read_image(path: Path | bytes, image_size: tuple[int, int], channels: int = 
     return decode_image(path, image_size, channels, preprocessing, name)
 
 
+def reason(error: Exception, path: Path | str) -> str:
+    """What is wrong with a file, without the file's name in front (for lists that name it already: a predict row,
+    a skipped file's entry), so a message never reads "broken.png: broken.png: ...")."""
+    message, prefix = str(error), f"{path}: "
+    return message[len(prefix):] if message.startswith(prefix) else message
+
+
 def scan_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     """Class names (sorted sub-folder names) and (file, label) pairs of an ImageFolder-style tree, listed by the
     one folder walk streaming uses too (`vitlab.data.stream.folder.index_folder`: one `os.scandir` pass, no stat
@@ -496,8 +503,8 @@ def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int,
             names.append(path.name)
         except DataError as error:
             if skipped is not None:
-                skipped.append({"path": str(path), "error": str(error)})
+                skipped.append({"path": str(path), "error": reason(error, path)})
     if not pixels:
         raise DataError(f"none of {', '.join(spec)} holds a readable image"
-                        + (f" ({skipped[0]['error']})" if skipped else ""))
+                        + (f" ({skipped[0]['path']}: {skipped[0]['error']})" if skipped else ""))
     return to_unit_range(torch.stack(pixels), 255.0, config), None, names

@@ -86,7 +86,9 @@ def decode_image(source: Path | str | bytes, image_size: tuple[int, int] | None,
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
         raise DataError(f"{label}: refused, too many pixels for a safe decode ({error})") from None
     except Exception as error:  # noqa: BLE001 - decoders raise many types on malformed files
-        detail = str(error).replace(repr(source_file), "the data") if source_file is not source else str(error)
+        # Pillow names what it read ('/path/x.png', or a BytesIO's repr); the message names the file once, in front.
+        detail = str(error).replace(repr(source_file) if source_file is not source else repr(str(source)),
+                                    "the data" if source_file is not source else "the file")
         raise DataError(f"{label}: not a readable image ({type(error).__name__}: {detail})") from None
     array = array[:, :, None] if array.ndim == 2 else array
     return torch.from_numpy(array.copy()).permute(2, 0, 1)

@@ -127,14 +127,14 @@ class ImageFiles:
 
     def read(self, index: int) -> torch.Tensor | None:
         """One file as uint8 (C, H, W), or None (message in `errors`) when it cannot be read."""
-        from vitlab.data.datasets import read_image
+        from vitlab.data.datasets import read_image, reason
         from vitlab.errors import DataError
 
         try:
             kwargs = {} if self.preprocessing is None else {"preprocessing": self.preprocessing}
             return read_image(self.paths[index], self.image_size, self._channels, **kwargs)
         except DataError as error:
-            self.errors[index] = str(error)
+            self.errors[index] = reason(error, self.paths[index])  # listed beside its path
             return None
 
     def evaluation_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
