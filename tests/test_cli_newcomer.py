@@ -204,6 +204,21 @@ def test_short_runs_say_what_the_schedule_and_batch_cannot_do():
     assert warmup == 50 and notes == []  # the recipe itself: nothing to say
 
 
+def test_following_the_batch_size_advice_draws_no_other_advice(tmp_path):
+    """40 images at batch 128: the refusal's suggestion is the size the schedule note would suggest, so taking it
+    leaves only "train for more epochs" (it once said 32, then, at 32, "use 8")."""
+    from vitlab.errors import ConfigError
+    from vitlab.train.loop import check_batching, fit_schedule
+    from vitlab.distributed import DistEnv
+
+    with pytest.raises(ConfigError) as refused:
+        check_batching(TrainConfig(batch_size=128), DistEnv(), 40)
+    suggested = int(re.search(r"batch_size=(\d+)", str(refused.value)).group(1))
+    steps = check_batching(TrainConfig(batch_size=suggested), DistEnv(), 40)
+    _, notes = fit_schedule(TrainConfig(batch_size=suggested, epochs=3), 40, steps)
+    assert not any("smaller batch" in note for note in notes), notes
+
+
 def test_a_failed_start_leaves_no_run_folder(tmp_path):
     result = vitlab("train", "--out-dir", tmp_path / "runs", "--set", "batch_size=4096")
     assert result.returncode == 2 and "larger than the 1294 training images" in result.stderr

@@ -144,6 +144,14 @@ FEW_STEPS_PER_EPOCH = 10  # below this an epoch is a handful of updates: the rec
 MIN_TOTAL_STEPS = 100  # a ViT from scratch barely leaves chance level in fewer optimizer steps
 
 
+def suggested_batch_size(train_images: int) -> int:
+    """The batch size vitlab advises for a small training set: a power of two giving about FEW_STEPS_PER_EPOCH
+    steps an epoch, at least 8 where there are 8 images. The one figure every message suggests, so following one
+    piece of advice never draws another."""
+    wanted = max(8, 2 ** int(math.log2(max(1, train_images // FEW_STEPS_PER_EPOCH))))
+    return min(wanted, 2 ** int(math.log2(max(1, train_images))))
+
+
 def fit_schedule(config: TrainConfig, train_images: int, steps_per_epoch: int) -> tuple[int, list[str]]:
     """(warm-up steps, notes for the user). A warm-up longer than half the run is shortened to a fifth of it,
     so that the learning rate reaches its peak; a run of few steps per epoch or few steps in all is named."""
@@ -158,7 +166,7 @@ def fit_schedule(config: TrainConfig, train_images: int, steps_per_epoch: int) -
         warmup = shortened
     dropped = train_images - steps_per_epoch * config.batch_size
     if steps_per_epoch < FEW_STEPS_PER_EPOCH or total < MIN_TOTAL_STEPS:
-        suggestion = max(8, 2 ** int(math.log2(max(1, train_images // FEW_STEPS_PER_EPOCH))))
+        suggestion = suggested_batch_size(train_images)
         notes.append(f"{train_images} training images at batch {config.batch_size} make {steps_per_epoch} optimizer "
                      f"step(s) per epoch, {total} in all" + (f", and {dropped} images are left out of each epoch"
                                                              if dropped else "")
@@ -329,7 +337,7 @@ def check_batching(config: TrainConfig, env: DistEnv, train_images: int) -> int:
     steps_per_epoch = whole_batches(train_images, config.batch_size)
     if steps_per_epoch == 0:
         raise ConfigError(f"batch_size {config.batch_size} is larger than the {train_images} training images; "
-                          f"use --set batch_size={2 ** int(math.log2(train_images))}")
+                          f"use --set batch_size={suggested_batch_size(train_images)}")
     return steps_per_epoch
 
 
