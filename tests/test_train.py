@@ -112,7 +112,7 @@ def test_corrupt_last_checkpoint_names_the_previous_one(tmp_path):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(batch_size=4096), "batch_size 4096 is larger than the 1294 training images; use --set batch_size=1024"),
+    (dict(batch_size=4096), "batch_size 4096 is larger than the 1294 training images; use --set batch_size=128"),
     (dict(model_overrides=dict(MICRO, patch_size=3)), "patch size 3 does not divide image height 8"),
     (dict(model="Z/16"), "unknown model 'Z/16'; choose a variant from `vitlab models`"),
     (dict(batch_size=128, grad_accum=3), "does not divide into grad_accum 3"),
