@@ -318,3 +318,15 @@ def test_a_recipe_that_is_not_python_and_a_port_out_of_range_are_one_line_each(t
     with pytest.raises(SystemExit) as stop:
         main(["serve", "runs/x", "--port", "-1"])
     assert stop.value.code == 2 and "port must be 0-65535" in capsys.readouterr().err
+
+
+def test_finetune_records_the_checkpoint_and_says_how_it_adapts_the_data(tmp_path, capsys):
+    from conftest import FIXTURES
+
+    assert main(["finetune", "--from", str(FIXTURES / "jax_vit_token.npz"), "--dataset", "digits", "--epochs", "1",
+                 "--image-size", "16", "--out-dir", str(tmp_path), "--set", "run_name=ft"]) == 0
+    out = capsys.readouterr().out
+    assert "note: the 8x8 grey training images are resized to 16x16 and repeated to 3 channels" in out
+    summary = json.loads((tmp_path / "ft" / "summary.json").read_text())
+    recipe = json.loads((tmp_path / "ft" / "train_config.json").read_text())
+    assert summary["model"] == recipe["model"] == recipe["init_from"] == str(FIXTURES / "jax_vit_token.npz")

@@ -249,6 +249,8 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
                               "or choose another --set run_name=...")
     else:
         run = RunFolder(run_dir)
+    if config.init_from:  # the recipe and summary name the checkpoint the model comes from, not a variant default
+        config.model = str(config.init_from)
     pretrained = None
     if state is None and config.init_from:
         from vitlab.checkpoint.formats import read_checkpoint
@@ -392,9 +394,31 @@ def announce(session: Session, resumed: bool) -> None:
           f"{len(splits.train)} train / {validation} / {len(splits.test)} test images, {config.epochs} epochs of "
           f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
           f"{session.env.device.type}; run folder {session.run}")
+    adaptation = data_adaptation(splits.train, model.config)
+    if adaptation and not resumed:
+        print(f"note: {adaptation}")
     if resumed:
         print(f"resuming at epoch {session.position.epoch + 1}, step {session.position.step_in_epoch} of "
               f"{session.steps_per_epoch}")
+
+
+def data_adaptation(data: Any, config: ViTConfig) -> str | None:
+    """How the training images become the model's input when they differ from it, in words ("8x8 grey images are
+    resized to 16x16 and repeated to 3 channels"), or None when they already match."""
+    stored = getattr(data, "image_size", None)
+    stored = tuple(stored) if stored is not None else None
+    size, channels = tuple(config.image_size), config.in_chans
+    kind = {1: "grey", 3: "RGB"}.get(data.channels, f"{data.channels}-channel")
+    changes = []
+    if stored is not None and stored != size:
+        changes.append(f"resized to {size[0]}x{size[1]}")
+    if data.channels != channels:
+        changes.append("repeated to 3 channels" if data.channels == 1 and channels == 3 else
+                       "converted to grey" if channels == 1 else f"converted to {channels} channels")
+    if not changes:
+        return None
+    shape = f"{stored[0]}x{stored[1]} " if stored is not None else ""
+    return f"the {shape}{kind} training images are {' and '.join(changes)}, the model's input"
 
 
 def run_epochs(session: Session) -> dict[str, Any] | None:
