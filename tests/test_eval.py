@@ -47,9 +47,22 @@ def model_logits(metrics):
 def test_eval_cli_writes_json_and_confusion_picture(tmp_path, capsys):
     path = save_model(constant_model(1), tmp_path / "m.safetensors")
     assert main(["eval", str(path), "--dataset", "digits", "--out", str(tmp_path / "out")]) == 0
-    report = json.loads((tmp_path / "out" / "eval-digits-test.json").read_text())
-    assert report["count"] == 359 and (tmp_path / "out" / "eval-digits-test.png").stat().st_size > 1000
+    report = json.loads((tmp_path / "out" / "eval-m-safetensors-digits-test.json").read_text())
+    assert report["count"] == 359 and (tmp_path / "out" / "eval-m-safetensors-digits-test.png").stat().st_size > 1000
     assert "top-1" in capsys.readouterr().out
+
+
+def test_eval_of_a_run_and_of_its_other_models_keeps_every_result(tiny_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    shutil.copy(run / "checkpoints" / "best.safetensors", run / "other.safetensors")
+    assert main(["eval", str(run), "--dataset", "digits"]) == 0
+    assert main(["eval", str(run / "other.safetensors"), "--dataset", "digits"]) == 0
+    first = json.loads((run / "eval-digits-test.json").read_text())
+    second = json.loads((run / "eval-other-safetensors-digits-test.json").read_text())
+    assert first["checkpoint"] == str(run) and second["checkpoint"] == str(run / "other.safetensors")
 
 
 def test_eval_refuses_a_data_set_with_other_classes(tmp_path):

@@ -335,7 +335,7 @@ def test_commands_take_names(tmp_path, server, capsys, monkeypatch):
     assert (tmp_path / "runs" / "ft" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "runs" / "ft" / "train_config.json").read_text())["init_from"] == "augreg:B/16"
     assert main(["eval", "augreg:B/16", "--dataset", "digits", "--json"]) == 0  # writes into the current folder
-    assert Path("eval-digits-test.json").is_file()
+    assert Path("eval-augreg-B-16-digits-test.json").is_file()
 
 
 def test_the_pretrained_table_lists_real_checkpoints(capsys):

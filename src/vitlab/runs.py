@@ -8,7 +8,8 @@ their own outputs. This module is the one place that knows the layout:
     RUN/checkpoints/best-objective.safetensors  a pre-training objective's decoder or head at that epoch
     RUN/model.safetensors            the final model
     RUN/summary.json, summary.txt    the end-of-run figures; curves.png, confusion.png; tensorboard/
-    RUN/eval-DATASET-SPLIT.json/.png `vitlab eval`;  RUN/analysis/ `vitlab analyze`;  RUN/model.onnx `vitlab export`
+    RUN/eval-[FILE-]DATASET-SPLIT.json/.png `vitlab eval` (FILE: one of the run's exports or checkpoints)
+    RUN/analysis/ `vitlab analyze`;  RUN/model.onnx `vitlab export`
 
 Commands given a checkpoint file instead of a run folder write beside the file (`outputs_beside`); given a
 pre-trained name (augreg:B/16, hf-hub:ORG/NAME), in the current folder, under a name made from it.
@@ -125,9 +126,13 @@ def outputs_beside(checkpoint: str | Path) -> Path:
     return source if source.is_dir() else source.parent
 
 
-def eval_outputs(folder: Path, dataset: str, split: str) -> tuple[Path, Path]:
-    """The metrics JSON and confusion-matrix picture of `vitlab eval`."""
-    stem = f"eval-{dataset}-{split}"
+def eval_outputs(folder: Path, dataset: str, split: str, checkpoint: str | Path | None = None) -> tuple[Path, Path]:
+    """The metrics JSON and confusion-matrix picture of `vitlab eval`: eval-DATASET-SPLIT for a run folder (its
+    model), eval-FILE-DATASET-SPLIT for one file (RUN/model-int8.onnx -> eval-model-int8-onnx-digits-test.json), so
+    the results of the run's exports and checkpoints never replace one another's."""
+    source = local_source(checkpoint) if checkpoint is not None else None
+    model = "" if source is None or source.is_dir() else source.name.replace(".", "-") + "-"
+    stem = f"eval-{model}{dataset}-{split}"
     return folder / f"{stem}.json", folder / f"{stem}.png"
 
 

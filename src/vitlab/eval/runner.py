@@ -110,7 +110,7 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_d
         getattr(data, "close", lambda: None)()  # a streamed split's worker processes
     folder = Path(out) if out else outputs_beside(checkpoint)
     folder.mkdir(parents=True, exist_ok=True)
-    json_path, picture_path = eval_outputs(folder, dataset, split)
+    json_path, picture_path = eval_outputs(folder, dataset, split, checkpoint)
     report = {"checkpoint": str(checkpoint), "dataset": dataset, "split": split, **metrics}
     atomic_write_bytes(json_path, json.dumps(report, indent=1).encode())
     from vitlab import plots
