@@ -22,6 +22,11 @@ def rewrite_state(run_dir, change):
     saved = torch.load(path, weights_only=True)
     change(saved)
     torch.save(saved, path)
+    # as an older or other vitlab would have written it: its digest recorded, so only the change itself is tested
+    from vitlab.files import record_checksum, sha256_file
+    from vitlab.train.state import STATE_CHECKSUM_KEY
+
+    record_checksum(path.parent, STATE_CHECKSUM_KEY, sha256_file(path))
 
 
 def test_an_ema_run_resumed_after_its_last_epoch_saves_the_trained_weights(tmp_path):
@@ -141,3 +146,36 @@ def test_a_finetune_reads_its_folder_at_the_checkpoints_size(tmp_path, monkeypat
     train(micro_config(tmp_path, run_name="tuned", dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16,
                        epochs=1, init_from=str(tmp_path / "pretrained" / "model.safetensors")))
     assert seen["size"] == (12, 12)
+
+
+@pytest.mark.parametrize("name", ["last.pt", "model.safetensors"])
+def test_zeroed_bytes_inside_a_tensor_are_named_on_resume_and_load(tmp_path, capsys, name):
+    """The newcomer's trial: 200 bytes zeroed inside one tensor of a file the run wrote. torch.load and
+    safetensors read such a file without complaint; the digest recorded when it was written names it."""
+    from vitlab.checkpoint.formats import load_model
+    from vitlab.errors import CheckpointError
+
+    train(micro_config(tmp_path, epochs=2))
+    path = tmp_path / "run" / ("checkpoints/" + name if name.endswith(".pt") else name)
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2  # inside the tensor data of either format, far from the headers
+    data[middle:middle + 200] = bytes(200)
+    path.write_bytes(bytes(data))
+    if name == "last.pt":
+        torch.load(path, weights_only=True)  # the damage itself is invisible to the reader
+        with pytest.raises(CheckpointError, match="last.pt is damaged.*--use-previous"):
+            train(TrainConfig(), resume=tmp_path / "run", epochs=3)
+        summary = train(TrainConfig(), resume=tmp_path / "run", epochs=3, use_previous=True)
+        assert summary["status"] == "finished"
+    else:
+        with pytest.raises(CheckpointError, match="model.safetensors is damaged"):
+            load_model(tmp_path / "run")
+        assert load_model(tmp_path / "run" / "checkpoints" / "best.safetensors") is not None
+
+
+def test_a_long_loader_message_is_cut_at_a_word():
+    from vitlab.train.state import first_sentence
+
+    text = "This is an internal miniz error. If you see this " + "word " * 60
+    cut = first_sentence(text)
+    assert cut.endswith(" ...") and len(cut) <= 204 and not cut[:-4].endswith("yo")

@@ -106,7 +106,7 @@ def test_corrupt_last_checkpoint_names_the_previous_one(tmp_path):
     checkpoints = tmp_path / "run" / "checkpoints"
     last = checkpoints / "last.pt"
     last.write_bytes(last.read_bytes()[:1000])
-    with pytest.raises(CheckpointError, match="last.pt is unreadable.*add --use-previous"):
+    with pytest.raises(CheckpointError, match="last.pt is damaged.*add --use-previous"):
         train(TrainConfig(), resume=tmp_path / "run")
     assert train_state.load_training_state(tmp_path / "run", allow_previous=True)["epoch"] == 1
 
@@ -234,10 +234,10 @@ def test_a_failed_save_keeps_the_last_good_state_and_says_so(tmp_path, monkeypat
     good = (checkpoints / "last.pt").read_bytes()
     state = train_state.load_training_state(tmp_path / "run")
 
-    def disk_full(path, data):
+    def disk_full(path, data, key=None):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(train_state, "atomic_write_bytes", disk_full)
+    monkeypatch.setattr(train_state, "atomic_write_checked", disk_full)
     with pytest.raises(CheckpointError, match="No space left on device.*last good checkpoint .*last.pt is intact"):
         train_state.save_training_state(state, RunFolder(tmp_path / "run"))
     assert (checkpoints / "last.pt").read_bytes() == good

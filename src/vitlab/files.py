@@ -57,3 +57,77 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+# ------------------------------------------------------------------------------------------------ checksums
+# Every checkpoint a run writes (the training state, the final and best models, exports) has its SHA-256 recorded
+# in CHECKSUMS beside it, so that damage a reader cannot see (bytes zeroed inside a tensor load without error) is
+# found when the file is read back: `verify_checksum`. A key keeps the last few digests it was given, and a digest
+# is recorded before its file replaces the old one: a crash between the two leaves a file whose digest is listed.
+CHECKSUMS = "checksums.json"
+KEPT_DIGESTS = 3
+
+
+def sha256_bytes(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record_checksum(folder: str | os.PathLike, key: str, digest: str) -> None:
+    """Add `digest` to the digests `key` may have in folder/CHECKSUMS (read-modify-write under a lock, so two
+    processes writing into one run folder, e.g. an export beside a training run, do not lose each other's)."""
+    import json
+
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (one writer per run folder is the usual case)
+        fcntl = None
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f".{CHECKSUMS}.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        table = read_checksums(folder)
+        digests = [d for d in table.get(key, []) if d != digest] + [digest]
+        table[key] = digests[-KEPT_DIGESTS:]
+        atomic_write_bytes(folder / CHECKSUMS, json.dumps(table, indent=1, sort_keys=True).encode())
+
+
+def read_checksums(folder: str | os.PathLike) -> dict[str, list[str]]:
+    import json
+
+    path = Path(folder) / CHECKSUMS
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def atomic_write_checked(path: str | os.PathLike, data: bytes, key: str | None = None) -> None:
+    """`atomic_write_bytes`, with the data's SHA-256 recorded first under `key` (default: the file's name) in the
+    folder's CHECKSUMS."""
+    path = Path(path)
+    record_checksum(path.parent, key or path.name, sha256_bytes(data))
+    atomic_write_bytes(path, data)
+
+
+def verify_checksum(path: str | os.PathLike, key: str | None = None) -> bool | None:
+    """Whether a file's content is one its writer recorded (None: nothing recorded for it, e.g. a file from
+    elsewhere or an older vitlab)."""
+    path = Path(path)
+    digests = read_checksums(path.parent).get(key or path.name)
+    if not digests:
+        return None
+    return sha256_file(path) in digests

@@ -53,6 +53,17 @@ def resolve_weights(path: str | Path) -> tuple[Path, dict[str, Any] | None]:
     raise CheckpointError(f"{path}: a folder with none of {', '.join(RUN_CHECKPOINTS + WEIGHT_FILES[1:])} in it")
 
 
+def check_written_content(weights: Path) -> None:
+    """Refuse a file vitlab wrote whose bytes have changed since (its SHA-256 is recorded beside it), naming it and
+    what to do; a file with nothing recorded (from elsewhere, or an older vitlab) is read as it is."""
+    from vitlab.files import verify_checksum
+
+    if verify_checksum(weights) is False:
+        raise CheckpointError(f"{weights} is damaged: its content differs from what vitlab wrote (SHA-256 recorded in "
+                              f"{weights.parent / 'checksums.json'}); use another checkpoint of the run (e.g. "
+                              "checkpoints/best.safetensors), or train or export it again")
+
+
 def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
                     image_size: int | tuple[int, int] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
     """(config, state dict in vitlab names, kind) of any supported checkpoint. `hints` (e.g. {"num_heads": 4})
@@ -60,6 +71,7 @@ def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
     position table is not square it is the checkpoint's own size (and is checked against the table's rows);
     where it is square the config keeps the table's size and the caller resamples (`model_from_state`)."""
     weights, sidecar = resolve_weights(path)
+    check_written_content(weights)
     config, state, kind = read_weights(weights, sidecar, hints, image_size)
     return with_imagenet_names(config, path, sidecar, kind), state, kind
 

@@ -25,7 +25,7 @@ import torch
 
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.files import atomic_write_bytes
+from vitlab.files import atomic_write_bytes, atomic_write_checked
 
 FORMAT_NAME = "vitlab"
 FORMAT_VERSION = "1"
@@ -33,22 +33,28 @@ FORMAT_VERSION = "1"
 
 # ------------------------------------------------------------------------------------------------ writing
 def save_state_dict(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
-                    metadata: dict[str, str] | None = None) -> None:
-    """Save tensors as safetensors, atomically."""
+                    metadata: dict[str, str] | None = None, checksum: bool = False) -> None:
+    """Save tensors as safetensors, atomically; with `checksum` (a run's checkpoints) its SHA-256 is recorded in the
+    folder's checksums.json, which `read_checkpoint` checks the file against."""
     from safetensors.torch import save
 
     contiguous = {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()}
-    atomic_write_bytes(path, save(contiguous, metadata=metadata))
+    data = save(contiguous, metadata=metadata)
+    if checksum:
+        atomic_write_checked(path, data)
+    else:
+        atomic_write_bytes(path, data)
 
 
-def save_model(model: torch.nn.Module, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None) -> Path:
+def save_model(model: torch.nn.Module, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None,
+               checksum: bool = False) -> Path:
     """Save a VisionTransformer to one safetensors file with its config inside; returns the path written."""
     path = Path(path)
     if path.is_dir():
         path = path / "model.safetensors"
     metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "config": model.config.to_json()}
     metadata.update(extra_metadata or {})
-    save_state_dict(model.state_dict(), path, metadata)
+    save_state_dict(model.state_dict(), path, metadata, checksum)
     return path
 
 

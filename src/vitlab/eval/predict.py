@@ -42,6 +42,9 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
     if image_size is not None or num_heads is not None:
         raise UsageError(f"{path} is an ONNX export with its input size fixed at export; drop --image-size and "
                          "--num-heads (export again with --image-size to change it)")
+    from vitlab.checkpoint.formats import check_written_content
+
+    check_written_content(path)
     return OnnxClassifier(path)
 
 

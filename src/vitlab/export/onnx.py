@@ -434,6 +434,10 @@ def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, d
         data_file = staged.with_name(staged.name + ".data")
         if data_file.exists():
             os.replace(data_file, path.with_name(path.name + ".data"))
+        from vitlab.files import CHECKSUMS, record_checksum, sha256_file
+
+        if (path.parent / CHECKSUMS).is_file():  # into a run folder: recorded, before it replaces the old one
+            record_checksum(path.parent, path.name, sha256_file(staged))
         os.replace(staged, path)
     return {**summary, "path": str(path), "bytes": path.stat().st_size, "validation": validation,
             "max_abs_diff": worst, "tolerance": tolerance}

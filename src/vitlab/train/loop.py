@@ -533,10 +533,10 @@ def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before
         if improved:
             best = session.run / BEST
             try:
-                save_model(session.evaluated, best)
+                save_model(session.evaluated, best, checksum=True)
                 extra = objective.extra_state()
                 if extra:  # the objective's own parameters of the best epoch (a decoder), for its test figures
-                    save_state_dict(extra, session.run / BEST_OBJECTIVE)
+                    save_state_dict(extra, session.run / BEST_OBJECTIVE, checksum=True)
             except OSError as error:
                 raise CheckpointError(f"could not save {best} ({error.strerror or error}); the previous best is "
                                       "intact") from None

@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.files import atomic_write_bytes
+from vitlab.files import atomic_write_checked, verify_checksum
+
+STATE_CHECKSUM_KEY = "training state"  # last.pt and previous.pt: one key, as a save renames one into the other
 from vitlab.runs import RunFolder
 
 
@@ -120,7 +122,7 @@ def save_training_state(state: dict[str, Any], run: RunFolder) -> Path:
     folder = run.checkpoints
     last, previous, pending = folder / "last.pt", folder / "previous.pt", folder / "next.pt"
     try:
-        atomic_write_bytes(pending, buffer.getvalue())
+        atomic_write_checked(pending, buffer.getvalue(), STATE_CHECKSUM_KEY)
         if last.exists():
             os.replace(last, previous)
         os.replace(pending, last)
@@ -129,6 +131,14 @@ def save_training_state(state: dict[str, Any], run: RunFolder) -> Path:
         raise CheckpointError(f"could not save the training state in {folder} ({error.strerror or error}); "
                               f"the last good checkpoint {kept} is intact") from None
     return last
+
+
+def first_sentence(message: str, limit: int = 200) -> str:
+    """The first line of a library's error message, cut at a word and marked when longer than `limit`."""
+    line = (message.strip().splitlines() or [""])[0]
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> dict[str, Any]:
@@ -144,10 +154,15 @@ def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> 
         if not path.exists():
             problems.append(f"{path} does not exist")
             continue
+        if verify_checksum(path, STATE_CHECKSUM_KEY) is False:
+            # Bytes changed inside a tensor load without any error: only the digest recorded at writing tells.
+            problems.append(f"{path} is damaged: its content differs from what this run wrote (SHA-256 recorded in "
+                            f"{path.parent / 'checksums.json'})")
+            continue
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # unreadable: truncated, corrupt or refused
-            problems.append(f"{path} is unreadable ({type(error).__name__}: {str(error).splitlines()[0][:120]})")
+            problems.append(f"{path} is unreadable ({type(error).__name__}: {first_sentence(str(error))})")
     hint = "" if allow_previous or last_missing or not (folder / "previous.pt").exists() else \
         "; the previous checkpoint exists: add --use-previous to resume from it"
     raise CheckpointError(f"cannot resume {run}: " + "; ".join(problems) + hint)

@@ -51,7 +51,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
     objective = session.objective
     run_dir = run.path
 
-    model_path = save_model(model, run / MODEL)
+    model_path = save_model(model, run / MODEL, checksum=True)
     plots.plot_training_curves(history, run_dir / "curves.png")
     throughput = sum(r["images_per_second"] * r["epoch_seconds"] for r in history) / max(
         sum(r["epoch_seconds"] for r in history), 1e-9)
