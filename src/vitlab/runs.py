@@ -5,6 +5,7 @@ their own outputs. This module is the one place that knows the layout:
     RUN/metrics.jsonl                one JSON line per epoch
     RUN/checkpoints/last.pt          full training state, every epoch; previous.pt the one before it
     RUN/checkpoints/best.safetensors the model with the best validation accuracy so far
+    RUN/checksums.json, RUN/checkpoints/checksums.json  the SHA-256 of every checkpoint written there, checked on read
     RUN/checkpoints/best-objective.safetensors  a pre-training objective's decoder or head at that epoch
     RUN/model.safetensors            the final model
     RUN/summary.json, summary.txt    the end-of-run figures; curves.png, confusion.png; tensorboard/
