@@ -35,7 +35,7 @@ def test_info_on_a_variant_name_describes_the_variant(capsys):
 
 
 def test_runtime_error_is_one_line_without_traceback(tmp_path, capsys):
-    assert main(["info", str(tmp_path / "missing.npz")]) == 1
+    assert main(["info", str(tmp_path / "missing.npz")]) == 2  # a bad path, as every bad argument
     err = capsys.readouterr().err
     assert err.startswith("vitlab info: error:") and "no such file" in err and "Traceback" not in err
 

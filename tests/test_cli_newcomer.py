@@ -330,3 +330,36 @@ def test_finetune_records_the_checkpoint_and_says_how_it_adapts_the_data(tmp_pat
     summary = json.loads((tmp_path / "ft" / "summary.json").read_text())
     recipe = json.loads((tmp_path / "ft" / "train_config.json").read_text())
     assert summary["model"] == recipe["model"] == recipe["init_from"] == str(FIXTURES / "jax_vit_token.npz")
+
+
+MISSING_PATH_COMMANDS = [
+    ["info", "{missing}"], ["convert", "{missing}", "{tmp}/out.safetensors"], ["eval", "{missing}", "--dataset", "digits"],
+    ["predict", "{missing}", "{image}"], ["fewshot", "{missing}", "--dataset", "digits"],
+    ["linear-probe", "{missing}", "--dataset", "digits"], ["analyze", "{missing}", "--images", "{image}"],
+    ["export", "{missing}"], ["serve", "{missing}", "--port", "0"], ["bench", "--checkpoint", "{missing}"],
+    ["finetune", "--from", "{missing}", "--dataset", "digits", "--out-dir", "{tmp}"],
+    ["train", "--resume", "{missing}"], ["pretrain", "--resume", "{missing}"],
+    ["predict", "{run}", "{tmp}/no_such_image.png"],
+]
+
+
+@pytest.mark.parametrize("command", MISSING_PATH_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_every_command_given_a_missing_path_exits_2_with_one_line(command, tiny_run, images, tmp_path, capsys):
+    args = [part.format(missing=tmp_path / "nothing_here", tmp=tmp_path, image=next(images.iterdir()), run=tiny_run)
+            for part in command]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    named = "no_such_image" if "{run}" in command else "nothing_here"
+    assert "Traceback" not in err and err.count("\n") == 1 and named in err, err
+
+
+@pytest.mark.parametrize("command", [["info", "{text}"], ["eval", "{text}", "--dataset", "digits"],
+                                     ["finetune", "--from", "{text}", "--dataset", "digits", "--out-dir", "{tmp}"]],
+                         ids=lambda c: c[0])
+def test_a_text_file_given_as_a_checkpoint_is_one_line(command, tmp_path, capsys):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a checkpoint\n")
+    code = main([part.format(text=text, tmp=tmp_path) for part in command])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and "Traceback" not in err and err.count("\n") == 1 and "notes.txt" in err, err

@@ -187,7 +187,7 @@ def test_cli_usage_errors_exit_2_with_one_line(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "epochs" in result.stderr
     result = cli("train", "--resume", str(tmp_path / "nothing"))
-    assert result.returncode == 1 and "cannot resume" in result.stderr
+    assert result.returncode == 2 and "cannot resume" in result.stderr  # a bad path
 
 
 def test_bf16_autocast_trains(tmp_path):

@@ -21,5 +21,10 @@ class CheckpointError(VitlabError):
     """A checkpoint that cannot be read, is of an unknown kind, or does not fit the model."""
 
 
+class MissingPathError(UsageError, CheckpointError):
+    """A checkpoint, run folder or name that does not exist: a bad path, so exit code 2 like every bad argument,
+    and still a CheckpointError for code that catches those."""
+
+
 class DataError(UsageError):
     """A data set that is missing, empty, corrupt or does not fit the model; exits with code 2."""

@@ -43,7 +43,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from vitlab.errors import CheckpointError, UsageError
+from vitlab.errors import CheckpointError, MissingPathError, UsageError
 
 HUB = "hf-hub:"
 GCS_URL = "https://storage.googleapis.com/"
@@ -203,7 +203,7 @@ def resolve_checkpoint(spec: str | os.PathLike) -> Path:
     text = normalized(spec)
     if not text.startswith(NAME_PREFIXES):
         hint = did_you_mean(text)
-        raise CheckpointError(f"{text}: no such file or folder" + (f".{hint}" if hint else ""))
+        raise MissingPathError(f"{text}: no such file or folder" + (f".{hint}" if hint else ""))
     remote = parse_name(text)
     if remote.repo is not None:
         from vitlab.checkpoint.hub import hub_checkpoint

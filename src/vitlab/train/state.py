@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import CheckpointError, ConfigError, MissingPathError
 from vitlab.files import atomic_write_checked, verify_checksum
 
 STATE_CHECKSUM_KEY = "training state"  # last.pt and previous.pt: one key, as a save renames one into the other
@@ -144,6 +144,11 @@ def first_sentence(message: str, limit: int = 200) -> str:
 def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> dict[str, Any]:
     """The newest readable training state of a run; the previous one only when allowed."""
     run = run if isinstance(run, RunFolder) else RunFolder(run)
+    if not run.path.is_dir():
+        raise MissingPathError(f"cannot resume {run}: no such run folder (runs are under runs/ by default)")
+    if not (run.checkpoints / "last.pt").exists() and not (run.checkpoints / "previous.pt").exists():
+        raise MissingPathError(f"cannot resume {run}: it holds no training state (checkpoints/last.pt); is it a run "
+                               "folder that `vitlab train`, `finetune` or `pretrain` made?")
     folder = run.checkpoints
     last_missing = not (folder / "last.pt").exists() and (folder / "previous.pt").exists()
     # A missing last.pt with a previous.pt means a stop between the two renames of a save: previous.pt is then
