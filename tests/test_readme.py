@@ -72,10 +72,7 @@ def make_sandbox(root: Path) -> None:
     in ~/photos_hf), and ViT-B_16.npz (the tiny official-format fixture stands in for the real download)."""
     from vitlab.data.datasets import load_dataset
 
-    digits = load_dataset("digits", "test")
-    seven = int((digits.labels == 7).nonzero()[0])
-    pixels = (digits.images[seven, 0].numpy() * (255 / digits.max_value)).astype(np.uint8)
-    Image.fromarray(pixels).resize((64, 64), Image.Resampling.NEAREST).save(root / "my_digit.png")
+    shutil.copy(REPO / "my_digit.png", root / "my_digit.png")  # shipped beside the README (test below)
     rng = np.random.default_rng(0)
     for name, colour in (("cats", (200, 120, 40)), ("dogs", (40, 90, 200))):
         (root / "photos" / name).mkdir(parents=True)
@@ -194,3 +191,14 @@ def test_the_readme_layout_lists_every_module():
         if folder and folder not in layout or path.name not in layout:
             missing.append(str(relative))
     assert missing == []
+
+
+def test_the_shipped_my_digit_png_is_the_first_test_seven_of_the_digits():
+    """The README's my_digit.png ships in the clone; it is the digits test split's first 7, saved as a 64x64 PNG."""
+    from vitlab.data.datasets import load_dataset
+
+    digits = load_dataset("digits", "test")
+    seven = int((digits.labels == 7).nonzero()[0])
+    pixels = (digits.images[seven, 0].numpy() * (255 / digits.max_value)).astype(np.uint8)
+    expected = np.asarray(Image.fromarray(pixels).resize((64, 64), Image.Resampling.NEAREST))
+    assert np.array_equal(np.asarray(Image.open(REPO / "my_digit.png")), expected)
