@@ -111,6 +111,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from vitlab.reports import checkpoint_info, format_info
 
+    if args.trace:
+        from vitlab.reports import trace_model
+
+        print(trace_model(args.checkpoint, args.image, image_size=args.image_size, num_heads=args.num_heads))
+        return 0
+
     info = checkpoint_info(args.checkpoint, num_heads=args.num_heads, image_size=args.image_size)
     print(json.dumps(info, indent=1) if args.json else format_info(info))
     return 0
@@ -712,10 +718,15 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
     p.set_defaults(func=cmd_serve)
 
-    p = subcommand("info", help="show what a checkpoint or ONNX export holds")
+    p = subcommand("info", help="show what a checkpoint, ONNX export or variant (B/16) holds; --trace walks an image "
+                                "through it")
     p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
     add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--trace", action="store_true",
+                   help="walk one image through the model: each step's equation, shape and parameters (and, for a "
+                        "checkpoint, statistics of its activations)")
+    p.add_argument("--image", help="with --trace: the image to walk (default: a shipped digit)")
     p.set_defaults(func=cmd_info)
     return parser
 

@@ -69,6 +69,38 @@ def checkpoint_info(path: str | Path, num_heads: int | None = None,
                 config=config.to_dict())
 
 
+def trace_model(source: str, image: str | None = None, image_size: int | tuple[int, int] | None = None,
+                num_heads: int | None = None) -> str:
+    """`vitlab info MODEL --trace`: the walk of one image through a variant (random weights: shapes and
+    parameters) or a checkpoint (with statistics of its activations)."""
+    import torch
+
+    from vitlab.analysis.trace import example_image, format_trace, trace
+    from vitlab.data.preprocess import prepare
+
+    if not Path(source).exists() and source in variant_names():
+        from vitlab.models.vit import VisionTransformer
+
+        torch.manual_seed(0)
+        model = VisionTransformer(variant_config(source, **({"image_size": image_size} if image_size else {})))
+        what, statistics = f"{source} (random weights: shapes and parameters only)", False
+    else:
+        from vitlab.checkpoint.formats import load_model
+
+        model = load_model(source, image_size=image_size, num_heads=num_heads)
+        what, statistics = source, True
+    model.eval()
+    if image is not None:
+        from vitlab.data.datasets import read_image
+
+        pixels = read_image(Path(image), model.config.image_size, model.config.in_chans)[None]
+        inputs, described = prepare(pixels, 255.0, model.config), image
+    else:
+        inputs, described = example_image(model.config)
+    steps = trace(model, inputs)
+    return format_trace(steps, f"{what}: one image ({described}) through the model", statistics)
+
+
 def variant_info(name: str, image_size: int | tuple[int, int] | None = None) -> dict[str, Any]:
     """What a variant of the table is: its config (at `image_size`, else its own), parameters and GFLOPs per image."""
     from vitlab.counts import model_size
