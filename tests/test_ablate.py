@@ -175,3 +175,19 @@ def test_help_lists_every_value_of_the_model_settings(capsys):
                          ("classifier ", CLASSIFIERS)):
         line = next(line for line in text.splitlines() if line.strip().startswith(name.strip() + " "))
         assert all(value in line for value in values), line
+
+
+def test_the_zoomed_panel_shows_the_second_half_with_the_legend_beside_it(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from vitlab import plots
+
+    assert plots.second_half(30) == (14.5, 30.5)
+    limits, legends = [], []
+    real_xlim, real_legend = matplotlib.axes.Axes.set_xlim, matplotlib.axes.Axes.legend
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_xlim", lambda self, *a, **k: (limits.append(a), real_xlim(self, *a, **k))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", lambda self, *a, **k: (legends.append(k), real_legend(self, *a, **k))[1])
+    plots.plot_ablation_curves({"a": [[0.5 + e / 100 for e in range(30)]], "b": [[0.4 + e / 90 for e in range(30)]]},
+                               tmp_path / "curves.png")
+    assert (14.5, 30.5) in limits and legends[-1]["bbox_to_anchor"][0] > 1  # outside the panel
+    assert (tmp_path / "curves.png").stat().st_size > 1000

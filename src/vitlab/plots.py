@@ -210,7 +210,7 @@ def plot_attention_overlays(images, maps, path: str | Path, captions=None,
 
     plt = _pyplot()
     count = len(images)
-    figure, axes = plt.subplots(2, count, figsize=(1.6 * count + 0.4, 3.6), squeeze=False)
+    figure, axes = plt.subplots(2, count, figsize=(2.2 * count + 0.4, 4.8), squeeze=False)
     height, width = images.shape[-2:]
     for index in range(count):
         picture = _tile(images[index])
@@ -223,7 +223,7 @@ def plot_attention_overlays(images, maps, path: str | Path, captions=None,
             if row == 1:
                 axis.imshow(heat, cmap="jet", alpha=0.5, interpolation="bilinear")
         if captions:
-            axes[0, index].set_title(captions[index], fontsize=7)
+            axes[0, index].set_title(captions[index], fontsize=11)  # readable at the report's width
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
@@ -253,18 +253,25 @@ def plot_attention_grid(maps, path: str | Path, title: str) -> Path:
     return Path(path)
 
 
+def second_half(epochs: int) -> tuple[float, float]:
+    """The x-range of the zoomed panel of the ablation curves: the second half of the epochs."""
+    return (max(1, epochs // 2) - 0.5, epochs + 0.5)
+
+
 def plot_ablation_curves(curves: dict[str, list[list[float]]], path: str | Path, title: str = "") -> Path:
     """Validation top-1 per epoch of every ablation cell: the mean over its seeds as a line, the range of the
     seeds as a band. curves: cell name -> one list of accuracies (0-1) per seed."""
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    figure, (full, zoom) = plt.subplots(1, 2, figsize=(12, 4.6))
+    figure, (full, zoom) = plt.subplots(1, 2, figsize=(14, 4.6))
     finals = []
+    longest = 0
     for name, seeds in curves.items():
         length = min((len(c) for c in seeds if c), default=0)
         if not length:
             continue
+        longest = max(longest, length)
         epochs = list(range(1, length + 1))
         per_epoch = [[100 * c[e] for c in seeds if len(c) >= length] for e in range(length)]
         mean = [sum(v) / len(v) for v in per_epoch]
@@ -279,10 +286,13 @@ def plot_ablation_curves(curves: dict[str, list[list[float]]], path: str | Path,
     if finals:
         low, high = min(finals), max(finals)
         zoom.set_ylim(low - 0.1 * (high - low + 0.1), high + 0.1 * (high - low + 0.1))
+    if longest:
+        zoom.set_xlim(*second_half(longest))
     for axis in (full, zoom):
         axis.grid(alpha=0.3)
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    zoom.legend(fontsize=7, loc="lower right")
+    # Beside the panels, not over them: in the zoomed panel the lines fill the whole plot.
+    zoom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     if title:
         figure.suptitle(title)
     figure.tight_layout()
