@@ -122,3 +122,24 @@ def test_convert_and_export_refuse_outputs_that_would_surprise(tiny_run, tmp_pat
     assert "written to a .onnx file" in capsys.readouterr().err and not (tmp_path / "x.txt").exists()
     assert main(["train", "--use-previous", "--out-dir", str(tmp_path)]) == 2
     assert "--use-previous goes with --resume" in capsys.readouterr().err
+
+
+def test_a_grey_model_exports_to_hf_as_rgb_that_the_pipeline_runs(tiny_run, tmp_path):
+    """The demo model is grey; transformers hands every model RGB. The export spreads the grey filter over R, G, B
+    by the luma weights: on a grey image the logits are vitlab's, and transformers' pipeline runs."""
+    import numpy as np
+    import transformers
+    from PIL import Image
+
+    model = load_model(tiny_run).eval()
+    assert model.config.in_chans == 1
+    assert main(["convert", str(tiny_run), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    theirs = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    grey = torch.rand(2, 1, *model.config.image_size)
+    with torch.no_grad():
+        ours = model(grey)
+        torch.testing.assert_close(theirs(pixel_values=grey.expand(-1, 3, -1, -1)).logits, ours, rtol=0, atol=1e-5)
+    classify = transformers.pipeline("image-classification", model=str(tmp_path / "hf"))
+    picture = Image.fromarray((np.random.default_rng(0).random((32, 32)) * 255).astype(np.uint8))  # mode "L"
+    answers = classify(picture)
+    assert answers and all(answer["label"] in model.config.class_names for answer in answers)

@@ -140,13 +140,16 @@ def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
     reloaded = load_model(written)
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(2, model.config.in_chans, *model.config.image_size, generator=generator)
+    # A grey model is written as RGB for transformers (rgb_from_grey): it reads the same image, grey in R, G and B.
+    written_images = images.expand(-1, reloaded.config.in_chans, -1, -1) if images.shape[1] == 1 else images
     with torch.no_grad():
-        difference = (model(images) - reloaded(images)).abs().max().item() if model.config.num_classes else \
-            (model.forward_features(images) - reloaded.forward_features(images)).abs().max().item()
+        difference = (model(images) - reloaded(written_images)).abs().max().item() if model.config.num_classes else \
+            (model.forward_features(images) - reloaded.forward_features(written_images)).abs().max().item()
     notes = []
-    if to == "hf" and model.config.in_chans != 3:
-        notes.append(f"transformers' image processors give RGB pixels and this model takes {model.config.in_chans} "
-                     "channel(s), so pipeline() cannot run it as it is; feed it pixel_values you prepare yourself")
+    if to == "hf" and model.config.in_chans == 1:
+        notes.append("the grey model is written as an RGB one (its patch filter spread over R, G and B by the luma "
+                     "weights), which transformers' pipelines feed: the same logits on a grey image, and on a colour "
+                     "one those of its luma")
     if to == "hf" and model.config.image_size[0] != model.config.image_size[1]:
         notes.append("for a non-square input the written preprocessor resizes the shorter side to the longer input "
                      "side and centre-crops, which crops a little more than vitlab predict from images of other shapes")

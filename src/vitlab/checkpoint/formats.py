@@ -268,6 +268,31 @@ def check_overwrite(input_path: str | Path, out: str | Path, to: str, force: boo
     return targets
 
 
+def rgb_from_grey(model: VisionTransformer) -> VisionTransformer:
+    """A grey model as an RGB one that gives the same logits: its patch filter spread over R, G and B by the luma
+    weights (which sum to 1), its mean and std repeated. transformers' pipelines and image processors hand every
+    model RGB, so a one-channel export would fail there ("mean must have 3 elements"); on a grey image (equal
+    channels) this model computes exactly the grey one, on a colour image the grey one of its luma."""
+    import copy
+
+    from vitlab.data.preprocess import LUMA_WEIGHTS
+
+    config = model.config
+    rgb = copy.deepcopy(model)
+    weight = model.patch_embed.proj.weight.detach()  # (D, 1, P_h, P_w)
+    luma = torch.tensor(LUMA_WEIGHTS, dtype=weight.dtype)[None, :, None, None]
+    projection = rgb.patch_embed.proj
+    rgb.patch_embed.proj = torch.nn.Conv2d(3, projection.out_channels, projection.kernel_size, projection.stride,
+                                           bias=projection.bias is not None)
+    with torch.no_grad():
+        rgb.patch_embed.proj.weight.copy_(weight * luma)
+        if projection.bias is not None:
+            rgb.patch_embed.proj.bias.copy_(projection.bias)
+    rgb.config = config.replace(in_chans=3, image_mean=tuple(config.image_mean) * (3 // len(config.image_mean)),
+                                image_std=tuple(config.image_std) * (3 // len(config.image_std)))
+    return rgb
+
+
 def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitlab") -> Path:
     """Write `model` as `to`: "vitlab" (one safetensors file with config), "timm" (safetensors state dict with
     timm key names + `<name>.json` of timm constructor arguments) or "hf" (a `save_pretrained`-style folder).
@@ -282,6 +307,8 @@ def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitl
         atomic_write_bytes(weights.with_suffix(".json"), json.dumps(args, indent=1).encode())
         return weights
     if to == "hf":
+        if model.config.in_chans == 1:
+            model = rgb_from_grey(model)
         state = hf.state_dict_to_hf(model.state_dict(), model.config)
         out.mkdir(parents=True, exist_ok=True)
         save_state_dict(state, out / "model.safetensors", {"format": "pt"})
