@@ -109,8 +109,12 @@ def test_bench_cli_writes_json_and_skips_what_cannot_run(tmp_path, capsys, monke
     out = tmp_path / "bench.json"
     assert main(["bench", "--model", "digits-8", "--batch-size", "8", "--paths", "eager-fp32,torch-int8",
                  "--repetitions", "1", "--warmup", "0", "--json", str(out)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "torch-int8" in printed and "skipped: not here" in printed
+    # what happens is said while it happens, on stderr (the table stays alone on stdout)
+    assert "bench: preparing eager-fp32" in captured.err and "bench: eager-fp32 ready" in captured.err
+    assert "bench: torch-int8 unavailable: not here" in captured.err and "timing" in captured.err
     result = json.loads(out.read_text())
     assert [row["path"] for row in result["paths"]] == ["eager-fp32"] and result["skipped"] == {"torch-int8": "not here"}
     assert result["machine"]["threads"] >= 1 and result["gflops_per_image"] > 0

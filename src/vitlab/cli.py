@@ -385,7 +385,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     result = run_bench(args.model, checkpoint=args.checkpoint, image_size=args.image_size, batch_size=args.batch_size,
                        paths=args.paths, repetitions=args.repetitions, warmup=args.warmup, threads=args.threads,
-                       train=args.train, dataset=args.dataset, data_dir=args.data_dir)
+                       train=args.train, dataset=args.dataset, data_dir=args.data_dir, show=True)
     print(format_table(result))
     if args.json:
         from pathlib import Path

@@ -7,6 +7,8 @@ eager fp32, the figures that say whether a faster path can be trusted.
 from __future__ import annotations
 
 import platform
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +122,14 @@ def run_bench(
     dataset: str | None = None,
     data_dir: str | None = None,
     min_sample_seconds: float = 0.2,
+    show: bool = False,
 ) -> dict[str, Any]:
-    """Measure the chosen paths (default: all) and return the figures as a JSON-ready dict (see `format_table`)."""
+    """Measure the chosen paths (default: all) and return the figures as a JSON-ready dict (see `format_table`).
+    show: say on stderr what happens while it happens (each path as it is built, the timing rounds)."""
+    def say(text: str) -> None:
+        if show:
+            print(text, file=sys.stderr, flush=True)
+
     from vitlab.models import model_stats
 
     registry = TRAIN_PATHS if train else INFERENCE_PATHS
@@ -151,16 +159,21 @@ def run_bench(
     try:
         with torch.inference_mode(mode=not train):
             for key in chosen:
+                started = time.perf_counter()
+                say(f"bench: preparing {key} ...")
                 try:
                     built[key] = registry[key](model, sample)
+                    say(f"bench: {key} ready ({time.perf_counter() - started:.1f} s)")
                 except Unavailable as error:
                     skipped[key] = str(error)
+                    say(f"bench: {key} unavailable: {error}")
             expected = model(sample).float() if not train else None
             candidates = {key: (lambda path=path: path.run(sample)) for key, path in built.items()}
             matmuls = matmul_candidates(model, batch_size)
             for name, (run, _) in matmuls.items():
                 candidates[name] = run
-            timings = time_interleaved(candidates, repetitions, warmup, min_sample_seconds)
+            say(f"bench: timing {len(candidates)} paths and kernels, {warmup} warm-up calls and {repetitions} rounds each")
+            timings = time_interleaved(candidates, repetitions, warmup, min_sample_seconds, show=show)
             agreement = {}
             if expected is not None:
                 for key, path in built.items():

@@ -18,16 +18,24 @@ def calls_per_sample(run: Callable[[], Any], min_seconds: float) -> int:
 
 
 def time_interleaved(candidates: dict[str, Callable[[], Any]], repetitions: int = 5, warmup: int = 2,
-                     min_sample_seconds: float = 0.2) -> dict[str, dict[str, float]]:
+                     min_sample_seconds: float = 0.2, show: bool = False) -> dict[str, dict[str, float]]:
     """Seconds per call of each candidate: {"median", "min", "max", "samples", "calls_per_sample"}.
 
     Each candidate is first called `warmup` times (compilation, allocator and thread-pool warm-up); then
-    `repetitions` rounds time every candidate once each, the order rotating by one per round.
+    `repetitions` rounds time every candidate once each, the order rotating by one per round. With `show`, a
+    progress bar (a terminal) or progress lines (a log) on stderr say where it is.
     """
     names = list(candidates)
+    bar = None
+    if show:
+        from vitlab.progress import progress
+
+        bar = progress(len(names) * (1 + repetitions), "timing (warm-up, then rounds)", unit="path", min_total=1)
     for name in names:
         for _ in range(warmup):
             candidates[name]()
+        if bar is not None:
+            bar.update(1)
     inner = {name: calls_per_sample(candidates[name], min_sample_seconds) for name in names}
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(repetitions):
@@ -38,6 +46,10 @@ def time_interleaved(candidates: dict[str, Callable[[], Any]], repetitions: int 
             for _ in range(count):
                 run()
             samples[name].append((time.perf_counter() - start) / count)
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
     return {name: {"median": statistics.median(values), "min": min(values), "max": max(values),
                    "samples": len(values), "calls_per_sample": inner[name]}
             for name, values in samples.items()}
