@@ -207,3 +207,10 @@ def test_the_table_shows_sub_millisecond_latencies_with_their_digits():
     assert "0.532" in format_table(result)  # not "0.5"
     row["seconds_per_batch"] = 2.1513
     assert "2151.3" in format_table(result)
+
+
+def test_the_transformers_reference_of_a_grey_model_runs_without_library_noise(capsys):
+    result = run_bench("digits-8", batch_size=8, paths=["eager-fp32", "transformers"], show=True, **FAST)
+    assert [row["path"] for row in result["paths"]] == ["eager-fp32", "transformers"]
+    err = capsys.readouterr().err
+    assert "bench: transformers ready" in err and "_pytree" not in err and "Failed to load" not in err

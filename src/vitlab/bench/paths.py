@@ -16,7 +16,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -178,11 +178,31 @@ def pt2e_int8_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
                      "as pt2e int8, with attention, softmax, LayerNorm and GELU under bf16 autocast")
 
 
+class GreyAsRGB(nn.Module):
+    """transformers' model of a grey vitlab model, which vitlab's HF export writes as RGB (`rgb_from_grey`), fed the
+    benchmark's grey batch with the channel repeated, as transformers' image processors do."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+
+    def forward(self, pixel_values: torch.Tensor, **kwargs: Any) -> Any:
+        if pixel_values.shape[1] == 1 and self.config.num_channels == 3:
+            pixel_values = pixel_values.expand(-1, 3, -1, -1)
+        return self.inner(pixel_values=pixel_values, **kwargs)
+
+
 def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.Module, str, object]:
     """transformers' ViTForImageClassification with the same weights, through vitlab's HF export and
     `from_pretrained`, its logits checked against vitlab's: (model, description, temporary folder to keep)."""
+    from vitlab.export.onnx import quiet_loggers
+
     try:
-        import transformers
+        # transformers imports torchao where it is installed, which logs that its CUDA kernels cannot load on a
+        # CPU build and makes torch warn about its enums: nothing the user can act on, and it breaks the table.
+        with quiet_loggers("torchao", "torch.utils._pytree"):
+            import transformers
     except ImportError:
         raise Unavailable("transformers is not installed (pip install transformers)") from None
     from vitlab.checkpoint.formats import export_checkpoint
@@ -194,9 +214,9 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     except VitlabError as error:
         raise Unavailable(f"transformers cannot express this model: {error}") from None
     transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar would break the table
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):  # where torchao loads
         warnings.simplefilter("ignore")
-        reference = transformers.ViTForImageClassification.from_pretrained(folder.name).eval()
+        reference = GreyAsRGB(transformers.ViTForImageClassification.from_pretrained(folder.name)).eval()
     with torch.no_grad():
         difference = float((reference(pixel_values=sample).logits - model(sample)).abs().max())
     if difference > 1e-3:
