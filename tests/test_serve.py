@@ -203,6 +203,16 @@ def test_explain_gives_the_overlay_as_png_or_the_map_as_json(server, digit_files
     assert status == 200 and heat.shape == (4, 4) and abs(heat.sum() - 1) < 1e-5 and (heat >= 0).all()
 
 
+def test_explain_gives_the_image_as_the_model_sees_it(server, digit_files):
+    from vitlab.data.datasets import read_image
+
+    status, kind, answer = server.post_image(digit_files[2].read_bytes(), "/v1/explain?format=input")
+    view = np.asarray(Image.open(io.BytesIO(answer)).convert("L"))
+    assert status == 200 and kind == "image/png" and view.shape[0] == view.shape[1] >= 224
+    seen = read_image(digit_files[2], (8, 8), 1)[0].numpy()  # the model's 8x8 input, enlarged by 28
+    assert np.array_equal(view[::28, ::28], seen)
+
+
 def test_model_health_and_metrics_describe_the_service(server):
     status, _, answer = server.get("/v1/model")
     info = json.loads(answer)
@@ -344,6 +354,23 @@ def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(server, t
     try:
         driver.get(f"http://127.0.0.1:{server.port}/")
         WebDriverWait(driver, 20).until(lambda d: "10 classes" in d.find_element(By.ID, "model").text)
+        # Before any upload: no result panel, so no broken-image icons with their alt text.
+        assert not any(picture.is_displayed() for picture in driver.find_elements(By.TAG_NAME, "img"))
+        # A non-square photo: the page shows the crop the model saw (square, as the overlay), not a letterbox.
+        wide = tmp_path / "wide.png"
+        Image.open(digit_files[4]).convert("RGB").resize((96, 48)).save(wide)
+        driver.find_element(By.ID, "file").send_keys(str(wide))
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
+            "const o = document.getElementById('overlay'); return !o.hidden && o.naturalWidth > 0"))
+        sizes = driver.execute_script("return ['preview', 'overlay'].map((id) => [document.getElementById(id)"
+                                      ".naturalWidth, document.getElementById(id).naturalHeight])")
+        assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1], sizes
+        # A failed upload: the error, and no result (nor a broken icon) beside it.
+        broken = tmp_path / "broken.png"
+        broken.write_bytes(b"this is text, not an image")
+        driver.find_element(By.ID, "file").send_keys(str(broken))
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "status").get_attribute("class") == "error")
+        assert not any(picture.is_displayed() for picture in driver.find_elements(By.TAG_NAME, "img"))
         image = tmp_path / "upload.png"
         big = Image.open(digit_files[4]).resize((64, 64), Image.Resampling.NEAREST)
         big.save(image)

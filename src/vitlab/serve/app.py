@@ -2,7 +2,8 @@
 
     GET  /             the page: choose or drop an image, see the top-k labels and where the model looked
     POST /v1/predict   an image (multipart field "file", or the raw bytes) -> top-k labels, probabilities, latency
-    POST /v1/explain   an image -> the attention-rollout overlay as PNG (?format=png), or the map (?format=json)
+    POST /v1/explain   an image -> the attention-rollout overlay as PNG (?format=png), or the map (?format=json),
+                       or the image as the model sees it (resized and cropped, ?format=input; any backend)
     GET  /v1/model     what is served: classes, input size, preprocessing, config
     GET  /health       200 once the model is loaded
     GET  /metrics      Prometheus text: requests by path and status, latency, batch sizes
@@ -142,8 +143,9 @@ async def read_upload(request, max_bytes: int) -> tuple[bytes, str]:
 
 
 def render_overlay(pixels, heat) -> bytes:
-    """PNG of the image (C, H, W uint8) with the rollout map (rows, cols) laid over it as a heat map, enlarged so
-    that the smaller side is at least 224 pixels (nearest neighbour: a digit's 8x8 pixels stay sharp)."""
+    """PNG of the image (C, H, W uint8) with the rollout map (rows, cols) laid over it as a heat map (heat None:
+    the image alone), enlarged so that the smaller side is at least 224 pixels (nearest neighbour: a digit's 8x8
+    pixels stay sharp)."""
     import numpy as np
     from PIL import Image
 
@@ -152,6 +154,10 @@ def render_overlay(pixels, heat) -> bytes:
     scale = max(1, -(-224 // min(image.shape[:2])))
     size = (image.shape[1] * scale, image.shape[0] * scale)
     base = Image.fromarray(image).resize(size, Image.Resampling.NEAREST)
+    if heat is None:
+        out = io.BytesIO()
+        base.save(out, format="PNG")
+        return out.getvalue()
     values = heat.numpy().astype(np.float32)
     values = (values - values.min()) / max(float(values.max() - values.min()), 1e-12)
     levels = np.asarray(Image.fromarray((values * 255).astype(np.uint8)).resize(size, Image.Resampling.BILINEAR),
@@ -253,8 +259,12 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
     async def explain(request):
         started = time.perf_counter()
         fmt = request.query_params.get("format", "png")
-        if fmt not in ("png", "json"):
-            raise Problem(400, f"format must be png or json, got {fmt!r}")
+        if fmt not in ("png", "json", "input"):
+            raise Problem(400, f"format must be png, json or input, got {fmt!r}")
+        if fmt == "input":  # what the model sees: the page shows it beside the overlay, which is drawn on it
+            pixels = await decode(request)
+            png = await asyncio.get_running_loop().run_in_executor(None, render_overlay, pixels, None)
+            return Response(png, media_type="image/png")
         if engine.explainer is None:
             raise Problem(501, "explaining needs the attention weights of the PyTorch model; serve the checkpoint "
                                "or run folder the .onnx file was exported from")
