@@ -363,3 +363,13 @@ def test_a_text_file_given_as_a_checkpoint_is_one_line(command, tmp_path, capsys
     code = main([part.format(text=text, tmp=tmp_path) for part in command])
     err = capsys.readouterr().err
     assert code in (1, 2) and "Traceback" not in err and err.count("\n") == 1 and "notes.txt" in err, err
+
+
+def test_a_flat_class_folder_says_its_test_split_is_carved(tmp_path, capsys):
+    for name, colour in (("cats", (200, 0, 0)), ("dogs", (0, 200, 0))):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for index in range(12):
+            Image.new("RGB", (16, 16), tuple(c + index for c in colour)).save(tmp_path / "photos" / name / f"{index}.png")
+    assert main(["train", "--dataset", "folder", "--data-dir", str(tmp_path / "photos"), "--epochs", "1",
+                 "--out-dir", str(tmp_path / "runs"), "--set", "batch_size=8", "--set", "progress=false"]) == 0
+    assert "/ 5 test (carved: 20% of the images, stratified, seed 0) images" in capsys.readouterr().out

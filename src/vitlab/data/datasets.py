@@ -386,6 +386,7 @@ class Splits:
     validation: ImageDataset | None
     test: ImageDataset
     validation_source: str  # "carved" (from the training images), "official" or "none"
+    test_source: str = "official"  # or how it was carved from a single tree of images ("carved: 20% of ...")
 
 
 def load_splits(name: str, data_dir: str | Path | None = None, val_size: float = 0.1, seed: int = 0,
@@ -417,7 +418,17 @@ def load_splits(name: str, data_dir: str | Path | None = None, val_size: float =
         # A different stream from the validation carving's, so the subset is not the carving's leftovers in order.
         _, chosen = split_indices(train.labels, max_train_images, seed + 1)
         train = train.subset(chosen)
-    return Splits(train, validation, test, source)
+    return Splits(train, validation, test, source, test_carving(name, data_dir))
+
+
+def test_carving(name: str, data_dir: str | Path | None) -> str:
+    """"official", or how `load_dataset` carves the test split of a folder that is one tree of class folders."""
+    if name != "folder" or data_dir is None:
+        return "official"
+    root = Path(data_dir).expanduser()
+    if (root / "train").is_dir() and ((root / "test").is_dir() or (root / "val").is_dir()):
+        return "official"
+    return "carved: 20% of the images, stratified, seed 0"
 
 
 def has_official_validation(name: str, data_dir: str | Path | None) -> bool:

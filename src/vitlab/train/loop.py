@@ -390,8 +390,9 @@ def announce(session: Session, resumed: bool) -> None:
     validation = "no validation" if splits.validation is None else (
         f"{len(splits.validation)} validation ({splits.validation_source}"
         + (f", seed {config.seed})" if splits.validation_source == "carved" else ")"))
+    test = f"{len(splits.test)} test" + (f" ({splits.test_source})" if splits.test_source != "official" else "")
     print(f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
-          f"{len(splits.train)} train / {validation} / {len(splits.test)} test images, {config.epochs} epochs of "
+          f"{len(splits.train)} train / {validation} / {test} images, {config.epochs} epochs of "
           f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
           f"{session.env.device.type}; run folder {session.run}")
     adaptation = data_adaptation(splits.train, model.config)

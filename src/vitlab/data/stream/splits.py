@@ -107,6 +107,7 @@ def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, se
     augment = augment or AugmentConfig()
     contract = preprocessing or Preprocessing.image_files()
     trees = folder_trees(data_dir) if dataset == "folder" and data_dir is not None else ()
+    test_source = "official"
     if trees:
         train = index_data(dataset, data_dir, "train")
         test = index_data(dataset, data_dir, "test" if "test" in trees else "val")
@@ -115,6 +116,7 @@ def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, se
         everything = index_data(dataset, data_dir)
         kept, held = split_indices(labels_of(everything), TEST_FRACTION, 0)
         train, test, official = everything.subset(kept.numpy()), everything.subset(held.numpy()), None
+        test_source = f"carved: {TEST_FRACTION:.0%} of the images, stratified, seed 0"
     if classes is not None:
         train, test = keep_classes(train, classes), keep_classes(test, classes)
         official = keep_classes(official, classes) if official is not None else None
@@ -142,4 +144,4 @@ def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, se
                                hflip=augment.hflip, pin_memory=pin_memory)
 
     return Splits(source_of(train, crop), source_of(validation, None) if validation is not None else None,
-                  source_of(test, None), source)
+                  source_of(test, None), source, test_source)
