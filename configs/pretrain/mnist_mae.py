@@ -7,6 +7,10 @@ masked); a decoder of 2 blocks of width 64 reconstructs the other 12 from per-pa
 training images are held out; their MAE loss chooses the best checkpoint, and reconstructions.png shows what the
 decoder makes of them. benchmarks/pretrain_mnist.py measures what the encoder is worth after fine-tuning with few
 labels (BENCHMARKS.md, "Self-supervised pre-training on MNIST").
+
+Measured on the 2-core Intel Xeon (AMX): 10.4 minutes alone (13.7-16.3 min beside other work), validation loss
+0.317; fine-tuned on 1,000 labels 97.43% test (scratch: 93.55%), on 10% of them 98.52% (scratch 96.36%); mean
+of seeds 0-2.
 """
 
 from vitlab.data.transforms import AugmentConfig
