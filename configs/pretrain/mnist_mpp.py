@@ -7,6 +7,10 @@ The MNIST recipe's encoder (mnist-28: 6 blocks of width 128 on 7x7 patches, 16 p
 at 3 bits (8 classes for one channel). 5,000 training images are held out; their MPP loss chooses the best
 checkpoint. benchmarks/pretrain_mnist.py measures what the encoder is worth after fine-tuning with few labels
 (BENCHMARKS.md, "Self-supervised pre-training on MNIST").
+
+Measured on the 2-core Intel Xeon (AMX): 6.3 minutes alone (8-9 min beside other work), 77% of the corrupted
+patches' grey level right; fine-tuned on 1,000 labels 95.45% test (scratch: 93.55%), on 10% of them 96.76%
+(scratch 96.36%); mean of seeds 0-2.
 """
 
 from vitlab.data.transforms import AugmentConfig
