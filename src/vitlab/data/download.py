@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitlab.errors import DataError
-from vitlab.files import atomic_write_bytes
+from vitlab.files import atomic_write_bytes, sha256_file
 
 CHUNK = 1 << 16
 
@@ -59,7 +59,7 @@ def cache_dir() -> Path:
 
 
 def sha256_of(path: Path) -> str:
-    return digests_of(path)["sha256"]
+    return sha256_file(path)  # the one SHA-256 reader (vitlab.files), which run checksums use too
 
 
 def digests_of(path: Path, extra: tuple[str, ...] = ()) -> dict[str, str]:

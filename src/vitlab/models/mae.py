@@ -36,6 +36,7 @@ from torch import nn
 from vitlab.config import ViTConfig, checked_fields
 from vitlab.errors import ConfigError, UsageError
 from vitlab.layers.block import Block
+from vitlab.layers.patch_embed import patchify, unpatchify
 from vitlab.layers.pos_embed import sincos_2d_pos_embed
 from vitlab.models.vit import VisionTransformer
 
@@ -257,11 +258,7 @@ class MaskedAutoencoder(nn.Module):
         if images.ndim != 4 or images.shape[1] != channels or images.shape[2] % patch_height or images.shape[3] % patch_width:
             raise UsageError(f"patchify takes images (B, {channels}, H, W) with H a multiple of {patch_height} and W "
                              f"of {patch_width}, got {tuple(images.shape)}")
-        batch, _, height, width = images.shape
-        rows, cols = height // patch_height, width // patch_width
-        x = images.reshape(batch, channels, rows, patch_height, cols, patch_width)
-        x = x.permute(0, 2, 4, 3, 5, 1)  # (B, rows, cols, P, P, C)
-        return x.reshape(batch, rows * cols, patch_height * patch_width * channels)
+        return patchify(images, (patch_height, patch_width))  # the paper's x_p order is MAE's too
 
     def unpatchify(self, patches: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
         """patches (B, N, P*P*C) -> images (B, C, rows * P, cols * P), the inverse of `patchify`; `grid_size`
@@ -274,9 +271,7 @@ class MaskedAutoencoder(nn.Module):
             raise UsageError(f"unpatchify expects (B, {rows * cols}, {patch_height * patch_width * channels}) for a "
                              f"{rows}x{cols} grid of {patch_height}x{patch_width}x{channels} patches, got "
                              f"{tuple(patches.shape)}; give grid_size=(rows, cols) for another grid")
-        x = patches.reshape(batch, rows, cols, patch_height, patch_width, channels)
-        x = x.permute(0, 5, 1, 3, 2, 4)  # (B, C, rows, P, cols, P)
-        return x.reshape(batch, channels, rows * patch_height, cols * patch_width)
+        return unpatchify(patches, (patch_height, patch_width), (rows, cols))
 
     def patch_statistics(self, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) (B, N, 1) of each patch (B, N, P*P*C) as norm_pix_loss uses them: the unbiased variance,

@@ -30,6 +30,7 @@ from torch import nn
 
 from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
+from vitlab.layers.patch_embed import patchify
 from vitlab.models.vit import VisionTransformer
 
 # Corruption kinds per patch: not chosen, replaced by [mask], replaced by another patch, chosen but kept.
@@ -46,15 +47,6 @@ def check_corruptible(config: ViTConfig) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ targets
-def patch_grid_view(images: torch.Tensor, patch_size: tuple[int, int]) -> torch.Tensor:
-    """images (B, C, H, W) -> (B, rows * cols, C, P_h, P_w), patches in row-major order (the token order)."""
-    batch, channels, height, width = images.shape
-    ph, pw = patch_size
-    rows, cols = height // ph, width // pw
-    patches = images[:, :, :rows * ph, :cols * pw].reshape(batch, channels, rows, ph, cols, pw)
-    return patches.permute(0, 2, 4, 1, 3, 5).reshape(batch, rows * cols, channels, ph, pw)
-
-
 def colour_levels(values: torch.Tensor, bits: int) -> torch.Tensor:
     """Values in [0, 1] -> integer levels 0 .. 2^bits - 1 (equal-width bins; 1.0 falls in the top one)."""
     levels = 2 ** bits
@@ -71,7 +63,8 @@ def colour_class(levels: torch.Tensor, bits: int) -> torch.Tensor:
 
 def mean_colours(images: torch.Tensor, patch_size: tuple[int, int]) -> torch.Tensor:
     """images (B, C, H, W) in [0, 1] -> each patch's mean colour (B, N, C)."""
-    return patch_grid_view(images, patch_size).mean(dim=(-2, -1))
+    patches = patchify(images, patch_size)  # (B, N, P_h * P_w * C), channels innermost
+    return patches.reshape(*patches.shape[:2], -1, images.shape[1]).mean(dim=2)
 
 
 def mean_colour_classes(images: torch.Tensor, patch_size: tuple[int, int], bits: int = 3) -> torch.Tensor:
@@ -83,8 +76,11 @@ def mean_colour_classes(images: torch.Tensor, patch_size: tuple[int, int], bits:
 def downsized_colour_classes(images: torch.Tensor, patch_size: tuple[int, int], bits: int = 3) -> torch.Tensor:
     """images (B, C, H, W) in [0, 1] -> each patch pooled to 4x4 cells, each cell's mean colour a class
     (B, N, 16). A patch side below 4 pixels keeps its own size."""
-    patches = patch_grid_view(images, patch_size)  # (B, N, C, P_h, P_w)
-    batch, count, channels, ph, pw = patches.shape
+    batch, channels = images.shape[:2]
+    ph, pw = patch_size
+    patches = patchify(images, patch_size)  # (B, N, P_h * P_w * C)
+    count = patches.shape[1]
+    patches = patches.reshape(batch, count, ph, pw, channels).permute(0, 1, 4, 2, 3)  # (B, N, C, P_h, P_w)
     cells = (min(DOWNSIZED_CELLS, ph), min(DOWNSIZED_CELLS, pw))
     pooled = F.adaptive_avg_pool2d(patches.reshape(batch * count, channels, ph, pw), cells)
     pooled = pooled.reshape(batch, count, channels, cells[0] * cells[1]).transpose(2, 3)  # (B, N, cells, C)
@@ -92,8 +88,8 @@ def downsized_colour_classes(images: torch.Tensor, patch_size: tuple[int, int], 
 
 
 def patch_pixels(images: torch.Tensor, patch_size: tuple[int, int]) -> torch.Tensor:
-    """images (B, C, H, W) -> every patch's pixels (B, N, C * P_h * P_w)."""
-    return patch_grid_view(images, patch_size).flatten(2)
+    """images (B, C, H, W) -> every patch's pixels (B, N, P_h * P_w * C): the paper's x_p^i."""
+    return patchify(images, patch_size)
 
 
 # ------------------------------------------------------------------------------------------------ corruption
