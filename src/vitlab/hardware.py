@@ -9,7 +9,9 @@ one intra-op thread for a served model (0.1 GFLOPs) and one training process per
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 
 
 def available_cores() -> int:
@@ -49,3 +51,232 @@ SERVE_ONE_THREAD_BELOW_GFLOPS = 0.1
 # BENCHMARKS.md "Ablations"). The threshold stays well under 1.6 because each process holds its own copy of the
 # model, data and optimizer state.
 PARALLEL_TRAINING_BELOW_GFLOPS = 0.5
+
+
+# ----------------------------------------------------------------------------------------- what this CPU has
+# The matmul units that decide precision on a CPU. bf16 pays only with bf16 units (AMX tiles or AVX512-BF16);
+# without them oneDNN converts to fp32 and back, so bf16 runs slower than fp32. int8 dot products (VNNI) make
+# quantised matmuls pay on CPUs that have no bf16 units.
+CPU_UNIT_NAMES = ("avx2", "avx512", "vnni", "avx512_bf16", "amx")
+
+
+@dataclass(frozen=True)
+class CpuUnits:
+    """The vector and matrix units of this CPU that vitlab's choices depend on."""
+
+    avx2: bool = False
+    avx512: bool = False
+    vnni: bool = False  # int8 dot products: AVX512-VNNI or AVX-VNNI
+    avx512_bf16: bool = False
+    amx: bool = False  # AMX tiles with bf16 and int8 (Sapphire Rapids and later)
+    simulated: bool = False  # set from VITLAB_CPU_UNITS, not probed
+
+    @property
+    def bf16(self) -> bool:
+        return self.avx512_bf16 or self.amx
+
+    @property
+    def int8(self) -> bool:
+        return self.vnni or self.amx
+
+    def describe(self) -> str:
+        """e.g. "AVX2, AVX-512, VNNI, AVX512-BF16, AMX" or "AVX2 (no VNNI, no bf16 units)"."""
+        labels = {"avx2": "AVX2", "avx512": "AVX-512", "vnni": "VNNI", "avx512_bf16": "AVX512-BF16", "amx": "AMX"}
+        names = [label for key, label in labels.items() if getattr(self, key)] or ["no AVX2"]
+        missing = [text for text, present in (("no VNNI", self.int8), ("no bf16 units", self.bf16)) if not present]
+        text = ", ".join(names) + (f" ({', '.join(missing)})" if missing else "")
+        return text + (" [simulated by VITLAB_CPU_UNITS]" if self.simulated else "")
+
+
+def cpu_units() -> CpuUnits:
+    """The units of this CPU, from PyTorch's own probe (`torch.cpu.get_capabilities`, the CPUID bits its kernels
+    dispatch on), else /proc/cpuinfo's flags. VITLAB_CPU_UNITS="avx2,vnni" (names from CPU_UNIT_NAMES, or "none")
+    simulates another CPU: what `auto` would choose there, and the tests of those choices."""
+    from vitlab.errors import UsageError
+
+    simulated = os.environ.get("VITLAB_CPU_UNITS")
+    if simulated is not None:
+        names = {name.strip().lower() for name in simulated.split(",") if name.strip()} - {"none"}
+        unknown = names - set(CPU_UNIT_NAMES)
+        if unknown:
+            raise UsageError(f"VITLAB_CPU_UNITS names unknown units {', '.join(sorted(unknown))}; use a "
+                             f"comma-separated subset of {', '.join(CPU_UNIT_NAMES)}, or none")
+        return CpuUnits(**{name: name in names for name in CPU_UNIT_NAMES}, simulated=True)
+    return _probed_cpu_units()
+
+
+@functools.lru_cache(maxsize=1)
+def _probed_cpu_units() -> CpuUnits:
+    import torch
+
+    capabilities: dict[str, object] = {}
+    try:
+        capabilities = dict(torch.cpu.get_capabilities())
+    except (AttributeError, RuntimeError):  # an older PyTorch, or not x86
+        try:
+            for line in open("/proc/cpuinfo", encoding="utf-8"):
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    capabilities = {"avx2": "avx2" in flags, "avx512_f": "avx512f" in flags,
+                                    "avx512_vnni": "avx512_vnni" in flags, "avx_vnni": "avx_vnni" in flags,
+                                    "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags}
+                    break
+        except OSError:
+            pass
+    has = lambda key: bool(capabilities.get(key, False))  # noqa: E731
+    return CpuUnits(avx2=has("avx2"), avx512=has("avx512_f"), vnni=has("avx512_vnni") or has("avx_vnni"),
+                    avx512_bf16=has("avx512_bf16"), amx=has("amx_bf16"))
+
+
+# -------------------------------------------------------------------------------------------------- devices
+def resolve_device(requested: str | None = None):
+    """The torch.device a command runs on: "auto" (or None) takes the GPU when PyTorch sees one, else the CPU;
+    "cpu", "cuda", "cuda:N" as said, refused in one line when there is no such GPU."""
+    import torch
+
+    from vitlab.errors import UsageError
+
+    text = (requested or "auto").strip().lower()
+    if text == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"--device {requested}: not a device; use cpu, cuda or cuda:N (default: a GPU when there "
+                         "is one)") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise UsageError(f"--device {requested}: vitlab runs on cpu or cuda (cuda:N); use one of those")
+    if not torch.cuda.is_available():
+        build = ("a CPU-only build" if torch.version.cuda is None
+                 else f"built for CUDA {torch.version.cuda}, but no GPU or driver is visible")
+        raise UsageError(f"--device {requested}: PyTorch sees no CUDA GPU here (torch {torch.__version__}, {build}); "
+                         "use --device cpu, or install a CUDA build of PyTorch on a machine with an NVIDIA GPU")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"--device {requested}: this machine has {torch.cuda.device_count()} GPU(s), "
+                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+    return torch.device("cuda", index)
+
+
+# ------------------------------------------------------------------------------------------------ precision
+# Below this many forward GFLOPs per image `auto` keeps fp32 even with bf16 units: the model's matmuls are too
+# small for bf16 to pay for its conversions. Measured on a 2-core Xeon with AMX (`vitlab bench --train --model M
+# --batch-size 128 --paths eager-fp32,autocast-bf16` and the inference paths eager-fp32,eager-bf16 at batch 32):
+# digits-8 (0.005 GFLOPs) trains at 0.95x and infers at 0.89x in bf16; mnist-28 (0.028) at 1.39x and 1.29x;
+# S/16 at 224 infers at 3.9x.
+BF16_ABOVE_GFLOPS = 0.01
+
+# A measured bf16 (int8) matmul peak at least this many times the fp32 one makes bf16 (int8) pay on a CPU whose
+# flags do not say so (`vitlab bench` caches the peaks it measures per CPU).
+MEASURED_GAIN_TO_SWITCH = 1.25
+
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A setting and why it was taken, for the run summary and the start lines."""
+
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.value} ({self.reason})"
+
+
+def choose_precision(requested: str, device, gflops_per_image: float, purpose: str = "inference") -> Choice:
+    """The precision to run a model of `gflops_per_image` (forward) in on `device`.
+
+    purpose: "train" (fp32 or bf16 autocast, fp32 master weights), "inference" (fp32 or bf16: eval and predict,
+    where the answers should be the model's own, so never quantised unless asked) or "serve" (fp32, bf16 or int8
+    weights: throughput first, so int8 where a CPU has int8 dot products and no bf16 units). An explicit
+    precision always wins."""
+    import torch
+
+    if requested != "auto":
+        return Choice(requested, "as asked")
+    device = torch.device(device)
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return Choice("bf16", f"{torch.cuda.get_device_name(device)} has bf16 tensor cores")
+        return Choice("fp32", f"{torch.cuda.get_device_name(device)} has no bf16 support")
+    if device.type != "cpu":
+        return Choice("fp32", f"no automatic mixed precision chosen on {device.type}")
+    if gflops_per_image < BF16_ABOVE_GFLOPS:
+        return Choice("fp32", f"a small model ({gflops_per_image:.3g} GFLOPs per image): its matmuls are too small "
+                              "for bf16 to pay")
+    units = cpu_units()
+    measured = measured_peaks()  # a measurement on this CPU outranks what its flags suggest
+    fp32_peak = measured.get("fp32")
+    if fp32_peak and "bf16" in measured:
+        gain = measured["bf16"] / fp32_peak
+        if gain >= MEASURED_GAIN_TO_SWITCH:
+            return Choice("bf16", f"bf16 matmuls measured {gain:.1f}x fp32 on this CPU (vitlab bench)")
+    elif units.bf16:
+        return Choice("bf16", f"this CPU has bf16 matmul units ({units.describe()})")
+    if purpose == "serve":
+        if fp32_peak and "int8" in measured:
+            gain = measured["int8"] / fp32_peak
+            if gain >= MEASURED_GAIN_TO_SWITCH:
+                return Choice("int8", f"int8 matmuls measured {gain:.1f}x fp32 on this CPU (vitlab bench)")
+        elif units.int8:
+            return Choice("int8", f"this CPU has int8 dot-product units and no bf16 units ({units.describe()})")
+    if fp32_peak and "bf16" in measured:
+        return Choice("fp32", f"bf16 matmuls measured only {measured['bf16'] / fp32_peak:.1f}x fp32 on this CPU "
+                              "(vitlab bench)")
+    return Choice("fp32", f"no bf16 matmul units on this CPU ({units.describe()}): bf16 would run slower")
+
+
+# ---------------------------------------------------------------------------------- measured peaks, per CPU
+def _peaks_file():
+    from vitlab.data.download import cache_dir
+
+    return cache_dir() / "machine" / "peaks.json"
+
+
+def machine_key() -> str:
+    """This CPU's name and units: measured peaks are kept per key, so a cache shared between machines (a home
+    folder on a cluster) keeps each one's own."""
+    name = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} | {_probed_cpu_units().describe()} | {available_cores()} cores"
+
+
+def measured_peaks() -> dict[str, float]:
+    """The matmul peaks (GFLOP/s per precision) `vitlab bench` last measured on this CPU; {} when none were, or
+    when the units are simulated (they would describe another CPU)."""
+    import json
+
+    if os.environ.get("VITLAB_CPU_UNITS") is not None:
+        return {}
+    try:
+        return dict(json.loads(_peaks_file().read_text()).get(machine_key(), {}))
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def record_peaks(peaks: dict[str, float]) -> None:
+    """Keep the peaks `vitlab bench` measured on this CPU, for `auto` on CPUs whose flags do not tell."""
+    import json
+
+    from vitlab.files import atomic_write_bytes
+
+    path = _peaks_file()
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    known[machine_key()] = {name: float(value) for name, value in peaks.items()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(known, indent=1).encode())
+    except OSError:  # a read-only cache: the figures are in the table anyway
+        pass
