@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from vitlab.config import ViTConfig
@@ -69,3 +70,22 @@ def test_the_reported_learning_rate_is_the_peak_one_under_layer_decay():
     rates = scheduler.get_last_lr()
     assert rates[0] < 1e-3 * 0.5 ** 4  # group 0, the embeddings: decayed by every block and the head
     assert peak_lr(scheduler) == max(rates) == 1e-3  # the head's, the schedule's own rate
+
+
+def test_a_refitted_schedule_ends_at_its_new_length():
+    """What a budget (or --epochs on resume) does to the rate: from the step the run stands at, the cosine now
+    ends at the new total, continuing from where it is."""
+    from vitlab.train.optim import build_scheduler, set_schedule_length, warmup_cosine
+
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=1.0)
+    scheduler = build_scheduler(optimizer, 2, 100, 0.01)
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+    set_schedule_length(optimizer, scheduler, 2, 20, 0.01)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(warmup_cosine(10, 2, 20, 0.01))
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)  # the end of the new curve: min_lr

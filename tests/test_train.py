@@ -196,6 +196,40 @@ def test_bf16_autocast_trains(tmp_path):
     assert all(t.dtype == torch.float32 for t in weights(tmp_path / "run").values())  # master weights stay fp32
 
 
+def test_auto_precision_is_chosen_and_said(tmp_path, monkeypatch):
+    """precision auto (the default) resolves by the machine and the model, and the summary says which and why;
+    an explicit precision always wins. A CPU with AMX is simulated (VITLAB_CPU_UNITS), so the choice is the same
+    on every machine the suite runs on."""
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni,avx512_bf16,amx")
+    summary = train(micro_config(tmp_path, run_name="tiny", epochs=1))
+    assert summary["precision"] == "fp32" and "small model" in summary["precision_reason"]
+    assert "precision    fp32 (a small model" in (tmp_path / "tiny" / "summary.txt").read_text()
+    monkeypatch.setattr("vitlab.hardware.BF16_ABOVE_GFLOPS", 0.0)  # as for a model large enough to gain
+    summary = train(micro_config(tmp_path, run_name="amx", epochs=1))
+    assert summary["precision"] == "bf16" and "bf16 matmul units" in summary["precision_reason"]
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")  # AVX2 only: bf16 would be emulated, slower than fp32
+    summary = train(micro_config(tmp_path, run_name="avx2", epochs=1))
+    assert summary["precision"] == "fp32" and "no bf16 matmul units" in summary["precision_reason"]
+    summary = train(micro_config(tmp_path, run_name="asked", epochs=1, precision="bf16"))
+    assert (summary["precision"], summary["precision_reason"]) == ("bf16", "as asked")
+    assert json.loads((tmp_path / "asked" / "train_config.json").read_text())["precision"] == "bf16"
+
+
+def test_a_budget_shortens_the_run_and_refits_the_schedule(tmp_path, capsys):
+    """budget: a run whose epochs cannot fit is cut after the epoch that shows it, and the recipe file says so."""
+    summary = train(micro_config(tmp_path, epochs=50, budget="1s", min_lr=1e-5, lr=1e-3, warmup_epochs=0))
+    out = capsys.readouterr().out
+    assert summary["epochs"] < 50 and "of the recipe's 50 epochs fit" in summary["budget"]
+    assert "note: budget 1s:" in out
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == summary["epochs"]
+    recorded = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert recorded["epochs"] == summary["epochs"] and recorded["budget"] == "1s"
+    unbounded = train(micro_config(tmp_path, run_name="free", epochs=2, budget="1h"))
+    assert unbounded["epochs"] == 2 and "budget" not in unbounded  # never lengthened, nothing to say
+
+
+@pytest.mark.slow
 @pytest.mark.slow
 def test_compiled_model_trains_like_eager(tmp_path):
     eager = train(micro_config(tmp_path, run_name="eager", epochs=1, drop_path=0.0))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
@@ -61,13 +62,20 @@ class TrainConfig:
     augment: AugmentConfig = field(default_factory=lambda: AugmentConfig(
         affine_degrees=10, affine_scale=0.1, affine_shear=0.1, affine_translate=0.125))
     # Running.
-    precision: str = "fp32"  # fp32 or bf16 (autocast)
+    # auto: bf16 autocast where this machine's bf16 matmuls beat fp32 (AMX or AVX512-BF16 units, a GPU with
+    # bf16) and the model is large enough to gain, else fp32 (`vitlab.hardware.choose_precision`); fp32 or bf16
+    # (autocast, fp32 master weights) as said.
+    precision: str = "auto"
     compile: bool = False  # torch.compile the model
     # Attention kernel for training: "auto" takes the explicit softmax up to
     # vitlab.hardware.TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS tokens, where it trains faster on a CPU than the fused
     # SDPA kernel (17 tokens: 1.05x; 50: even), and SDPA above.
     attention: str = "auto"
     seed: int = 0
+    # A wall-time budget for the run ("20m", "1h30m", "900s" or seconds): after each epoch the run is shortened,
+    # where it must be, to end inside it, and the cosine schedule is refitted to the new length. Epochs are
+    # never added. None: the recipe's epochs, however long they take.
+    budget: str | float | None = None
     threads: int | None = None  # torch threads per process; default: the cores / processes on this machine
     # Image files (folder, manifest, tar shards, Hugging Face datasets) are decoded per batch in worker processes
     # when the decoded set would not fit comfortably in memory; true / false forces it. workers: the decoding
@@ -100,7 +108,11 @@ class TrainConfig:
             (lambda: self.val_size >= 0 and (self.val_size < 1 or float(self.val_size).is_integer()),
              lambda: f"val_size must be 0, a fraction in (0, 1) or a whole number of images, got {self.val_size}"),
             (lambda: self.optimizer in ("adamw", "sgd"), lambda: f"optimizer must be adamw or sgd, got {self.optimizer!r}"),
-            (lambda: self.precision in ("fp32", "bf16"), lambda: f"precision must be fp32 or bf16, got {self.precision!r}"),
+            (lambda: self.precision in ("auto", "fp32", "bf16"),
+             lambda: f"precision must be auto, fp32 or bf16, got {self.precision!r}"),
+            (lambda: self.budget is None or budget_seconds(self.budget) is not None,
+             lambda: f"budget must be a duration such as 20m, 1h30m, 900s or a number of seconds, got "
+                     f"{self.budget!r}"),
             (lambda: self.attention in ("auto", "sdpa", "explicit"),
              lambda: f"attention must be auto, sdpa or explicit, got {self.attention!r}"),
             (lambda: 0 <= self.ema_decay < 1, lambda: f"ema_decay must be in [0, 1), got {self.ema_decay}"),
@@ -161,6 +173,26 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         return cls(**checked_fields(cls, data, "training config"))
+
+
+def budget_seconds(budget: str | float | None) -> float | None:
+    """"20m" -> 1200.0, "1h30m" -> 5400.0, "90s" / "90" / 90 -> 90.0; None for None or text that is not a
+    positive duration."""
+    if budget is None or isinstance(budget, bool):
+        return None
+    if isinstance(budget, (int, float)):
+        return float(budget) if budget > 0 else None
+    text = str(budget).strip().lower().replace(" ", "")
+    try:
+        return budget_seconds(float(text))
+    except ValueError:
+        pass
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text)
+    if not text or parts is None:
+        return None
+    hours, minutes, seconds = (float(group or 0) for group in parts.groups())
+    total = 3600 * hours + 60 * minutes + seconds
+    return total if total > 0 else None
 
 
 def finetune_config(**changes: Any) -> TrainConfig:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -29,22 +30,23 @@ from vitlab.config import ViTConfig
 from vitlab.data.datasets import ImageDataset
 from vitlab.data.source import Batch, steps_per_epoch as whole_batches
 from vitlab.data.transforms import Draws
+from vitlab.hardware import Choice, choose_precision
 from vitlab.errors import CheckpointError, ConfigError, DataError, VitlabError
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives import NonFiniteLoss, Objective, build_objective
 from vitlab.objectives.base import is_better
 from vitlab.progress import LogLines, format_duration
-from vitlab.train.config import TrainConfig
+from vitlab.train.config import TrainConfig, budget_seconds
 from vitlab.distributed import (DistEnv, any_rank, broadcast_object, cleanup, fetch_once, init_distributed,
                                 replica_difference, synchronize)
 from vitlab.runs import BEST, BEST_OBJECTIVE, RunFolder, default_run_name
-from vitlab.train.optim import EMA, build_optimizer, build_scheduler, peak_lr
+from vitlab.train.optim import EMA, build_optimizer, build_scheduler, follow_schedule, peak_lr, set_schedule_length
 from vitlab.train.data import choose_streaming, training_splits
 from vitlab.train.setup import apply_freezing, build_model, default_threads, training_attention_kernel
 from vitlab.train.session import Session
 from vitlab.train.state import Position, check_resumable, load_training_state
 from vitlab.train.step import TrainingStep
-from vitlab.train.summary import epoch_line, unreadable_files, write_outputs
+from vitlab.train.summary import describe_precision, epoch_line, unreadable_files, write_outputs
 
 
 class TrainingError(VitlabError):
@@ -182,6 +184,7 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
     """Train a recipe (or resume a run folder) to the end; returns the summary (also written to the run).
     epochs: with `resume`, a new length for the run (e.g. to extend a finished one); the learning rate then
     follows the schedule of a run of that length from where the run stands."""
+    launched = time.perf_counter() - seconds_since_launch()
     env = init_distributed()
     try:
         state = None
@@ -190,6 +193,7 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
             config = resumed_config(state, Path(resume), epochs)
             refuse_finished(state, Path(resume), config)
         session = start(config, env, state, Path(resume) if resume is not None else None, epochs)
+        session.launched = launched
         try:
             summary = run_epochs(session)
             if summary is None:
@@ -204,6 +208,17 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
         return summary
     finally:
         cleanup(env)
+
+
+def seconds_since_launch() -> float:
+    """How long this process has run (Python's start and imports included), for a budget that counts from the
+    launch; 0 where the OS does not say (then it counts from the call of `train`)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
 
 
 def resume(run_dir: str | Path, use_previous: bool = False, epochs: int | None = None) -> dict[str, Any]:
@@ -319,14 +334,24 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         # From the start it holds the EMA weights, not only after an epoch's end: a run resumed after its last
         # epoch goes straight to `finish`, which tests and saves these weights.
         ema.copy_to(eval_model)
+    precision = training_precision(config, model, env)
     step = TrainingStep(wrapped, objective, optimizer, scheduler, ema, model, env, config.grad_accum,
-                        config.grad_clip, config.precision, forward=objective.forward)
+                        config.grad_clip, precision.value, forward=objective.forward)
     session = Session(config, run, env, splits, model, wrapped, optimizer, scheduler, ema, eval_model, position,
-                      history, steps_per_epoch, objective, step, data_fingerprint,
+                      history, steps_per_epoch, objective, step, data_fingerprint, precision,
                       writer=run.tensorboard_writer() if config.tensorboard and env.is_main else None)
     if env.is_main:
         announce(session, resumed=state is not None)
     return session
+
+
+def training_precision(config: TrainConfig, model: VisionTransformer, env: DistEnv) -> Choice:
+    """The recipe's precision on this machine: "auto" becomes bf16 autocast where bf16 matmuls pay here (see
+    `vitlab.hardware.choose_precision`), else fp32. Every process decides from rank 0's answer, so a job spread
+    over unlike machines still runs one precision."""
+    from vitlab.counts import model_size
+
+    return broadcast_object(choose_precision(config.precision, env.device, model_size(model.config)[1], "train"), env)
 
 
 def check_batching(config: TrainConfig, env: DistEnv, train_images: int) -> int:
@@ -351,9 +376,7 @@ def restore(state: dict[str, Any], optimizer, scheduler, ema: EMA | None, config
     saved_epochs = TrainConfig.from_dict(json.loads(state["train_config"])).epochs
     if saved_epochs != config.epochs:  # extended (`resumed_config`): the new length's schedule from the next step
         previous_lr = optimizer.param_groups[-1]["lr"]
-        for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-            group["lr"] = base_lr * factor(scheduler.last_epoch)
-        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        follow_schedule(optimizer, scheduler)
         if env.is_main:
             print(f"extending {run} from {saved_epochs} to {config.epochs} epochs: the learning rate now follows "
                   f"a {config.epochs}-epoch schedule, {previous_lr:.2e} -> {optimizer.param_groups[-1]['lr']:.2e} "
@@ -395,6 +418,7 @@ def announce(session: Session, resumed: bool) -> None:
           f"{len(splits.train)} train / {validation} / {test} images, {config.epochs} epochs of "
           f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
           f"{session.env.device.type}; run folder {session.run}")
+    print(f"precision: {describe_precision(session.precision)}")
     adaptation = data_adaptation(splits.train, model.config)
     if adaptation and not resumed:
         print(f"note: {adaptation}")
@@ -433,6 +457,8 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
     resume_command = "train" if session.objective.needs_labels else "pretrain"
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):
+            if epoch >= config.epochs:  # shortened to fit the budget
+                break
             bar = tqdm(total=steps, initial=position.step_in_epoch, desc=f"epoch {epoch + 1}/{config.epochs}",
                        leave=False, dynamic_ncols=True,
                        # None: tqdm shows the bar only on a terminal, so logs get the epoch lines alone.
@@ -465,8 +491,9 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
             except NonFiniteLoss as error:
                 raise TrainingError(
                     f"the loss became {error.value} at epoch {error.epoch}, step {error.step}; the last good "
-                    f"checkpoint is kept. Lower the learning rate (--set lr={config.lr / 3:.2g}), or use "
-                    "--set precision=fp32 if bf16 was on") from None
+                    f"checkpoint is kept. Lower the learning rate (--set lr={config.lr / 3:.2g})"
+                    + (", or train in fp32 (--set precision=fp32; bf16 autocast is on)"
+                       if session.precision.value == "bf16" else "")) from None
             bar.close()
             if not finished:
                 position.elapsed_seconds = clock.elapsed()
@@ -477,6 +504,8 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
                 return {"status": "interrupted", "run_dir": str(run), "epoch": epoch, "step": position.step_in_epoch,
                         "signal": stop.signal}
             row, improved = end_epoch(session, epoch, epoch_started, seconds_before, clock)
+            session.epoch_timings.append((row["epoch_seconds"], row["images_per_second"]))
+            fit_to_budget(session, clock)
             if env.is_main:
                 every = max(1, config.epochs // 25)
                 if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
@@ -492,6 +521,47 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
     return None
 
 
+def fit_to_budget(session: Session, clock: RunClock) -> None:
+    """With a wall-time budget (`--set budget=20m`): after each epoch, fit the run's length to what is left of the
+    budget, from the measured time of this sitting's recent epochs (steps, validation and saves; the first epoch,
+    which pays one-time costs, only while it is the only one) and the time the test measurements at the end take.
+    The cosine schedule is refitted to end at the new last epoch. The run never grows beyond the recipe's epochs:
+    they are its plan, the budget a ceiling. Rank 0 decides for every process."""
+    config, position, env = session.config, session.position, session.env
+    budget = budget_seconds(config.budget)
+    planned = session.budget_planned_epochs or config.epochs
+    if budget is None or position.epoch >= config.epochs:
+        return
+    measured = session.epoch_timings
+    recent = measured[1:][-3:] or measured
+    epoch_seconds = sum(seconds for seconds, _ in recent) / len(recent)
+    images_per_second = sum(rate for _, rate in recent) / len(recent)
+    used = clock.elapsed_before + time.perf_counter() - session.launched
+    # The final test of the final and best models, and the validation of the final one, at about three times the
+    # training rate (a forward pass without backward), plus the saves.
+    held_out = 2 * len(session.splits.test) + (len(session.splits.validation) if session.splits.validation else 0)
+    final_seconds = held_out / max(3 * images_per_second, 1e-9) + 5.0
+    margin = 0.02 * budget  # a noisy machine's epochs vary by a few per cent
+    fitting = math.floor((budget - margin - used - final_seconds) / max(epoch_seconds, 1e-9))
+    epochs = max(position.epoch, min(planned, position.epoch + fitting))
+    # Epochs vary by a few per cent: grow back only by a clear step, so the schedule does not flutter.
+    if config.epochs < epochs < config.epochs + max(1, round(0.05 * planned)):
+        epochs = config.epochs
+    epochs = broadcast_object(epochs, env)
+    if epochs == config.epochs:
+        return
+    session.budget_planned_epochs = planned
+    config.epochs = epochs
+    total_steps = epochs * session.steps_per_epoch
+    warmup_steps = min(round(config.warmup_epochs * session.steps_per_epoch), max(1, total_steps // 2))
+    set_schedule_length(session.optimizer, session.scheduler, warmup_steps, total_steps, config.min_lr / config.lr)
+    session.budget_note = (f"{config.budget}: {epochs} of the recipe's {planned} epochs fit ({epoch_seconds:.1f} s "
+                           f"an epoch here); the cosine schedule was refitted to end at epoch {epochs}")
+    if env.is_main:
+        session.run.write_recipe(config.to_dict())
+        print(f"note: budget {session.budget_note}", flush=True)
+
+
 def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before: float,
               clock: RunClock) -> tuple[dict[str, Any], bool]:
     """Validate (and test, if asked to show it), record the epoch's row, keep the best checkpoint by the
@@ -505,10 +575,11 @@ def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before
     validation = None
     if splits.validation is not None:
         validation = objective.evaluate(session.evaluated, splits.validation, config.eval_batch_size, env,
-                                        config.precision)
+                                        session.precision.value)
         row.update({f"val_{name}": value for name, value in objective.row_figures(validation).items()})
     if config.test_every_epoch:  # shown to the user; nothing below reads it
-        test = objective.evaluate(session.evaluated, splits.test, config.eval_batch_size, env, config.precision)
+        test = objective.evaluate(session.evaluated, splits.test, config.eval_batch_size, env,
+                                  session.precision.value)
         row.update({f"test_{name}": value for name, value in objective.row_figures(test).items()})
     skipped = unreadable_files(splits)
     if skipped:
@@ -567,7 +638,7 @@ def final_results(session: Session, best_path: Path) -> dict[str, Any]:
     final_model = session.evaluated
 
     def measure(model: nn.Module, data: ImageDataset) -> dict[str, Any]:
-        return session.objective.evaluate(model, data, config.eval_batch_size, env, config.precision)
+        return session.objective.evaluate(model, data, config.eval_batch_size, env, session.precision.value)
 
     # "images": where an objective draws its end-of-run pictures from (MAE's reconstructions): held-out images.
     results: dict[str, Any] = {"test": measure(final_model, splits.test), "val": None, "best_test": None,

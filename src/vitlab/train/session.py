@@ -3,7 +3,7 @@ epochs, the summary and the saved state read."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -11,6 +11,7 @@ from torch import nn
 
 from vitlab.data.datasets import Splits
 from vitlab.distributed import DistEnv, gather_rng_states
+from vitlab.hardware import Choice
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective
 from vitlab.runs import RunFolder
@@ -40,8 +41,13 @@ class Session:
     objective: Objective
     step: TrainingStep
     data_fingerprint: dict[str, Any]  # of the training split, recorded in the saved state
+    precision: Choice  # what the recipe's precision ("auto") resolved to on this machine, and why
     writer: Any = None  # TensorBoard
     elapsed_seconds: float = 0.0  # wall time of the run when its last epoch ended, over all its sessions
+    launched: float = 0.0  # time.perf_counter() when this sitting began (before its data were read)
+    epoch_timings: list = field(default_factory=list)  # (seconds, images/s) of each epoch of this sitting
+    budget_planned_epochs: int = 0  # the recipe's epochs before the budget shortened the run
+    budget_note: str = ""  # how the run was fitted to its wall-time budget, when it had to be
 
     @property
     def evaluated(self) -> VisionTransformer:

@@ -8,6 +8,7 @@ from typing import Any
 from vitlab.checkpoint.io import save_model
 from vitlab.data.datasets import Splits
 from vitlab.files import atomic_write_bytes
+from vitlab.hardware import Choice
 from vitlab.objectives.base import Objective
 from vitlab.train.config import TrainConfig
 from vitlab.progress import format_duration
@@ -41,6 +42,11 @@ def unreadable_files(splits: Splits) -> list[str]:
             for message in getattr(part, "skipped", [])]
 
 
+def describe_precision(choice: Choice) -> str:
+    """ "bf16 autocast (this CPU has bf16 matmul units ...)" / "fp32 (as asked)": the start line and summary's."""
+    return f"{'bf16 autocast' if choice.value == 'bf16' else choice.value} ({choice.reason})"
+
+
 def write_outputs(session: Session, results: dict[str, Any], replica_diff: float = 0.0) -> dict[str, Any]:
     """The final model, curves, the objective's pictures and the summary (JSON, and the text it prints).
     results: {"test", "val", "best_test"}, each what `session.objective.evaluate` returned (or None)."""
@@ -63,6 +69,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         "model": config.model, "objective": objective.name, "selection": selection,
         "params": sum(p.numel() for p in model.parameters()), "epochs": config.epochs,
         "processes": env.world_size, "replica_max_abs_diff": replica_diff, "seed": config.seed,
+        "device": env.device.type, "precision": session.precision.value, "precision_reason": session.precision.reason,
         "wall_seconds": round(wall_seconds, 2), "train_seconds": round(position.train_seconds, 2),
         "train_images_per_second": round(throughput, 1), "train_count": len(splits.train),
         "validation": splits.validation_source, "val_count": len(splits.validation) if splits.validation else 0,
@@ -78,7 +85,11 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",
         f"  training     {config.epochs} epochs in {format_duration(wall_seconds)} ({position.train_seconds:.1f} s in "
         f"training steps, {summary['train_images_per_second']:.0f} images/s, {env.world_size} process(es))",
+        f"  precision    {describe_precision(session.precision)} on {env.device.type}",
     ]
+    if session.budget_note:
+        lines.append(f"  budget       {session.budget_note}")
+        summary["budget"] = session.budget_note
     if has_best:
         lines.append(f"  validation   best {objective.describe(position.best_value)} at epoch {position.best_epoch}, "
                      f"reached after {format_duration(position.best_elapsed_seconds)} ({summary['val_count']} "
