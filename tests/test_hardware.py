@@ -54,3 +54,90 @@ def test_serve_and_ablate_follow_the_affinity(three_cores):
     assert serving_threads(variant_config("mnist-28")) == 1  # a tiny model: one thread whatever the cores
     small = plan(Ablation("s", TrainConfig(), {"lr": [1e-3]}))[0]
     assert choose_jobs("auto", small) == 3
+
+
+# ------------------------------------------------------------------------------ units, precision and devices
+AMX = "avx2,avx512,vnni,avx512_bf16,amx"
+
+
+@pytest.fixture
+def no_measured_peaks(monkeypatch, tmp_path):
+    """An empty cache: choices follow the (simulated) flags, not a peak `vitlab bench` measured here."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+
+
+def test_simulated_units_are_what_auto_sees(monkeypatch):
+    from vitlab.errors import UsageError
+    from vitlab.hardware import cpu_units
+
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
+    units = cpu_units()
+    assert (units.avx2, units.bf16, units.int8, units.simulated) == (True, False, False, True)
+    assert units.describe().startswith("AVX2 (no VNNI, no bf16 units)")
+    monkeypatch.setenv("VITLAB_CPU_UNITS", AMX)
+    assert cpu_units().bf16 and cpu_units().int8
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2,amx512")
+    with pytest.raises(UsageError, match="amx512"):
+        cpu_units()
+
+
+@pytest.mark.parametrize("units, purpose, expected", [
+    ("avx2", "train", "fp32"), ("avx2", "inference", "fp32"), ("avx2", "serve", "fp32"),
+    (AMX, "train", "bf16"), (AMX, "inference", "bf16"), (AMX, "serve", "bf16"),
+    ("avx2,avx512,vnni", "train", "fp32"), ("avx2,avx512,vnni", "serve", "int8"),  # int8 only where it serves
+    ("avx2,avx512,avx512_bf16", "train", "bf16"),
+])
+def test_auto_precision_follows_the_units(monkeypatch, no_measured_peaks, units, purpose, expected):
+    from vitlab.hardware import choose_precision
+
+    monkeypatch.setenv("VITLAB_CPU_UNITS", units)
+    choice = choose_precision("auto", "cpu", 17.6, purpose)  # B/16 at 224
+    assert choice.value == expected and choice.reason
+    assert choose_precision("fp32", "cpu", 17.6, purpose).value == "fp32"  # an explicit setting always wins
+    assert choose_precision("auto", "cpu", 0.005, purpose).value == "fp32"  # too small to gain from bf16
+
+
+def test_a_measured_peak_outranks_the_flags(monkeypatch, no_measured_peaks):
+    """A CPU whose bf16 matmul `vitlab bench` measured slower than fp32 keeps fp32 even with bf16 flags, and one
+    whose flags say nothing takes bf16 where bench measured it faster."""
+    from vitlab.hardware import CpuUnits, choose_precision, measured_peaks, record_peaks
+
+    monkeypatch.delenv("VITLAB_CPU_UNITS", raising=False)
+    monkeypatch.setattr("vitlab.hardware._probed_cpu_units", lambda: CpuUnits(avx2=True, avx512_bf16=True))
+    record_peaks({"fp32": 300.0, "bf16": 280.0, "int8": 900.0})
+    assert measured_peaks() == {"fp32": 300.0, "bf16": 280.0, "int8": 900.0}
+    choice = choose_precision("auto", "cpu", 17.6, "train")
+    assert choice.value == "fp32" and "measured" in choice.reason
+    assert choose_precision("auto", "cpu", 17.6, "serve").value == "int8"
+    record_peaks({"fp32": 300.0, "bf16": 900.0})
+    assert choose_precision("auto", "cpu", 17.6, "train").value == "bf16"
+
+
+def test_a_gpu_asked_for_without_one_gives_one_clear_message(monkeypatch):
+    import torch
+
+    from vitlab.errors import UsageError
+    from vitlab.hardware import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device(None).type == "cpu" and resolve_device("auto").type == "cpu"
+    with pytest.raises(UsageError, match="sees no CUDA GPU.*--device cpu"):
+        resolve_device("cuda")
+    with pytest.raises(UsageError, match="not a device"):
+        resolve_device("gpu0")
+    with pytest.raises(UsageError, match="cpu or cuda"):
+        resolve_device("mps")
+
+
+@pytest.mark.parametrize("command", [["eval"], ["predict", "my_digit.png"], ["analyze", "--images", "digits"],
+                                     ["serve"]])
+def test_every_command_refuses_a_missing_gpu_in_one_line(monkeypatch, tiny_run, capsys, command):
+    import torch
+
+    from vitlab.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    name, *rest = command
+    code = main([name, str(tiny_run), *rest, "--device", "cuda"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "PyTorch sees no CUDA GPU" in err, err

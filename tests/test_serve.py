@@ -284,6 +284,23 @@ def test_every_backend_and_precision_agrees_with_fp32(tiny_run, backend, precisi
     assert (other.argmax(1) == reference.argmax(1)).float().mean() >= 0.9
 
 
+def test_auto_precision_serves_what_pays_here_and_says_why(tiny_run, monkeypatch, tmp_path):
+    from vitlab.serve.engine import Engine
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))  # no measured peaks: the (simulated) units decide
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni,avx512_bf16,amx")
+    engine = Engine(tiny_run)
+    assert engine.precision == "fp32" and "small model" in engine.describe()["precision_reason"]
+    monkeypatch.setattr("vitlab.hardware.BF16_ABOVE_GFLOPS", 0.0)  # as for a model large enough to gain
+    assert Engine(tiny_run).precision == "bf16"
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni")  # int8 dot products, no bf16 units
+    assert Engine(tiny_run).precision == "int8"
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
+    engine = Engine(tiny_run)
+    assert engine.precision == "fp32" and "no bf16 matmul units" in engine.describe()["precision_reason"]
+    assert Engine(tiny_run, precision="bf16").describe()["precision_reason"] == "as asked"
+
+
 # ------------------------------------------------------------------------------------------------ batching
 def test_the_batcher_groups_requests_and_never_mixes_answers():
     sizes = []

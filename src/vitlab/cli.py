@@ -333,17 +333,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     report = run_evaluation(args.checkpoint, args.dataset, data_dir=args.data_dir, split=args.split, out=args.out,
                             batch_size=args.batch_size, classes=args.classes, image_size=args.image_size,
-                            num_heads=args.num_heads, backend=args.backend)
+                            num_heads=args.num_heads, backend=args.backend, precision=args.precision,
+                            device=args.device)
     print(json.dumps({k: v for k, v in report.items() if k != "confusion"}, indent=1) if args.json
           else format_evaluation(report))
     return 0
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from vitlab.eval.predict import format_predictions, load_classifier, predict
+    from vitlab.eval.predict import format_predictions, inference_precision, load_classifier, predict
 
-    model = load_classifier(args.checkpoint, args.backend, args.image_size, args.num_heads)
-    rows = predict(model, args.inputs, top_k=args.top_k)
+    model = load_classifier(args.checkpoint, args.backend, args.image_size, args.num_heads, args.device)
+    choice = inference_precision(model, args.precision)
+    if args.precision == "auto":  # on stderr: the rows on stdout stay machine-readable
+        print(f"vitlab predict: {choice.value} ({choice.reason})", file=sys.stderr)
+    rows = predict(model, args.inputs, top_k=args.top_k, precision=choice.value)
     print(format_predictions(rows, args.format))
     failed = sum("error" in row for row in rows)
     if failed:
@@ -401,7 +405,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from vitlab.analysis.report import analyze, format_analysis
 
     summary = analyze(args.checkpoint, args.images, out=args.out, data_dir=args.data_dir, num_shown=args.num_images,
-                      num_distance_images=args.distance_images, image_size=args.image_size, num_heads=args.num_heads)
+                      num_distance_images=args.distance_images, image_size=args.image_size, num_heads=args.num_heads,
+                      device=args.device)
     for item in summary["skipped"]:
         print(f"skipped {item['path']}: {item['error']}", file=sys.stderr)
     print(format_analysis(summary))
@@ -412,7 +417,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vitlab.serve.server import serve
 
     return serve(args.checkpoint, host=args.host, port=args.port, backend=args.backend, precision=args.precision,
-                 max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_body_mb=args.max_body_mb,
+                 device=args.device, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_body_mb=args.max_body_mb,
                  threads=args.threads, top_k=args.top_k, access_log=args.access_log)
 
 
@@ -436,8 +441,11 @@ downloaded once into the cache and checked against the hash the server publishes
 HF_TOKEN and HF_HUB_OFFLINE=1 apply to hub names; VITLAB_CACHE, VITLAB_MIRROR (the bucket's paths below it) and
 VITLAB_OFFLINE=1 to the others."""
 CHECKPOINT_HELP = "run folder, checkpoint file or folder of any kind vitlab loads, or a pre-trained name (vitlab pretrained)"
-BACKEND_HELP = ("torch (default) or onnx: ONNX Runtime on a file written by `vitlab export`; a .onnx path picks onnx, "
-                "and a run folder with onnx uses its model.onnx")
+BACKEND_HELP = ("auto (default: onnx for a .onnx file, else torch), torch, or onnx: ONNX Runtime on a file written "
+                "by `vitlab export`; a run folder with onnx uses its model.onnx")
+DEVICE_HELP = "cpu, cuda or cuda:N (default auto: a GPU when PyTorch sees one, else the CPU)"
+INFERENCE_PRECISION_HELP = ("auto (default: bf16 autocast where this machine's bf16 matmuls pay and the model is large "
+                            "enough, else fp32; never quantised), fp32 or bf16; an exported file runs as exported")
 
 
 def recipe_keys_help(finetune: bool = False, pretrain: bool = False) -> str:
@@ -626,7 +634,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9 (default for a run: its own)")
     p.add_argument("--out", help="folder for eval JSON and confusion matrix (default: beside the checkpoint)")
     p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
-    p.add_argument("--backend", choices=("torch", "onnx"), help=BACKEND_HELP)
+    p.add_argument("--backend", choices=("auto", "torch", "onnx"), help=BACKEND_HELP)
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help=INFERENCE_PRECISION_HELP)
+    p.add_argument("--device", help=DEVICE_HELP)
     add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(func=cmd_eval)
@@ -637,7 +647,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--top-k", type=positive_int, default=3, help="labels per image (default 3)")
     p.add_argument("--format", choices=("table", "json", "csv"), default="table",
                    help="every input gets a row, an unreadable one with its error; exit code 1 if any failed")
-    p.add_argument("--backend", choices=("torch", "onnx"), help=BACKEND_HELP)
+    p.add_argument("--backend", choices=("auto", "torch", "onnx"), help=BACKEND_HELP)
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help=INFERENCE_PRECISION_HELP)
+    p.add_argument("--device", help=DEVICE_HELP)
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_predict)
 
@@ -697,6 +709,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--num-images", type=int, default=8, help="images shown with their rollout (default 8)")
     p.add_argument("--distance-images", type=int, default=256,
                    help="images averaged for the attention distances (default 256)")
+    p.add_argument("--device", help=DEVICE_HELP + "; always fp32")
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_analyze)
 
@@ -705,9 +718,13 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=port_arg, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
-    p.add_argument("--backend", choices=("torch", "onnx"), help=BACKEND_HELP)
-    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
-                   help="fp32 (default); bf16 weights (torch); int8 weights (torch dynamic, or ONNX Runtime)")
+    p.add_argument("--backend", choices=("auto", "torch", "onnx"), help=BACKEND_HELP)
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
+                   help="auto (default: bf16 weights where this machine's bf16 matmuls pay and the model is large "
+                        "enough, int8 weights on a CPU with int8 dot products but no bf16 units, else fp32; the start "
+                        "line says which and why); fp32; bf16 weights (torch); int8 weights (torch dynamic, or ONNX "
+                        "Runtime)")
+    p.add_argument("--device", help=DEVICE_HELP + "; the onnx backend runs on the CPU")
     p.add_argument("--max-batch", type=positive_int, default=32,
                    help="dynamic batching: most images per model call (default 32; 1 turns batching off)")
     p.add_argument("--max-wait-ms", type=float, default=5.0,

@@ -25,10 +25,14 @@ from vitlab.runs import analysis_folder
 def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | None = None, data_dir: str | None = None,
             num_shown: int = 8, num_distance_images: int = 256, num_components: int = 28,
             batch_size: int = 64, image_size: int | tuple[int, int] | None = None,
-            num_heads: int | None = None) -> dict[str, Any]:
+            num_heads: int | None = None, device: str | None = None) -> dict[str, Any]:
     """Run every analysis and write the figures, numbers and report; returns a summary with the paths.
-    image_size / num_heads: as for `load_model`."""
-    model = load_model(checkpoint, image_size=image_size, num_heads=num_heads)
+    image_size / num_heads: as for `load_model`. device: where the model runs (default: a GPU when there is one);
+    always in fp32, since the analyses read the attention weights themselves."""
+    from vitlab.hardware import resolve_device
+
+    target = resolve_device(device)
+    model = load_model(checkpoint, image_size=image_size, num_heads=num_heads).to(target)
     config = model.config
     folder = Path(out) if out else analysis_folder(checkpoint)
     skipped: list[dict[str, str]] = []
@@ -53,10 +57,11 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
             cls_maps.append(class_token_attention(weights[:1], grid)[0])  # first image: (heads, rows, cols)
 
     with torch.no_grad():
-        out_shown = model.forward_intermediates(normalize(shown, config), attention_layers="all", hidden_states=False,
-                                                attention_callback=on_layer)
-    rollout_maps = rollout_patch_maps(rollout.result, config)
-    probabilities = out_shown["logits"].softmax(dim=-1) if config.num_classes else None
+        out_shown = model.forward_intermediates(normalize(shown, config).to(target), attention_layers="all",
+                                                hidden_states=False, attention_callback=on_layer)
+    rollout_maps = rollout_patch_maps(rollout.result, config).cpu()
+    cls_maps = [maps.cpu() for maps in cls_maps]
+    probabilities = out_shown["logits"].float().softmax(dim=-1).cpu() if config.num_classes else None
     class_names = config.class_names or [str(i) for i in range(config.num_classes)]
     predictions = []
     for index in range(len(shown)):
@@ -69,11 +74,12 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
     from vitlab import plots
 
     files: dict[str, Path] = {}
-    distances = distance.result  # (layers, heads)
+    distances = distance.result.cpu()  # (layers, heads)
     files["attention_distance"] = plots.plot_attention_distance(distances, folder / "attention_distance.png",
                                                                 config.image_size)
     notes: list[str] = []
     positions = model.position_table()  # (P, prefix + N, D); None for "none" and "relative"
+    positions = positions.detach().cpu() if positions is not None else None
     if positions is None:
         notes.append(f"No position-similarity picture: a model with pos_embed {config.pos_embed!r} holds no table "
                      "of absolute positions.")
@@ -84,7 +90,7 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
         files["position_similarity"] = plots.plot_position_similarity(similarity, folder / "position_similarity.png")
     components = ratios = None
     if config.resnet_layers is None:  # a hybrid's 1x1 "patches" of ResNet features are not pictures
-        components, ratios = patch_embedding_pca(model.patch_embed.proj.weight, num_components)
+        components, ratios = patch_embedding_pca(model.patch_embed.proj.weight.detach().cpu(), num_components)
         files["filters"] = plots.plot_filter_components(components, ratios, folder / "filters.png")
     captions = [f"{p['label'] or ''}{' -> ' + p['prediction'] if 'prediction' in p else ''}".strip(" ->") or p["image"]
                 for p in predictions]
@@ -105,7 +111,7 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
             for head in range(distances.shape[1]):
                 writer.writerow([layer + 1, head + 1, f"{float(distances[layer, head]):.4f}"])
     summary = {
-        "checkpoint": str(checkpoint), "images_for_distance": len(pictures), "images_shown": len(shown),
+        "checkpoint": str(checkpoint), "device": str(target), "images_for_distance": len(pictures), "images_shown": len(shown),
         "patch_size_pixels": list(pixel_patch), "grid_size": list(grid),
         "mean_attention_distance": distances.tolist(),
         "mean_attention_distance_per_layer": distances.mean(dim=1).tolist(),

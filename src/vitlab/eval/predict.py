@@ -11,23 +11,28 @@ from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.datasets import collect_images
 from vitlab.data.source import ImageFiles
 from vitlab.eval.batches import run_batches
+from vitlab.hardware import Choice, choose_precision
 
 
 def load_classifier(path: str | Path, backend: str | None = None, image_size: int | tuple[int, int] | None = None,
-                    num_heads: int | None = None):
-    """A model to classify with: a VisionTransformer (backend torch) or an `OnnxClassifier` (backend onnx). With
-    no backend a .onnx file picks onnx; with onnx a run folder (or a checkpoint file) means the model.onnx that
-    `vitlab export` wrote beside it."""
+                    num_heads: int | None = None, device: str | None = None):
+    """A model to classify with: a VisionTransformer (backend torch) on `device` (default: a GPU when there is
+    one), or an `OnnxClassifier` (backend onnx, on the CPU). With no backend (or "auto") a .onnx file picks onnx;
+    with onnx a run folder (or a checkpoint file) means the model.onnx that `vitlab export` wrote beside it."""
     from vitlab.checkpoint import load_model
     from vitlab.errors import UsageError
+    from vitlab.hardware import resolve_device
 
     is_onnx = Path(path).suffix.lower() == ".onnx"
-    if backend is None:
+    if backend in (None, "auto"):
         backend = "onnx" if is_onnx else "torch"
     if backend == "torch":
         if is_onnx:
             raise UsageError(f"{path} is an ONNX export; run it with --backend onnx (or leave --backend out)")
-        return load_model(path, image_size=image_size, num_heads=num_heads)  # a path, or a pre-trained name
+        target = resolve_device(device)
+        return load_model(path, image_size=image_size, num_heads=num_heads).to(target)  # a path or a name
+    if device not in (None, "auto") and resolve_device(device).type != "cpu":
+        raise UsageError(f"--device {device}: the {backend} backend runs on the CPU; use --backend torch for the GPU")
     from vitlab.export.onnx import OnnxClassifier
 
     if not is_onnx:
@@ -48,13 +53,37 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
     return OnnxClassifier(path)
 
 
+def inference_precision(model, requested: str = "auto") -> Choice:
+    """The precision `eval` and `predict` run a model in: for a PyTorch model, "auto" takes bf16 autocast where
+    it pays on the model's device (`choose_precision`, purpose "inference": never quantised, so the answers are
+    the model's own); an exported file runs as it was exported."""
+    from torch import nn
+
+    from vitlab.counts import model_size
+    from vitlab.errors import UsageError
+
+    if not isinstance(model, nn.Module):
+        if requested not in ("auto", "fp32"):
+            raise UsageError(f"--precision {requested} is for the torch backend; an exported file runs as it was "
+                             "exported (export again for another precision)")
+        exported = "int8" if getattr(model, "metadata", {}).get("int8") else "fp32"
+        return Choice(exported, "as the file was exported")
+    if requested == "int8":
+        raise UsageError("--precision int8 is an export: `vitlab export CKPT --int8` (ONNX Runtime), then run the "
+                         ".onnx file")
+    device = next(model.parameters()).device
+    return choose_precision(requested, device, model_size(model.config)[1], "inference")
+
+
 @torch.no_grad()
-def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int = 64) -> list[dict[str, Any]]:
+def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int = 64,
+            precision: str = "fp32") -> list[dict[str, Any]]:
     """One row per input image: {"path", "predictions": [{"label", "index", "probability"}, ...]}, or
     {"path", "error"} for a file that could not be read (the others are still predicted).
 
     model: a VisionTransformer, or anything with `.config` and `classify_unit([0, 1] (B, C, H, W)) -> logits`
-    (`vitlab.export.onnx.OnnxClassifier`, the ONNX Runtime backend)."""
+    (`vitlab.export.onnx.OnnxClassifier`, the ONNX Runtime backend). precision: "bf16" runs a PyTorch model
+    under bf16 autocast (`inference_precision` says when that pays)."""
     from vitlab.eval.classify import require_head
 
     config = model.config
@@ -64,7 +93,7 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
     files = ImageFiles(collect_images(inputs), config.image_size, config.in_chans,
                        resolved_preprocessing(config, "files"))
     rows: list[dict[str, Any]] = [{"path": str(path)} for path in files.paths]  # in input order
-    for batch, logits in run_batches(model, files, batch_size):
+    for batch, logits in run_batches(model, files, batch_size, precision=precision):
         probabilities = logits.float().softmax(dim=-1)
         values, indices = probabilities.topk(top_k, dim=-1)
         for index, vals, idxs in zip(batch.indices.tolist(), values, indices):

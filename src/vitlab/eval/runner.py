@@ -80,12 +80,14 @@ def streamed_split(config: ViTConfig, dataset: str, split: str, data_dir: str | 
 def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_dir: str | None = None,
                    split: str = "test", out: str | Path | None = None, batch_size: int = 256,
                    classes: list[int] | None = None, image_size: int | tuple[int, int] | None = None,
-                   num_heads: int | None = None, backend: str | None = None) -> dict[str, Any]:
+                   num_heads: int | None = None, backend: str | None = None, precision: str = "auto",
+                   device: str | None = None) -> dict[str, Any]:
     """Metrics of a checkpoint (or ONNX export: `backend`, as for `load_classifier`) on a data set; for a run
     folder the data set (and class subset) default to the ones it trained on. image_size / num_heads: as for
-    `load_model`."""
+    `load_model`. precision / device: as for `inference_precision` / `load_classifier`; the report says which
+    precision ran and why."""
     from vitlab.errors import UsageError
-    from vitlab.eval.predict import load_classifier
+    from vitlab.eval.predict import inference_precision, load_classifier
 
     from vitlab.checkpoint.pretrained import is_checkpoint_name
 
@@ -97,21 +99,24 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_d
             raise DataError(f"{checkpoint} is not a run folder; say which data set to evaluate on with --dataset")
         dataset, data_dir = trained["dataset"], data_dir or trained.get("data_dir")
         classes = classes if classes is not None else trained.get("classes")
-    model = load_classifier(checkpoint, backend, image_size, num_heads)
+    model = load_classifier(checkpoint, backend, image_size, num_heads, device)
     require_head(model.config, str(checkpoint))
+    choice = inference_precision(model, precision)
     if classes is not None and len(classes) != model.config.num_classes:
         raise DataError(f"--classes picks {len(classes)} classes but {checkpoint} has a {model.config.num_classes}-class "
                         f"head; give {model.config.num_classes} classes, or fine-tune on these {len(classes)} first "
                         f"(vitlab finetune --from {checkpoint} --dataset {dataset} --classes ...)")
     data = evaluation_data(model.config, dataset, split, data_dir, classes, trained)
     try:
-        metrics = evaluate(model, data, batch_size)
+        metrics = evaluate(model, data, batch_size, precision=choice.value)
     finally:
         getattr(data, "close", lambda: None)()  # a streamed split's worker processes
     folder = Path(out) if out else outputs_beside(checkpoint)
     folder.mkdir(parents=True, exist_ok=True)
     json_path, picture_path = eval_outputs(folder, dataset, split, checkpoint)
-    report = {"checkpoint": str(checkpoint), "dataset": dataset, "split": split, **metrics}
+    device_name = str(next(model.parameters()).device) if hasattr(model, "parameters") else "cpu"
+    report = {"checkpoint": str(checkpoint), "dataset": dataset, "split": split, "precision": choice.value,
+              "precision_reason": choice.reason, "device": device_name, **metrics}
     atomic_write_bytes(json_path, json.dumps(report, indent=1).encode())
     from vitlab import plots
 
@@ -125,6 +130,7 @@ def format_evaluation(report: dict[str, Any]) -> str:
     return "\n".join([
         f"{report['checkpoint']} on {report['dataset']} ({report['split']}, {report['count']} images)",
         f"  top-1 {100 * report['top1']:.2f}%   top-5 {100 * report['top5']:.2f}%   loss {report['loss']:.4f}",
+        f"  ran in {report['precision']} on {report['device']} ({report['precision_reason']})",
         "  weakest classes: " + ", ".join(f"{name} {100 * acc:.1f}%" for name, acc in worst),
         f"  wrote {report['json_path']} and {report['confusion_path']}",
     ])

@@ -17,10 +17,9 @@ from typing import Any
 import torch
 
 from vitlab.errors import UsageError
-from vitlab.hardware import SERVE_ONE_THREAD_BELOW_GFLOPS, available_cores
+from vitlab.hardware import PRECISIONS, SERVE_ONE_THREAD_BELOW_GFLOPS, Choice, available_cores, choose_precision
 
 BACKENDS = ("torch", "onnx")
-PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def serving_threads(config) -> int:
@@ -33,18 +32,27 @@ def serving_threads(config) -> int:
 
 
 class Engine:
-    def __init__(self, source: str | Path, backend: str | None = None, precision: str = "fp32",
-                 threads: int | None = None) -> None:
+    def __init__(self, source: str | Path, backend: str | None = None, precision: str = "auto",
+                 threads: int | None = None, device: str | None = None) -> None:
         from vitlab.checkpoint import load_model
         from vitlab.eval.classify import require_head
+        from vitlab.hardware import resolve_device
 
         is_onnx = Path(source).suffix.lower() == ".onnx"  # else a checkpoint path or a pre-trained name
-        backend = backend or ("onnx" if is_onnx else "torch")
+        backend = backend if backend not in (None, "auto") else ("onnx" if is_onnx else "torch")
         if backend not in BACKENDS or precision not in PRECISIONS:
             raise UsageError(f"backend must be one of {BACKENDS} and precision one of {PRECISIONS}")
         self.source, self.backend, self.precision = str(source), backend, precision
         self.explainer = None  # the fp32 PyTorch model, for attention rollout
         self._temporary = None
+        if backend == "onnx":
+            if device not in (None, "auto") and resolve_device(device).type != "cpu":
+                raise UsageError(f"--device {device}: the onnx backend runs on the CPU (ONNX Runtime's CPU provider); "
+                                 "serve the checkpoint with --backend torch to use the GPU")
+            self.device = torch.device("cpu")
+        else:
+            self.device = resolve_device(device)
+        self.choice = Choice(precision, "as asked")
         if is_onnx:
             if backend != "onnx":
                 raise UsageError(f"{source} is an ONNX export; serve it with --backend onnx (or leave --backend out)")
@@ -60,22 +68,38 @@ class Engine:
             if precision == "int8" and not self.runner.metadata.get("int8"):
                 raise UsageError(f"{source} is an fp32 export; export with --int8 for an int8 one")
             self.precision = "int8" if self.runner.metadata.get("int8") else "fp32"
+            self.choice = Choice(self.precision, "as the file was exported")
             if self.runner.preprocess:  # uploads are decoded under the contract before the graph sees them
                 from vitlab.export.onnx import require_identity_at_input_size
 
                 require_identity_at_input_size(self.config, str(source))
         else:
-            model = load_model(source)
+            model = load_model(source).to(self.device)
             self.config = model.config
             self.explainer = model
             threads = threads or serving_threads(self.config)
             torch.set_num_threads(threads)
-            self.runner = self._prepare(model, backend, precision, threads)
+            self.choice = self._choose_precision(precision)
+            self.precision = self.choice.value
+            self.runner = self._prepare(model, backend, self.precision, threads)
         require_head(self.config, str(source))
         self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]
         from vitlab.runs import display_name
 
         self.name = display_name(source)
+
+    def _choose_precision(self, requested: str) -> Choice:
+        """auto: what pays on this device for this model (`choose_precision`, purpose "serve"), within what the
+        backend can run: ONNX Runtime serves fp32 or int8, int8 weights are a CPU path."""
+        from vitlab.counts import model_size
+
+        if requested == "int8" and self.device.type != "cpu":
+            raise UsageError(f"int8 serving runs on the CPU (PyTorch dynamic quantization); on {self.device} use "
+                             "--precision bf16 or fp32")
+        choice = choose_precision(requested, self.device, model_size(self.config)[1], "serve")
+        if self.backend == "onnx" and choice.value == "bf16":
+            return Choice("fp32", f"{choice.reason}, but ONNX Runtime serves fp32 or int8")
+        return choice
 
     def _prepare(self, model, backend: str, precision: str, threads: int | None):
         if backend == "onnx":
@@ -111,11 +135,11 @@ class Engine:
         else:
             from vitlab.data.preprocess import prepare
 
-            images = prepare(pixels, 255.0, self.config)
+            images = prepare(pixels, 255.0, self.config).to(self.device)
             if self.precision == "bf16":
                 images = images.to(torch.bfloat16)
             logits = self.runner(images)
-        return logits.float().softmax(dim=-1)
+        return logits.float().softmax(dim=-1).cpu()
 
     @torch.no_grad()
     def explain(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -127,10 +151,11 @@ class Engine:
             raise UsageError("explaining needs the attention weights of the PyTorch model; serve the checkpoint or "
                              "run folder the .onnx file was exported from")
         rollout = Rollout()
-        self.explainer.forward_intermediates(prepare(pixels[None], 255.0, self.config), attention_layers="all",
+        self.explainer.forward_intermediates(prepare(pixels[None], 255.0, self.config).to(self.device),
+                                             attention_layers="all",
                                              hidden_states=False, attention_callback=rollout)
         flow = rollout_patch_maps(rollout.result, self.config)[0]
-        return flow / flow.sum().clamp_min(1e-12)
+        return (flow / flow.sum().clamp_min(1e-12)).cpu()
 
     def describe(self) -> dict[str, Any]:
         """`GET /v1/model`: what is served and what input it takes."""
@@ -139,6 +164,7 @@ class Engine:
         config = self.config
         return {
             "name": self.name, "source": self.source, "backend": self.backend, "precision": self.precision,
+            "precision_reason": self.choice.reason, "device": str(self.device),
             "classes": self.class_names, "input_size": list(config.image_size), "channels": config.in_chans,
             "preprocessing": describe_preprocessing(config, "files"),  # what decoding an upload does
             "explain": self.explainer is not None,

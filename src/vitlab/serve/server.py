@@ -46,7 +46,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(source: str | Path, *, host: str = "127.0.0.1", port: int = 8000, backend: str | None = None,
-          precision: str = "fp32", max_batch: int = 32, max_wait_ms: float = 5.0, max_body_mb: float = 10.0,
+          precision: str = "auto", device: str | None = None, max_batch: int = 32, max_wait_ms: float = 5.0, max_body_mb: float = 10.0,
           threads: int | None = None, top_k: int = 5, access_log: bool = False) -> int:
     require_serve_packages()
     import uvicorn
@@ -54,16 +54,16 @@ def serve(source: str | Path, *, host: str = "127.0.0.1", port: int = 8000, back
     from vitlab.serve.app import create_app
     from vitlab.serve.engine import Engine
 
-    engine = Engine(source, backend, precision, threads)
+    engine = Engine(source, backend, precision, threads, device)
     app = create_app(engine, max_batch=max_batch, max_wait_ms=max_wait_ms,
                      max_body_bytes=int(max_body_mb * (1 << 20)), top_k=top_k)
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    print(f"serving {engine.name} ({engine.backend} {engine.precision}, {len(engine.class_names)} classes, "
+    print(f"serving {engine.name} ({engine.backend} {engine.precision} on {engine.device}, {len(engine.class_names)} classes, "
           f"{'x'.join(map(str, engine.config.image_size))} input) on http://{shown}:{bound_port}/  "
           f"(page at /, API at /v1/predict, /v1/explain, /v1/model, /metrics; dynamic batching up to {max_batch} "
-          f"images or {max_wait_ms:g} ms)", flush=True)
+          f"images or {max_wait_ms:g} ms)\nprecision: {engine.precision} ({engine.choice.reason})", flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=access_log, lifespan="on",
                             timeout_graceful_shutdown=GRACEFUL_SECONDS)
     server = uvicorn.Server(config)
