@@ -36,6 +36,27 @@ def model():
 
 
 @pytest.fixture(scope="module")
+def trained():
+    """SMALL fitted for a few steps on digits: int8 is judged on a model whose classes mean something (random
+    weights leave most images near a tie, which any rounding flips)."""
+    from vitlab.data.datasets import load_dataset
+    from vitlab.data.preprocess import to_unit_range
+
+    torch.manual_seed(0)
+    model = create_model(SMALL)
+    data = load_dataset("digits", "train")
+    images = prepare((to_unit_range(data.images[:512], data.max_value, SMALL) * 255).round().to(torch.uint8), 255.0,
+                     SMALL)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(40):
+        loss = torch.nn.functional.cross_entropy(model(images), data.labels[:512])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
 def pixels():
     return export.validation_pixels(SMALL)  # 32 real (digits) images at the model's size, uint8
 
@@ -82,20 +103,38 @@ def test_preprocessing_in_the_graph_takes_uint8_pixels_of_any_size(model, pixels
     torch.testing.assert_close(torch.from_numpy(got), model(prepare(raw, 255.0, SMALL)), rtol=0, atol=1e-4)
 
 
-def test_int8_export_quantizes_the_matmuls_and_mostly_agrees(model, pixels, tmp_path):
+def assert_quantized_close(model, path, pixels, summary):
+    """An int8 export is near fp32, not equal: its logits differ by a fraction of their spread, and every image
+    whose top two fp32 logits are further apart than twice its own largest difference keeps its class (it cannot
+    flip there without a broken graph; closer ones may). On a CPU without
+    VNNI the int8 products saturate unless one operand has 7 bits (`reduce_range`): full-range weights measured
+    0.50 here on an AVX2 EPYC, and flipped confident images."""
+    expected = model(prepare(pixels, 255.0, SMALL))
+    got = export.OnnxClassifier(path).classify_pixels(pixels)
+    difference = float((expected - got).abs().max())
+    assert difference == pytest.approx(summary["validation"]["checks"]["at export size"]["max_abs_diff"], abs=1e-6)
+    spread = float(expected.std())
+    assert 0 < difference < 0.3 * spread, (difference, spread)
+    top2 = expected.topk(2, dim=1).values
+    per_image = (expected - got).abs().amax(dim=1)
+    confident = (top2[:, 0] - top2[:, 1]) > 2 * per_image
+    assert confident.float().mean() >= 0.75, (top2[:, 0] - top2[:, 1], per_image)
+    assert torch.equal(expected.argmax(1)[confident], got.argmax(1)[confident])
+    assert summary["validation"]["checks"]["at export size"]["top1_agreement"] >= 0.9
+
+
+def test_int8_export_quantizes_the_matmuls_and_mostly_agrees(trained, pixels, tmp_path):
     fp32, int8 = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
-    export.run_export(model, fp32, dynamic_batch=True, pixels=pixels)
-    summary = export.run_export(model, int8, dynamic_batch=True, int8=True, pixels=pixels)
+    export.run_export(trained, fp32, dynamic_batch=True, pixels=pixels)
+    summary = export.run_export(trained, int8, dynamic_batch=True, int8=True, pixels=pixels)
     ops = {node.op_type for node in onnx.load(int8).graph.node}
     assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
     weight_bytes = [sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(p).graph.initializer) for p in (fp32, int8)]
     assert weight_bytes[1] < 0.4 * weight_bytes[0]  # int8 matmul weights: a quarter of the bytes, plus scales
-    check = summary["validation"]["checks"]["at export size"]
-    # Random weights make close logits common, so agreement is not 100% guaranteed; far off means a broken graph.
-    assert check["top1_agreement"] >= 0.9 and 0 < check["max_abs_diff"] < 0.5
+    assert_quantized_close(trained, int8, pixels, summary)
 
 
-def test_static_int8_quantizes_every_matmul_input_including_attention_from_training_images(model, pixels, tmp_path,
+def test_static_int8_quantizes_every_matmul_input_including_attention_from_training_images(trained, pixels, tmp_path,
                                                                                            monkeypatch):
     from vitlab.data import datasets
 
@@ -106,7 +145,7 @@ def test_static_int8_quantizes_every_matmul_input_including_attention_from_train
     calibration = export.calibration_pixels(SMALL, ["digits"], count=64)
     assert splits == ["train"] and calibration.shape == (64, 3, 8, 12) and calibration.dtype == torch.uint8
     path = tmp_path / "static.onnx"
-    summary = export.run_export(model, path, int8=True, pixels=pixels, calibration=calibration)
+    summary = export.run_export(trained, path, int8=True, pixels=pixels, calibration=calibration)
     assert summary["quantization"] == "static" and summary["calibration_images"] == 64
     graph = onnx.load(path).graph
     made_by = {output: node.op_type for node in graph.node for output in node.output}
@@ -115,8 +154,7 @@ def test_static_int8_quantizes_every_matmul_input_including_attention_from_train
     # DequantizeLinear, i.e. int8 weights and calibrated int8 activations.
     assert len(matmuls) >= 6 * SMALL.depth
     assert all(made_by.get(name) == "DequantizeLinear" for node in matmuls for name in node.input)
-    check = summary["validation"]["checks"]["at export size"]
-    assert check["top1_agreement"] >= 0.9 and 0 < check["max_abs_diff"] < 0.5
+    assert_quantized_close(trained, path, pixels, summary)
     assert "int8 static, calibrated on 64 images" in export.format_export(summary, images_given=False)
 
 

@@ -128,6 +128,15 @@ def _probed_cpu_units() -> CpuUnits:
                     avx512_bf16=has("avx512_bf16"), amx=has("amx_bf16"))
 
 
+def int8_saturates() -> bool:
+    """True on a CPU without int8 dot-product units (VNNI or AMX). There oneDNN and ONNX Runtime multiply uint8 by
+    int8 with `vpmaddubsw`, which adds two products into a saturating int16: 255 * 127 * 2 overflows it, so full-range
+    int8 operands give wrong sums (measured on an AVX2 AMD EPYC: ONNX Runtime's int8 logits 7x further from fp32
+    than with 7-bit operands, and a oneDNN int8 matmul off by up to 107 of 255). Quantizers must then keep one operand
+    to 7 bits (`reduce_range`), which cannot overflow: 255 * 64 * 2 and 127 * 128 * 2 are below 32,767."""
+    return not cpu_units().int8
+
+
 # -------------------------------------------------------------------------------------------------- devices
 def resolve_device(requested: str | None = None):
     """The torch.device a command runs on: "auto" (or None) takes the GPU when PyTorch sees one, else the CPU;

@@ -125,52 +125,29 @@ def torch_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 
 def _pt2e(model: nn.Module, sample: torch.Tensor, mixed_bf16: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Static int8 through PyTorch 2 export quantization: torchao's X86InductorQuantizer (int8 activations and
-    weights of the linear layers and the patch convolution, calibrated), compiled by Inductor with freezing so the
-    int8 matmuls run in oneDNN (VNNI / AMX). The quantizer leaves the attention products, softmax, LayerNorm and
-    GELU in float; with `mixed_bf16` they run under bf16 autocast (compiled inside it), which on a CPU with AMX
-    takes the fp32 flash-attention kernel, a third of the int8 model's time, off the critical path.
-    Calibration uses the benchmark's own batch, which is enough for speed; accuracy comes from `--dataset`."""
-    from vitlab.export.onnx import quiet_loggers
-
-    # torchao logs that its CUDA and Triton kernels cannot load on a CPU build, and torch that torchao registers
-    # enums it need not: nothing the user can or needs to act on, and it would break the table.
-    noise = ("torchao", "torch.utils._pytree")
-    try:
-        with quiet_loggers(*noise):
-            import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
-            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-    except ImportError:
-        raise Unavailable("needs torchao (pip install torchao): PyTorch 2 export quantization moved there") from None
-    import torch._inductor.config as inductor_config
-
-    def autocast() -> torch.autocast:
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_bf16)
+    """Static int8 through PyTorch 2 export quantization, built as `vitlab export --format pt2e` files run
+    (`vitlab.export.pt2e.QuantizedModel`): int8 linear layers (7-bit activations where this CPU's int8 products
+    saturate), compiled by Inductor with freezing so the int8 matmuls run in oneDNN (VNNI / AMX). With
+    `mixed_bf16` the float rest (attention products, softmax, LayerNorm, GELU) runs under bf16 autocast, which
+    on a CPU with AMX takes the fp32 flash-attention kernel, a third of the int8 model's time, off the critical
+    path. Calibration uses the benchmark's own batch, which is enough for speed; accuracy comes from `--dataset`."""
+    from vitlab.errors import UsageError
+    from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
 
     try:
-        with warnings.catch_warnings(), quiet_loggers(*noise):
-            warnings.simplefilter("ignore")
-            exported = torch.export.export(copy.deepcopy(model).float().eval(), (sample,)).module()
-            quantizer = x86.X86InductorQuantizer()
-            quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
-            prepared = prepare_pt2e(exported, quantizer)
-            prepared(sample)
-            compiled = torch.compile(convert_pt2e(prepared))
-            with autocast(), inductor_config.patch(freezing=True):
-                compiled(sample)
+        require_torchao("the pt2e paths")
+    except UsageError as error:
+        raise Unavailable(str(error)) from None
+    try:
+        return QuantizedModel(model, calibrate(model, sample.float()), "bf16" if mixed_bf16 else "fp32")
     except Exception as error:  # noqa: BLE001 - export, quantizer and Inductor raise many types
         raise Unavailable(f"PT2E quantization failed: {str(error).splitlines()[0][:200]}") from None
-
-    def run(images: torch.Tensor) -> torch.Tensor:
-        with autocast():
-            return compiled(images).float()
-
-    return run
 
 
 def pt2e_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return BenchPath("pt2e int8", "int8", _pt2e(model, sample, mixed_bf16=False),
-                     "static int8, torchao X86InductorQuantizer, Inductor + freezing; attention etc. in fp32")
+                     "static int8 linear layers (torchao X86InductorQuantizer), Inductor + freezing; the rest in fp32 "
+                     "(what `vitlab export --format pt2e` files run)")
 
 
 def pt2e_int8_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:

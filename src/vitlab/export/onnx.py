@@ -186,7 +186,10 @@ def quantize_int8(proto):
     """ONNX Runtime dynamic quantization of every MatMul with a constant weight (the qkv, projection, MLP and head
     layers): int8 weights per output channel, uint8 activations. The patch-embedding convolution stays fp32 (its
     int8 kernel is slower than the fp32 one here) and so do the attention matmuls, whose two inputs are both
-    activations."""
+    activations. The weights keep 7 bits (`reduce_range`): on a CPU without VNNI ONNX Runtime adds pairs of uint8 x
+    int8 products in a saturating int16, which full-range weights overflow (`vitlab.hardware.int8_saturates`;
+    logits 0.50 from fp32 against 0.25 with 7 bits, on a random-weight test model on an AVX2 EPYC), while 7-bit
+    ones cannot; a file then answers alike on every CPU it is copied to."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -194,7 +197,7 @@ def quantize_int8(proto):
         source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
         write_model(proto, source)
         with quiet_loggers(""):  # the quantizer logs on the root logger
-            quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=True,
+            quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
                              op_types_to_quantize=["MatMul", "Gemm"])
         return onnx.load_model(target)
 
@@ -203,7 +206,7 @@ def quantize_static_int8(proto, input_name: str, batches: list[np.ndarray]):
     """ONNX Runtime static quantization in the QDQ format: int8 weights per output channel, and uint8
     activations whose ranges come from running the graph on `batches` (MinMax calibration), for every MatMul
     and Gemm, so the attention's two activation-by-activation products are quantized too. The patch convolution
-    stays fp32, as in `quantize_int8`."""
+    stays fp32 and the weights keep 7 bits, as in `quantize_int8`."""
     import onnx
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
@@ -220,7 +223,7 @@ def quantize_static_int8(proto, input_name: str, batches: list[np.ndarray]):
         source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
         write_model(proto, source)
         with quiet_loggers(""):
-            quantize_static(source, target, Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+            quantize_static(source, target, Batches(), quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=True,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=["MatMul", "Gemm"])
         return onnx.load_model(target)
@@ -398,14 +401,15 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
             model.dynamic_image_size = True
             images = prepare(larger, 255.0, config.replace(image_size=other))
             checks[f"input {other[0]}x{other[1]}"] = (model(images), runtime(images))
-    results = {}
-    for name, (expected, got) in checks.items():
-        results[name] = {
-            "max_abs_diff": float((expected - got).abs().max()),
-            "top1_agreement": float((expected.argmax(1) == got.argmax(1)).float().mean()),
-            "images": int(expected.shape[0]),
-        }
+    results = {name: compare_logits(expected, got) for name, (expected, got) in checks.items()}
     return {"int8": bool(runtime.metadata["int8"]), "checks": results}
+
+
+def compare_logits(expected: torch.Tensor, got: torch.Tensor) -> dict[str, Any]:
+    """An export's logits (B, K) against PyTorch's: max |difference|, top-1 agreement and the image count."""
+    return {"max_abs_diff": float((expected - got).abs().max()),
+            "top1_agreement": float((expected.argmax(1) == got.argmax(1)).float().mean()),
+            "images": int(expected.shape[0])}
 
 
 def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, dynamic_batch: bool = True,
@@ -415,22 +419,37 @@ def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, d
     """`vitlab export`: export, check against PyTorch on real images (`pixels`, default `validation_pixels`), and
     only then move the file into place, so `out` is never a partial or unchecked model. An fp32 export whose
     logits differ from PyTorch's by more than `tolerance` is refused; for int8 the agreement is reported."""
-    path = Path(out)
-    if path.is_dir():
-        raise UsageError(f"{path} is a folder; give the output file, e.g. {path / 'model.onnx'}")
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
-    path.parent.mkdir(parents=True, exist_ok=True)
     pixels = validation_pixels(model.config) if pixels is None else pixels
-    with tempfile.TemporaryDirectory(prefix=".vitlab-export-", dir=path.parent) as folder:
-        staged = Path(folder) / path.name
-        summary = export_onnx(model, staged, preprocess=preprocess, dynamic_batch=dynamic_batch,
-                              dynamic_size=dynamic_size, int8=int8, batch_size=batch_size, calibration=calibration)
+
+    def check(staged: Path) -> dict[str, Any]:
         validation = validate_export(model, staged, pixels)
-        worst = max(check["max_abs_diff"] for check in validation["checks"].values())
+        worst = max(item["max_abs_diff"] for item in validation["checks"].values())
         if not int8 and not worst <= tolerance:
             raise CheckpointError(f"the ONNX export's logits differ from PyTorch's by {worst:.2e} (> {tolerance:g}) "
-                                  f"on real images; nothing was written to {path}. Run with --debug and report it")
+                                  f"on real images; nothing was written to {out}. Run with --debug and report it")
+        return validation
+
+    summary = place_checked_export(out, lambda staged: export_onnx(
+        model, staged, preprocess=preprocess, dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, int8=int8,
+        batch_size=batch_size, calibration=calibration), check)
+    return {**summary, "tolerance": tolerance}
+
+
+def place_checked_export(out: str | Path, write, check, suffix: str = ".onnx") -> dict[str, Any]:
+    """Write an export beside `out` (`write(staged_path) -> summary`), check it (`check(staged_path) ->
+    validation`, which raises to refuse it), then move it into place; into a run folder its SHA-256 is recorded
+    first, so the run's checksums never miss a file it holds. Returns the summary with the validation and the
+    largest logit difference."""
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder; give the output file, e.g. {path / ('model' + suffix)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".vitlab-export-", dir=path.parent) as folder:
+        staged = Path(folder) / path.name
+        summary = write(staged)
+        validation = check(staged)
         data_file = staged.with_name(staged.name + ".data")
         if data_file.exists():
             os.replace(data_file, path.with_name(path.name + ".data"))
@@ -439,8 +458,9 @@ def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, d
         if (path.parent / CHECKSUMS).is_file():  # into a run folder: recorded, before it replaces the old one
             record_checksum(path.parent, path.name, sha256_file(staged))
         os.replace(staged, path)
+    worst = max(item["max_abs_diff"] for item in validation["checks"].values())
     return {**summary, "path": str(path), "bytes": path.stat().st_size, "validation": validation,
-            "max_abs_diff": worst, "tolerance": tolerance}
+            "max_abs_diff": worst}
 
 
 def format_export(summary: dict[str, Any], images_given: bool) -> str:

@@ -1,0 +1,312 @@
+"""PT2E int8: static int8 by PyTorch 2 export quantization (torchao's X86InductorQuantizer), compiled by Inductor,
+as a file that `vitlab predict`, `eval` and `serve` run (`vitlab export --format pt2e`).
+
+On CPUs with AMX or VNNI this is vitlab's fastest inference path (BENCHMARKS.md: 7x transformers fp32 at B/16 on
+a 2-core AMX Xeon, with the unquantized rest under bf16 autocast). The linear layers get int8 weights (per output
+channel) and calibrated uint8 activations; attention products, softmax, LayerNorm, GELU and the patch projection
+stay in float (the patch projection's share of the work is small, and Inductor's quantized convolution cannot
+yet take a symbolic batch).
+
+The file holds what rebuilds the quantized model on the machine that runs it, and nothing executable: the fp32
+weights and the calibrated statistics of every quantization observer (a histogram and range per activation), in
+safetensors, with the config and the calibration's provenance as JSON metadata. Loading exports the model, puts
+the observers back with their statistics (no calibration data needed), converts and compiles it for this CPU:
+7-bit activations where int8 products saturate (`vitlab.hardware.int8_saturates`), the float rest in bf16 where
+bf16 matmuls pay (`choose_precision`). PyTorch's own `torch.export.save` archives unpickle their contents on
+load, which vitlab does not do with a file.
+
+torchao is an optional extra (`pip install 'vitlab[int8]'`); it is imported here only.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.config import ViTConfig
+from vitlab.errors import CheckpointError, UsageError
+from vitlab.hardware import Choice
+
+FORMAT = "vitlab-pt2e"
+FORMAT_VERSION = 1
+SUFFIX = ".pt2e"
+MODEL_PREFIX = "model."
+OBSERVER_PREFIX = "observer."
+INSTALL_HINT = "pip install 'vitlab[int8]' (or: pip install torchao)"
+# torchao logs that its CUDA kernels cannot load on a CPU build, and torch that torchao registers enums it need
+# not: nothing the user can act on.
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def require_torchao(purpose: str = "the pt2e format") -> None:
+    """One clear message when torchao (PT2E quantization moved there from torch) is missing."""
+    if importlib.util.find_spec("torchao") is None:
+        raise UsageError(f"{purpose} needs torchao, which is not installed; {INSTALL_HINT}")
+
+
+def is_pt2e_file(path: str | Path) -> bool:
+    return Path(path).suffix.lower() == SUFFIX
+
+
+def _quiet():
+    from vitlab.export.onnx import quiet_loggers
+
+    return quiet_loggers(*NOISY_LOGGERS)
+
+
+def prepared_for_this_cpu(model: nn.Module, example: torch.Tensor) -> nn.Module:
+    """The model exported with a symbolic batch and observed by torchao's X86InductorQuantizer: int8 linear layers,
+    with 7-bit activations on a CPU whose int8 products saturate, and the patch projection left in float."""
+    from vitlab.hardware import int8_saturates
+
+    with _quiet():
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+        from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+    model = copy.deepcopy(model).float().eval()
+    batch = torch.export.Dim("batch", min=1, max=65536)
+    with warnings.catch_warnings(), _quiet():
+        warnings.simplefilter("ignore")
+        exported = torch.export.export(model, (example,), dynamic_shapes=({0: batch},)).module()
+        quantizer = x86.X86InductorQuantizer()
+        quantizer.set_global(x86.get_default_x86_inductor_quantization_config(reduce_range=int8_saturates()))
+        quantizer.set_module_type_qconfig(nn.Conv2d, None)
+        return prepare_pt2e(exported, quantizer)
+
+
+def observer_state(prepared: nn.Module) -> dict[str, torch.Tensor]:
+    """The statistics the observers gathered (histograms, ranges), by their names in the prepared graph."""
+    return {name: tensor.detach().clone().contiguous() for name, tensor in prepared.state_dict().items()
+            if name.startswith("activation_post_process_")}
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, images: torch.Tensor, batch_size: int = 32) -> dict[str, torch.Tensor]:
+    """Observe `model` (a VisionTransformer) on normalised images (N, C, H, W) and return the observers'
+    statistics, which `Pt2eClassifier` turns into the quantized model."""
+    prepared = prepared_for_this_cpu(model, images[:2] if len(images) >= 2 else images.repeat(2, 1, 1, 1))
+    with warnings.catch_warnings(), _quiet():
+        warnings.simplefilter("ignore")
+        for start in range(0, len(images), batch_size):
+            prepared(images[start:start + batch_size])
+    return observer_state(prepared)
+
+
+def rest_precision(config: ViTConfig, requested: str = "auto") -> Choice:
+    """The precision of what stays in float (attention, LayerNorm, GELU): bf16 autocast where this CPU's bf16
+    matmuls pay (`choose_precision`), else fp32; reported as "int8 + bf16" or "int8"."""
+    from vitlab.counts import model_size
+    from vitlab.hardware import choose_precision
+
+    if requested not in ("auto", "fp32", "bf16", "int8"):
+        raise UsageError(f"--precision {requested}: a pt2e file runs its linear layers in int8 and the rest in bf16 "
+                         "or fp32; use auto (this CPU decides), bf16 or fp32")
+    choice = choose_precision("fp32" if requested == "int8" else requested, "cpu", model_size(config)[1])
+    if choice.value == "bf16":
+        return Choice("int8+bf16", f"int8 linear layers; the rest in bf16: {choice.reason}")
+    return Choice("int8", f"int8 linear layers; the rest in fp32: {choice.reason}")
+
+
+class QuantizedModel:
+    """A VisionTransformer as PT2E int8, compiled by Inductor for this CPU: call it with normalised images
+    (B, C, H, W) for logits (B, K). `observers`: the statistics of a calibration (`calibrate`, or a saved file)."""
+
+    def __init__(self, model: nn.Module, observers: dict[str, torch.Tensor], precision: str = "auto",
+                 source: str = "the model") -> None:
+        with _quiet():
+            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
+        import torch._inductor.config as inductor_config
+
+        self.config: ViTConfig = model.config
+        self.choice = rest_precision(self.config, precision)
+        example = torch.zeros(2, self.config.in_chans, *self.config.image_size)
+        prepared = prepared_for_this_cpu(model, example)
+        expected = set(observer_state(prepared))
+        if set(observers) != expected:
+            raise CheckpointError(
+                f"{source}: its quantization observers ({len(observers)}) do not match the ones this torch "
+                f"{torch.__version__} places in the model ({len(expected)}); it was written by another version of "
+                "torch or torchao: export it again with this one (vitlab export CKPT --format pt2e)")
+        with torch.no_grad():
+            prepared.load_state_dict(observers, strict=False)
+        with warnings.catch_warnings(), _quiet():
+            warnings.simplefilter("ignore")
+            converted = convert_pt2e(prepared)
+            # dynamic: one compiled graph for every batch size (a batch of 1 is padded to 2, which the symbolic
+            # batch would otherwise specialise and compile again). Freezing turns the weights into constants, so
+            # Inductor pre-packs them for oneDNN; it happens at the first call, which must run inside the patch.
+            self.compiled = torch.compile(converted, dynamic=True)
+            started = time.perf_counter()
+            with self._autocast(), inductor_config.patch(freezing=True), torch.no_grad():
+                self.compiled(example)
+            self.compile_seconds = time.perf_counter() - started
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.choice.value == "int8+bf16")
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        count = len(images)
+        if count == 1:
+            images = images.repeat(2, 1, 1, 1)
+        with self._autocast():
+            return self.compiled(images.float().contiguous())[:count].float()
+
+
+# ------------------------------------------------------------------------------------------------ the file
+def write_pt2e(model: nn.Module, observers: dict[str, torch.Tensor], out: str | Path,
+               provenance: dict[str, Any]) -> dict[str, Any]:
+    """Write the fp32 weights and the observers' statistics as one safetensors file (not atomic: `run_export`
+    stages and checks it). provenance: what the calibration saw, kept in the metadata."""
+    from safetensors.torch import save_file
+
+    from vitlab.hardware import machine_key
+
+    tensors = {MODEL_PREFIX + name: value.detach().float().contiguous() if value.is_floating_point()
+               else value.detach().contiguous() for name, value in model.state_dict().items()}
+    tensors.update({OBSERVER_PREFIX + name: value for name, value in observers.items()})
+    details = {**provenance, "torch": torch.__version__, "torchao": _torchao_version(),
+               "exported_on": machine_key(),
+               "quantized": "linear layers: int8 weights per output channel, calibrated uint8 activations"}
+    save_file(tensors, str(out), metadata={"format": FORMAT, "format_version": str(FORMAT_VERSION),
+                                           "config": model.config.to_json(), "pt2e": json.dumps(details)})
+    return details
+
+
+def _torchao_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchao")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def read_pt2e(path: str | Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """(config, fp32 state dict, observers' statistics, provenance) of a .pt2e file; safetensors only, nothing
+    unpickled."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such pt2e file")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own types on damaged files
+        raise CheckpointError(f"{path}: not a readable pt2e file ({str(error).splitlines()[0][:160]}); export it "
+                              "again with vitlab export CKPT --format pt2e") from None
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not written by `vitlab export --format pt2e` (no {FORMAT} metadata)")
+    if int(metadata.get("format_version", 0)) > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: written by a newer vitlab (pt2e format {metadata['format_version']}); "
+                              "upgrade vitlab to run it")
+    config = ViTConfig.from_json(metadata["config"])
+    state = {name[len(MODEL_PREFIX):]: value for name, value in tensors.items() if name.startswith(MODEL_PREFIX)}
+    observers = {name[len(OBSERVER_PREFIX):]: value for name, value in tensors.items()
+                 if name.startswith(OBSERVER_PREFIX)}
+    return config, state, observers, json.loads(metadata.get("pt2e", "{}"))
+
+
+class Pt2eClassifier:
+    """A `vitlab export --format pt2e` file, rebuilt and compiled for this CPU (which takes a while: seconds for
+    small models, a minute or more for B/16 on 2 cores). Called as `OnnxClassifier` is: normalised images
+    (B, C, H, W) -> logits (B, K); `classify_unit` and `classify_pixels` take [0, 1] images and uint8 pixels.
+    `model` is the fp32 model the file holds (for attention maps, which the quantized graph does not expose)."""
+
+    preprocess = False  # the graph takes normalised images, as a checkpoint does
+
+    def __init__(self, path: str | Path, precision: str = "auto", threads: int | None = None) -> None:
+        from vitlab.checkpoint.formats import check_written_content
+        from vitlab.models.vit import VisionTransformer
+
+        require_torchao("running a pt2e file")
+        self.path = Path(path)
+        if self.path.is_file():
+            check_written_content(self.path)
+        self.config, state, observers, self.metadata = read_pt2e(self.path)
+        self.model = VisionTransformer(self.config)
+        try:
+            self.model.load_state_dict(state)
+        except RuntimeError as error:
+            raise CheckpointError(f"{self.path}: its weights do not fit its config ({str(error).splitlines()[0]})"
+                                  ) from None
+        self.model.eval()
+        if threads:
+            torch.set_num_threads(threads)
+        self.quantized = QuantizedModel(self.model, observers, precision, str(self.path))
+        self.choice = self.quantized.choice
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return self.quantized(images)
+
+    def classify_unit(self, images: torch.Tensor) -> torch.Tensor:
+        """float images (B, C, H, W) in [0, 1] at the model's size -> logits."""
+        from vitlab.data.preprocess import normalize
+
+        return self(normalize(images, self.config))
+
+    def classify_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """uint8 pixels (B, C, H, W) at the model's size, prepared under the model's contract -> logits."""
+        from vitlab.data.preprocess import prepare
+
+        return self(prepare(pixels, 255.0, self.config))
+
+
+# ------------------------------------------------------------------------------------------------ export
+def pt2e_output(checkpoint: str | Path) -> Path:
+    """`vitlab export --format pt2e`'s default file: RUN/model-int8.pt2e, or NAME-int8.pt2e beside a checkpoint."""
+    from vitlab.runs import local_source
+
+    source = local_source(checkpoint)
+    return source / f"model-int8{SUFFIX}" if source.is_dir() else source.with_name(source.stem + f"-int8{SUFFIX}")
+
+
+def export_pt2e(model: nn.Module, out: str | Path, calibration: torch.Tensor, source: str) -> dict[str, Any]:
+    """Calibrate `model` on uint8 pixels (N, C, H, W) at its size and write the .pt2e file to `out`."""
+    from vitlab.data.preprocess import prepare
+
+    require_torchao()
+    images = prepare(calibration, 255.0, model.config)
+    started = time.perf_counter()
+    observers = calibrate(model, images)
+    details = write_pt2e(model, observers, out, {"calibration_images": len(calibration),
+                                                 "calibration_source": source})
+    return {"path": str(out), "bytes": Path(out).stat().st_size, "format": "pt2e", "int8": True,
+            "quantization": "static", "calibration_images": len(calibration), "calibration_source": source,
+            "calibration_seconds": round(time.perf_counter() - started, 1), **details}
+
+
+@torch.no_grad()
+def validate_pt2e(model: nn.Module, path: str | Path, pixels: torch.Tensor) -> dict[str, Any]:
+    """The file as predict and serve will run it, against the fp32 model on real images (uint8 (B, C, H, W) at
+    the model's size): max |logit difference| and top-1 agreement, for the whole batch and for one image."""
+    from vitlab.data.preprocess import prepare
+    from vitlab.export.onnx import compare_logits
+
+    runtime = Pt2eClassifier(path)
+    reference = copy.deepcopy(model).float().eval()(prepare(pixels, 255.0, model.config))
+    checks = {f"batch {len(pixels)}": compare_logits(reference, runtime.classify_pixels(pixels)),
+              "batch 1": compare_logits(reference[:1], runtime.classify_pixels(pixels[:1]))}
+    return {"int8": True, "checks": checks, "precision": runtime.choice.value,
+            "precision_reason": runtime.choice.reason, "compile_seconds": round(runtime.quantized.compile_seconds, 1)}
+
+
+def run_pt2e_export(model: nn.Module, out: str | Path, calibration: torch.Tensor, source: str,
+                    pixels: torch.Tensor | None = None) -> dict[str, Any]:
+    """`vitlab export --format pt2e`: calibrate, write, rebuild the file as a user's machine will and compare it
+    with the fp32 model on real images, and only then move it into place."""
+    from vitlab.export.onnx import place_checked_export, validation_pixels
+
+    pixels = validation_pixels(model.config) if pixels is None else pixels
+    return place_checked_export(out, lambda staged: export_pt2e(model, staged, calibration, source),
+                                lambda staged: validate_pt2e(model, staged, pixels), suffix=SUFFIX)
+
