@@ -70,8 +70,9 @@ def table(results: list[dict], target: float, command: str) -> str:
         f"Machine: {cpu_name()}, {os.cpu_count()} cores; torch {__import__('torch').__version__}. Command: `{command}`",
         "",
         f"| seed | processes | test top-1 (final model) | test top-1 (best-val checkpoint) | best val top-1 (epoch) | "
-        f"wall time, launch to exit | first val >= {100 * target:g}% (epoch, run time) | train images/s |",
-        "|---|---|---|---|---|---|---|---|",
+        f"wall time, launch to exit | first val >= {100 * target:g}% (epoch, run time) | train images/s | epochs | "
+        "precision |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r["summary"]
@@ -82,7 +83,12 @@ def table(results: list[dict], target: float, command: str) -> str:
             f"| {r['seed']} | {r['processes']} | {100 * s['test_top1']:.2f}% | "
             f"{'-' if best_ckpt is None else f'{100 * best_ckpt:.2f}%'} | "
             f"{100 * s['best_val_top1']:.2f}% ({s['best_epoch']}) | {r['wall']:.0f} s | {reached_text} | "
-            f"{s['train_images_per_second']:.0f} |")
+            f"{s['train_images_per_second']:.0f} | {s['epochs']} | {s.get('precision', 'fp32')} |")
+    reasons = sorted({f"{r['summary']['precision']}: {r['summary']['precision_reason']}" for r in results
+                      if "precision" in r["summary"]})
+    budgets = [f"seed {r['seed']}: {r['summary']['budget']}" for r in results if r["summary"].get("budget")]
+    lines += ["", "Precision (auto unless the command says): " + "; ".join(reasons)] if reasons else []
+    lines += ["", "Budget: " + "; ".join(budgets)] if budgets else []
     tests = [r["summary"]["test_top1"] for r in results if r["processes"] == 1]
     walls = [r["wall"] for r in results if r["processes"] == 1]
     if tests:
@@ -109,6 +115,8 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="also one 2-process torchrun run (first seed)")
     parser.add_argument("--set", action="append", default=[], help="recipe overrides, as for vitlab train")
     parser.add_argument("--json", help="also write every run's summary and curve here")
+    parser.add_argument("--section", help="the BENCHMARKS.md block to write (default train_<recipe>); one per CPU "
+                                          "kind, e.g. train_mnist_avx2")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as folder:
@@ -124,7 +132,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     stem = Path(args.recipe).stem
-    write_section(f"train_{stem}", f"{stem} recipe (`vitlab train --config {args.recipe}`)", text)
+    write_section(args.section or f"train_{stem}", f"{stem} recipe (`vitlab train --config {args.recipe}`)", text)
 
 
 if __name__ == "__main__":

@@ -141,3 +141,20 @@ def test_every_command_refuses_a_missing_gpu_in_one_line(monkeypatch, tiny_run, 
     code = main([name, str(tiny_run), *rest, "--device", "cuda"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "PyTorch sees no CUDA GPU" in err, err
+
+
+def test_freed_memory_is_kept_for_reuse_unless_asked_not_to(monkeypatch):
+    """glibc's malloc is told to keep freed memory (no page faults for the next step's activations); VITLAB_MALLOC=
+    system, and a preloaded jemalloc or tcmalloc, leave the allocator alone."""
+    import platform
+
+    from vitlab.hardware import keep_freed_memory
+
+    monkeypatch.setenv("VITLAB_MALLOC", "system")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("VITLAB_MALLOC")
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("LD_PRELOAD")
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert keep_freed_memory() is True

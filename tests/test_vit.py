@@ -167,3 +167,26 @@ def test_attention_layers_index_as_python_lists_do_and_out_of_range_is_refused()
         model.forward_intermediates(images, attention_layers=[4])  # once wrapped silently to block 0
     with pytest.raises(UsageError, match="out of range"):
         model.forward_intermediates(images, attention_layers=[-5])
+
+
+@pytest.mark.parametrize("fields, pruned", [
+    ({}, 1), ({"distilled": True}, 2), ({"register_tokens": 2}, 1), ({"classifier": "gap"}, None),
+    ({"pos_embed": "relative"}, None), ({"classifier": "layer_weighted"}, None),
+])
+def test_a_class_token_head_skips_the_last_blocks_other_tokens_with_the_same_logits(fields, pruned):
+    config = ViTConfig(image_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5,
+                       **fields)
+    torch.manual_seed(0)
+    model = create_model(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    assert model.head_tokens() == pruned
+    images = torch.randn(4, 3, 16, 16)
+    calls = []
+    hook = model.blocks[-1].mlp.register_forward_hook(lambda module, args, out: calls.append(out.shape[1]))
+    logits = model(images)
+    hook.remove()
+    assert calls == [pruned or config.num_tokens]
+    full = model.forward_intermediates(images, attention_layers=None, hidden_states=False)["logits"]
+    torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)

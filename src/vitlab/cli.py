@@ -756,6 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     handler: Callable[[argparse.Namespace], int] = args.func
+    from vitlab.hardware import keep_freed_memory
+
+    keep_freed_memory()  # every step of a loop then reuses its memory instead of faulting fresh pages in
     try:
         code = handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit

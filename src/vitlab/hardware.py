@@ -23,6 +23,37 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+# ------------------------------------------------------------------------------------------------ memory
+# glibc's malloc gives blocks over its mmap threshold (128 KB at first) fresh pages from the kernel and returns
+# freed heap tops to it, so every step of a training loop first-touches its activations again: 6,000-14,000 page
+# faults per mnist-28 training step on a 2-core AMD EPYC VM, where a fault costs microseconds. Keeping freed memory
+# for reuse (heap allocations up to glibc's 32 MB mmap ceiling, no trimming) cuts them to 0-250 a step
+# (`python benchmarks/allocator.py`). The cost: the process keeps its peak memory until it exits.
+KEEP_FREED_MEMORY_UP_TO = 32 << 20
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to reuse freed memory instead of returning it to the kernel (see above); True where it
+    took the settings. VITLAB_MALLOC=system leaves the allocator as it is; other allocators (jemalloc, tcmalloc
+    preloaded, macOS, Windows) are left alone."""
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if os.environ.get("VITLAB_MALLOC", "").lower() == "system" or platform.system() != "Linux":
+        return False
+    if "jemalloc" in os.environ.get("LD_PRELOAD", "") or "tcmalloc" in os.environ.get("LD_PRELOAD", ""):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others without glibc's mallopt
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    return all([mallopt(m_mmap_threshold, KEEP_FREED_MEMORY_UP_TO), mallopt(m_trim_threshold, 1 << 30),
+                mallopt(m_top_pad, 64 << 20)])
+
+
 # ---------------------------------------------------------------------------------------- attention kernels
 # Up to this many tokens `vitlab train` (attention "auto") uses the explicit softmax kernel for its eager fp32
 # training step: on a 2-core Xeon it steps 1.05x faster than the fused SDPA kernel at 17 tokens (mnist-28, 7x7

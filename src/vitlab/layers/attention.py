@@ -5,7 +5,8 @@ caller asks for the weights (analysis), the explicit softmax path computes the s
 `explicit_softmax = True` makes the explicit path the default: under `torch.compile` in bf16 three plain ops let
 Inductor fuse the softmax with its neighbours, which for short sequences beats PyTorch's opaque CPU flash kernel
 (digits, 17 tokens: 1.6x; MNIST-size, 50 tokens: 1.3x; `python benchmarks/attention_paths.py`). Eager, and
-compiled fp32, are as fast or faster with the fused kernel.
+compiled fp32, are as fast or faster with the fused kernel, except for training short sequences, where the
+explicit path with its own backward (layers/explicit_attention.py) wins (`hardware.TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS`).
 
 With `relative_tokens` (pos_embed "relative") each block also holds learned keys for every 1-D token offset;
 the query against them is a logit bias added before the softmax (layers/relative_position.py), passed to the
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitlab.layers.explicit_attention import explicit_attention
 from vitlab.layers.relative_position import relative_attention_bias, resample_relative_keys
 
 
@@ -38,9 +40,18 @@ class Attention(nn.Module):
         # Set by the model's dynamic image size mode: stretch the offset table to each input's length on every call.
         self.resample_relative = False
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, D) -> (B, T, D); with return_weights also the attention weights (B, heads, T, T)."""
+    def forward(self, x: torch.Tensor, return_weights: bool = False, queries: int | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> (B, T, D); with return_weights also the attention weights (B, heads, T, T).
+        queries: attend from the first `queries` tokens only (every token is still a key and a value) -> (B, queries,
+        D), the same rows the full call gives: the last block of a model whose head reads the class token alone."""
         batch, tokens, dim = x.shape
+        if queries is not None:
+            return self.attend_from_prefix(x, queries)
+        if (self.explicit_softmax and not return_weights and self.rel_pos_keys is None and torch.is_grad_enabled()
+                and not (self.training and self.attn_drop.p > 0)):
+            # Training short sequences: the same products with a backward that copies less (explicit_attention.py).
+            return self.proj_drop(self.proj(explicit_attention(self.qkv(x), self.num_heads, self.scale)))
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, head_dim)
         bias = None
@@ -57,3 +68,20 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(batch, tokens, dim)  # concatenate heads: (B, T, D)
         out = self.proj_drop(self.proj(out))
         return (out, weights) if return_weights else out
+
+    def attend_from_prefix(self, x: torch.Tensor, queries: int) -> torch.Tensor:
+        """x (B, T, D) -> (B, queries, D): queries of the first tokens against keys and values of all, from the
+        query rows and the key-value rows of the fused projection (a third of its work for the queries is left)."""
+        if self.rel_pos_keys is not None:
+            raise ValueError("relative attention needs every query's offsets; call it with queries=None")
+        batch, tokens, dim = x.shape
+        q = nn.functional.linear(x[:, :queries], self.qkv.weight[:dim],
+                                 None if self.qkv.bias is None else self.qkv.bias[:dim])
+        kv = nn.functional.linear(x, self.qkv.weight[dim:], None if self.qkv.bias is None else self.qkv.bias[dim:])
+        q = q.reshape(batch, queries, self.num_heads, self.head_dim).transpose(1, 2)  # (B, heads, Q, head_dim)
+        k, v = kv.reshape(batch, tokens, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.explicit_softmax:
+            out = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, queries, dim)))

@@ -26,8 +26,14 @@ class Block(nn.Module):
         self.ls1 = LayerScale(embed_dim, layer_scale) if layer_scale is not None else nn.Identity()
         self.ls2 = LayerScale(embed_dim, layer_scale) if layer_scale is not None else nn.Identity()
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, D) -> (B, T, D); with return_attention also this block's weights (B, heads, T, T)."""
+    def forward(self, x: torch.Tensor, return_attention: bool = False, queries: int | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> (B, T, D); with return_attention also this block's weights (B, heads, T, T). queries: the
+        output of the first `queries` tokens only, (B, queries, D), which need every token as keys and values but
+        nothing else of the others (the model's last block when its head reads the class token)."""
+        if queries is not None:
+            x = x[:, :queries] + self.drop_path(self.ls1(self.attn(self.norm1(x), queries=queries)))
+            return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
         if return_attention:
             attended, weights = self.attn(self.norm1(x), return_weights=True)
         else:
