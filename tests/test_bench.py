@@ -214,3 +214,99 @@ def test_the_transformers_reference_of_a_grey_model_runs_without_library_noise(c
     assert [row["path"] for row in result["paths"]] == ["eager-fp32", "transformers"]
     err = capsys.readouterr().err
     assert "bench: transformers ready" in err and "_pytree" not in err and "Failed to load" not in err
+
+
+# ------------------------------------------------------------------------------------------------ budgets
+def slow_path(prepare_seconds=0.0, call_seconds=0.0, finished=None):
+    """A path builder that takes its time: preparing (as a compiler would), then per call."""
+    def build(model, sample):
+        time.sleep(prepare_seconds)
+        if finished is not None:
+            finished.append("prepared")
+
+        def run(images):
+            time.sleep(call_seconds)
+            return model(images)
+        return bench_paths.BenchPath("slow", "fp32", run)
+    return build
+
+
+def test_a_path_over_its_budget_is_reported_not_waited_for(monkeypatch):
+    finished = []
+    monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "compile-fp32", slow_path(prepare_seconds=30, finished=finished))
+    monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "torch-int8", slow_path(call_seconds=0.6))
+    started = time.perf_counter()
+    result = run_bench("digits-8", batch_size=4, paths=["eager-fp32", "compile-fp32", "torch-int8"],
+                       budget_seconds=1.0, repetitions=4, warmup=1, min_sample_seconds=0.01)
+    assert time.perf_counter() - started < 25  # the 30 s preparation was cut off, not waited for
+    assert finished == []
+    assert result["skipped"]["compile-fp32"] == "over its 1 s budget while preparing it (export, quantization or " \
+                                                "compilation)"
+    rows = {row["path"]: row for row in result["paths"]}
+    assert rows["torch-int8"]["rounds"] == 1 and rows["eager-fp32"]["rounds"] == 4  # cut to what fits, not dropped
+    table = format_table(result)
+    assert "compile-fp32" in table and "over its 1 s budget" in table
+    assert "rounds cut to fit the budget: slow 1 of 4" in table
+
+
+def test_the_tables_time_limit_leaves_later_paths_unrun(monkeypatch):
+    monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "eager-bf16", slow_path(prepare_seconds=3))
+    result = run_bench("digits-8", batch_size=4, paths=["eager-bf16", "eager-fp32"], total_seconds=6.0,
+                       budget_seconds=30, repetitions=2, warmup=0, min_sample_seconds=0.01)
+    assert [row["path"] for row in result["paths"]] == ["eager-bf16"]
+    assert result["skipped"]["eager-fp32"].startswith("not run: the 6 s limit of the whole table")
+
+
+@pytest.mark.parametrize("units, fastest", [
+    ("avx2", ["onnx-int8", "pt2e-int8"]),
+    ("avx2,avx512,vnni", ["pt2e-int8", "onnx-int8"]),
+    ("avx2,avx512,vnni,avx512_bf16,amx", ["pt2e-int8-bf16", "compile-bf16"]),
+])
+def test_quick_keeps_the_paths_fastest_on_this_kind_of_cpu_and_bf16_needs_bf16_units(monkeypatch, units, fastest):
+    from vitlab.bench.runner import choose_paths
+
+    monkeypatch.setenv("VITLAB_CPU_UNITS", units)
+    cpu = torch.device("cpu")
+    chosen, left_out = choose_paths(False, True, cpu, None)
+    assert chosen == ["eager-fp32", *fastest, "transformers"]
+    everything, left_out = choose_paths(False, False, cpu, None)
+    has_bf16 = "amx" in units
+    assert ("eager-bf16" in everything) == has_bf16 and ("compile-bf16" in everything) == has_bf16
+    if not has_bf16:
+        assert "no bf16 units" in left_out["eager-bf16"] and "--paths" in left_out["eager-bf16"]
+        assert choose_paths(False, False, cpu, ["eager-bf16"])[0] == ["eager-bf16"]  # named: measured anyway
+    assert choose_paths(True, True, cpu, None)[0] == ["eager-fp32", "autocast-bf16" if has_bf16 else "compile-fp32",
+                                                     "transformers"]
+
+
+def test_quick_gives_a_table_whose_header_names_the_cpus_units(monkeypatch, capsys):
+    def fake(name):
+        def build(model, sample):
+            return bench_paths.BenchPath(name, "int8", lambda images: model(images))
+        return build
+
+    # The real int8 paths compile for tens of seconds; their own tests cover them. Here: the quick flow.
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
+    monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "onnx-int8", fake("onnxruntime int8"))
+    monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "pt2e-int8", fake("pt2e int8"))
+    assert main(["bench", "--quick", "--model", "digits-8", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "machine:" in out and "(AVX2 (no VNNI, no bf16 units)" in out
+    assert "3 interleaved rounds after 1 warm-up calls; each path within a 45 s budget, the table within 150 s" in out
+    for name in ("eager fp32", "onnxruntime int8", "pt2e int8", "transformers fp32"):
+        assert name in out
+    assert "not run by --quick" in out and "fastest:" in out
+
+
+def test_bench_on_a_gpu_that_is_not_there_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--model", "digits-8", "--device", "cuda", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "PyTorch sees no CUDA GPU" in err
+
+
+def test_cpu_only_paths_say_so_on_a_gpu_run():
+    sample = torch.empty(2, 3, 8, 8, device="meta")
+    for key in ("onnx-int8", "torch-int8", "pt2e-int8", "transformers-onnx"):
+        with pytest.raises(bench_paths.Unavailable, match="runs on the CPU; measure it with --device cpu"):
+            bench_paths.INFERENCE_PATHS[key](create_model(TINY), sample)

@@ -82,7 +82,7 @@ def test_simulated_units_are_what_auto_sees(monkeypatch):
 
 
 @pytest.mark.parametrize("units, purpose, expected", [
-    ("avx2", "train", "fp32"), ("avx2", "inference", "fp32"), ("avx2", "serve", "fp32"),
+    ("avx2", "train", "fp32"), ("avx2", "inference", "fp32"), ("avx2", "serve", "int8"), ("none", "serve", "fp32"),
     (AMX, "train", "bf16"), (AMX, "inference", "bf16"), (AMX, "serve", "bf16"),
     ("avx2,avx512,vnni", "train", "fp32"), ("avx2,avx512,vnni", "serve", "int8"),  # int8 only where it serves
     ("avx2,avx512,avx512_bf16", "train", "bf16"),

@@ -2,6 +2,7 @@
 the page in headless Chromium through selenium and chromedriver."""
 
 import asyncio
+import importlib.util
 import concurrent.futures
 import http.client
 import io
@@ -294,8 +295,15 @@ def test_auto_precision_serves_what_pays_here_and_says_why(tiny_run, monkeypatch
     monkeypatch.setattr("vitlab.hardware.BF16_ABOVE_GFLOPS", 0.0)  # as for a model large enough to gain
     assert Engine(tiny_run).precision == "bf16"
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni")  # int8 dot products, no bf16 units
-    assert Engine(tiny_run).precision == "int8"
-    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
+    engine = Engine(tiny_run)
+    assert engine.precision == "int8"
+    # backend auto: ONNX Runtime serves int8 where it is installed (its int8 kernels beat PyTorch's everywhere measured)
+    assert engine.backend == ("onnx" if importlib.util.find_spec("onnxruntime") else "torch")
+    assert Engine(tiny_run, backend="torch").backend == "torch"  # an explicit backend wins
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")  # int8 multiply-adds at twice the fp32 rate, 7-bit operands
+    engine = Engine(tiny_run)
+    assert engine.precision == "int8" and "AVX2's int8 multiply-adds" in engine.describe()["precision_reason"]
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "none")
     engine = Engine(tiny_run)
     assert engine.precision == "fp32" and "no bf16 matmul units" in engine.describe()["precision_reason"]
     assert Engine(tiny_run, precision="bf16").describe()["precision_reason"] == "as asked"

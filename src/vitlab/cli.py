@@ -361,6 +361,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from vitlab.export.onnx import format_export, require_onnx, run_export, validation_pixels
     from vitlab.runs import onnx_output
 
+    if args.format in ("pt2e", "pt2"):
+        return export_pt2e_command(args)
     if args.dynamic_batch and args.batch_size:
         raise UsageError("--dynamic-batch and --batch-size contradict each other: give --batch-size N to fix the "
                          "batch, nothing for any batch size")
@@ -384,12 +386,37 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_pt2e_command(args: argparse.Namespace) -> int:
+    from vitlab.checkpoint import load_model
+    from vitlab.export.onnx import validation_pixels
+    from vitlab.export.pt2e import SUFFIX, calibration_for, format_pt2e_export, require_torchao, run_pt2e_export
+    from vitlab.runs import pt2e_output
+
+    for given, flag in ((args.preprocess, "--preprocess"), (args.dynamic_size, "--dynamic-size"),
+                        (args.batch_size, "--batch-size"), (args.dynamic_batch, "--dynamic-batch")):
+        if given:
+            raise UsageError(f"{flag} is for ONNX exports; a pt2e file takes normalised images of the model's size "
+                             "in batches of any size (drop it, or use --format onnx)")
+    if args.output and Path(args.output).suffix.lower() != SUFFIX:
+        raise UsageError(f"-o {args.output}: a pt2e model is written to a {SUFFIX} file; name it "
+                         f"{Path(args.output).with_suffix(SUFFIX)}")
+    require_torchao()
+    model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
+    calibration, source = calibration_for(args.checkpoint, model.config, args.calibrate, args.data_dir,
+                                          args.calibration_images)
+    summary = run_pt2e_export(model, args.output or pt2e_output(args.checkpoint), calibration, source,
+                              pixels=validation_pixels(model.config, args.images))
+    print(json.dumps(summary, indent=1) if args.json else format_pt2e_export(summary, images_given=bool(args.images)))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from vitlab.bench.runner import format_table, run_bench
 
     result = run_bench(args.model, checkpoint=args.checkpoint, image_size=args.image_size, batch_size=args.batch_size,
                        paths=args.paths, repetitions=args.repetitions, warmup=args.warmup, threads=args.threads,
-                       train=args.train, dataset=args.dataset, data_dir=args.data_dir, show=True)
+                       train=args.train, dataset=args.dataset, data_dir=args.data_dir, show=True, device=args.device,
+                       budget_seconds=args.budget, quick=args.quick)
     print(format_table(result))
     if args.json:
         from pathlib import Path
@@ -441,8 +468,9 @@ downloaded once into the cache and checked against the hash the server publishes
 HF_TOKEN and HF_HUB_OFFLINE=1 apply to hub names; VITLAB_CACHE, VITLAB_MIRROR (the bucket's paths below it) and
 VITLAB_OFFLINE=1 to the others."""
 CHECKPOINT_HELP = "run folder, checkpoint file or folder of any kind vitlab loads, or a pre-trained name (vitlab pretrained)"
-BACKEND_HELP = ("auto (default: onnx for a .onnx file, else torch), torch, or onnx: ONNX Runtime on a file written "
-                "by `vitlab export`; a run folder with onnx uses its model.onnx")
+BACKEND_HELP = ("auto (default: onnx for a .onnx file, pt2e for a .pt2e file, else torch), torch, onnx (ONNX Runtime) or "
+                "pt2e (int8, compiled for this CPU as it loads) on a file written by `vitlab export`; a run folder "
+                "with onnx or pt2e uses its model.onnx or model-int8.pt2e")
 DEVICE_HELP = "cpu, cuda or cuda:N (default auto: a GPU when PyTorch sees one, else the CPU)"
 INFERENCE_PRECISION_HELP = ("auto (default: bf16 autocast where this machine's bf16 matmuls pay and the model is large "
                             "enough, else fp32; never quantised), fp32 or bf16; an exported file runs as exported")
@@ -626,7 +654,7 @@ def build_parser() -> ArgumentParser:
         p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = subcommand("eval", help="evaluate a run, checkpoint or ONNX export on a data set")
-    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`")
     p.add_argument("--dataset", help="data set name (default for a run folder: the one it trained on)")
     p.add_argument("--data-dir", help="where the data set's files are (default: a run's, or the download cache)")
     p.add_argument("--split", choices=("train", "val", "test"), default="test",
@@ -634,7 +662,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9 (default for a run: its own)")
     p.add_argument("--out", help="folder for eval JSON and confusion matrix (default: beside the checkpoint)")
     p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
-    p.add_argument("--backend", choices=("auto", "torch", "onnx"), help=BACKEND_HELP)
+    p.add_argument("--backend", choices=("auto", "torch", "onnx", "pt2e"), help=BACKEND_HELP)
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help=INFERENCE_PRECISION_HELP)
     p.add_argument("--device", help=DEVICE_HELP)
     add_checkpoint_options(p)
@@ -642,12 +670,12 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_eval)
 
     p = subcommand("predict", help="top-k labels for images or folders of images")
-    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`")
     p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files, or folders searched for images")
     p.add_argument("--top-k", type=positive_int, default=3, help="labels per image (default 3)")
     p.add_argument("--format", choices=("table", "json", "csv"), default="table",
                    help="every input gets a row, an unreadable one with its error; exit code 1 if any failed")
-    p.add_argument("--backend", choices=("auto", "torch", "onnx"), help=BACKEND_HELP)
+    p.add_argument("--backend", choices=("auto", "torch", "onnx", "pt2e"), help=BACKEND_HELP)
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help=INFERENCE_PRECISION_HELP)
     p.add_argument("--device", help=DEVICE_HELP)
     add_checkpoint_options(p)
@@ -664,7 +692,16 @@ def build_parser() -> ArgumentParser:
                         + CHECKPOINT_IMAGE_SIZE_HELP)
     p.add_argument("--batch-size", type=positive_int, default=16, help="images per call (default 16)")
     p.add_argument("--paths", type=lambda text: [t for t in text.split(",") if t],
-                   help="comma-separated subset, e.g. eager-fp32,onnx-int8 (default: all)")
+                   help="comma-separated subset, e.g. eager-fp32,onnx-int8 (default: all, less the bf16 ones on a "
+                        "CPU without bf16 units)")
+    p.add_argument("--quick", action="store_true",
+                   help="eager fp32, transformers and the paths fastest on this machine, 3 rounds: a table in under "
+                        "3 minutes on a 2-core machine")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="each path's time to be prepared and timed; one over it is reported as such (default 180, "
+                        "45 with --quick)")
+    p.add_argument("--device", help=DEVICE_HELP + "; on a GPU transformers runs there too, and the CPU-only paths "
+                                                  "(ONNX Runtime, int8) are skipped")
     p.add_argument("--repetitions", type=int, default=5, help="timed rounds; the median is reported")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per path first")
     p.add_argument("--threads", type=int, help="intra-op threads for PyTorch and ONNX Runtime (default: PyTorch's)")
@@ -674,16 +711,22 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.set_defaults(func=cmd_bench)
 
-    p = subcommand("export", help="export a checkpoint for deployment (ONNX, fp32 or int8), checked against PyTorch")
+    p = subcommand("export", help="export a checkpoint for deployment (ONNX fp32 or int8, or pt2e int8), checked "
+                                  "against PyTorch; the output names the fastest format on this CPU")
     p.add_argument("checkpoint", help=CHECKPOINT_HELP)
-    p.add_argument("--format", choices=("onnx",), default="onnx", help="the only format so far: ONNX")
-    p.add_argument("-o", "--output", help="the .onnx file to write (default: model.onnx or model-int8.onnx in a run "
-                        "folder, NAME.onnx or NAME-int8.onnx beside a checkpoint file)")
+    p.add_argument("--format", choices=("onnx", "pt2e", "pt2"), default="onnx",
+                   help="onnx (default: ONNX Runtime, fp32 or --int8) or pt2e (pt2 is the same): static int8 by "
+                        "PyTorch 2 export quantization, compiled by Inductor for the machine that runs it, the "
+                        "fastest path on CPUs with VNNI or AMX; needs vitlab[int8]")
+    p.add_argument("-o", "--output", help="the file to write (default: model.onnx, model-int8.onnx or "
+                        "model-int8.pt2e in a run folder, NAME.onnx, NAME-int8.onnx or NAME-int8.pt2e beside a "
+                        "checkpoint file)")
     p.add_argument("--int8", action="store_true", help="int8 weights (ONNX Runtime dynamic quantization; with "
                                                        "--calibrate, static quantization of activations too)")
     p.add_argument("--calibrate", nargs="+", metavar="DATASET_OR_IMAGES",
-                   help="with --int8: static int8, activation ranges measured on a data set's training split (e.g. "
-                        "mnist; never the test split) or on image files / folders")
+                   help="static int8: activation ranges measured on a data set's training split (e.g. mnist; never "
+                        "the test split) or on image files / folders; for --int8, and for pt2e (default there: a "
+                        "run folder's own training data)")
     p.add_argument("--calibration-images", type=positive_int, default=256,
                    help="images to calibrate on (default 256)")
     p.add_argument("--data-dir", help="where the --calibrate data set's files are (default: the download cache)")
@@ -714,11 +757,11 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_analyze)
 
     p = subcommand("serve", help="an HTTP inference service with a web page (needs the extra: vitlab[serve])")
-    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=port_arg, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
-    p.add_argument("--backend", choices=("auto", "torch", "onnx"), help=BACKEND_HELP)
+    p.add_argument("--backend", choices=("auto", "torch", "onnx", "pt2e"), help=BACKEND_HELP)
     p.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
                    help="auto (default: bf16 weights where this machine's bf16 matmuls pay and the model is large "
                         "enough, int8 weights on a CPU with int8 dot products but no bf16 units, else fp32; the start "
@@ -737,7 +780,7 @@ def build_parser() -> ArgumentParser:
 
     p = subcommand("info", help="show what a checkpoint, ONNX export or variant (B/16) holds; --trace walks an image "
                                 "through it")
-    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx file written by `vitlab export`")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`")
     add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--trace", action="store_true",

@@ -231,8 +231,8 @@ def choose_precision(requested: str, device, gflops_per_image: float, purpose: s
 
     purpose: "train" (fp32 or bf16 autocast, fp32 master weights), "inference" (fp32 or bf16: eval and predict,
     where the answers should be the model's own, so never quantised unless asked) or "serve" (fp32, bf16 or int8
-    weights: throughput first, so int8 where a CPU has int8 dot products and no bf16 units). An explicit
-    precision always wins."""
+    weights: throughput first, so int8 on a CPU without bf16 units: its int8 dot products (VNNI), or AVX2's
+    int8 multiply-adds, run faster than fp32). An explicit precision always wins."""
     import torch
 
     if requested != "auto":
@@ -263,10 +263,31 @@ def choose_precision(requested: str, device, gflops_per_image: float, purpose: s
                 return Choice("int8", f"int8 matmuls measured {gain:.1f}x fp32 on this CPU (vitlab bench)")
         elif units.int8:
             return Choice("int8", f"this CPU has int8 dot-product units and no bf16 units ({units.describe()})")
+        elif units.avx2:
+            return Choice("int8", f"AVX2's int8 multiply-adds run at about twice its fp32 rate ({units.describe()}; "
+                                  "2.1x measured on an AVX2 AMD EPYC), with 7-bit operands that cannot saturate")
     if fp32_peak and "bf16" in measured:
         return Choice("fp32", f"bf16 matmuls measured only {measured['bf16'] / fp32_peak:.1f}x fp32 on this CPU "
                               "(vitlab bench)")
     return Choice("fp32", f"no bf16 matmul units on this CPU ({units.describe()}): bf16 would run slower")
+
+
+# ------------------------------------------------------------------------------------------ deployment
+def fastest_export_format() -> Choice:
+    """The `vitlab export` format that ran fastest on CPUs with this one's units (ViT-B/16, batch 16, against
+    transformers fp32 in the same `vitlab bench` run, BENCHMARKS.md): with AMX, pt2e (int8 + bf16) 7.2x against
+    ONNX Runtime int8's 3.1x; with VNNI and no bf16 units, pt2e int8 3.2x against 2.4x (an AVX-512 Xeon); with
+    neither, ONNX Runtime int8 1.8x against pt2e's 1.7x (an AVX2 AMD EPYC)."""
+    units = cpu_units()
+    if units.amx or units.bf16:
+        return Choice("pt2e", f"this CPU has bf16 units ({units.describe()}): pt2e int8 + bf16 ran at 7.2x "
+                              "transformers fp32 on B/16 on such a CPU, ONNX Runtime int8 at 3.1x")
+    if units.int8:
+        return Choice("pt2e", f"this CPU has int8 dot products ({units.describe()}): pt2e int8 ran at 3.2x "
+                              "transformers fp32 on B/16 on such a CPU, ONNX Runtime int8 at 2.4x")
+    return Choice("onnx --int8", f"this CPU has neither int8 dot products nor bf16 units ({units.describe()}): "
+                                 "ONNX Runtime int8 ran at 1.8x transformers fp32 on B/16 on such a CPU, pt2e int8 "
+                                 "at 1.7x, within a few per cent of each other")
 
 
 # ---------------------------------------------------------------------------------- measured peaks, per CPU

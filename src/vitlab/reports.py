@@ -60,6 +60,8 @@ def checkpoint_info(path: str | Path, num_heads: int | None = None,
     the checkpoint's own size, resampling is not applied here)."""
     if Path(path).suffix.lower() == ".onnx":
         return onnx_info(path)
+    if Path(path).suffix.lower() == ".pt2e":
+        return pt2e_info(path)
     if not Path(path).exists() and str(path) in variant_names():  # `vitlab info B/16`: the variant, no weights
         return variant_info(str(path), image_size)
     from vitlab.checkpoint.formats import read_checkpoint
@@ -121,6 +123,20 @@ def onnx_info(path: str | Path) -> dict[str, Any]:
                 params_m=model_size(config)[0] / 1e6, config=config.to_dict(),
                 input=runtime.metadata["input"], input_layout=runtime.metadata["input_layout"],
                 batch_size=runtime.metadata.get("batch_size"))
+
+
+def pt2e_info(path: str | Path) -> dict[str, Any]:
+    """What a pt2e export holds (read, not compiled): its config, and what its calibration saw."""
+    from vitlab.export.pt2e import read_pt2e
+
+    config, state, observers, details = read_pt2e(path)
+    return dict(path=str(path), kind="pt2e int8", params_m=sum(t.numel() for t in state.values()) / 1e6,
+                config=config.to_dict(), observers=len({name.split(".")[0] for name in observers}),
+                input="images", batch_size=None,
+                input_layout=(f"normalised float32 images (B, {config.in_chans}, {config.image_size[0]}, "
+                              f"{config.image_size[1]}), as a checkpoint takes them; calibrated on "
+                              f"{details.get('calibration_source', '?')} with torch {details.get('torch', '?')}, "
+                              f"torchao {details.get('torchao', '?')}"))
 
 
 def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",

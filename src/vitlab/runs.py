@@ -10,7 +10,7 @@ their own outputs. This module is the one place that knows the layout:
     RUN/model.safetensors            the final model
     RUN/summary.json, summary.txt    the end-of-run figures; curves.png, confusion.png; tensorboard/
     RUN/eval-[FILE-]DATASET-SPLIT.json/.png `vitlab eval` (FILE: one of the run's exports or checkpoints)
-    RUN/analysis/ `vitlab analyze`;  RUN/model.onnx `vitlab export`
+    RUN/analysis/ `vitlab analyze`;  RUN/model.onnx, model-int8.pt2e `vitlab export`
 
 Commands given a checkpoint file instead of a run folder write beside the file (`outputs_beside`); given a
 pre-trained name (augreg:B/16, hf-hub:ORG/NAME), in the current folder, under a name made from it.
@@ -145,8 +145,18 @@ def analysis_folder(checkpoint: str | Path) -> Path:
 
 def onnx_output(checkpoint: str | Path, int8: bool = False) -> Path:
     """`vitlab export`'s default file: RUN/model.onnx (model-int8.onnx), or NAME.onnx beside a checkpoint file."""
+    return export_output(checkpoint, "-int8.onnx" if int8 else ".onnx")
+
+
+def pt2e_output(checkpoint: str | Path) -> Path:
+    """`vitlab export --format pt2e`'s default file: RUN/model-int8.pt2e, or NAME-int8.pt2e beside a checkpoint."""
+    return export_output(checkpoint, "-int8.pt2e")
+
+
+def export_output(checkpoint: str | Path, suffix: str) -> Path:
+    """RUN/model<suffix> for a run folder, NAME<suffix> beside a checkpoint file (or in the current folder, for a
+    pre-trained name)."""
     source = local_source(checkpoint)
-    suffix = "-int8.onnx" if int8 else ".onnx"
     return source / f"model{suffix}" if source.is_dir() else source.with_name(source.stem + suffix)
 
 

@@ -38,6 +38,12 @@ class BenchPath:
     cleanup: list = field(default_factory=list)  # objects (temporary folders) to keep alive while the path runs
 
 
+def require_cpu(sample: torch.Tensor, what: str) -> None:
+    """Refuse a CPU-only path (ONNX Runtime's CPU provider, oneDNN int8 kernels) on a GPU run."""
+    if sample.device.type != "cpu":
+        raise Unavailable(f"{what} runs on the CPU; measure it with --device cpu")
+
+
 def eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return BenchPath("eager fp32", "fp32", lambda images: model(images), "PyTorch eager, scaled_dot_product_attention")
 
@@ -52,7 +58,8 @@ def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Cal
     import torch._inductor.config as inductor_config
 
     copied = copy.deepcopy(model).to(dtype)
-    short = model.config.num_tokens <= COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
+    # On a CPU Inductor's fused bf16 softmax beats the flash kernel for short sequences; a GPU's SDPA kernels win.
+    short = model.config.num_tokens <= COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS and sample.device.type == "cpu"
     copied.set_attention_kernel("explicit" if short and dtype == torch.bfloat16 else "sdpa")
     try:
         compiled = torch.compile(copied)
@@ -81,6 +88,7 @@ def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool, static: bool = Fal
     from vitlab.errors import UsageError
     from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
 
+    require_cpu(sample, "ONNX Runtime")
     try:
         require_onnx("the ONNX Runtime paths")
     except UsageError as error:
@@ -114,6 +122,7 @@ def onnx_int8_static(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 
 def torch_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    require_cpu(sample, "PyTorch's dynamic int8 (fbgemm)")
     quantize_dynamic = getattr(getattr(torch, "ao", None), "quantization", None)
     quantize_dynamic = getattr(quantize_dynamic, "quantize_dynamic", None)
     if quantize_dynamic is None:
@@ -134,6 +143,7 @@ def _pt2e(model: nn.Module, sample: torch.Tensor, mixed_bf16: bool) -> Callable[
     from vitlab.errors import UsageError
     from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
 
+    require_cpu(sample, "PT2E int8 (oneDNN's int8 kernels)")
     try:
         require_torchao("the pt2e paths")
     except UsageError as error:
@@ -187,13 +197,14 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
 
     folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-hf-")
     try:
-        export_checkpoint(model, folder.name, to="hf")
+        export_checkpoint(copy.deepcopy(model).cpu(), folder.name, to="hf")
     except VitlabError as error:
         raise Unavailable(f"transformers cannot express this model: {error}") from None
     transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar would break the table
     with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):  # where torchao loads
         warnings.simplefilter("ignore")
         reference = GreyAsRGB(transformers.ViTForImageClassification.from_pretrained(folder.name)).eval()
+    reference = reference.to(sample.device)
     with torch.no_grad():
         difference = float((reference(pixel_values=sample).logits - model(sample)).abs().max())
     if difference > 1e-3:
@@ -215,6 +226,7 @@ def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     from vitlab.errors import UsageError
     from vitlab.export.onnx import quiet_loggers, require_onnx
 
+    require_cpu(sample, "ONNX Runtime")
     try:
         require_onnx("the ONNX Runtime paths")
     except UsageError as error:
@@ -280,6 +292,7 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
     Every path, transformers' too, steps the same optimizer (`vitlab train`'s fused AdamW), so the paths differ
     only in the model's forward and backward. attention: a vitlab model's kernel ("sdpa" / "explicit"); default
     the one `vitlab train` chooses. Runs under torch.enable_grad, whatever the caller's mode."""
+    from vitlab.distributed import DistEnv
     from vitlab.eval.batches import call_model
     from vitlab.objectives import Classification
     from vitlab.train.optim import build_optimizer
@@ -293,8 +306,8 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
     if compile:
         forward = torch.compile(forward)
     num_classes = max(1, num_classes or model.config.num_classes)
-    labels = torch.arange(len(sample)) % num_classes
-    training_step = TrainingStep(trained, Classification(num_classes), optimizer,
+    labels = (torch.arange(len(sample)) % num_classes).to(sample.device)
+    training_step = TrainingStep(trained, Classification(num_classes), optimizer, env=DistEnv(device=sample.device),
                                  precision="bf16" if dtype == torch.bfloat16 else "fp32", forward=forward)
 
     @torch.enable_grad()
@@ -317,7 +330,7 @@ def train_step_kernel(model: nn.Module) -> str:
     from vitlab.train.config import TrainConfig
     from vitlab.train.setup import training_attention_kernel
 
-    return training_attention_kernel(TrainConfig(), model)
+    return training_attention_kernel(TrainConfig(), model, next(model.parameters()).device)
 
 
 def train_eager_fp32_sdpa(model: nn.Module, sample: torch.Tensor) -> BenchPath:

@@ -6,11 +6,12 @@ eager fp32, the figures that say whether a faster path can be trusted.
 
 from __future__ import annotations
 
+import math
 import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -20,8 +21,10 @@ from vitlab.bench.timing import time_interleaved
 from vitlab.errors import UsageError
 
 
-def machine_info() -> dict[str, Any]:
-    """What the figures were measured on."""
+def machine_info(device: torch.device | None = None) -> dict[str, Any]:
+    """What the figures were measured on: the CPU and its matmul units, the GPU when the bench ran on one."""
+    from vitlab.hardware import cpu_units
+
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -30,7 +33,10 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    info = {"cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version()}
+    info = {"cpu": cpu, "cpu_units": cpu_units().describe(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version()}
+    if device is not None and device.type == "cuda":
+        info.update(device=str(device), gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
     try:
         import onnxruntime
 
@@ -56,34 +62,41 @@ def bench_model(name: str | None, checkpoint: str | None, image_size: int | tupl
     return model.eval()
 
 
-def matmul_candidates(model: nn.Module, batch_size: int) -> dict[str, tuple[Any, float]]:
-    """A plain matmul of the shape of the model's MLP input layer, (B * T, D) @ (D, mlp_dim), in fp32, bf16 and
-    int8: {name: (run, GFLOP per call)}. It is the biggest matmul of the model, so its speed is the peak a path of
-    that precision can approach (int8 counts a multiply-add as 2 operations, as the float ones do).
+def matmul_candidates(model: nn.Module, batch_size: int, precisions: set[str] | None = None,
+                      device: torch.device | None = None) -> dict[str, tuple[Any, float]]:
+    """A plain matmul of the shape of the model's MLP input layer, (B * T, D) @ (D, mlp_dim), in the precisions
+    asked (default fp32, bf16 and int8; fp32 always): {name: (run, GFLOP per call)}. It is the biggest matmul of
+    the model, so its speed is the peak a path of that precision can approach (int8 counts a multiply-add as 2
+    operations, as the float ones do).
 
-    int8 has two candidates and the faster one is the peak: `torch._int_mm` (int8 x int8 -> int32) and oneDNN's
-    quantized linear with a pre-packed weight and uint8 output, the kernel PyTorch 2 export quantization runs. On
-    CPUs with AMX the second is about 4x the first (3.4 against 0.84 TOP/s measured on a 2-core Xeon), which
-    leaves `_int_mm` alone far below what the int8 paths reach."""
+    int8 has two candidates on a CPU and the faster one is the peak: `torch._int_mm` (int8 x int8 -> int32) and
+    oneDNN's quantized linear with a pre-packed weight and uint8 output, the kernel PyTorch 2 export quantization
+    runs. On CPUs with AMX the second is about 4x the first (3.4 against 0.84 TOP/s measured on a 2-core Xeon),
+    which leaves `_int_mm` alone far below what the int8 paths reach."""
     config = model.config
+    device = device or torch.device("cpu")
+    precisions = {"fp32", "bf16", "int8"} if precisions is None else precisions | {"fp32"}
     rows, inner, outer = batch_size * config.num_tokens, config.embed_dim, config.mlp_dim
     flops = 2 * rows * inner * outer / 1e9
     generator = torch.Generator().manual_seed(0)
     out: dict[str, tuple[Any, float]] = {}
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        left = torch.randn(rows, inner, generator=generator).to(dtype)
-        right = torch.randn(inner, outer, generator=generator).to(dtype)
-        out[f"matmul {precision}"] = ((lambda a=left, b=right: a @ b), flops)
+        if precision in precisions:
+            left = torch.randn(rows, inner, generator=generator).to(device, dtype)
+            right = torch.randn(inner, outer, generator=generator).to(device, dtype)
+            out[f"matmul {precision}"] = ((lambda a=left, b=right: a @ b), flops)
+    if "int8" not in precisions:
+        return out
     int_mm = getattr(torch, "_int_mm", None)
     if int_mm is not None:
-        left = torch.randint(-128, 128, (rows, inner), dtype=torch.int8, generator=generator)
-        right = torch.randint(-128, 128, (inner, outer), dtype=torch.int8, generator=generator)
+        left = torch.randint(-128, 128, (rows, inner), dtype=torch.int8, generator=generator).to(device)
+        right = torch.randint(-128, 128, (inner, outer), dtype=torch.int8, generator=generator).to(device)
         try:
             int_mm(left, right)
+            out["matmul int8"] = ((lambda a=left, b=right: int_mm(a, b)), flops)
         except RuntimeError:  # no int8 kernel for this shape or device: the int8 paths show no % of peak
-            return out
-        out["matmul int8"] = ((lambda a=left, b=right: int_mm(a, b)), flops)
-    onednn = onednn_int8_matmul(rows, inner, outer, generator)
+            pass
+    onednn = onednn_int8_matmul(rows, inner, outer, generator) if device.type == "cpu" else None
     if onednn is not None:
         out["matmul int8 onednn"] = (onednn, flops)
     return out
@@ -111,6 +124,58 @@ def onednn_int8_matmul(rows: int, inner: int, outer: int, generator: torch.Gener
     return run
 
 
+# Per-path budgets (preparing it, then timing it) and the whole quick table's limit, in seconds.
+PATH_BUDGET_SECONDS = 180.0
+QUICK_PATH_BUDGET_SECONDS = 45.0
+QUICK_TOTAL_SECONDS = 150.0  # paths and timing; with start-up and the reference's loading, under 3 minutes
+# Peaks are kept for `auto` precision only when measured on a matmul this large: tiny shapes measure overheads.
+PEAK_RECORDED_ABOVE_GFLOP = 1.0
+BF16_PATHS = {"eager-bf16", "compile-bf16", "pt2e-int8-bf16", "autocast-bf16"}
+
+
+def choose_paths(train: bool, quick: bool, device: torch.device, asked: list[str] | None
+                 ) -> tuple[list[str], dict[str, str]]:
+    """(paths to measure, {path: why it is left out}). Named paths are measured as named. Otherwise every path of
+    the mode, less the bf16 ones on a CPU without bf16 units (emulated there: a bf16 matmul of B/16's MLP shape
+    ran at 1 GFLOP/s against fp32's 121 on an AVX2 EPYC); `quick` keeps eager fp32, transformers and the paths
+    that are fastest on a CPU with these units (or on a GPU)."""
+    from vitlab.hardware import cpu_units
+
+    registry = TRAIN_PATHS if train else INFERENCE_PATHS
+    if asked:
+        unknown = [p for p in asked if p not in registry]
+        if unknown:
+            raise UsageError(f"unknown {'training' if train else 'inference'} path(s) {', '.join(unknown)}; "
+                             f"choose from {', '.join(registry)}")
+        return list(dict.fromkeys(asked)), {}
+    left_out: dict[str, str] = {}
+    if device.type == "cuda":
+        fastest = ["autocast-bf16", "compile-fp32"] if train else ["eager-bf16", "compile-bf16"]
+        chosen = [key for key in registry if key in fastest or key in ("eager-fp32", "transformers")] if quick \
+            else list(registry)
+        return chosen, left_out
+    units = cpu_units()
+    chosen = list(registry)
+    if not units.bf16:
+        for key in [key for key in chosen if key in BF16_PATHS]:
+            chosen.remove(key)
+            left_out[key] = (f"not run: this CPU has no bf16 units ({units.describe()}), so bf16 is emulated and "
+                             f"far slower than fp32; name it in --paths to measure it anyway")
+    if quick:
+        if train:
+            fastest = ["autocast-bf16"] if units.bf16 else ["compile-fp32"]
+        elif units.amx or units.bf16:
+            fastest = ["pt2e-int8-bf16", "compile-bf16"]
+        else:  # VNNI: PT2E int8 led (3.22x against ONNX Runtime's 2.42x); without: ONNX Runtime led (1.81x, 1.73x)
+            fastest = ["pt2e-int8", "onnx-int8"] if units.int8 else ["onnx-int8", "pt2e-int8"]
+        kept = ["eager-fp32", *fastest, "transformers"]
+        for key in chosen:
+            if key not in kept:
+                left_out.setdefault(key, "not run by --quick (name it in --paths)")
+        chosen = [key for key in kept if key in chosen]
+    return chosen, left_out
+
+
 def run_bench(
     model_name: str | None = "B/16",
     checkpoint: str | None = None,
@@ -125,23 +190,35 @@ def run_bench(
     data_dir: str | None = None,
     min_sample_seconds: float = 0.2,
     show: bool = False,
+    device: str | None = None,
+    budget_seconds: float | None = None,
+    quick: bool = False,
+    total_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """Measure the chosen paths (default: all) and return the figures as a JSON-ready dict (see `format_table`).
+    """Measure the chosen paths (`choose_paths`) and return the figures as a JSON-ready dict (see `format_table`).
+
+    device: "cpu", "cuda[:N]" or None/"auto" (a GPU when there is one). budget_seconds: each path's time to be
+    prepared and timed (default PATH_BUDGET_SECONDS, QUICK_PATH_BUDGET_SECONDS with quick); a path over it is
+    reported, with what it did in time. quick: the fastest paths for this machine, 3 rounds after 1 warm-up
+    call, within `total_seconds` (default QUICK_TOTAL_SECONDS) for preparing and timing them all.
     show: say on stderr what happens while it happens (each path as it is built, the timing rounds)."""
+    from vitlab.bench.budget import OverBudget, deadline, rounds_within
+    from vitlab.hardware import resolve_device
+    from vitlab.models import model_stats
+
     def say(text: str) -> None:
         if show:
             print(text, file=sys.stderr, flush=True)
 
-    from vitlab.models import model_stats
-
+    target = resolve_device(device)
     registry = TRAIN_PATHS if train else INFERENCE_PATHS
-    chosen = paths or list(registry)
-    unknown = [p for p in chosen if p not in registry]
-    if unknown:
-        raise UsageError(f"unknown {'training' if train else 'inference'} path(s) {', '.join(unknown)}; "
-                         f"choose from {', '.join(registry)}")
-    if batch_size < 1 or repetitions < 1 or warmup < 0:
-        raise UsageError("--batch-size and --repetitions must be at least 1, --warmup at least 0")
+    chosen, skipped = choose_paths(train, quick, target, paths)
+    if quick:
+        repetitions, warmup = min(repetitions, 3), min(warmup, 1)
+        total_seconds = QUICK_TOTAL_SECONDS if total_seconds is None else total_seconds
+    budget = budget_seconds or (QUICK_PATH_BUDGET_SECONDS if quick else PATH_BUDGET_SECONDS)
+    if batch_size < 1 or repetitions < 1 or warmup < 0 or budget <= 0:
+        raise UsageError("--batch-size and --repetitions must be at least 1, --warmup at least 0, --budget above 0")
     if threads is not None:
         if threads < 1:
             raise UsageError(f"--threads must be at least 1, got {threads}")
@@ -149,33 +226,76 @@ def run_bench(
     if dataset is not None and checkpoint is None:
         raise UsageError("accuracy needs a trained model: give --checkpoint with --dataset (random weights say "
                          "nothing about accuracy)")
+    began = time.perf_counter()
     torch.manual_seed(0)
-    model = bench_model(model_name, checkpoint, image_size)
+    model = bench_model(model_name, checkpoint, image_size).to(target)
     config = model.config
     _, gflops_forward = model_stats(config)
     gflops_per_image = 3 * gflops_forward if train else gflops_forward  # backward costs about twice the forward
-    sample = torch.randn(batch_size, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
+    sample = torch.randn(batch_size, config.in_chans, *config.image_size,
+                         generator=torch.Generator().manual_seed(0)).to(target)
+
+    def synchronised(run: Callable[[], Any]) -> Callable[[], Any]:
+        if target.type != "cuda":
+            return run
+        return lambda: (run(), torch.cuda.synchronize(target))
 
     built: dict[str, BenchPath] = {}
-    skipped: dict[str, str] = {}
+    spent: dict[str, float] = {}  # seconds of each candidate's budget used before the timing rounds
+    per_call: dict[str, float] = {}
     try:
         with torch.inference_mode(mode=not train):
+            candidates: dict[str, Callable[[], Any]] = {}
             for key in chosen:
+                if total_seconds is not None and time.perf_counter() - began > total_seconds - 5:
+                    skipped[key] = f"not run: the {total_seconds:.0f} s limit of the whole table was reached"
+                    say(f"bench: {key} not run (the table's time limit)")
+                    continue
                 started = time.perf_counter()
+                allowed = budget if total_seconds is None else min(budget, total_seconds - (started - began))
                 say(f"bench: preparing {key} ...")
+                stage = "preparing it (export, quantization or compilation)"
                 try:
-                    built[key] = registry[key](model, sample)
-                    say(f"bench: {key} ready ({time.perf_counter() - started:.1f} s)")
+                    with deadline(allowed):
+                        path = registry[key](model, sample)
+                        stage = "running its first batch"
+                        run = synchronised(lambda path=path: path.run(sample))
+                        call_started = time.perf_counter()
+                        run()
+                        per_call[key] = time.perf_counter() - call_started
                 except Unavailable as error:
                     skipped[key] = str(error)
                     say(f"bench: {key} unavailable: {error}")
-            expected = model(sample).float() if not train else None
-            candidates = {key: (lambda path=path: path.run(sample)) for key, path in built.items()}
-            matmuls = matmul_candidates(model, batch_size)
+                    continue
+                except OverBudget:
+                    skipped[key] = f"over its {allowed:.0f} s budget while {stage}"
+                    say(f"bench: {key} over its budget ({stage})")
+                    continue
+                built[key], candidates[key] = path, run
+                spent[key] = time.perf_counter() - started
+                say(f"bench: {key} ready ({spent[key]:.1f} s, {1000 * per_call[key]:.0f} ms a batch)")
+            matmuls = matmul_candidates(model, batch_size, {path.precision for path in built.values()}, target)
             for name, (run, _) in matmuls.items():
-                candidates[name] = run
-            say(f"bench: timing {len(candidates)} paths and kernels, {warmup} warm-up calls and {repetitions} rounds each")
-            timings = time_interleaved(candidates, repetitions, warmup, min_sample_seconds, show=show)
+                run = synchronised(run)
+                call_started = time.perf_counter()
+                run()
+                candidates[name], per_call[name], spent[name] = run, time.perf_counter() - call_started, 0.0
+            # What fits: each candidate's rounds within its own budget (and all of them within the table's limit).
+            inner = {name: max(1, math.ceil(min_sample_seconds / max(seconds, 1e-6))) if seconds < min_sample_seconds
+                     else 1 for name, seconds in per_call.items()}
+            rounds = {name: rounds_within(budget - spent[name], per_call[name], inner[name], max(warmup - 1, 0),
+                                          repetitions) for name in candidates}
+            if total_seconds is not None:
+                left = total_seconds - (time.perf_counter() - began)
+                while max(rounds.values(), default=1) > 1 and sum(
+                        per_call[n] * (inner[n] * rounds[n] + max(warmup - 1, 0)) for n in candidates) > left:
+                    longest = max(rounds.values())
+                    rounds = {name: min(count, longest - 1) for name, count in rounds.items()}
+            say(f"bench: timing {len(candidates)} paths and kernels, {warmup} warm-up calls and up to {repetitions} "
+                "rounds each")
+            timings = time_interleaved(candidates, repetitions, max(warmup - 1, 0), min_sample_seconds, show=show,
+                                       rounds=rounds, inner=inner)
+            expected = model(sample).float() if not train else None
             agreement = {}
             if expected is not None:
                 for key, path in built.items():
@@ -191,6 +311,11 @@ def run_bench(
     for name, (_, flops) in matmuls.items():  # the fastest kernel of each precision
         precision = name.split()[1]
         peaks[precision] = max(peaks.get(precision, 0.0), flops / timings[name]["median"])
+    flops_per_call = next(iter(matmuls.values()))[1]
+    if target.type == "cpu" and not paths_simulated() and flops_per_call >= PEAK_RECORDED_ABOVE_GFLOP:
+        from vitlab.hardware import record_peaks
+
+        record_peaks(peaks)  # what `auto` precision reads on a CPU whose flags do not tell
     rows = []
     reference_key = "transformers" if "transformers" in built else None
     for key, path in built.items():
@@ -203,7 +328,7 @@ def run_bench(
             "percent_of_peak": 100 * gflops_per_second / peaks[path.precision] if path.precision in peaks else None,
             "vs_eager_fp32": timings["eager-fp32"]["median"] / seconds if "eager-fp32" in built else None,
             "vs_reference": timings[reference_key]["median"] / seconds if reference_key else None,
-            "timing": timings[key],
+            "timing": timings[key], "rounds": timings[key]["samples"], "prepare_seconds": round(spent[key], 1),
             **agreement.get(key, {}), **accuracy.get(key, {}),
         }
         rows.append(row)
@@ -213,12 +338,21 @@ def run_bench(
         "model": checkpoint or model_name, "config": config.to_dict(),
         "image_size": list(config.image_size), "batch_size": batch_size,
         "gflops_per_image": gflops_per_image, "repetitions": repetitions, "warmup": warmup,
-        "machine": machine_info(),
+        "budget_seconds": budget, "total_seconds": total_seconds, "quick": quick,
+        "wall_seconds": round(time.perf_counter() - began, 1),
+        "machine": machine_info(target),
         "peaks_gflops_per_second": peaks,
         "paths": rows, "skipped": skipped,
         "fastest": fastest["path"] if fastest else None,
         "dataset": dataset,
     }
+
+
+def paths_simulated() -> bool:
+    """True when VITLAB_CPU_UNITS simulates another CPU: peaks measured here would describe the wrong one."""
+    import os
+
+    return os.environ.get("VITLAB_CPU_UNITS") is not None
 
 
 def measure_accuracy(built: dict[str, BenchPath], model: nn.Module, dataset: str, data_dir: str | None,
@@ -233,13 +367,14 @@ def measure_accuracy(built: dict[str, BenchPath], model: nn.Module, dataset: str
     config = model.config
     data = evaluation_data(config, dataset, "test", data_dir, classes)
     predictions: dict[str, list[torch.Tensor]] = {key: [] for key in built}
+    device = next(model.parameters()).device
     for first in range(0, len(data), batch_size):
-        images = prepare(data.images[first:first + batch_size], data.max_value, config)
+        images = prepare(data.images[first:first + batch_size], data.max_value, config).to(device)
         count = len(images)
         if count < batch_size:
             images = torch.cat([images, images[-1:].expand(batch_size - count, -1, -1, -1)])
         for key, path in built.items():
-            predictions[key].append(path.run(images).float()[:count].argmax(dim=1))
+            predictions[key].append(path.run(images).float()[:count].argmax(dim=1).cpu())
     labels = data.labels
     baseline = torch.cat(predictions["eager-fp32"]) if "eager-fp32" in predictions else None
     out = {}
@@ -251,18 +386,29 @@ def measure_accuracy(built: dict[str, BenchPath], model: nn.Module, dataset: str
     return out
 
 
+def machine_line(machine: dict[str, Any]) -> str:
+    """ "machine: AMD EPYC (AVX2 (no VNNI, no bf16 units)), 2 threads, torch 2.13.0, ..." with the GPU first when
+    the bench ran on one."""
+    gpu = f"{machine['gpu']} ({machine['device']}, CUDA {machine['cuda']}); host " if "gpu" in machine else ""
+    units = f" ({machine['cpu_units']})" if machine.get("cpu_units") else ""
+    return (f"machine: {gpu}{machine['cpu']}{units}, {machine['threads']} threads, torch {machine['torch']}"
+            + (f", onnxruntime {machine['onnxruntime']}" if "onnxruntime" in machine else ""))
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The result as a plain-text table, one row per path."""
-    config = result["config"]
+    config, machine = result["config"], result["machine"]
     lines = [
         f"vitlab bench ({result['mode']}): {result['model']}, {config['embed_dim']} wide x {config['depth']} deep, "
         f"{'x'.join(map(str, result['image_size']))} images, batch {result['batch_size']}, "
         f"{result['gflops_per_image']:.3g} GFLOP per image{' (3 x forward)' if result['mode'] != 'inference' else ''}",
-        f"machine: {result['machine']['cpu']}, {result['machine']['threads']} threads, torch {result['machine']['torch']}"
-        + (f", onnxruntime {result['machine']['onnxruntime']}" if "onnxruntime" in result["machine"] else ""),
-        "peak (plain matmul of the MLP's shape): " + ", ".join(
-            f"{precision} {value:.0f} GFLOP/s" for precision, value in result["peaks_gflops_per_second"].items()),
-        f"median of {result['repetitions']} interleaved rounds after {result['warmup']} warm-up calls",
+        machine_line(result["machine"]),
+        "peak (plain matmul of the MLP's shape" + (f" on {machine['gpu']}" if "gpu" in machine else "") + "): "
+        + ", ".join(f"{precision} {value:.0f} {'GOP/s' if precision == 'int8' else 'GFLOP/s'}"
+                    for precision, value in result["peaks_gflops_per_second"].items()),
+        f"median of up to {result['repetitions']} interleaved rounds after {result['warmup']} warm-up calls"
+        + (f"; each path within a {result['budget_seconds']:.0f} s budget" if result.get("budget_seconds") else "")
+        + (f", the table within {result['total_seconds']:.0f} s" if result.get("total_seconds") else ""),
         "",
     ]
     has_accuracy = any("top1" in row for row in result["paths"])
@@ -285,6 +431,10 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(line)
     for key, reason in result["skipped"].items():
         lines.append(f"{key:<{width}} skipped: {reason}")
+    short = [f"{row['name']} {row['rounds']} of {result['repetitions']}" for row in result["paths"]
+             if row.get("rounds", result["repetitions"]) < result["repetitions"]]
+    if short:
+        lines += ["", "rounds cut to fit the budget: " + ", ".join(short)]
     if result["fastest"]:
         fastest = next(row for row in result["paths"] if row["path"] == result["fastest"])
         lines += ["", f"fastest: {fastest['name']}"

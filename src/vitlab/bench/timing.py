@@ -18,29 +18,35 @@ def calls_per_sample(run: Callable[[], Any], min_seconds: float) -> int:
 
 
 def time_interleaved(candidates: dict[str, Callable[[], Any]], repetitions: int = 5, warmup: int = 2,
-                     min_sample_seconds: float = 0.2, show: bool = False) -> dict[str, dict[str, float]]:
+                     min_sample_seconds: float = 0.2, show: bool = False, rounds: dict[str, int] | None = None,
+                     inner: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
     """Seconds per call of each candidate: {"median", "min", "max", "samples", "calls_per_sample"}.
 
     Each candidate is first called `warmup` times (compilation, allocator and thread-pool warm-up); then
-    `repetitions` rounds time every candidate once each, the order rotating by one per round. With `show`, a
-    progress bar (a terminal) or progress lines (a log) on stderr say where it is.
+    `repetitions` rounds time every candidate once each, the order rotating by one per round. `rounds` gives a
+    candidate fewer rounds (its time budget: it sits out the later ones); `inner` its calls per sample, where the
+    caller measured them already (default `calls_per_sample`). With `show`, a progress bar (a terminal) or
+    progress lines (a log) on stderr say where it is.
     """
     names = list(candidates)
+    rounds = {name: min(repetitions, (rounds or {}).get(name, repetitions)) for name in names}
     bar = None
     if show:
         from vitlab.progress import progress
 
-        bar = progress(len(names) * (1 + repetitions), "timing (warm-up, then rounds)", unit="path", min_total=1)
+        bar = progress(len(names) + sum(rounds.values()), "timing (warm-up, then rounds)", unit="path", min_total=1)
     for name in names:
         for _ in range(warmup):
             candidates[name]()
         if bar is not None:
             bar.update(1)
-    inner = {name: calls_per_sample(candidates[name], min_sample_seconds) for name in names}
+    inner = {name: (inner or {}).get(name) or calls_per_sample(candidates[name], min_sample_seconds) for name in names}
     samples: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(repetitions):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
+            if round_index >= rounds[name]:
+                continue
             run, count = candidates[name], inner[name]
             start = time.perf_counter()
             for _ in range(count):

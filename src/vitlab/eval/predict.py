@@ -17,24 +17,46 @@ from vitlab.hardware import Choice, choose_precision
 def load_classifier(path: str | Path, backend: str | None = None, image_size: int | tuple[int, int] | None = None,
                     num_heads: int | None = None, device: str | None = None):
     """A model to classify with: a VisionTransformer (backend torch) on `device` (default: a GPU when there is
-    one), or an `OnnxClassifier` (backend onnx, on the CPU). With no backend (or "auto") a .onnx file picks onnx;
-    with onnx a run folder (or a checkpoint file) means the model.onnx that `vitlab export` wrote beside it."""
+    one), an `OnnxClassifier` (backend onnx) or a `Pt2eClassifier` (backend pt2e, compiled for this CPU as it
+    loads), both on the CPU. With no backend (or "auto") a .onnx or .pt2e file picks its own; with onnx or pt2e
+    a run folder (or a checkpoint file) means the file `vitlab export` wrote beside it."""
     from vitlab.checkpoint import load_model
     from vitlab.errors import UsageError
+    from vitlab.export.pt2e import is_pt2e_file
     from vitlab.hardware import resolve_device
 
     is_onnx = Path(path).suffix.lower() == ".onnx"
+    is_pt2e = is_pt2e_file(path)
     if backend in (None, "auto"):
-        backend = "onnx" if is_onnx else "torch"
+        backend = "onnx" if is_onnx else "pt2e" if is_pt2e else "torch"
     if backend == "torch":
-        if is_onnx:
-            raise UsageError(f"{path} is an ONNX export; run it with --backend onnx (or leave --backend out)")
+        if is_onnx or is_pt2e:
+            kind = "an ONNX export; run it with --backend onnx" if is_onnx else "a pt2e export; run it with --backend pt2e"
+            raise UsageError(f"{path} is {kind} (or leave --backend out)")
         target = resolve_device(device)
         return load_model(path, image_size=image_size, num_heads=num_heads).to(target)  # a path or a name
     if device not in (None, "auto") and resolve_device(device).type != "cpu":
         raise UsageError(f"--device {device}: the {backend} backend runs on the CPU; use --backend torch for the GPU")
+    if image_size is not None or num_heads is not None:
+        raise UsageError(f"{path}: the {backend} backend runs an export, whose input size was fixed when it was "
+                         "written; drop --image-size and --num-heads (export again with --image-size to change it)")
+    if backend == "pt2e":
+        from vitlab.export.pt2e import Pt2eClassifier
+        from vitlab.runs import pt2e_output
+
+        if is_onnx:
+            raise UsageError(f"{path} is an ONNX export; run it with --backend onnx (or leave --backend out)")
+        if not is_pt2e:
+            exported = pt2e_output(path)
+            if not exported.is_file():
+                raise UsageError(f"--backend pt2e runs a pt2e export, and {exported} does not exist; make it with: "
+                                 f"vitlab export {path} --format pt2e")
+            path = exported
+        return Pt2eClassifier(path)
     from vitlab.export.onnx import OnnxClassifier
 
+    if is_pt2e:
+        raise UsageError(f"{path} is a pt2e export; run it with --backend pt2e (or leave --backend out)")
     if not is_onnx:
         from vitlab.runs import onnx_output
 
@@ -44,9 +66,6 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
                              f"vitlab export {path}")
         path = exported
     path = Path(path)
-    if image_size is not None or num_heads is not None:
-        raise UsageError(f"{path} is an ONNX export with its input size fixed at export; drop --image-size and "
-                         "--num-heads (export again with --image-size to change it)")
     from vitlab.checkpoint.formats import check_written_content
 
     check_written_content(path)
@@ -63,6 +82,11 @@ def inference_precision(model, requested: str = "auto") -> Choice:
     from vitlab.errors import UsageError
 
     if not isinstance(model, nn.Module):
+        if hasattr(model, "choice"):  # a pt2e file: int8 linear layers, the rest as this CPU suits
+            if requested != "auto":
+                raise UsageError(f"--precision {requested}: a pt2e file runs its linear layers in int8 and the rest "
+                                 "in bf16 where this CPU's bf16 matmuls pay, else fp32; leave --precision out")
+            return model.choice
         if requested not in ("auto", "fp32"):
             raise UsageError(f"--precision {requested} is for the torch backend; an exported file runs as it was "
                              "exported (export again for another precision)")

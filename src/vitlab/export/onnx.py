@@ -478,4 +478,7 @@ def format_export(summary: dict[str, Any], images_given: bool) -> str:
                      f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)")
     if not summary["int8"]:
         lines.append(f"fp32 tolerance {summary['tolerance']:g}: passed")
+    from vitlab.export.pt2e import fastest_format_line
+
+    lines.append(fastest_format_line("onnx --int8" if summary["int8"] else "onnx"))
     return "\n".join(lines)

@@ -129,13 +129,16 @@ class QuantizedModel:
         example = torch.zeros(2, self.config.in_chans, *self.config.image_size)
         prepared = prepared_for_this_cpu(model, example)
         expected = set(observer_state(prepared))
+        mismatch = (f"{source}: its quantization statistics do not fit the observers this torch {torch.__version__} "
+                    "places in the model; it was written by another version of torch or torchao: export it again "
+                    "with this one (vitlab export CKPT --format pt2e)")
         if set(observers) != expected:
-            raise CheckpointError(
-                f"{source}: its quantization observers ({len(observers)}) do not match the ones this torch "
-                f"{torch.__version__} places in the model ({len(expected)}); it was written by another version of "
-                "torch or torchao: export it again with this one (vitlab export CKPT --format pt2e)")
-        with torch.no_grad():
-            prepared.load_state_dict(observers, strict=False)
+            raise CheckpointError(mismatch)
+        try:
+            with torch.no_grad():
+                prepared.load_state_dict(observers, strict=False)
+        except RuntimeError:  # the same names with other shapes
+            raise CheckpointError(mismatch) from None
         with warnings.catch_warnings(), _quiet():
             warnings.simplefilter("ignore")
             converted = convert_pt2e(prepared)
@@ -262,14 +265,6 @@ class Pt2eClassifier:
 
 
 # ------------------------------------------------------------------------------------------------ export
-def pt2e_output(checkpoint: str | Path) -> Path:
-    """`vitlab export --format pt2e`'s default file: RUN/model-int8.pt2e, or NAME-int8.pt2e beside a checkpoint."""
-    from vitlab.runs import local_source
-
-    source = local_source(checkpoint)
-    return source / f"model-int8{SUFFIX}" if source.is_dir() else source.with_name(source.stem + f"-int8{SUFFIX}")
-
-
 def export_pt2e(model: nn.Module, out: str | Path, calibration: torch.Tensor, source: str) -> dict[str, Any]:
     """Calibrate `model` on uint8 pixels (N, C, H, W) at its size and write the .pt2e file to `out`."""
     from vitlab.data.preprocess import prepare
@@ -310,3 +305,50 @@ def run_pt2e_export(model: nn.Module, out: str | Path, calibration: torch.Tensor
     return place_checked_export(out, lambda staged: export_pt2e(model, staged, calibration, source),
                                 lambda staged: validate_pt2e(model, staged, pixels), suffix=SUFFIX)
 
+
+
+def calibration_for(checkpoint: str | Path, config: ViTConfig, calibrate: list[str] | None, data_dir: str | None,
+                    count: int = 256) -> tuple[torch.Tensor, str]:
+    """(uint8 pixels (N, C, H, W) to calibrate on, what they are): the images or data set named by --calibrate,
+    else a run folder's own training data; never a test split."""
+    from vitlab.export.onnx import calibration_pixels
+    from vitlab.runs import RunFolder
+
+    if calibrate:
+        pixels = calibration_pixels(config, calibrate, data_dir, count)
+        return pixels, f"{len(pixels)} images of {' '.join(calibrate)} (a data set's training split, or the files given)"
+    recipe = RunFolder(checkpoint).recipe() if Path(checkpoint).exists() else None
+    if recipe and recipe.get("dataset"):
+        dataset = recipe["dataset"]
+        pixels = calibration_pixels(config, [dataset], data_dir or recipe.get("data_dir"), count)
+        return pixels, f"{len(pixels)} training images of {dataset} (the run's own data)"
+    raise UsageError(f"{checkpoint} is not a run folder, so vitlab does not know what images it sees; a pt2e file is "
+                     "static int8, calibrated on such images: give them with --calibrate DATASET_OR_IMAGES (a data "
+                     "set's training split, e.g. --calibrate cifar10, or image files and folders)")
+
+
+def format_pt2e_export(summary: dict[str, Any], images_given: bool) -> str:
+    """`vitlab export --format pt2e`'s report: the file, its calibration, each check against fp32, and the format
+    fastest on this CPU."""
+    validation = summary["validation"]
+    lines = [f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB: fp32 weights and calibrated activation "
+             f"ranges; int8 linear layers when run), calibrated on {summary['calibration_source']}",
+             f"runs here as {validation['precision']} ({validation['precision_reason']}), compiled for this CPU in "
+             f"{validation['compile_seconds']:.0f} s when loaded",
+             f"checked against fp32 PyTorch on {next(iter(validation['checks'].values()))['images']} real images "
+             f"({'given' if images_given else 'shipped digits'}):"]
+    for name, check in validation["checks"].items():
+        lines.append(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
+                     f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)")
+    lines.append(fastest_format_line("pt2e"))
+    return "\n".join(lines)
+
+
+def fastest_format_line(written: str) -> str:
+    """What `vitlab export` says of the format it wrote against the one fastest on this CPU."""
+    from vitlab.hardware import fastest_export_format
+
+    fastest = fastest_export_format()
+    if fastest.value == written:
+        return f"fastest format on this CPU: {fastest.value}, this one ({fastest.reason})"
+    return f"fastest format on this CPU: {fastest.value}, not this one ({fastest.reason}); vitlab bench --quick measures it"

@@ -1,8 +1,10 @@
 """What `vitlab serve` runs: one model behind two calls, `classify` (a batch of decoded images -> class
 probabilities) and `explain` (one image -> its attention-rollout map), plus the description `GET /v1/model` gives.
 
-Backends: "torch" (the checkpoint in fp32, bf16 weights, or PyTorch's dynamic int8) and "onnx" (ONNX Runtime on a
-`vitlab export` file, or on an export made at start from a checkpoint: fp32, or int8 weights). Explaining needs the
+Backends: "torch" (the checkpoint in fp32, bf16 weights, or PyTorch's dynamic int8), "onnx" (ONNX Runtime on a
+`vitlab export` file, or on an export made at start from a checkpoint: fp32, or int8 weights) and "pt2e" (a
+`vitlab export --format pt2e` file, compiled for this CPU at start: int8 linear layers, the rest in bf16 where it
+pays). Explaining needs the
 attention weights, so it runs the PyTorch model: available whenever a checkpoint (not only an .onnx file) was given.
 """
 
@@ -19,7 +21,13 @@ import torch
 from vitlab.errors import UsageError
 from vitlab.hardware import PRECISIONS, SERVE_ONE_THREAD_BELOW_GFLOPS, Choice, available_cores, choose_precision
 
-BACKENDS = ("torch", "onnx")
+BACKENDS = ("torch", "onnx", "pt2e")
+
+
+def onnx_runtime_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
 
 
 def serving_threads(config) -> int:
@@ -36,24 +44,29 @@ class Engine:
                  threads: int | None = None, device: str | None = None) -> None:
         from vitlab.checkpoint import load_model
         from vitlab.eval.classify import require_head
+        from vitlab.export.pt2e import is_pt2e_file
         from vitlab.hardware import resolve_device
 
         is_onnx = Path(source).suffix.lower() == ".onnx"  # else a checkpoint path or a pre-trained name
-        backend = backend if backend not in (None, "auto") else ("onnx" if is_onnx else "torch")
+        is_pt2e = is_pt2e_file(source)
+        auto_backend = backend in (None, "auto")
+        backend = backend if not auto_backend else ("onnx" if is_onnx else "pt2e" if is_pt2e else "torch")
         if backend not in BACKENDS or precision not in PRECISIONS:
             raise UsageError(f"backend must be one of {BACKENDS} and precision one of {PRECISIONS}")
         self.source, self.backend, self.precision = str(source), backend, precision
         self.explainer = None  # the fp32 PyTorch model, for attention rollout
         self._temporary = None
-        if backend == "onnx":
+        if backend in ("onnx", "pt2e"):
             if device not in (None, "auto") and resolve_device(device).type != "cpu":
-                raise UsageError(f"--device {device}: the onnx backend runs on the CPU (ONNX Runtime's CPU provider); "
-                                 "serve the checkpoint with --backend torch to use the GPU")
+                raise UsageError(f"--device {device}: the {backend} backend runs on the CPU; serve the checkpoint "
+                                 "with --backend torch to use the GPU")
             self.device = torch.device("cpu")
         else:
             self.device = resolve_device(device)
         self.choice = Choice(precision, "as asked")
-        if is_onnx:
+        if backend == "pt2e":
+            self._serve_pt2e(source, is_pt2e, is_onnx, precision, threads)
+        elif is_onnx:
             if backend != "onnx":
                 raise UsageError(f"{source} is an ONNX export; serve it with --backend onnx (or leave --backend out)")
             if precision == "bf16":
@@ -74,6 +87,8 @@ class Engine:
 
                 require_identity_at_input_size(self.config, str(source))
         else:
+            if is_pt2e:
+                raise UsageError(f"{source} is a pt2e export; serve it with --backend pt2e (or leave --backend out)")
             model = load_model(source).to(self.device)
             self.config = model.config
             self.explainer = model
@@ -81,12 +96,43 @@ class Engine:
             torch.set_num_threads(threads)
             self.choice = self._choose_precision(precision)
             self.precision = self.choice.value
+            if auto_backend and self.precision == "int8" and self.device.type == "cpu" and onnx_runtime_installed():
+                # ONNX Runtime's int8 kernels beat PyTorch's dynamic int8 at B/16: 3.0x against 2.0x transformers
+                # fp32 on an AMX Xeon, 1.8x against 1.4x on an AVX2 EPYC (BENCHMARKS.md).
+                self.backend = backend = "onnx"
+                self.choice = Choice("int8", f"{self.choice.reason}; served by ONNX Runtime, whose int8 kernels "
+                                             "ran faster than PyTorch's on every CPU measured")
             self.runner = self._prepare(model, backend, self.precision, threads)
         require_head(self.config, str(source))
         self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]
         from vitlab.runs import display_name
 
         self.name = display_name(source)
+
+    def _serve_pt2e(self, source: str | Path, is_pt2e: bool, is_onnx: bool, precision: str, threads: int | None
+                    ) -> None:
+        """A pt2e file (or a run folder's model-int8.pt2e), compiled for this CPU now, before the first request;
+        its fp32 weights explain."""
+        from vitlab.export.pt2e import Pt2eClassifier
+        from vitlab.runs import pt2e_output
+
+        if is_onnx:
+            raise UsageError(f"{source} is an ONNX export; serve it with --backend onnx (or leave --backend out)")
+        if precision != "auto":
+            raise UsageError(f"--precision {precision}: a pt2e file runs its linear layers in int8 and the rest in "
+                             "bf16 where this CPU's bf16 matmuls pay, else fp32; leave --precision out")
+        path = Path(source) if is_pt2e else pt2e_output(source)
+        if not path.is_file():
+            raise UsageError(f"--backend pt2e serves a pt2e export, and {path} does not exist; make it with: "
+                             f"vitlab export {source} --format pt2e")
+        from vitlab.export.pt2e import read_pt2e
+
+        threads = threads or serving_threads(read_pt2e(path)[0])
+        torch.set_num_threads(threads)
+        self.runner = Pt2eClassifier(path)
+        self.config, self.explainer = self.runner.config, self.runner.model
+        self.choice = self.runner.choice
+        self.precision = self.choice.value
 
     def _choose_precision(self, requested: str) -> Choice:
         """auto: what pays on this device for this model (`choose_precision`, purpose "serve"), within what the
@@ -130,7 +176,7 @@ class Engine:
     @torch.no_grad()
     def classify(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 pixels (B, C, H, W) at the model's size -> class probabilities (B, K), float32."""
-        if self.backend == "onnx":
+        if self.backend in ("onnx", "pt2e"):
             logits = self.runner.classify_pixels(pixels)
         else:
             from vitlab.data.preprocess import prepare

@@ -286,7 +286,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     else:
         model = build_model(config, splits.train, pretrained, objective.model_fields(splits.train))
     apply_freezing(model, config)
-    model.set_attention_kernel(training_attention_kernel(config, model))
+    model.set_attention_kernel(training_attention_kernel(config, model, env.device))
     if config.augment.hflip and not splits.train.hflip:
         # Every rank turns flips off (each draws its augmentation from the same stream); rank 0 says so.
         if env.is_main:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+
 from vitlab.config import variant_config, variant_names
 from vitlab.data.datasets import ImageDataset
 from vitlab.distributed import DistEnv
@@ -75,11 +77,14 @@ def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
             parameter.requires_grad_(False)
 
 
-def training_attention_kernel(config: TrainConfig, model: VisionTransformer) -> str:
-    """The recipe's attention kernel; for "auto" the explicit softmax up to TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS
-    tokens (faster to train there on a CPU), SDPA above."""
+def training_attention_kernel(config: TrainConfig, model: VisionTransformer, device: torch.device | None = None) -> str:
+    """The recipe's attention kernel; for "auto" on a CPU the explicit softmax (with its own backward) up to
+    TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS tokens, faster to train there, and SDPA above; on a GPU always SDPA, whose
+    fused flash and memory-efficient kernels the explicit path cannot match."""
     if config.attention != "auto":
         return config.attention
+    if device is not None and torch.device(device).type != "cpu":
+        return "sdpa"
     return "explicit" if model.config.num_tokens <= TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS else "sdpa"
 
 
