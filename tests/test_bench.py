@@ -163,14 +163,19 @@ def test_temporary_folders_are_removed_when_a_path_fails_mid_run(tmp_path, monke
 
 
 def test_pt2e_static_int8_agrees_with_fp32_on_a_trained_model(trained_checkpoint):
+    from vitlab.hardware import cpu_units
+
     pytest.importorskip("torchao", reason="the pt2e int8 paths need torchao (pip install -e '.[int8]')")
-    result = run_bench(checkpoint=str(trained_checkpoint), batch_size=64,
-                       paths=["eager-fp32", "pt2e-int8", "pt2e-int8-bf16"], dataset="digits", **FAST)
+    # The bf16 rest only where this CPU has bf16 units: elsewhere bf16 is emulated, slow, and no path bench
+    # would choose (test_pt2e.py checks the deployed file on every CPU).
+    quantized = ["pt2e-int8"] + (["pt2e-int8-bf16"] if cpu_units().bf16 else [])
+    result = run_bench(checkpoint=str(trained_checkpoint), batch_size=64, paths=["eager-fp32", *quantized],
+                       dataset="digits", **FAST)
     rows = {row["path"]: row for row in result["paths"]}
-    assert {"pt2e-int8", "pt2e-int8-bf16"} <= set(rows), result["skipped"]
+    assert set(quantized) <= set(rows), result["skipped"]
     # The 30-step test model is unsure (near-ties flip under int8 rounding); the trained digits recipe model
     # agrees on 100% (BENCHMARKS.md). The bf16 rest (attention, LayerNorm) adds rounding but must not add errors.
-    for key in ("pt2e-int8", "pt2e-int8-bf16"):
+    for key in quantized:
         assert rows[key]["agreement_with_eager_fp32"] >= 0.95, key
         assert abs(rows[key]["top1"] - rows["eager-fp32"]["top1"]) <= 0.02, key
         assert 0 < rows[key]["max_abs_diff_vs_eager"] < 1.0, key  # quantized, so not identical; not garbage

@@ -70,18 +70,21 @@ class Attention(nn.Module):
         return (out, weights) if return_weights else out
 
     def attend_from_prefix(self, x: torch.Tensor, queries: int) -> torch.Tensor:
-        """x (B, T, D) -> (B, queries, D): queries of the first tokens against keys and values of all, from the
-        query rows and the key-value rows of the fused projection (a third of its work for the queries is left)."""
+        """x (B, T, D) -> (B, queries, D): queries of the first tokens against keys and values of all. The fused
+        projection still runs on every token (slicing its weight instead would save a third of it, but PT2E's
+        int8 lowering then computes wrong products, and a dynamically quantized projection has no weight to
+        slice); what is saved is the output projection and, in the block, the MLP of the other tokens."""
         if self.rel_pos_keys is not None:
             raise ValueError("relative attention needs every query's offsets; call it with queries=None")
         batch, tokens, dim = x.shape
-        q = nn.functional.linear(x[:, :queries], self.qkv.weight[:dim],
-                                 None if self.qkv.bias is None else self.qkv.bias[:dim])
-        kv = nn.functional.linear(x, self.qkv.weight[dim:], None if self.qkv.bias is None else self.qkv.bias[dim:])
-        q = q.reshape(batch, queries, self.num_heads, self.head_dim).transpose(1, 2)  # (B, heads, Q, head_dim)
-        k, v = kv.reshape(batch, tokens, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
+        q = qkv[:, :queries, 0].transpose(1, 2)  # (B, heads, Q, head_dim)
+        k, v = qkv[:, :, 1:].permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, head_dim)
         if self.explicit_softmax:
             out = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, queries, dim)))
+        # The projection runs on rows (B*Q, D): Inductor's int8 linear (PT2E) computes wrong products on a
+        # (B, 1, D) input with a symbolic batch, and rows are the shape every backend handles.
+        rows = out.transpose(1, 2).reshape(batch * queries, dim)
+        return self.proj_drop(self.proj(rows)).view(batch, queries, dim)
