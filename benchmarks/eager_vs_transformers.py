@@ -4,8 +4,9 @@
 
 1. torch.profiler self time per batch of the biggest ops of each model (one batch, mean of 3 calls).
 2. An A/B in one process, the order rotating each round, median seconds per batch: vitlab as it is; vitlab with
-   the MLP's GELU out of place (as before the in-place change in layers/mlp.py); vitlab with its fused qkv
-   projection split into three linears (transformers' layout); transformers.
+   the MLP's GELU out of place (as before the in-place change in layers/mlp.py); vitlab computing every token in
+   the last block (before issue 27), and that with its fused qkv projection split into three linears
+   (transformers' layout); transformers.
 Prints the tables; never run by pytest.
 """
 
@@ -67,13 +68,17 @@ def main() -> None:
     out_of_place = copy.deepcopy(model)
     for block in out_of_place.blocks:
         block.mlp.act = OutOfPlaceGELU()
-    split = copy.deepcopy(model)
+    # Every token through the last block, as before issue 27 (the model's head reads the class token only).
+    every_token = copy.deepcopy(model)
+    every_token.head_tokens = lambda: None
+    split = copy.deepcopy(every_token)  # compare it with every_token: the qkv layout alone differs
     for block in split.blocks:
         block.attn.forward = lambda x, attention=block.attn: split_qkv_forward(attention, x)
     with torch.inference_mode():
         reference, _, folder = transformers_reference(model, images)
         candidates = {"vitlab": lambda: model(images), "vitlab, GELU out of place": lambda: out_of_place(images),
-                      "vitlab, qkv split in three": lambda: split(images),
+                      "vitlab, every token in the last block": lambda: every_token(images),
+                      "vitlab, every token, qkv split in three": lambda: split(images),
                       "transformers": lambda: reference(pixel_values=images).logits}
         expected = model(images)
         for name, run in candidates.items():

@@ -263,7 +263,7 @@ def test_the_tables_time_limit_leaves_later_paths_unrun(monkeypatch):
 
 
 @pytest.mark.parametrize("units, fastest", [
-    ("avx2", ["onnx-int8", "pt2e-int8"]),
+    ("avx2", ["onnx-int8"]),
     ("avx2,avx512,vnni", ["pt2e-int8", "onnx-int8"]),
     ("avx2,avx512,vnni,avx512_bf16,amx", ["pt2e-int8-bf16", "compile-bf16"]),
 ])
@@ -293,12 +293,11 @@ def test_quick_gives_a_table_whose_header_names_the_cpus_units(monkeypatch, caps
     # The real int8 paths compile for tens of seconds; their own tests cover them. Here: the quick flow.
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
     monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "onnx-int8", fake("onnxruntime int8"))
-    monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "pt2e-int8", fake("pt2e int8"))
     assert main(["bench", "--quick", "--model", "digits-8", "--batch-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "machine:" in out and "(AVX2 (no VNNI, no bf16 units)" in out
     assert "3 interleaved rounds after 1 warm-up calls; each path within a 45 s budget, the table within 150 s" in out
-    for name in ("eager fp32", "onnxruntime int8", "pt2e int8", "transformers fp32"):
+    for name in ("eager fp32", "onnxruntime int8", "transformers fp32"):
         assert name in out
     assert "not run by --quick" in out and "fastest:" in out
 

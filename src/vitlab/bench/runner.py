@@ -166,8 +166,11 @@ def choose_paths(train: bool, quick: bool, device: torch.device, asked: list[str
             fastest = ["autocast-bf16"] if units.bf16 else ["compile-fp32"]
         elif units.amx or units.bf16:
             fastest = ["pt2e-int8-bf16", "compile-bf16"]
-        else:  # VNNI: PT2E int8 led (3.22x against ONNX Runtime's 2.42x); without: ONNX Runtime led (1.81x, 1.73x)
-            fastest = ["pt2e-int8", "onnx-int8"] if units.int8 else ["onnx-int8", "pt2e-int8"]
+        elif units.int8:  # VNNI: PT2E int8 led at B/16 (3.22x transformers, ONNX Runtime int8 2.42x)
+            fastest = ["pt2e-int8", "onnx-int8"]
+        else:  # AVX2 alone: ONNX Runtime int8 led (1.77x, PT2E with the 7-bit activations this CPU needs 0.95x),
+            # and PT2E's export, calibration and compilation of B/16 took over the 45 s a quick path has there
+            fastest = ["onnx-int8"]
         kept = ["eager-fp32", *fastest, "transformers"]
         for key in chosen:
             if key not in kept:

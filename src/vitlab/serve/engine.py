@@ -98,7 +98,8 @@ class Engine:
             self.precision = self.choice.value
             if auto_backend and self.precision == "int8" and self.device.type == "cpu" and onnx_runtime_installed():
                 # ONNX Runtime's int8 kernels beat PyTorch's dynamic int8 at B/16: 3.0x against 2.0x transformers
-                # fp32 on an AMX Xeon, 1.8x against 1.4x on an AVX2 EPYC (BENCHMARKS.md).
+                # fp32 on an AMX Xeon, 1.8x against 1.4x and 1.77x against 1.70x in two runs on an AVX2 EPYC
+                # (BENCHMARKS.md).
                 self.backend = backend = "onnx"
                 self.choice = Choice("int8", f"{self.choice.reason}; served by ONNX Runtime, whose int8 kernels "
                                              "ran faster than PyTorch's on every CPU measured")
