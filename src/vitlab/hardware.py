@@ -277,8 +277,8 @@ def fastest_export_format() -> Choice:
     """The `vitlab export` format that ran fastest on CPUs with this one's units (ViT-B/16, batch 16, against
     transformers fp32 in the same `vitlab bench` run, BENCHMARKS.md): with AMX, pt2e (int8 + bf16) 7.2x against
     ONNX Runtime int8's 3.1x; with VNNI and no bf16 units, pt2e int8 3.2x against 2.4x (an AVX-512 Xeon); with
-    neither, ONNX Runtime int8 1.77x against pt2e's 0.95x (an AVX2 AMD EPYC, where PT2E's activations must keep to
-    7 bits, `int8_saturates`, and oneDNN's int8 linear runs 1.56x slower with them than with 8)."""
+    neither, ONNX Runtime int8 1.77-1.81x against pt2e's 0.95x (an AVX2 AMD EPYC: oneDNN's int8 linear layers, which
+    PT2E compiles to, ran there no faster than fp32 at B/16, with 7-bit activations or 8)."""
     units = cpu_units()
     if units.amx or units.bf16:
         return Choice("pt2e", f"this CPU has bf16 units ({units.describe()}): pt2e int8 + bf16 ran at 7.2x "
@@ -288,7 +288,7 @@ def fastest_export_format() -> Choice:
                               "transformers fp32 on B/16 on such a CPU, ONNX Runtime int8 at 2.4x")
     return Choice("onnx --int8", f"this CPU has neither int8 dot products nor bf16 units ({units.describe()}): "
                                  "ONNX Runtime int8 ran at 1.77x transformers fp32 on B/16 on such a CPU, pt2e int8 "
-                                 "at 0.95x (its activations must keep to 7 bits there)")
+                                 "at 0.95x")
 
 
 # ---------------------------------------------------------------------------------- measured peaks, per CPU

@@ -168,7 +168,7 @@ def choose_paths(train: bool, quick: bool, device: torch.device, asked: list[str
             fastest = ["pt2e-int8-bf16", "compile-bf16"]
         elif units.int8:  # VNNI: PT2E int8 led at B/16 (3.22x transformers, ONNX Runtime int8 2.42x)
             fastest = ["pt2e-int8", "onnx-int8"]
-        else:  # AVX2 alone: ONNX Runtime int8 led (1.77x, PT2E with the 7-bit activations this CPU needs 0.95x),
+        else:  # AVX2 alone: ONNX Runtime int8 led (1.77-1.81x transformers, PT2E int8 0.95x: fp32's speed),
             # and PT2E's export, calibration and compilation of B/16 took over the 45 s a quick path has there
             fastest = ["onnx-int8"]
         kept = ["eager-fp32", *fastest, "transformers"]
