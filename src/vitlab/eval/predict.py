@@ -24,15 +24,18 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
     from vitlab.errors import UsageError
     from vitlab.export.pt2e import is_pt2e_file
     from vitlab.hardware import resolve_device
+    from vitlab.runs import onnx_output, pt2e_output
 
-    is_onnx = Path(path).suffix.lower() == ".onnx"
-    is_pt2e = is_pt2e_file(path)
+    # backend: (is `path` such a file, the file `vitlab export` writes beside a run, the command that writes it, what
+    # it is called in messages).
+    exports = {"onnx": (Path(path).suffix.lower() == ".onnx", onnx_output, f"vitlab export {path}", "an ONNX export"),
+               "pt2e": (is_pt2e_file(path), pt2e_output, f"vitlab export {path} --format pt2e", "a pt2e export")}
+    given = next((name for name, (is_kind, *_) in exports.items() if is_kind), None)
     if backend in (None, "auto"):
-        backend = "onnx" if is_onnx else "pt2e" if is_pt2e else "torch"
+        backend = given or "torch"
+    if given is not None and given != backend:
+        raise UsageError(f"{path} is {exports[given][3]}; run it with --backend {given} (or leave --backend out)")
     if backend == "torch":
-        if is_onnx or is_pt2e:
-            kind = "an ONNX export; run it with --backend onnx" if is_onnx else "a pt2e export; run it with --backend pt2e"
-            raise UsageError(f"{path} is {kind} (or leave --backend out)")
         target = resolve_device(device)
         return load_model(path, image_size=image_size, num_heads=num_heads).to(target)  # a path or a name
     if device not in (None, "auto") and resolve_device(device).type != "cpu":
@@ -40,33 +43,20 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
     if image_size is not None or num_heads is not None:
         raise UsageError(f"{path}: the {backend} backend runs an export, whose input size was fixed when it was "
                          "written; drop --image-size and --num-heads (export again with --image-size to change it)")
-    if backend == "pt2e":
-        from vitlab.export.pt2e import Pt2eClassifier
-        from vitlab.runs import pt2e_output
-
-        if is_onnx:
-            raise UsageError(f"{path} is an ONNX export; run it with --backend onnx (or leave --backend out)")
-        if not is_pt2e:
-            exported = pt2e_output(path)
-            if not exported.is_file():
-                raise UsageError(f"--backend pt2e runs a pt2e export, and {exported} does not exist; make it with: "
-                                 f"vitlab export {path} --format pt2e")
-            path = exported
-        return Pt2eClassifier(path)
-    from vitlab.export.onnx import OnnxClassifier
-
-    if is_pt2e:
-        raise UsageError(f"{path} is a pt2e export; run it with --backend pt2e (or leave --backend out)")
-    if not is_onnx:
-        from vitlab.runs import onnx_output
-
-        exported = onnx_output(path)
+    _, default_output, command, called = exports[backend]
+    if given is None:  # a run folder or checkpoint: the export written beside it
+        exported = default_output(path)
         if not exported.is_file():
-            raise UsageError(f"--backend onnx runs an ONNX export, and {exported} does not exist; make it with: "
-                             f"vitlab export {path}")
+            raise UsageError(f"--backend {backend} runs {called}, and {exported} does not exist; make it with: "
+                             f"{command}")
         path = exported
     path = Path(path)
+    if backend == "pt2e":
+        from vitlab.export.pt2e import Pt2eClassifier
+
+        return Pt2eClassifier(path)  # which checks the file's recorded checksum itself
     from vitlab.checkpoint.formats import check_written_content
+    from vitlab.export.onnx import OnnxClassifier
 
     check_written_content(path)
     return OnnxClassifier(path)
