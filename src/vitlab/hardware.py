@@ -298,18 +298,23 @@ def _peaks_file():
     return cache_dir() / "machine" / "peaks.json"
 
 
-def machine_key() -> str:
-    """This CPU's name and units: measured peaks are kept per key, so a cache shared between machines (a home
-    folder on a cluster) keeps each one's own."""
-    name = "unknown CPU"
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, e.g. "AMD EPYC"; elsewhere what `platform` says."""
+    import platform
+
     try:
         for line in open("/proc/cpuinfo", encoding="utf-8"):
             if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{name} | {_probed_cpu_units().describe()} | {available_cores()} cores"
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine_key() -> str:
+    """This CPU's name and units: measured peaks are kept per key, so a cache shared between machines (a home
+    folder on a cluster) keeps each one's own."""
+    return f"{cpu_name()} | {_probed_cpu_units().describe()} | {available_cores()} cores"
 
 
 def measured_peaks() -> dict[str, float]:

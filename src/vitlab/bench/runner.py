@@ -23,17 +23,9 @@ from vitlab.errors import UsageError
 
 def machine_info(device: torch.device | None = None) -> dict[str, Any]:
     """What the figures were measured on: the CPU and its matmul units, the GPU when the bench ran on one."""
-    from vitlab.hardware import cpu_units
+    from vitlab.hardware import cpu_name, cpu_units
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"cpu": cpu, "cpu_units": cpu_units().describe(), "threads": torch.get_num_threads(),
+    info = {"cpu": cpu_name(), "cpu_units": cpu_units().describe(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version()}
     if device is not None and device.type == "cuda":
         info.update(device=str(device), gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
@@ -206,7 +198,7 @@ def run_bench(
     call, within `total_seconds` (default QUICK_TOTAL_SECONDS) for preparing and timing them all.
     show: say on stderr what happens while it happens (each path as it is built, the timing rounds)."""
     from vitlab.bench.budget import OverBudget, deadline, rounds_within
-    from vitlab.hardware import resolve_device
+    from vitlab.hardware import cpu_units, resolve_device
     from vitlab.models import model_stats
 
     def say(text: str) -> None:
@@ -315,7 +307,8 @@ def run_bench(
         precision = name.split()[1]
         peaks[precision] = max(peaks.get(precision, 0.0), flops / timings[name]["median"])
     flops_per_call = next(iter(matmuls.values()))[1]
-    if target.type == "cpu" and not paths_simulated() and flops_per_call >= PEAK_RECORDED_ABOVE_GFLOP:
+    # Not under VITLAB_CPU_UNITS: peaks measured here would be filed under the simulated CPU's units.
+    if target.type == "cpu" and not cpu_units().simulated and flops_per_call >= PEAK_RECORDED_ABOVE_GFLOP:
         from vitlab.hardware import record_peaks
 
         record_peaks(peaks)  # what `auto` precision reads on a CPU whose flags do not tell
@@ -349,13 +342,6 @@ def run_bench(
         "fastest": fastest["path"] if fastest else None,
         "dataset": dataset,
     }
-
-
-def paths_simulated() -> bool:
-    """True when VITLAB_CPU_UNITS simulates another CPU: peaks measured here would describe the wrong one."""
-    import os
-
-    return os.environ.get("VITLAB_CPU_UNITS") is not None
 
 
 def measure_accuracy(built: dict[str, BenchPath], model: nn.Module, dataset: str, data_dir: str | None,
@@ -405,7 +391,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"vitlab bench ({result['mode']}): {result['model']}, {config['embed_dim']} wide x {config['depth']} deep, "
         f"{'x'.join(map(str, result['image_size']))} images, batch {result['batch_size']}, "
         f"{result['gflops_per_image']:.3g} GFLOP per image{' (3 x forward)' if result['mode'] != 'inference' else ''}",
-        machine_line(result["machine"]),
+        machine_line(machine),
         "peak (plain matmul of the MLP's shape" + (f" on {machine['gpu']}" if "gpu" in machine else "") + "): "
         + ", ".join(f"{precision} {value:.0f} {'GOP/s' if precision == 'int8' else 'GFLOP/s'}"
                     for precision, value in result["peaks_gflops_per_second"].items()),
