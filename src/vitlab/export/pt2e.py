@@ -195,9 +195,10 @@ def _torchao_version() -> str:
         return "unknown"
 
 
-def read_pt2e(path: str | Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+def read_pt2e(path: str | Path, tensors: bool = True
+              ) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """(config, fp32 state dict, observers' statistics, provenance) of a .pt2e file; safetensors only, nothing
-    unpickled."""
+    unpickled. tensors=False reads the header alone (the state dict and statistics come back empty)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -206,7 +207,7 @@ def read_pt2e(path: str | Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dic
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+            stored = {name: handle.get_tensor(name) for name in handle.keys()} if tensors else {}
     except Exception as error:  # noqa: BLE001 - safetensors raises its own types on damaged files
         raise CheckpointError(f"{path}: not a readable pt2e file ({str(error).splitlines()[0][:160]}); export it "
                               "again with vitlab export CKPT --format pt2e") from None
@@ -216,8 +217,8 @@ def read_pt2e(path: str | Path) -> tuple[ViTConfig, dict[str, torch.Tensor], dic
         raise CheckpointError(f"{path}: written by a newer vitlab (pt2e format {metadata['format_version']}); "
                               "upgrade vitlab to run it")
     config = ViTConfig.from_json(metadata["config"])
-    state = {name[len(MODEL_PREFIX):]: value for name, value in tensors.items() if name.startswith(MODEL_PREFIX)}
-    observers = {name[len(OBSERVER_PREFIX):]: value for name, value in tensors.items()
+    state = {name[len(MODEL_PREFIX):]: value for name, value in stored.items() if name.startswith(MODEL_PREFIX)}
+    observers = {name[len(OBSERVER_PREFIX):]: value for name, value in stored.items()
                  if name.startswith(OBSERVER_PREFIX)}
     return config, state, observers, json.loads(metadata.get("pt2e", "{}"))
 

@@ -128,7 +128,7 @@ class Engine:
                              f"vitlab export {source} --format pt2e")
         from vitlab.export.pt2e import read_pt2e
 
-        threads = threads or serving_threads(read_pt2e(path)[0])
+        threads = threads or serving_threads(read_pt2e(path, tensors=False)[0])  # set before compiling
         torch.set_num_threads(threads)
         self.runner = Pt2eClassifier(path)
         self.config, self.explainer = self.runner.config, self.runner.model
