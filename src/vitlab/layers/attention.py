@@ -44,16 +44,21 @@ class Attention(nn.Module):
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> (B, T, D); with return_weights also the attention weights (B, heads, T, T).
         queries: attend from the first `queries` tokens only (every token is still a key and a value) -> (B, queries,
-        D), the same rows the full call gives: the last block of a model whose head reads the class token alone."""
+        D), the same rows the full call gives: the last block of a model whose head reads the class token alone.
+        The fused projection still runs on every token (slicing its weight instead would save a third of it, but
+        PT2E's int8 lowering then computes wrong products, and a dynamically quantized projection has no weight to
+        slice); what is saved is the output projection and, in the block, the MLP of the other tokens."""
         batch, tokens, dim = x.shape
-        if queries is not None:
-            return self.attend_from_prefix(x, queries)
-        if (self.explicit_softmax and not return_weights and self.rel_pos_keys is None and torch.is_grad_enabled()
-                and not (self.training and self.attn_drop.p > 0)):
+        if queries is not None and self.rel_pos_keys is not None:
+            raise ValueError("relative attention needs every query's offsets; call it with queries=None")
+        if (queries is None and self.explicit_softmax and not return_weights and self.rel_pos_keys is None
+                and torch.is_grad_enabled() and not (self.training and self.attn_drop.p > 0)):
             # Training short sequences: the same products with a backward that copies less (explicit_attention.py).
             return self.proj_drop(self.proj(explicit_attention(self.qkv(x), self.num_heads, self.scale)))
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, head_dim)
+        if queries is not None:
+            q = q[:, :, :queries]  # (B, heads, Q, head_dim)
         bias = None
         if self.rel_pos_keys is not None:
             keys = resample_relative_keys(self.rel_pos_keys, tokens) if self.resample_relative else self.rel_pos_keys
@@ -65,26 +70,12 @@ class Attention(nn.Module):
         else:
             dropout = self.attn_drop.p if self.training else 0.0
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
-        out = out.transpose(1, 2).reshape(batch, tokens, dim)  # concatenate heads: (B, T, D)
-        out = self.proj_drop(self.proj(out))
-        return (out, weights) if return_weights else out
-
-    def attend_from_prefix(self, x: torch.Tensor, queries: int) -> torch.Tensor:
-        """x (B, T, D) -> (B, queries, D): queries of the first tokens against keys and values of all. The fused
-        projection still runs on every token (slicing its weight instead would save a third of it, but PT2E's
-        int8 lowering then computes wrong products, and a dynamically quantized projection has no weight to
-        slice); what is saved is the output projection and, in the block, the MLP of the other tokens."""
-        if self.rel_pos_keys is not None:
-            raise ValueError("relative attention needs every query's offsets; call it with queries=None")
-        batch, tokens, dim = x.shape
-        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
-        q = qkv[:, :queries, 0].transpose(1, 2)  # (B, heads, Q, head_dim)
-        k, v = qkv[:, :, 1:].permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, head_dim)
-        if self.explicit_softmax:
-            out = self.attn_drop(((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
+        if queries is None:
+            out = out.transpose(1, 2).reshape(batch, tokens, dim)  # concatenate heads: (B, T, D)
+            out = self.proj_drop(self.proj(out))
         else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
-        # The projection runs on rows (B*Q, D): Inductor's int8 linear (PT2E) computes wrong products on a
-        # (B, 1, D) input with a symbolic batch, and rows are the shape every backend handles.
-        rows = out.transpose(1, 2).reshape(batch * queries, dim)
-        return self.proj_drop(self.proj(rows)).view(batch, queries, dim)
+            # The projection runs on rows (B*Q, D): Inductor's int8 linear (PT2E) computes wrong products on a
+            # (B, 1, D) input with a symbolic batch, and rows are the shape every backend handles.
+            rows = out.transpose(1, 2).reshape(batch * queries, dim)
+            out = self.proj_drop(self.proj(rows)).view(batch, queries, dim)
+        return (out, weights) if return_weights else out

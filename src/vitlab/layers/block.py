@@ -33,7 +33,7 @@ class Block(nn.Module):
         nothing else of the others (the model's last block when its head reads the class token)."""
         if queries is not None:
             x = x[:, :queries] + self.drop_path(self.ls1(self.attn(self.norm1(x), queries=queries)))
-            # The MLP on rows (B*Q, D), as in `Attention.attend_from_prefix`: Inductor's int8 linear is wrong on
+            # The MLP on rows (B*Q, D), as in `Attention.forward`: Inductor's int8 linear is wrong on
             # a (B, 1, D) input with a symbolic batch.
             rows = self.mlp(self.norm2(x).reshape(-1, x.shape[-1])).view(x.shape)
             return x + self.drop_path(self.ls2(rows))
