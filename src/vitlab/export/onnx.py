@@ -463,6 +463,15 @@ def place_checked_export(out: str | Path, write, check, suffix: str = ".onnx") -
             "max_abs_diff": worst}
 
 
+def check_lines(validation: dict[str, Any], against: str, images_given: bool) -> list[str]:
+    """An export report's checks (`compare_logits` by name), one line each under a line that says what with."""
+    images = next(iter(validation["checks"].values()))["images"]
+    return [f"checked against {against} on {images} real images ({'given' if images_given else 'shipped digits'}):",
+            *(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
+              f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)"
+              for name, check in validation["checks"].items())]
+
+
 def format_export(summary: dict[str, Any], images_given: bool) -> str:
     """`vitlab export`'s report: the file and its input contract, then each check against PyTorch."""
     kind = "fp32"
@@ -471,11 +480,7 @@ def format_export(summary: dict[str, Any], images_given: bool) -> str:
                 if summary.get("quantization") == "static" else "int8 dynamic")
     lines = [f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {kind}); "
              f"input {summary['input']!r}: {summary['input_layout']}, batch {summary['batch_size'] or 'any'}",
-             f"checked against PyTorch on {next(iter(summary['validation']['checks'].values()))['images']} real "
-             f"images ({'given' if images_given else 'shipped digits'}):"]
-    for name, check in summary["validation"]["checks"].items():
-        lines.append(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
-                     f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)")
+             *check_lines(summary["validation"], "PyTorch", images_given)]
     if not summary["int8"]:
         lines.append(f"fp32 tolerance {summary['tolerance']:g}: passed")
     from vitlab.export.pt2e import fastest_format_line

@@ -310,7 +310,6 @@ def run_pt2e_export(model: nn.Module, out: str | Path, calibration: torch.Tensor
                                 lambda staged: validate_pt2e(model, staged, pixels), suffix=SUFFIX)
 
 
-
 def calibration_for(checkpoint: str | Path, config: ViTConfig, calibrate: list[str] | None, data_dir: str | None,
                     count: int = 256) -> tuple[torch.Tensor, str]:
     """(uint8 pixels (N, C, H, W) to calibrate on, what they are): the images or data set named by --calibrate,
@@ -334,17 +333,14 @@ def calibration_for(checkpoint: str | Path, config: ViTConfig, calibrate: list[s
 def format_pt2e_export(summary: dict[str, Any], images_given: bool) -> str:
     """`vitlab export --format pt2e`'s report: the file, its calibration, each check against fp32, and the format
     fastest on this CPU."""
+    from vitlab.export.onnx import check_lines
+
     validation = summary["validation"]
     lines = [f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB: fp32 weights and calibrated activation "
              f"ranges; int8 linear layers when run), calibrated on {summary['calibration_source']}",
              f"runs here as {validation['precision']} ({validation['precision_reason']}), compiled for this CPU in "
              f"{validation['compile_seconds']:.0f} s when loaded",
-             f"checked against fp32 PyTorch on {next(iter(validation['checks'].values()))['images']} real images "
-             f"({'given' if images_given else 'shipped digits'}):"]
-    for name, check in validation["checks"].items():
-        lines.append(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
-                     f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)")
-    lines.append(fastest_format_line("pt2e"))
+             *check_lines(validation, "fp32 PyTorch", images_given), fastest_format_line("pt2e")]
     return "\n".join(lines)
 
 
