@@ -16,7 +16,7 @@ from vitlab.models.vit import VisionTransformer
 TINY = dict(image_size=(12, 16), patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5,
             in_chans=1)  # a 3 x 4 grid: rows and columns differ, so a transposed table would show
 POSITION_CELLS = [(kind, placement) for kind, placement in itertools.product(POSITION_EMBEDDINGS, PLACEMENTS)
-                  if not (kind in ("none", "relative") and placement != "input")
+                  if not (kind in ("none", "relative", "rope") and placement != "input")
                   and not (kind == "sincos2d" and placement == "every_block")]
 POOLINGS = [c for c in CLASSIFIERS]
 
@@ -36,13 +36,13 @@ def trained_like(config: ViTConfig, seed: int = 0) -> VisionTransformer:
 
 
 def test_the_cells_of_table_8_are_the_valid_ones():
-    assert len(POSITION_CELLS) == 10
+    assert len(POSITION_CELLS) == 11  # Table 8's ten, and 2-D rotary positions (DINOv3's), which act in every block
     with pytest.raises(ConfigError, match="no table to place"):
         ViTConfig(**TINY, pos_embed="relative", pos_embed_placement="every_block")
     with pytest.raises(ConfigError, match="every_block_shared"):
         ViTConfig(**TINY, pos_embed="sincos2d", pos_embed_placement="every_block")
     with pytest.raises(ConfigError, match="pos_embed must be one of"):
-        ViTConfig(**TINY, pos_embed="rope")
+        ViTConfig(**TINY, pos_embed="rotary3d")
     with pytest.raises(ConfigError, match="classifier must be one of"):
         ViTConfig(**TINY, classifier="cls")
 
@@ -55,7 +55,7 @@ def test_position_kind_shapes_save_load_and_resampling(kind, placement, tmp_path
     logits = model(images)
     assert logits.shape == (2, 5)
     table = model.position_table()
-    expected_tables = {"none": 0, "relative": 0}.get(kind, 3 if placement == "every_block" else 1)
+    expected_tables = {"none": 0, "relative": 0, "rope": 0}.get(kind, 3 if placement == "every_block" else 1)
     assert (table is None) == (expected_tables == 0)
     if table is not None:
         assert table.shape == (expected_tables, 1 + 12, 32)

@@ -1,6 +1,6 @@
 import torch
 
-from vitlab.layers.attention import Attention
+from vitlab.layers.attention import KERNELS, Attention, AttentionContext
 from vitlab.layers.block import Block
 from vitlab.layers.drop import DropPath
 
@@ -93,8 +93,7 @@ def test_training_with_the_explicit_kernel_takes_the_hand_written_backward_and_m
     x = torch.randn(2, 7, 16, requires_grad=True)
     sdpa_out = attention(x)
     sdpa_grads = torch.autograd.grad(sdpa_out.square().sum(), [x, attention.qkv.weight])
-    attention.explicit_softmax = True
-    explicit_out = attention(x)
+    explicit_out = attention(x, kernel="explicit")
     assert "_ExplicitAttentionBackward" in backward_nodes(explicit_out)  # the hand-written backward is in the graph
     explicit_grads = torch.autograd.grad(explicit_out.square().sum(), [x, attention.qkv.weight])
     torch.testing.assert_close(explicit_out, sdpa_out, rtol=1e-5, atol=1e-6)
@@ -108,11 +107,11 @@ def test_attending_from_the_prefix_gives_the_full_calls_rows_and_gradients():
     torch.manual_seed(0)
     block = Block(embed_dim=16, num_heads=4, mlp_dim=32).train()
     x = torch.randn(3, 9, 16, requires_grad=True)
-    for explicit in (False, True):
-        block.attn.explicit_softmax = explicit
-        full = block(x)[:, :1]
+    for kernel in KERNELS:
+        context = AttentionContext(kernel=kernel)
+        full = block(x, context)[:, :1]
         (full_grad,) = torch.autograd.grad(full.sum(), x)
-        pruned = block(x, queries=1)
+        pruned = block(x, context, queries=1)
         (pruned_grad,) = torch.autograd.grad(pruned.sum(), x)
         assert pruned.shape == (3, 1, 16)
         torch.testing.assert_close(pruned, full, rtol=1e-5, atol=1e-6)

@@ -71,3 +71,26 @@ def test_json_configs_with_wrong_types_name_the_field(field, value, message):
     data = {**ViTConfig().to_dict(), field: value}
     with pytest.raises(ConfigError, match=message):
         ViTConfig.from_dict(data)
+
+
+def test_every_field_is_checked_by_its_annotation_and_bad_values_name_the_field():
+    import dataclasses
+
+    from vitlab.config import FIELD_CHECKS
+
+    assert all(spec.type in FIELD_CHECKS for spec in dataclasses.fields(ViTConfig))
+    for name, bad in (("qk_norm", "yes"), ("rope_theta", "100"), ("norm", 3), ("mlp", None), ("depth", 2.5)):
+        with pytest.raises(ConfigError, match=f"field {name} must be"):
+            ViTConfig(**{name: bad})
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
+    (dict(mlp="geglu"), "mlp must be one of mlp, swiglu"),
+    (dict(pos_embed="rope", embed_dim=96, num_heads=16), "head width 6 must be a multiple of 4"),
+    (dict(pos_embed="rope", pos_embed_placement="every_block"), "no table to place"),
+    (dict(rope_theta=0.0), "rope_theta must be positive"),
+])
+def test_the_block_and_position_choices_are_validated(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        ViTConfig(**fields)

@@ -155,7 +155,7 @@ def test_visible_only_encoder_equals_full_sequence_with_masked_keys():
     key_removed = torch.cat([torch.zeros(2, prefix, dtype=torch.bool), removed], dim=1)  # (B, T)
     with torch.no_grad():
         latent = mae.forward_encoder(images, noise)[0]
-        x = encoder.place_positions(*encoder.tokens_and_positions(images))[0]
+        x = encoder.embed(images)
         for block in encoder.blocks:
             heads, head_dim = block.attn.num_heads, block.attn.head_dim
             qkv = torch.nn.functional.linear(block.norm1(x), block.attn.qkv.weight, block.attn.qkv.bias)
@@ -166,6 +166,29 @@ def test_visible_only_encoder_equals_full_sequence_with_masked_keys():
             x = x + block.attn.proj(attended)
             x = x + block.mlp(block.norm2(x))
         x = encoder.norm(x)
+    kept = torch.gather(x[:, prefix:], 1, ids_keep[..., None].expand(-1, -1, x.shape[-1]))
+    torch.testing.assert_close(latent, torch.cat([x[:, :prefix], kept], dim=1), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("fields", [dict(pos_embed="rope", register_tokens=2), dict(pos_embed_placement="every_block"),
+                                    dict(pos_embed="learned_2d", pos_embed_placement="every_block_shared"),
+                                    dict(pos_embed="sincos2d", pos_embed_placement="every_block_shared",
+                                         prefix_positions=False)])
+def test_the_kept_patches_keep_their_coordinates_in_every_block(fields):
+    """Rotary positions and tables added before every block follow the kept patches' coordinates: the visible-only
+    encoder equals the whole sequence with the removed patches marked as padding (never read as keys)."""
+    mae = tiny_mae(**fields)
+    perturb(mae, skip=("pos_embed",) if fields.get("pos_embed") == "sincos2d" else ())
+    encoder = mae.encoder
+    images, noise = torch.randn(2, 3, 32, 32), torch.rand(2, 16)
+    prefix, keep = encoder.config.num_prefix_tokens, kept_patches(16, 0.75)
+    ids_keep = noise.argsort(dim=1)[:, :keep]
+    with torch.no_grad():
+        latent = mae.forward_encoder(images, noise)[0]
+        tokens, layout = encoder.embed_patches(images)
+        layout.valid = torch.zeros(2, 16, dtype=torch.bool).scatter(1, ids_keep, True)
+        x, context = encoder.start(tokens, layout)
+        x = encoder.norm(encoder.run_blocks(x, context)[0])
     kept = torch.gather(x[:, prefix:], 1, ids_keep[..., None].expand(-1, -1, x.shape[-1]))
     torch.testing.assert_close(latent, torch.cat([x[:, :prefix], kept], dim=1), rtol=0, atol=1e-5)
 
@@ -249,7 +272,6 @@ def test_reconstruction_pastes_the_visible_patches_and_undoes_norm_pix(norm_pix_
 # ------------------------------------------------------------------------------------------ what it refuses
 @pytest.mark.parametrize("fields, fragment", [
     (dict(pos_embed="relative"), "relative position attention"),
-    (dict(pos_embed_placement="every_block"), "before every block"),
     (dict(image_size=64, patch_size=1, resnet_layers=(1,)), "ResNet hybrid"),
 ])
 def test_check_maskable_refuses_with_the_reason(fields, fragment):

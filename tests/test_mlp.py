@@ -88,3 +88,27 @@ def test_without_observers_inference_overwrites_fc1s_output_in_place(monkeypatch
     with torch.inference_mode():
         mlp(torch.randn(1, 3, 8))
     assert len(calls) == 2
+
+
+def test_swiglu_gates_with_silu_under_timms_names():
+    from vitlab.layers.mlp import SwiGLU
+
+    torch.manual_seed(0)
+    mlp = SwiGLU(8, 12).eval()
+    assert set(dict(mlp.named_parameters())) == {"fc1_g.weight", "fc1_g.bias", "fc1_x.weight", "fc1_x.bias",
+                                                   "fc2.weight", "fc2.bias"}
+    x = torch.randn(2, 3, 8)
+    gate, value = mlp.fc1_g(x), mlp.fc1_x(x)
+    expected = mlp.fc2(gate * torch.sigmoid(gate) * value)
+    torch.testing.assert_close(mlp(x), expected)
+
+
+def test_the_mlp_table_has_every_name_the_config_takes_and_a_block_takes_its_factory():
+    from vitlab.config import MLPS
+    from vitlab.layers.block import Block
+    from vitlab.layers.mlp import MLP_LAYERS, Mlp, SwiGLU, mlp_factory
+
+    assert tuple(MLP_LAYERS) == MLPS
+    assert isinstance(Block(16, 2, 24, mlp_layer=mlp_factory("swiglu")).mlp, SwiGLU)
+    plain = Block(16, 2, 24, mlp_layer=mlp_factory("mlp", "quick_gelu")).mlp
+    assert isinstance(plain, Mlp) and type(plain.act).__name__ == "QuickGELU"

@@ -116,7 +116,8 @@ def test_explicit_attention_kernel_gives_the_same_logits():
     images = torch.randn(2, 3, 16, 16)
     fused = model(images)
     model.set_attention_kernel("explicit")
-    assert all(block.attn.explicit_softmax for block in model.blocks)
+    stem, context = model.begin(images)
+    assert context.attention.kernel == "explicit"  # the kernel goes to the blocks with each call
     torch.testing.assert_close(model(images), fused, rtol=0, atol=1e-5)
     with pytest.raises(UsageError, match="must be 'sdpa' or 'explicit'"):
         model.set_attention_kernel("flash")

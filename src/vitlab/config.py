@@ -73,9 +73,53 @@ def parse_classes(text: str) -> list[int]:
     return classes
 
 
-POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d")
+# The names each choice of the config takes; the implementations are tables keyed by the same names
+# (models/positions.POSITION_KINDS, layers/norm.NORM_LAYERS, layers/mlp.MLP_LAYERS), kept equal by tests/test_config.py.
+POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d", "rope")
 PLACEMENTS = ("input", "every_block", "every_block_shared")
 CLASSIFIERS = ("token", "gap", "map", "gem", "max", "layer_weighted")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("mlp", "swiglu")
+MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
+
+
+def is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_optional(check):
+    return lambda value: value is None or check(value)
+
+
+# A field's annotation -> (check of a JSON value, what the message says it must be). `ViTConfig.check_types` looks
+# every field up here, so a new field of an existing type needs no other edit. Sizes (int or pair) are checked
+# by `to_pair`, which names the field in its own message.
+FIELD_CHECKS: dict[str, tuple[Any, str]] = {
+    "int": (is_whole, "a whole number"),
+    "float": (is_number, "a finite number"),
+    "bool": (lambda value: isinstance(value, bool), "true or false"),
+    "str": (lambda value: isinstance(value, str), "a string"),
+    "str | None": (is_optional(lambda value: isinstance(value, str)), "a string or null"),
+    "bool | None": (is_optional(lambda value: isinstance(value, bool)), "true, false or null"),
+    "float | None": (is_optional(is_number), "a number or null"),
+    "int | None": (is_optional(lambda value: is_whole(value) and value > 0), "a positive whole number or null"),
+    "tuple[int, int]": (lambda value: True, "an int or a pair of ints"),
+    "tuple[int, ...] | None": (is_optional(lambda value: isinstance(value, (list, tuple))
+                                           and all(is_whole(n) and n > 0 for n in value)),
+                               "a list of positive whole numbers or null"),
+    "tuple[float, ...]": (lambda value: is_number(value) or (isinstance(value, (list, tuple)) and len(value) > 0
+                                                             and all(is_number(v) for v in value)),
+                          "a number or a list of numbers"),
+    "list[str] | None": (is_optional(lambda value: isinstance(value, (list, tuple))
+                                     and all(isinstance(n, str) for n in value)), "a list of strings or null"),
+    "Preprocessing | None": (is_optional(lambda value: isinstance(value, (Preprocessing, dict))),
+                             "an object such as " + json.dumps(Preprocessing().to_dict()) + " or null"),
+}
 
 
 @dataclass
@@ -121,13 +165,23 @@ class ViTConfig:
     # Position information (paper Appendix D.4, Table 8): "learned" (the paper's 1-D table, one row per token),
     # "none", "learned_2d" (learned row and column tables of D/2 each, concatenated per patch), "relative" (a
     # learned key per 1-D token offset in every block's attention: the query against it gives a logit bias) or
-    # "sincos2d" (fixed 2-D sine-cosine).
+    # "sincos2d" (fixed 2-D sine-cosine), or "rope" (2-D rotary positions of the patch tokens' queries and keys in
+    # every block, from each patch's coordinates; DINOv3's).
     pos_embed: str = "learned"
     # Where a table is added (Table 8's columns): "input" once after the stem (the paper's default);
     # "every_block" before every block, each with its own table; "every_block_shared" before every block, one table.
     pos_embed_placement: str = "input"
-    mlp_activation: str = "gelu"  # "gelu" (exact; timm, HF) or "gelu_tanh" (Flax's default; official JAX code)
+    # The parts of every block (layers/block.py takes them as factories). norm: "layernorm" (the paper's) or
+    # "rmsnorm" (no centring, no bias: AIMv2's). mlp: "mlp", the paper's Linear - activation - Linear, or "swiglu",
+    # the gated MLP (SiLU(x W_g) * x W_x) W_2 of DINOv3 and AIMv2, whose gate is SiLU by definition.
+    norm: str = "layernorm"
+    mlp: str = "mlp"
+    # The plain MLP's activation: "gelu" (exact; timm, HF), "gelu_tanh" (Flax's default; official JAX code) or
+    # "quick_gelu" (CLIP's OpenAI weights).
+    mlp_activation: str = "gelu"
+    qk_norm: bool = False  # normalise queries and keys per head (with the `norm` kind) before their dot product
     layer_norm_eps: float = 1e-6  # 1e-6 in the official code and timm, 1e-12 in Hugging Face
+    rope_theta: float = 100.0  # pos_embed "rope": the base of the rotary frequencies (DINOv3's 100)
     dropout: float = 0.0  # after the position embedding, the attention projection and in the MLP
     attention_dropout: float = 0.0  # on the attention weights
     drop_path: float = 0.0  # stochastic depth: the rate of the last block, rising linearly from 0 at the first
@@ -148,57 +202,22 @@ class ViTConfig:
     name: str | None = field(default=None, compare=False)  # variant the config came from, for display only
 
     def check_types(self) -> None:
-        """Every field of the type it must have, so a bad JSON config fails here with its name, not deep in torch."""
-        def is_int(value: Any) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
-        def fail(name: str, expected: str) -> None:
-            raise ConfigError(f"model config field {name} must be {expected}, got {getattr(self, name)!r}")
-
-        for name in ("in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_dim", "register_tokens"):
-            if not is_int(getattr(self, name)):
-                fail(name, "a whole number")
-        if self.representation_size is not None and not (is_int(self.representation_size) and self.representation_size > 0):
-            fail("representation_size", "a positive whole number or null")
-        if self.layer_scale is not None and not (isinstance(self.layer_scale, (int, float))
-                                                 and not isinstance(self.layer_scale, bool)
-                                                 and math.isfinite(self.layer_scale)):
-            fail("layer_scale", "a number or null")
-        for name in ("qkv_bias", "fc_norm", "distilled", "distillation_head", "prefix_positions", "pre_norm",
-                     "projection"):
-            if not isinstance(getattr(self, name), bool):
-                fail(name, "true or false")
-        if self.class_token is not None and not isinstance(self.class_token, bool):
-            fail("class_token", "true, false or null")
-        for name in ("classifier", "pos_embed", "pos_embed_placement", "mlp_activation"):
-            if not isinstance(getattr(self, name), str):
-                fail(name, "a string")
-        for name in ("layer_norm_eps", "dropout", "attention_dropout", "drop_path", "resnet_width_factor"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
-                fail(name, "a finite number")
-        for name in ("dropout", "attention_dropout", "drop_path"):
-            if not 0 <= getattr(self, name) < 1:
-                fail(name, "in [0, 1)")
-        if self.layer_norm_eps <= 0 or self.resnet_width_factor <= 0:
-            fail("layer_norm_eps" if self.layer_norm_eps <= 0 else "resnet_width_factor", "positive")
-        if self.resnet_layers is not None and not (
-                isinstance(self.resnet_layers, (list, tuple)) and all(is_int(n) and n > 0 for n in self.resnet_layers)):
-            fail("resnet_layers", "a list of positive whole numbers or null")
-        if self.class_names is not None and not (
-                isinstance(self.class_names, (list, tuple)) and all(isinstance(n, str) for n in self.class_names)):
-            fail("class_names", "a list of strings or null")
-        if self.preprocessing is not None and not isinstance(self.preprocessing, (Preprocessing, dict)):
-            fail("preprocessing", "an object such as " + json.dumps(Preprocessing().to_dict()) + " or null")
-        for name in ("image_mean", "image_std"):
-            value = getattr(self, name)
-            values = [value] if isinstance(value, (int, float)) else value
-            if not (isinstance(values, (list, tuple)) and values and all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
-                fail(name, "a number or a list of numbers")
+        """Every field of the type its annotation declares (FIELD_CHECKS), so a bad JSON config fails here with its
+        name, not deep in torch. A new field needs no edit here: its annotation chooses the check."""
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            check, expected = FIELD_CHECKS[spec.type]
+            if not check(value):
+                raise ConfigError(f"model config field {spec.name} must be {expected}, got {value!r}")
 
     def __post_init__(self) -> None:
         self.check_types()
+        for name in ("dropout", "attention_dropout", "drop_path"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"model config field {name} must be in [0, 1), got {getattr(self, name)!r}")
+        for name in ("layer_norm_eps", "resnet_width_factor", "rope_theta"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model config field {name} must be positive, got {getattr(self, name)!r}")
         self.image_size = to_pair(self.image_size, "image_size")
         if isinstance(self.preprocessing, dict):  # as from_json hands it over
             self.preprocessing = Preprocessing.from_dict(self.preprocessing)
@@ -233,8 +252,9 @@ class ViTConfig:
         if self.pos_embed_placement not in PLACEMENTS:
             raise ConfigError(f"pos_embed_placement must be one of {', '.join(PLACEMENTS)}, "
                               f"got {self.pos_embed_placement!r}")
-        if self.pos_embed_placement != "input" and self.pos_embed in ("none", "relative"):
-            # Table 8 has no such cells: relative attention already acts in every block, and "none" adds nothing.
+        if self.pos_embed_placement != "input" and self.pos_embed in ("none", "relative", "rope"):
+            # Table 8 has no such cells: relative attention (and rotation) already act in every block, and "none"
+            # adds nothing.
             raise ConfigError(f"pos_embed {self.pos_embed!r} has no table to place; pos_embed_placement must be "
                               f"'input', got {self.pos_embed_placement!r}")
         if self.pos_embed_placement == "every_block" and self.pos_embed == "sincos2d":
@@ -245,8 +265,16 @@ class ViTConfig:
                               f"got {self.embed_dim}")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
             raise ConfigError(f"the sin-cos position embedding needs embed_dim divisible by 4, got {self.embed_dim}")
-        if self.mlp_activation not in ("gelu", "gelu_tanh", "quick_gelu"):
+        if self.mlp_activation not in MLP_ACTIVATIONS:
             raise ConfigError(f"mlp_activation must be 'gelu', 'gelu_tanh' or 'quick_gelu', got {self.mlp_activation!r}")
+        if self.norm not in NORMS:
+            raise ConfigError(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if self.mlp not in MLPS:
+            raise ConfigError(f"mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
+        if self.pos_embed == "rope" and (self.embed_dim // max(self.num_heads, 1)) % 4:
+            raise ConfigError(f"2-D rotary positions turn pairs of channels per axis: the head width "
+                              f"{self.embed_dim // max(self.num_heads, 1)} must be a multiple of 4; change embed_dim or "
+                              "num_heads")
         for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -307,8 +335,8 @@ class ViTConfig:
     @property
     def num_position_tables(self) -> int:
         """Tables of absolute positions the model holds: one per block with placement "every_block", else one
-        (none at all for pos_embed "none" or "relative")."""
-        if self.pos_embed in ("none", "relative"):
+        (none at all for pos_embed "none", "relative" or "rope")."""
+        if self.pos_embed in ("none", "relative", "rope"):
             return 0
         return self.depth if self.pos_embed_placement == "every_block" else 1
 

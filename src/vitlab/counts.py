@@ -17,10 +17,11 @@ from vitlab.config import ViTConfig
 def formula_covers(config: ViTConfig) -> bool:
     """The formula knows the paper's models (token or GAP pooling, representation layer, hybrid stem); the
     other families' extras (attention pooling, distillation and register tokens, LayerScale, CLIP's
-    projection) are left to the exact count."""
+    projection, RMSNorm, SwiGLU, query-key norm, rotary positions) are left to the exact count."""
     return (config.classifier in ("token", "gap") and config.pos_embed in ("learned", "sincos2d")
             and config.pos_embed_placement == "input" and not config.distilled and not config.register_tokens
-            and config.layer_scale is None and not config.pre_norm and not config.projection)
+            and config.layer_scale is None and not config.pre_norm and not config.projection
+            and config.norm == "layernorm" and config.mlp == "mlp" and not config.qk_norm)
 
 
 def resnet_stem_counts(config: ViTConfig) -> tuple[int, int, int]:

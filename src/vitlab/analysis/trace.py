@@ -47,11 +47,15 @@ def count(*modules: Any) -> int:
     return total
 
 
+NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
+
 @torch.no_grad()
 def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
     """The steps of `model` (a VisionTransformer in eval mode) on one image (1, C, H, W), normalised."""
     config = model.config
     steps = [Step("input image", "x", image)]
+    norm_name = NORM_NAMES[config.norm]
     prefix = config.num_prefix_tokens
     embed = model.patch_embed
     if embed.backbone is not None:
@@ -64,24 +68,26 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
     ph, pw = config.patch_size
     steps.append(Step(f"cut into {patches.shape[1]} patches of {ph}x{pw}x{source.shape[1]}, each flattened",
                       "x_p^i", patches))
-    projected = embed.project(image).flatten(2).transpose(1, 2)
+    projected, layout = model.embed_patches(image)
     steps.append(Step("linear projection of every patch", "x_p^i E", projected, count(embed.proj)))
-    tokens, positions = model.tokens_and_positions(image)
+    tokens = model.prepend_prefix(projected)
     names = [name for name, token in (("class", model.cls_token), ("distillation", model.dist_token),
                                       ("register", model.reg_token)) if token is not None]
     if names:
         plural = "s" if len(names) > 1 or config.register_tokens > 1 else ""
         steps.append(Step(f"prepend the {', '.join(names)} token{plural}", "[x_class; x_p^1 E; ...; x_p^N E]", tokens,
                           count(model.cls_token, model.dist_token, model.reg_token)))
-    z0, later_positions = model.place_positions(tokens, positions)
+    z0, context = model.start(projected, layout)
+    later_positions = context.tables
     position_params = count(model.pos_embed, model.pos_embed_row, model.pos_embed_col)
-    if positions is not None and later_positions is None:
+    if config.num_position_tables and later_positions is None:
         what = {"learned": "learned", "learned_2d": "learned 2-D (row + column)", "sincos2d": "fixed 2-D sin-cos"}
         steps.append(Step(f"add the {what.get(config.pos_embed, config.pos_embed)} position embedding",
                           "z_0 = ... + E_pos   (eq. 1)", z0, position_params))
     else:
         note = {"none": "no position embedding", "relative": "positions enter as relative offsets in every "
-                "attention"}.get(config.pos_embed, "position tables are added before every block")
+                "attention", "rope": "positions turn the queries and keys of every attention (2-D rotary)"
+                }.get(config.pos_embed, "position tables are added before every block")
         steps.append(Step(f"z_0 ({note})", "z_0   (eq. 1)", z0, position_params))
     if config.pre_norm:
         steps[-1].notes.append("CLIP's pre-encoder LayerNorm (norm_pre) is applied here")
@@ -92,23 +98,24 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
             x = model.add_positions(x, later_positions[index if len(later_positions) > 1 else 0])
             steps.append(Step("add the position table", "z + E_pos^l", x, block=index))
         normed = block.norm1(x)
-        steps.append(Step("LayerNorm", "LN(z_{l-1})", normed, count(block.norm1), index))
-        attended = block.ls1(block.attn(normed))
+        steps.append(Step(norm_name, "LN(z_{l-1})", normed, count(block.norm1), index))
+        attended = block.ls1(block.attn(normed, **context.attention.kwargs()))
         steps.append(Step(f"multi-head self-attention ({config.num_heads} heads)", "MSA(LN(z_{l-1}))", attended,
                           count(block.attn, block.ls1), index))
         x = x + attended
         steps.append(Step("residual", "z'_l = MSA(LN(z_{l-1})) + z_{l-1}   (eq. 2)", x, 0, index))
         normed = block.norm2(x)
-        steps.append(Step("LayerNorm", "LN(z'_l)", normed, count(block.norm2), index))
+        steps.append(Step(norm_name, "LN(z'_l)", normed, count(block.norm2), index))
         transformed = block.ls2(block.mlp(normed))
         steps.append(Step(f"MLP ({config.embed_dim} -> {config.mlp_dim} -> {config.embed_dim}, "
-                          f"{config.mlp_activation})", "MLP(LN(z'_l))", transformed, count(block.mlp, block.ls2), index))
+                          f"{config.mlp_activation if config.mlp == 'mlp' else config.mlp})", "MLP(LN(z'_l))",
+                          transformed, count(block.mlp, block.ls2), index))
         x = x + transformed
         steps.append(Step("residual", "z_l = MLP(LN(z'_l)) + z'_l   (eq. 3)", x, 0, index))
         states.append(x)
     encoded = model.norm(x)
     if not isinstance(model.norm, nn.Identity):
-        steps.append(Step("final LayerNorm", "LN(z_L)", encoded, count(model.norm)))
+        steps.append(Step(f"final {norm_name}", "LN(z_L)", encoded, count(model.norm)))
     mixed = states if config.classifier == "layer_weighted" else None
     head_features = model.forward_head(encoded, pre_logits=True, hidden_states=mixed)
     pooling = {"token": "the class token", "gap": "the mean of the patch tokens", "map": "attention pooling (MAP)",

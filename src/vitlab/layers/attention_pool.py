@@ -24,15 +24,16 @@ class AttentionPool(nn.Module):
         self.norm = nn.LayerNorm(embed_dim, eps=layer_norm_eps)
         self.mlp = Mlp(embed_dim, mlp_dim, activation)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T, D) -> pooled (B, D)."""
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T, D) -> pooled (B, D). valid (B, T) bool: the tokens the probe may read (padding: False)."""
         batch, length, dim = tokens.shape
         # The probe's query is the same for every image: project it once, then broadcast. (Projecting an expanded
         # view of the parameter also broke torch's FLOP counter, which `vitlab models`/`info` and ablate use.)
         q = self.q(self.latent).reshape(1, 1, self.num_heads, self.head_dim).transpose(1, 2).expand(batch, -1, -1, -1)
         kv = self.kv(tokens).reshape(batch, length, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         k, v = kv.unbind(0)  # each (B, heads, T, head_dim)
-        pooled = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, 1, dim)
+        mask = None if valid is None else valid[:, None, None, :]  # (B, 1, 1, T)
+        pooled = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(batch, 1, dim)
         pooled = self.proj(pooled)
         pooled = pooled + self.mlp(self.norm(pooled))
         return pooled[:, 0]

@@ -1,7 +1,14 @@
 """The MLP of each Transformer block: Linear - GELU - Linear (paper eq. 3). CLIP's OpenAI weights were trained
-with QuickGELU, x * sigmoid(1.702 x), in its place."""
+with QuickGELU, x * sigmoid(1.702 x), in its place. Later backbones (DINOv3, AIMv2) gate it instead: SwiGLU
+(Shazeer 2020, "GLU Variants Improve Transformer"), (SiLU(x W_g) * x W_x) W_2.
+
+A block takes its MLP as a factory, (width, hidden width, dropout) -> module; `mlp_factory` makes it from the
+config's names (ViTConfig.mlp, .mlp_activation) through MLP_LAYERS."""
 
 from __future__ import annotations
+
+import functools
+from typing import Callable
 
 import torch
 from torch import nn
@@ -11,6 +18,9 @@ from torch.nn.modules import module as module_hooks
 class QuickGELU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.sigmoid(1.702 * x)
+
+
+MlpFactory = Callable[..., nn.Module]  # (embed_dim, hidden_dim, dropout=...) -> module mapping (..., D) to (..., D)
 
 
 class Mlp(nn.Module):
@@ -46,3 +56,33 @@ class Mlp(nn.Module):
             return False
         # Hooks registered for every module (nn.modules.module.register_module_forward_hook and _pre_hook).
         return not (module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks)
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP: (SiLU(x W_g) * x W_x) W_2, with timm's names (`fc1_g` the gate, `fc1_x` the value, `fc2`).
+    Its hidden width is `hidden_dim` (a SwiGLU model usually states a width of about 2/3 of 4D, so that its
+    three matrices cost what the plain MLP's two do)."""
+
+    def __init__(self, embed_dim: int, hidden_dim: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1_g = nn.Linear(embed_dim, hidden_dim)
+        self.fc1_x = nn.Linear(embed_dim, hidden_dim)
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(hidden_dim, embed_dim)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D) -> (B, T, D)."""
+        hidden = self.act(self.fc1_g(x)) * self.fc1_x(x)
+        return self.drop2(self.fc2(self.drop1(hidden)))
+
+
+MLP_LAYERS: dict[str, type[nn.Module]] = {"mlp": Mlp, "swiglu": SwiGLU}
+
+
+def mlp_factory(kind: str, activation: str = "gelu") -> MlpFactory:
+    """The MLP factory of `kind` ("mlp" with `activation`, or "swiglu", whose gate is SiLU by definition)."""
+    if kind == "mlp":
+        return functools.partial(Mlp, activation=activation)
+    return MLP_LAYERS[kind]

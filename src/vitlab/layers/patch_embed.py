@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from vitlab.layers.patch_grid import patch_grid
+from vitlab.model_input import PatchInput
 
 
 def patchify(images: torch.Tensor, patch_size: int | tuple[int, int]) -> torch.Tensor:
@@ -37,6 +38,18 @@ def unpatchify(patches: torch.Tensor, patch_size: int | tuple[int, int], grid_si
     images = patches.reshape(batch, rows, cols, patch_h, patch_w, channels)
     images = images.permute(0, 5, 1, 3, 2, 4)  # (B, C, rows, P_h, cols, P_w)
     return images.reshape(batch, channels, rows * patch_h, cols * patch_w)
+
+
+def cut_patches(images: torch.Tensor, patch_size: int | tuple[int, int]) -> PatchInput:
+    """A pixel batch (B, C, H, W) as a PatchInput: every patch of the grid, row-major, all valid."""
+    patch_h, patch_w = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+    patches = patchify(images, (patch_h, patch_w))
+    rows, cols = images.shape[-2] // patch_h, images.shape[-1] // patch_w
+    y, x = torch.meshgrid(torch.arange(rows, device=images.device), torch.arange(cols, device=images.device),
+                          indexing="ij")
+    coords = torch.stack([y.flatten(), x.flatten()], dim=-1)[None].expand(images.shape[0], -1, -1)
+    valid = torch.ones(patches.shape[:2], dtype=torch.bool, device=images.device)
+    return PatchInput(patches, coords, valid)
 
 
 class PatchEmbed(nn.Module):
@@ -67,6 +80,13 @@ class PatchEmbed(nn.Module):
         features = images if self.backbone is None else self.backbone(images)
         patch_grid(tuple(features.shape[-2:]), self.patch_size)
         return self.proj(features)
+
+    def embed_patches(self, patches: torch.Tensor) -> torch.Tensor:
+        """Already-cut patches (B, N, P_h * P_w * C), in `patchify`'s layout -> tokens (B, N, D): the same map as the
+        convolution, written as the paper's x_p E + b (equal to float rounding)."""
+        weight = self.proj.weight  # (D, C, P_h, P_w)
+        matrix = weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1)  # (D, P_h * P_w * C)
+        return torch.nn.functional.linear(patches, matrix, self.proj.bias)
 
     def linear_weight(self) -> torch.Tensor:
         """The projection E as a (P_h * P_w * C, D) matrix acting on `patchify` output."""

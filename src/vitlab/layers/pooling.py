@@ -7,15 +7,23 @@ import torch
 from torch import nn
 
 
+def token_mean(tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, N, D) -> (B, D): the mean over the tokens, over the valid ones only in a padded batch (valid (B, N))."""
+    if valid is None:
+        return tokens.mean(dim=1)
+    weights = valid.to(tokens.dtype)[..., None]  # (B, N, 1)
+    return (tokens * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
+
+
 class GeneralizedMeanPool(nn.Module):
     def __init__(self, initial_p: float = 3.0, eps: float = 1e-6) -> None:
         super().__init__()
         self.p = nn.Parameter(torch.tensor(float(initial_p)))  # 3.0: the paper's starting value
         self.eps = eps
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, N, D) -> (B, D). GeM is defined on non-negative features (a CNN's, after ReLU); a
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, N, D) -> (B, D); valid (B, N) bool: the tokens to pool (None: all). GeM is defined on non-negative features (a CNN's, after ReLU); a
         Transformer's tokens are signed, so they are clamped at eps first, as GeM implementations for ViT do: the
         pooled vector then carries the positive part of each channel only."""
         p = self.p.clamp(min=1.0)  # below 1 it is no longer a mean between average and max
-        return tokens.clamp(min=self.eps).pow(p).mean(dim=1).pow(1.0 / p)
+        return token_mean(tokens.clamp(min=self.eps).pow(p), valid).pow(1.0 / p)

@@ -3,20 +3,21 @@
 It follows the reference code (facebookresearch/mae, `models_mae.py`) and matches transformers'
 `ViTMAEForPreTraining` exactly, given the same weights and the same `noise` (tests/test_mae.py):
 
-    x_p = patches of the image, each with its position                 encoder.tokens_and_positions, place_positions
+    x_p = patches of the image, each with its position                 encoder.embed_patches, start
     keep = the first int(N (1 - mask_ratio)) patches of argsort(noise)  random_masking
-    latent = LN(Blocks([prefix tokens; x_keep]))                        encoder.run_blocks, encoder.norm
+    latent = LN(Blocks([prefix tokens; x_keep]))                        encoder.run_blocks(kept coordinates), norm
     y = decoder_embed(latent); unshuffle [y_keep; mask tokens]          forward_decoder
     pred = decoder_pred(LN(DecoderBlocks(y + decoder_pos_embed)))       one row of P*P*C pixels per patch
     loss = mean over the masked patches of mean((pred - target)^2)      target: the patch, norm_pix_loss: normalised
 
 The encoder is any vitlab `VisionTransformer` whose tokens can be dropped after the stem (`check_maskable`):
-position embeddings "none", "learned", "learned_2d" or "sincos2d", added once at the input (so each kept patch
-carries its own position into the blocks); class token optional, DeiT's distillation token and register tokens
-allowed (all prefix tokens stay in the sequence); the standard multi-head attention (fused or explicit softmax),
-with or without LayerScale, CLIP's pre-norm, any pooling head (pre-training reads none). Not supported: relative
-attention (its offsets index the full sequence), tables added before every block (they would need the same
-gather in every block), and the ResNet hybrid (its convolutional stem mixes masked pixels into visible patches).
+position embeddings "none", "learned", "learned_2d", "sincos2d" or "rope", added at the input (so each kept patch
+carries its own position into the blocks) or before every block, or turning queries and keys in every block (the
+blocks get the kept patches' coordinates: `PatchLayout.keep`); class token optional, DeiT's distillation token
+and register tokens allowed (all prefix tokens stay in the sequence); any norm, MLP and attention kernel, with or
+without LayerScale, CLIP's pre-norm, any pooling head (pre-training reads none). Not supported: relative
+attention (its 1-D offsets index the full sequence) and the ResNet hybrid (its convolutional stem mixes masked
+pixels into visible patches).
 
 The decoder's fixed sin-cos table uses MAE's channel layout [sin x, cos x, sin y, cos y] (the reference code's
 swapped h/w names; transformers keeps it for the released weights), which is vitlab's `sincos_2d_pos_embed`
@@ -36,6 +37,8 @@ from torch import nn
 from vitlab.config import ViTConfig, checked_fields
 from vitlab.errors import ConfigError, UsageError
 from vitlab.layers.block import Block
+from vitlab.layers.mlp import mlp_factory
+from vitlab.layers.norm import norm_factory
 from vitlab.layers.patch_embed import patchify, unpatchify
 from vitlab.layers.pos_embed import sincos_2d_pos_embed
 from vitlab.models.vit import VisionTransformer
@@ -98,15 +101,11 @@ class MAEOutput:
 
 def check_maskable(config: ViTConfig) -> None:
     """Refuse, with a UsageError that says why and what to use, an encoder whose patch tokens cannot be dropped
-    after the stem: relative attention, positions added before every block, or the ResNet hybrid."""
+    after the stem: relative attention, or the ResNet hybrid."""
     if config.pos_embed == "relative":
         raise UsageError("MAE cannot mask an encoder with relative position attention: its offsets index the full "
                          "token sequence, and the visible patches are a shuffled subset of it; use pos_embed "
                          "'sincos2d' (MAE's) or 'learned'")
-    if config.pos_embed_placement != "input":
-        raise UsageError(f"MAE cannot mask an encoder whose positions are added before every block "
-                         f"(pos_embed_placement {config.pos_embed_placement!r}): each block would need the kept "
-                         "patches' rows of the table; use pos_embed_placement 'input'")
     if config.resnet_layers is not None:
         raise UsageError("MAE cannot mask the ResNet hybrid: its convolutional stem sees the neighbouring pixels, so "
                          "a visible patch's token carries what the masked patches next to it hold, and the "
@@ -168,8 +167,9 @@ class MaskedAutoencoder(nn.Module):
         self.decoder_pos_embed = nn.Parameter(torch.zeros(1, prefix + num_patches, decoder_dim), requires_grad=False)
         # The decoder's blocks take the encoder's activation and LayerNorm epsilon, as transformers' do.
         self.decoder_blocks = nn.ModuleList(
-            Block(decoder_dim, config.decoder_heads, config.decoder_mlp_dim, True, encoder_config.mlp_activation,
-                  encoder_config.layer_norm_eps)
+            Block(decoder_dim, config.decoder_heads, config.decoder_mlp_dim,
+                  norm_layer=norm_factory("layernorm", encoder_config.layer_norm_eps),
+                  mlp_layer=mlp_factory("mlp", encoder_config.mlp_activation))
             for _ in range(config.decoder_depth)
         )
         self.decoder_norm = nn.LayerNorm(decoder_dim, eps=encoder_config.layer_norm_eps)
@@ -208,8 +208,8 @@ class MaskedAutoencoder(nn.Module):
         """images (B, C, H, W) -> (latent (B, prefix + keep, D) after the encoder's final norm, mask (B, N),
         ids_restore (B, N)). `noise` (B, N) decides which patches are kept (the smallest); without it uniform noise
         is drawn, from `generator` if given. Only the prefix tokens and the kept patches go through the blocks."""
-        tokens, positions = self.encoder.tokens_and_positions(images)
-        tokens, _ = self.encoder.place_positions(tokens, positions)  # positions added before masking
+        patch_tokens, layout = self.encoder.embed_patches(images)
+        tokens, _ = self.encoder.start(patch_tokens, layout)  # positions added before masking
         prefix = self.num_prefix_tokens
         patches = tokens[:, prefix:]  # (B, N, D)
         batch, num_patches = patches.shape[:2]
@@ -220,7 +220,9 @@ class MaskedAutoencoder(nn.Module):
                              f"patch, got {tuple(noise.shape)}")
         ids_keep, mask, ids_restore = random_masking(noise.to(tokens.device), self.config.mask_ratio)
         visible = torch.cat([tokens[:, :prefix], gather_tokens(patches, ids_keep)], dim=1)  # (B, prefix + keep, D)
-        latent, _ = self.encoder.run_blocks(visible)
+        # The blocks see the kept patches' own coordinates: tables added before every block and rotary positions
+        # follow the patches that survived masking.
+        latent, _ = self.encoder.run_blocks(visible, self.encoder.block_context(layout.keep(ids_keep), batch))
         return self.encoder.norm(latent), mask, ids_restore
 
     def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:

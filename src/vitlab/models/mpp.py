@@ -162,14 +162,13 @@ class MaskedPatchPredictor(nn.Module):
     def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> MPPOutput:
         """images (B, C, H, W), normalised -> every patch's prediction and the corruption drawn."""
         encoder = self.encoder
-        tokens, positions = encoder.tokens_and_positions(images)  # (B, prefix + N, D)
+        patches, layout = encoder.embed_patches(images)  # (B, N, D)
         prefix = encoder.config.num_prefix_tokens
-        patches = tokens[:, prefix:]
         corruption = draw_corruption(patches.shape[0], patches.shape[1], self.ratio, self.shares, generator,
                                      patches.device)
         patches = apply_corruption(patches, corruption, self.mask_token, generator)
-        stem, positions = encoder.place_positions(torch.cat([tokens[:, :prefix], patches], dim=1), positions)
-        encoded, _ = encoder.run_blocks(stem, positions)
+        stem, context = encoder.start(patches, layout)  # positions after the corruption: a masked patch keeps its own
+        encoded, _ = encoder.run_blocks(stem, context)
         return MPPOutput(self.head(encoder.norm(encoded)[:, prefix:]), corruption)
 
     def no_weight_decay(self) -> set[str]:

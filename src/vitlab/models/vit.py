@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -29,14 +30,17 @@ from torch import nn
 
 from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
+from vitlab.layers.attention import KERNELS, AttentionContext
 from vitlab.layers.attention_pool import AttentionPool
 from vitlab.layers.block import Block
+from vitlab.layers.mlp import mlp_factory
+from vitlab.layers.norm import norm_factory
 from vitlab.layers.patch_embed import PatchEmbed
-from vitlab.layers.pooling import GeneralizedMeanPool
-from vitlab.layers.pos_embed import (axial_pos_embed, interpolate_1d_positions, interpolate_patch_positions,
-                                     resample_pos_embed, sincos_2d_pos_embed)
-from vitlab.layers.relative_position import resample_relative_keys
+from vitlab.layers.patch_layout import PatchLayout
+from vitlab.layers.pooling import GeneralizedMeanPool, token_mean
+from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models.hybrid import ResNetStem
+from vitlab.models.positions import position_kind
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
 # Parameters of eq. 1 and what sits between it and the first block (CLIP's pre-encoder norm): frozen with the
@@ -51,11 +55,21 @@ def block_index(parameter_name: str) -> int | None:
     return None
 
 
+@dataclass(eq=False)
+class EncoderContext:
+    """What the blocks of one forward pass need besides the tokens (`VisionTransformer.block_context`)."""
+
+    tables: torch.Tensor | None  # absolute positions added before every block (placements other than "input")
+    attention: AttentionContext  # rotation, padding mask and kernel, for every block's attention
+    valid: torch.Tensor | None  # (B, N) bool: which patch tokens are real (pooling skips padding); None: all
+
+
 class VisionTransformer(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.config = config
         dim = config.embed_dim
+        norm_layer = norm_factory(config.norm, config.layer_norm_eps)
 
         backbone = None
         if config.resnet_layers is not None:
@@ -66,34 +80,29 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.register_tokens, dim)) if config.register_tokens else None
-        # E_pos in the form config.pos_embed asks; P tables: one per block for placement "every_block", else one.
-        # learned / sincos2d: `pos_embed` (P, prefix + N, D), timm's name and shape for P = 1 (sincos2d's is fixed).
-        # learned_2d: `pos_embed_row` (P, rows, D/2) and `pos_embed_col` (P, cols, D/2), with the prefix tokens'
-        # rows in `pos_embed` (P, prefix, D). relative: keys in every block's attention. none: nothing.
-        tables, prefix, (rows, cols) = config.num_position_tables, config.num_position_prefix, config.grid_size
+        # E_pos in the form config.pos_embed asks (models/positions/): the kind creates its parameters here under
+        # timm's names (`pos_embed`, or `pos_embed_row` / `pos_embed_col` for learned_2d), P tables of them (one
+        # per block for placement "every_block", else one); relative attention's keys live in every block, and
+        # rotary positions and "none" have no parameters.
+        self.positions = position_kind(config)
         self.pos_embed = self.pos_embed_row = self.pos_embed_col = None
-        if config.pos_embed in ("learned", "sincos2d"):
-            self.pos_embed = nn.Parameter(torch.zeros(tables, prefix + rows * cols, dim),
-                                          requires_grad=config.pos_embed == "learned")
-        elif config.pos_embed == "learned_2d":
-            if prefix:
-                self.pos_embed = nn.Parameter(torch.zeros(tables, prefix, dim))
-            self.pos_embed_row = nn.Parameter(torch.zeros(tables, rows, dim // 2))
-            self.pos_embed_col = nn.Parameter(torch.zeros(tables, cols, dim // 2))
+        self.positions.create(self)
         self.pos_drop = nn.Dropout(config.dropout)
-        self.norm_pre = nn.LayerNorm(dim, eps=config.layer_norm_eps) if config.pre_norm else nn.Identity()  # CLIP
+        self.norm_pre = norm_layer(dim) if config.pre_norm else nn.Identity()  # CLIP
 
         # Stochastic depth rises linearly with depth, from 0 at the first block to `drop_path` at the last.
         drop_rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
+        mlp_layer = mlp_factory(config.mlp, config.mlp_activation)
         self.blocks = nn.ModuleList(
-            Block(dim, config.num_heads, config.mlp_dim, config.qkv_bias, config.mlp_activation,
-                  config.layer_norm_eps, config.dropout, config.attention_dropout, rate, config.layer_scale,
-                  config.num_tokens if config.pos_embed == "relative" else 0)
+            Block(dim, config.num_heads, config.mlp_dim, qkv_bias=config.qkv_bias, qk_norm=config.qk_norm,
+                  norm_layer=norm_layer, mlp_layer=mlp_layer, dropout=config.dropout,
+                  attention_dropout=config.attention_dropout, drop_path=rate, layer_scale=config.layer_scale,
+                  relative_tokens=self.positions.relative_tokens(self))
             for rate in drop_rates
         )
-        # With fc_norm (timm's "avg" models) the final LayerNorm moves from every token to the pooled vector.
-        self.norm = nn.Identity() if config.fc_norm else nn.LayerNorm(dim, eps=config.layer_norm_eps)
-        self.fc_norm = nn.LayerNorm(dim, eps=config.layer_norm_eps) if config.fc_norm else nn.Identity()
+        # With fc_norm (timm's "avg" models) the final norm moves from every token to the pooled vector.
+        self.norm = nn.Identity() if config.fc_norm else norm_layer(dim)
+        self.fc_norm = norm_layer(dim) if config.fc_norm else nn.Identity()
         self.attn_pool = AttentionPool(dim, config.num_heads, config.mlp_dim, config.mlp_activation,
                                        config.layer_norm_eps) if config.classifier == "map" else None
         self.gem_pool = GeneralizedMeanPool() if config.classifier == "gem" else None
@@ -107,26 +116,16 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else nn.Identity()
         self.head_dist = nn.Linear(dim, config.num_classes) if config.has_distillation_head else None
         # Off by default: a wrong image size is then an error rather than a silent resampling (see `embed`).
-        self._dynamic_image_size = False
+        self.dynamic_image_size = False
+        self.attention_kernel = "sdpa"  # see `set_attention_kernel`
         self.init_weights()
-
-    @property
-    def dynamic_image_size(self) -> bool:
-        """Accept any image whose sides are multiples of the patch size, resampling the positions on every call
-        (see `embed`); relative attention then stretches its offset table to each input's length."""
-        return self._dynamic_image_size
-
-    @dynamic_image_size.setter
-    def dynamic_image_size(self, value: bool) -> None:
-        self._dynamic_image_size = bool(value)
-        for block in self.blocks:
-            block.attn.resample_relative = bool(value)
 
     # ----------------------------------------------------------------------------------------- set-up
     @torch.no_grad()
     def init_weights(self) -> None:
         """The official code's initialisation: Xavier-uniform Dense kernels with near-zero biases, LeCun-normal
-        patch projection, N(0, 0.02) position embedding, zero class token and zero head."""
+        patch projection, N(0, 0.02) position embedding, zero class token and zero head. Norm layers keep their
+        ones and zeros."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
@@ -137,15 +136,7 @@ class VisionTransformer(nn.Module):
         nn.init.trunc_normal_(proj.weight, std=math.sqrt(1.0 / fan_in))
         if proj.bias is not None:
             nn.init.zeros_(proj.bias)
-        if self.config.pos_embed == "sincos2d":
-            self.pos_embed.copy_(self.position_table(self.config.grid_size, fixed_only=True))
-        else:  # the official code's N(0, 0.02) for every learned position parameter
-            for table in (self.pos_embed, self.pos_embed_row, self.pos_embed_col):
-                if table is not None:
-                    nn.init.normal_(table, std=0.02)
-            for block in self.blocks:
-                if block.attn.rel_pos_keys is not None:
-                    nn.init.normal_(block.attn.rel_pos_keys, std=0.02)
+        self.positions.initialise(self)  # N(0, 0.02) for learned tables and offset keys; sin-cos computed
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
         if self.attn_pool is not None:  # big_vision initialises the MAP probe like a Dense kernel's scale
@@ -179,33 +170,27 @@ class VisionTransformer(nn.Module):
         self.config = self.config.replace(representation_size=None)
 
     # ----------------------------------------------------------------------------------------- forward
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Eq. 1: images (B, C, H, W) -> z_0 (B, prefix + N, D); E_pos is added here with placement "input" (the
-        paper's), and before every block (`encode`) otherwise.
+    def embed(self, inputs: ModelInput) -> torch.Tensor:
+        """Eq. 1: inputs -> z_0 (B, prefix + N, D); E_pos is added here with placement "input" (the paper's), and
+        before every block (`run_blocks`) otherwise."""
+        return self.begin(inputs)[0]
 
-        With `dynamic_image_size` any image whose sides are multiples of the patch size is accepted: the patch
-        rows of E_pos are interpolated to the input's grid on every call (as the paper's fine-tuning does once),
-        in a form that traces with symbolic sizes, so an ONNX export keeps the image size dynamic.
-        """
-        return self.embed_with_positions(images)[0]
+    def begin(self, inputs: ModelInput) -> tuple[torch.Tensor, EncoderContext]:
+        """Eq. 1 and what the blocks need: inputs -> (z_0 (B, prefix + N, D), the blocks' context)."""
+        return self.start(*self.embed_patches(inputs))
 
-    def embed_with_positions(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(z_0 as `embed` gives it, the position tables (P, rows, D) still to be added before the blocks when
-        the placement is not "input", else None)."""
-        return self.place_positions(*self.tokens_and_positions(images))
+    def embed_patches(self, inputs: ModelInput) -> tuple[torch.Tensor, PatchLayout]:
+        """inputs -> (the embedded patches x_p E (B, N, D), where each sits).
 
-    def place_positions(self, tokens: torch.Tensor, positions: torch.Tensor | None
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(tokens (B, prefix + N, D), their position tables) -> (z_0, the tables still to be added before the
-        blocks, or None): with placement "input" the table is added here. Masked pre-training corrupts the
-        tokens between `tokens_and_positions` and this, so a masked patch keeps its position."""
-        if positions is not None and self.config.pos_embed_placement == "input":
-            return self.norm_pre(self.pos_drop(self.add_positions(tokens, positions[0]))), None
-        return self.norm_pre(self.pos_drop(tokens)), positions
-
-    def tokens_and_positions(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """images (B, C, H, W) -> (the embedded tokens before positions (B, prefix + N, D), the position tables for
-        this input's grid (P, rows, D), or None without absolute positions)."""
+        Pixels (B, C, H, W): every patch of the grid, in row-major order. With `dynamic_image_size` any image whose
+        sides are multiples of the patch size is accepted, its positions made for its grid on every call (as the
+        paper's fine-tuning does once), in a form that traces with symbolic sizes, so an ONNX export keeps the
+        image size dynamic; otherwise the model's own size is required. A `PatchInput` (patches already cut, with
+        their coordinates and a valid mask, e.g. images of different aspect ratios padded to one length) takes
+        positions at its coordinates on each image's own grid."""
+        if isinstance(inputs, PatchInput):
+            return self.embed_cut_patches(inputs)
+        images = inputs
         expected = self.config.image_size
         # In dynamic mode the size is not compared at all, so a symbolic size (export) meets no branch here.
         wrong_size = not self.dynamic_image_size and tuple(images.shape[-2:]) != expected
@@ -225,53 +210,93 @@ class VisionTransformer(nn.Module):
                 f"{tuple(images.shape[-2:])} to resample its position embedding"
             )
         patches = self.patch_embed.project(images)  # (B, D, rows, cols)
-        tokens = patches.flatten(2).transpose(1, 2)  # (B, N, D)
-        positions = None
-        if self.config.num_position_tables:
-            # The same tables `set_image_size` would make for this grid, in dynamic mode.
-            positions = self.position_table(patches.shape[-2:] if self.dynamic_image_size else None)
+        layout = PatchLayout(tuple(patches.shape[-2:]), resample=self.dynamic_image_size)
+        return patches.flatten(2).transpose(1, 2), layout  # (B, N, D)
+
+    def embed_cut_patches(self, inputs: PatchInput) -> tuple[torch.Tensor, PatchLayout]:
+        """Already-cut patches (B, N, P_h * P_w * C) -> (their embeddings (B, N, D), their layout)."""
+        config = self.config
+        if self.patch_embed.backbone is not None:
+            raise UsageError("the ResNet hybrid cuts its patches from the stem's feature map: give it images "
+                             "(B, C, H, W), not already-cut patches")
+        values = config.patch_size[0] * config.patch_size[1] * config.in_chans
+        if inputs.patches.shape[-1] != values:
+            raise UsageError(f"the model takes patches of {config.patch_size[0]}x{config.patch_size[1]}x"
+                             f"{config.in_chans} = {values} values, got {inputs.patches.shape[-1]} per patch; cut "
+                             "them with the model's patch size and channels (layers.patch_embed.cut_patches)")
+        return self.patch_embed.embed_patches(inputs.patches), PatchLayout.of_patches(inputs.coords, inputs.valid)
+
+    def start(self, tokens: torch.Tensor, layout: PatchLayout) -> tuple[torch.Tensor, EncoderContext]:
+        """Embedded patches (B, N, D) at `layout` -> (z_0 (B, prefix + N, D): the prefix tokens prepended and, with
+        placement "input", the positions added; the blocks' context). Masked pre-training changes the patch
+        tokens before this (MPP), or picks the kept ones after it (MAE, with `block_context` of their layout)."""
+        tokens = self.prepend_prefix(tokens)
+        if self.config.pos_embed_placement == "input":
+            tables = self.positions.tables(self, layout, tokens.shape[0])
+            if tables is not None:
+                tokens = self.add_positions(tokens, tables[0])
+        return self.norm_pre(self.pos_drop(tokens)), self.block_context(layout, tokens.shape[0])
+
+    def prepend_prefix(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Patch tokens (B, N, D) -> [x_class; x_dist or registers; patches] (B, prefix + N, D)."""
         prefix_tokens = [token.expand(tokens.shape[0], -1, -1)
                          for token in (self.cls_token, self.dist_token, self.reg_token) if token is not None]
-        if prefix_tokens:
-            tokens = torch.cat(prefix_tokens + [tokens], dim=1)
-        return tokens, positions
+        return torch.cat(prefix_tokens + [tokens], dim=1) if prefix_tokens else tokens
+
+    def block_context(self, layout: PatchLayout, batch: int) -> EncoderContext:
+        """What every block needs for tokens at `layout` (the whole input, or MAE's kept patches): the absolute
+        tables added before every block (placements other than "input"), the rotation of rotary positions, the
+        mask of padding tokens, and the attention kernel."""
+        tables = None
+        if self.config.pos_embed_placement != "input":
+            tables = self.positions.tables(self, layout, batch)
+        attn_mask = None
+        if layout.valid is not None:
+            attn_mask = with_prefix(layout.valid, self.config.num_prefix_tokens)[:, None, None, :]  # (B, 1, 1, T)
+        attention = AttentionContext(self.positions.rotary(self, layout, batch), attn_mask, self.attention_kernel,
+                                     self.positions.stretches_relative(layout))
+        return EncoderContext(tables, attention, layout.valid)
 
     def add_positions(self, tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """tokens (B, prefix + N, D) + one position table (rows, D): to every token, or with prefix_positions False
-        (timm's no_embed_class) to the patch tokens only."""
+        """tokens (B, prefix + N, D) + one position table (prefix + N, D), or per sample (B, prefix + N, D): to every
+        token, or with prefix_positions False (timm's no_embed_class) to the patch tokens only."""
         if self.config.prefix_positions:
             return tokens + table
         prefix = self.config.num_prefix_tokens
-        return torch.cat([tokens[:, :prefix], tokens[:, prefix:] + table], dim=1)
+        return torch.cat([tokens[:, :prefix], tokens[:, prefix:] + table], dim=-2)
 
-    def encode(self, images: torch.Tensor, attention_layers: set[int] = frozenset(),
+    def encode(self, inputs: ModelInput, attention_layers: set[int] = frozenset(),
                on_attention: AttentionCallback | None = None, keep_states: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """Eqs. 1-3: images -> (z_0, z_L before the final norm, the output of every block if keep_states, else []).
-        Blocks in `attention_layers` take the explicit-softmax path and hand their weights to `on_attention`."""
-        stem, positions = self.embed_with_positions(images)
-        x, states = self.run_blocks(stem, positions, attention_layers, on_attention, keep_states)
-        return stem, x, states
+               ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], EncoderContext]:
+        """Eqs. 1-3: inputs -> (z_0, z_L before the final norm, the output of every block if keep_states, else [],
+        the blocks' context). Blocks in `attention_layers` take the explicit-softmax path and hand their weights to
+        `on_attention`."""
+        stem, context = self.begin(inputs)
+        x, states = self.run_blocks(stem, context, attention_layers, on_attention, keep_states)
+        return stem, x, states, context
 
-    def run_blocks(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+    def run_blocks(self, x: torch.Tensor, context: EncoderContext | None = None,
                    attention_layers: set[int] = frozenset(), on_attention: AttentionCallback | None = None,
                    keep_states: bool = False, last_queries: int | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Eqs. 2-3: z_0 (B, T, D) -> (z_L before the final norm, every block's output if keep_states, else []).
-        `positions`: tables added before every block (placements other than "input"). MAE runs the blocks on
-        the visible tokens only (any T). last_queries: the last block computes only the first `last_queries`
-        tokens' outputs (z_L is then (B, last_queries, D)); see `head_tokens`."""
+        context: from `start` or `block_context` (None: no positions, padding or kernel beyond the defaults). MAE
+        runs the blocks on the visible tokens only (any T, their own context). last_queries: the last block
+        computes only the first `last_queries` tokens' outputs (z_L is then (B, last_queries, D)); see
+        `head_tokens`."""
+        context = context or EncoderContext(None, AttentionContext(kernel=self.attention_kernel), None)
         states: list[torch.Tensor] = []
+        tables, attention = context.tables, context.attention
         last = len(self.blocks) - 1
         for index, block in enumerate(self.blocks):
-            if positions is not None:  # Table 8's "every layer" columns: own tables, or one shared
-                x = self.add_positions(x, positions[index if len(positions) > 1 else 0])
+            if tables is not None:  # Table 8's "every layer" columns: own tables, or one shared
+                x = self.add_positions(x, tables[index if len(tables) > 1 else 0])
             if index in attention_layers:
-                x, weights = block(x, return_attention=True)
+                x, weights = block(x, attention, return_attention=True)
                 on_attention(index, weights)
             elif index == last and last_queries is not None:
-                x = block(x, queries=last_queries)
+                x = block(x, attention, queries=last_queries)
             else:
-                x = block(x)
+                x = block(x, attention)
             if keep_states:
                 states.append(x)
         return x, states
@@ -288,72 +313,78 @@ class VisionTransformer(nn.Module):
             return None
         return 2 if config.distilled else 1
 
-    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
-        """images (B, C, H, W) -> encoder output (B, prefix + N, D), after the final norm."""
-        return self.norm(self.encode(images)[1])
+    def forward_features(self, inputs: ModelInput) -> torch.Tensor:
+        """inputs -> encoder output (B, prefix + N, D), after the final norm."""
+        return self.norm(self.encode(inputs)[1])
 
-    def pool(self, tokens: torch.Tensor, hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def pool(self, tokens: torch.Tensor, hidden_states: list[torch.Tensor] | None = None,
+             valid: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T, D) -> (B, D): the class token, the mean of the patch tokens (paper Appendix D.3), attention
         pooling of every token (SigLIP's MAP head), GeM or max over the patch tokens, or, for "layer_weighted",
-        the learned mix of every block's output (`hidden_states`, before the final norm, which is applied here)."""
+        the learned mix of every block's output (`hidden_states`, before the final norm, which is applied here).
+        valid (B, N) bool: the real patch tokens of a padded batch, the only ones pooled (None: all)."""
         classifier = self.config.classifier
-        patch_tokens = tokens[:, self.config.num_prefix_tokens:]
+        prefix = self.config.num_prefix_tokens
+        patch_tokens = tokens[:, prefix:]
         if classifier == "token":
             return tokens[:, 0]
         if classifier == "gap":
-            return patch_tokens.mean(dim=1)
+            return token_mean(patch_tokens, valid)
         if classifier == "map":
-            return self.attn_pool(tokens)
+            return self.attn_pool(tokens, None if valid is None else with_prefix(valid, prefix))
         if classifier == "gem":
-            return self.gem_pool(patch_tokens)
+            return self.gem_pool(patch_tokens, valid)
         if classifier == "max":
-            return patch_tokens.amax(dim=1)
+            if valid is None:
+                return patch_tokens.amax(dim=1)
+            return patch_tokens.masked_fill(~valid[..., None], float("-inf")).amax(dim=1)
         if hidden_states is None or len(hidden_states) != len(self.blocks):
             raise UsageError("layer-weighted pooling mixes every block's output: call the model itself, "
                              "forward_pre_logits or forward_intermediates(hidden_states=True), not forward_head alone")
         per_block = []
         for state in hidden_states:
             state = self.norm(state)
-            per_block.append(state[:, 0] if self.config.class_token
-                             else state[:, self.config.num_prefix_tokens:].mean(dim=1))
+            per_block.append(state[:, 0] if self.config.class_token else token_mean(state[:, prefix:], valid))
         mix = self.layer_weights.softmax(dim=0)  # (L,)
         return (torch.stack(per_block, dim=1) * mix[None, :, None]).sum(dim=1)  # (B, L, D) -> (B, D)
 
     def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False,
-                     hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+                     hidden_states: list[torch.Tensor] | None = None, valid: torch.Tensor | None = None
+                     ) -> torch.Tensor:
         """Encoder output (B, T, D) -> logits (B, K); with pre_logits=True the features fed to the head (for a
         distilled model with its distillation head: the mean of the class and distillation tokens, as timm's).
-        `hidden_states`: every block's output, which layer-weighted pooling needs."""
+        `hidden_states`: every block's output, which layer-weighted pooling needs; `valid`: see `pool`."""
         if self.config.distilled and self.config.distillation_head:
             class_features, distillation_features = tokens[:, 0], tokens[:, 1]
             if self.head_dist is not None and not pre_logits:
                 return (self.head(class_features) + self.head_dist(distillation_features)) / 2
             features = (class_features + distillation_features) / 2
             return features if pre_logits else self.head(features)
-        features = self.pre_logits(self.fc_norm(self.pool(tokens, hidden_states)))
+        features = self.pre_logits(self.fc_norm(self.pool(tokens, hidden_states, valid)))
         return features if pre_logits else self.head(features)
 
-    def forward_pre_logits(self, images: torch.Tensor) -> torch.Tensor:
-        """images (B, C, H, W) -> the features the head reads (B, D'), e.g. for few-shot probes."""
-        tokens, states = self.encoded(images)
-        return self.forward_head(tokens, pre_logits=True, hidden_states=states)
+    def forward_pre_logits(self, inputs: ModelInput) -> torch.Tensor:
+        """inputs -> the features the head reads (B, D'), e.g. for few-shot probes."""
+        tokens, states, valid = self.encoded(inputs)
+        return self.forward_head(tokens, pre_logits=True, hidden_states=states, valid=valid)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """images (B, C, H, W) -> logits (B, K)."""
-        tokens, states = self.encoded(images)
-        return self.forward_head(tokens, hidden_states=states)
+    def forward(self, inputs: ModelInput) -> torch.Tensor:
+        """inputs: images (B, C, H, W), or a PatchInput -> logits (B, K)."""
+        tokens, states, valid = self.encoded(inputs)
+        return self.forward_head(tokens, hidden_states=states, valid=valid)
 
-    def encoded(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """(encoder output after the final norm, every block's output if the pooling reads them, else None). With a
-        class-token head only the tokens it reads (`head_tokens`) come out of the last block."""
+    def encoded(self, inputs: ModelInput) -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor | None]:
+        """(encoder output after the final norm, every block's output if the pooling reads them, else None, the
+        valid patch tokens of a padded batch, else None). With a class-token head only the tokens it reads
+        (`head_tokens`) come out of the last block."""
         keep = self.config.classifier == "layer_weighted"
-        stem, positions = self.embed_with_positions(images)
-        last, states = self.run_blocks(stem, positions, keep_states=keep, last_queries=self.head_tokens())
-        return self.norm(last), (states if keep else None)
+        stem, context = self.begin(inputs)
+        last, states = self.run_blocks(stem, context, keep_states=keep, last_queries=self.head_tokens())
+        return self.norm(last), (states if keep else None), context.valid
 
     def forward_intermediates(
         self,
-        images: torch.Tensor,
+        inputs: ModelInput,
         attention_layers: Iterable[int] | str | None = "all",
         hidden_states: bool = True,
         attention_callback: AttentionCallback | None = None,
@@ -372,15 +403,17 @@ class VisionTransformer(nn.Module):
         else:
             wanted = set() if attention_layers is None else {self.layer_index(i) for i in attention_layers}
         attentions: list[torch.Tensor] = []
-        stem, x, states = self.encode(images, wanted, attention_callback or (lambda _, weights: attentions.append(weights)),
-                                      keep_states=hidden_states or self.config.classifier == "layer_weighted")
+        stem, x, states, context = self.encode(
+            inputs, wanted, attention_callback or (lambda _, weights: attentions.append(weights)),
+            keep_states=hidden_states or self.config.classifier == "layer_weighted")
         out: dict[str, torch.Tensor | list[torch.Tensor]] = {"stem": stem}
         if hidden_states:
             out["hidden_states"] = states
         if wanted and attention_callback is None:
             out["attentions"] = attentions
         out["encoder"] = self.norm(x)
-        out["pre_logits"] = self.forward_head(out["encoder"], pre_logits=True, hidden_states=states or None)
+        out["pre_logits"] = self.forward_head(out["encoder"], pre_logits=True, hidden_states=states or None,
+                                              valid=context.valid)
         # Only DeiT's two heads need the tokens again; every other head reads the pooled features (pooling once).
         out["logits"] = self.forward_head(out["encoder"]) if self.head_dist is not None else self.head(out["pre_logits"])
         return out
@@ -395,67 +428,38 @@ class VisionTransformer(nn.Module):
         return int(index) % depth
 
     # ----------------------------------------------------------------------------------------- resolution
-    def position_table(self, grid: tuple | None = None, fixed_only: bool = False) -> torch.Tensor | None:
-        """E_pos (P, prefix + rows * cols, D) for a patch grid (default: the model's): the prefix rows as they are,
-        and the patch rows the fixed sin-cos ones of that grid, the learned 1-D ones interpolated to it, or the
-        learned row and column tables interpolated to its sides and concatenated. None for pos_embed "none" and
-        "relative". Traces with symbolic grid sizes (the dynamic-size ONNX export)."""
-        kind, prefix = self.config.pos_embed, self.config.num_position_prefix
-        if kind in ("none", "relative"):
-            return None
-        if grid is None:
-            if kind == "learned" or (kind == "sincos2d" and not fixed_only):
-                return self.pos_embed  # stored for this grid
-            grid = self.config.grid_size
-        if kind == "sincos2d":
-            patch_rows = sincos_2d_pos_embed(grid, self.config.embed_dim)[None].to(self.pos_embed)
-        elif kind == "learned":
-            patch_rows = interpolate_patch_positions(self.pos_embed[:, prefix:], self.config.grid_size, grid)
-        else:  # learned_2d
-            patch_rows = axial_pos_embed(interpolate_1d_positions(self.pos_embed_row, grid[0]),
-                                         interpolate_1d_positions(self.pos_embed_col, grid[1]))
-        if not prefix:
-            return patch_rows
-        return torch.cat([self.pos_embed[:, :prefix].expand(patch_rows.shape[0], -1, -1), patch_rows], dim=1)
+    def position_table(self, grid: tuple | None = None) -> torch.Tensor | None:
+        """E_pos (P, prefix + rows * cols, D) for a patch grid (default: the model's, as stored): the prefix rows as
+        they are, and the patch rows the fixed sin-cos ones of that grid, the learned 1-D ones interpolated to it, or
+        the learned row and column tables interpolated to its sides and concatenated. None for pos_embed "none",
+        "relative" and "rope". Traces with symbolic grid sizes (the dynamic-size ONNX export)."""
+        return self.positions.table(self, grid)
 
     def set_image_size(self, image_size: int | tuple[int, int], mode: str = "bilinear") -> None:
         """Change the input resolution in place, keeping the patch size and resampling the position embedding
         to the new grid (the paper's fine-tuning at higher resolution, section 3.2): 2-D interpolation of a
         learned 1-D table (`mode`), 1-D of the row and column tables of learned_2d, a new sin-cos table, and
         for relative attention the offset table stretched to the new length (an approximation: see
-        layers/relative_position.py)."""
-        old_grid = self.config.grid_size
+        layers/relative_position.py); rotary positions follow any grid by themselves."""
         new_config = self.config.replace(image_size=image_size)
-        rows, cols = new_config.grid_size
-        kind = self.config.pos_embed
-
-        def replaced(parameter: nn.Parameter, table: torch.Tensor) -> nn.Parameter:
-            return nn.Parameter(table.to(parameter), requires_grad=parameter.requires_grad)
-
-        with torch.no_grad():
-            if kind == "sincos2d":
-                self.pos_embed = replaced(self.pos_embed, self.position_table(new_config.grid_size))
-            elif kind == "learned":
-                self.pos_embed = replaced(self.pos_embed, resample_pos_embed(
-                    self.pos_embed.data, new_config.grid_size, old_grid, self.config.num_position_prefix, mode))
-            elif kind == "learned_2d":
-                self.pos_embed_row = replaced(self.pos_embed_row, interpolate_1d_positions(self.pos_embed_row, rows))
-                self.pos_embed_col = replaced(self.pos_embed_col, interpolate_1d_positions(self.pos_embed_col, cols))
-            elif kind == "relative":
-                for block in self.blocks:
-                    keys = block.attn.rel_pos_keys
-                    block.attn.rel_pos_keys = replaced(keys, resample_relative_keys(keys, new_config.num_tokens))
+        self.positions.resample(self, new_config, mode)
         self.config = new_config
 
     def set_attention_kernel(self, kernel: str) -> None:
         """"sdpa" (default: PyTorch's fused scaled_dot_product_attention) or "explicit" (softmax(q k^T / sqrt(d)) v
-        as three ops; faster under torch.compile for short sequences, see layers/attention.py). Same results."""
-        if kernel not in ("sdpa", "explicit"):
+        as three ops; faster under torch.compile for short sequences, see layers/attention.py). Same results. The
+        kernel goes to every block with each call (`block_context`)."""
+        if kernel not in KERNELS:
             raise UsageError(f"attention kernel must be 'sdpa' or 'explicit', got {kernel!r}")
-        for block in self.blocks:
-            block.attn.explicit_softmax = kernel == "explicit"
+        self.attention_kernel = kernel
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip besides norms and biases."""
         return {"pos_embed", "pos_embed_row", "pos_embed_col", "rel_pos_keys", "cls_token", "dist_token", "reg_token",
                 "latent"}
+
+
+
+def with_prefix(valid: torch.Tensor, prefix: int) -> torch.Tensor:
+    """valid patch tokens (B, N) -> valid tokens (B, prefix + N): the prefix tokens are always real."""
+    return torch.cat([valid.new_ones(valid.shape[0], prefix), valid], dim=1)

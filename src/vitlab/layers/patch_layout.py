@@ -1,0 +1,57 @@
+"""Where the patch tokens of a batch sit: each token's (row, column) on its image's patch grid.
+
+Positions are keyed by these coordinates, not by a token's index in the sequence, so that one encoder serves
+every way its tokens arrive: the whole grid of a pixel batch (row-major, the paper's order, no coordinates
+stored), the kept patches of a masked batch (MAE), or already-cut patches of images of different shapes, padded
+to one length (NaFlex), where each sample has its own grid and some tokens are padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(eq=False)
+class PatchLayout:
+    grid: tuple  # (rows, cols): every sample's grid, or (with sample_grids) the largest of them
+    coords: torch.Tensor | None = None  # (B, N, 2) int64 (row, col) of each patch token; None: the whole grid, in order
+    valid: torch.Tensor | None = None  # (B, N) bool, False for padding; None: every token is a patch
+    sample_grids: torch.Tensor | None = None  # (B, 2) int64 each sample's own (rows, cols); None: all are `grid`
+    # The positions follow this grid on every call (a dynamic image size, or patches of any shape), instead of
+    # being the tables stored for the model's own grid (equal values there; the distinction keeps a traced
+    # export free of branches on the image size).
+    resample: bool = False
+
+    @classmethod
+    def of_patches(cls, coords: torch.Tensor, valid: torch.Tensor) -> "PatchLayout":
+        """The layout of already-cut patches: each sample's grid is the bounding box of its valid coordinates."""
+        sample_grids = coords.masked_fill(~valid[..., None], 0).amax(dim=1) + 1  # (B, 2)
+        largest = sample_grids.amax(dim=0)
+        return cls((int(largest[0]), int(largest[1])), coords, valid, sample_grids, resample=True)
+
+    def full_coords(self, device: torch.device | None = None) -> torch.Tensor:
+        """(1, rows * cols, 2) the coordinates of the whole grid in row-major order, the tokens of a pixel batch."""
+        rows, cols = self.grid
+        y, x = torch.meshgrid(torch.arange(rows, device=device), torch.arange(cols, device=device), indexing="ij")
+        return torch.stack([y.flatten(), x.flatten()], dim=-1)[None]
+
+    def token_coords(self, batch: int, device: torch.device | None = None) -> torch.Tensor:
+        """(B, N, 2) every token's coordinates, stored or of the whole grid."""
+        if self.coords is not None:
+            return self.coords
+        return self.full_coords(device).expand(batch, -1, -1)
+
+    def grids(self, batch: int, device: torch.device | None = None) -> torch.Tensor:
+        """(B, 2) each sample's own grid."""
+        if self.sample_grids is not None:
+            return self.sample_grids
+        return torch.tensor([list(self.grid)], device=device).expand(batch, -1)
+
+    def keep(self, indices: torch.Tensor) -> "PatchLayout":
+        """The layout of the tokens at `indices` (B, K), in that order (MAE's kept patches)."""
+        coords = self.token_coords(indices.shape[0], indices.device)
+        kept = torch.gather(coords, 1, indices[..., None].expand(-1, -1, 2))
+        valid = None if self.valid is None else torch.gather(self.valid, 1, indices)
+        return PatchLayout(self.grid, kept, valid, self.sample_grids, self.resample)

@@ -1,0 +1,66 @@
+"""2-D rotary position embedding (RoPE, Su et al. 2021, in the axial 2-D form of DINOv3, Simeoni et al. 2025).
+
+Instead of adding a position vector to a token, every block turns each patch token's query and key by angles that
+depend on where the patch is: channel pairs of the first half of a head turn with the row coordinate, those of the
+second half with the column, at frequencies theta^(-4i / head_dim). The product q . k then depends on the two
+patches' offset only. Coordinates are the patch centres normalised to [-1, 1] on each image's own grid, so a
+grid of any size and aspect ratio has its positions with nothing to resample. Prefix tokens (class, registers,
+distillation) are never turned.
+
+    angles(r, c) = 2 pi [y * f; x * f; y * f; x * f],  y = 2 (r + 0.5) / rows - 1,  x = 2 (c + 0.5) / cols - 1
+    rotate(q) = q * cos(angles) + rotate_half(q) * sin(angles)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def rotary_frequencies(head_dim: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
+    """(head_dim / 4,) the frequencies f_i = theta^(-4i / head_dim), one per channel pair and axis."""
+    return 1.0 / theta ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=device)
+
+
+def normalized_centres(coords: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+    """coords (B, N, 2) integer (row, col), grids (B, 2) each sample's (rows, cols) -> (B, N, 2) float32 patch
+    centres in [-1, 1]."""
+    return 2.0 * (coords.float() + 0.5) / grids[:, None, :].float() - 1.0
+
+
+def rotary_angles(centres: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """centres (B, N, 2) in [-1, 1] -> angles (B, N, head_dim): [rows; cols] angles, the whole repeated twice, so
+    that `rotate_half` pairs channel i with i + head_dim / 2 at the same frequency and axis."""
+    frequencies = rotary_frequencies(head_dim, theta, centres.device)
+    angles = 2 * math.pi * centres[..., None] * frequencies  # (B, N, 2, head_dim / 4)
+    return angles.flatten(-2).tile(2)  # (B, N, head_dim)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[x1; x2] -> [-x2; x1] along the last axis."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+@dataclass(eq=False)
+class RotaryTable:
+    """The rotation of one forward pass: cos and sin (B or 1, 1, N, head_dim) of the N patch tokens' angles, and
+    how many prefix tokens come before them unturned."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    num_prefix_tokens: int
+
+    @classmethod
+    def from_angles(cls, angles: torch.Tensor, num_prefix_tokens: int) -> "RotaryTable":
+        return cls(angles.cos()[:, None], angles.sin()[:, None], num_prefix_tokens)
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """Queries or keys (B, heads, prefix + N, head_dim) -> the same with the patch tokens turned."""
+        prefix = self.num_prefix_tokens
+        patches = x[..., prefix:, :]
+        cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
+        turned = patches * cos + rotate_half(patches) * sin
+        return torch.cat([x[..., :prefix, :], turned], dim=-2) if prefix else turned

@@ -1,0 +1,55 @@
+"""The one type a model takes as input: pixels, or patches already cut.
+
+`ModelInput` is either a pixel batch, a tensor (B, C, H, W), or a `PatchInput`: the patches of each image
+flattened (B, N, P_h * P_w * C), their (row, column) on the image's own patch grid, and which of the N are real.
+The second form carries images of different sizes and aspect ratios in one batch, padded to a common length
+(SigLIP 2's NaFlex, timm's naflexvit). Both have `.to`, `.chunk` and `len`, so the training step, the objectives
+and the evaluation loop move and split them alike. Torch only, so data code can build it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+
+@dataclass(eq=False)
+class PatchInput:
+    patches: torch.Tensor  # (B, N, P_h * P_w * C) pixel values, each patch as patchify flattens it (channels last)
+    coords: torch.Tensor  # (B, N, 2) int64 (row, col) of each patch on its image's grid
+    valid: torch.Tensor  # (B, N) bool: False for padding after an image's last patch
+
+    def __post_init__(self) -> None:
+        batch, length = self.patches.shape[:2]
+        if self.patches.ndim != 3 or tuple(self.coords.shape) != (batch, length, 2) or \
+                tuple(self.valid.shape) != (batch, length):
+            raise ValueError(f"a PatchInput needs patches (B, N, values), coords (B, N, 2) and valid (B, N); got "
+                             f"{tuple(self.patches.shape)}, {tuple(self.coords.shape)} and {tuple(self.valid.shape)}")
+
+    def __len__(self) -> int:
+        return self.patches.shape[0]
+
+    @property
+    def shape(self) -> torch.Size:
+        """The patches' shape (B, N, values), so code that reads a batch's size reads it here too."""
+        return self.patches.shape
+
+    def to(self, *args, **kwargs) -> "PatchInput":
+        """The same batch moved (and the patches cast, if a dtype is given): coordinates stay integers, the mask
+        bool."""
+        patches = self.patches.to(*args, **kwargs)
+        return PatchInput(patches, self.coords.to(patches.device), self.valid.to(patches.device))
+
+    def chunk(self, chunks: int) -> tuple["PatchInput", ...]:
+        """Split along the batch, as `torch.Tensor.chunk` does."""
+        return tuple(PatchInput(p, c, v) for p, c, v in zip(self.patches.chunk(chunks), self.coords.chunk(chunks),
+                                                           self.valid.chunk(chunks)))
+
+    def map_patches(self, function) -> "PatchInput":
+        """The same layout with `function` applied to the patch values (e.g. normalisation)."""
+        return PatchInput(function(self.patches), self.coords, self.valid)
+
+
+ModelInput = Union[torch.Tensor, PatchInput]

@@ -1,0 +1,130 @@
+"""Absolute positions: a table E_pos of one row per token, added to the tokens (paper eq. 1) or before every block
+(Table 8's other columns), sampled at each patch's coordinates.
+
+Three kinds of table: the paper's learned 1-D table ("learned", one row per token, interpolated in 2-D for another
+grid), learned row and column halves ("learned_2d", Appendix D.4), and fixed 2-D sine-cosine ("sincos2d"). For
+the whole grid of a pixel batch the table is used as it is; for tokens at coordinates (MAE's kept patches, NaFlex
+patches whose images each have their own grid) every sample's rows are gathered from the table of its own grid.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitlab.layers.patch_layout import PatchLayout
+from vitlab.layers.pos_embed import (axial_pos_embed, interpolate_1d_positions, interpolate_patch_positions,
+                                     resample_pos_embed, sincos_2d_pos_embed)
+from vitlab.models.positions.base import PositionKind, replaced
+
+
+class AbsoluteTable(PositionKind):
+    """What the three tables share: sampling at coordinates. A subclass says how the table of a grid is made."""
+
+    def tables(self, model: nn.Module, layout: PatchLayout, batch: int) -> torch.Tensor | None:
+        own = None if not layout.resample else layout.grid
+        if layout.coords is None:
+            return self.table(model, own)
+        prefix = model.config.num_position_prefix
+        coords = layout.coords
+        grids = layout.grids(batch, coords.device)
+        gathered = None
+        for grid in torch.unique(grids, dim=0).tolist():  # one table per distinct grid (one, except for NaFlex)
+            full = self.table(model, tuple(grid) if layout.resample or layout.sample_grids is not None else None)
+            rows, cols = grid
+            index = (coords[..., 0].clamp(0, rows - 1) * cols + coords[..., 1].clamp(0, cols - 1))  # (B, N)
+            patch_rows = full[:, prefix:][:, index]  # (P, B, N, D); padding tokens read some row, unused
+            sampled = torch.cat([full[:, None, :prefix].expand(-1, batch, -1, -1), patch_rows], dim=2)
+            if gathered is None:
+                gathered = sampled
+            else:
+                mine = (grids == grids.new_tensor(grid)).all(dim=1)  # (B,)
+                gathered = torch.where(mine[None, :, None, None], sampled, gathered)
+        return gathered
+
+    def prefixed(self, model: nn.Module, patch_rows: torch.Tensor) -> torch.Tensor:
+        """The prefix tokens' rows (stored in `pos_embed`) before a grid's patch rows."""
+        prefix = model.config.num_position_prefix
+        if not prefix:
+            return patch_rows
+        return torch.cat([model.pos_embed[:, :prefix].expand(patch_rows.shape[0], -1, -1), patch_rows], dim=1)
+
+    def table_shape(self, model: nn.Module) -> tuple[int, int, int]:
+        """(P, prefix + rows * cols, D) of a table stored for the model's grid."""
+        config = model.config
+        return config.num_position_tables, config.num_position_prefix + config.num_patches, config.embed_dim
+
+
+class LearnedTable(AbsoluteTable):
+    """The paper's learned 1-D table, `pos_embed` (P, prefix + N, D), timm's name and shape for P = 1."""
+
+    def create(self, model: nn.Module) -> None:
+        model.pos_embed = nn.Parameter(torch.zeros(*self.table_shape(model)))
+
+    @torch.no_grad()
+    def initialise(self, model: nn.Module) -> None:
+        nn.init.normal_(model.pos_embed, std=0.02)
+
+    def table(self, model: nn.Module, grid: tuple | None = None) -> torch.Tensor:
+        if grid is None:
+            return model.pos_embed  # stored for this grid
+        prefix = model.config.num_position_prefix
+        return self.prefixed(model, interpolate_patch_positions(model.pos_embed[:, prefix:], model.config.grid_size,
+                                                                grid))
+
+    @torch.no_grad()
+    def resample(self, model: nn.Module, new_config, mode: str = "bilinear") -> None:
+        model.pos_embed = replaced(model.pos_embed, resample_pos_embed(
+            model.pos_embed.data, new_config.grid_size, model.config.grid_size, model.config.num_position_prefix, mode))
+
+
+class SinCosTable(AbsoluteTable):
+    """Fixed 2-D sine-cosine rows for the patches (`pos_embed`, not trained), with learned-looking prefix rows
+    kept as they are (zero for a fresh model)."""
+
+    def create(self, model: nn.Module) -> None:
+        model.pos_embed = nn.Parameter(torch.zeros(*self.table_shape(model)), requires_grad=False)
+
+    @torch.no_grad()
+    def initialise(self, model: nn.Module) -> None:
+        model.pos_embed.copy_(self.table(model, model.config.grid_size))
+
+    def table(self, model: nn.Module, grid: tuple | None = None) -> torch.Tensor:
+        if grid is None:
+            return model.pos_embed  # stored for this grid
+        return self.prefixed(model, sincos_2d_pos_embed(grid, model.config.embed_dim)[None].to(model.pos_embed))
+
+    @torch.no_grad()
+    def resample(self, model: nn.Module, new_config, mode: str = "bilinear") -> None:
+        model.pos_embed = replaced(model.pos_embed, self.table(model, new_config.grid_size))
+
+
+class AxialTable(AbsoluteTable):
+    """The paper's 2-D learned embedding (Appendix D.4): `pos_embed_row` (P, rows, D/2) and `pos_embed_col`
+    (P, cols, D/2), concatenated per patch; the prefix tokens' rows in `pos_embed` (P, prefix, D)."""
+
+    def create(self, model: nn.Module) -> None:
+        config = model.config
+        tables, prefix, (rows, cols), dim = (config.num_position_tables, config.num_position_prefix,
+                                             config.grid_size, config.embed_dim)
+        if prefix:
+            model.pos_embed = nn.Parameter(torch.zeros(tables, prefix, dim))
+        model.pos_embed_row = nn.Parameter(torch.zeros(tables, rows, dim // 2))
+        model.pos_embed_col = nn.Parameter(torch.zeros(tables, cols, dim // 2))
+
+    @torch.no_grad()
+    def initialise(self, model: nn.Module) -> None:
+        for table in (model.pos_embed, model.pos_embed_row, model.pos_embed_col):
+            if table is not None:
+                nn.init.normal_(table, std=0.02)
+
+    def table(self, model: nn.Module, grid: tuple | None = None) -> torch.Tensor:
+        rows, cols = grid if grid is not None else model.config.grid_size
+        return self.prefixed(model, axial_pos_embed(interpolate_1d_positions(model.pos_embed_row, rows),
+                                                    interpolate_1d_positions(model.pos_embed_col, cols)))
+
+    @torch.no_grad()
+    def resample(self, model: nn.Module, new_config, mode: str = "bilinear") -> None:
+        rows, cols = new_config.grid_size
+        model.pos_embed_row = replaced(model.pos_embed_row, interpolate_1d_positions(model.pos_embed_row, rows))
+        model.pos_embed_col = replaced(model.pos_embed_col, interpolate_1d_positions(model.pos_embed_col, cols))

@@ -1,0 +1,22 @@
+"""2-D rotary positions (DINOv3's; the math is layers/rotary.py): no parameters, no table to resample. Every call
+turns the patch tokens' queries and keys by angles of their coordinates, normalised on each image's own grid."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vitlab.layers.patch_layout import PatchLayout
+from vitlab.layers.rotary import RotaryTable, normalized_centres, rotary_angles
+from vitlab.models.positions.base import PositionKind
+
+
+class Rotary2D(PositionKind):
+    def rotary(self, model: nn.Module, layout: PatchLayout, batch: int) -> RotaryTable:
+        device = model.patch_embed.proj.weight.device
+        if layout.coords is None:  # the whole grid, the same for every sample: one (1, N, head_dim) table
+            coords, grids = layout.full_coords(device), torch.tensor([list(layout.grid)], device=device)
+        else:
+            coords, grids = layout.coords, layout.grids(batch, device)
+        angles = rotary_angles(normalized_centres(coords, grids), model.config.head_dim, model.config.rope_theta)
+        return RotaryTable.from_angles(angles, model.config.num_prefix_tokens)
