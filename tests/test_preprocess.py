@@ -130,3 +130,21 @@ def test_hf_reads_preprocessor_config_json_else_the_processor_defaults(tmp_path)
     config, _, _ = read_checkpoint(tmp_path / "hf")
     assert (config.image_mean, config.image_std) == IMAGENET
     assert config.preprocessing == Preprocessing(mode="crop", resize="bicubic", crop_fraction=16 / 18)
+
+
+def test_cut_patches_are_scaled_converted_and_normalised_as_their_images_are():
+    """A PatchInput of stored pixels becomes the patches of the prepared images: the same per-channel statistics
+    and grey conversion, channels innermost."""
+    from vitlab.config import ViTConfig
+    from vitlab.data.preprocess import denormalize, prepare
+    from vitlab.layers.patch_embed import cut_patches
+
+    images = torch.randint(0, 256, (2, 3, 8, 12), dtype=torch.uint8)
+    for spec in (ViTConfig(image_size=(8, 12), patch_size=4, image_mean=(0.2, 0.4, 0.6), image_std=(0.5, 0.25, 1)),
+                 ViTConfig(image_size=(8, 12), patch_size=4, in_chans=1, image_mean=0.3, image_std=0.2)):
+        expected = cut_patches(prepare(images, 255.0, spec), 4)
+        got = prepare(cut_patches(images, 4), 255.0, spec, channels=3)
+        torch.testing.assert_close(got.patches, expected.patches)
+        assert torch.equal(got.coords, expected.coords) and torch.equal(got.valid, expected.valid)
+        back = denormalize(got, spec)
+        torch.testing.assert_close(back.patches, cut_patches(denormalize(prepare(images, 255.0, spec), spec), 4).patches)
