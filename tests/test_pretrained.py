@@ -22,7 +22,7 @@ from vitlab import load_model
 from vitlab.checkpoint.pretrained import (is_checkpoint_name, name_stem, parse_name, pretrained_table,
                                           resolve_checkpoint)
 from vitlab.cli import main
-from vitlab.data.download import crc32c, published_digests
+from vitlab.download import crc32c, published_digests
 from vitlab.data.imagenet import imagenet1k_class_names, says_imagenet1k
 from vitlab.errors import CheckpointError, UsageError
 

@@ -146,7 +146,7 @@ def verify_hub_file(path: Path, repo: str, file: str, name: str) -> None:
     checked) or a git blob SHA-1 (small files; hashed each time, they are small). A mismatch deletes the blob and
     its snapshot link and raises. A cache without links (copies, on some file systems) names no ETag: huggingface_hub
     checked the length only."""
-    from vitlab.data.download import cache_dir, digests_of, is_verified, sha256_of
+    from vitlab.download import cache_dir, digests_of, is_verified, sha256_of
 
     if not path.is_symlink():
         return

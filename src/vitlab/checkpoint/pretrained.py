@@ -16,7 +16,7 @@ Wherever vitlab takes a checkpoint path it also takes a name; a local path that 
     gs://BUCKET/PATH                 any file of a public Google Cloud Storage bucket
     https://HOST/PATH                a plain URL (http:// too)
 
-Files over HTTPS (the bucket, URLs) go through `vitlab.data.download`: cached under `$VITLAB_CACHE/pretrained`,
+Files over HTTPS (the bucket, URLs) go through `vitlab.download`: cached under `$VITLAB_CACHE/pretrained`,
 resumed after a dropped connection, checked against the hash the server publishes (the bucket's x-goog-hash MD5)
 and deleted when they do not match. `VITLAB_MIRROR` holds the bucket's paths below it
 (`$VITLAB_MIRROR/vit_models/augreg/FILE.npz`). With `VITLAB_OFFLINE=1` (or `HF_HUB_OFFLINE=1`) nothing is
@@ -215,7 +215,7 @@ def resolve_checkpoint(spec: str | os.PathLike) -> Path:
 def cache_location(remote: Remote) -> tuple[Path, str]:
     """(folder, file name) of a URL's file in the cache: `$VITLAB_CACHE/pretrained/<bucket path>` for Google Cloud
     Storage (the layout a mirror has), `.../pretrained/<host>/<path>` for other URLs."""
-    from vitlab.data.download import cache_dir
+    from vitlab.download import cache_dir
 
     if remote.bucket_path:
         relative = remote.bucket_path
@@ -229,7 +229,7 @@ def cache_location(remote: Remote) -> tuple[Path, str]:
 def url_checkpoint(remote: Remote) -> Path:
     """The cached, verified file at `remote.url` (through `$VITLAB_MIRROR` for bucket files), downloaded if
     needed; offline, the cached copy or an error that says where to put the file."""
-    from vitlab.data.download import RemoteFile, cached_copy, candidate_urls, download
+    from vitlab.download import RemoteFile, cached_copy, candidate_urls, download
 
     folder, file_name = cache_location(remote)
     wanted = RemoteFile(file_name, None, 0, (remote.url,), mirror_path=remote.bucket_path or "")

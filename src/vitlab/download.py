@@ -1,4 +1,5 @@
-"""Download files once into a cache folder: checksum checked, resumable, with a progress bar.
+"""Download files once into a cache folder: checksum checked, resumable, with a progress bar. The data sets
+(`vitlab.data`) and pre-trained checkpoints (`vitlab.checkpoint`) both fetch through it, so it stands below both.
 
 Safe for several processes at once (DDP ranks sharing one cache): each downloads into a partial file of its own,
 `<name>.<host>-<pid>-<thread>.part`, and moves it into place with one atomic rename only after its checksum
