@@ -2,8 +2,8 @@
 
 Kinds: "vitlab" (own safetensors with config), "jax" (official `.npz`), "timm" (state dict, safetensors or
 PyTorch file), "hf" (transformers folder or weights file). The file extension is never trusted. Wherever a path is
-taken a pre-trained name is too (`hf-hub:ORG/NAME`, `augreg:B/16`, a URL: `checkpoint/pretrained.py`), resolved to
-its cached files first; a local path that exists always wins.
+taken a pre-trained name is too (`hf-hub:ORG/NAME`, `augreg:B/16`, a URL: `vitlab/pretrained.py`), resolved to
+its cached files first (`checkpoint/resolve.py`); a local path that exists always wins.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from vitlab.checkpoint import hf, hf_clip, jax_npz, timm
 from vitlab.checkpoint.hub import WEIGHT_FILES
 from vitlab.checkpoint.io import (FORMAT_NAME, config_from_metadata, load_state_dict_checked, read_json, read_npz,
                                   read_safetensors, read_torch_file, save_model, save_state_dict, sniff)
-from vitlab.checkpoint.pretrained import is_checkpoint_name, normalized, resolve_checkpoint, table_row
+from vitlab.checkpoint.resolve import resolve_checkpoint
 from vitlab.config import ViTConfig
 from vitlab.data.imagenet import NUM_CLASSES as IMAGENET_CLASSES, imagenet1k_class_names, says_imagenet1k
 from vitlab.errors import CheckpointError, ConfigError, UsageError
 from vitlab.files import atomic_write_bytes
 from vitlab.models.vit import VisionTransformer
+from vitlab.pretrained import is_checkpoint_name, normalized, table_row
 
 # HF `model_type`s whose config.json vitlab reads beside the weights.
 HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers")
