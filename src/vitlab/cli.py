@@ -520,9 +520,9 @@ def build_parser() -> ArgumentParser:
     p = subcommand("pretrained", help="list the pre-trained checkpoints vitlab knows by name (hf-hub:ORG/NAME, "
                                       "augreg:B/16, ...), with their data, ImageNet top-1, size and licence",
                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=NAMES_HELP)
-    from vitlab.pretrained import catalogue_families
+    from vitlab.checkpoint.families import model_families
 
-    p.add_argument("--family", help="only this family: " + ", ".join(catalogue_families()))
+    p.add_argument("--family", help="only this family: " + ", ".join(family.name for family in model_families()))
     p.add_argument("--json", action="store_true", help="print JSON, with where each figure comes from")
     p.set_defaults(func=cmd_pretrained)
 

@@ -18,8 +18,8 @@ Wherever vitlab takes a checkpoint path it also takes a name; a local path that 
     gs://BUCKET/PATH                 any file of a public Google Cloud Storage bucket
     https://HOST/PATH                a plain URL (http:// too)
 
-The table (`pretrained.json`, printed by `vitlab pretrained`) is data: one row per checkpoint with its family (vit,
-deit, ...), source, image size, pre-training data, reported ImageNet top-1
+The table (`pretrained.json`, printed by `vitlab pretrained`) is data: one row per checkpoint with its family (one
+of the model families of `checkpoint/families.py`), source, image size, pre-training data, reported ImageNet top-1
 and where that figure comes from, file size, licence and how the row was checked (docs/pretrained.md).
 """
 

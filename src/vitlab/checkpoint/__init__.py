@@ -1,6 +1,6 @@
-"""Checkpoints: vitlab's own format, import from the official JAX release, timm and Hugging Face, export, and
-pre-trained weights by name (resolved by `resolve.py` and `hub.py`; the names themselves and their table are
-`vitlab/pretrained.py`).
+"""Checkpoints: vitlab's own format, import from the official JAX release, timm and Hugging Face (one row per
+family in `families.py`), export, and pre-trained weights by name (resolved by `resolve.py` and `hub.py`; the
+names themselves and their table are `vitlab/pretrained.py`).
 
 The names below load on first use, so listing the pre-trained table (`vitlab pretrained`) does not import torch.
 """
