@@ -19,8 +19,7 @@ import torch
 from vitlab import runs
 from vitlab.checkpoint import families, hf, timm
 from vitlab.checkpoint.hub import WEIGHT_FILES
-from vitlab.checkpoint.io import (Weights, load_state_dict_checked, read_json, read_tensors, save_model,
-                                  save_state_dict)
+from vitlab.checkpoint.io import Weights, load_state_dict_checked, read_json, read_tensors, save_model, save_state_dict
 from vitlab.checkpoint.resolve import resolve_checkpoint
 from vitlab.config import ViTConfig
 from vitlab.data.imagenet import NUM_CLASSES as IMAGENET_CLASSES, imagenet1k_class_names, says_imagenet1k
