@@ -12,7 +12,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from vitlab.data.download import crc32c
+from vitlab.download import crc32c
 
 AUGREG_B16 = "vit_models/augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0.npz"
 LARGE_FILES = (".safetensors", ".bin", ".npz")  # stored with git LFS on the hub: ETag = SHA-256

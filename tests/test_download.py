@@ -9,8 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from datafiles import write_idx_set
-from vitlab.data import datasets, download as download_module
-from vitlab.data.download import RemoteFile, download
+from vitlab import download as download_module
+from vitlab.data import datasets
+from vitlab.download import RemoteFile, download
 from vitlab.errors import DataError
 
 

@@ -19,12 +19,12 @@ from PIL import Image
 from conftest import FIXTURES, REFERENCE_CHECKPOINTS
 from fakehub import AUGREG_B16, FakeServer, folder_files, serve_names
 from vitlab import load_model
-from vitlab.checkpoint.pretrained import (is_checkpoint_name, name_stem, parse_name, pretrained_table,
-                                          resolve_checkpoint)
+from vitlab.checkpoint.resolve import resolve_checkpoint
 from vitlab.cli import main
-from vitlab.data.download import crc32c, published_digests
 from vitlab.data.imagenet import imagenet1k_class_names, says_imagenet1k
+from vitlab.download import crc32c, published_digests
 from vitlab.errors import CheckpointError, UsageError
+from vitlab.pretrained import is_checkpoint_name, name_stem, parse_name, pretrained_table
 
 @pytest.fixture
 def server(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ _EXPORTS = {
     "load_model": "vitlab.checkpoint.formats",
     "read_checkpoint": "vitlab.checkpoint.formats",
     "export_checkpoint": "vitlab.checkpoint.formats",
-    "resolve_checkpoint": "vitlab.checkpoint.pretrained",
+    "resolve_checkpoint": "vitlab.checkpoint.resolve",
     "save_model": "vitlab.checkpoint.io",
     "VitlabError": "vitlab.errors",
     "UsageError": "vitlab.errors",

@@ -92,7 +92,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_pretrained(args: argparse.Namespace) -> int:
-    from vitlab.checkpoint.pretrained import format_pretrained_table, pretrained_table
+    from vitlab.pretrained import format_pretrained_table, pretrained_table
 
     rows = pretrained_table(args.family)
     print(json.dumps(rows, indent=1) if args.json else format_pretrained_table(rows))
@@ -520,9 +520,9 @@ def build_parser() -> ArgumentParser:
     p = subcommand("pretrained", help="list the pre-trained checkpoints vitlab knows by name (hf-hub:ORG/NAME, "
                                       "augreg:B/16, ...), with their data, ImageNet top-1, size and licence",
                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=NAMES_HELP)
-    from vitlab.checkpoint.pretrained import FAMILIES
+    from vitlab.checkpoint.families import model_families
 
-    p.add_argument("--family", help="only this family: " + ", ".join(FAMILIES))
+    p.add_argument("--family", help="only this family: " + ", ".join(family.name for family in model_families()))
     p.add_argument("--json", action="store_true", help="print JSON, with where each figure comes from")
     p.set_defaults(func=cmd_pretrained)
 

@@ -293,7 +293,7 @@ def fastest_export_format() -> Choice:
 
 # ---------------------------------------------------------------------------------- measured peaks, per CPU
 def _peaks_file():
-    from vitlab.data.download import cache_dir
+    from vitlab.download import cache_dir
 
     return cache_dir() / "machine" / "peaks.json"
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.files import atomic_write_bytes
+from vitlab.pretrained import is_checkpoint_name, name_stem
 
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.jsonl"
@@ -115,8 +116,6 @@ def default_run_name(dataset: str) -> str:
 def local_source(checkpoint: str | Path) -> Path:
     """The path outputs made from `checkpoint` are placed by: the checkpoint itself, or for a pre-trained name
     a file named after it in the current folder ("augreg:B/16" -> augreg-B-16)."""
-    from vitlab.checkpoint.pretrained import is_checkpoint_name, name_stem
-
     return Path(name_stem(checkpoint)) if is_checkpoint_name(checkpoint) else Path(checkpoint)
 
 

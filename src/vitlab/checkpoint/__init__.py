@@ -1,5 +1,6 @@
-"""Checkpoints: vitlab's own format, import from the official JAX release, timm and Hugging Face, export, and
-pre-trained weights by name (`pretrained.py`, `hub.py`).
+"""Checkpoints: vitlab's own format, import from the official JAX release, timm and Hugging Face (one row per
+family in `families.py`), export, and pre-trained weights by name (resolved by `resolve.py` and `hub.py`; the
+names themselves and their table are `vitlab/pretrained.py`).
 
 The names below load on first use, so listing the pre-trained table (`vitlab pretrained`) does not import torch.
 """
@@ -16,7 +17,7 @@ _EXPORTS = {
     "load_state_dict_checked": "vitlab.checkpoint.io",
     "save_model": "vitlab.checkpoint.io",
     "save_state_dict": "vitlab.checkpoint.io",
-    "resolve_checkpoint": "vitlab.checkpoint.pretrained",
+    "resolve_checkpoint": "vitlab.checkpoint.resolve",
 }
 
 __all__ = sorted(_EXPORTS)

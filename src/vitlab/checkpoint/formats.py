@@ -1,35 +1,39 @@
-"""Read any checkpoint vitlab understands, telling the kind by content, and write any kind it exports.
+"""Read any checkpoint vitlab understands, telling its family by content, and write any kind it exports.
 
-Kinds: "vitlab" (own safetensors with config), "jax" (official `.npz`), "timm" (state dict, safetensors or
-PyTorch file), "hf" (transformers folder or weights file). The file extension is never trusted. Wherever a path is
-taken a pre-trained name is too (`hf-hub:ORG/NAME`, `augreg:B/16`, a URL: `checkpoint/pretrained.py`), resolved to
-its cached files first; a local path that exists always wins.
+Families (`checkpoint/families.py`, one row each): vitlab's own safetensors with config, the official JAX `.npz`,
+timm state dicts (safetensors or PyTorch file), and transformers' ViT, DeiT, MAE, DINO, DINOv2, CLIP and SigLIP
+layouts (folder or weights file). The file extension is never trusted. Wherever a path is taken a pre-trained name
+is too (`hf-hub:ORG/NAME`, `augreg:B/16`, a URL: `vitlab/pretrained.py`), resolved to its cached files first
+(`checkpoint/resolve.py`); a local path that exists always wins.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vitlab import runs
-from vitlab.checkpoint import hf, hf_clip, jax_npz, timm
+from vitlab.checkpoint import families, hf, timm
 from vitlab.checkpoint.hub import WEIGHT_FILES
-from vitlab.checkpoint.io import (FORMAT_NAME, config_from_metadata, load_state_dict_checked, read_json, read_npz,
-                                  read_safetensors, read_torch_file, save_model, save_state_dict, sniff)
-from vitlab.checkpoint.pretrained import is_checkpoint_name, normalized, resolve_checkpoint, table_row
+from vitlab.checkpoint.io import Weights, load_state_dict_checked, read_json, read_tensors, save_model, save_state_dict
+from vitlab.checkpoint.resolve import resolve_checkpoint
 from vitlab.config import ViTConfig
 from vitlab.data.imagenet import NUM_CLASSES as IMAGENET_CLASSES, imagenet1k_class_names, says_imagenet1k
+from vitlab.data.preprocess import LUMA_WEIGHTS
 from vitlab.errors import CheckpointError, ConfigError, UsageError
-from vitlab.files import atomic_write_bytes
-from vitlab.models.vit import VisionTransformer
+from vitlab.files import atomic_write_bytes, verify_checksum
+from vitlab.models.registry import create_model
+from vitlab.pretrained import is_checkpoint_name, normalized, table_row
 
-# HF `model_type`s whose config.json vitlab reads beside the weights.
-HF_MODEL_TYPES = ("vit", "deit", "vit_mae", "dinov2", "dinov2_with_registers")
-HF_CLIP_MODEL_TYPES = ("clip", "clip_vision_model", "siglip", "siglip_vision_model")
+if TYPE_CHECKING:  # models are built through the registry (create_model); the class names the return type only
+    from vitlab.models.vit import VisionTransformer
+
 RUN_CHECKPOINTS = runs.MODEL_FILES
+PROCESSOR_FILE = "preprocessor_config.json"  # transformers' image processor settings, beside its config.json
 
 
 def find_sidecar(path: Path) -> dict[str, Any] | None:
@@ -56,8 +60,6 @@ def resolve_weights(path: str | Path) -> tuple[Path, dict[str, Any] | None]:
 def check_written_content(weights: Path) -> None:
     """Refuse a file vitlab wrote whose bytes have changed since (its SHA-256 is recorded beside it), naming it and
     what to do; a file with nothing recorded (from elsewhere, or an older vitlab) is read as it is."""
-    from vitlab.files import verify_checksum
-
     if verify_checksum(weights) is False:
         raise CheckpointError(f"{weights} is damaged: its content differs from what vitlab wrote (SHA-256 recorded in "
                               f"{weights.parent / 'checksums.json'}); use another checkpoint of the run (e.g. "
@@ -95,48 +97,17 @@ def with_imagenet_names(config: ViTConfig, spec: str | Path, sidecar: dict[str, 
 
 def read_weights(weights: Path, sidecar: dict[str, Any] | None, hints: dict[str, Any] | None = None,
                  image_size: int | tuple[int, int] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
-    """`read_checkpoint` of a resolved weights file and its sidecar JSON, before class names are filled in."""
+    """`read_checkpoint` of a resolved weights file and its sidecar JSON, before class names are filled in: the
+    file read whole (`io.read_tensors`), its family told (`families.family_of`), then read by that family's row."""
     source = str(weights)
-    container = sniff(weights)
-    hints = dict(hints or {})
+    container, tensors, metadata = read_tensors(weights)
+    processor_path = weights.parent / PROCESSOR_FILE
+    found = Weights(source, container, tensors, metadata, sidecar=sidecar, hints=dict(hints or {}),
+                    processor=read_json(processor_path) if processor_path.is_file() else None, image_size=image_size)
+    row = families.family_of(found)
     try:
-        if container == "npz":
-            arrays = read_npz(weights)
-            if not jax_npz.is_jax_checkpoint(set(arrays)):
-                raise CheckpointError(f"{source}: an .npz archive, but not an official ViT checkpoint "
-                                      "(no 'Transformer/encoder_norm/scale')")
-            jax_hints = {k: v for k, v in (sidecar or {}).items() if k == "image_size"}
-            config = jax_npz.config_from_jax(arrays, source, {**jax_hints, **hints}, image_size)
-            return apply_hints(config, hints), jax_npz.jax_to_state_dict(arrays, config, source), "jax"
-        if container == "safetensors":
-            state, metadata = read_safetensors(weights)
-            if metadata.get("format") == FORMAT_NAME:
-                return config_from_metadata(metadata, source), state, "vitlab"
-            if "vitlab_config" in metadata and timm.is_timm_state_dict(set(state)):
-                # A timm export by vitlab: the exact config rides along (timm's arguments cannot say everything).
-                config = config_from_metadata({"config": metadata["vitlab_config"]}, source)
-                return apply_hints(config, hints), state, "timm"
-        elif container == "torch-zip":
-            state = read_torch_file(weights)
-        else:
-            raise CheckpointError(f"{source}: not a checkpoint vitlab reads (expected safetensors, .npz or a "
-                                  "PyTorch zip file)")
-        keys = set(state)
-        refuse_other_architectures(keys, source)
-        if hf_clip.is_clip_vision_state_dict(keys):
-            clip_config = sidecar if sidecar and sidecar.get("model_type") in HF_CLIP_MODEL_TYPES else None
-            config = apply_hints(hf_clip.config_from_clip(state, clip_config, source, image_size), hints)
-            return config, hf_clip.clip_to_state_dict(state, config, source), "hf"
-        if hf.is_hf_state_dict(keys):
-            hf_config = sidecar if sidecar and sidecar.get("model_type") in HF_MODEL_TYPES else None
-            processor_path = weights.parent / "preprocessor_config.json"
-            processor = read_json(processor_path) if processor_path.is_file() else None
-            config = apply_hints(hf.config_from_hf(state, hf_config, source, image_size, processor), hints)
-            return config, hf.hf_to_state_dict(state, config, source), "hf"
-        if timm.is_timm_state_dict(keys):
-            timm_hints = timm.hints_from_timm_json(sidecar) if sidecar else {}
-            config = timm.config_from_timm(state, source, {**timm_hints, **hints}, image_size)
-            return config, state, "timm"
+        config = row.read_config(found)
+        return config, row.to_vitlab(tensors, config, source), row.kind
     except ConfigError as error:
         raise CheckpointError(f"{source}: the checkpoint describes an invalid model: {error}") from None
     except (IndexError, KeyError, ValueError, RuntimeError) as error:
@@ -145,45 +116,6 @@ def read_weights(weights: Path, sidecar: dict[str, Any] | None, hints: dict[str,
         # bugs, and reporting them as a damaged user file would hide them.
         raise CheckpointError(f"{source}: tensors with the names of a ViT checkpoint but not its shapes "
                               f"({type(error).__name__}: {error})") from None
-    raise CheckpointError(f"{source}: tensors named like {sorted(state)[:3]} are no checkpoint layout vitlab knows. "
-                          f"vitlab loads {SUPPORTED_FAMILIES}")
-
-
-def refuse_other_architectures(keys: set[str], source: str) -> None:
-    """One message naming a known non-ViT architecture (Swin, BEiT, ConvNeXt, CLIP, SigLIP, ...) and what loads."""
-    found = recognise_architecture(keys)
-    if found:
-        raise CheckpointError(f"{source}: a {found[0]} checkpoint (it has {found[1]!r}), which vitlab does not build. "
-                              f"vitlab loads {SUPPORTED_FAMILIES}")
-
-
-SUPPORTED_FAMILIES = ("the paper's ViT (official JAX .npz, timm, Hugging Face), DeiT, MAE, DINO, DINOv2, and CLIP and "
-                      "SigLIP image towers (timm and Hugging Face layouts) and its own files")
-# (architecture, a tensor name or name fragment only it has), checked in order: the first match names it.
-ARCHITECTURE_SIGNATURES = [
-    ("Swin Transformer", "relative_position_bias_table"),  # also BEiT's; Swin's also has layers.N.downsample
-    ("BEiT (relative position bias)", "relative_position_bias"),
-    ("ConvNeXt", "conv_dw"),
-    ("ConvNeXt", "dwconv"),
-    ("open_clip CLIP (load its timm or Hugging Face conversion)", "visual.class_embedding"),
-    ("ResNet", "layer1.0.conv1"),
-    ("ViT with query-key norm", "attn.q_norm"),
-]
-
-
-def recognise_architecture(keys: set[str]) -> tuple[str, str] | None:
-    """(name, a telling tensor name) of a known non-ViT architecture, to say what a refused file is."""
-    for name, fragment in ARCHITECTURE_SIGNATURES:
-        for key in sorted(keys):
-            if fragment in key:
-                if name.startswith("Swin") and not any("downsample" in k or "layers." in k for k in keys):
-                    name = "BEiT (relative position bias)"
-                return name, key
-    return None
-
-
-def apply_hints(config: ViTConfig, hints: dict[str, Any]) -> ViTConfig:
-    return config.replace(**hints) if hints else config
 
 
 def load_model(
@@ -216,7 +148,7 @@ def model_from_state(
     """A VisionTransformer in eval mode from what `read_checkpoint` returned; see `load_model`."""
     try:
         with torch.device("meta"):
-            model = VisionTransformer(config)
+            model = create_model(config)
     except (ValueError, RuntimeError, TypeError) as error:
         raise CheckpointError(f"{source}: its config does not build a model ({error})") from None
     model = model.to_empty(device="cpu")
@@ -226,7 +158,7 @@ def model_from_state(
     return model.to(device).eval()
 
 
-HF_FILES = ("model.safetensors", "config.json", "preprocessor_config.json")
+HF_FILES = ("model.safetensors", "config.json", PROCESSOR_FILE)
 
 
 def output_files(out: str | Path, to: str) -> list[Path]:
@@ -273,10 +205,6 @@ def rgb_from_grey(model: VisionTransformer) -> VisionTransformer:
     weights (which sum to 1), its mean and std repeated. transformers' pipelines and image processors hand every
     model RGB, so a one-channel export would fail there ("mean must have 3 elements"); on a grey image (equal
     channels) this model computes exactly the grey one, on a colour image the grey one of its luma."""
-    import copy
-
-    from vitlab.data.preprocess import LUMA_WEIGHTS
-
     config = model.config
     rgb = copy.deepcopy(model)
     weight = model.patch_embed.proj.weight.detach()  # (D, 1, P_h, P_w)
@@ -313,7 +241,7 @@ def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitl
         out.mkdir(parents=True, exist_ok=True)
         save_state_dict(state, out / "model.safetensors", {"format": "pt"})
         atomic_write_bytes(out / "config.json", json.dumps(hf.hf_config_dict(model.config), indent=2).encode())
-        atomic_write_bytes(out / "preprocessor_config.json",
+        atomic_write_bytes(out / PROCESSOR_FILE,
                            json.dumps(hf.hf_preprocessor_dict(model.config), indent=2).encode())
         return out
     raise ConfigError(f"unknown export format {to!r}; choose vitlab, timm or hf")

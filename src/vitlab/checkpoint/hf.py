@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
-from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
+from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions
 from vitlab.config import HEADS_BY_WIDTH, ViTConfig
 from vitlab.data.contract import Preprocessing, cropped_side, resolved_preprocessing
 from vitlab.errors import CheckpointError
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module (io.py says why)
+    import torch
 
 # (HF name inside "vit.", vitlab name); per layer names use {i}.
 RENAMES = [
@@ -58,15 +59,29 @@ DEIT_HEADS = [("cls_classifier", "head"), ("distillation_classifier", "head_dist
 
 
 def is_dinov2(keys: set[str]) -> bool:
+    """Whether tensor names (without the "vit." / "deit." prefix) are DINOv2's block layout."""
     return "encoder.layer.0.norm1.weight" in keys
 
 
 def is_mae_pretraining(keys: set[str]) -> bool:
+    """Whether tensor names hold MAE's pixel decoder (a `ViTMAEForPreTraining` file)."""
     return "decoder.decoder_pred.weight" in keys
 
 
 def is_hf_state_dict(keys: set[str]) -> bool:
+    """Whether tensor names are transformers' ViT embeddings (ViT, DeiT, MAE, DINO and DINOv2 share them)."""
     return any(key.startswith(("vit.embeddings.", "deit.embeddings.", "embeddings.patch_embeddings.")) for key in keys)
+
+
+def is_hf_vit(weights: Weights) -> bool:
+    """Key signature of transformers' ViT layout (ViT, DeiT, MAE, DINO): its embeddings and ViT's block names."""
+    return is_hf_state_dict(set(weights.tensors)) and not is_dinov2(set(strip_prefix(weights.tensors)))
+
+
+def is_hf_dinov2(weights: Weights) -> bool:
+    """Key signature of transformers' DINOv2 layout (with or without registers): ViT's embeddings, DINOv2's
+    block names (norm1, mlp.fc1, layer_scale1)."""
+    return is_hf_state_dict(set(weights.tensors)) and is_dinov2(set(strip_prefix(weights.tensors)))
 
 
 def strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -140,6 +155,12 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
     )
 
 
+def read_config(weights: Weights) -> ViTConfig:
+    """`config_from_hf` of a read file: its config.json and preprocessor_config.json, then the caller's hints."""
+    config = config_from_hf(weights.tensors, weights.hf_config, weights.source, weights.image_size, weights.processor)
+    return apply_hints(config, weights.hints)
+
+
 def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
     """HF names -> vitlab names, fusing query/key/value."""
     state = strip_prefix(state)
@@ -178,6 +199,8 @@ def hf_layer_to_block(take: Callable[[str], torch.Tensor], hf_layer: str, block:
     """One HF Transformer layer (names under `hf_layer`, e.g. "encoder.layer.3.", read through `take`) -> vitlab's
     `Block` names under `block` ("blocks.3."), query/key/value fused into `attn.qkv`. MAE's decoder layers have
     the same layout, so `checkpoint/hf_mae.py` maps them with this too."""
+    import torch
+
     out: dict[str, torch.Tensor] = {}
     for hf_name, name in DINOV2_LAYER_RENAMES if dinov2 else LAYER_RENAMES:
         out[block + name + ".weight"] = take(hf_layer + hf_name + ".weight")
@@ -287,6 +310,12 @@ PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
                "crop_size": {"height": 224, "width": 224}, "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
 }
 PROCESSOR_DEFAULTS["dinov2_with_registers"] = PROCESSOR_DEFAULTS["dinov2"]
+
+
+def default_preprocessing(model_types: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """model type -> the ViTConfig preprocessing fields its image processor's defaults give (a file without
+    preprocessor_config.json)."""
+    return {model_type: preprocessing_from_hf(None, model_type, f"{model_type} defaults") for model_type in model_types}
 
 
 def preprocessing_from_hf(processor: dict[str, Any] | None, model_type: str | None, source: str

@@ -17,15 +17,16 @@ pools with multi-head attention from a learned probe (`head.*`, vitlab's `attn_p
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
 from vitlab.checkpoint.hf import head_count
+from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions
 from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module (io.py says why)
+    import torch
 
 PREFIX = "vision_model."
 RENAMES = [
@@ -41,6 +42,14 @@ LAYER_RENAMES = [("layer_norm1", "norm1"), ("self_attn.out_proj", "attn.proj"), 
 TEXT_PARTS = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
 # SigLIP's attention-pooling head: (HF name inside "head.", vitlab name inside "attn_pool.").
 MAP_RENAMES = [("attention.out_proj", "proj"), ("layernorm", "norm"), ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")]
+# What each tower's images get when config.json says nothing (the image processors' defaults): CLIPImageProcessor
+# resizes the shorter side to the input size, bicubic, then crops the centre, with OpenAI's statistics;
+# SiglipImageProcessor resizes to the input size, bicubic, no crop, into [-1, 1].
+PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "clip": dict(image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711),
+                 preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0)),
+    "siglip": dict(image_mean=(0.5,), image_std=(0.5,), preprocessing=Preprocessing(mode="stretch", resize="bicubic")),
+}
 
 
 def is_clip_vision_state_dict(keys: set[str]) -> bool:
@@ -49,7 +58,19 @@ def is_clip_vision_state_dict(keys: set[str]) -> bool:
         ("embeddings.class_embedding", "embeddings.patch_embedding.weight")) for key in keys)
 
 
+def is_clip_tower(weights: Weights) -> bool:
+    """Key signature of transformers' CLIP and SigLIP image towers, alone or in a whole image-text model."""
+    return is_clip_vision_state_dict(set(weights.tensors))
+
+
+def read_config(weights: Weights) -> ViTConfig:
+    """`config_from_clip` of a read file and its config.json, then the caller's hints."""
+    config = config_from_clip(weights.tensors, weights.hf_config, weights.source, weights.image_size)
+    return apply_hints(config, weights.hints)
+
+
 def is_siglip(state: dict[str, torch.Tensor]) -> bool:
+    """Whether an image tower is SigLIP's (no class embedding) rather than CLIP's."""
     return "embeddings.class_embedding" not in state
 
 
@@ -85,15 +106,11 @@ def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] |
     projection = "visual_projection.weight" in state
     if siglip:  # no class token, attention pooling, the ViT's own norms and [-1, 1] inputs
         family = dict(num_classes=0, classifier="map", class_token=False, layer_norm_eps=1e-6,
-                      image_mean=(0.5,), image_std=(0.5,),
-                      # SiglipImageProcessor: resized to the input size, bicubic, no crop.
-                      preprocessing=Preprocessing(mode="stretch", resize="bicubic"))
+                      **PROCESSOR_DEFAULTS["siglip"])
     else:  # pre-encoder norm, the image-text projection as the head, OpenAI's normalisation
         family = dict(num_classes=state["visual_projection.weight"].shape[0] if projection else 0,
                       classifier="token", pre_norm=True, projection=projection, layer_norm_eps=1e-5,
-                      image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711),
-                      # CLIPImageProcessor: the shorter side to the input size, bicubic, then the centre crop.
-                      preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0))
+                      **PROCESSOR_DEFAULTS["clip"])
     family["layer_norm_eps"] = hf_config.get("layer_norm_eps", family["layer_norm_eps"])
     for name in ("image_mean", "image_std"):
         family[name] = tuple(hf_config.get(name, family[name]))
@@ -106,6 +123,8 @@ def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] |
 
 def clip_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
     """HF CLIP image-tower names -> vitlab names, fusing query/key/value; the text tower is set aside."""
+    import torch
+
     state = vision_tower(state)
     picker = TensorPicker(state, source, "CLIP or SigLIP image tower")
     take = picker.take

@@ -24,14 +24,13 @@ from typing import Any
 import torch
 
 from vitlab.checkpoint import hf
-from vitlab.checkpoint.io import (TensorPicker, load_state_dict_checked, read_json, read_safetensors,
-                                  read_torch_file, save_state_dict, sniff)
+from vitlab.checkpoint.io import TensorPicker, load_state_dict_checked, read_json, read_tensors, save_state_dict
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.files import atomic_write_bytes
 from vitlab.layers.pos_embed import sincos_2d_pos_embed
 from vitlab.models.mae import MAEConfig, MaskedAutoencoder
-from vitlab.models.vit import VisionTransformer
+from vitlab.models.registry import create_model
 
 # (name under "decoder." in transformers' file, vitlab name) of the decoder's parts outside its layers.
 DECODER_RENAMES = [
@@ -131,19 +130,15 @@ def load_mae(path: str | Path) -> MaskedAutoencoder:
     weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{folder}: none of {', '.join(WEIGHT_FILES)} in it")
-    container = sniff(weights)
-    if container == "safetensors":
-        state = read_safetensors(weights)[0]
-    elif container == "torch-zip":
-        state = read_torch_file(weights)
-    else:
+    container, state, _ = read_tensors(weights)
+    if container == "npz":
         raise CheckpointError(f"{weights}: neither a safetensors file nor a PyTorch zip file")
     processor_path = folder / "preprocessor_config.json"
     processor = read_json(processor_path) if processor_path.is_file() else None
     try:
         encoder_config, mae_config, mae_state = mae_state_from_hf(state, hf_config, str(weights), processor)
         with torch.device("meta"):
-            model = MaskedAutoencoder(VisionTransformer(encoder_config), mae_config)
+            model = MaskedAutoencoder(create_model(encoder_config), mae_config)
     except ConfigError as error:
         raise CheckpointError(f"{weights}: the checkpoint describes an invalid model: {error}") from None
     except (IndexError, KeyError, ValueError, RuntimeError) as error:

@@ -27,8 +27,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vitlab.checkpoint.pretrained import HUB, did_you_mean, offline_mode
+from vitlab.download import cache_dir, digests_of, is_verified, offline_mode, sha256_of
 from vitlab.errors import CheckpointError
+from vitlab.pretrained import HUB, did_you_mean
 
 SIDECARS = ("config.json", "preprocessor_config.json")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin")
@@ -146,8 +147,6 @@ def verify_hub_file(path: Path, repo: str, file: str, name: str) -> None:
     checked) or a git blob SHA-1 (small files; hashed each time, they are small). A mismatch deletes the blob and
     its snapshot link and raises. A cache without links (copies, on some file systems) names no ETag: huggingface_hub
     checked the length only."""
-    from vitlab.data.download import cache_dir, digests_of, is_verified, sha256_of
-
     if not path.is_symlink():
         return
     blob = Path(os.path.realpath(path))

@@ -8,6 +8,11 @@ leaves either the old file or the new one, never half of one (`vitlab.files.atom
 Nothing here unpickles: safetensors and `.npz` (with allow_pickle=False) hold raw arrays only, and PyTorch
 files are read with `torch.load(weights_only=True)`, which refuses any object that is not a tensor or a
 container of them.
+
+A read file travels as `Weights` (its tensors, header metadata and the JSON files beside it): what the checkpoint
+families (`checkpoint/families.py`) recognise and read. torch and numpy are imported inside the functions that use
+them, as in the converter modules: `vitlab --help` reads the family table, which imports these modules, and
+stays fast without them.
 """
 
 from __future__ import annotations
@@ -17,15 +22,17 @@ import math
 import os
 import struct
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.files import atomic_write_bytes, atomic_write_checked
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 FORMAT_NAME = "vitlab"
 FORMAT_VERSION = "1"
@@ -96,6 +103,8 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """The arrays of an .npz file, read without unpickling."""
+    import numpy as np
+
     try:
         with np.load(path, allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
@@ -117,6 +126,8 @@ def read_torch_file(path: Path) -> dict[str, torch.Tensor]:
     Accepts the common wrappers: {"state_dict": ...}, {"model": ...}, {"model_state": ...}.
     """
     import pickle
+
+    import torch
 
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
@@ -142,7 +153,55 @@ def read_torch_file(path: Path) -> dict[str, torch.Tensor]:
     return {name.removeprefix("module."): tensor for name, tensor in loaded.items()}
 
 
+def read_tensors(path: Path) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(container, tensors, header metadata) of a weights file, told by its content (`sniff`), never its
+    extension: torch tensors from safetensors and PyTorch files, numpy arrays from .npz; metadata only in
+    safetensors (else {}). A CheckpointError for any other file."""
+    container = sniff(path)
+    if container == "safetensors":
+        tensors, metadata = read_safetensors(path)
+        return container, tensors, metadata
+    if container == "npz":
+        return container, read_npz(path), {}
+    if container == "torch-zip":
+        return container, read_torch_file(path), {}
+    raise CheckpointError(f"{path}: not a checkpoint vitlab reads (expected safetensors, .npz or a PyTorch zip file)")
+
+
+@dataclass
+class Weights:
+    """One checkpoint file as read, with what lies beside it: all that a checkpoint family's key signature and
+    config reader look at (`checkpoint/families.py`)."""
+
+    source: str  # the file, as messages name it
+    container: str  # "safetensors", "npz" or "torch-zip" (`sniff`)
+    tensors: dict[str, Any]  # name -> torch tensor, or numpy array for .npz
+    metadata: dict[str, str] = field(default_factory=dict)  # the safetensors header's metadata
+    sidecar: dict[str, Any] | None = None  # the JSON beside it: a config.json (transformers, timm hub) or timm arguments
+    processor: dict[str, Any] | None = None  # preprocessor_config.json beside it (transformers' image processor)
+    hints: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields the caller gives (e.g. num_heads)
+    image_size: int | tuple[int, int] | None = None  # the size the caller asked for (see `read_checkpoint`)
+
+    @property
+    def model_type(self) -> str | None:
+        """The sidecar's transformers `model_type` ("vit", "clip", "dinov3_vit", ...), or None: no sidecar, or one
+        that is no transformers config (timm's config.json and argument files have no model_type)."""
+        value = (self.sidecar or {}).get("model_type")
+        return value if isinstance(value, str) else None
+
+    @property
+    def hf_config(self) -> dict[str, Any] | None:
+        """The sidecar when it is a transformers config.json (it names a model_type), else None."""
+        return self.sidecar if self.model_type is not None else None
+
+
+def apply_hints(config: ViTConfig, hints: Mapping[str, Any]) -> ViTConfig:
+    """`config` with the fields the caller gave (`Weights.hints`) put in."""
+    return config.replace(**hints) if hints else config
+
+
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file, or a CheckpointError naming the file."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -156,6 +215,8 @@ def read_json(path: Path) -> dict[str, Any]:
 def load_state_dict_checked(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor], source: str) -> None:
     """Load every tensor or none: a missing, unexpected, misshapen or non-finite tensor is a CheckpointError
     that names the source file and the first offending key (with both shapes)."""
+    import torch
+
     expected = model.state_dict()
     missing = [name for name in expected if name not in state_dict]
     unexpected = [name for name in state_dict if name not in expected]
@@ -230,6 +291,7 @@ def image_size_from_positions(num_patch_rows: int, patch_size: tuple[int, int], 
 
 
 def config_from_metadata(metadata: Mapping[str, str], source: str) -> ViTConfig:
+    """The ViTConfig vitlab wrote into a safetensors header (`save_model`), checked for its format version."""
     if "config" not in metadata:
         raise CheckpointError(f"{source}: a vitlab checkpoint without its model config in the header")
     version = metadata.get("format_version", "1")
@@ -240,3 +302,18 @@ def config_from_metadata(metadata: Mapping[str, str], source: str) -> ViTConfig:
         return ViTConfig.from_json(metadata["config"])
     except ConfigError as error:
         raise CheckpointError(f"{source}: {error}") from None
+
+
+def is_own_file(weights: Weights) -> bool:
+    """Whether a file is one of vitlab's own: its safetensors header says so."""
+    return weights.metadata.get("format") == FORMAT_NAME
+
+
+def read_own_config(weights: Weights) -> ViTConfig:
+    """The config of one of vitlab's own files, from its header; the caller's hints do not override it."""
+    return config_from_metadata(weights.metadata, weights.source)
+
+
+def same_names(state: dict[str, Any], config: ViTConfig, source: str) -> dict[str, Any]:
+    """The state dict as it is: the converter of layouts that already use vitlab's names (its own files, timm's)."""
+    return state

@@ -8,21 +8,40 @@ The official MLP uses Flax's default GELU, the tanh approximation, so imported c
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
-from vitlab.checkpoint.io import TensorPicker, image_size_from_positions
+from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions
 from vitlab.config import ViTConfig, stem_stride
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
 
+if TYPE_CHECKING:  # numpy and torch are imported where arrays are made: the family table imports this module
+    import numpy as np
+    import torch
+
 ENCODER = "Transformer/encoderblock_{}/"
+# How the official code evaluates: vit_jax input_pipeline, tf.image.resize to (size, size) (bilinear, no crop),
+# then [-1, 1]; big_vision's eval pipelines resize the same way.
+PREPROCESSING: dict[str, Any] = dict(image_mean=(0.5,), image_std=(0.5,),
+                                     preprocessing=Preprocessing(mode="stretch", resize="bilinear"))
 
 
 def is_jax_checkpoint(keys: set[str]) -> bool:
+    """Whether array names are the official release's (its encoder's final norm)."""
     return "Transformer/encoder_norm/scale" in keys
+
+
+def is_jax_layout(weights: Weights) -> bool:
+    """Key signature of the official JAX release's .npz files."""
+    return is_jax_checkpoint(set(weights.tensors))
+
+
+def read_config(weights: Weights) -> ViTConfig:
+    """`config_from_jax` of a read .npz: the image size from the official config JSON beside it (the one field
+    shapes cannot always settle) or the caller's hints, which come last."""
+    sidecar_size = {key: value for key, value in (weights.sidecar or {}).items() if key == "image_size"}
+    config = config_from_jax(weights.tensors, weights.source, {**sidecar_size, **weights.hints}, weights.image_size)
+    return apply_hints(config, weights.hints)
 
 
 def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str, Any] | None = None,
@@ -64,15 +83,15 @@ def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str,
         num_classes=num_classes, embed_dim=kernel.shape[3], depth=depth, num_heads=query.shape[1],
         mlp_dim=mlp_dim, classifier="token" if class_token else "gap", representation_size=representation,
         mlp_activation="gelu_tanh", layer_norm_eps=1e-6, resnet_layers=resnet_layers,
-        resnet_width_factor=width_factor,
-        # How the official code evaluates: vit_jax input_pipeline, tf.image.resize to (size, size) (bilinear,
-        # no crop), then [-1, 1]; big_vision's eval pipelines resize the same way.
-        image_mean=(0.5,), image_std=(0.5,), preprocessing=Preprocessing(mode="stretch", resize="bilinear"),
+        resnet_width_factor=width_factor, **PREPROCESSING,
     )
 
 
 def jax_to_state_dict(arrays: dict[str, np.ndarray], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
     """Rename and transpose the official arrays into vitlab's (timm's) key schema."""
+    import numpy as np
+    import torch
+
     state: dict[str, torch.Tensor] = {}
     picker = TensorPicker(arrays, source, "official ViT checkpoint", noun="array")
     take = picker.take

@@ -10,21 +10,39 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from vitlab.checkpoint.io import image_size_from_positions
+from vitlab.checkpoint.io import Weights, apply_hints, config_from_metadata, image_size_from_positions
 from vitlab.config import HEADS_BY_WIDTH, MODEL_SIZES, ViTConfig, stem_stride
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
+
+if TYPE_CHECKING:  # no tensor is made here; the family table imports this module (io.py says why)
+    import torch
 
 # timm's size names and the paper's, so "vit_base_patch16_224" finds B's head count.
 TIMM_SIZE_NAMES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
 
 
 def is_timm_state_dict(keys: set[str]) -> bool:
+    """Whether tensor names are timm's VisionTransformer's (vitlab's own names too)."""
     return "patch_embed.proj.weight" in keys and any(key.startswith("blocks.") for key in keys)
+
+
+def is_timm_layout(weights: Weights) -> bool:
+    """Key signature of timm's VisionTransformer layout: its patch embedding and blocks."""
+    return is_timm_state_dict(set(weights.tensors))
+
+
+def read_config(weights: Weights) -> ViTConfig:
+    """The config of a timm state dict: the exact one that vitlab's timm export writes into the header, else
+    `config_from_timm` of the names and shapes, completed by the timm JSON beside it and the caller's hints."""
+    if "vitlab_config" in weights.metadata:
+        # A timm export by vitlab: the exact config rides along (timm's arguments cannot say everything).
+        config = config_from_metadata({"config": weights.metadata["vitlab_config"]}, weights.source)
+        return apply_hints(config, weights.hints)
+    sidecar_hints = hints_from_timm_json(weights.sidecar) if weights.sidecar else {}
+    return config_from_timm(weights.tensors, weights.source, {**sidecar_hints, **weights.hints}, weights.image_size)
 
 
 def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from vitlab.data.contract import Preprocessing
-from vitlab.data.download import RemoteFile, download
+from vitlab.download import RemoteFile, download
 from vitlab.data.source import Batch, digest, epoch_order, evaluation_share, rank_shard, steps_per_epoch
 from vitlab.errors import DataError
 

@@ -18,7 +18,7 @@ import torch
 
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.datasets import ImageDataset, load_dataset
-from vitlab.data.download import cache_dir
+from vitlab.download import cache_dir, sha256_of
 from vitlab.eval.batches import run_batches
 from vitlab.errors import DataError
 
@@ -35,8 +35,6 @@ def extract_features(model, data: ImageDataset, batch_size: int = 256) -> torch.
 
 def checkpoint_digest(path: str | Path) -> str:
     from vitlab.checkpoint.formats import resolve_weights
-
-    from vitlab.data.download import sha256_of
 
     weights, _ = resolve_weights(path)
     return sha256_of(weights)

@@ -89,7 +89,7 @@ def run_evaluation(checkpoint: str | Path, dataset: str | None = None, *, data_d
     from vitlab.errors import UsageError
     from vitlab.eval.predict import inference_precision, load_classifier
 
-    from vitlab.checkpoint.pretrained import is_checkpoint_name
+    from vitlab.pretrained import is_checkpoint_name
 
     if not Path(checkpoint).exists() and not is_checkpoint_name(checkpoint):
         raise UsageError(f"{checkpoint}: no such file or folder")

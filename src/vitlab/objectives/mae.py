@@ -53,7 +53,7 @@ class MaskedAutoencoding(MaskedPretraining):
         encoder is the run's model already), or None for any other start."""
         import json
 
-        from vitlab.checkpoint.pretrained import resolve_checkpoint
+        from vitlab.checkpoint.resolve import resolve_checkpoint
 
         if not self.init_from:
             return None

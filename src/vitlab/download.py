@@ -1,4 +1,5 @@
-"""Download files once into a cache folder: checksum checked, resumable, with a progress bar.
+"""Download files once into a cache folder: checksum checked, resumable, with a progress bar. The data sets
+(`vitlab.data`) and pre-trained checkpoints (`vitlab.checkpoint`) both fetch through it, so it stands below both.
 
 Safe for several processes at once (DDP ranks sharing one cache): each downloads into a partial file of its own,
 `<name>.<host>-<pid>-<thread>.part`, and moves it into place with one atomic rename only after its checksum
@@ -10,6 +11,8 @@ file is trusted while its size and mtime match (hashed again when they differ). 
 `vitlab.distributed.fetch_once` lets one process per machine download while the others wait.
 Set `VITLAB_CACHE` to choose the cache folder and `VITLAB_MIRROR` to fetch every file from another base URL
 (a file's `mirror_path` says where it is below it; a URL outside the data sets and the bucket has none).
+`VITLAB_OFFLINE=1` (or the hub's own HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) forbids fetching pre-trained weights
+(`offline_mode`).
 
 The checksum is known in advance (the data sets' SHA-256) or, for files whose hash vitlab cannot ship (pre-trained
 weights in a bucket, a URL), the one the server publishes: Google Cloud Storage's `x-goog-hash` (MD5, else
@@ -39,6 +42,7 @@ from vitlab.errors import DataError
 from vitlab.files import atomic_write_bytes, sha256_file
 
 CHUNK = 1 << 16
+TRUE = ("1", "ON", "YES", "TRUE")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,16 @@ def cache_dir() -> Path:
         return Path(os.environ["VITLAB_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "vitlab"
+
+
+def offline_mode(hub: bool = False) -> tuple[str, str] | None:
+    """(variable, value) of the setting that forbids downloads, read when asked, or None: VITLAB_OFFLINE,
+    HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE (any of them; the hub's named first for a hub name)."""
+    variables = ("VITLAB_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    for variable in variables[1:] + variables[:1] if hub else variables:
+        if os.environ.get(variable, "").upper() in TRUE:
+            return variable, os.environ[variable]
+    return None
 
 
 def sha256_of(path: Path) -> str:

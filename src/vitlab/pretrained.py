@@ -1,4 +1,6 @@
-"""Pre-trained weights by name: the table of known checkpoints, the names, and their download into the cache.
+"""Pre-trained checkpoints by name: the name grammar, the table of known checkpoints (`pretrained.json`) and
+its look-ups, and did-you-mean. Torch-free and free of the network, on the ground floor: the run folder's layout
+(`runs.py`), the checkpoint readers and the resolver (`checkpoint/resolve.py`, which downloads) all ask it.
 
 Wherever vitlab takes a checkpoint path it also takes a name; a local path that exists always wins.
 
@@ -16,15 +18,9 @@ Wherever vitlab takes a checkpoint path it also takes a name; a local path that 
     gs://BUCKET/PATH                 any file of a public Google Cloud Storage bucket
     https://HOST/PATH                a plain URL (http:// too)
 
-Files over HTTPS (the bucket, URLs) go through `vitlab.data.download`: cached under `$VITLAB_CACHE/pretrained`,
-resumed after a dropped connection, checked against the hash the server publishes (the bucket's x-goog-hash MD5)
-and deleted when they do not match. `VITLAB_MIRROR` holds the bucket's paths below it
-(`$VITLAB_MIRROR/vit_models/augreg/FILE.npz`). With `VITLAB_OFFLINE=1` (or `HF_HUB_OFFLINE=1`) nothing is
-fetched: a cached file is used, a missing one is named with where to put it.
-
-The table (`pretrained.json`, printed by `vitlab pretrained`) is data: one row per checkpoint with its family,
-source, image size, pre-training data, reported ImageNet top-1 and where that figure comes from, file size,
-licence and how the row was checked (docs/pretrained.md). No torch here: listing the table stays fast.
+The table (`pretrained.json`, printed by `vitlab pretrained`) is data: one row per checkpoint with its family (one
+of the model families of `checkpoint/families.py`), source, image size, pre-training data, reported ImageNet top-1
+and where that figure comes from, file size, licence and how the row was checked (docs/pretrained.md).
 """
 
 from __future__ import annotations
@@ -35,23 +31,19 @@ import functools
 import json
 import os
 import re
-import sys
 import urllib.parse
-import warnings
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from vitlab.errors import CheckpointError, MissingPathError, UsageError
+from vitlab.errors import UsageError
 
 HUB = "hf-hub:"
 GCS_URL = "https://storage.googleapis.com/"
 # Names of files in the official bucket: "<folder>:<file>" -> gs://vit_models/<folder>/<file>.npz
 BUCKET_FOLDERS = ("augreg", "imagenet21k", "imagenet21k+imagenet2012")
 NAME_PREFIXES = (HUB, "gs://", "https://", "http://") + tuple(f"{folder}:" for folder in BUCKET_FOLDERS)
-FAMILIES = ("vit", "deit", "dino", "dinov2", "mae", "clip", "siglip")
-TRUE = ("1", "ON", "YES", "TRUE")
 
 
 @dataclass(frozen=True)
@@ -68,22 +60,29 @@ class Remote:
 # ------------------------------------------------------------------------------------------------ the table
 @functools.lru_cache(maxsize=1)
 def pretrained_document() -> dict[str, Any]:
-    return json.loads(resources.files("vitlab.checkpoint").joinpath("pretrained.json").read_text(encoding="utf-8"))
+    """pretrained.json as shipped: {"notes": ..., "rows": [...]}, read once."""
+    return json.loads(resources.files("vitlab").joinpath("pretrained.json").read_text(encoding="utf-8"))
 
 
 def pretrained_table(family: str | None = None) -> list[dict[str, Any]]:
-    """The rows of the table of known checkpoints, all or one family's (vit, deit, dino, dinov2, mae, clip,
-    siglip). Each row: name, family, source, image_size, pretraining, top1 (ImageNet-1k %, or None),
-    top1_source, size_mib, size_source, licence, verified."""
+    """The rows of the table of known checkpoints, all or one family's (`catalogue_families`). Each row: name,
+    family, source, image_size, pretraining, top1 (ImageNet-1k %, or None), top1_source, size_mib, size_source,
+    licence, verified. A UsageError naming the families for a family the table has no row of."""
     rows = pretrained_document()["rows"]
     if family is None:
         return list(rows)
-    if family not in FAMILIES:
-        raise UsageError(f"--family {family!r}: choose one of {', '.join(FAMILIES)}")
+    if family not in catalogue_families():
+        raise UsageError(f"--family {family!r}: choose one of {', '.join(catalogue_families())}")
     return [row for row in rows if row["family"] == family]
 
 
+def catalogue_families() -> list[str]:
+    """The model families the table has checkpoints of, in the table's order ("vit", "deit", ...)."""
+    return list(dict.fromkeys(row["family"] for row in pretrained_document()["rows"]))
+
+
 def table_row(name: str) -> dict[str, Any] | None:
+    """The table's row of the checkpoint named `name` exactly, or None."""
     return next((row for row in pretrained_document()["rows"] if row["name"] == name), None)
 
 
@@ -110,6 +109,7 @@ def format_pretrained_table(rows: list[dict[str, Any]]) -> str:
 
 
 def size_text(mib: float) -> str:
+    """A file size for people: MiB, or GiB from 1 GiB on."""
     return f"{mib / 1024:.2f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
 
 
@@ -137,6 +137,7 @@ def name_stem(spec: str | os.PathLike) -> str:
 
 
 def known_names() -> list[str]:
+    """Every name in the table, in its order."""
     return [row["name"] for row in pretrained_document()["rows"]]
 
 
@@ -180,72 +181,3 @@ def parse_name(spec: str | os.PathLike) -> Remote:
     raise UsageError(f"{text}: no pre-trained checkpoint of that name (`vitlab pretrained` lists them; an exact "
                      f"file name such as augreg:B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0 also "
                      f"works).{did_you_mean(text)}")
-
-
-# ------------------------------------------------------------------------------------------------ resolving
-def offline_mode(hub: bool = False) -> tuple[str, str] | None:
-    """(variable, value) of the setting that forbids downloads, read when asked, or None: VITLAB_OFFLINE,
-    HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE (any of them; the hub's named first for a hub name)."""
-    variables = ("VITLAB_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    for variable in variables[1:] + variables[:1] if hub else variables:
-        if os.environ.get(variable, "").upper() in TRUE:
-            return variable, os.environ[variable]
-    return None
-
-
-def resolve_checkpoint(spec: str | os.PathLike) -> Path:
-    """A local path for a checkpoint given by path or by name: the path itself when it exists (a local path
-    always wins), else the named checkpoint's files, downloaded once into the cache and verified: a weights file
-    (a hub repository's with its config.json and preprocessor_config.json beside it)."""
-    path = Path(spec)
-    if path.exists():
-        return path
-    text = normalized(spec)
-    if not text.startswith(NAME_PREFIXES):
-        hint = did_you_mean(text)
-        raise MissingPathError(f"{text}: no such file or folder" + (f".{hint}" if hint else ""))
-    remote = parse_name(text)
-    if remote.repo is not None:
-        from vitlab.checkpoint.hub import hub_checkpoint
-
-        return hub_checkpoint(remote.repo, remote.revision, remote.name)
-    return url_checkpoint(remote)
-
-
-def cache_location(remote: Remote) -> tuple[Path, str]:
-    """(folder, file name) of a URL's file in the cache: `$VITLAB_CACHE/pretrained/<bucket path>` for Google Cloud
-    Storage (the layout a mirror has), `.../pretrained/<host>/<path>` for other URLs."""
-    from vitlab.data.download import cache_dir
-
-    if remote.bucket_path:
-        relative = remote.bucket_path
-    else:
-        parts = urllib.parse.urlsplit(remote.url)
-        relative = parts.netloc.replace(":", "_") + "/" + parts.path.lstrip("/")
-    pieces = [urllib.parse.unquote(piece) for piece in relative.split("/") if piece not in ("", ".", "..")]
-    return cache_dir().joinpath("pretrained", *pieces[:-1]), pieces[-1]
-
-
-def url_checkpoint(remote: Remote) -> Path:
-    """The cached, verified file at `remote.url` (through `$VITLAB_MIRROR` for bucket files), downloaded if
-    needed; offline, the cached copy or an error that says where to put the file."""
-    from vitlab.data.download import RemoteFile, cached_copy, candidate_urls, download
-
-    folder, file_name = cache_location(remote)
-    wanted = RemoteFile(file_name, None, 0, (remote.url,), mirror_path=remote.bucket_path or "")
-    offline = offline_mode()
-    if offline:
-        cached = cached_copy(wanted, folder)
-        if cached is not None:
-            return cached
-        final = folder / file_name
-        if final.is_file():  # put there by hand: nothing to check it against without the network
-            warnings.warn(f"{final}: used as it is ({offline[0]}={offline[1]}); it was not checked against the hash "
-                          "its server publishes", stacklevel=2)
-            return final
-        raise CheckpointError(f"{remote.name}: {file_name} is not in the cache and {offline[0]}={offline[1]} forbids "
-                              f"downloading it; put the file from {candidate_urls(wanted)[0]} at {final}, or give "
-                              "its local path instead of the name")
-    return download(wanted, folder, progress=sys.stderr.isatty(), error=CheckpointError,
-                    hint=f"Run the command again (a partial download resumes), or download "
-                         f"{candidate_urls(wanted)[0]} by hand and give its path (or put it at {folder / file_name})")

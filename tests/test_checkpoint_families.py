@@ -1,0 +1,222 @@
+"""The checkpoint family table (src/vitlab/checkpoint/families.py): the sidecar's model_type decides before key
+signatures, families vitlab does not build are refused by name, a new family is one row, and the lists that name
+the families are generated from the table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import FIXTURES
+from vitlab import load_model, read_checkpoint
+from vitlab.checkpoint import families, formats
+from vitlab.checkpoint.families import Family, family_of, hf_model_types, model_families, supported_families
+from vitlab.checkpoint.io import Weights
+from vitlab.cli import main
+from vitlab.config import ViTConfig
+from vitlab.errors import CheckpointError
+from vitlab.models.registry import create_model
+from vitlab.pretrained import catalogue_families
+
+
+def write_folder(folder: Path, tensors: dict[str, torch.Tensor], config: dict | None) -> Path:
+    """A transformers-style folder: model.safetensors and, when given, config.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def dinov3_tensors() -> dict[str, torch.Tensor]:
+    """A few tensors as transformers' DINOv3ViTModel names them (its patch projection is a bare Conv2d)."""
+    return {"embeddings.cls_token": torch.zeros(1, 1, 8), "embeddings.register_tokens": torch.zeros(1, 4, 8),
+            "embeddings.patch_embeddings.weight": torch.zeros(8, 3, 4, 4),
+            "layer.0.attention.q_proj.weight": torch.zeros(8, 8), "norm.weight": torch.ones(8)}
+
+
+def siglip2_tensors() -> dict[str, torch.Tensor]:
+    """A few tensors of a SigLIP 2 NaFlex image tower: a linear patch embedding, (D, P * P * C)."""
+    return {"vision_model.embeddings.patch_embedding.weight": torch.zeros(8, 4 * 4 * 3),
+            "vision_model.embeddings.position_embedding.weight": torch.zeros(16, 8),
+            "vision_model.encoder.layers.0.self_attn.q_proj.weight": torch.zeros(8, 8),
+            "vision_model.post_layernorm.weight": torch.ones(8)}
+
+
+# ------------------------------------------------------------------------------ families vitlab does not build
+@pytest.mark.parametrize("with_config", [True, False], ids=["config.json", "tensors alone"])
+def test_an_hf_dinov3_folder_is_refused_by_family_name(tmp_path, with_config):
+    folder = write_folder(tmp_path / "dinov3", dinov3_tensors(), {"model_type": "dinov3_vit"} if with_config else None)
+    with pytest.raises(CheckpointError, match=r"family dinov3_vit is not supported \(supported: vit, deit, vit_mae, "
+                                              r"dinov2, .*\); DINOv3 needs 2-D rotary positions") as refused:
+        load_model(folder)
+    assert "names of a ViT checkpoint but not its shapes" not in str(refused.value)
+
+
+@pytest.mark.parametrize("with_config", [True, False], ids=["config.json", "tensors alone"])
+def test_a_siglip2_naflex_tower_is_refused_not_read_with_an_empty_patch_size(tmp_path, with_config):
+    config = {"model_type": "siglip2_vision_model", "patch_size": 4, "hidden_size": 8} if with_config else None
+    folder = write_folder(tmp_path / "siglip2", siglip2_tensors(), config)
+    with pytest.raises(CheckpointError, match=r"family siglip2_vision_model is not supported \(supported: .*siglip"
+                                              r"_vision_model\); SigLIP 2 needs NaFlex inputs"):
+        read_checkpoint(folder)
+
+
+@pytest.mark.parametrize("model_type", ["siglip2", "aimv2_vision_model", "ijepa", "swinv2"])
+def test_any_model_type_the_table_lacks_gets_the_same_one_message(tmp_path, model_type):
+    state = load_file(FIXTURES / "hf_vit" / "model.safetensors")  # tensors vitlab could read: the config decides
+    folder = write_folder(tmp_path / model_type, state, {"model_type": model_type})
+    with pytest.raises(CheckpointError, match=f"its config.json says model_type '{model_type}': family {model_type} "
+                                              r"is not supported \(supported: vit, "):
+        read_checkpoint(folder)
+
+
+@pytest.mark.parametrize("key, feature", [("blocks.0.attn.q_norm.weight", "query-key norm"),
+                                          ("blocks.0.mlp.fc1_g.weight", "a SwiGLU MLP")])
+def test_a_timm_state_dict_with_a_feature_vitlab_does_not_build_names_it(tmp_path, key, feature):
+    state = {"patch_embed.proj.weight": torch.zeros(8, 3, 4, 4), "blocks.0.attn.qkv.weight": torch.zeros(24, 8),
+             key: torch.ones(8)}
+    save_file(state, tmp_path / "w.safetensors")
+    with pytest.raises(CheckpointError, match=f"a timm ViT checkpoint with {feature} \\(it has '{key}'\\), which "
+                                              "vitlab's models do not build yet. vitlab loads the paper's ViT"):
+        load_model(tmp_path / "w.safetensors")
+
+
+# ------------------------------------------------------------------------------ the sidecar decides first
+def test_an_hf_vit_folder_whose_config_says_vit_loads_as_before():
+    folder = FIXTURES / "hf_vit"
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "vit"
+    config, state, kind = read_checkpoint(folder)
+    assert kind == "hf" and config.num_heads == json.loads((folder / "config.json").read_text())["num_attention_heads"]
+    assert set(state) == set(create_model(config).state_dict())
+
+
+@pytest.mark.parametrize("weights, model_type, says, looks_like", [
+    ("hf_vit", "clip_vision_model", "Hugging Face CLIP or SigLIP image tower", "Hugging Face ViT / DeiT / MAE / DINO"),
+    ("hf_dinov2", "vit", "Hugging Face ViT / DeiT / MAE / DINO", "Hugging Face DINOv2"),
+    ("hf_clip_vision", "dinov2", "Hugging Face DINOv2", "Hugging Face CLIP or SigLIP image tower"),
+])
+def test_a_folder_is_reported_as_what_its_config_says(tmp_path, weights, model_type, says, looks_like):
+    folder = write_folder(tmp_path / weights, load_file(FIXTURES / weights / "model.safetensors"),
+                          {"model_type": model_type})
+    with pytest.raises(CheckpointError, match=f"config.json says model_type '{model_type}' \\({says}\\), but its "
+                                              f"tensors are not that layout \\(they are a {looks_like} checkpoint's\\)"):
+        read_checkpoint(folder)
+
+
+def test_the_sidecar_model_type_chooses_the_row_before_any_signature(monkeypatch):
+    """A row whose signature would claim the file is passed over when the config names another row."""
+    claims_everything = Family("greedy", "greedy", kind="greedy", origin="nowhere", models=(), containers=("safetensors",),
+                               matches=lambda weights: True, read_config=families.family("hf-vit").read_config,
+                               to_vitlab=families.family("hf-vit").to_vitlab)
+    monkeypatch.setattr(families, "FAMILIES", (claims_everything,) + families.FAMILIES)
+    tensors = load_file(FIXTURES / "hf_vit" / "model.safetensors")
+    assert family_of(Weights("hf_vit", "safetensors", tensors, sidecar={"model_type": "vit"})).name == "hf-vit"
+    assert family_of(Weights("hf_vit", "safetensors", tensors)).name == "greedy"  # no config: signatures in order
+
+
+# ------------------------------------------------------------------------------ a new family is one row
+class FakeFamily:
+    """A family invented for this test: vitlab's names under "fake.", told by a marker tensor."""
+
+    CONFIG = ViTConfig(image_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=3)
+
+    @staticmethod
+    def matches(weights: Weights) -> bool:
+        return "fake.marker" in weights.tensors
+
+    @staticmethod
+    def read_config(weights: Weights) -> ViTConfig:
+        return FakeFamily.CONFIG.replace(num_classes=weights.tensors["fake.head.weight"].shape[0])
+
+    @staticmethod
+    def to_vitlab(state: dict, config: ViTConfig, source: str) -> dict:
+        return {key.removeprefix("fake."): value for key, value in state.items() if key != "fake.marker"}
+
+    ROW = Family("fake", "fake ViT", kind="fake", origin="fake", models=(), containers=("safetensors",),
+                 matches=matches, read_config=read_config, to_vitlab=to_vitlab, model_types=("fake_vit",))
+
+
+@pytest.mark.parametrize("config_json", [None, {"model_type": "fake_vit"}], ids=["signature", "model_type"])
+def test_a_new_family_is_one_row_of_the_table(tmp_path, monkeypatch, config_json):
+    model = create_model(FakeFamily.CONFIG).eval()
+    tensors = {"fake." + name: tensor for name, tensor in model.state_dict().items()}
+    folder = write_folder(tmp_path / "fake", {**tensors, "fake.marker": torch.zeros(1)}, config_json)
+    with pytest.raises(CheckpointError, match="no checkpoint layout vitlab knows|family fake_vit is not supported"):
+        load_model(folder)
+    monkeypatch.setattr(families, "FAMILIES", families.FAMILIES + (FakeFamily.ROW,))  # the one edit
+    assert read_checkpoint(folder)[2] == "fake"
+    loaded = load_model(folder)
+    images = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images), model(images))
+    assert "fake_vit" in hf_model_types()
+
+
+# ------------------------------------------------------------------------------ lists generated from the table
+def test_the_pretrained_family_choices_are_the_tables(capsys):
+    with pytest.raises(SystemExit):
+        main(["pretrained", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "only this family: " + ", ".join(family.name for family in model_families()) in help_text
+    assert set(catalogue_families()) == {family.name for family in model_families()}
+
+
+def test_the_supported_text_and_the_hf_types_come_from_the_rows():
+    text = supported_families()
+    for family in model_families():
+        assert family.title in text
+    for row in families.FAMILIES:
+        assert row.origin in text
+    assert hf_model_types() == [model_type for row in families.FAMILIES for model_type in row.model_types]
+    assert len(set(hf_model_types())) == len(hf_model_types())  # a model_type names one row
+    sibling_types = {model_type for sibling in families.SIBLINGS for model_type in sibling.model_types}
+    assert not sibling_types & set(hf_model_types())
+
+
+def test_every_row_states_its_processor_defaults_and_a_file_without_its_own_gets_them():
+    for row in families.FAMILIES:  # vitlab's own files carry theirs in the header
+        assert row.preprocessing or row.header_format == "vitlab", row.name
+    for name in ("hf-vit", "hf-dinov2"):  # transformers' processors differ by model type
+        assert set(families.family(name).model_types) == set(families.family(name).preprocessing)
+    assert not (FIXTURES / "hf_vit" / "preprocessor_config.json").exists()
+    config = read_checkpoint(FIXTURES / "hf_vit")[0]
+    defaults = families.family("hf-vit").preprocessing["vit"]
+    assert (config.preprocessing, config.image_mean, config.image_std) == (
+        defaults["preprocessing"], defaults["image_mean"], defaults["image_std"])
+
+
+def test_the_hf_vit_row_converts_to_its_layout_and_back():
+    row = families.family("hf-vit")
+    config, state, _ = read_checkpoint(FIXTURES / "hf_vit")
+    written = row.from_vitlab(state, config)
+    assert set(written) != set(state)  # transformers' names, not vitlab's
+    back = row.to_vitlab(written, config, "round trip")
+    assert set(back) == set(state) and all(torch.equal(back[name], state[name]) for name in state)
+
+
+def test_the_table_and_the_names_load_without_torch():
+    code = ("import sys; from vitlab.checkpoint import families; from vitlab import pretrained; from vitlab.cli import build_parser; "
+            "build_parser(); families.supported_families(); pretrained.parse_name('augreg:B/16'); "
+            "print(sorted({'torch', 'numpy'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_loading_builds_the_model_on_the_meta_device_through_the_registry(monkeypatch):
+    devices = []
+
+    def recording(config):
+        model = create_model(config)
+        devices.append(next(model.parameters()).device.type)
+        return model
+
+    monkeypatch.setattr(formats, "create_model", recording)
+    load_model(FIXTURES / "timm_vit_token.safetensors")
+    assert devices == ["meta"]
