@@ -253,3 +253,39 @@ def test_a_bug_in_an_importer_is_not_reported_as_a_damaged_file(monkeypatch):
     monkeypatch.setattr(timm_layout, "config_from_timm", buggy)
     with pytest.raises(TypeError, match="vitlab bug"):  # not "tensors with the names of a ViT checkpoint ..."
         read_checkpoint(FIXTURES / "timm_vit_token.safetensors")
+
+
+@pytest.mark.parametrize("fields", [dict(norm="rmsnorm"), dict(mlp="swiglu"), dict(qk_norm=True)])
+@pytest.mark.parametrize("to", ["timm", "hf"])
+def test_blocks_another_layout_cannot_hold_are_refused_before_anything_is_written(fields, to, tmp_path):
+    from vitlab.checkpoint.formats import export_checkpoint
+    from vitlab.config import ViTConfig
+    from vitlab.errors import CheckpointError
+    from vitlab.models import create_model
+
+    model = create_model(ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_dim=16,
+                                   num_classes=2, **fields))
+    out = tmp_path / ("model.safetensors" if to == "timm" else "hf")
+    with pytest.raises(CheckpointError, match="keep vitlab's format"):
+        export_checkpoint(model, out, to)
+    assert not out.exists()
+    export_checkpoint(model, tmp_path / "own.safetensors", "vitlab")  # vitlab's own format holds any model
+
+
+def test_models_with_the_2025_block_parts_round_trip_through_vitlabs_own_files(tmp_path):
+    from vitlab.checkpoint.formats import export_checkpoint, load_model
+    from vitlab.config import ViTConfig
+    from vitlab.models import create_model
+
+    config = ViTConfig(image_size=(8, 12), patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=24,
+                       num_classes=3, norm="rmsnorm", mlp="swiglu", qk_norm=True, pos_embed="rope", register_tokens=2,
+                       layer_scale=0.5, rope_theta=50.0)
+    model = create_model(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.1)
+    loaded = load_model(export_checkpoint(model, tmp_path / "m.safetensors", "vitlab"))
+    assert loaded.config == config
+    images = torch.randn(2, 3, 8, 12)
+    with torch.no_grad():
+        assert torch.equal(loaded(images), model(images))

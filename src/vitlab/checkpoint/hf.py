@@ -17,7 +17,7 @@ import re
 import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
-from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions
+from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_plain_blocks
 from vitlab.config import HEADS_BY_WIDTH, ViTConfig
 from vitlab.data.contract import Preprocessing, cropped_side, resolved_preprocessing
 from vitlab.errors import CheckpointError
@@ -232,6 +232,7 @@ def block_to_hf_layer(state: dict[str, torch.Tensor], block: str, hf_layer: str,
 def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """vitlab names -> `ViTForImageClassification` names, or DeiT's for a distilled model (the inverse of
     `hf_to_state_dict`)."""
+    require_plain_blocks(config, "Hugging Face's ViT")
     if config.pre_norm or config.projection or config.classifier == "map":
         raise CheckpointError("vitlab writes Hugging Face's ViT and DeiT layouts; a CLIP or SigLIP image tower (pre-encoder "
                               "norm, output projection, attention pooling) is exported to timm or kept in vitlab's format")

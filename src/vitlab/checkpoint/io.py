@@ -195,6 +195,16 @@ class Weights:
         return self.sidecar if self.model_type is not None else None
 
 
+def require_plain_blocks(config: ViTConfig, layout: str) -> None:
+    """Refuse, before anything is written, to export a model whose blocks have parts `layout` (e.g. "Hugging Face's
+    ViT") cannot hold: RMSNorm, SwiGLU or a query-key norm."""
+    parts = [name for name, used in (("RMSNorm", config.norm != "layernorm"), ("SwiGLU MLP", config.mlp != "mlp"),
+                                     ("query-key norm", config.qk_norm)) if used]
+    if parts:
+        raise CheckpointError(f"{layout} has no {' or '.join(parts)}, which this model's blocks use, so nothing was "
+                              "written; keep vitlab's format: vitlab convert CHECKPOINT OUT.safetensors")
+
+
 def apply_hints(config: ViTConfig, hints: Mapping[str, Any]) -> ViTConfig:
     """`config` with the fields the caller gave (`Weights.hints`) put in."""
     return config.replace(**hints) if hints else config

@@ -12,7 +12,8 @@ import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from vitlab.checkpoint.io import Weights, apply_hints, config_from_metadata, image_size_from_positions
+from vitlab.checkpoint.io import (Weights, apply_hints, config_from_metadata, image_size_from_positions,
+                                  require_plain_blocks)
 from vitlab.config import HEADS_BY_WIDTH, MODEL_SIZES, ViTConfig, stem_stride
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
@@ -201,6 +202,7 @@ def prefix_rows_in_table(rows: int, prefix: int, patch_size: tuple[int, int], st
 
 def timm_model_args(config: ViTConfig) -> dict[str, Any]:
     """timm `VisionTransformer(**args)` arguments that rebuild `config` (plain ViT only)."""
+    require_plain_blocks(config, "timm's VisionTransformer, as vitlab writes its arguments,")
     if config.resnet_layers is not None:
         raise CheckpointError("vitlab does not export hybrids to timm (timm builds them from a separate ResNetV2 "
                               "backbone, which its constructor arguments cannot describe), so nothing was written; "
