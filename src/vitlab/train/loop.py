@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -36,6 +34,7 @@ from vitlab.models.vit import VisionTransformer
 from vitlab.objectives import NonFiniteLoss, Objective, build_objective
 from vitlab.objectives.base import is_better
 from vitlab.progress import LogLines, format_duration
+from vitlab.train.clock import RunClock, StopFlag, seconds_since_launch
 from vitlab.train.config import TrainConfig, budget_seconds
 from vitlab.distributed import (DistEnv, any_rank, broadcast_object, cleanup, fetch_once, init_distributed,
                                 replica_difference, synchronize)
@@ -51,57 +50,6 @@ from vitlab.train.summary import describe_precision, epoch_line, unreadable_file
 
 class TrainingError(VitlabError):
     """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""
-
-
-class StopFlag:
-    """Set by SIGINT / SIGTERM so the loop can save and leave between steps; a second Ctrl-C aborts at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signal: int | None = None  # the first stop signal received: SIGINT (Ctrl-C) exits 130, SIGTERM 0
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "StopFlag":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self.previous[sig] = signal.signal(sig, self.handle)
-                # The handler only sets a flag, so let interrupted system calls restart (SA_RESTART): a signal
-                # arriving inside a gloo/NCCL collective must not fail it with EINTR.
-                signal.siginterrupt(sig, False)
-            except ValueError:  # not the main thread (e.g. called from a worker thread): no handlers
-                pass
-        return self
-
-    def handle(self, signum: int, frame: Any) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signal = self.signal or signum
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-# ------------------------------------------------------------------------------------------------ steps
-class RunClock:
-    """Wall time of a run over all its sessions, and an estimate of the time left from this session's pace
-    (training steps with evaluation amortised in, once an epoch has ended)."""
-
-    def __init__(self, elapsed_before: float, steps_done: int, total_steps: int) -> None:
-        self.started = time.perf_counter()
-        self.elapsed_before = elapsed_before
-        self.steps_at_start = steps_done
-        self.total_steps = total_steps
-
-    def elapsed(self) -> float:
-        return self.elapsed_before + time.perf_counter() - self.started
-
-    def remaining(self, steps_done: int) -> float | None:
-        done_here = steps_done - self.steps_at_start
-        if done_here <= 0:
-            return None
-        return (time.perf_counter() - self.started) / done_here * (self.total_steps - steps_done)
 
 
 def train_one_epoch(step: TrainingStep, objective: Objective, batches: Iterable[Batch], steps_per_epoch: int,
@@ -208,17 +156,6 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
         return summary
     finally:
         cleanup(env)
-
-
-def seconds_since_launch() -> float:
-    """How long this process has run (Python's start and imports included), for a budget that counts from the
-    launch; 0 where the OS does not say (then it counts from the call of `train`)."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError, AttributeError):
-        return 0.0
 
 
 def resume(run_dir: str | Path, use_previous: bool = False, epochs: int | None = None) -> dict[str, Any]:
