@@ -39,7 +39,9 @@ from vitlab.train.config import TrainConfig, budget_seconds
 from vitlab.distributed import (DistEnv, any_rank, broadcast_object, cleanup, fetch_once, init_distributed,
                                 replica_difference, synchronize)
 from vitlab.runs import BEST, BEST_OBJECTIVE, RunFolder, default_run_name
-from vitlab.train.optim import EMA, build_optimizer, build_scheduler, follow_schedule, peak_lr, set_schedule_length
+from vitlab.train.optim import EMA, build_optimizer
+from vitlab.train.schedule import (build_scheduler, fit_schedule, fitted_warmup_steps, follow_schedule, peak_lr,
+                                   set_schedule_length, suggested_batch_size)
 from vitlab.train.data import choose_streaming, training_splits
 from vitlab.train.setup import apply_freezing, build_model, default_threads, training_attention_kernel
 from vitlab.train.session import Session
@@ -90,43 +92,6 @@ def train_one_epoch(step: TrainingStep, objective: Objective, batches: Iterable[
 
 
 # ------------------------------------------------------------------------------------------------ run
-FEW_STEPS_PER_EPOCH = 10  # below this an epoch is a handful of updates: the recipe's epoch counts assume more
-MIN_TOTAL_STEPS = 100  # a ViT from scratch barely leaves chance level in fewer optimizer steps
-
-
-def suggested_batch_size(train_images: int) -> int:
-    """The batch size vitlab advises for a small training set: a power of two giving about FEW_STEPS_PER_EPOCH
-    steps an epoch, at least 8 where there are 8 images. The one figure every message suggests, so following one
-    piece of advice never draws another."""
-    wanted = max(8, 2 ** int(math.log2(max(1, train_images // FEW_STEPS_PER_EPOCH))))
-    return min(wanted, 2 ** int(math.log2(max(1, train_images))))
-
-
-def fit_schedule(config: TrainConfig, train_images: int, steps_per_epoch: int) -> tuple[int, list[str]]:
-    """(warm-up steps, notes for the user). A warm-up longer than half the run is shortened to a fifth of it,
-    so that the learning rate reaches its peak; a run of few steps per epoch or few steps in all is named."""
-    total = config.epochs * steps_per_epoch
-    warmup = round(config.warmup_epochs * steps_per_epoch)
-    notes = []
-    if total > 1 and warmup > total / 2:
-        shortened = max(1, round(total / 5))
-        notes.append(f"the {config.warmup_epochs:g}-epoch warm-up is {'longer than' if warmup >= total else 'most of'} "
-                     f"this {config.epochs}-epoch run, so the learning rate would {'never reach' if warmup >= total else 'barely reach'} "
-                     f"its peak; it is shortened to {shortened} steps ({shortened / steps_per_epoch:.2g} epochs)")
-        warmup = shortened
-    dropped = train_images - steps_per_epoch * config.batch_size
-    if steps_per_epoch < FEW_STEPS_PER_EPOCH or total < MIN_TOTAL_STEPS:
-        suggestion = suggested_batch_size(train_images)
-        notes.append(f"{train_images} training images at batch {config.batch_size} make {steps_per_epoch} optimizer "
-                     f"step(s) per epoch, {total} in all" + (f", and {dropped} images are left out of each epoch"
-                                                             if dropped else "")
-                     + f"; a ViT needs far more steps to learn: use a smaller batch (--set batch_size={suggestion}) "
-                     "or more epochs" if suggestion < config.batch_size else
-                     f"{train_images} training images at batch {config.batch_size} make {total} optimizer steps in "
-                     "all; a ViT needs far more to learn: train for more epochs")
-    return warmup, notes
-
-
 def train(config: TrainConfig, resume: str | Path | None = None, use_previous: bool = False,
           epochs: int | None = None) -> dict[str, Any]:
     """Train a recipe (or resume a run folder) to the end; returns the summary (also written to the run).
@@ -462,8 +427,9 @@ def fit_to_budget(session: Session, clock: RunClock) -> None:
     """With a wall-time budget (`--set budget=20m`): after each epoch, fit the run's length to what is left of the
     budget, from the measured time of this sitting's recent epochs (steps, validation and saves; the first epoch,
     which pays one-time costs, only while it is the only one) and the time the test measurements at the end take.
-    The cosine schedule is refitted to end at the new last epoch. The run never grows beyond the recipe's epochs:
-    they are its plan, the budget a ceiling. Rank 0 decides for every process."""
+    The cosine schedule is refitted to end at the new last epoch, its warm-up as a fresh run of that length would
+    have it (`fitted_warmup_steps`). The run never grows beyond the recipe's epochs: they are its plan, the budget
+    a ceiling. Rank 0 decides for every process."""
     config, position, env = session.config, session.position, session.env
     budget = budget_seconds(config.budget)
     planned = session.budget_planned_epochs or config.epochs
@@ -490,7 +456,7 @@ def fit_to_budget(session: Session, clock: RunClock) -> None:
     session.budget_planned_epochs = planned
     config.epochs = epochs
     total_steps = epochs * session.steps_per_epoch
-    warmup_steps = min(round(config.warmup_epochs * session.steps_per_epoch), max(1, total_steps // 2))
+    warmup_steps = fitted_warmup_steps(round(config.warmup_epochs * session.steps_per_epoch), total_steps)
     set_schedule_length(session.optimizer, session.scheduler, warmup_steps, total_steps, config.min_lr / config.lr)
     session.budget_note = (f"{config.budget}: {epochs} of the recipe's {planned} epochs fit ({epoch_seconds:.1f} s "
                            f"an epoch here); the cosine schedule was refitted to end at epoch {epochs}")
