@@ -189,7 +189,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         model = build_model(config, splits.train, pretrained, objective.model_fields(splits.train))
     apply_freezing(model, config)
     model.set_attention_kernel(training_attention_kernel(config, model, env.device))
-    if config.augment.hflip and not splits.train.hflip:
+    if config.augment.hflip and not objective.allows_flips(splits.train):
         # Every rank turns flips off (each draws its augmentation from the same stream); rank 0 says so.
         if env.is_main:
             print(f"note: horizontal flips change the meaning of {config.dataset} images; flips are off")
@@ -214,7 +214,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
             print(f"note: {note}")
     scheduler = build_scheduler(optimizer, warmup_steps, config.epochs * steps_per_epoch, config.min_lr / config.lr)
     ema = EMA(model, config.ema_decay) if config.ema_decay > 0 else None
-    position = Position(epoch_sums=[0.0] * (2 + len(objective.sum_names)))  # loss, the objective's sums, count
+    position = Position(epoch_sums=objective.empty_sums())
     data_fingerprint = splits.train.fingerprint()
     if state is not None:
         for note in check_resumable(state, data_fingerprint, steps_per_epoch, env.world_size, run):
@@ -309,9 +309,7 @@ def announce(session: Session, resumed: bool) -> None:
     config, splits, model = session.config, session.splits, session.model
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    what = f"fine-tuning {config.init_from}" if config.init_from else f"training {config.model}"
-    if not session.objective.needs_labels:
-        what = f"pre-training {config.init_from or config.model} by {session.objective.description}"
+    what = session.objective.job(config.init_from or config.model, fine_tuning=bool(config.init_from))
     validation = "no validation" if splits.validation is None else (
         f"{len(splits.validation)} validation ({splits.validation_source}"
         + (f", seed {config.seed})" if splits.validation_source == "carved" else ")"))
@@ -356,7 +354,7 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
     config, env, position, run = session.config, session.env, session.position, session.run
     steps = session.steps_per_epoch
     clock = RunClock(position.elapsed_seconds, position.global_step, config.epochs * steps)
-    resume_command = "train" if session.objective.needs_labels else "pretrain"
+    resume_command = session.objective.command
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):
             if epoch >= config.epochs:  # shortened to fit the budget
@@ -488,12 +486,12 @@ def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before
     if skipped:
         row["skipped_files"] = len(skipped)
     position.elapsed_seconds = clock.elapsed()
-    count = position.epoch_sums[-1]
+    count = objective.sums_count(position.epoch_sums)
     row.update(images_per_second=count / max(position.train_seconds - seconds_before, 1e-9),
                epoch_seconds=time.perf_counter() - epoch_started, elapsed_seconds=position.elapsed_seconds)
     session.history.append(row)
     position.epoch, position.step_in_epoch = epoch + 1, 0
-    position.epoch_sums = [0.0] * len(position.epoch_sums)
+    position.epoch_sums = objective.empty_sums()
     improved = validation is not None and is_better(objective, validation[objective.selection],
                                                     position.best_value if position.best_epoch > 0 else None)
     if improved:
@@ -543,9 +541,7 @@ def final_results(session: Session, best_path: Path) -> dict[str, Any]:
     def measure(model: nn.Module, data: ImageDataset) -> dict[str, Any]:
         return session.objective.evaluate(model, data, config.eval_batch_size, env, session.precision.value)
 
-    # "images": where an objective draws its end-of-run pictures from (MAE's reconstructions): held-out images.
-    results: dict[str, Any] = {"test": measure(final_model, splits.test), "val": None, "best_test": None,
-                               "images": splits.validation or splits.test}
+    results: dict[str, Any] = {"test": measure(final_model, splits.test), "val": None, "best_test": None}
     if splits.validation is not None:
         results["val"] = measure(final_model, splits.validation)
     if position.best_epoch == config.epochs:

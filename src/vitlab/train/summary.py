@@ -10,7 +10,6 @@ from vitlab.data.datasets import Splits
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import Choice
 from vitlab.objectives.base import Objective
-from vitlab.train.config import TrainConfig
 from vitlab.progress import format_duration
 from vitlab.runs import MODEL
 from vitlab.train.session import Session
@@ -27,13 +26,6 @@ def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, imp
     if row.get("skipped_files"):
         text += f"  ({row['skipped_files']} unreadable files skipped, see skipped.txt at the end)"
     return text + ("  best" if improved else "")
-
-
-def command_of(config: TrainConfig, objective: Objective) -> str:
-    """The command a run is: pretrain (a self-supervised objective), finetune (from a checkpoint) or train."""
-    if not objective.needs_labels:
-        return f"pretrain --method {objective.name}"
-    return "finetune" if config.init_from else "train"
 
 
 def unreadable_files(splits: Splits) -> list[str]:
@@ -63,7 +55,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         sum(r["epoch_seconds"] for r in history), 1e-9)
     has_best = position.best_epoch > 0
     selection = f"val_{objective.selection}"
-    figures, lines_after, pictures = objective.summarize(results, run_dir, config.dataset, position.best_epoch)
+    figures, lines_after, pictures = objective.summarize(results, run_dir, config.dataset, position.best_epoch, splits)
     summary = {
         "status": "finished", "run_dir": str(run_dir), "model_path": str(model_path), "dataset": config.dataset,
         "model": config.model, "objective": objective.name, "selection": selection,
@@ -79,7 +71,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         **figures,
     }
     lines = [
-        f"vitlab {command_of(config, objective)}: {config.init_from or config.model} on "
+        f"vitlab {objective.run_command(fine_tuning=bool(config.init_from))}: {config.init_from or config.model} on "
         f"{config.dataset}{'' if config.classes is None else ' classes ' + str(config.classes)} - finished",
         f"  model        {summary['params'] / 1e6:.3f}M parameters, {model.config.num_patches} patches of "
         f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",
