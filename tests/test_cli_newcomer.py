@@ -208,7 +208,7 @@ def test_following_the_batch_size_advice_draws_no_other_advice(tmp_path):
     """40 images at batch 128: the refusal's suggestion is the size the schedule note would suggest, so taking it
     leaves only "train for more epochs" (it once said 32, then, at 32, "use 8")."""
     from vitlab.errors import ConfigError
-    from vitlab.train.loop import check_batching
+    from vitlab.train.assemble import check_batching
     from vitlab.train.schedule import fit_schedule
     from vitlab.distributed import DistEnv
 

@@ -5,7 +5,7 @@ import dataclasses
 from pathlib import Path
 
 from vitlab.data.source import steps_per_epoch
-from vitlab.train import loop
+from vitlab.train import budget
 from vitlab.train.config import TrainConfig, load_recipe
 from vitlab.train.loop import train
 from vitlab.train.schedule import fit_schedule, fitted_warmup_steps
@@ -38,13 +38,13 @@ def test_the_digits_and_mnist_recipes_keep_their_warmup():
 
 def test_a_budget_refit_takes_the_warmup_a_fresh_run_of_that_length_would(tmp_path, monkeypatch):
     refits = []
-    real = loop.set_schedule_length
+    real = budget.set_schedule_length
 
     def record(optimizer, scheduler, warmup_steps, total_steps, min_ratio):
         refits.append((warmup_steps, total_steps))
         real(optimizer, scheduler, warmup_steps, total_steps, min_ratio)
 
-    monkeypatch.setattr(loop, "set_schedule_length", record)
+    monkeypatch.setattr(budget, "set_schedule_length", record)
     config = TrainConfig(model_overrides=MICRO, epochs=50, warmup_epochs=40, budget="1s", out_dir=str(tmp_path),
                          run_name="run", progress=False, threads=1)
     summary = train(config)

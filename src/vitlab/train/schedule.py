@@ -55,7 +55,7 @@ def fitted_warmup_steps(warmup_steps: int, total_steps: int) -> int:
     """The warm-up a run of `total_steps` optimizer steps gets: the recipe's `warmup_steps`, unless they are more
     than half the run; then a fifth of the run (at least one step), so that the rate reaches its peak early and
     most of the run decays from it. A fresh start (`fit_schedule`) and a run shortened to fit its budget
-    (`vitlab.train.loop.fit_to_budget`) both take it, so a fitted run follows the schedule a fresh run of that
+    (`vitlab.train.budget.fit_to_budget`) both take it, so a fitted run follows the schedule a fresh run of that
     length would. (The budget once capped the warm-up at half the run instead; the fifth is the rule a fresh
     start announced in its note and its tests pin.) Neither shipped digits nor MNIST recipe meets it: digits warms
     up 5 of 150 epochs with no budget; MNIST warms up 1 of 24 epochs, so its budget meets it only when it cuts the
