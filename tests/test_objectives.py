@@ -14,7 +14,6 @@ from vitlab import objectives
 from vitlab.cli import build_parser, main
 from vitlab.objectives import OBJECTIVES, ObjectiveRow, objective_names, pretraining_methods
 from vitlab.objectives.base import Objective
-from vitlab.train import loop
 from vitlab.train.config import TrainConfig, pretrain_config
 
 MICRO = dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32)
@@ -48,7 +47,7 @@ def vitlab_train(tmp_path, run_name, *extra):
                  "--set", "progress=false", *extra])
 
 
-def test_a_new_objective_trains_through_vitlab_train_and_resumes_exactly(mean_pixel, tmp_path, monkeypatch, capsys):
+def test_a_new_objective_trains_through_vitlab_train_and_resumes_exactly(mean_pixel, tmp_path, stop_at_check, capsys):
     assert vitlab_train(tmp_path, "straight") == 0
     out = capsys.readouterr().out
     assert "training digits-8 (" in out and "vitlab train: digits-8 on digits - finished" in out
@@ -59,17 +58,11 @@ def test_a_new_objective_trains_through_vitlab_train_and_resumes_exactly(mean_pi
     assert [row["epoch"] for row in rows] == [1, 2, 3] and rows[-1]["train_loss"] < rows[0]["train_loss"]
     assert summary["test_loss"] < 0.01  # the head learns the mean brightness: a digit's mean is near 0.2
 
-    calls = {"n": 0}
-    real = loop.any_rank
-
-    def stop_at_step_15(flag, env):  # after step 4 of epoch 2 (10 steps an epoch, one check at its end)
-        calls["n"] += 1
-        return real(flag or calls["n"] == 15, env)
-
-    monkeypatch.setattr(loop, "any_rank", stop_at_step_15)
+    stop_at_check(15)  # after step 4 of epoch 2
     assert vitlab_train(tmp_path, "stopped") == 0
-    assert f"Resume with: vitlab train --resume {tmp_path / 'stopped'}" in capsys.readouterr().out
-    monkeypatch.setattr(loop, "any_rank", real)
+    assert f"stopped at epoch 2, step 4; state saved. Resume with: vitlab train --resume {tmp_path / 'stopped'}" \
+        in capsys.readouterr().out
+    stop_at_check(None)
     assert main(["train", "--resume", str(tmp_path / "stopped")]) == 0
     a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "stopped" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
