@@ -61,3 +61,24 @@ def tiny_run(tmp_path_factory) -> Path:
     summary = train(config)
     assert summary["status"] == "finished"
     return out / "tiny"
+
+
+@pytest.fixture
+def stop_at_check(monkeypatch):
+    """`stop_at_check(n)`: the next run stops, as Ctrl-C would, at the n-th stop check of `vitlab.train.loop`
+    (one after each step and one at each epoch's end: with 10 steps an epoch, check 15 is after step 4 of epoch
+    2); `stop_at_check(None)` lets runs go on again."""
+    from vitlab.train import loop
+
+    real = loop.any_rank
+
+    def stop_at(check: int | None) -> None:
+        calls = {"n": 0}
+
+        def any_rank(flag, env):
+            calls["n"] += 1
+            return real(flag or calls["n"] == check, env)
+
+        monkeypatch.setattr(loop, "any_rank", real if check is None else any_rank)
+
+    return stop_at

@@ -192,7 +192,7 @@ def test_eval_and_info_take_an_onnx_export(tiny_run, tmp_path, capsys):
 
 
 def test_short_runs_say_what_the_schedule_and_batch_cannot_do():
-    from vitlab.train.loop import fit_schedule
+    from vitlab.train.schedule import fit_schedule
 
     warmup, notes = fit_schedule(TrainConfig(epochs=1, warmup_epochs=2), train_images=1294, steps_per_epoch=10)
     assert warmup == 2 and "warm-up is longer than this 1-epoch run" in notes[0]
@@ -208,7 +208,8 @@ def test_following_the_batch_size_advice_draws_no_other_advice(tmp_path):
     """40 images at batch 128: the refusal's suggestion is the size the schedule note would suggest, so taking it
     leaves only "train for more epochs" (it once said 32, then, at 32, "use 8")."""
     from vitlab.errors import ConfigError
-    from vitlab.train.loop import check_batching, fit_schedule
+    from vitlab.train.assemble import check_batching
+    from vitlab.train.schedule import fit_schedule
     from vitlab.distributed import DistEnv
 
     with pytest.raises(ConfigError) as refused:

@@ -3,7 +3,8 @@ import torch
 
 from vitlab.config import ViTConfig
 from vitlab.models import create_model
-from vitlab.train.optim import EMA, param_groups, warmup_cosine
+from vitlab.train.optim import EMA, param_groups
+from vitlab.train.schedule import warmup_cosine
 
 
 def test_no_weight_decay_on_norms_biases_position_embedding_and_class_token():
@@ -62,7 +63,8 @@ def test_every_family_token_and_clip_pre_norm_sit_at_the_embeddings_depth():
 
 
 def test_the_reported_learning_rate_is_the_peak_one_under_layer_decay():
-    from vitlab.train.optim import build_optimizer, build_scheduler, peak_lr
+    from vitlab.train.optim import build_optimizer
+    from vitlab.train.schedule import build_scheduler, peak_lr
 
     model = create_model("digits-8")
     optimizer = build_optimizer(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.5)
@@ -75,7 +77,7 @@ def test_the_reported_learning_rate_is_the_peak_one_under_layer_decay():
 def test_a_refitted_schedule_ends_at_its_new_length():
     """What a budget (or --epochs on resume) does to the rate: from the step the run stands at, the cosine now
     ends at the new total, continuing from where it is."""
-    from vitlab.train.optim import build_scheduler, set_schedule_length, warmup_cosine
+    from vitlab.train.schedule import build_scheduler, set_schedule_length, warmup_cosine
 
     parameter = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([parameter], lr=1.0)

@@ -225,9 +225,11 @@ PRETRAIN_SHORTHANDS = ("dataset", "data_dir", "image_size", "epochs", "model", "
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
+    from vitlab.objectives import pretraining_methods
     from vitlab.train.config import apply_overrides, load_recipe, pretrain_config
     from vitlab.train.loop import resume, train
 
+    methods = pretraining_methods()
     refuse_use_previous_without_resume(args)
     if args.resume:
         refuse_flags_resume_ignores(args, PRETRAIN_SHORTHANDS + ("method",))
@@ -240,10 +242,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     elif args.method:
         config = pretrain_config(args.method)
     else:
-        raise UsageError("pretrain needs --method mpp|mae (or a --config recipe, or --resume RUN_DIR)")
-    if config.objective == "classification":
-        raise UsageError(f"{args.config} is a supervised recipe; pretrain takes a recipe with objective mpp or mae "
-                         "(configs/pretrain/)")
+        raise UsageError(f"pretrain needs --method {'|'.join(methods)} (or a --config recipe, or --resume RUN_DIR)")
+    if config.objective not in methods:
+        raise UsageError(f"{args.config} is a supervised recipe; pretrain takes a recipe with objective "
+                         f"{' or '.join(methods)} (configs/pretrain/)")
     return run_exit_code(train(apply_overrides(config, shorthand_overrides(args, PRETRAIN_SHORTHANDS))))
 
 
@@ -500,6 +502,7 @@ def build_parser() -> ArgumentParser:
                             epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     from vitlab import __version__
+    from vitlab.objectives import OBJECTIVES, pretraining_methods  # the table alone: no torch
 
     parser.add_argument("--version", action="version", version=f"vitlab {__version__}")
     # --debug after the subcommand too; SUPPRESS keeps a subcommand's default from overwriting `vitlab --debug`.
@@ -587,8 +590,8 @@ def build_parser() -> ArgumentParser:
                    epilog=lambda: "recipes: configs/pretrain/ (e.g. mnist_mae.py, mnist_mpp.py, digits_mae.py)\n\n"
                                   + recipe_keys_help(pretrain=True),
                    formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", choices=("mpp", "mae"),
-                   help="mpp: the paper's masked patch prediction (section 4.6); mae: masked autoencoder")
+    p.add_argument("--method", choices=pretraining_methods(),
+                   help="; ".join(f"{name}: {OBJECTIVES[name].help}" for name in pretraining_methods()))
     p.add_argument("--config", help="a pre-training recipe (configs/pretrain/*.py) instead of the method's defaults")
     p.add_argument("--dataset", help="images to learn from (labels, if any, are not used): digits, mnist, "
                                      "fashion-mnist, cifar10, cifar100, folder, manifest, shards, hf")

@@ -81,10 +81,10 @@ def trace_model(source: str, image: str | None = None, image_size: int | tuple[i
     from vitlab.data.preprocess import prepare
 
     if not Path(source).exists() and source in variant_names():
-        from vitlab.models.vit import VisionTransformer
+        from vitlab.models.registry import create_model
 
         torch.manual_seed(0)
-        model = VisionTransformer(variant_config(source, **({"image_size": image_size} if image_size else {})))
+        model = create_model(source, **({"image_size": image_size} if image_size else {}))
         what, statistics = f"{source} (random weights: shapes and parameters only)", False
     else:
         from vitlab.checkpoint.formats import load_model

@@ -2,12 +2,14 @@
 checkpoint. `classification` is the supervised objective of the paper; a masked pre-training objective is the
 second implementation of the same seam (`base.Objective`).
 
-Adding one: write its module (the `Objective` protocol of base.py) and name its builder in OBJECTIVES below;
-`--set objective=NAME` then trains with it. The loop, the run state, the summary and ablate read what it reports.
+Adding one: write its module (a subclass of base.py's `Objective`, overriding what differs) and give it one row in
+OBJECTIVES below; `--set objective=NAME` then trains with it, and a row marked `pretraining` is also a choice of
+`vitlab pretrain --method`. The loop, the run state, the summary and ablate read what it reports.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # the package itself imports no torch, so a recipe's objective is checked cheaply
@@ -32,22 +34,37 @@ def build_mae(config: Any, train_data: Any) -> "Objective":
     return MaskedAutoencoding(config.pretrain, config.augment, config.init_from)
 
 
-# name -> builder(train config, training batch source) -> Objective
-OBJECTIVES: dict[str, Callable[[Any, Any], "Objective"]] = {
-    "classification": build_classification,
-    "mpp": build_mpp,  # masked patch prediction, the paper's section 4.6 (`vitlab pretrain --method mpp`)
-    "mae": build_mae,  # masked autoencoder, He et al. 2021 (`vitlab pretrain --method mae`)
+@dataclass(frozen=True)
+class ObjectiveRow:
+    """One objective of the table: how it is built, and whether `vitlab pretrain` offers it."""
+
+    build: Callable[[Any, Any], "Objective"]  # (train config, training batch source) -> the objective
+    # A self-supervised method that `vitlab pretrain --method NAME` offers (its objective's command is "pretrain"),
+    # with `help` as the flag's help says it.
+    pretraining: bool = False
+    help: str = ""
+
+
+OBJECTIVES: dict[str, ObjectiveRow] = {
+    "classification": ObjectiveRow(build_classification),
+    "mpp": ObjectiveRow(build_mpp, pretraining=True, help="the paper's masked patch prediction (section 4.6)"),
+    "mae": ObjectiveRow(build_mae, pretraining=True, help="masked autoencoder"),  # He et al. 2021
 }
-PRETRAINING_METHODS = ("mpp", "mae")
 
 
 def objective_names() -> tuple[str, ...]:
+    """Every objective a recipe may name (`--set objective=NAME`)."""
     return tuple(OBJECTIVES)
+
+
+def pretraining_methods() -> tuple[str, ...]:
+    """The objectives `vitlab pretrain --method` offers."""
+    return tuple(name for name, row in OBJECTIVES.items() if row.pretraining)
 
 
 def build_objective(config: Any, train_data: Any) -> "Objective":
     """The objective a training recipe names, for its training data."""
-    return OBJECTIVES[config.objective](config, train_data)
+    return OBJECTIVES[config.objective].build(config, train_data)
 
 
 def __getattr__(name: str) -> Any:  # `from vitlab.objectives import Classification` imports it on first use
@@ -62,4 +79,5 @@ def __getattr__(name: str) -> Any:  # `from vitlab.objectives import Classificat
     raise AttributeError(name)
 
 
-__all__ = ["Objective", "NonFiniteLoss", "OBJECTIVES", "build_objective", "objective_names", "Classification"]
+__all__ = ["Objective", "NonFiniteLoss", "OBJECTIVES", "ObjectiveRow", "build_objective", "objective_names",
+           "pretraining_methods", "Classification"]

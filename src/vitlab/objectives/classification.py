@@ -3,7 +3,6 @@ CutMix), accuracy summed per epoch, validation top-1 chooses the best checkpoint
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,12 @@ from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import Batch, BatchSource
 from vitlab.data.transforms import AugmentConfig, Draws, augment_batch
 from vitlab.distributed import DistEnv
+from vitlab.objectives.base import Objective
 
 
-class Classification:
+class Classification(Objective):
     name = "classification"
+    description = "classification"
     sum_names = ("correct",)
     selection = "top1"
     higher_is_better = True
@@ -43,16 +44,6 @@ class Classification:
     def model_fields(self, source: BatchSource) -> dict[str, Any]:
         return {"num_classes": len(source.class_names), "class_names": source.class_names}
 
-    def attach(self, model: nn.Module) -> nn.Module:
-        return model
-
-    def extra_state(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
-        if state:
-            raise ValueError(f"classification has no parameters of its own, got {sorted(state)[:3]}")
-
     def epoch_text(self, row: dict[str, Any]) -> str:
         text = f"loss {row['train_loss']:.4f}  train {100 * row['train_top1']:5.1f}%"
         if "val_top1" in row:
@@ -61,22 +52,14 @@ class Classification:
             text += f"  (test {100 * row['test_top1']:5.2f}%, not used to choose)"
         return text
 
-    def after_epoch(self, model: nn.Module, epoch: int, run_dir: Path, validation: BatchSource | None) -> list[str]:
-        return []
-
-    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-        return model(inputs)
-
     def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if batch.labels is None:
             from vitlab.errors import DataError
 
             raise DataError("classification needs labelled images; this data source has no labels")
         images = to_unit_range(batch.images, batch.max_value, spec)
-        augment = self.augment
-        if batch.per_image_augmented:  # cropped and flipped per image in the loader already
-            augment = dataclasses.replace(augment, crop_padding=0, hflip=False)
-        images, targets = augment_batch(images, batch.labels, self.num_classes, augment, draws, self.label_smoothing)
+        images, targets = augment_batch(images, batch.labels, self.num_classes, self.batch_augment(batch), draws,
+                                        self.label_smoothing)
         return normalize(images, spec), {"target": targets, "label": batch.labels}
 
     def loss(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +88,7 @@ class Classification:
         """The selection figure as the summary says it."""
         return f"top-1 {100 * value:.2f}%"
 
-    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int
+    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
                   ) -> tuple[dict[str, Any], list[str], list[str]]:
         """(the summary's figures, its text lines after the validation line, the pictures written into run_dir)
         from the end-of-run measurements {"test", "val", "best_test"}."""

@@ -14,7 +14,8 @@ from torch import nn
 
 from vitlab.data.preprocess import denormalize, prepare
 from vitlab.data.source import BatchSource
-from vitlab.objectives.pretraining import EVALUATION_SEED, MaskedPretraining
+from vitlab.objectives.base import EVALUATION_SEED
+from vitlab.objectives.pretraining import MaskedPretraining
 
 RECONSTRUCTIONS = "reconstructions.png"
 HF_LAYOUT_FOLDER = "mae"
@@ -89,7 +90,7 @@ class MaskedAutoencoding(MaskedPretraining):
         batch = next(iter(source.evaluation_batches(self.settings.grid_images)))
         device = next(model.parameters()).device
         inputs = prepare(batch.images, batch.max_value, model.config).to(device)
-        with self.encoder_of(model) as module:
+        with self.evaluated_module(model) as module:
             output = module(inputs, noise=self.noise(inputs, torch.Generator().manual_seed(EVALUATION_SEED)))
             masked, _, pasted = module.reconstruction(inputs, output.pred, output.mask)
         spec = model.config
@@ -99,15 +100,15 @@ class MaskedAutoencoding(MaskedPretraining):
                                    path, title=f"MAE reconstructions of validation images ({when})")
         return path.name
 
-    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int
+    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
                   ) -> tuple[dict[str, Any], list[str], list[str]]:
         from vitlab.errors import CheckpointError
 
-        figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch)
+        figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch, splits)
         settings = self.settings
         figures.update(mask_ratio=settings.ratio("mae"), norm_pix_loss=settings.norm_pix_loss,
                        decoder=self.decoder)
-        source = results.get("images")
+        source = splits.validation or splits.test  # held-out images: the validation split where there is one
         if source is not None and settings.grid_images:
             pictures.append(self.picture(self.module.encoder, source, run_dir / RECONSTRUCTIONS, "end of training"))
         try:

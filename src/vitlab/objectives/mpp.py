@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.data.source import BatchSource
 from vitlab.models import mpp
 from vitlab.objectives.pretraining import MaskedPretraining
 
@@ -82,9 +81,9 @@ class MaskedPatchPrediction(MaskedPretraining):
         loss, (correct, predicted) = self.loss(module(inputs, generator), targets)
         return [loss.item()] + ([correct.item() / max(predicted.item(), 1.0)] if self.classifies else [])
 
-    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int
+    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
                   ) -> tuple[dict[str, Any], list[str], list[str]]:
-        figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch)
+        figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch, splits)
         figures.update(target=self.settings.mpp_target, mask_ratio=self.settings.ratio("mpp"),
                        corruption=list(self.settings.mpp_corruption))
         return figures, lines, pictures

@@ -1,8 +1,7 @@
-"""Optimizer and learning-rate schedule."""
+"""The optimizer (parameter groups: weight decay, layer-wise rate decay) and the weights' moving average (EMA);
+the learning-rate schedule is `vitlab.train.schedule`."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -52,42 +51,6 @@ def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float,
         return optimizer_class(groups, fused=True, **options)
     except (RuntimeError, TypeError):
         return optimizer_class(groups, **options)
-
-
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
-    """Learning-rate multiplier: linear from 1/warmup to 1 over the warm-up, then a cosine down to min_ratio."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float):
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps, min_ratio))
-
-
-def set_schedule_length(optimizer: torch.optim.Optimizer, scheduler, warmup_steps: int, total_steps: int,
-                        min_ratio: float) -> None:
-    """Refit a `build_scheduler` schedule to a new total length from the step it stands at: the cosine now ends
-    at `total_steps`, and the rate of the next step follows the new curve (a run extended on resume, or shortened
-    to fit a time budget)."""
-    scheduler.lr_lambdas = [lambda step: warmup_cosine(step, warmup_steps, total_steps, min_ratio)
-                            for _ in optimizer.param_groups]
-    follow_schedule(optimizer, scheduler)
-
-
-def follow_schedule(optimizer: torch.optim.Optimizer, scheduler) -> None:
-    """Set every group's rate to what the scheduler's curve gives at the step it stands at."""
-    for group, base_lr, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base_lr * factor(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-
-
-def peak_lr(scheduler) -> float:
-    """The learning rate to report: the largest of the groups', i.e. the head's (with layer-wise decay group 0,
-    the embeddings, runs at lr * decay^(L + 1), which says little about the schedule)."""
-    return max(scheduler.get_last_lr())
 
 
 class EMA:

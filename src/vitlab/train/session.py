@@ -1,4 +1,4 @@
-"""One sitting of a training run: what `vitlab.train.loop.start` builds (fresh or from a saved state) and the
+"""One sitting of a training run: what `vitlab.train.assemble.start` builds (fresh or from a saved state) and the
 epochs, the summary and the saved state read."""
 
 from __future__ import annotations

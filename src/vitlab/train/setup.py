@@ -8,11 +8,12 @@ from typing import Any
 
 import torch
 
-from vitlab.config import variant_config, variant_names
+from vitlab.config import variant_names
 from vitlab.data.datasets import ImageDataset
 from vitlab.distributed import DistEnv
 from vitlab.errors import ConfigError
 from vitlab.hardware import TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS, available_cores
+from vitlab.models.registry import create_model
 from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_index
 from vitlab.train.config import TrainConfig
 
@@ -34,7 +35,7 @@ def build_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, 
     if config.image_size is not None:
         fields["image_size"] = config.image_size
     fields.update(config.model_overrides)
-    return VisionTransformer(variant_config(config.model, **fields))
+    return create_model(config.model, **fields)
 
 
 def build_finetune_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, Any] | None = None,

@@ -6,6 +6,10 @@ run has a GPU) and the position, each position field under its own name; checkpo
 it. The state describes itself: a schema version, a fingerprint of the training data, the steps per epoch and the
 number of processes, so that a resume on other data, another batching or another number of processes is named
 (`check_resumable`) instead of silently continuing as another run.
+
+A resume reads it back in three steps: `read_resumable` (the state and the recipe it was saved with, refused when
+nothing is left to train), `restored_model` (the model as saved), and `restore` once the run is assembled around
+it (optimizer, schedule, EMA, the objective's own parameters, this rank's random streams, the position).
 """
 
 from __future__ import annotations
@@ -20,11 +24,19 @@ from typing import Any
 
 import torch
 
+from vitlab.config import ViTConfig
+from vitlab.distributed import DistEnv
 from vitlab.errors import CheckpointError, ConfigError, MissingPathError
 from vitlab.files import atomic_write_checked, verify_checksum
+from vitlab.models.registry import create_model
+from vitlab.models.vit import VisionTransformer
+from vitlab.objectives.base import Objective
+from vitlab.runs import RunFolder
+from vitlab.train.config import TrainConfig
+from vitlab.train.optim import EMA
+from vitlab.train.schedule import follow_schedule
 
 STATE_CHECKSUM_KEY = "training state"  # last.pt and previous.pt: one key, as a save renames one into the other
-from vitlab.runs import RunFolder
 
 
 @dataclass
@@ -171,3 +183,79 @@ def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> 
     hint = "" if allow_previous or last_missing or not (folder / "previous.pt").exists() else \
         "; the previous checkpoint exists: add --use-previous to resume from it"
     raise CheckpointError(f"cannot resume {run}: " + "; ".join(problems) + hint)
+
+
+def read_resumable(run_dir: Path, allow_previous: bool = False, new_epochs: int | None = None
+                   ) -> tuple[dict[str, Any], TrainConfig]:
+    """(the run's newest readable state, the recipe it was saved with at `new_epochs` if given); a run with
+    nothing left to train is refused with what to do."""
+    state = load_training_state(run_dir, allow_previous=allow_previous)
+    config = resumed_config(state, run_dir, new_epochs)
+    refuse_finished(state, run_dir, config)
+    return state, config
+
+
+def refuse_finished(state: dict[str, Any], run_dir: Path, config: TrainConfig) -> None:
+    """A run whose every epoch is trained and whose summary is written has nothing left to resume. (One stopped
+    after its last state was saved but before its summary resumes into `finish`, which writes it.)"""
+    summary = RunFolder(run_dir).summary()
+    if state["epoch"] >= config.epochs and summary is not None and summary.get("status") == "finished":
+        raise ConfigError(f"{run_dir} has finished its {config.epochs} epochs; nothing to resume. To train it "
+                          f"longer, add --epochs N (more than {config.epochs}); to start again, train a new run")
+
+
+def resumed_config(state: dict[str, Any], run_dir: Path, new_epochs: int | None) -> TrainConfig:
+    """The recipe a run was saved with, at a new length if asked (never below the epochs already trained)."""
+    config = TrainConfig.from_dict(json.loads(state["train_config"]))
+    if new_epochs is not None and new_epochs != config.epochs:
+        done = state["epoch"] + (1 if state["step_in_epoch"] else 0)
+        if new_epochs < done:
+            raise ConfigError(f"{run_dir} has already trained {done} epochs; --epochs must be at least that "
+                              f"to extend it (the recipe's length is {config.epochs})")
+        config.epochs = new_epochs
+    return config
+
+
+def restored_model(state: dict[str, Any]) -> VisionTransformer:
+    """The model a state holds: built from its recorded config, with its saved weights."""
+    model = create_model(ViTConfig.from_json(state["model_config"]))
+    model.load_state_dict(state["model"])
+    return model
+
+
+def restore(state: dict[str, Any], optimizer: torch.optim.Optimizer, scheduler: Any, ema: EMA | None,
+            objective: Objective, config: TrainConfig, env: DistEnv, run: RunFolder, steps_per_epoch: int
+            ) -> Position:
+    """Optimizer, schedule, EMA, the objective's own parameters (attached already) and this rank's RNG stream as
+    saved; returns the position where the run stands."""
+    if state.get("objective_state"):
+        objective.load_extra_state(state["objective_state"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    saved_epochs = TrainConfig.from_dict(json.loads(state["train_config"])).epochs
+    if saved_epochs != config.epochs:  # extended (`resumed_config`): the new length's schedule from the next step
+        previous_lr = optimizer.param_groups[-1]["lr"]
+        follow_schedule(optimizer, scheduler)
+        if env.is_main:
+            print(f"extending {run} from {saved_epochs} to {config.epochs} epochs: the learning rate now follows "
+                  f"a {config.epochs}-epoch schedule, {previous_lr:.2e} -> {optimizer.param_groups[-1]['lr']:.2e} "
+                  f"at step {scheduler.last_epoch} of {config.epochs * steps_per_epoch}")
+    if ema is not None and state["ema"] is not None:
+        ema.state = {k: v.to(env.device) for k, v in state["ema"].items()}
+    position = Position.from_state(state)
+    rank_states = state.get("rank_rng_states")
+    if rank_states is not None and len(rank_states) == env.world_size:
+        # clone(): torch 2.13's set_rng_state segfaults on a row view with a storage offset (seen here).
+        torch.set_rng_state(rank_states[env.rank].clone())  # each rank continues its own stream exactly
+    else:  # resumed on another number of processes: rank 0's stream, fresh distinct ones for the others
+        torch.set_rng_state(state["torch_rng_state"].clone())
+        if env.rank:
+            torch.manual_seed(config.seed + env.rank + position.global_step)
+    cuda_states = state.get("cuda_rng_states")
+    if env.device.type == "cuda":
+        if cuda_states is not None and len(cuda_states) == env.world_size:
+            torch.cuda.set_rng_state(cuda_states[env.rank].clone(), env.device)
+        elif env.is_main:
+            print("note: the saved state holds no CUDA random state for these processes (saved on a CPU, or by "
+                  "another number of GPUs): dropout and stochastic depth on the GPU continue from a fresh stream")
+    return position

@@ -1,19 +1,112 @@
-"""What a run reports: one line per epoch, and at the end the final model, pictures and the summary (JSON, and
-the text it prints)."""
+"""What a run tells its user: the first lines (`announce`), notes, progress within an epoch (`EpochProgress`), one
+line per epoch, the line a stop leaves, and at the end the final model, pictures and the summary (JSON, and the
+text it prints). Only rank 0 speaks."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from vitlab.checkpoint.io import save_model
+from vitlab.config import ViTConfig
 from vitlab.data.datasets import Splits
+from vitlab.distributed import DistEnv
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import Choice
 from vitlab.objectives.base import Objective
-from vitlab.train.config import TrainConfig
-from vitlab.progress import format_duration
-from vitlab.runs import MODEL
+from vitlab.progress import LogLines, format_duration
+from vitlab.runs import MODEL, RunFolder
+from vitlab.train.clock import RunClock
+from vitlab.train.schedule import peak_lr
 from vitlab.train.session import Session
+from vitlab.train.state import Position
+
+
+def say_note(text: str, env: DistEnv) -> None:
+    """A note for the user ("note: ..."), from rank 0 only."""
+    if env.is_main:
+        print(f"note: {text}", flush=True)
+
+
+def announce(session: Session, resumed: bool) -> None:
+    """The run's first line: what trains on what, how long, where."""
+    config, splits, model = session.config, session.splits, session.model
+    params = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    what = session.objective.job(config.init_from or config.model, fine_tuning=bool(config.init_from))
+    validation = "no validation" if splits.validation is None else (
+        f"{len(splits.validation)} validation ({splits.validation_source}"
+        + (f", seed {config.seed})" if splits.validation_source == "carved" else ")"))
+    test = f"{len(splits.test)} test" + (f" ({splits.test_source})" if splits.test_source != "official" else "")
+    print(f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
+          f"{len(splits.train)} train / {validation} / {test} images, {config.epochs} epochs of "
+          f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
+          f"{session.env.device.type}; run folder {session.run}")
+    print(f"precision: {describe_precision(session.precision)}")
+    adaptation = data_adaptation(splits.train, model.config)
+    if adaptation and not resumed:
+        print(f"note: {adaptation}")
+    if resumed:
+        print(f"resuming at epoch {session.position.epoch + 1}, step {session.position.step_in_epoch} of "
+              f"{session.steps_per_epoch}")
+
+
+def data_adaptation(data: Any, config: ViTConfig) -> str | None:
+    """How the training images become the model's input when they differ from it, in words ("8x8 grey images are
+    resized to 16x16 and repeated to 3 channels"), or None when they already match."""
+    stored = getattr(data, "image_size", None)
+    stored = tuple(stored) if stored is not None else None
+    size, channels = tuple(config.image_size), config.in_chans
+    kind = {1: "grey", 3: "RGB"}.get(data.channels, f"{data.channels}-channel")
+    changes = []
+    if stored is not None and stored != size:
+        changes.append(f"resized to {size[0]}x{size[1]}")
+    if data.channels != channels:
+        changes.append("repeated to 3 channels" if data.channels == 1 and channels == 3 else
+                       "converted to grey" if channels == 1 else f"converted to {channels} channels")
+    if not changes:
+        return None
+    shape = f"{stored[0]}x{stored[1]} " if stored is not None else ""
+    return f"the {shape}{kind} training images are {' and '.join(changes)}, the model's input"
+
+
+class EpochProgress:
+    """Progress within one epoch, called after each step with (position, epoch sums, images per second): a bar
+    on a terminal; without one (a log), a line every so many steps; nothing where progress is off or on the
+    ranks other than 0."""
+
+    def __init__(self, session: Session, epoch: int, clock: RunClock) -> None:
+        from tqdm import tqdm
+
+        config, env, position, steps = session.config, session.env, session.position, session.steps_per_epoch
+        self.objective, self.scheduler, self.clock = session.objective, session.scheduler, clock
+        self.bar = tqdm(total=steps, initial=position.step_in_epoch, desc=f"epoch {epoch + 1}/{config.epochs}",
+                        leave=False, dynamic_ncols=True,
+                        # None: tqdm shows the bar only on a terminal, so logs get the epoch lines alone.
+                        disable=None if env.is_main and config.progress else True)
+        self.log_lines = None
+        if self.bar.disable and env.is_main and config.progress:  # no terminal, no bar: lines in the log instead
+            every = config.log_every_steps or (-(-steps // 4) if steps >= 40 else 0)
+            if every:
+                self.log_lines = LogLines(steps, f"epoch {epoch + 1:>3}/{config.epochs}", every,
+                                          done=position.step_in_epoch, left_label="epoch")
+
+    def __call__(self, position: Position, sums: list[float], images_per_second: float) -> None:
+        figures = self.objective.progress_figures(sums)
+        run_left = format_duration(self.clock.remaining(position.global_step))
+        lr = f"{peak_lr(self.scheduler):.2e}"
+        if not self.bar.disable:
+            self.bar.update(1)
+            self.bar.set_postfix(**figures, lr=lr, img_s=f"{images_per_second:.0f}", run_left=run_left)
+        if self.log_lines is not None:
+            self.log_lines.update(1, **figures, lr=lr, tail=f"run {run_left} left")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def stop_line(where: str, objective: Objective, run: RunFolder) -> str:
+    """What a stopped run says: where it stopped ("after epoch 3") and the command that resumes it."""
+    return f"stopped {where}; state saved. Resume with: vitlab {objective.command} --resume {run}"
 
 
 def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool,
@@ -27,13 +120,6 @@ def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, imp
     if row.get("skipped_files"):
         text += f"  ({row['skipped_files']} unreadable files skipped, see skipped.txt at the end)"
     return text + ("  best" if improved else "")
-
-
-def command_of(config: TrainConfig, objective: Objective) -> str:
-    """The command a run is: pretrain (a self-supervised objective), finetune (from a checkpoint) or train."""
-    if not objective.needs_labels:
-        return f"pretrain --method {objective.name}"
-    return "finetune" if config.init_from else "train"
 
 
 def unreadable_files(splits: Splits) -> list[str]:
@@ -63,7 +149,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         sum(r["epoch_seconds"] for r in history), 1e-9)
     has_best = position.best_epoch > 0
     selection = f"val_{objective.selection}"
-    figures, lines_after, pictures = objective.summarize(results, run_dir, config.dataset, position.best_epoch)
+    figures, lines_after, pictures = objective.summarize(results, run_dir, config.dataset, position.best_epoch, splits)
     summary = {
         "status": "finished", "run_dir": str(run_dir), "model_path": str(model_path), "dataset": config.dataset,
         "model": config.model, "objective": objective.name, "selection": selection,
@@ -79,7 +165,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         **figures,
     }
     lines = [
-        f"vitlab {command_of(config, objective)}: {config.init_from or config.model} on "
+        f"vitlab {objective.run_command(fine_tuning=bool(config.init_from))}: {config.init_from or config.model} on "
         f"{config.dataset}{'' if config.classes is None else ' classes ' + str(config.classes)} - finished",
         f"  model        {summary['params'] / 1e6:.3f}M parameters, {model.config.num_patches} patches of "
         f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",
