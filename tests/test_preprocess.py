@@ -143,7 +143,7 @@ def test_cut_patches_are_scaled_converted_and_normalised_as_their_images_are():
     for spec in (ViTConfig(image_size=(8, 12), patch_size=4, image_mean=(0.2, 0.4, 0.6), image_std=(0.5, 0.25, 1)),
                  ViTConfig(image_size=(8, 12), patch_size=4, in_chans=1, image_mean=0.3, image_std=0.2)):
         expected = cut_patches(prepare(images, 255.0, spec), 4)
-        got = prepare(cut_patches(images, 4), 255.0, spec, channels=3)
+        got = prepare(cut_patches(images, 4), 255.0, spec)
         torch.testing.assert_close(got.patches, expected.patches)
         assert torch.equal(got.coords, expected.coords) and torch.equal(got.valid, expected.valid)
         back = denormalize(got, spec)

@@ -31,6 +31,7 @@ class InputSpec(Protocol):
     A `ViTConfig` is one; so is any object with these fields."""
 
     image_size: tuple[int, int]
+    patch_size: tuple[int, int]
     in_chans: int
     image_mean: tuple[float, ...]
     image_std: tuple[float, ...]
@@ -165,11 +166,11 @@ def match_channels(images: torch.Tensor, channels: int, grey: str) -> torch.Tens
                     "channels; give 1- or 3-channel images, or a model made for these")
 
 
-def as_channel_images(patches: torch.Tensor, channels: int) -> torch.Tensor:
-    """Patches (B, N, P_h * P_w * c), channels innermost -> the same values as images (B * N, c, P_h * P_w, 1), so
-    that per-channel image code applies to them."""
+def as_channel_images(patches: torch.Tensor, patch_pixels: int) -> torch.Tensor:
+    """Patches (B, N, P_h * P_w * c) of `patch_pixels` = P_h * P_w pixels, channels innermost -> the same values as
+    images (B * N, c, P_h * P_w, 1), so that per-channel image code applies to them."""
     batch, length, values = patches.shape
-    return patches.reshape(batch * length, values // channels, channels).transpose(1, 2)[..., None]
+    return patches.reshape(batch * length, patch_pixels, values // patch_pixels).transpose(1, 2)[..., None]
 
 
 def from_channel_images(images: torch.Tensor, batch: int) -> torch.Tensor:
@@ -177,25 +178,25 @@ def from_channel_images(images: torch.Tensor, batch: int) -> torch.Tensor:
     return images[..., 0].transpose(1, 2).reshape(batch, -1, images.shape[1] * images.shape[2])
 
 
-def on_patch_pixels(inputs: PatchInput, channels: int, function) -> PatchInput:
-    """A PatchInput with `function` (images (M, c, H, W) -> images) applied to its patches' pixels."""
-    batch = len(inputs)
-    return inputs.map_patches(lambda patches: from_channel_images(function(as_channel_images(patches, channels)),
-                                                                   batch))
+def on_patch_pixels(inputs: PatchInput, spec: InputSpec, function) -> PatchInput:
+    """A PatchInput of the spec's patch size with `function` (images (M, c, H, W) -> images) applied to its
+    patches' pixels."""
+    batch, patch_pixels = len(inputs), spec.patch_size[0] * spec.patch_size[1]
+    return inputs.map_patches(lambda patches: from_channel_images(
+        function(as_channel_images(patches, patch_pixels)), batch))
 
 
 def to_unit_range(images: ModelInput, max_value: float, spec: InputSpec,
-                  preprocessing: Preprocessing | None = None, channels: int | None = None) -> ModelInput:
+                  preprocessing: Preprocessing | None = None) -> ModelInput:
     """uint8 / float images (B, C, H, W) with values in [0, max_value] -> float32 in [0, 1] at the model's image
     size and channel count, under `preprocessing` (default: the spec's contract, or for a config that records
     none, `Preprocessing.in_memory()`). Images already at the model's size are taken as prepared (stored arrays
-    of that size, or files `decode_image` resized) and not resized again. A PatchInput (patches cut from images
-    resized when they were cut) is scaled and given the model's channels (its stored `channels`, default the
-    model's)."""
+    of that size, or files `decode_image` resized) and not resized again. A PatchInput (patches of the model's
+    patch size, cut from images resized when they were cut) is scaled and given the model's channels."""
     contract = preprocessing or resolved_preprocessing(spec, "arrays")
     if isinstance(images, PatchInput):
-        return on_patch_pixels(images, channels or spec.in_chans, lambda pixels: match_channels(
-            pixels.float() / max_value, spec.in_chans, contract.grey))
+        return on_patch_pixels(images, spec, lambda pixels: match_channels(pixels.float() / max_value, spec.in_chans,
+                                                                           contract.grey))
     images = match_channels(images.float() / max_value, spec.in_chans, contract.grey)
     if tuple(images.shape[-2:]) != tuple(spec.image_size):
         images = resize_unit_images(images, tuple(spec.image_size), contract)
@@ -212,7 +213,7 @@ def statistics(spec: InputSpec, like: torch.Tensor) -> tuple[torch.Tensor, torch
 def normalize(images: ModelInput, spec: InputSpec) -> ModelInput:
     """[0, 1] images (or patches) -> (x - mean) / std with the model's statistics."""
     if isinstance(images, PatchInput):
-        return on_patch_pixels(images, spec.in_chans, lambda pixels: normalize(pixels, spec))
+        return on_patch_pixels(images, spec, lambda pixels: normalize(pixels, spec))
     mean, std = statistics(spec, images)
     return (images - mean) / std
 
@@ -220,16 +221,15 @@ def normalize(images: ModelInput, spec: InputSpec) -> ModelInput:
 def denormalize(images: ModelInput, spec: InputSpec) -> ModelInput:
     """Model input -> [0, 1] images (or patches): the inverse of `normalize` (up to float rounding)."""
     if isinstance(images, PatchInput):
-        return on_patch_pixels(images, spec.in_chans, lambda pixels: denormalize(pixels, spec))
+        return on_patch_pixels(images, spec, lambda pixels: denormalize(pixels, spec))
     mean, std = statistics(spec, images)
     return images * std + mean
 
 
 def prepare(images: ModelInput, max_value: float, spec: InputSpec,
-            preprocessing: Preprocessing | None = None, channels: int | None = None) -> ModelInput:
-    """Stored pixels (images, or cut patches with `channels` per pixel) -> model input, without augmentation
-    (evaluation, prediction)."""
-    return normalize(to_unit_range(images, max_value, spec, preprocessing, channels), spec)
+            preprocessing: Preprocessing | None = None) -> ModelInput:
+    """Stored pixels (images, or cut patches) -> model input, without augmentation (evaluation, prediction)."""
+    return normalize(to_unit_range(images, max_value, spec, preprocessing), spec)
 
 
 def describe_preprocessing(spec: InputSpec, source: str = "files") -> dict[str, Any]:
