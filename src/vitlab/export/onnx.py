@@ -233,7 +233,7 @@ def calibration_pixels(config: ViTConfig, source: list[str], data_dir: str | Non
                        ) -> torch.Tensor:
     """uint8 pixels (N, C, H, W) at the model's size to calibrate static int8 on: a random `count` of a data set's
     training split (never its test split, which measures the result), or the given image files and folders."""
-    from vitlab.data.datasets import gather_images
+    from vitlab.data.loaders import gather_images
 
     images, _, _ = gather_images(source, config, data_dir, count, split="train", shuffle_seed=0)
     return (images * 255).round().to(torch.uint8)
@@ -347,8 +347,8 @@ def validation_pixels(config: ViTConfig, inputs: list[str] | None = None, count:
     from vitlab.data.preprocess import to_unit_range
 
     if inputs:
-        from vitlab.data.datasets import read_image
-        from vitlab.data.datasets import collect_images
+        from vitlab.data.images import read_image
+        from vitlab.data.images import collect_images
 
         return torch.stack([read_image(path, config.image_size, config.in_chans,
                                        preprocessing=resolved_preprocessing(config, "files"))

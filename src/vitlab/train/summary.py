@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vitlab.checkpoint.io import save_model
-from vitlab.data.datasets import Splits
+from vitlab.data.source import Splits
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import Choice
 from vitlab.objectives.base import Objective
@@ -38,8 +38,7 @@ def command_of(config: TrainConfig, objective: Objective) -> str:
 
 def unreadable_files(splits: Splits) -> list[str]:
     """Every file of the run's data that could not be read so far (each with its message), over the splits."""
-    return [message for part in (splits.train, splits.validation, splits.test) if part is not None
-            for message in getattr(part, "skipped", [])]
+    return [message for part in splits.parts() for message in part.skipped]
 
 
 def describe_precision(choice: Choice) -> str:
