@@ -27,7 +27,7 @@ from vitlab.data.contract import Preprocessing
 from vitlab.data.download import RemoteFile, download
 from vitlab.data.images import MAX_BAD_FRACTION, read_image
 from vitlab.data.source import (Batch, BatchSource, DataRequest, Splits, digest, epoch_order, evaluation_share,
-                                rank_shard, steps_per_epoch)
+                                rank_shard, split_indices, steps_per_epoch)
 from vitlab.data.stream.folder import index_folder
 from vitlab.errors import DataError
 
@@ -313,33 +313,6 @@ def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3,
                            preprocessing=preprocessing or Preprocessing.image_files())
     dataset.skipped = skipped
     return dataset
-
-
-def split_indices(labels: torch.Tensor, held_out: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stratified (kept, held-out) split of indices, fixed by the seed.
-
-    held_out: a fraction of the images (0 < held_out < 1) or a number of images (>= 1). Each class gives its
-    share; the shares are rounded by largest remainder, so a count is met exactly and a fraction to the image.
-    """
-    classes = labels.unique()
-    members = [(labels == label).nonzero().flatten() for label in classes]
-    total = len(labels)
-    wanted = held_out * total if held_out < 1 else float(held_out)
-    if not 0 < wanted < total:
-        raise DataError(f"cannot hold out {held_out} of {total} images; give a fraction in (0, 1) or a count "
-                        f"below {total}")
-    exact = [wanted * len(m) / total for m in members]
-    counts = [int(share) for share in exact]
-    by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True)
-    for index in by_remainder[:round(wanted) - sum(counts)]:
-        counts[index] += 1
-    generator = torch.Generator().manual_seed(seed)
-    kept, held = [], []
-    for indices, count in zip(members, counts):
-        indices = indices[torch.randperm(len(indices), generator=generator)]
-        held.append(indices[:count])
-        kept.append(indices[count:])
-    return torch.cat(kept).sort().values, torch.cat(held).sort().values
 
 
 def load_splits(name: str, data_dir: str | Path | None = None, val_size: float = 0.1, seed: int = 0,

@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from vitlab.data.contract import Preprocessing
-from vitlab.data.datasets import split_indices
-from vitlab.data.source import BatchSource, DataRequest, Splits
+from vitlab.data.source import BatchSource, DataRequest, Splits, split_indices
 from vitlab.data.stream.crops import TrainCrop
 from vitlab.data.stream.loader import StreamingSource
 from vitlab.data.stream.open import index_from_spec
