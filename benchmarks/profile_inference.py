@@ -95,7 +95,8 @@ def fused_attention_nodes(model, sample: torch.Tensor) -> int:
     export: the layout question of issue 16 ("an attention layout that its optimizer fuses")."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    from vitlab.export.onnx import export_onnx, quiet_loggers
+    from vitlab.export.checks import quiet_loggers
+    from vitlab.export.onnx import export_onnx
 
     with tempfile.TemporaryDirectory(prefix="vitlab-profile-") as folder:
         path = Path(folder) / "model.onnx"

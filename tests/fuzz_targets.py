@@ -15,7 +15,7 @@ from PIL import Image
 from conftest import FIXTURES
 from vitlab.checkpoint import load_model
 from vitlab.config import ViTConfig
-from vitlab.data.datasets import read_image
+from vitlab.data.images import read_image
 from vitlab.errors import VitlabError
 from vitlab.train.config import TrainConfig, apply_overrides
 

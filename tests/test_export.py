@@ -19,6 +19,7 @@ from vitlab.config import ViTConfig  # noqa: E402
 from vitlab.data.preprocess import prepare  # noqa: E402
 from vitlab.errors import CheckpointError, UsageError  # noqa: E402
 from vitlab.export import onnx as export  # noqa: E402
+from vitlab.export.checks import calibration_pixels  # noqa: E402
 from vitlab.models import create_model  # noqa: E402
 
 SMALL = ViTConfig(image_size=(8, 12), patch_size=2, in_chans=3, embed_dim=32, depth=2, num_heads=4, mlp_dim=64,
@@ -142,7 +143,7 @@ def test_static_int8_quantizes_every_matmul_input_including_attention_from_train
     real_load = datasets.load_dataset
     monkeypatch.setattr(datasets, "load_dataset", lambda name, split="train", *a, **k: (
         splits.append(split), real_load(name, split, *a, **k))[1])
-    calibration = export.calibration_pixels(SMALL, ["digits"], count=64)
+    calibration = calibration_pixels(SMALL, ["digits"], count=64)
     assert splits == ["train"] and calibration.shape == (64, 3, 8, 12) and calibration.dtype == torch.uint8
     path = tmp_path / "static.onnx"
     summary = export.run_export(trained, path, int8=True, pixels=pixels, calibration=calibration)

@@ -67,3 +67,27 @@ def test_bad_fewshot_requests_compute_and_write_nothing(tmp_path, monkeypatch, s
     with pytest.raises(DataError, match=message):
         run_fewshot(FIXTURES / "hf_vit", "digits", shots, classes=classes)
     assert not (tmp_path / "features").exists()
+
+
+def test_fewshot_and_linear_probe_read_a_manifest(tmp_path, monkeypatch, capsys):
+    """Streamed image files: a CSV manifest, its test split carved as training carves it (20%, stratified)."""
+    import json
+
+    from test_stream import write_photos
+    from vitlab.cli import main
+    from vitlab.data.stream.splits import stream_splits
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = write_photos(tmp_path / "photos", per_class=10, size=(24, 20))
+    manifest = tmp_path / "photos.csv"
+    manifest.write_text("path,label\n" + "".join(f"{f.relative_to(tmp_path)},{f.parent.name}\n"
+                                                 for f in sorted(root.rglob("*.jpg"))))
+    carved = stream_splits("manifest", manifest, 0, 0, (16, 16))
+    command = ["--dataset", "manifest", "--data-dir", str(manifest), "--json"]
+    assert main(["fewshot", str(FIXTURES / "hf_vit"), "--shots", "1,3", "--seeds", "2", *command]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["test_count"] == len(carved.test) == 4 and set(report["shots"]) == {"1", "3"}
+    assert all(0 <= result["mean"] <= 1 for result in report["shots"].values())
+    assert main(["linear-probe", str(FIXTURES / "hf_vit"), *command]) == 0
+    probe = json.loads(capsys.readouterr().out)
+    assert probe["dataset"] == "manifest" and probe["train_top1"] == 1.0  # 16 images, a 32-d feature each

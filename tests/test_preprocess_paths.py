@@ -18,7 +18,8 @@ from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.checkpoint.io import save_model
 from vitlab.config import variant_config
 from vitlab.data.contract import Preprocessing
-from vitlab.data.datasets import load_dataset, load_folder, read_image
+from vitlab.data.datasets import load_dataset, load_folder
+from vitlab.data.images import read_image
 from vitlab.data.preprocess import decode_image, prepare, resize_unit_images
 from vitlab.eval.classify import evaluate
 from vitlab.eval.predict import predict

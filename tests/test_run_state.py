@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from test_train import MICRO, micro_config, weights
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.train import data as run_data, state as train_state
+from vitlab.data import datasets as run_data  # where the in-memory splits are loaded
+from vitlab.train import state as train_state
 from vitlab.train.config import TrainConfig
 from vitlab.train.loop import train
 

@@ -205,7 +205,7 @@ def test_explain_gives_the_overlay_as_png_or_the_map_as_json(server, digit_files
 
 
 def test_explain_gives_the_image_as_the_model_sees_it(server, digit_files):
-    from vitlab.data.datasets import read_image
+    from vitlab.data.images import read_image
 
     status, kind, answer = server.post_image(digit_files[2].read_bytes(), "/v1/explain?format=input")
     view = np.asarray(Image.open(io.BytesIO(answer)).convert("L"))

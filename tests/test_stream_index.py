@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vitlab.data.datasets import IMAGE_EXTENSIONS, scan_folder
+from vitlab.data.datasets import scan_folder
+from vitlab.data.images import IMAGE_EXTENSIONS
 from vitlab.data.stream import (SampleIndex, expand_shard_pattern, index_folder, index_from_spec, index_hf,
                                 index_manifest, index_tar_shards, open_index)
 from vitlab.errors import DataError

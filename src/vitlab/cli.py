@@ -360,7 +360,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from vitlab.checkpoint import load_model
-    from vitlab.export.onnx import format_export, require_onnx, run_export, validation_pixels
+    from vitlab.export.checks import calibration_pixels, validation_pixels
+    from vitlab.export.onnx import format_export, require_onnx, run_export
     from vitlab.runs import onnx_output
 
     if args.format in ("pt2e", "pt2"):
@@ -377,8 +378,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
     calibration = None
     if args.calibrate:
-        from vitlab.export.onnx import calibration_pixels
-
         calibration = calibration_pixels(model.config, args.calibrate, args.data_dir, args.calibration_images)
     summary = run_export(model, args.output or onnx_output(args.checkpoint, args.int8), preprocess=args.preprocess,
                          dynamic_batch=args.batch_size is None, dynamic_size=args.dynamic_size, int8=args.int8,
@@ -390,7 +389,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def export_pt2e_command(args: argparse.Namespace) -> int:
     from vitlab.checkpoint import load_model
-    from vitlab.export.onnx import validation_pixels
+    from vitlab.export.checks import validation_pixels
     from vitlab.export.pt2e import SUFFIX, calibration_for, format_pt2e_export, require_torchao, run_pt2e_export
     from vitlab.runs import pt2e_output
 

@@ -93,7 +93,7 @@ def trace_model(source: str, image: str | None = None, image_size: int | tuple[i
         what, statistics = source, True
     model.eval()
     if image is not None:
-        from vitlab.data.datasets import read_image
+        from vitlab.data.images import read_image
 
         pixels = read_image(Path(image), model.config.image_size, model.config.in_chans)[None]
         inputs, described = prepare(pixels, 255.0, model.config), image

@@ -15,7 +15,8 @@ import torch
 from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_attention, rollout_patch_maps
 from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
 from vitlab.checkpoint import load_model
-from vitlab.data.datasets import ImageDataset, gather_images
+from vitlab.data.datasets import ImageDataset
+from vitlab.data.loaders import gather_images
 from vitlab.files import atomic_write_bytes
 from vitlab.data.preprocess import normalize
 from vitlab.eval.batches import run_batches

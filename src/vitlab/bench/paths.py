@@ -183,7 +183,7 @@ class GreyAsRGB(nn.Module):
 def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.Module, str, object]:
     """transformers' ViTForImageClassification with the same weights, through vitlab's HF export and
     `from_pretrained`, its logits checked against vitlab's: (model, description, temporary folder to keep)."""
-    from vitlab.export.onnx import quiet_loggers
+    from vitlab.export.checks import quiet_loggers
 
     try:
         # transformers imports torchao where it is installed, which logs that its CUDA kernels cannot load on a
@@ -224,7 +224,8 @@ def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     with all graph optimisations, at the benchmark's fixed batch as vitlab's ONNX paths: the route a transformers
     user takes to a faster CPU model, so vitlab's paths are compared with it too."""
     from vitlab.errors import UsageError
-    from vitlab.export.onnx import quiet_loggers, require_onnx
+    from vitlab.export.checks import quiet_loggers
+    from vitlab.export.onnx import require_onnx
 
     require_cpu(sample, "ONNX Runtime")
     try:

@@ -356,15 +356,20 @@ def measure_accuracy(built: dict[str, BenchPath], model: nn.Module, dataset: str
     config = model.config
     data = evaluation_data(config, dataset, "test", data_dir, classes)
     predictions: dict[str, list[torch.Tensor]] = {key: [] for key in built}
+    label_chunks = []
     device = next(model.parameters()).device
-    for first in range(0, len(data), batch_size):
-        images = prepare(data.images[first:first + batch_size], data.max_value, config).to(device)
-        count = len(images)
-        if count < batch_size:
-            images = torch.cat([images, images[-1:].expand(batch_size - count, -1, -1, -1)])
-        for key, path in built.items():
-            predictions[key].append(path.run(images).float()[:count].argmax(dim=1).cpu())
-    labels = data.labels
+    try:
+        for batch in data.evaluation_batches(batch_size):
+            images = prepare(batch.images, batch.max_value, config).to(device)
+            count = len(images)
+            if count < batch_size:
+                images = torch.cat([images, images[-1:].expand(batch_size - count, -1, -1, -1)])
+            for key, path in built.items():
+                predictions[key].append(path.run(images).float()[:count].argmax(dim=1).cpu())
+            label_chunks.append(batch.labels)
+    finally:
+        data.close()
+    labels = torch.cat(label_chunks)
     baseline = torch.cat(predictions["eager-fp32"]) if "eager-fp32" in predictions else None
     out = {}
     for key, chunks in predictions.items():

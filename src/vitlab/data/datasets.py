@@ -4,7 +4,8 @@ implementation of the batch-source seam (`vitlab.data.source`).
 `digits` ships inside the package (UCI optical digits, 8x8, CC BY 4.0); `mnist` and `fashion-mnist` read the
 standard IDX `.gz` files; `cifar10` and `cifar100` the standard python tarballs (through an unpickler that only
 builds numeric NumPy arrays); `folder` an ImageFolder-style tree. Files come from `data_dir` when given,
-else from the download cache.
+else from the download cache. `open_splits` and `open_split` make this module the `SplitsOpener` of the data
+sets held in memory (`vitlab.data.loaders`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ import tarfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 import torch
 
 from vitlab.data.contract import Preprocessing
 from vitlab.download import RemoteFile, download
-from vitlab.data.source import Batch, digest, epoch_order, evaluation_share, rank_shard, steps_per_epoch
+from vitlab.data.images import MAX_BAD_FRACTION, read_image
+from vitlab.data.source import (Batch, BatchSource, DataRequest, Splits, digest, epoch_order, evaluation_share,
+                                rank_shard, split_indices, steps_per_epoch)
+from vitlab.data.stream.folder import index_folder
 from vitlab.errors import DataError
 
 DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder")
@@ -89,6 +93,9 @@ class ImageDataset:
             rows = slice(first, min(first + batch_size, share.stop))
             yield Batch(self.images[rows], self.labels[rows] if self.labels is not None else None,
                         torch.arange(rows.start, rows.stop), self.max_value)
+
+    def close(self) -> None:
+        """Nothing to let go of: the images are tensors in this process."""
 
     def fingerprint(self) -> dict[str, object]:
         """What a saved run records of its data: the count, and hashes of the labels and of the pixels."""
@@ -276,52 +283,10 @@ def load_cifar(name: str, split: str, data_dir: Path | None, allow_download: boo
 
 
 # ------------------------------------------------------------------------------------------------ folder
-IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
-MAX_BAD_FRACTION = 0.1
-
-
-def collect_images(inputs: Iterable[str | Path]) -> list[Path]:
-    """Image files named directly, plus every image file below each named folder (sorted)."""
-    files: list[Path] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-            if not found:
-                raise DataError(f"folder {path} holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise DataError(f"{path}: no such file or folder")
-    return files
-
-
-def read_image(path: Path | bytes, image_size: tuple[int, int], channels: int = 3,
-               name: str | None = None, preprocessing: Preprocessing | None = None) -> torch.Tensor:
-    """One image file (or its bytes, e.g. an upload; `name` is what messages call it) as uint8 (C, H, W) at
-    `image_size`, under the preprocessing contract (default `Preprocessing.image_files()`: EXIF rotation applied,
-    converted to RGB (or luma grey), the shorter side resized bicubic to fit and the centre cropped). Unreadable
-    files and decompression bombs are a DataError; see `vitlab.data.preprocess.decode_image`, which does the work.
-    """
-    from vitlab.data.preprocess import decode_image
-
-    return decode_image(path, image_size, channels, preprocessing, name)
-
-
-def reason(error: Exception, path: Path | str) -> str:
-    """What is wrong with a file, without the file's name in front (for lists that name it already: a predict row,
-    a skipped file's entry), so a message never reads "broken.png: broken.png: ...")."""
-    message, prefix = str(error), f"{path}: "
-    return message[len(prefix):] if message.startswith(prefix) else message
-
-
 def scan_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     """Class names (sorted sub-folder names) and (file, label) pairs of an ImageFolder-style tree, listed by the
     one folder walk streaming uses too (`vitlab.data.stream.folder.index_folder`: one `os.scandir` pass, no stat
     per file)."""
-    from vitlab.data.stream.folder import index_folder  # here: that module reads IMAGE_EXTENSIONS from this one
-
     if not root.is_dir():
         raise DataError(f"data folder {root} does not exist; pass --data-dir with one sub-folder per class")
     index = index_folder(root)
@@ -348,45 +313,6 @@ def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3,
                            preprocessing=preprocessing or Preprocessing.image_files())
     dataset.skipped = skipped
     return dataset
-
-
-def split_indices(labels: torch.Tensor, held_out: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stratified (kept, held-out) split of indices, fixed by the seed.
-
-    held_out: a fraction of the images (0 < held_out < 1) or a number of images (>= 1). Each class gives its
-    share; the shares are rounded by largest remainder, so a count is met exactly and a fraction to the image.
-    """
-    classes = labels.unique()
-    members = [(labels == label).nonzero().flatten() for label in classes]
-    total = len(labels)
-    wanted = held_out * total if held_out < 1 else float(held_out)
-    if not 0 < wanted < total:
-        raise DataError(f"cannot hold out {held_out} of {total} images; give a fraction in (0, 1) or a count "
-                        f"below {total}")
-    exact = [wanted * len(m) / total for m in members]
-    counts = [int(share) for share in exact]
-    by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True)
-    for index in by_remainder[:round(wanted) - sum(counts)]:
-        counts[index] += 1
-    generator = torch.Generator().manual_seed(seed)
-    kept, held = [], []
-    for indices, count in zip(members, counts):
-        indices = indices[torch.randperm(len(indices), generator=generator)]
-        held.append(indices[:count])
-        kept.append(indices[count:])
-    return torch.cat(kept).sort().values, torch.cat(held).sort().values
-
-
-@dataclass
-class Splits:
-    """The three splits of a training run. `validation` chooses (best checkpoint, hyper-parameters); `test` is
-    measured once at the end. `validation` is None when the recipe asks for no validation split."""
-
-    train: ImageDataset
-    validation: ImageDataset | None
-    test: ImageDataset
-    validation_source: str  # "carved" (from the training images), "official" or "none"
-    test_source: str = "official"  # or how it was carved from a single tree of images ("carved: 20% of ...")
 
 
 def load_splits(name: str, data_dir: str | Path | None = None, val_size: float = 0.1, seed: int = 0,
@@ -483,39 +409,19 @@ def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = 
     raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
 
 
-def gather_images(spec: Sequence[str], config, data_dir: str | None, limit: int,
-                  skipped: list[dict[str, str]] | None = None, split: str = "test", shuffle_seed: int | None = None
-                  ) -> tuple[torch.Tensor, list[str] | None, list[str]]:
-    """([0, 1] images at the model's size (N, C, H, W), labels or None, names) from a data set name (its `split`:
-    the first `limit` images, or a random `limit` of them with `shuffle_seed`) or from image files and folders.
-    An unreadable file is left out and noted in `skipped` ({"path", "error"}), as `vitlab predict` does; none
-    readable is an error."""
-    from vitlab.data.contract import resolved_preprocessing
-    from vitlab.data.preprocess import to_unit_range
+# ------------------------------------------------------------------------------------------------ the opener
+def open_splits(request: DataRequest) -> Splits:
+    """The splits of a data set held in memory (the `SplitsOpener` of the array data sets and of image folders
+    that fit): `load_splits` for the request."""
+    return load_splits(request.dataset, request.data_dir, request.val_size, request.seed, request.image_size,
+                       request.classes, request.allow_download, request.max_train_images, request.channels,
+                       request.preprocessing)
 
-    if len(spec) == 1 and spec[0] in DATASET_NAMES and not Path(spec[0]).exists():
-        data = load_dataset(spec[0], split, data_dir, image_size=config.image_size, channels=config.in_chans,
-                            preprocessing=resolved_preprocessing(config, "files"))
-        count = min(limit, len(data))
-        order = torch.arange(len(data))
-        if shuffle_seed is not None:
-            order = torch.randperm(len(data), generator=torch.Generator().manual_seed(shuffle_seed))
-        chosen = order[:count]
-        images = to_unit_range(data.images[chosen], data.max_value, config)
-        labels = [data.class_names[int(data.labels[i])] for i in chosen]
-        return images, labels, [f"{spec[0]} {split} #{int(i)}" for i in chosen]
-    pixels, names = [], []
-    for path in collect_images(spec):
-        if len(pixels) == limit:
-            break
-        try:
-            pixels.append(read_image(path, config.image_size, config.in_chans,
-                                     preprocessing=resolved_preprocessing(config, "files")))
-            names.append(path.name)
-        except DataError as error:
-            if skipped is not None:
-                skipped.append({"path": str(path), "error": reason(error, path)})
-    if not pixels:
-        raise DataError(f"none of {', '.join(spec)} holds a readable image"
-                        + (f" ({skipped[0]['path']}: {skipped[0]['error']})" if skipped else ""))
-    return to_unit_range(torch.stack(pixels), 255.0, config), None, names
+
+def open_split(request: DataRequest, split: str) -> BatchSource | None:
+    """One split held in memory, without loading the others (see `SplitsOpener.open_split`); a carved
+    validation split is the one `open_splits` carves."""
+    if split == "val" and not has_official_validation(request.dataset, request.data_dir):
+        return open_splits(request.replace(max_train_images=None)).validation if request.val_size else None
+    return load_dataset(request.dataset, split, request.data_dir, request.allow_download, request.image_size,
+                        request.channels, classes=request.classes, preprocessing=request.preprocessing)

@@ -11,23 +11,36 @@ its images out in batches of stored pixels (uint8, or values in [0, max_value]):
   alone.
 - `evaluation_batches(batch_size, rank, world_size)`: every image once, in order; this rank's contiguous share.
 
-and a `fingerprint()` that a saved run state records, so that a resume on other data is named.
+and a `fingerprint()` that a saved run state records, so that a resume on other data is named. The rest of the
+protocol is what callers read of any source: class count, stored image size, preprocessing contract, labels, the
+unreadable files met so far, and `close()` for worker processes.
 
 Turning stored pixels into model input (resize to the model, augmentation, normalisation) happens after the
 source, in batches, on the training device: `vitlab.data.preprocess` and the objective.
 
-`ImageDataset` (data/datasets.py), the in-memory tensor, is the first implementation; `ImageFiles` below, the
-files named on a command line, the second.
+Implementations: `ImageDataset` (data/datasets.py), the in-memory tensor; `StreamingSource`
+(data/stream/loader.py), image files decoded in worker processes; `ImageFiles` below, the files named on a
+command line.
+
+A data set is opened as `Splits` (train, validation, test) from a `DataRequest` by a module with the two
+functions of `SplitsOpener`; `vitlab.data.loaders` holds the table of data-set names and opens them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
 import torch
+
+from vitlab.data.contract import Preprocessing, resolved_preprocessing
+from vitlab.data.images import read_image, reason
+from vitlab.data.preprocess import InputSpec
+from vitlab.data.transforms import AugmentConfig
+from vitlab.errors import DataError
 
 
 @dataclass
@@ -62,12 +75,138 @@ class BatchSource(Protocol):
     @property
     def channels(self) -> int: ...
 
+    @property
+    def num_classes(self) -> int:
+        """len(class_names); 0 for unlabeled data."""
+        ...
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(H, W) of the stored pixels the batches hold (the model may take another size: `prepare` resizes)."""
+        ...
+
+    @property
+    def preprocessing(self) -> Preprocessing:
+        """How the stored pixels were read and become model input; a model trained on them records it."""
+        ...
+
+    @property
+    def labels(self) -> torch.Tensor | None:
+        """Every image's label, int64 (N,) in source order (-1 where an image has none), read without decoding
+        any image; None for a source without labels."""
+        ...
+
+    @property
+    def skipped(self) -> list[str]:
+        """The unreadable files met so far, one "location: why" each."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what the source holds open (worker processes); it can still be read afterwards."""
+        ...
+
     def training_batches(self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0,
                          world_size: int = 1) -> Iterator[Batch]: ...
 
     def evaluation_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]: ...
 
     def fingerprint(self) -> dict[str, object]: ...
+
+
+@dataclass
+class Splits:
+    """The three splits of a data set as a training run uses them. `validation` chooses (best checkpoint,
+    hyper-parameters); `test` is measured once at the end. `validation` is None when the request asks for none."""
+
+    train: BatchSource
+    validation: BatchSource | None
+    test: BatchSource
+    validation_source: str  # "carved" (from the training images), "official" or "none"
+    test_source: str = "official"  # or how it was carved from a single tree of images ("carved: 20% of ...")
+
+    def parts(self) -> list[BatchSource]:
+        """The splits there are: train, validation (when there is one), test."""
+        return [part for part in (self.train, self.validation, self.test) if part is not None]
+
+    def close(self) -> None:
+        """Close every split (a streamed split's worker processes go now, not when the objects are collected)."""
+        for part in self.parts():
+            part.close()
+
+
+def split_indices(labels: torch.Tensor, held_out: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stratified (kept, held-out) split of indices, fixed by the seed.
+
+    held_out: a fraction of the images (0 < held_out < 1) or a number of images (>= 1). Each class gives its
+    share; the shares are rounded by largest remainder, so a count is met exactly and a fraction to the image.
+    """
+    classes = labels.unique()
+    members = [(labels == label).nonzero().flatten() for label in classes]
+    total = len(labels)
+    wanted = held_out * total if held_out < 1 else float(held_out)
+    if not 0 < wanted < total:
+        raise DataError(f"cannot hold out {held_out} of {total} images; give a fraction in (0, 1) or a count "
+                        f"below {total}")
+    exact = [wanted * len(m) / total for m in members]
+    counts = [int(share) for share in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True)
+    for index in by_remainder[:round(wanted) - sum(counts)]:
+        counts[index] += 1
+    generator = torch.Generator().manual_seed(seed)
+    kept, held = [], []
+    for indices, count in zip(members, counts):
+        indices = indices[torch.randperm(len(indices), generator=generator)]
+        held.append(indices[:count])
+        kept.append(indices[count:])
+    return torch.cat(kept).sort().values, torch.cat(held).sort().values
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """What a caller asks of a data set: which one, the model input its image files are decoded for, how the
+    splits are carved, and where the images are read (held in memory or streamed)."""
+
+    dataset: str  # a name of the loader table (`vitlab.data.loaders.LOADERS`): digits, mnist, folder, manifest, ...
+    data_dir: str | Path | None = None  # where its files are; None: the download cache (array data sets)
+    image_size: tuple[int, int] | None = None  # the model's input (H, W): image files are decoded at it
+    channels: int = 3  # the model's: image files are decoded to this many
+    preprocessing: Preprocessing | None = None  # how image files are decoded (None: Preprocessing.image_files())
+    classes: list[int] | None = None  # only these classes, relabelled 0..len-1 in this order
+    val_size: float = 0.1  # validation carved from the training images: a fraction, a count, or 0 for none
+    seed: int = 0  # fixes the carving
+    max_train_images: int | None = None  # a stratified subset of the training split (quick runs, tests)
+    stream: bool | None = None  # image files streamed (True), held in memory (False), or by their size (None)
+    # The streamed training split's per-image crop and flip (None: read as for evaluation, no crop).
+    augment: AugmentConfig | None = None
+    workers: int = 0  # decoding processes of a streamed source (0: decoded in the calling process)
+    pin_memory: bool = False  # streamed batches in pinned memory (for a CUDA device)
+    allow_download: bool = True  # the array data sets: fetch missing files into the cache
+
+    @classmethod
+    def for_model(cls, config: InputSpec, dataset: str, **fields: object) -> "DataRequest":
+        """A request whose image files are decoded as the model `config` (a ViTConfig) reads images: at its input
+        size and channels, under its preprocessing contract (`resolved_preprocessing(config, "files")`)."""
+        return cls(dataset, image_size=tuple(config.image_size), channels=config.in_chans,
+                   preprocessing=resolved_preprocessing(config, "files"), **fields)
+
+    def replace(self, **changes: object) -> "DataRequest":
+        return dataclasses.replace(self, **changes)
+
+
+class SplitsOpener(Protocol):
+    """How a kind of data set is opened (a module, or any object with these two functions): one row of the
+    loader table (`vitlab.data.loaders`) points at it."""
+
+    def open_splits(self, request: DataRequest) -> Splits:
+        """Train, validation and test as a training run uses them: validation official or carved
+        (`request.val_size`, `request.seed`), the training split cut to `request.max_train_images`."""
+        ...
+
+    def open_split(self, request: DataRequest, split: str) -> BatchSource | None:
+        """One split alone, without opening the others: "train" (every training image: nothing carved off),
+        "val" (official, or carved as `open_splits` carves it; None when there is none and `request.val_size`
+        is 0) or "test"."""
+        ...
 
 
 def steps_per_epoch(source_length: int, batch_size: int) -> int:
@@ -107,13 +246,14 @@ class ImageFiles:
     batches and its message kept in `errors` (by index), so the others are still used."""
 
     def __init__(self, paths: Sequence[str | Path], image_size: tuple[int, int], channels: int = 3,
-                 preprocessing=None, name: str = "images") -> None:
+                 preprocessing: Preprocessing | None = None, name: str = "images") -> None:
         self.paths = [Path(p) for p in paths]
         self.image_size = image_size
         self._channels = channels
-        self.preprocessing = preprocessing
+        self.preprocessing = preprocessing or Preprocessing.image_files()
         self.name = name
         self.class_names = None
+        self.labels = None
         self.max_value = 255.0
         self.hflip = True
         self.errors: dict[int, str] = {}
@@ -125,14 +265,21 @@ class ImageFiles:
     def channels(self) -> int:
         return self._channels
 
+    @property
+    def num_classes(self) -> int:
+        return 0
+
+    @property
+    def skipped(self) -> list[str]:
+        return [f"{self.paths[index]}: {message}" for index, message in sorted(self.errors.items())]
+
+    def close(self) -> None:
+        """Nothing to let go of: each file is opened and closed as it is read."""
+
     def read(self, index: int) -> torch.Tensor | None:
         """One file as uint8 (C, H, W), or None (message in `errors`) when it cannot be read."""
-        from vitlab.data.datasets import read_image, reason
-        from vitlab.errors import DataError
-
         try:
-            kwargs = {} if self.preprocessing is None else {"preprocessing": self.preprocessing}
-            return read_image(self.paths[index], self.image_size, self._channels, **kwargs)
+            return read_image(self.paths[index], self.image_size, self._channels, preprocessing=self.preprocessing)
         except DataError as error:
             self.errors[index] = reason(error, self.paths[index])  # listed beside its path
             return None

@@ -12,6 +12,7 @@ from torch import nn
 from vitlab.data.preprocess import prepare, to_unit_range
 from vitlab.data.source import Batch, BatchSource
 from vitlab.distributed import DistEnv
+from vitlab.progress import progress as progress_bar
 
 
 def call_model(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
@@ -39,8 +40,6 @@ def run_batches(model: Any, source: BatchSource, batch_size: int = 256, env: Dis
     device = next(core.parameters()).device if torch_model else torch.device("cpu")
     bar = None
     if progress is not None:
-        from vitlab.progress import progress as progress_bar
-
         bar = progress_bar(len(source), progress, unit="img")
     try:
         for batch in source.evaluation_batches(batch_size, env.rank, env.world_size):

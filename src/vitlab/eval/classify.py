@@ -13,14 +13,13 @@ from torch import nn
 
 from vitlab.data.source import BatchSource
 from vitlab.distributed import DistEnv, all_reduce_sum
+from vitlab.errors import DataError
 from vitlab.eval.batches import run_batches
 
 
 def require_head(config, checkpoint: str = "the model") -> None:
     """Refuse an encoder without a classification head (DINO, an MAE encoder, any num_classes=0 model) where
     classes are needed, saying what works with one."""
-    from vitlab.errors import DataError
-
     if config.projection:
         raise DataError(f"{checkpoint}'s head is CLIP's projection into its joint image-text space: it gives "
                         f"{config.num_classes}-d embeddings, not classes; fine-tune a classifier with `vitlab "
@@ -39,10 +38,8 @@ def evaluate(model: nn.Module, dataset: BatchSource, batch_size: int = 512, env:
     `dataset` (any labelled batch source)."""
     env = env or DistEnv()
     config = getattr(model, "module", model).config
-    num_classes = len(dataset.class_names or [])
+    num_classes = dataset.num_classes
     if num_classes != config.num_classes:  # a wider head once hid behind a slice of the logits
-        from vitlab.errors import DataError
-
         raise DataError(f"the data have {num_classes} classes but the model's head has {config.num_classes}; "
                         "evaluate on the classes it was trained for (--classes), or fine-tune it first")
     device = next(model.parameters()).device if isinstance(model, nn.Module) else torch.device("cpu")

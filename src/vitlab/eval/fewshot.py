@@ -16,26 +16,31 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitlab.data.contract import resolved_preprocessing
-from vitlab.data.datasets import ImageDataset, load_dataset
+from vitlab import checkpoint as checkpoints
+from vitlab.checkpoint.formats import resolve_weights
 from vitlab.download import cache_dir, sha256_of
-from vitlab.eval.batches import run_batches
+from vitlab.data.loaders import open_split
+from vitlab.data.source import BatchSource, DataRequest
 from vitlab.errors import DataError
+from vitlab.eval.batches import run_batches
+from vitlab.hardware import available_cores
 
 
 @torch.no_grad()
-def extract_features(model, data: ImageDataset, batch_size: int = 256) -> torch.Tensor:
-    """Frozen representations (N, D'): the pooled output after the final norm and the pre-logits layer, i.e.
-    the input of the head, with whatever pooling (class token or mean of patches) the checkpoint's head used."""
-    features = [outputs.double() for _, outputs in run_batches(
-        model, data, batch_size, forward=lambda module, images: module.forward_pre_logits(images),
-        progress=f"features of {data.name}")]
-    return torch.cat(features)
+def extract_features(model, data: BatchSource, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frozen representations (N, D') and their labels (N,): the pooled output after the final norm and the
+    pre-logits layer, i.e. the input of the head, with whatever pooling (class token or mean of patches) the
+    checkpoint's head used. N counts the images read (a streamed file that cannot be read is left out)."""
+    features, labels = [], []
+    for batch, outputs in run_batches(model, data, batch_size,
+                                      forward=lambda module, images: module.forward_pre_logits(images),
+                                      progress=f"features of {data.name}"):
+        features.append(outputs.double())
+        labels.append(batch.labels)
+    return torch.cat(features), torch.cat(labels)
 
 
 def checkpoint_digest(path: str | Path) -> str:
-    from vitlab.checkpoint.formats import resolve_weights
-
     weights, _ = resolve_weights(path)
     return sha256_of(weights)
 
@@ -48,8 +53,6 @@ def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None =
     same checkpoint and data were seen. The checkpoint is hashed once and, if any split is missing from the
     cache, loaded once. `check(labels, class_names)` may refuse the training split (raise) before any feature is
     computed or written."""
-    from vitlab.checkpoint import load_model
-
     digest = checkpoint_digest(checkpoint)
     cache = folder or cache_dir() / "features"
     model = None
@@ -64,19 +67,25 @@ def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None =
             if check is not None and split == "train":
                 check(results[split][1], results[split][2])
             continue
-        model = model or load_model(checkpoint, image_size=image_size, num_heads=num_heads)
-        data = load_dataset(dataset, split, data_dir, image_size=model.config.image_size,
-                            channels=model.config.in_chans, classes=classes,
-                            preprocessing=resolved_preprocessing(model.config, "files"))
-        if check is not None and split == "train":
-            check(data.labels, data.class_names)
-        features = extract_features(model, data)
+        model = model or checkpoints.load_model(checkpoint, image_size=image_size, num_heads=num_heads)
+        request = DataRequest.for_model(model.config, dataset, data_dir=data_dir, classes=classes, val_size=0,
+                                        workers=available_cores())
+        data = open_split(request, split)
+        try:
+            if not data.class_names:
+                raise DataError(f"{data.name} has no labels; few-shot and linear-probe fit classes, so they need "
+                                "labelled images")
+            if check is not None and split == "train":
+                check(data.labels, data.class_names)
+            features, labels = extract_features(model, data)
+        finally:
+            data.close()  # a streamed split's worker processes
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(".tmp.npz")
-        np.savez(temporary, features=features.numpy(), labels=data.labels.numpy(),
+        np.savez(temporary, features=features.numpy(), labels=labels.numpy(),
                  class_names=np.array(data.class_names))
         temporary.replace(path)
-        results[split] = (features, data.labels, data.class_names)
+        results[split] = (features, labels, data.class_names)
     return results
 
 

@@ -7,11 +7,19 @@ from typing import Any, Iterable
 
 import torch
 
+from vitlab.checkpoint import load_model
+from vitlab.checkpoint.formats import check_written_content
+from vitlab.counts import model_size
 from vitlab.data.contract import resolved_preprocessing
-from vitlab.data.datasets import collect_images
+from vitlab.data.images import collect_images
 from vitlab.data.source import ImageFiles
+from vitlab.errors import UsageError
 from vitlab.eval.batches import run_batches
-from vitlab.hardware import Choice, choose_precision
+from vitlab.eval.classify import require_head
+from vitlab.export.onnx import OnnxClassifier
+from vitlab.export.pt2e import Pt2eClassifier, is_pt2e_file
+from vitlab.hardware import Choice, choose_precision, resolve_device
+from vitlab.runs import onnx_output, pt2e_output
 
 
 def load_classifier(path: str | Path, backend: str | None = None, image_size: int | tuple[int, int] | None = None,
@@ -20,12 +28,6 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
     one), an `OnnxClassifier` (backend onnx) or a `Pt2eClassifier` (backend pt2e, compiled for this CPU as it
     loads), both on the CPU. With no backend (or "auto") a .onnx or .pt2e file picks its own; with onnx or pt2e
     a run folder (or a checkpoint file) means the file `vitlab export` wrote beside it."""
-    from vitlab.checkpoint import load_model
-    from vitlab.errors import UsageError
-    from vitlab.export.pt2e import is_pt2e_file
-    from vitlab.hardware import resolve_device
-    from vitlab.runs import onnx_output, pt2e_output
-
     # backend: (is `path` such a file, the file `vitlab export` writes beside a run, the command that writes it, what
     # it is called in messages).
     exports = {"onnx": (Path(path).suffix.lower() == ".onnx", onnx_output, f"vitlab export {path}", "an ONNX export"),
@@ -52,12 +54,7 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
         path = exported
     path = Path(path)
     if backend == "pt2e":
-        from vitlab.export.pt2e import Pt2eClassifier
-
         return Pt2eClassifier(path)  # which checks the file's recorded checksum itself
-    from vitlab.checkpoint.formats import check_written_content
-    from vitlab.export.onnx import OnnxClassifier
-
     check_written_content(path)
     return OnnxClassifier(path)
 
@@ -67,9 +64,6 @@ def inference_precision(model, requested: str = "auto") -> Choice:
     it pays on the model's device (`choose_precision`, purpose "inference": never quantised, so the answers are
     the model's own); an exported file runs as it was exported."""
     from torch import nn
-
-    from vitlab.counts import model_size
-    from vitlab.errors import UsageError
 
     if not isinstance(model, nn.Module):
         if hasattr(model, "choice"):  # a pt2e file: int8 linear layers, the rest as this CPU suits
@@ -98,8 +92,6 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
     model: a VisionTransformer, or anything with `.config` and `classify_unit([0, 1] (B, C, H, W)) -> logits`
     (`vitlab.export.onnx.OnnxClassifier`, the ONNX Runtime backend). precision: "bf16" runs a PyTorch model
     under bf16 autocast (`inference_precision` says when that pays)."""
-    from vitlab.eval.classify import require_head
-
     config = model.config
     require_head(config)
     names = config.class_names or [str(i) for i in range(config.num_classes)]

@@ -12,16 +12,13 @@ onnx, onnxscript and onnxruntime are an optional extra (`pip install 'vitlab[onn
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib.util
 import json
-import logging
-import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,8 +27,10 @@ from torch import nn
 
 from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing, resolved_preprocessing
-from vitlab.data.preprocess import describe_preprocessing, normalize, resize_unit_images
+from vitlab.data.preprocess import describe_preprocessing, normalize, prepare, resize_unit_images
 from vitlab.errors import CheckpointError, UsageError
+from vitlab.export.checks import (check_lines, compare_logits, fastest_format_line, place_checked_export,
+                                  quiet_loggers, validation_pixels)
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 INSTALL_HINT = "pip install 'vitlab[onnx]' (or: pip install onnx onnxscript onnxruntime)"
@@ -168,8 +167,6 @@ def export_onnx(
     proto.metadata_props.add(key=METADATA_KEY, value=json.dumps(metadata))
     proto.producer_name = "vitlab"
     if int8 and calibration is not None:
-        from vitlab.data.preprocess import prepare
-
         inputs = calibration if preprocess else prepare(calibration, 255.0, config)
         if not dynamic_batch:  # whole batches of the graph's size
             inputs = inputs[:max(batch_size, len(inputs) // batch_size * batch_size)]
@@ -227,31 +224,6 @@ def quantize_static_int8(proto, input_name: str, batches: list[np.ndarray]):
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=["MatMul", "Gemm"])
         return onnx.load_model(target)
-
-
-def calibration_pixels(config: ViTConfig, source: list[str], data_dir: str | None = None, count: int = 256
-                       ) -> torch.Tensor:
-    """uint8 pixels (N, C, H, W) at the model's size to calibrate static int8 on: a random `count` of a data set's
-    training split (never its test split, which measures the result), or the given image files and folders."""
-    from vitlab.data.datasets import gather_images
-
-    images, _, _ = gather_images(source, config, data_dir, count, split="train", shuffle_seed=0)
-    return (images * 255).round().to(torch.uint8)
-
-
-@contextlib.contextmanager
-def quiet_loggers(*names: str) -> Iterator[None]:
-    """Raise the given loggers to ERROR for a while: the exporter notes that torchvision is missing and the
-    quantizer suggests a pre-processing step, neither of which the user can or needs to act on."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 def write_model(proto, path: Path) -> None:
@@ -313,8 +285,6 @@ class OnnxClassifier:
         if self.preprocess:
             require_identity_at_input_size(self.config, str(self.path))
             return self((images * 255).round().clamp(0, 255).to(torch.uint8))
-        from vitlab.data.preprocess import normalize
-
         return self(normalize(images, self.config))
 
     def classify_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -323,8 +293,6 @@ class OnnxClassifier:
         if self.preprocess:
             require_identity_at_input_size(self.config, str(self.path))
             return self(pixels)
-        from vitlab.data.preprocess import prepare
-
         return self(prepare(pixels, 255.0, self.config))
 
 
@@ -340,26 +308,6 @@ def require_identity_at_input_size(config: ViTConfig, what: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ checking
-def validation_pixels(config: ViTConfig, inputs: list[str] | None = None, count: int = 32) -> torch.Tensor:
-    """Real images for checking an export, as uint8 (B, C, H, W) at the model's size and channel count: the
-    given image files or folders, or else the first `count` test images of the shipped digits (any model can
-    classify them, rightly or not; what is checked is that ONNX Runtime and PyTorch agree)."""
-    from vitlab.data.preprocess import to_unit_range
-
-    if inputs:
-        from vitlab.data.datasets import read_image
-        from vitlab.data.datasets import collect_images
-
-        return torch.stack([read_image(path, config.image_size, config.in_chans,
-                                       preprocessing=resolved_preprocessing(config, "files"))
-                            for path in collect_images(inputs)[:count]])
-    from vitlab.data.datasets import load_dataset
-
-    digits = load_dataset("digits", "test")
-    images = to_unit_range(digits.images[:count], digits.max_value, config)  # resized, channels matched
-    return (images * 255).round().to(torch.uint8)
-
-
 @torch.no_grad()
 def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) -> dict[str, Any]:
     """Compare an export with PyTorch on real images. pixels: uint8 (B, C, H, W) at the model's size.
@@ -368,8 +316,6 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
     batch size 1 and at a second image size (the model in `dynamic_image_size` mode, or with the resize done in
     PyTorch for a graph with preprocessing).
     """
-    from vitlab.data.preprocess import prepare
-
     runtime = OnnxClassifier(path)
     config: ViTConfig = model.config
     model = copy.deepcopy(model).float().eval()
@@ -405,13 +351,6 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
     return {"int8": bool(runtime.metadata["int8"]), "checks": results}
 
 
-def compare_logits(expected: torch.Tensor, got: torch.Tensor) -> dict[str, Any]:
-    """An export's logits (B, K) against PyTorch's: max |difference|, top-1 agreement and the image count."""
-    return {"max_abs_diff": float((expected - got).abs().max()),
-            "top1_agreement": float((expected.argmax(1) == got.argmax(1)).float().mean()),
-            "images": int(expected.shape[0])}
-
-
 def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, dynamic_batch: bool = True,
                dynamic_size: bool = False, int8: bool = False, batch_size: int = 1,
                pixels: torch.Tensor | None = None, tolerance: float = 1e-4,
@@ -437,41 +376,6 @@ def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, d
     return {**summary, "tolerance": tolerance}
 
 
-def place_checked_export(out: str | Path, write, check, suffix: str = ".onnx") -> dict[str, Any]:
-    """Write an export beside `out` (`write(staged_path) -> summary`), check it (`check(staged_path) ->
-    validation`, which raises to refuse it), then move it into place; into a run folder its SHA-256 is recorded
-    first, so the run's checksums never miss a file it holds. Returns the summary with the validation and the
-    largest logit difference."""
-    path = Path(out)
-    if path.is_dir():
-        raise UsageError(f"{path} is a folder; give the output file, e.g. {path / ('model' + suffix)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".vitlab-export-", dir=path.parent) as folder:
-        staged = Path(folder) / path.name
-        summary = write(staged)
-        validation = check(staged)
-        data_file = staged.with_name(staged.name + ".data")
-        if data_file.exists():
-            os.replace(data_file, path.with_name(path.name + ".data"))
-        from vitlab.files import CHECKSUMS, record_checksum, sha256_file
-
-        if (path.parent / CHECKSUMS).is_file():  # into a run folder: recorded, before it replaces the old one
-            record_checksum(path.parent, path.name, sha256_file(staged))
-        os.replace(staged, path)
-    worst = max(item["max_abs_diff"] for item in validation["checks"].values())
-    return {**summary, "path": str(path), "bytes": path.stat().st_size, "validation": validation,
-            "max_abs_diff": worst}
-
-
-def check_lines(validation: dict[str, Any], against: str, images_given: bool) -> list[str]:
-    """An export report's checks (`compare_logits` by name), one line each under a line that says what with."""
-    images = next(iter(validation["checks"].values()))["images"]
-    return [f"checked against {against} on {images} real images ({'given' if images_given else 'shipped digits'}):",
-            *(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
-              f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)"
-              for name, check in validation["checks"].items())]
-
-
 def format_export(summary: dict[str, Any], images_given: bool) -> str:
     """`vitlab export`'s report: the file and its input contract, then each check against PyTorch."""
     kind = "fp32"
@@ -483,7 +387,5 @@ def format_export(summary: dict[str, Any], images_given: bool) -> str:
              *check_lines(summary["validation"], "PyTorch", images_given)]
     if not summary["int8"]:
         lines.append(f"fp32 tolerance {summary['tolerance']:g}: passed")
-    from vitlab.export.pt2e import fastest_format_line
-
     lines.append(fastest_format_line("onnx --int8" if summary["int8"] else "onnx"))
     return "\n".join(lines)

@@ -31,9 +31,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.checkpoint.formats import check_written_content
 from vitlab.config import ViTConfig
+from vitlab.counts import model_size
+from vitlab.data.preprocess import normalize, prepare
 from vitlab.errors import CheckpointError, UsageError
-from vitlab.hardware import Choice
+from vitlab.export.checks import (calibration_pixels, check_lines, compare_logits, fastest_format_line,
+                                  place_checked_export, quiet_loggers, validation_pixels)
+from vitlab.hardware import Choice, choose_precision, int8_saturates, machine_key
+from vitlab.models.registry import create_model
+from vitlab.runs import RunFolder
 
 FORMAT = "vitlab-pt2e"
 FORMAT_VERSION = 1
@@ -57,16 +64,12 @@ def is_pt2e_file(path: str | Path) -> bool:
 
 
 def _quiet():
-    from vitlab.export.onnx import quiet_loggers
-
     return quiet_loggers(*NOISY_LOGGERS)
 
 
 def prepared_for_this_cpu(model: nn.Module, example: torch.Tensor) -> nn.Module:
     """The model exported with a symbolic batch and observed by torchao's X86InductorQuantizer: int8 linear layers,
     with 7-bit activations on a CPU whose int8 products saturate, and the patch projection and head left in float."""
-    from vitlab.hardware import int8_saturates
-
     with _quiet():
         import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
         from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
@@ -105,9 +108,6 @@ def calibrate(model: nn.Module, images: torch.Tensor, batch_size: int = 32) -> d
 def rest_precision(config: ViTConfig, requested: str = "auto") -> Choice:
     """The precision of what stays in float (attention, LayerNorm, GELU): bf16 autocast where this CPU's bf16
     matmuls pay (`choose_precision`), else fp32; reported as "int8 + bf16" or "int8"."""
-    from vitlab.counts import model_size
-    from vitlab.hardware import choose_precision
-
     if requested not in ("auto", "fp32", "bf16", "int8"):
         raise UsageError(f"--precision {requested}: a pt2e file runs its linear layers in int8 and the rest in bf16 "
                          "or fp32; use auto (this CPU decides), bf16 or fp32")
@@ -173,8 +173,6 @@ def write_pt2e(model: nn.Module, observers: dict[str, torch.Tensor], out: str | 
     stages and checks it). provenance: what the calibration saw, kept in the metadata."""
     from safetensors.torch import save_file
 
-    from vitlab.hardware import machine_key
-
     tensors = {MODEL_PREFIX + name: value.detach().float().contiguous() if value.is_floating_point()
                else value.detach().contiguous() for name, value in model.state_dict().items()}
     tensors.update({OBSERVER_PREFIX + name: value for name, value in observers.items()})
@@ -232,15 +230,12 @@ class Pt2eClassifier:
     preprocess = False  # the graph takes normalised images, as a checkpoint does
 
     def __init__(self, path: str | Path, precision: str = "auto", threads: int | None = None) -> None:
-        from vitlab.checkpoint.formats import check_written_content
-        from vitlab.models.vit import VisionTransformer
-
         require_torchao("running a pt2e file")
         self.path = Path(path)
         if self.path.is_file():
             check_written_content(self.path)
         self.config, state, observers, self.metadata = read_pt2e(self.path)
-        self.model = VisionTransformer(self.config)
+        self.model = create_model(self.config)
         try:
             self.model.load_state_dict(state)
         except RuntimeError as error:
@@ -257,22 +252,16 @@ class Pt2eClassifier:
 
     def classify_unit(self, images: torch.Tensor) -> torch.Tensor:
         """float images (B, C, H, W) in [0, 1] at the model's size -> logits."""
-        from vitlab.data.preprocess import normalize
-
         return self(normalize(images, self.config))
 
     def classify_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 pixels (B, C, H, W) at the model's size, prepared under the model's contract -> logits."""
-        from vitlab.data.preprocess import prepare
-
         return self(prepare(pixels, 255.0, self.config))
 
 
 # ------------------------------------------------------------------------------------------------ export
 def export_pt2e(model: nn.Module, out: str | Path, calibration: torch.Tensor, source: str) -> dict[str, Any]:
     """Calibrate `model` on uint8 pixels (N, C, H, W) at its size and write the .pt2e file to `out`."""
-    from vitlab.data.preprocess import prepare
-
     require_torchao()
     images = prepare(calibration, 255.0, model.config)
     started = time.perf_counter()
@@ -288,9 +277,6 @@ def export_pt2e(model: nn.Module, out: str | Path, calibration: torch.Tensor, so
 def validate_pt2e(model: nn.Module, path: str | Path, pixels: torch.Tensor) -> dict[str, Any]:
     """The file as predict and serve will run it, against the fp32 model on real images (uint8 (B, C, H, W) at
     the model's size): max |logit difference| and top-1 agreement, for the whole batch and for one image."""
-    from vitlab.data.preprocess import prepare
-    from vitlab.export.onnx import compare_logits
-
     runtime = Pt2eClassifier(path)
     reference = copy.deepcopy(model).float().eval()(prepare(pixels, 255.0, model.config))
     checks = {f"batch {len(pixels)}": compare_logits(reference, runtime.classify_pixels(pixels)),
@@ -303,8 +289,6 @@ def run_pt2e_export(model: nn.Module, out: str | Path, calibration: torch.Tensor
                     pixels: torch.Tensor | None = None) -> dict[str, Any]:
     """`vitlab export --format pt2e`: calibrate, write, rebuild the file as a user's machine will and compare it
     with the fp32 model on real images, and only then move it into place."""
-    from vitlab.export.onnx import place_checked_export, validation_pixels
-
     pixels = validation_pixels(model.config) if pixels is None else pixels
     return place_checked_export(out, lambda staged: export_pt2e(model, staged, calibration, source),
                                 lambda staged: validate_pt2e(model, staged, pixels), suffix=SUFFIX)
@@ -314,9 +298,6 @@ def calibration_for(checkpoint: str | Path, config: ViTConfig, calibrate: list[s
                     count: int = 256) -> tuple[torch.Tensor, str]:
     """(uint8 pixels (N, C, H, W) to calibrate on, what they are): the images or data set named by --calibrate,
     else a run folder's own training data; never a test split."""
-    from vitlab.export.onnx import calibration_pixels
-    from vitlab.runs import RunFolder
-
     if calibrate:
         pixels = calibration_pixels(config, calibrate, data_dir, count)
         return pixels, f"{len(pixels)} images of {' '.join(calibrate)} (a data set's training split, or the files given)"
@@ -333,8 +314,6 @@ def calibration_for(checkpoint: str | Path, config: ViTConfig, calibrate: list[s
 def format_pt2e_export(summary: dict[str, Any], images_given: bool) -> str:
     """`vitlab export --format pt2e`'s report: the file, its calibration, each check against fp32, and the format
     fastest on this CPU."""
-    from vitlab.export.onnx import check_lines
-
     validation = summary["validation"]
     lines = [f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB: fp32 weights and calibrated activation "
              f"ranges; int8 linear layers when run), calibrated on {summary['calibration_source']}",
@@ -342,13 +321,3 @@ def format_pt2e_export(summary: dict[str, Any], images_given: bool) -> str:
              f"{validation['compile_seconds']:.0f} s when loaded",
              *check_lines(validation, "fp32 PyTorch", images_given), fastest_format_line("pt2e")]
     return "\n".join(lines)
-
-
-def fastest_format_line(written: str) -> str:
-    """What `vitlab export` says of the format it wrote against the one fastest on this CPU."""
-    from vitlab.hardware import fastest_export_format
-
-    fastest = fastest_export_format()
-    if fastest.value == written:
-        return f"fastest format on this CPU: {fastest.value}, this one ({fastest.reason})"
-    return f"fastest format on this CPU: {fastest.value}, not this one ({fastest.reason}); vitlab bench --quick measures it"

@@ -21,19 +21,16 @@ import contextlib
 import dataclasses
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import Any, ContextManager
 
 import torch
 from torch import nn
 
 from vitlab.data.preprocess import normalize, to_unit_range
-from vitlab.data.source import Batch, BatchSource
+from vitlab.data.source import Batch, BatchSource, Splits
 from vitlab.data.transforms import AugmentConfig, Draws, augment_images
 from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.eval.batches import run_batches
-
-if TYPE_CHECKING:
-    from vitlab.data.datasets import Splits
 
 # Evaluation draws its random choices (masks) from a generator seeded with this plus each batch's first image
 # index, so two epochs' validation figures compare their weights, not their draws. The paper's arXiv date.

@@ -208,7 +208,7 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
 
     async def decode(request):
         from vitlab.data.contract import resolved_preprocessing
-        from vitlab.data.datasets import read_image
+        from vitlab.data.images import read_image
 
         contract = resolved_preprocessing(config, "files")
         data, name = await read_upload(request, max_body_bytes)

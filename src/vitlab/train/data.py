@@ -1,7 +1,7 @@
-"""The data of a training run: which batch source serves it (the in-memory data sets, image folders held in
-memory, or image files streamed through worker processes), at the size, channels and preprocessing of the model
-it trains. A new kind of data source is a module under `vitlab.data` and a branch of `training_splits`; the
-training loop only asks the splits for batches."""
+"""The data of a training run: the request its recipe makes of `vitlab.data.loaders` (the data set, at the size,
+channels and preprocessing of the model it trains), and the one decision a run records about it, whether image
+files are held in memory or streamed through worker processes. A new kind of data source is a module under
+`vitlab.data` and a row of `vitlab.data.loaders.LOADERS`; the training loop only asks the splits for batches."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from vitlab.config import ViTConfig, variant_config, variant_names
 from vitlab.data.contract import Preprocessing
-from vitlab.data.datasets import Splits, load_splits
-from vitlab.data.stream.splits import STREAMED_DATASETS, index_data, should_stream, stream_splits
+from vitlab.data.loaders import can_stream, open_splits, streaming_choice
+from vitlab.data.source import DataRequest, Splits
 from vitlab.distributed import DistEnv, broadcast_object
 from vitlab.train.config import TrainConfig
 from vitlab.train.setup import default_workers
@@ -19,26 +19,21 @@ from vitlab.train.setup import default_workers
 
 def choose_streaming(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
                      pretrained: tuple[ViTConfig, Any] | None) -> bool | None:
-    """Whether the run's image files are streamed (None: data that are arrays, always in memory). Decided once,
-    by rank 0, and given to every rank (each rank deciding from its own free memory could split them between the
-    two paths); the caller records it in the recipe, so a resumed run and `vitlab eval` of the run choose alike.
-    The free memory is shared among the processes torchrun starts on this machine, each of which holds a copy."""
-    size = model_input_size(config, state, pretrained)
-    if config.dataset not in ("folder",) + STREAMED_DATASETS or size is None:
+    """Whether the run's image files are streamed (None: data that are arrays, always in memory), as
+    `vitlab.data.loaders.streaming_choice` decides. Decided once, by rank 0, and given to every rank (each rank
+    deciding from its own free memory could split them between the two paths); the caller records it in the
+    recipe, so a resumed run and `vitlab eval` of the run choose alike. The free memory is shared among the
+    processes torchrun starts on this machine, each of which holds a copy."""
+    request = data_request(config, env, state, pretrained)
+    if not can_stream(config.dataset) or request.image_size is None:
         return config.stream
     decision = None
     if env.is_main:
-        size = (size, size) if isinstance(size, int) else tuple(size)
-        count = len(index_data(config.dataset, config.data_dir)) if config.dataset == "folder" and \
-            config.stream is None else 0
-        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
-        decision = should_stream(config.dataset, config.stream, count, size, channels_of(config, state, pretrained),
-                                 local_processes)
+        decision = streaming_choice(request, int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
     stream, why = broadcast_object(decision, env)
     if stream and env.is_main:
-        workers = config.workers if config.workers is not None else default_workers(env)
-        print(f"note: streaming {config.dataset} {config.data_dir} through {workers} worker process(es) per "
-              f"training process ({why})")
+        print(f"note: streaming {config.dataset} {config.data_dir} through {request.workers} worker process(es) "
+              f"per training process ({why})")
     return stream
 
 
@@ -47,17 +42,23 @@ def training_splits(config: TrainConfig, env: DistEnv, state: dict[str, Any] | N
     """The run's data: in memory (the array data sets, and image folders that fit), or streamed from their files
     through worker processes (manifests, tar shards, Hugging Face datasets, and folders too large to hold), as
     `config.stream` says (`choose_streaming`)."""
+    return open_splits(data_request(config, env, state, pretrained))
+
+
+def data_request(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
+                 pretrained: tuple[ViTConfig, Any] | None) -> DataRequest:
+    """What the recipe asks of its data set: its splits (carved by val_size and seed, classes, max_train_images),
+    image files decoded at the model's input size and channels under its contract, the training crop when
+    streamed, and the decoding processes (`--set workers`, else this process's share of the cores)."""
     size = model_input_size(config, state, pretrained)
-    contract = file_preprocessing(state, pretrained)
-    channels = channels_of(config, state, pretrained)
-    if config.stream and size is not None:
+    if size is not None:
         size = (size, size) if isinstance(size, int) else tuple(size)
-        workers = config.workers if config.workers is not None else default_workers(env)
-        return stream_splits(config.dataset, config.data_dir, config.val_size, config.seed, size, channels,
-                             config.classes, config.max_train_images, contract, config.augment, workers,
-                             pin_memory=env.device.type == "cuda")
-    return load_splits(config.dataset, config.data_dir, config.val_size, config.seed, size, config.classes,
-                       max_train_images=config.max_train_images, preprocessing=contract, channels=channels)
+    return DataRequest(
+        config.dataset, config.data_dir, image_size=size, channels=channels_of(config, state, pretrained),
+        preprocessing=file_preprocessing(state, pretrained), classes=config.classes, val_size=config.val_size,
+        seed=config.seed, max_train_images=config.max_train_images, stream=config.stream, augment=config.augment,
+        workers=config.workers if config.workers is not None else default_workers(env),
+        pin_memory=env.device.type == "cuda")
 
 
 def channels_of(config: TrainConfig, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> int:

@@ -62,8 +62,7 @@ def train(config: TrainConfig, resume: str | Path | None = None, use_previous: b
             if summary is None:
                 summary = finish(session)
         finally:  # streamed splits' worker processes go with the run, not whenever the objects are collected
-            for part in (session.splits.train, session.splits.validation, session.splits.test):
-                getattr(part, "close", lambda: None)()
+            session.splits.close()
         # Leave together: rank 0 may still be writing (a stop's checkpoint, the final report) when the others
         # return, and a worker that tore down its process group and exited meanwhile was once seen to abort in
         # the teardown ("terminate called without an active exception", exit -6) after a SIGTERM stop.

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.data.datasets import Splits
+from vitlab.data.source import Splits
 from vitlab.distributed import DistEnv, gather_rng_states
 from vitlab.hardware import Choice
 from vitlab.models.vit import VisionTransformer

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from vitlab.config import variant_names
-from vitlab.data.datasets import ImageDataset
+from vitlab.config import variant_config, variant_names
+from vitlab.data.source import BatchSource
 from vitlab.distributed import DistEnv
 from vitlab.errors import ConfigError
 from vitlab.hardware import TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS, available_cores
@@ -18,7 +18,7 @@ from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_ind
 from vitlab.train.config import TrainConfig
 
 
-def build_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, Any] | None = None,
+def build_model(config: TrainConfig, data: BatchSource, pretrained: tuple[Any, Any] | None = None,
                 head: dict[str, Any] | None = None) -> VisionTransformer:
     """A fresh model of the recipe's variant shaped for the data (classes, channels), or with `init_from`
     the pre-trained model prepared for fine-tuning (`pretrained`: its (config, state) when already read).
@@ -38,7 +38,7 @@ def build_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, 
     return create_model(config.model, **fields)
 
 
-def build_finetune_model(config: TrainConfig, data: ImageDataset, pretrained: tuple[Any, Any] | None = None,
+def build_finetune_model(config: TrainConfig, data: BatchSource, pretrained: tuple[Any, Any] | None = None,
                          head: dict[str, Any] | None = None) -> VisionTransformer:
     """The paper's transfer set-up (section 3.2): load any checkpoint, drop its head and pre-logits layer, attach
     a zero-initialised D x K head, and for a new image size keep the patch size and resample the position

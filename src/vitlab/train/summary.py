@@ -8,7 +8,7 @@ from typing import Any
 
 from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig
-from vitlab.data.datasets import Splits
+from vitlab.data.source import BatchSource, Splits
 from vitlab.distributed import DistEnv
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import Choice
@@ -50,11 +50,10 @@ def announce(session: Session, resumed: bool) -> None:
               f"{session.steps_per_epoch}")
 
 
-def data_adaptation(data: Any, config: ViTConfig) -> str | None:
+def data_adaptation(data: BatchSource, config: ViTConfig) -> str | None:
     """How the training images become the model's input when they differ from it, in words ("8x8 grey images are
     resized to 16x16 and repeated to 3 channels"), or None when they already match."""
-    stored = getattr(data, "image_size", None)
-    stored = tuple(stored) if stored is not None else None
+    stored = tuple(data.image_size) if data.image_size is not None else None
     size, channels = tuple(config.image_size), config.in_chans
     kind = {1: "grey", 3: "RGB"}.get(data.channels, f"{data.channels}-channel")
     changes = []
@@ -124,8 +123,7 @@ def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, imp
 
 def unreadable_files(splits: Splits) -> list[str]:
     """Every file of the run's data that could not be read so far (each with its message), over the splits."""
-    return [message for part in (splits.train, splits.validation, splits.test) if part is not None
-            for message in getattr(part, "skipped", [])]
+    return [message for part in splits.parts() for message in part.skipped]
 
 
 def describe_precision(choice: Choice) -> str:

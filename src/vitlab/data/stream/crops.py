@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vitlab.data.preprocess import convert_mode
+
 CROPS = ("inception", "resize_small_crop")
 
 
@@ -91,8 +93,6 @@ def crop_image(data: bytes, size: tuple[int, int], channels: int, crop: TrainCro
     """Encoded image bytes -> uint8 (H, W, C) at `size` after the training crop and flip. Raises what Pillow
     raises on a bad file (the loader turns that into a skipped sample)."""
     from PIL import Image, ImageOps
-
-    from vitlab.data.preprocess import convert_mode
 
     with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as image:
         # Pillow only warns between 1x and 2x its pixel limit; a decompression bomb is refused here as

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vitlab.data.datasets import IMAGE_EXTENSIONS
+from vitlab.data.images import IMAGE_EXTENSIONS
 from vitlab.data.stream.index import FileStore, PackedStrings, SampleIndex
 from vitlab.errors import DataError
 

@@ -23,7 +23,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from vitlab.data.contract import Preprocessing
-from vitlab.data.datasets import MAX_BAD_FRACTION  # one stated limit for held and streamed image files
+from vitlab.data.images import MAX_BAD_FRACTION  # one stated limit for held and streamed image files
+from vitlab.data.preprocess import decode_image
 from vitlab.data.source import Batch, epoch_order, evaluation_share, rank_shard, steps_per_epoch
 from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
 from vitlab.errors import DataError
@@ -64,8 +65,6 @@ class SampleReader(torch.utils.data.Dataset):
             self.reading[info.id] = position
 
     def decode(self, position: int, epoch_seed: int) -> torch.Tensor:
-        from vitlab.data.preprocess import decode_image
-
         data = self.index.read_bytes(position)
         if epoch_seed < 0 or self.crop is None:  # evaluation, or training without a per-image crop
             return decode_image(data, self.image_size, self.channels, self.contract,

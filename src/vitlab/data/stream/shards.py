@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vitlab.data.datasets import IMAGE_EXTENSIONS
+from vitlab.data.images import IMAGE_EXTENSIONS
 from vitlab.data.source import digest
 from vitlab.data.stream.index import PackedStrings, SampleIndex
 from vitlab.errors import DataError

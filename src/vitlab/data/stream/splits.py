@@ -1,68 +1,34 @@
 """The three splits of a training run over streamed data, carved exactly as `vitlab.data.datasets.load_splits`
-carves the in-memory ones (so a folder gives the same train / validation / test files either way), and the
-choice between the two.
+carves the in-memory ones (so a folder gives the same train / validation / test files either way): the
+`SplitsOpener` of streamed data sets.
 
 Data sets named by where they are: `folder` (class sub-folders, or train/ val/ test/ trees), `manifest` (a CSV
 or JSON-lines file of path and label), `shards` (WebDataset-style tar shards: a file, a list or a pattern such
 as `train-{000..015}.tar`) and `hf` (a Hugging Face dataset saved on disk, Parquet, or a hub name); `data_dir`
-says where. A folder is held in memory when its decoded pixels fit comfortably, and streamed otherwise.
+says where. Whether a folder is held in memory or streamed is `vitlab.data.loaders`' choice.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from vitlab.data.contract import Preprocessing
-from vitlab.data.datasets import Splits, split_indices
+from vitlab.data.source import BatchSource, DataRequest, Splits, split_indices
 from vitlab.data.stream.crops import TrainCrop
 from vitlab.data.stream.loader import StreamingSource
+from vitlab.data.stream.open import index_from_spec
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import DataError
 
-STREAMED_DATASETS = ("manifest", "shards", "hf")  # image files that are always streamed; `folder` may be either
-MEMORY_SHARE = 0.25  # a folder is held in memory while its decoded pixels take at most this share of free memory
 TEST_FRACTION = 0.2  # a single tree gives this share of its images to the test split (as load_dataset does)
-
-
-def available_memory() -> int:
-    """Bytes of memory available to new allocations (MemAvailable), or all of it where that is unknown."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def should_stream(dataset: str, stream: bool | None, count: int, image_size: tuple[int, int], channels: int,
-                  processes: int = 1) -> tuple[bool, str]:
-    """(stream?, why) for a data set of image files; `stream` (the recipe's) wins when set. `processes`: how many
-    processes on this machine would each hold the decoded pixels."""
-    if dataset in STREAMED_DATASETS:
-        if stream is False:
-            raise DataError(f"{dataset} data are always streamed; drop --set stream=false")
-        return True, f"{dataset} data are read lazily"
-    decoded = count * channels * image_size[0] * image_size[1]
-    if stream is not None:
-        return stream, f"--set stream={str(stream).lower()}"
-    free = available_memory() // max(1, processes)
-    if decoded > MEMORY_SHARE * free:
-        return True, (f"its {count} images would take {decoded / 2**30:.1f} GiB decoded, more than "
-                      f"{MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free per process")
-    return False, f"its {count} images take {decoded / 2**20:.0f} MiB decoded"
 
 
 def index_data(dataset: str, data_dir: str | Path | None, split: str | None = None):
     """The sample index of a streamed data set (or of one split of a folder with train/ val/ test/ trees)."""
-    from vitlab.data.stream.open import index_from_spec
-
     if data_dir is None:
         raise DataError(f"the {dataset} data set needs --data-dir (a folder, a manifest file, tar shards, or for hf "
                         "a saved dataset or a hub name)")
@@ -145,3 +111,29 @@ def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, se
 
     return Splits(source_of(train, crop), source_of(validation, None) if validation is not None else None,
                   source_of(test, None), source, test_source)
+
+
+def training_image_count(request: DataRequest) -> int:
+    """How many images the training tree of a folder holds (the whole tree when it has no train/ split),
+    counted from the file listing alone: what decides whether the folder is held in memory."""
+    trees = folder_trees(request.data_dir) if request.data_dir is not None else ()
+    return len(index_data(request.dataset, request.data_dir, "train" if trees else None))
+
+
+def open_splits(request: DataRequest) -> Splits:
+    """The splits of streamed image files for the request (`stream_splits`)."""
+    if request.image_size is None:
+        raise DataError(f"streamed {request.dataset} images are decoded at the model's input size, which is not "
+                        "known here; give the model's --image-size")
+    return stream_splits(request.dataset, request.data_dir, request.val_size, request.seed, request.image_size,
+                         request.channels, request.classes, request.max_train_images, request.preprocessing,
+                         request.augment or AugmentConfig(crop=None), request.workers, request.pin_memory)
+
+
+def open_split(request: DataRequest, split: str) -> BatchSource | None:
+    """One split of streamed image files (see `SplitsOpener.open_split`); indexing all three costs no decoding,
+    so this opens the splits and keeps the one asked for."""
+    # "train" is every training image, as for data held in memory: nothing carved off, nothing left out.
+    carving = {"val_size": 0, "max_train_images": None} if split == "train" else {}
+    splits = open_splits(request.replace(**carving))
+    return {"train": splits.train, "val": splits.validation, "test": splits.test}[split]

@@ -1,0 +1,168 @@
+"""Data sets by name: the table of how each is opened, and the one place that chooses between holding a data set's
+images in memory and streaming them from their files.
+
+A row of `LOADERS` names the `SplitsOpener` (`vitlab.data.source`) that holds the data set in memory, the one
+that streams it, or both (a folder: held while its decoded pixels fit comfortably, streamed otherwise). Training,
+evaluation, few-shot, the linear probe and the export checks all open data through `open_splits` / `open_split`,
+so a new kind of data set is a module with `open_splits(request)` and `open_split(request, split)` plus one row
+here, and every command reads it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from vitlab.data import datasets
+from vitlab.data.contract import resolved_preprocessing
+from vitlab.data.images import collect_images, read_image, reason
+from vitlab.data.preprocess import InputSpec, to_unit_range
+from vitlab.data.source import BatchSource, DataRequest, Splits, SplitsOpener
+from vitlab.data.stream import splits as streamed
+from vitlab.errors import DataError
+
+MEMORY_SHARE = 0.25  # a folder is held in memory while its decoded pixels take at most this share of free memory
+
+
+@dataclass(frozen=True)
+class Loader:
+    """One row of the table: how a data set is opened held in memory, streamed, or either."""
+
+    held: SplitsOpener | None = None  # decodes every image into memory
+    streamed: SplitsOpener | None = None  # reads images from their files as batches are asked for
+    # With both: how many images a held copy would decode, counted without decoding (the size rule's count).
+    count: Callable[[DataRequest], int] | None = None
+
+
+ARRAYS = Loader(held=datasets)  # stored arrays, small enough to hold whatever the machine
+STREAMED_FILES = Loader(streamed=streamed)
+LOADERS: dict[str, Loader] = {
+    "digits": ARRAYS,
+    "mnist": ARRAYS,
+    "fashion-mnist": ARRAYS,
+    "cifar10": ARRAYS,
+    "cifar100": ARRAYS,
+    "folder": Loader(held=datasets, streamed=streamed, count=streamed.training_image_count),
+    "manifest": STREAMED_FILES,
+    "shards": STREAMED_FILES,
+    "hf": STREAMED_FILES,
+}
+
+
+def loader_of(dataset: str) -> Loader:
+    """The table's row for a data set name; an unknown name is a DataError listing the known ones."""
+    if dataset not in LOADERS:
+        raise DataError(f"unknown data set {dataset!r}; choose one of {', '.join(LOADERS)}")
+    return LOADERS[dataset]
+
+
+def can_stream(dataset: str) -> bool:
+    """Whether the data set's images may be streamed (image files; not the stored arrays of digits or CIFAR)."""
+    return dataset in LOADERS and LOADERS[dataset].streamed is not None
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new allocations (MemAvailable), or all of it where that is unknown."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def streaming_choice(request: DataRequest, processes: int = 1) -> tuple[bool | None, str]:
+    """(stream?, why) for the request; `request.stream` (a recipe's, or a run's recorded choice) wins where the
+    data set can go either way. None for data sets only ever held (the stored arrays). `processes`: how many
+    processes on this machine would each hold the decoded pixels. A folder's files are listed (not decoded) to
+    count them when the choice is left to their size."""
+    loader = loader_of(request.dataset)
+    if loader.streamed is None:
+        return None, f"{request.dataset} is held in memory"
+    if loader.held is None:
+        if request.stream is False:
+            raise DataError(f"{request.dataset} data are always streamed; drop --set stream=false")
+        return True, f"{request.dataset} data are read lazily"
+    if request.stream is not None:
+        return request.stream, f"--set stream={str(request.stream).lower()}"
+    if request.image_size is None or loader.count is None:
+        return False, "the model's input size is not known"
+    count = loader.count(request)
+    decoded = count * request.channels * request.image_size[0] * request.image_size[1]
+    free = available_memory() // max(1, processes)
+    if decoded > MEMORY_SHARE * free:
+        return True, (f"its {count} images would take {decoded / 2**30:.1f} GiB decoded, more than "
+                      f"{MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free per process")
+    return False, f"its {count} images take {decoded / 2**20:.0f} MiB decoded"
+
+
+def opener_for(request: DataRequest) -> SplitsOpener:
+    """The opener that reads the request's data set: held or streamed, as `streaming_choice` says."""
+    loader = loader_of(request.dataset)
+    stream, _ = streaming_choice(request)
+    if stream is None and request.stream:
+        raise DataError(f"{request.dataset} is held in memory (its stored arrays are small); drop --set stream=true")
+    opener = loader.streamed if stream else loader.held
+    assert opener is not None  # streaming_choice streams only what can be streamed, and holds only what can be held
+    return opener
+
+
+def open_splits(request: DataRequest) -> Splits:
+    """Train, validation and test of the request's data set as a training run uses them (validation official or
+    carved by `request.val_size` and `request.seed`), held in memory or streamed as `streaming_choice` says."""
+    return opener_for(request).open_splits(request)
+
+
+def open_split(request: DataRequest, split: str) -> BatchSource | None:
+    """One split of the request's data set without opening the others: "train" (every training image, nothing
+    carved off), "val" (official, or carved as `open_splits` carves it; None when there is none and
+    `request.val_size` is 0) or "test"."""
+    if split not in ("train", "val", "test"):
+        raise DataError(f"split must be 'train', 'val' or 'test', got {split!r}")
+    return opener_for(request).open_split(request, split)
+
+
+def gather_images(spec: Sequence[str], config: InputSpec, data_dir: str | None, limit: int,
+                  skipped: list[dict[str, str]] | None = None, split: str = "test", shuffle_seed: int | None = None
+                  ) -> tuple[torch.Tensor, list[str] | None, list[str]]:
+    """([0, 1] images at the model's size (N, C, H, W), labels or None, names) from a data set name (its `split`:
+    the first `limit` images, or a random `limit` of them with `shuffle_seed`: the first batch of an epoch in
+    that seed's order) or from image files and folders. An unreadable file is left out and noted in `skipped`
+    ({"path", "error"}), as `vitlab predict` does; none readable is an error."""
+    if len(spec) == 1 and spec[0] in LOADERS and not Path(spec[0]).exists():  # a data set's name, not a path
+        data = open_split(DataRequest.for_model(config, spec[0], data_dir=data_dir), split)
+        if data is None:
+            raise DataError(f"{spec[0]} has no {split} split; use the train or test split")
+        try:
+            count = min(limit, len(data))
+            batches = (data.evaluation_batches(count) if shuffle_seed is None else
+                       data.training_batches(shuffle_seed, count))
+            batch = next(iter(batches))
+        finally:
+            data.close()
+        images = to_unit_range(batch.images, batch.max_value, config)
+        labels = None
+        if batch.labels is not None and data.class_names:
+            labels = [data.class_names[int(label)] for label in batch.labels]
+        return images, labels, [f"{spec[0]} {split} #{int(i)}" for i in batch.indices]
+    pixels, names = [], []
+    for path in collect_images(spec):
+        if len(pixels) == limit:
+            break
+        try:
+            pixels.append(read_image(path, config.image_size, config.in_chans,
+                                     preprocessing=resolved_preprocessing(config, "files")))
+            names.append(path.name)
+        except DataError as error:
+            if skipped is not None:
+                skipped.append({"path": str(path), "error": reason(error, path)})
+    if not pixels:
+        raise DataError(f"none of {', '.join(spec)} holds a readable image"
+                        + (f" ({skipped[0]['path']}: {skipped[0]['error']})" if skipped else ""))
+    return to_unit_range(torch.stack(pixels), 255.0, config), None, names

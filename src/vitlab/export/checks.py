@@ -1,0 +1,113 @@
+"""What the ONNX and pt2e exports share: the real images an export is checked and calibrated on, the comparison
+of its logits with PyTorch's, the staging that moves only a checked file into place, and the report's lines.
+
+Both `vitlab.export.onnx` and `vitlab.export.pt2e` import this module, never each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from vitlab.config import ViTConfig
+from vitlab.data.contract import resolved_preprocessing
+from vitlab.data.images import collect_images, read_image
+from vitlab.data.loaders import gather_images
+from vitlab.errors import UsageError
+from vitlab.files import CHECKSUMS, record_checksum, sha256_file
+from vitlab.hardware import fastest_export_format
+
+CHECK_DATASET = "digits"  # shipped with vitlab: any model can be checked on it, whatever it was trained for
+
+
+# ------------------------------------------------------------------------------------------------ images
+def calibration_pixels(config: ViTConfig, source: list[str], data_dir: str | None = None, count: int = 256
+                       ) -> torch.Tensor:
+    """uint8 pixels (N, C, H, W) at the model's size to calibrate static int8 on: a random `count` of a data set's
+    training split (never its test split, which measures the result), or the given image files and folders."""
+    images, _, _ = gather_images(source, config, data_dir, count, split="train", shuffle_seed=0)
+    return (images * 255).round().to(torch.uint8)
+
+
+def validation_pixels(config: ViTConfig, inputs: list[str] | None = None, count: int = 32) -> torch.Tensor:
+    """Real images for checking an export, as uint8 (B, C, H, W) at the model's size and channel count: the
+    given image files or folders, or else the first `count` test images of the shipped digits (any model can
+    classify them, rightly or not; what is checked is that the export and PyTorch agree)."""
+    if inputs:
+        return torch.stack([read_image(path, config.image_size, config.in_chans,
+                                       preprocessing=resolved_preprocessing(config, "files"))
+                            for path in collect_images(inputs)[:count]])
+    images, _, _ = gather_images([CHECK_DATASET], config, None, count, split="test")  # resized, channels matched
+    return (images * 255).round().to(torch.uint8)
+
+
+# ------------------------------------------------------------------------------------------------ checking
+def compare_logits(expected: torch.Tensor, got: torch.Tensor) -> dict[str, Any]:
+    """An export's logits (B, K) against PyTorch's: max |difference|, top-1 agreement and the image count."""
+    return {"max_abs_diff": float((expected - got).abs().max()),
+            "top1_agreement": float((expected.argmax(1) == got.argmax(1)).float().mean()),
+            "images": int(expected.shape[0])}
+
+
+def place_checked_export(out: str | Path, write: Callable[[Path], dict[str, Any]],
+                         check: Callable[[Path], dict[str, Any]], suffix: str = ".onnx") -> dict[str, Any]:
+    """Write an export beside `out` (`write(staged_path) -> summary`), check it (`check(staged_path) ->
+    validation`, which raises to refuse it), then move it into place; into a run folder its SHA-256 is recorded
+    first, so the run's checksums never miss a file it holds. Returns the summary with the validation and the
+    largest logit difference."""
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder; give the output file, e.g. {path / ('model' + suffix)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".vitlab-export-", dir=path.parent) as folder:
+        staged = Path(folder) / path.name
+        summary = write(staged)
+        validation = check(staged)
+        data_file = staged.with_name(staged.name + ".data")
+        if data_file.exists():
+            os.replace(data_file, path.with_name(path.name + ".data"))
+        if (path.parent / CHECKSUMS).is_file():  # into a run folder: recorded, before it replaces the old one
+            record_checksum(path.parent, path.name, sha256_file(staged))
+        os.replace(staged, path)
+    worst = max(item["max_abs_diff"] for item in validation["checks"].values())
+    return {**summary, "path": str(path), "bytes": path.stat().st_size, "validation": validation,
+            "max_abs_diff": worst}
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """Raise the given loggers to ERROR for a while: the exporter notes that torchvision is missing and the
+    quantizer suggests a pre-processing step, neither of which the user can or needs to act on."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+# ------------------------------------------------------------------------------------------------ reporting
+def check_lines(validation: dict[str, Any], against: str, images_given: bool) -> list[str]:
+    """An export report's checks (`compare_logits` by name), one line each under a line that says what with."""
+    images = next(iter(validation["checks"].values()))["images"]
+    return [f"checked against {against} on {images} real images ({'given' if images_given else 'shipped digits'}):",
+            *(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
+              f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)"
+              for name, check in validation["checks"].items())]
+
+
+def fastest_format_line(written: str) -> str:
+    """What `vitlab export` says of the format it wrote against the one fastest on this CPU."""
+    fastest = fastest_export_format()
+    if fastest.value == written:
+        return f"fastest format on this CPU: {fastest.value}, this one ({fastest.reason})"
+    return f"fastest format on this CPU: {fastest.value}, not this one ({fastest.reason}); vitlab bench --quick measures it"
