@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from vitlab.config import CLASSIFIERS, MLPS, NORMS, PLACEMENTS, POSITION_EMBEDDINGS
 from vitlab.errors import UsageError, VitlabError
 
 
@@ -496,6 +497,11 @@ def recipe_keys_help(finetune: bool = False, pretrain: bool = False) -> str:
     return "\n".join(lines)
 
 
+def choices_line(setting: str, values: tuple[str, ...]) -> str:
+    """One line of a help text: a model setting and its values, the first (the default) marked."""
+    return f"  {setting:<20} {values[0]} (default) | {' | '.join(values[1:])}\n"
+
+
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="vitlab", description="Build, train, fine-tune, understand and ship ViTs.",
                             epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -617,9 +623,9 @@ def build_parser() -> ArgumentParser:
                           "--seeds 3\n"
                           "Run the same command again to continue a stopped ablation: finished runs are kept.\n\n"
                           "the paper's ablations as model settings:\n"
-                          "  pos_embed            learned (default) | none | learned_2d | relative | sincos2d\n"
-                          "  pos_embed_placement  input (default) | every_block | every_block_shared\n"
-                          "  classifier           token (default) | gap | map | gem | max | layer_weighted")
+                          + choices_line("pos_embed", POSITION_EMBEDDINGS) + choices_line("pos_embed_placement", PLACEMENTS)
+                          + choices_line("classifier", CLASSIFIERS) + "and later blocks' parts:\n"
+                          + choices_line("norm", NORMS) + choices_line("mlp", MLPS))
     p.add_argument("source", nargs="?", help="an ablation file (configs/ablations/*.py) or a recipe to vary "
                                              "(configs/*.py, RUN/train_config.json; default: the digits recipe)")
     p.add_argument("--vary", action="append", metavar="KEY=V1,V2",
