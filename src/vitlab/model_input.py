@@ -14,6 +14,8 @@ from typing import Union
 
 import torch
 
+from vitlab.errors import UsageError
+
 
 @dataclass(eq=False)
 class PatchInput:
@@ -53,3 +55,12 @@ class PatchInput:
 
 
 ModelInput = Union[torch.Tensor, PatchInput]
+
+
+def require_pixels(inputs: ModelInput, what: str) -> torch.Tensor:
+    """`inputs` when it is a pixel batch (B, C, H, W); for cut patches one UsageError saying that `what` (e.g.
+    "the ONNX export") takes whole images only."""
+    if isinstance(inputs, PatchInput):
+        raise UsageError(f"{what} takes whole images (B, C, H, W), and this data gives cut patches with their "
+                         "coordinates (images at their own aspect ratio); use data of fixed-size images for it")
+    return inputs

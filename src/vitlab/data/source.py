@@ -41,6 +41,7 @@ from vitlab.data.images import read_image, reason
 from vitlab.data.preprocess import InputSpec
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import DataError
+from vitlab.model_input import ModelInput
 
 
 @dataclass
@@ -49,7 +50,9 @@ class Batch:
     the source. `global_size` and `shard` place it in the global batch that every rank draws random numbers for
     (see `vitlab.data.transforms.Draws`)."""
 
-    images: torch.Tensor  # (B, C, H, W), values in [0, max_value]
+    # (B, C, H, W) values in [0, max_value]; or a PatchInput of those values: images at their own sizes, cut into
+    # the model's patches and padded to one length (vitlab.model_input)
+    images: ModelInput
     labels: torch.Tensor | None  # int64 (B,)
     indices: torch.Tensor  # int64 (B,): each image's position in the source
     max_value: float = 255.0  # the stored value that means white

@@ -12,9 +12,10 @@ from torch import nn
 
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import Batch, BatchSource
-from vitlab.data.transforms import AugmentConfig, Draws, augment_batch
+from vitlab.data.transforms import AugmentConfig, Draws, augment_batch, one_hot
 from vitlab.distributed import DistEnv
-from vitlab.objectives.base import Objective
+from vitlab.model_input import ModelInput, PatchInput
+from vitlab.objectives.base import Objective, refuse_batch_augmentation
 
 
 class Classification(Objective):
@@ -52,14 +53,18 @@ class Classification(Objective):
             text += f"  (test {100 * row['test_top1']:5.2f}%, not used to choose)"
         return text
 
-    def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[ModelInput, dict[str, torch.Tensor]]:
         if batch.labels is None:
             from vitlab.errors import DataError
 
             raise DataError("classification needs labelled images; this data source has no labels")
         images = to_unit_range(batch.images, batch.max_value, spec)
-        images, targets = augment_batch(images, batch.labels, self.num_classes, self.batch_augment(batch), draws,
-                                        self.label_smoothing)
+        if isinstance(images, PatchInput):  # no batch augmentation of cut patches: the labels as they are
+            refuse_batch_augmentation(self.batch_augment(batch))
+            targets = one_hot(batch.labels, self.num_classes, self.label_smoothing)
+        else:
+            images, targets = augment_batch(images, batch.labels, self.num_classes, self.batch_augment(batch), draws,
+                                            self.label_smoothing)
         return normalize(images, spec), {"target": targets, "label": batch.labels}
 
     def loss(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

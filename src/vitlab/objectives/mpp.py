@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitlab.model_input import ModelInput, require_pixels
 from vitlab.models import mpp
 from vitlab.objectives.pretraining import MaskedPretraining
 
@@ -38,7 +39,8 @@ class MaskedPatchPrediction(MaskedPretraining):
                    "patch_l2": config.in_chans * config.patch_size[0] * config.patch_size[1]}[settings.mpp_target]
         return mpp.MaskedPatchPredictor(model, outputs, settings.ratio("mpp"), tuple(settings.mpp_corruption))
 
-    def targets(self, unit_images: torch.Tensor, spec: Any) -> dict[str, torch.Tensor]:
+    def targets(self, unit_images: ModelInput, spec: Any) -> dict[str, torch.Tensor]:
+        unit_images = require_pixels(unit_images, "masked patch prediction (its targets are cut from whole images)")
         target, bits, patch = self.settings.mpp_target, self.settings.colour_bits, spec.patch_size
         if target == "colour":
             return {"target": mpp.mean_colour_classes(unit_images, patch, bits)}
