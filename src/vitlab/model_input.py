@@ -38,6 +38,10 @@ class PatchInput:
         """The patches' shape (B, N, values), so code that reads a batch's size reads it here too."""
         return self.patches.shape
 
+    @property
+    def device(self) -> torch.device:
+        return self.patches.device
+
     def to(self, *args, **kwargs) -> "PatchInput":
         """The same batch moved (and the patches cast, if a dtype is given): coordinates stay integers, the mask
         bool."""

@@ -153,7 +153,8 @@ def gather_images(spec: Sequence[str], config: InputSpec, data_dir: str | None, 
         if batch.labels is not None and data.class_names:
             labels = [data.class_names[int(label)] for label in batch.labels]
         return images, labels, [f"{spec[0]} {split} #{int(i)}" for i in batch.indices]
-    pixels, names = [], []
+    pixels: list[torch.Tensor] = []
+    names: list[str] = []
     for path in collect_images(spec):
         if len(pixels) == limit:
             break

@@ -33,6 +33,7 @@ from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.errors import ConfigError
 from vitlab.eval.batches import run_batches
 from vitlab.model_input import ModelInput, PatchInput
+from vitlab.models.vit import VisionTransformer
 
 # Evaluation draws its random choices (masks) from a generator seeded with this plus each batch's first image
 # index, so two epochs' validation figures compare their weights, not their draws. The paper's arXiv date.
@@ -86,7 +87,7 @@ class Objective(ABC):
         the model is an encoder."""
         return {"num_classes": 0, "class_names": None}
 
-    def attach(self, model: nn.Module) -> nn.Module:
+    def attach(self, model: VisionTransformer) -> nn.Module:
         """The module the optimizer trains and DDP wraps: the model itself (default), or a module holding it and
         the objective's own parameters (MAE's decoder, masked patch prediction's [mask] embedding and head), whose
         `forward` is what `forward` below calls. Called once per run, after the model is built or restored."""
@@ -159,17 +160,18 @@ class Objective(ABC):
             text += f"  val loss {row['val_loss']:.4f}"
         return text
 
-    def after_epoch(self, model: nn.Module, epoch: int, run_dir: Path, validation: BatchSource | None) -> list[str]:
+    def after_epoch(self, model: VisionTransformer, epoch: int, run_dir: Path, validation: BatchSource | None
+                    ) -> list[str]:
         """Rank 0, after each epoch: pictures the objective writes at chosen epochs; returns their file names."""
         return []
 
     # ------------------------------------------------------------------------------------- evaluation
-    def evaluated_module(self, model: nn.Module) -> ContextManager[nn.Module]:
+    def evaluated_module(self, model: VisionTransformer) -> ContextManager[nn.Module]:
         """What evaluation runs for a `model` (the EMA weights, a loaded best checkpoint): the model itself
         (default), or the objective's module around it."""
         return contextlib.nullcontext(model)
 
-    def evaluate(self, model: nn.Module, source: BatchSource, batch_size: int, env: DistEnv,
+    def evaluate(self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv,
                  precision: str) -> dict[str, Any]:
         """Figures of `model` on all of `source`: the loss and `figure_names` (means over the images, each batch
         measured with draws from a generator seeded by its first image) and the count."""

@@ -15,6 +15,7 @@ from vitlab.data.source import Batch, BatchSource
 from vitlab.data.transforms import AugmentConfig, Draws, augment_batch, one_hot
 from vitlab.distributed import DistEnv
 from vitlab.model_input import ModelInput, PatchInput
+from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective, refuse_batch_augmentation
 
 
@@ -43,7 +44,7 @@ class Classification(Objective):
             raise DataError(f"{source.name} has a single class; a classifier needs at least two")
 
     def model_fields(self, source: BatchSource) -> dict[str, Any]:
-        return {"num_classes": len(source.class_names), "class_names": source.class_names}
+        return {"num_classes": source.num_classes, "class_names": source.class_names}
 
     def epoch_text(self, row: dict[str, Any]) -> str:
         text = f"loss {row['train_loss']:.4f}  train {100 * row['train_top1']:5.1f}%"
@@ -63,7 +64,9 @@ class Classification(Objective):
             refuse_batch_augmentation(self.batch_augment(batch))
             targets = one_hot(batch.labels, self.num_classes, self.label_smoothing)
         else:
-            images, targets = augment_batch(images, batch.labels, self.num_classes, self.batch_augment(batch), draws,
+            augment = self.batch_augment(batch)
+            assert augment is not None  # a classifier always has its augmentation settings
+            images, targets = augment_batch(images, batch.labels, self.num_classes, augment, draws,
                                             self.label_smoothing)
         return normalize(images, spec), {"target": targets, "label": batch.labels}
 
@@ -80,7 +83,7 @@ class Classification(Objective):
         loss_sum, correct, count = sums
         return {"loss": f"{loss_sum / count:.4f}", "train": f"{100 * correct / count:.1f}%"}
 
-    def evaluate(self, model: nn.Module, source: BatchSource, batch_size: int, env: DistEnv,
+    def evaluate(self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv,
                  precision: str) -> dict[str, Any]:
         from vitlab.eval.classify import evaluate
 
