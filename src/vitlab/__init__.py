@@ -16,6 +16,8 @@ _EXPORTS = {
     "VisionTransformer": "vitlab.models.vit",
     "create_model": "vitlab.models.registry",
     "model_stats": "vitlab.models.registry",
+    "PatchInput": "vitlab.model_input",
+    "cut_patches": "vitlab.layers.patch_embed",
     "load_model": "vitlab.checkpoint.formats",
     "read_checkpoint": "vitlab.checkpoint.formats",
     "export_checkpoint": "vitlab.checkpoint.formats",

@@ -14,6 +14,8 @@ from typing import Union
 
 import torch
 
+from vitlab.errors import UsageError
+
 
 @dataclass(eq=False)
 class PatchInput:
@@ -36,6 +38,10 @@ class PatchInput:
         """The patches' shape (B, N, values), so code that reads a batch's size reads it here too."""
         return self.patches.shape
 
+    @property
+    def device(self) -> torch.device:
+        return self.patches.device
+
     def to(self, *args, **kwargs) -> "PatchInput":
         """The same batch moved (and the patches cast, if a dtype is given): coordinates stay integers, the mask
         bool."""
@@ -53,3 +59,12 @@ class PatchInput:
 
 
 ModelInput = Union[torch.Tensor, PatchInput]
+
+
+def require_pixels(inputs: ModelInput, what: str) -> torch.Tensor:
+    """`inputs` when it is a pixel batch (B, C, H, W); for cut patches one UsageError saying that `what` (e.g.
+    "the ONNX export") takes whole images only."""
+    if isinstance(inputs, PatchInput):
+        raise UsageError(f"{what} takes whole images (B, C, H, W), and this data gives cut patches with their "
+                         "coordinates (images at their own aspect ratio); use data of fixed-size images for it")
+    return inputs

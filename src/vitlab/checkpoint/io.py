@@ -324,6 +324,6 @@ def read_own_config(weights: Weights) -> ViTConfig:
     return config_from_metadata(weights.metadata, weights.source)
 
 
-def same_names(state: dict[str, Any], config: ViTConfig, source: str) -> dict[str, Any]:
+def same_names(state: dict[str, Any], config: ViTConfig, source: str = "") -> dict[str, Any]:
     """The state dict as it is: the converter of layouts that already use vitlab's names (its own files, timm's)."""
     return state

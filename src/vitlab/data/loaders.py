@@ -24,6 +24,7 @@ from vitlab.data.preprocess import InputSpec, to_unit_range
 from vitlab.data.source import BatchSource, DataRequest, Splits, SplitsOpener
 from vitlab.data.stream import splits as streamed
 from vitlab.errors import DataError
+from vitlab.model_input import require_pixels
 
 MEMORY_SHARE = 0.25  # a folder is held in memory while its decoded pixels take at most this share of free memory
 
@@ -146,12 +147,14 @@ def gather_images(spec: Sequence[str], config: InputSpec, data_dir: str | None, 
             batch = next(iter(batches))
         finally:
             data.close()
-        images = to_unit_range(batch.images, batch.max_value, config)
+        images = to_unit_range(require_pixels(batch.images, "calibrating or checking an export"), batch.max_value,
+                               config)
         labels = None
         if batch.labels is not None and data.class_names:
             labels = [data.class_names[int(label)] for label in batch.labels]
         return images, labels, [f"{spec[0]} {split} #{int(i)}" for i in batch.indices]
-    pixels, names = [], []
+    pixels: list[torch.Tensor] = []
+    names: list[str] = []
     for path in collect_images(spec):
         if len(pixels) == limit:
             break

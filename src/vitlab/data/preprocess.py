@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import warnings
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import numpy as np
 import torch
@@ -186,6 +186,12 @@ def on_patch_pixels(inputs: PatchInput, spec: InputSpec, function) -> PatchInput
         function(as_channel_images(patches, patch_pixels)), batch))
 
 
+@overload
+def to_unit_range(images: torch.Tensor, max_value: float, spec: InputSpec,
+                  preprocessing: Preprocessing | None = None) -> torch.Tensor: ...
+@overload
+def to_unit_range(images: PatchInput, max_value: float, spec: InputSpec,
+                  preprocessing: Preprocessing | None = None) -> PatchInput: ...
 def to_unit_range(images: ModelInput, max_value: float, spec: InputSpec,
                   preprocessing: Preprocessing | None = None) -> ModelInput:
     """uint8 / float images (B, C, H, W) with values in [0, max_value] -> float32 in [0, 1] at the model's image
@@ -210,6 +216,10 @@ def statistics(spec: InputSpec, like: torch.Tensor) -> tuple[torch.Tensor, torch
     return mean, std
 
 
+@overload
+def normalize(images: torch.Tensor, spec: InputSpec) -> torch.Tensor: ...
+@overload
+def normalize(images: PatchInput, spec: InputSpec) -> PatchInput: ...
 def normalize(images: ModelInput, spec: InputSpec) -> ModelInput:
     """[0, 1] images (or patches) -> (x - mean) / std with the model's statistics."""
     if isinstance(images, PatchInput):
@@ -218,6 +228,10 @@ def normalize(images: ModelInput, spec: InputSpec) -> ModelInput:
     return (images - mean) / std
 
 
+@overload
+def denormalize(images: torch.Tensor, spec: InputSpec) -> torch.Tensor: ...
+@overload
+def denormalize(images: PatchInput, spec: InputSpec) -> PatchInput: ...
 def denormalize(images: ModelInput, spec: InputSpec) -> ModelInput:
     """Model input -> [0, 1] images (or patches): the inverse of `normalize` (up to float rounding)."""
     if isinstance(images, PatchInput):
@@ -226,6 +240,12 @@ def denormalize(images: ModelInput, spec: InputSpec) -> ModelInput:
     return images * std + mean
 
 
+@overload
+def prepare(images: torch.Tensor, max_value: float, spec: InputSpec,
+            preprocessing: Preprocessing | None = None) -> torch.Tensor: ...
+@overload
+def prepare(images: PatchInput, max_value: float, spec: InputSpec,
+            preprocessing: Preprocessing | None = None) -> PatchInput: ...
 def prepare(images: ModelInput, max_value: float, spec: InputSpec,
             preprocessing: Preprocessing | None = None) -> ModelInput:
     """Stored pixels (images, or cut patches) -> model input, without augmentation (evaluation, prediction)."""

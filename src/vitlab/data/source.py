@@ -32,7 +32,7 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import torch
 
@@ -41,6 +41,7 @@ from vitlab.data.images import read_image, reason
 from vitlab.data.preprocess import InputSpec
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import DataError
+from vitlab.model_input import ModelInput
 
 
 @dataclass
@@ -49,7 +50,9 @@ class Batch:
     the source. `global_size` and `shard` place it in the global batch that every rank draws random numbers for
     (see `vitlab.data.transforms.Draws`)."""
 
-    images: torch.Tensor  # (B, C, H, W), values in [0, max_value]
+    # (B, C, H, W) values in [0, max_value]; or a PatchInput of those values: images at their own sizes, cut into
+    # the model's patches and padded to one length (vitlab.model_input)
+    images: ModelInput
     labels: torch.Tensor | None  # int64 (B,)
     indices: torch.Tensor  # int64 (B,): each image's position in the source
     max_value: float = 255.0  # the stored value that means white
@@ -65,10 +68,24 @@ class Batch:
 class BatchSource(Protocol):
     """What every data source offers; see the module docstring."""
 
-    name: str
-    class_names: list[str] | None
-    max_value: float
-    hflip: bool  # whether a horizontal flip keeps an image's meaning (photos yes, digits no)
+    # Read-only to callers (properties here, so that a source may hold them as plain attributes of narrower types).
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """The classes in label order; None for unlabeled data."""
+        ...
+
+    @property
+    def max_value(self) -> float:
+        """The stored value that means white (255 for uint8 pixels)."""
+        ...
+
+    @property
+    def hflip(self) -> bool:
+        """Whether a horizontal flip keeps an image's meaning (photos yes, digits no)."""
+        ...
 
     def __len__(self) -> int: ...
 
@@ -183,13 +200,14 @@ class DataRequest:
     allow_download: bool = True  # the array data sets: fetch missing files into the cache
 
     @classmethod
-    def for_model(cls, config: InputSpec, dataset: str, **fields: object) -> "DataRequest":
+    def for_model(cls, config: InputSpec, dataset: str, **fields: Any) -> "DataRequest":
         """A request whose image files are decoded as the model `config` (a ViTConfig) reads images: at its input
         size and channels, under its preprocessing contract (`resolved_preprocessing(config, "files")`)."""
-        return cls(dataset, image_size=tuple(config.image_size), channels=config.in_chans,
+        height, width = config.image_size
+        return cls(dataset, image_size=(height, width), channels=config.in_chans,
                    preprocessing=resolved_preprocessing(config, "files"), **fields)
 
-    def replace(self, **changes: object) -> "DataRequest":
+    def replace(self, **changes: Any) -> "DataRequest":
         return dataclasses.replace(self, **changes)
 
 

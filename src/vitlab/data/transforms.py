@@ -234,6 +234,12 @@ class AugmentConfig:
     crop_min_area: float = 0.05
     resize_small: int = 0  # resize_small_crop: the shorter side before the crop; 0 = the paper's 448 for 384
 
+    def changes_batches(self) -> bool:
+        """Whether the batch augmentation (`augment_batch`) does anything: any op on, or any mixing."""
+        return bool(self.crop_padding or self.hflip or self.affine_degrees or self.affine_scale or self.affine_shear
+                    or self.affine_translate or self.trivial_augment or self.random_erasing or self.mixup_alpha
+                    or self.cutmix_alpha)
+
 
 def augment_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, config: AugmentConfig,
                   draws: Draws, label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,17 +12,18 @@ from torch import nn
 from vitlab.data.preprocess import prepare, to_unit_range
 from vitlab.data.source import Batch, BatchSource
 from vitlab.distributed import DistEnv
+from vitlab.model_input import ModelInput, require_pixels
 from vitlab.progress import progress as progress_bar
 
 
-def call_model(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+def call_model(module: nn.Module, inputs: ModelInput) -> torch.Tensor:
     """The plain forward pass, `module(inputs)`: the default of the evaluation loop and the training step."""
     return module(inputs)
 
 
 @torch.no_grad()
 def run_batches(model: Any, source: BatchSource, batch_size: int = 256, env: DistEnv | None = None,
-                precision: str = "fp32", forward: Callable[[Any, torch.Tensor], Any] = call_model,
+                precision: str = "fp32", forward: Callable[[Any, ModelInput], Any] = call_model,
                 progress: str | None = None) -> Iterator[tuple[Batch, Any]]:
     """(batch, outputs) for this rank's share of `source` (all of it on one process), in order.
 
@@ -48,7 +49,8 @@ def run_batches(model: Any, source: BatchSource, batch_size: int = 256, env: Dis
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                     outputs = forward(model, inputs)
             else:
-                outputs = model.classify_unit(to_unit_range(batch.images, batch.max_value, config))
+                pixels = require_pixels(batch.images, f"{type(model).__name__} (an exported graph of whole images)")
+                outputs = model.classify_unit(to_unit_range(pixels, batch.max_value, config))
             if bar is not None:
                 bar.update(len(batch))
             yield batch, outputs

@@ -41,6 +41,7 @@ from vitlab.layers.mlp import mlp_factory
 from vitlab.layers.norm import norm_factory
 from vitlab.layers.patch_embed import patchify, unpatchify
 from vitlab.layers.pos_embed import sincos_2d_pos_embed
+from vitlab.model_input import require_pixels
 from vitlab.models.vit import VisionTransformer
 
 
@@ -208,6 +209,7 @@ class MaskedAutoencoder(nn.Module):
         """images (B, C, H, W) -> (latent (B, prefix + keep, D) after the encoder's final norm, mask (B, N),
         ids_restore (B, N)). `noise` (B, N) decides which patches are kept (the smallest); without it uniform noise
         is drawn, from `generator` if given. Only the prefix tokens and the kept patches go through the blocks."""
+        images = require_pixels(images, "MAE (its decoder reconstructs whole images of the encoder's size)")
         patch_tokens, layout = self.encoder.embed_patches(images)
         tokens, _ = self.encoder.start(patch_tokens, layout)  # positions added before masking
         prefix = self.num_prefix_tokens

@@ -22,6 +22,7 @@ colour would still be seen through its neighbours.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -103,7 +104,7 @@ class Corruption:
         return self.kind != UNCHANGED
 
 
-def draw_corruption(batch: int, patches: int, ratio: float, shares: tuple[float, float, float],
+def draw_corruption(batch: int, patches: int, ratio: float, shares: Sequence[float],
                     generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> Corruption:
     """Which patches are corrupted and how. Each image gets exactly round(ratio * N) corrupted patches (at least
     one), chosen uniformly; each of them independently becomes [mask], another patch or stays, with `shares`.
@@ -146,7 +147,7 @@ class MaskedPatchPredictor(nn.Module):
     """A ViT encoder with the [mask] embedding and the prediction head of masked patch prediction."""
 
     def __init__(self, encoder: VisionTransformer, outputs: int, ratio: float = 0.5,
-                 shares: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> None:
+                 shares: Sequence[float] = (0.8, 0.1, 0.1)) -> None:
         super().__init__()
         check_corruptible(encoder.config)
         self.encoder = encoder

@@ -30,7 +30,10 @@ from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import Batch, BatchSource, Splits
 from vitlab.data.transforms import AugmentConfig, Draws, augment_images
 from vitlab.distributed import DistEnv, all_reduce_sum
+from vitlab.errors import ConfigError
 from vitlab.eval.batches import run_batches
+from vitlab.model_input import ModelInput, PatchInput
+from vitlab.models.vit import VisionTransformer
 
 # Evaluation draws its random choices (masks) from a generator seeded with this plus each batch's first image
 # index, so two epochs' validation figures compare their weights, not their draws. The paper's arXiv date.
@@ -84,7 +87,7 @@ class Objective(ABC):
         the model is an encoder."""
         return {"num_classes": 0, "class_names": None}
 
-    def attach(self, model: nn.Module) -> nn.Module:
+    def attach(self, model: VisionTransformer) -> nn.Module:
         """The module the optimizer trains and DDP wraps: the model itself (default), or a module holding it and
         the objective's own parameters (MAE's decoder, masked patch prediction's [mask] embedding and head), whose
         `forward` is what `forward` below calls. Called once per run, after the model is built or restored."""
@@ -116,21 +119,24 @@ class Objective(ABC):
             return dataclasses.replace(self.augment, crop_padding=0, hflip=False)
         return self.augment
 
-    def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(model inputs (B, C, H, W), targets: tensors with B rows, chunked per micro-batch by the step). Default:
-        the images in [0, 1], augmented by `augment`, normalised as the model takes them; `targets` of those."""
+    def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[ModelInput, dict[str, torch.Tensor]]:
+        """(model inputs: images (B, C, H, W) or a PatchInput, targets: tensors with B rows, chunked per micro-batch
+        by the step). Default: the images in [0, 1], augmented by `augment`, normalised as the model takes them;
+        `targets` of those."""
         images = to_unit_range(batch.images, batch.max_value, spec)
         augment = self.batch_augment(batch)
-        if augment is not None:
+        if isinstance(images, PatchInput):
+            refuse_batch_augmentation(augment)
+        elif augment is not None:
             images = augment_images(images, augment, draws)
         return normalize(images, spec), self.targets(images, spec)
 
-    def targets(self, unit_images: torch.Tensor, spec: Any) -> dict[str, torch.Tensor]:
-        """Tensors with B rows that the loss needs besides the model's outputs, from the [0, 1] images (B, C, H, W).
-        Default: none."""
+    def targets(self, unit_images: ModelInput, spec: Any) -> dict[str, torch.Tensor]:
+        """Tensors with B rows that the loss needs besides the model's outputs, from the [0, 1] images (B, C, H, W)
+        or patches. Default: none."""
         return {}
 
-    def forward(self, model: nn.Module, inputs: torch.Tensor) -> Any:
+    def forward(self, model: nn.Module, inputs: ModelInput) -> Any:
         """The training forward pass: `model(inputs)` (default; a masked objective masks and reconstructs here)."""
         return model(inputs)
 
@@ -154,17 +160,18 @@ class Objective(ABC):
             text += f"  val loss {row['val_loss']:.4f}"
         return text
 
-    def after_epoch(self, model: nn.Module, epoch: int, run_dir: Path, validation: BatchSource | None) -> list[str]:
+    def after_epoch(self, model: VisionTransformer, epoch: int, run_dir: Path, validation: BatchSource | None
+                    ) -> list[str]:
         """Rank 0, after each epoch: pictures the objective writes at chosen epochs; returns their file names."""
         return []
 
     # ------------------------------------------------------------------------------------- evaluation
-    def evaluated_module(self, model: nn.Module) -> ContextManager[nn.Module]:
+    def evaluated_module(self, model: VisionTransformer) -> ContextManager[nn.Module]:
         """What evaluation runs for a `model` (the EMA weights, a loaded best checkpoint): the model itself
         (default), or the objective's module around it."""
         return contextlib.nullcontext(model)
 
-    def evaluate(self, model: nn.Module, source: BatchSource, batch_size: int, env: DistEnv,
+    def evaluate(self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv,
                  precision: str) -> dict[str, Any]:
         """Figures of `model` on all of `source`: the loss and `figure_names` (means over the images, each batch
         measured with draws from a generator seeded by its first image) and the count."""
@@ -172,7 +179,7 @@ class Objective(ABC):
         sums = torch.zeros(1 + len(self.figure_names), dtype=torch.float64)
         count = torch.zeros(1, dtype=torch.float64)
         with self.evaluated_module(model) as module:
-            def forward(encoder: nn.Module, inputs: torch.Tensor) -> Any:
+            def forward(encoder: nn.Module, inputs: ModelInput) -> Any:
                 return inputs  # the module runs below, where the batch's images (for the targets) are at hand
 
             for batch, inputs in run_batches(model, source, batch_size, env, precision, forward=forward):
@@ -189,7 +196,7 @@ class Objective(ABC):
         result.update({name: sums[1 + i].item() / total for i, name in enumerate(self.figure_names)})
         return result
 
-    def measure(self, module: nn.Module, inputs: torch.Tensor, targets: dict[str, torch.Tensor],
+    def measure(self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor],
                 generator: torch.Generator) -> list[float]:
         """[loss, *figure_names] of one batch (random draws, such as masks, from `generator`). Default: the loss."""
         return [self.loss(self.forward(module, inputs), targets)[0].item()]
@@ -218,6 +225,20 @@ class Objective(ABC):
         if best_test is not None:
             lines.append(f"               best-validation checkpoint (epoch {best_epoch}): loss {best_test['loss']:.4f}")
         return figures, lines, []
+
+
+def refuse_batch_augmentation(augment: AugmentConfig | None) -> None:
+    """Batch augmentation (crop, flip, affine, TrivialAugment, erasing, mixing) works on whole images of one size;
+    data of cut patches (images at their own aspect ratio) trains without it. One ConfigError naming what to turn
+    off, when any of it is on."""
+    if augment is None or not augment.changes_batches():
+        return
+    active = [name for name in ("crop_padding", "hflip", "affine_degrees", "affine_scale", "affine_shear",
+                                "affine_translate", "trivial_augment", "random_erasing", "mixup_alpha", "cutmix_alpha")
+              if getattr(augment, name)]
+    raise ConfigError(f"batch augmentation works on whole images of one size, and this data gives cut patches (each "
+                      f"image at its own aspect ratio); turn it off for this run: "
+                      + " ".join(f"--set augment.{name}={'false' if name == 'hflip' else 0}" for name in active))
 
 
 def is_better(objective: Objective, value: float, best: float | None) -> bool:

@@ -12,9 +12,11 @@ from torch import nn
 
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import Batch, BatchSource
-from vitlab.data.transforms import AugmentConfig, Draws, augment_batch
+from vitlab.data.transforms import AugmentConfig, Draws, augment_batch, one_hot
 from vitlab.distributed import DistEnv
-from vitlab.objectives.base import Objective
+from vitlab.model_input import ModelInput, PatchInput
+from vitlab.models.vit import VisionTransformer
+from vitlab.objectives.base import Objective, refuse_batch_augmentation
 
 
 class Classification(Objective):
@@ -42,7 +44,7 @@ class Classification(Objective):
             raise DataError(f"{source.name} has a single class; a classifier needs at least two")
 
     def model_fields(self, source: BatchSource) -> dict[str, Any]:
-        return {"num_classes": len(source.class_names), "class_names": source.class_names}
+        return {"num_classes": source.num_classes, "class_names": source.class_names}
 
     def epoch_text(self, row: dict[str, Any]) -> str:
         text = f"loss {row['train_loss']:.4f}  train {100 * row['train_top1']:5.1f}%"
@@ -52,14 +54,20 @@ class Classification(Objective):
             text += f"  (test {100 * row['test_top1']:5.2f}%, not used to choose)"
         return text
 
-    def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[ModelInput, dict[str, torch.Tensor]]:
         if batch.labels is None:
             from vitlab.errors import DataError
 
             raise DataError("classification needs labelled images; this data source has no labels")
         images = to_unit_range(batch.images, batch.max_value, spec)
-        images, targets = augment_batch(images, batch.labels, self.num_classes, self.batch_augment(batch), draws,
-                                        self.label_smoothing)
+        if isinstance(images, PatchInput):  # no batch augmentation of cut patches: the labels as they are
+            refuse_batch_augmentation(self.batch_augment(batch))
+            targets = one_hot(batch.labels, self.num_classes, self.label_smoothing)
+        else:
+            augment = self.batch_augment(batch)
+            assert augment is not None  # a classifier always has its augmentation settings
+            images, targets = augment_batch(images, batch.labels, self.num_classes, augment, draws,
+                                            self.label_smoothing)
         return normalize(images, spec), {"target": targets, "label": batch.labels}
 
     def loss(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +83,7 @@ class Classification(Objective):
         loss_sum, correct, count = sums
         return {"loss": f"{loss_sum / count:.4f}", "train": f"{100 * correct / count:.1f}%"}
 
-    def evaluate(self, model: nn.Module, source: BatchSource, batch_size: int, env: DistEnv,
+    def evaluate(self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv,
                  precision: str) -> dict[str, Any]:
         from vitlab.eval.classify import evaluate
 

@@ -14,6 +14,9 @@ from torch import nn
 
 from vitlab.data.preprocess import denormalize, prepare
 from vitlab.data.source import BatchSource
+from vitlab.model_input import ModelInput, require_pixels
+from vitlab.models.mae import MAEConfig, MaskedAutoencoder, check_maskable
+from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import EVALUATION_SEED
 from vitlab.objectives.pretraining import MaskedPretraining
 
@@ -30,9 +33,7 @@ class MaskedAutoencoding(MaskedPretraining):
         super().__init__(settings, augment)
         self.init_from = init_from  # a checkpoint to continue pre-training from; its decoder too, where it has one
 
-    def build_module(self, model: nn.Module) -> nn.Module:
-        from vitlab.models.mae import MAEConfig, MaskedAutoencoder, check_maskable
-
+    def build_module(self, model: VisionTransformer) -> nn.Module:
         check_maskable(model.config)
         settings = self.settings
         decoder = self.pretrained_decoder()
@@ -49,7 +50,7 @@ class MaskedAutoencoding(MaskedPretraining):
                                     if not name.startswith("encoder.")}, strict=False)
         return module
 
-    def pretrained_decoder(self) -> nn.Module | None:
+    def pretrained_decoder(self) -> MaskedAutoencoder | None:
         """The MAE of a transformers `ViTMAEForPreTraining` checkpoint that pre-training continues from (its
         encoder is the run's model already), or None for any other start."""
         import json
@@ -72,24 +73,25 @@ class MaskedAutoencoding(MaskedPretraining):
         masked patches."""
         return outputs.loss, torch.zeros(0, dtype=torch.float64)
 
-    def noise(self, inputs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def noise(self, inputs: ModelInput, generator: torch.Generator) -> torch.Tensor:
         """transformers' masking noise (B, N): the patches with the smallest values stay visible."""
         grid = self.module.encoder.config.grid_size
         return torch.rand(len(inputs), grid[0] * grid[1], generator=generator).to(inputs.device)
 
-    def measure(self, module: nn.Module, inputs: torch.Tensor, targets: dict[str, torch.Tensor],
+    def measure(self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor],
                 generator: torch.Generator) -> list[float]:
         return [module(inputs, noise=self.noise(inputs, generator)).loss.item()]
 
     @torch.no_grad()
-    def picture(self, model: nn.Module, source: BatchSource, path: Path, when: str) -> str:
+    def picture(self, model: VisionTransformer, source: BatchSource, path: Path, when: str) -> str:
         """Rows of validation images: the original, what the encoder saw (masked patches grey), the decoder's
         reconstruction with the visible patches pasted back."""
         from vitlab import plots
 
         batch = next(iter(source.evaluation_batches(self.settings.grid_images)))
         device = next(model.parameters()).device
-        inputs = prepare(batch.images, batch.max_value, model.config).to(device)
+        pixels = require_pixels(batch.images, "MAE (its decoder reconstructs whole images of the encoder's size)")
+        inputs = prepare(pixels, batch.max_value, model.config).to(device)
         with self.evaluated_module(model) as module:
             output = module(inputs, noise=self.noise(inputs, torch.Generator().manual_seed(EVALUATION_SEED)))
             masked, _, pasted = module.reconstruction(inputs, output.pred, output.mask)

@@ -11,8 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vitlab.data.transforms import AugmentConfig
+from vitlab.model_input import ModelInput, require_pixels
 from vitlab.models import mpp
+from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.pretraining import MaskedPretraining
+from vitlab.objectives.settings import PretrainConfig
 
 
 class MaskedPatchPrediction(MaskedPretraining):
@@ -20,16 +24,13 @@ class MaskedPatchPrediction(MaskedPretraining):
     description = "masked patch prediction"
     sum_names = ("correct", "predicted")  # over the corrupted patches: colour classes right, patches predicted
 
-    @property
-    def classifies(self) -> bool:
-        """Whether the target is colour classes (cross-entropy) rather than an L2 regression."""
-        return self.settings.mpp_target in ("colour", "downsized")
+    def __init__(self, settings: PretrainConfig, augment: AugmentConfig | None = None) -> None:
+        super().__init__(settings, augment)
+        # Colour classes (cross-entropy) rather than an L2 regression: then the fraction right is a figure too.
+        self.classifies = settings.mpp_target in ("colour", "downsized")
+        self.figure_names = ("colour_top1",) if self.classifies else ()
 
-    @property
-    def figure_names(self) -> tuple[str, ...]:
-        return ("colour_top1",) if self.classifies else ()
-
-    def build_module(self, model: nn.Module) -> nn.Module:
+    def build_module(self, model: VisionTransformer) -> nn.Module:
         config, settings = model.config, self.settings
         self.patch_size, self.channels = config.patch_size, config.in_chans
         self.num_colours = 2 ** (settings.colour_bits * config.in_chans)
@@ -38,7 +39,8 @@ class MaskedPatchPrediction(MaskedPretraining):
                    "patch_l2": config.in_chans * config.patch_size[0] * config.patch_size[1]}[settings.mpp_target]
         return mpp.MaskedPatchPredictor(model, outputs, settings.ratio("mpp"), tuple(settings.mpp_corruption))
 
-    def targets(self, unit_images: torch.Tensor, spec: Any) -> dict[str, torch.Tensor]:
+    def targets(self, unit_images: ModelInput, spec: Any) -> dict[str, torch.Tensor]:
+        unit_images = require_pixels(unit_images, "masked patch prediction (its targets are cut from whole images)")
         target, bits, patch = self.settings.mpp_target, self.settings.colour_bits, spec.patch_size
         if target == "colour":
             return {"target": mpp.mean_colour_classes(unit_images, patch, bits)}
@@ -76,7 +78,7 @@ class MaskedPatchPrediction(MaskedPretraining):
             text += f"  val colour {100 * row['val_colour_top1']:5.2f}%"
         return text
 
-    def measure(self, module: nn.Module, inputs: torch.Tensor, targets: dict[str, torch.Tensor],
+    def measure(self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor],
                 generator: torch.Generator) -> list[float]:
         loss, (correct, predicted) = self.loss(module(inputs, generator), targets)
         return [loss.item()] + ([correct.item() / max(predicted.item(), 1.0)] if self.classifies else [])

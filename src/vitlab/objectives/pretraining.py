@@ -18,6 +18,8 @@ from torch import nn
 
 from vitlab.data.source import BatchSource
 from vitlab.data.transforms import AugmentConfig
+from vitlab.model_input import ModelInput
+from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective
 from vitlab.objectives.settings import PretrainConfig
 
@@ -40,7 +42,8 @@ class MaskedPretraining(Objective):
     def __init__(self, settings: PretrainConfig, augment: AugmentConfig | None = None) -> None:
         self.settings = settings
         self.augment = augment or AugmentConfig()
-        self.module: nn.Module | None = None
+        # The objective's module around the encoder (a MaskedAutoencoder, a MaskedPatchPredictor), built by `attach`.
+        self.module: Any = None
 
     def job(self, source: str, fine_tuning: bool) -> str:
         return f"pre-training {source} by {self.description}"
@@ -49,14 +52,14 @@ class MaskedPretraining(Objective):
         return f"{self.command} --method {self.name}"
 
     # ------------------------------------------------------------------------------------- set-up
-    def attach(self, model: nn.Module) -> nn.Module:
+    def attach(self, model: VisionTransformer) -> nn.Module:
         for name, parameter in model.named_parameters():
             if name.startswith(UNUSED_IN_PRETRAINING):
                 parameter.requires_grad_(False)
         self.module = self.build_module(model)
         return self.module
 
-    def build_module(self, model: nn.Module) -> nn.Module:
+    def build_module(self, model: VisionTransformer) -> nn.Module:
         raise NotImplementedError
 
     def extra_state(self) -> dict[str, torch.Tensor]:
@@ -73,7 +76,7 @@ class MaskedPretraining(Objective):
                                   "changed?")
 
     @contextlib.contextmanager
-    def evaluated_module(self, model: nn.Module) -> Iterator[nn.Module]:
+    def evaluated_module(self, model: VisionTransformer) -> Iterator[Any]:
         """The objective's module with `model` as its encoder for a while (validation measures the EMA weights
         or a loaded best checkpoint with the objective's own decoder or head)."""
         own, modes = self.module.encoder, (self.module.training, model.training)
@@ -86,19 +89,20 @@ class MaskedPretraining(Objective):
             self.module.train(modes[0])
             model.train(modes[1])
 
-    def measure(self, module: nn.Module, inputs: torch.Tensor, targets: dict[str, torch.Tensor],
+    def measure(self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor],
                 generator: torch.Generator) -> list[float]:
         """[loss, *figure_names] of one batch, with the masks drawn from `generator`."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------- pictures and summary
-    def after_epoch(self, model: nn.Module, epoch: int, run_dir: Path, validation: BatchSource | None) -> list[str]:
+    def after_epoch(self, model: VisionTransformer, epoch: int, run_dir: Path, validation: BatchSource | None
+                    ) -> list[str]:
         if epoch in self.settings.grid_epochs and validation is not None and self.settings.grid_images:
             return [self.picture(model, validation, run_dir / f"reconstructions-epoch{epoch}.png",
                                  f"epoch {epoch}")]
         return []
 
-    def picture(self, model: nn.Module, source: BatchSource, path: Path, when: str) -> str:
+    def picture(self, model: VisionTransformer, source: BatchSource, path: Path, when: str) -> str:
         """A picture of what the objective sees and predicts on the first images of `source`; its file name."""
         return ""
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.eval.batches import call_model
+from vitlab.model_input import ModelInput
 from vitlab.objectives.base import NonFiniteLoss, Objective
 
 
@@ -30,11 +31,11 @@ class TrainingStep:
     grad_accum: int = 1
     grad_clip: float = 0.0  # clip the gradient norm to this (0: off)
     precision: str = "fp32"  # "bf16": forward under bf16 autocast on the step's device
-    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor] = call_model  # e.g. to unwrap another library's output
+    forward: Callable[[nn.Module, ModelInput], torch.Tensor] = call_model  # e.g. to unwrap another library's output
     last_outputs: torch.Tensor | None = None  # the last micro-batch's outputs, detached (bench compares them)
 
-    def __call__(self, inputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One update on a batch; returns [loss sum, *objective.sum_names, count] (float64, summed over ranks).
+    def __call__(self, inputs: ModelInput, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One update on a batch of images (B, C, H, W) or cut patches (a PatchInput); returns [loss sum, *objective.sum_names, count] (float64, summed over ranks).
         Raises NonFiniteLoss, without updating, when the loss is not finite on any rank."""
         device = self.env.device
         inputs = inputs.to(device)

@@ -107,7 +107,7 @@ class StreamingSource:
         self.index = index
         self.name = index.name
         self.class_names = index.class_names
-        self.image_size = tuple(image_size)
+        self.image_size: tuple[int, int] = (int(image_size[0]), int(image_size[1]))
         self._channels = channels
         self.max_value = 255.0
         self.hflip = hflip

@@ -15,13 +15,13 @@ from torch import nn
 from vitlab.layers.patch_layout import PatchLayout
 from vitlab.layers.pos_embed import (axial_pos_embed, interpolate_1d_positions, interpolate_patch_positions,
                                      resample_pos_embed, sincos_2d_pos_embed)
-from vitlab.models.positions.base import PositionKind, replaced
+from vitlab.models.positions.base import PositionedModel, PositionKind, replaced, stored
 
 
 class AbsoluteTable(PositionKind):
     """What the three tables share: sampling at coordinates. A subclass says how the table of a grid is made."""
 
-    def tables(self, model: nn.Module, layout: PatchLayout, batch: int) -> torch.Tensor | None:
+    def tables(self, model: PositionedModel, layout: PatchLayout, batch: int) -> torch.Tensor | None:
         own = None if not layout.resample else layout.grid
         if layout.coords is None:
             return self.table(model, own)
@@ -42,14 +42,18 @@ class AbsoluteTable(PositionKind):
                 gathered = torch.where(mine[None, :, None, None], sampled, gathered)
         return gathered
 
-    def prefixed(self, model: nn.Module, patch_rows: torch.Tensor) -> torch.Tensor:
+    def table(self, model: PositionedModel, grid: tuple | None = None) -> torch.Tensor:
+        raise NotImplementedError  # each table kind makes its own
+
+    def prefixed(self, model: PositionedModel, patch_rows: torch.Tensor) -> torch.Tensor:
         """The prefix tokens' rows (stored in `pos_embed`) before a grid's patch rows."""
         prefix = model.config.num_position_prefix
         if not prefix:
             return patch_rows
-        return torch.cat([model.pos_embed[:, :prefix].expand(patch_rows.shape[0], -1, -1), patch_rows], dim=1)
+        prefix_rows = stored(model.pos_embed)[:, :prefix]
+        return torch.cat([prefix_rows.expand(patch_rows.shape[0], -1, -1), patch_rows], dim=1)
 
-    def table_shape(self, model: nn.Module) -> tuple[int, int, int]:
+    def table_shape(self, model: PositionedModel) -> tuple[int, int, int]:
         """(P, prefix + rows * cols, D) of a table stored for the model's grid."""
         config = model.config
         return config.num_position_tables, config.num_position_prefix + config.num_patches, config.embed_dim
@@ -58,52 +62,53 @@ class AbsoluteTable(PositionKind):
 class LearnedTable(AbsoluteTable):
     """The paper's learned 1-D table, `pos_embed` (P, prefix + N, D), timm's name and shape for P = 1."""
 
-    def create(self, model: nn.Module) -> None:
+    def create(self, model: PositionedModel) -> None:
         model.pos_embed = nn.Parameter(torch.zeros(*self.table_shape(model)))
 
     @torch.no_grad()
-    def initialise(self, model: nn.Module) -> None:
-        nn.init.normal_(model.pos_embed, std=0.02)
+    def initialise(self, model: PositionedModel) -> None:
+        nn.init.normal_(stored(model.pos_embed), std=0.02)
 
-    def table(self, model: nn.Module, grid: tuple | None = None) -> torch.Tensor:
+    def table(self, model: PositionedModel, grid: tuple | None = None) -> torch.Tensor:
         if grid is None:
-            return model.pos_embed  # stored for this grid
+            return stored(model.pos_embed)  # stored for this grid
         prefix = model.config.num_position_prefix
-        return self.prefixed(model, interpolate_patch_positions(model.pos_embed[:, prefix:], model.config.grid_size,
-                                                                grid))
+        patch_rows = stored(model.pos_embed)[:, prefix:]
+        return self.prefixed(model, interpolate_patch_positions(patch_rows, model.config.grid_size, grid))
 
     @torch.no_grad()
-    def resample(self, model: nn.Module, new_config, mode: str = "bilinear") -> None:
-        model.pos_embed = replaced(model.pos_embed, resample_pos_embed(
-            model.pos_embed.data, new_config.grid_size, model.config.grid_size, model.config.num_position_prefix, mode))
+    def resample(self, model: PositionedModel, new_config, mode: str = "bilinear") -> None:
+        table = stored(model.pos_embed)
+        model.pos_embed = replaced(table, resample_pos_embed(table.data, new_config.grid_size, model.config.grid_size,
+                                                             model.config.num_position_prefix, mode))
 
 
 class SinCosTable(AbsoluteTable):
     """Fixed 2-D sine-cosine rows for the patches (`pos_embed`, not trained), with learned-looking prefix rows
     kept as they are (zero for a fresh model)."""
 
-    def create(self, model: nn.Module) -> None:
+    def create(self, model: PositionedModel) -> None:
         model.pos_embed = nn.Parameter(torch.zeros(*self.table_shape(model)), requires_grad=False)
 
     @torch.no_grad()
-    def initialise(self, model: nn.Module) -> None:
-        model.pos_embed.copy_(self.table(model, model.config.grid_size))
+    def initialise(self, model: PositionedModel) -> None:
+        stored(model.pos_embed).copy_(self.table(model, model.config.grid_size))
 
-    def table(self, model: nn.Module, grid: tuple | None = None) -> torch.Tensor:
+    def table(self, model: PositionedModel, grid: tuple | None = None) -> torch.Tensor:
         if grid is None:
-            return model.pos_embed  # stored for this grid
-        return self.prefixed(model, sincos_2d_pos_embed(grid, model.config.embed_dim)[None].to(model.pos_embed))
+            return stored(model.pos_embed)  # stored for this grid
+        return self.prefixed(model, sincos_2d_pos_embed(grid, model.config.embed_dim)[None].to(stored(model.pos_embed)))
 
     @torch.no_grad()
-    def resample(self, model: nn.Module, new_config, mode: str = "bilinear") -> None:
-        model.pos_embed = replaced(model.pos_embed, self.table(model, new_config.grid_size))
+    def resample(self, model: PositionedModel, new_config, mode: str = "bilinear") -> None:
+        model.pos_embed = replaced(stored(model.pos_embed), self.table(model, new_config.grid_size))
 
 
 class AxialTable(AbsoluteTable):
     """The paper's 2-D learned embedding (Appendix D.4): `pos_embed_row` (P, rows, D/2) and `pos_embed_col`
     (P, cols, D/2), concatenated per patch; the prefix tokens' rows in `pos_embed` (P, prefix, D)."""
 
-    def create(self, model: nn.Module) -> None:
+    def create(self, model: PositionedModel) -> None:
         config = model.config
         tables, prefix, (rows, cols), dim = (config.num_position_tables, config.num_position_prefix,
                                              config.grid_size, config.embed_dim)
@@ -113,18 +118,19 @@ class AxialTable(AbsoluteTable):
         model.pos_embed_col = nn.Parameter(torch.zeros(tables, cols, dim // 2))
 
     @torch.no_grad()
-    def initialise(self, model: nn.Module) -> None:
+    def initialise(self, model: PositionedModel) -> None:
         for table in (model.pos_embed, model.pos_embed_row, model.pos_embed_col):
             if table is not None:
                 nn.init.normal_(table, std=0.02)
 
-    def table(self, model: nn.Module, grid: tuple | None = None) -> torch.Tensor:
+    def table(self, model: PositionedModel, grid: tuple | None = None) -> torch.Tensor:
         rows, cols = grid if grid is not None else model.config.grid_size
-        return self.prefixed(model, axial_pos_embed(interpolate_1d_positions(model.pos_embed_row, rows),
-                                                    interpolate_1d_positions(model.pos_embed_col, cols)))
+        return self.prefixed(model, axial_pos_embed(interpolate_1d_positions(stored(model.pos_embed_row), rows),
+                                                    interpolate_1d_positions(stored(model.pos_embed_col), cols)))
 
     @torch.no_grad()
-    def resample(self, model: nn.Module, new_config, mode: str = "bilinear") -> None:
+    def resample(self, model: PositionedModel, new_config, mode: str = "bilinear") -> None:
         rows, cols = new_config.grid_size
-        model.pos_embed_row = replaced(model.pos_embed_row, interpolate_1d_positions(model.pos_embed_row, rows))
-        model.pos_embed_col = replaced(model.pos_embed_col, interpolate_1d_positions(model.pos_embed_col, cols))
+        row_table, column_table = stored(model.pos_embed_row), stored(model.pos_embed_col)
+        model.pos_embed_row = replaced(row_table, interpolate_1d_positions(row_table, rows))
+        model.pos_embed_col = replaced(column_table, interpolate_1d_positions(column_table, cols))

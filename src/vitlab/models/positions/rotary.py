@@ -8,11 +8,11 @@ from torch import nn
 
 from vitlab.layers.patch_layout import PatchLayout
 from vitlab.layers.rotary import RotaryTable, normalized_centres, rotary_angles
-from vitlab.models.positions.base import PositionKind
+from vitlab.models.positions.base import PositionedModel, PositionKind
 
 
 class Rotary2D(PositionKind):
-    def rotary(self, model: nn.Module, layout: PatchLayout, batch: int) -> RotaryTable:
+    def rotary(self, model: PositionedModel, layout: PatchLayout, batch: int) -> RotaryTable:
         device = model.patch_embed.proj.weight.device
         if layout.coords is None:  # the whole grid, the same for every sample: one (1, N, head_dim) table
             coords, grids = layout.full_coords(device), torch.tensor([list(layout.grid)], device=device)

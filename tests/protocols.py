@@ -1,0 +1,40 @@
+"""Checked by mypy (`[tool.mypy]` in pyproject.toml; .ci/run runs it), never run by pytest: every implementation
+of a seam is handed to its protocol here, so one that drifts from what the protocol declares (and callers use)
+fails the type check, not a run. The fakes of the contract tests (test_loaders.py, test_objectives.py,
+test_positions.py, test_checkpoint_families.py) show the same seams working with code written against them alone."""
+
+from __future__ import annotations
+
+from test_loaders import Stripes
+from vitlab.data import datasets
+from vitlab.data.datasets import ImageDataset
+from vitlab.data.source import BatchSource, ImageFiles, SplitsOpener
+from vitlab.data.stream import splits as streamed
+from vitlab.data.stream.loader import StreamingSource
+from vitlab.models.positions import POSITION_KINDS
+from vitlab.models.positions.base import PositionKind
+from vitlab.objectives.base import Objective
+from vitlab.objectives.classification import Classification
+from vitlab.objectives.mae import MaskedAutoencoding
+from vitlab.objectives.mpp import MaskedPatchPrediction
+
+
+def batch_sources(held: ImageDataset, streaming: StreamingSource, files: ImageFiles) -> list[BatchSource]:
+    return [held, streaming, files]
+
+
+def openers() -> list[SplitsOpener]:
+    return [datasets, streamed]  # a data-source module is an opener
+
+
+def objectives(classification: Classification, mae: MaskedAutoencoding, mpp: MaskedPatchPrediction
+               ) -> list[Objective]:
+    return [classification, mae, mpp]
+
+
+def position_kinds() -> list[PositionKind]:
+    return [kind() for kind in POSITION_KINDS.values()]
+
+
+def contract_test_fakes(stripes: Stripes) -> list[BatchSource]:
+    return [stripes]  # the fake of test_loaders.py, written against the protocol alone

@@ -1,0 +1,94 @@
+"""The one model-input type (vitlab.model_input): a batch source that gives images at their own sizes, cut into
+patches with coordinates and a valid mask, trains, validates, evaluates and gives few-shot features through the
+same loop, step and objectives as pixel batches; what takes whole images only says so in one line."""
+
+import json
+
+import pytest
+import torch
+
+import test_loaders
+from test_loaders import Stripes, StripesData
+from test_train import micro_config
+from vitlab.cli import main
+from vitlab.data import loaders
+from vitlab.data.source import Batch, evaluation_share
+from vitlab.errors import ConfigError, UsageError
+from vitlab.layers.patch_embed import cut_patches
+from vitlab.model_input import PatchInput, require_pixels
+from vitlab.train.loop import train
+
+PATCH = 2  # the default recipe's model (digits-8) cuts 2x2 patches
+SHAPES = [(8, 8), (8, 4), (4, 8), (6, 8)]  # every image of a batch its own shape: sample i has SHAPES[i % 4]
+
+
+def as_patches(images: torch.Tensor) -> PatchInput:
+    """Stored 8x8 images (B, C, 8, 8), each cropped to its own shape, cut into patches and padded: the batch a
+    NaFlex-style source hands over (the stripe of each class stays inside every crop)."""
+    cut = [cut_patches(image[None, :, :height, :width], PATCH)
+           for image, (height, width) in zip(images, [SHAPES[i % len(SHAPES)] for i in range(len(images))])]
+    length = max(part.patches.shape[1] for part in cut)
+
+    def pad(tensor: torch.Tensor, value) -> torch.Tensor:
+        return torch.cat([tensor, tensor.new_full((1, length - tensor.shape[1], *tensor.shape[2:]), value)], dim=1)
+
+    return PatchInput(torch.cat([pad(c.patches, 0) for c in cut]), torch.cat([pad(c.coords, 0) for c in cut]),
+                      torch.cat([pad(c.valid, False) for c in cut]))
+
+
+class PatchStripes(Stripes):
+    """The stripes source of test_loaders, handing its batches over as cut patches of images of four shapes."""
+
+    def training_batches(self, *args, **kwargs):
+        for batch in super().training_batches(*args, **kwargs):
+            yield Batch(as_patches(batch.images), batch.labels, batch.indices, batch.max_value, batch.global_size,
+                        batch.shard)
+
+    def evaluation_batches(self, *args, **kwargs):
+        for batch in super().evaluation_batches(*args, **kwargs):
+            yield Batch(as_patches(batch.images), batch.labels, batch.indices, batch.max_value)
+
+
+@pytest.fixture
+def patch_stripes(monkeypatch):
+    monkeypatch.setattr(test_loaders, "Stripes", PatchStripes)  # what StripesData opens
+    opener = StripesData()
+    monkeypatch.setitem(loaders.LOADERS, "patches", loaders.Loader(held=opener))
+    return opener
+
+
+@pytest.mark.parametrize("position", ["rope", "learned"])
+def test_cut_patches_of_images_of_different_shapes_train_evaluate_and_give_features(patch_stripes, position,
+                                                                                       tmp_path, capsys):
+    summary = train(micro_config(tmp_path, dataset="patches", epochs=8, batch_size=8, warmup_epochs=1, val_size=0.25,
+                                 augment={}, model="digits-8",
+                                 model_overrides=dict(depth=1, embed_dim=16, num_heads=2, mlp_dim=32,
+                                                      pos_embed=position)))
+    assert summary["status"] == "finished"
+    assert summary["test_top1"] > 0.5  # three classes, every image at its own shape: learnt, not guessed
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["top1"] == pytest.approx(summary["test_top1"])
+    assert main(["fewshot", str(tmp_path / "run"), "--dataset", "patches", "--shots", "2", "--seeds", "1",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["test_count"] == 48
+
+
+def test_batch_augmentation_of_cut_patches_is_refused_naming_what_to_turn_off(patch_stripes, tmp_path):
+    with pytest.raises(ConfigError, match="--set augment.crop_padding=0 --set augment.hflip=false"):
+        train(micro_config(tmp_path, dataset="patches", epochs=1, batch_size=8,
+                           augment=dict(crop_padding=1, hflip=True)))
+
+
+def test_what_takes_whole_images_only_says_so_in_one_line():
+    patches = as_patches(torch.zeros(2, 3, 8, 8))
+    assert torch.equal(require_pixels(torch.zeros(1, 3, 8, 8), "x"), torch.zeros(1, 3, 8, 8))
+    with pytest.raises(UsageError, match="the ONNX export takes whole images"):
+        require_pixels(patches, "the ONNX export")
+    from vitlab.models.mae import MAEConfig, MaskedAutoencoder
+    from vitlab.models import create_model
+
+    mae = MaskedAutoencoder(create_model("digits-8", in_chans=3),
+                            MAEConfig(decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_mlp_dim=16))
+    with pytest.raises(UsageError, match="MAE"):
+        mae(patches)
