@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from report import write_section  # noqa: E402
+
 from vitlab.bench.runner import machine_info  # noqa: E402
 from vitlab.bench.timing import time_interleaved  # noqa: E402
 from vitlab.models import create_model  # noqa: E402

@@ -24,10 +24,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
-
-from fuzz_targets import (CONFIG_DICTS, SET_STRINGS, check_checkpoint_bytes, check_config, check_image_bytes,  # noqa: E402
-                          check_set_string, checkpoint_seeds, image_seeds, mutated)
 from report import write_section  # noqa: E402
+
+from fuzz_targets import (  # noqa: E402
+    CONFIG_DICTS,
+    SET_STRINGS,
+    check_checkpoint_bytes,
+    check_config,
+    check_image_bytes,
+    check_set_string,
+    checkpoint_seeds,
+    image_seeds,
+    mutated,
+)
 
 
 def run_target(name: str, strategy, check, budget: float) -> dict:

@@ -77,14 +77,15 @@ def measure(variant: str, overrides: dict, batch: int, cores: int) -> tuple[floa
 
 def main() -> None:
     from report import write_section
-    from vitlab.counts import model_size
-    from vitlab.config import variant_config
+
     from vitlab.bench.runner import machine_info
+    from vitlab.config import variant_config
+    from vitlab.counts import model_size
     from vitlab.hardware import available_cores
 
     cores = available_cores()
-    rows = ["| model | GFLOPs/image | batch | 1 process x {0} threads (img/s) | {0} processes x 1 thread (img/s) | ratio |"
-            .format(cores), "|---|---|---|---|---|---|"]
+    rows = [f"| model | GFLOPs/image | batch | 1 process x {cores} threads (img/s) | {cores} processes x 1 thread (img/s) | ratio |"
+            , "|---|---|---|---|---|---|"]
     for label, variant, overrides, batch in MODELS:
         gflops = model_size(variant_config(variant, **overrides))[1]
         alone, parallel = measure(variant, overrides, batch, cores)

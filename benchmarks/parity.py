@@ -13,13 +13,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from report import write_section  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import FIXTURES, REFERENCE_CHECKPOINTS, reference_io  # noqa: E402

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from vitlab.analysis import (AttentionDistance, Rollout, attention_rollout, class_token_attention,
-                             mean_attention_distance, patch_embedding_pca, position_embedding_similarity)
+from vitlab.analysis import (
+    AttentionDistance,
+    Rollout,
+    attention_rollout,
+    class_token_attention,
+    mean_attention_distance,
+    patch_embedding_pca,
+    position_embedding_similarity,
+)
 from vitlab.config import ViTConfig
 from vitlab.layers.pos_embed import sincos_2d_pos_embed
 from vitlab.models import create_model

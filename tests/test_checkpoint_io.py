@@ -1,5 +1,4 @@
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +41,8 @@ def test_truncated_file_is_a_clear_error_naming_it(tmp_path):
 
 
 def test_mismatched_shape_names_the_key_and_both_shapes(tmp_path):
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     path = save_model(create_model(TINY), tmp_path / "m.safetensors")
     with safe_open(str(path), "pt") as handle:
@@ -61,8 +60,8 @@ def test_mismatched_shape_names_the_key_and_both_shapes(tmp_path):
     (lambda t: t["head.bias"].fill_(float("nan")), "'head.bias' holds NaN"),
 ])
 def test_incomplete_or_broken_state_dicts_are_refused(tmp_path, change, message):
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     path = save_model(create_model(TINY), tmp_path / "m.safetensors")
     with safe_open(str(path), "pt") as handle:
@@ -166,8 +165,8 @@ def test_vitlab_file_with_a_bad_config_header_names_the_file(tmp_path):
 
 
 def test_a_checkpoint_of_a_newer_format_is_refused_with_what_to_do(tmp_path):
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     model = create_model("digits-8")
     path = save_model(model, tmp_path / "m.safetensors")

@@ -2,8 +2,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from conftest import FIXTURES
 from vitlab.cli import main
 

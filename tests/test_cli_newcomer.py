@@ -207,10 +207,10 @@ def test_short_runs_say_what_the_schedule_and_batch_cannot_do():
 def test_following_the_batch_size_advice_draws_no_other_advice(tmp_path):
     """40 images at batch 128: the refusal's suggestion is the size the schedule note would suggest, so taking it
     leaves only "train for more epochs" (it once said 32, then, at 32, "use 8")."""
+    from vitlab.distributed import DistEnv
     from vitlab.errors import ConfigError
     from vitlab.train.assemble import check_batching
     from vitlab.train.schedule import fit_schedule
-    from vitlab.distributed import DistEnv
 
     with pytest.raises(ConfigError) as refused:
         check_batching(TrainConfig(batch_size=128), DistEnv(), 40)

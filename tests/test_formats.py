@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES, REFERENCE_CHECKPOINTS, reference_io
-from vitlab import load_model, read_checkpoint, export_checkpoint
+from vitlab import export_checkpoint, load_model, read_checkpoint
 from vitlab.errors import CheckpointError
 
 

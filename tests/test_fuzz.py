@@ -6,8 +6,17 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 
-from fuzz_targets import (CONFIG_DICTS, SET_STRINGS, check_checkpoint_bytes, check_config, check_image_bytes,
-                          check_set_string, checkpoint_seeds, image_seeds, mutated)
+from fuzz_targets import (
+    CONFIG_DICTS,
+    SET_STRINGS,
+    check_checkpoint_bytes,
+    check_config,
+    check_image_bytes,
+    check_set_string,
+    checkpoint_seeds,
+    image_seeds,
+    mutated,
+)
 
 QUICK = settings(max_examples=80, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 

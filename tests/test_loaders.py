@@ -11,8 +11,7 @@ from test_train import micro_config
 from vitlab.cli import main
 from vitlab.data import loaders
 from vitlab.data.contract import Preprocessing
-from vitlab.data.source import (Batch, DataRequest, Splits, epoch_order, evaluation_share, rank_shard,
-                                steps_per_epoch)
+from vitlab.data.source import Batch, DataRequest, Splits, epoch_order, evaluation_share, rank_shard, steps_per_epoch
 from vitlab.errors import DataError
 from vitlab.train.loop import train
 

@@ -8,15 +8,20 @@ import math
 import pytest
 import torch
 
+from conftest import FIXTURES
 from vitlab.checkpoint.hf_mae import load_mae, save_mae_hf
 from vitlab.checkpoint.io import read_safetensors
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError, UsageError
-from vitlab.models.mae import (MAEConfig, MaskedAutoencoder, check_maskable, decoder_position_table, kept_patches,
-                               random_masking)
+from vitlab.models.mae import (
+    MAEConfig,
+    MaskedAutoencoder,
+    check_maskable,
+    decoder_position_table,
+    kept_patches,
+    random_masking,
+)
 from vitlab.models.vit import VisionTransformer
-
-from conftest import FIXTURES
 
 TINY = dict(image_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=0)
 TINY_DECODER = dict(decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_mlp_dim=32)

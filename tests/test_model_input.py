@@ -12,7 +12,7 @@ from test_loaders import Stripes, StripesData
 from test_train import micro_config
 from vitlab.cli import main
 from vitlab.data import loaders
-from vitlab.data.source import Batch, evaluation_share
+from vitlab.data.source import Batch
 from vitlab.errors import ConfigError, UsageError
 from vitlab.layers.patch_embed import cut_patches
 from vitlab.model_input import PatchInput, require_pixels
@@ -85,8 +85,8 @@ def test_what_takes_whole_images_only_says_so_in_one_line():
     assert torch.equal(require_pixels(torch.zeros(1, 3, 8, 8), "x"), torch.zeros(1, 3, 8, 8))
     with pytest.raises(UsageError, match="the ONNX export takes whole images"):
         require_pixels(patches, "the ONNX export")
-    from vitlab.models.mae import MAEConfig, MaskedAutoencoder
     from vitlab.models import create_model
+    from vitlab.models.mae import MAEConfig, MaskedAutoencoder
 
     mae = MaskedAutoencoder(create_model("digits-8", in_chans=3),
                             MAEConfig(decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_mlp_dim=16))

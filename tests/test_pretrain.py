@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from test_stream import write_photos
-from test_train import MICRO, REPO
+from test_train import REPO
 from vitlab.objectives.settings import PretrainConfig
 from vitlab.train import loop
 from vitlab.train.config import TrainConfig, finetune_config, pretrain_config

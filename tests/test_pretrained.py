@@ -26,6 +26,7 @@ from vitlab.download import crc32c, published_digests
 from vitlab.errors import CheckpointError, UsageError
 from vitlab.pretrained import is_checkpoint_name, name_stem, parse_name, pretrained_table
 
+
 @pytest.fixture
 def server(tmp_path, monkeypatch):
     """The fake hub and bucket, with vitlab's and huggingface_hub's caches in tmp_path."""

@@ -116,8 +116,8 @@ def test_a_damaged_or_foreign_file_is_named_and_refused(exported, tmp_path):
     copy.unlink()
 
     # Observers that do not match what this torch places (a file from another torch or torchao version).
-    from safetensors.torch import load_file, save_file
     from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
 
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata()

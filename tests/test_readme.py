@@ -70,7 +70,6 @@ def make_sandbox(root: Path) -> None:
     """What the README's commands assume beside the clone: a digit saved as my_digit.png, a ~/photos folder of
     class folders (and the same photos as ~/photos.csv, tar shards in ~/shards and a saved Hugging Face dataset
     in ~/photos_hf), and ViT-B_16.npz (the tiny official-format fixture stands in for the real download)."""
-    from vitlab.data.datasets import load_dataset
 
     shutil.copy(REPO / "my_digit.png", root / "my_digit.png")  # shipped beside the README (test below)
     rng = np.random.default_rng(0)

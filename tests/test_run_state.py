@@ -3,7 +3,6 @@ would silently become another run is refused with what changed, and the weights 
 trained ones."""
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -11,8 +10,8 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from test_train import MICRO, micro_config, weights
-from vitlab.errors import CheckpointError, ConfigError
 from vitlab.data import datasets as run_data  # where the in-memory splits are loaded
+from vitlab.errors import CheckpointError, ConfigError
 from vitlab.train import state as train_state
 from vitlab.train.config import TrainConfig
 from vitlab.train.loop import train

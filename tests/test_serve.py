@@ -2,9 +2,9 @@
 the page in headless Chromium through selenium and chromedriver."""
 
 import asyncio
-import importlib.util
 import concurrent.futures
 import http.client
+import importlib.util
 import io
 import json
 import os

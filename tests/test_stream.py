@@ -31,7 +31,8 @@ def write_photos(root, per_class=24, classes=("cats", "dogs"), size=(40, 30), se
     return root
 
 
-def source(root, workers=0, crop=TrainCrop()):
+def source(root, workers=0, crop=None):
+    crop = crop if crop is not None else TrainCrop()
     return StreamingSource(index_from_spec("folder", root), (16, 16), 3, crop, seed=3, workers=workers)
 
 
@@ -64,7 +65,7 @@ def test_two_ranks_read_disjoint_shares_that_cover_the_global_batches(tmp_path):
     root = write_photos(tmp_path / "photos")
     one = epoch(source(root))
     ranks = [epoch(source(root), rank=rank, world_size=2) for rank in (0, 1)]
-    for step, (images, labels, indices) in enumerate(one):
+    for step, (images, _labels, indices) in enumerate(one):
         first, second = ranks[0][step], ranks[1][step]
         assert set(first[2].tolist()).isdisjoint(second[2].tolist())
         assert torch.equal(torch.cat([first[2], second[2]]), indices)

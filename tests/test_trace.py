@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from vitlab.analysis.trace import format_trace, trace
+from vitlab.analysis.trace import trace
 from vitlab.cli import main
 from vitlab.config import ViTConfig, variant_config
 from vitlab.models.vit import VisionTransformer

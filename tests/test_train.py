@@ -12,15 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.runs import RunFolder
 from vitlab.eval import classify
-from vitlab.train import loop
-from vitlab.progress import format_duration
-from vitlab.train import state as train_state
 from vitlab.objectives import Classification
-from vitlab.train.summary import epoch_line
+from vitlab.progress import format_duration
+from vitlab.runs import RunFolder
+from vitlab.train import loop
+from vitlab.train import state as train_state
 from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
 from vitlab.train.loop import TrainingError, train
+from vitlab.train.summary import epoch_line
 
 MICRO = dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32)
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
     # depth 2: with one block stochastic depth has rate 0 and draws nothing, which would hide RNG bugs.
     changes = dict(epochs=3, augment={"affine_degrees": 10, "random_erasing": 0.3, "crop_padding": 1},
                    drop_path=0.2, ema_decay=0.9, model_overrides=dict(MICRO, depth=2))
-    straight = train(micro_config(tmp_path, run_name="straight", **changes))
+    train(micro_config(tmp_path, run_name="straight", **changes))
     # Stop mid-epoch 2, as Ctrl-C would: the stop check runs after each of the 10 steps of an epoch and once
     # at its end, so the 15th check is after step 4 of epoch 2. Then resume.
     calls = {"n": 0}
@@ -153,8 +153,8 @@ def test_grad_accumulation_matches_one_big_batch(tmp_path):
     # A modest learning rate: AdamW divides by the root of the squared gradient, which turns the last-bit rounding
     # differences of a summed gradient into visible ones on near-zero gradients at high rates.
     settings = dict(epochs=1, drop_path=0.0, lr=5e-4, warmup_epochs=0.2)
-    plain = train(micro_config(tmp_path, run_name="plain", **settings))
-    accumulated = train(micro_config(tmp_path, run_name="accum", grad_accum=4, **settings))
+    train(micro_config(tmp_path, run_name="plain", **settings))
+    train(micro_config(tmp_path, run_name="accum", grad_accum=4, **settings))
     a, b = weights(tmp_path / "plain"), weights(tmp_path / "accum")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)

@@ -1,7 +1,17 @@
 import torch
 
-from vitlab.data.transforms import (AugmentConfig, Draws, augment_batch, mix, one_hot, random_affine, random_crop,
-                                    random_erasing, random_hflip, trivial_augment)
+from vitlab.data.transforms import (
+    AugmentConfig,
+    Draws,
+    augment_batch,
+    mix,
+    one_hot,
+    random_affine,
+    random_crop,
+    random_erasing,
+    random_hflip,
+    trivial_augment,
+)
 
 
 def draws(batch, seed=0, shard=None):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from vitlab.config import CLASSIFIERS, MLPS, NORMS, PLACEMENTS, POSITION_EMBEDDINGS
 from vitlab.errors import UsageError, VitlabError

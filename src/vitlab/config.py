@@ -297,7 +297,7 @@ class ViTConfig:
             )
         if self.class_names is not None and len(self.class_names) != self.num_classes:
             raise ConfigError(f"{len(self.class_names)} class names given for {self.num_classes} classes")
-        self.grid_size  # validates that the patch divides the image
+        patch_grid(self.image_size, self.patch_size, stem_stride(self.resnet_layers))  # the patch divides the image
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -348,7 +348,7 @@ class ViTConfig:
     def head_dim(self) -> int:
         return self.embed_dim // self.num_heads
 
-    def replace(self, **changes: Any) -> "ViTConfig":
+    def replace(self, **changes: Any) -> ViTConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -363,14 +363,14 @@ class ViTConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
         try:
             return cls(**checked_fields(cls, data, "model config"))
         except TypeError as error:  # a wrong type inside a field, e.g. a string where an int belongs
             raise ConfigError(f"invalid model config: {error}") from None
 
     @classmethod
-    def from_json(cls, text: str) -> "ViTConfig":
+    def from_json(cls, text: str) -> ViTConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:

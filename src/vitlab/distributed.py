@@ -6,8 +6,9 @@ One code path serves one process and many: gloo on CPU, NCCL when CUDA is presen
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist

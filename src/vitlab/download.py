@@ -153,7 +153,7 @@ def normalized_etag(etag: str | None) -> str | None:
     return etag.strip().removeprefix("W/").strip('"').lower()
 
 
-def expected_digest(remote: "RemoteFile", published: dict[str, str]) -> tuple[str, str] | None:
+def expected_digest(remote: RemoteFile, published: dict[str, str]) -> tuple[str, str] | None:
     """(algorithm, hex) to check a download of `remote` against: its own SHA-256, else the strongest hash the
     server published (sha256, md5, crc32c), else None."""
     if remote.sha256:

@@ -10,7 +10,6 @@ and the evaluation loop move and split them alike. Torch only, so data code can 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import torch
 
@@ -42,23 +41,23 @@ class PatchInput:
     def device(self) -> torch.device:
         return self.patches.device
 
-    def to(self, *args, **kwargs) -> "PatchInput":
+    def to(self, *args, **kwargs) -> PatchInput:
         """The same batch moved (and the patches cast, if a dtype is given): coordinates stay integers, the mask
         bool."""
         patches = self.patches.to(*args, **kwargs)
         return PatchInput(patches, self.coords.to(patches.device), self.valid.to(patches.device))
 
-    def chunk(self, chunks: int) -> tuple["PatchInput", ...]:
+    def chunk(self, chunks: int) -> tuple[PatchInput, ...]:
         """Split along the batch, as `torch.Tensor.chunk` does."""
         return tuple(PatchInput(p, c, v) for p, c, v in zip(self.patches.chunk(chunks), self.coords.chunk(chunks),
                                                            self.valid.chunk(chunks)))
 
-    def map_patches(self, function) -> "PatchInput":
+    def map_patches(self, function) -> PatchInput:
         """The same layout with `function` applied to the patch values (e.g. normalisation)."""
         return PatchInput(function(self.patches), self.coords, self.valid)
 
 
-ModelInput = Union[torch.Tensor, PatchInput]
+ModelInput = torch.Tensor | PatchInput  # a type alias, evaluated at import (Python 3.10 has the | of types)
 
 
 def require_pixels(inputs: ModelInput, what: str) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 def _pyplot():
@@ -204,7 +205,6 @@ def plot_attention_distance(distances, path: str | Path, image_size: tuple[int, 
 def plot_attention_overlays(images, maps, path: str | Path, captions=None,
                             title: str = "Attention rollout (class token)") -> Path:
     """Figure 6: each image beside its attention map, upsampled to the image and overlaid."""
-    import numpy as np
     import torch
     import torch.nn.functional as F
 

@@ -114,8 +114,8 @@ def variant_info(name: str, image_size: int | tuple[int, int] | None = None) -> 
 
 def onnx_info(path: str | Path) -> dict[str, Any]:
     """What an ONNX export by `vitlab export` holds: its config and input contract, from the metadata it carries."""
-    from vitlab.export.onnx import OnnxClassifier
     from vitlab.counts import model_size
+    from vitlab.export.onnx import OnnxClassifier
 
     runtime = OnnxClassifier(path, threads=1)
     config = runtime.config
@@ -146,8 +146,13 @@ def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
     An existing output is replaced only with `force`, the input never (`check_overwrite`)."""
     import torch
 
-    from vitlab.checkpoint.formats import (check_overwrite, export_checkpoint, load_model, model_from_state,
-                                           read_checkpoint)
+    from vitlab.checkpoint.formats import (
+        check_overwrite,
+        export_checkpoint,
+        load_model,
+        model_from_state,
+        read_checkpoint,
+    )
 
     check_overwrite(input_path, output_path, to, force)
     config, state, kind = read_checkpoint(input_path, {"num_heads": num_heads} if num_heads else None, image_size)

@@ -7,8 +7,9 @@ import base64
 import csv
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -17,9 +18,9 @@ from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_s
 from vitlab.checkpoint import load_model
 from vitlab.data.datasets import ImageDataset
 from vitlab.data.loaders import gather_images
-from vitlab.files import atomic_write_bytes
 from vitlab.data.preprocess import normalize
 from vitlab.eval.batches import run_batches
+from vitlab.files import atomic_write_bytes
 from vitlab.runs import analysis_folder
 
 

@@ -8,7 +8,7 @@ import contextlib
 import math
 import signal
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class OverBudget(BaseException):

@@ -10,8 +10,8 @@ import math
 import platform
 import sys
 import time
-from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

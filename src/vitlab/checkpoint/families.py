@@ -26,8 +26,9 @@ lists the `pretrained --family` choices from it without loading torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from vitlab.checkpoint import hf, hf_clip, jax_npz, timm
 from vitlab.checkpoint.io import Weights, is_own_file, read_own_config, same_names

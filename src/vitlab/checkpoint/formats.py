@@ -22,7 +22,8 @@ from vitlab.checkpoint.hub import WEIGHT_FILES
 from vitlab.checkpoint.io import Weights, load_state_dict_checked, read_json, read_tensors, save_model, save_state_dict
 from vitlab.checkpoint.resolve import resolve_checkpoint
 from vitlab.config import ViTConfig
-from vitlab.data.imagenet import NUM_CLASSES as IMAGENET_CLASSES, imagenet1k_class_names, says_imagenet1k
+from vitlab.data.imagenet import NUM_CLASSES as IMAGENET_CLASSES
+from vitlab.data.imagenet import imagenet1k_class_names, says_imagenet1k
 from vitlab.data.preprocess import LUMA_WEIGHTS
 from vitlab.errors import CheckpointError, ConfigError, UsageError
 from vitlab.files import atomic_write_bytes, verify_checksum

@@ -100,8 +100,13 @@ def fetch_file(repo: str, file: str, revision: str | None, settings: dict[str, A
     it is not cached). Errors that say what to do for a missing repository or revision, a failed download and a
     file whose content does not match the hub's hash."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import (EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError,
-                                       RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.utils import (
+        EntryNotFoundError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     endpoint = settings["endpoint"] or "the Hugging Face hub"
     try:

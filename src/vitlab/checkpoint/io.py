@@ -22,9 +22,10 @@ import math
 import os
 import struct
 import zipfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError

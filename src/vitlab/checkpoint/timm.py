@@ -12,8 +12,13 @@ import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from vitlab.checkpoint.io import (Weights, apply_hints, config_from_metadata, image_size_from_positions,
-                                  require_plain_blocks)
+from vitlab.checkpoint.io import (
+    Weights,
+    apply_hints,
+    config_from_metadata,
+    image_size_from_positions,
+    require_plain_blocks,
+)
 from vitlab.config import HEADS_BY_WIDTH, MODEL_SIZES, ViTConfig, stem_stride
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError

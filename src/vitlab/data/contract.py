@@ -51,25 +51,25 @@ class Preprocessing:
                               "or crop_fraction 1.0")
 
     @classmethod
-    def in_memory(cls) -> "Preprocessing":
+    def in_memory(cls) -> Preprocessing:
         """What vitlab has always done to the stored arrays of in-memory data sets (digits, MNIST, CIFAR):
         bilinear stretch to the input size, grey as the mean of the channels."""
         return cls(mode="stretch", resize="bilinear", grey="mean")
 
     @classmethod
-    def image_files(cls, crop_fraction: float = 1.0) -> "Preprocessing":
+    def image_files(cls, crop_fraction: float = 1.0) -> Preprocessing:
         """What vitlab has always done to image files (folder data sets, predict, serve): bicubic, the shorter
         side resized to cover the input, the centre cropped, grey as luma."""
         return cls(mode="crop", resize="bicubic", crop_fraction=crop_fraction, grey="luma")
 
-    def replace(self, **changes: Any) -> "Preprocessing":
+    def replace(self, **changes: Any) -> Preprocessing:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Preprocessing":
+    def from_dict(cls, data: Any) -> Preprocessing:
         if not isinstance(data, dict):
             raise ConfigError(f"model config field preprocessing must be an object such as {cls().to_dict()}, "
                               f"got {data!r}")

@@ -16,19 +16,29 @@ import pickle
 import struct
 import tarfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 
 from vitlab.data.contract import Preprocessing
-from vitlab.download import RemoteFile, download
 from vitlab.data.images import MAX_BAD_FRACTION, read_image
-from vitlab.data.source import (Batch, BatchSource, DataRequest, Splits, digest, epoch_order, evaluation_share,
-                                rank_shard, split_indices, steps_per_epoch)
+from vitlab.data.source import (
+    Batch,
+    BatchSource,
+    DataRequest,
+    Splits,
+    digest,
+    epoch_order,
+    evaluation_share,
+    rank_shard,
+    split_indices,
+    steps_per_epoch,
+)
 from vitlab.data.stream.folder import index_folder
+from vitlab.download import RemoteFile, download
 from vitlab.errors import DataError
 
 DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder")
@@ -103,7 +113,7 @@ class ImageDataset:
         return {"count": len(self), "labels": digest(labels),
                 "content": digest(memoryview(self.images.contiguous().numpy()).cast("B"))}  # no copy
 
-    def select_classes(self, classes: list[int]) -> "ImageDataset":
+    def select_classes(self, classes: list[int]) -> ImageDataset:
         """Only the images of `classes` (indices into class_names), relabelled 0..len(classes)-1 in that order."""
         for index in classes:
             if not 0 <= index < self.num_classes:
@@ -117,7 +127,7 @@ class ImageDataset:
                             f"{self.name}[{','.join(map(str, classes))}]", self.max_value, self.hflip,
                             preprocessing=self.preprocessing)
 
-    def subset(self, indices: torch.Tensor, name: str | None = None) -> "ImageDataset":
+    def subset(self, indices: torch.Tensor, name: str | None = None) -> ImageDataset:
         return ImageDataset(self.images[indices], self.labels[indices], self.class_names, name or self.name,
                             self.max_value, self.hflip, preprocessing=self.preprocessing)
 

@@ -7,8 +7,8 @@ analyze, the export checks) take these from here, so none of them has to import 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -200,14 +201,14 @@ class DataRequest:
     allow_download: bool = True  # the array data sets: fetch missing files into the cache
 
     @classmethod
-    def for_model(cls, config: InputSpec, dataset: str, **fields: Any) -> "DataRequest":
+    def for_model(cls, config: InputSpec, dataset: str, **fields: Any) -> DataRequest:
         """A request whose image files are decoded as the model `config` (a ViTConfig) reads images: at its input
         size and channels, under its preprocessing contract (`resolved_preprocessing(config, "files")`)."""
         height, width = config.image_size
         return cls(dataset, image_size=(height, width), channels=config.in_chans,
                    preprocessing=resolved_preprocessing(config, "files"), **fields)
 
-    def replace(self, **changes: Any) -> "DataRequest":
+    def replace(self, **changes: Any) -> DataRequest:
         return dataclasses.replace(self, **changes)
 
 

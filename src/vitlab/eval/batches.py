@@ -4,7 +4,8 @@ preprocessing (`vitlab.data.preprocess.prepare`), so every one of them sees the 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn

@@ -18,9 +18,9 @@ import torch
 
 from vitlab import checkpoint as checkpoints
 from vitlab.checkpoint.formats import resolve_weights
-from vitlab.download import cache_dir, sha256_of
 from vitlab.data.loaders import open_split
 from vitlab.data.source import BatchSource, DataRequest
+from vitlab.download import cache_dir, sha256_of
 from vitlab.errors import DataError
 from vitlab.eval.batches import run_batches
 from vitlab.hardware import available_cores

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from vitlab import plots
-from vitlab.pretrained import is_checkpoint_name
 from vitlab.config import ViTConfig
 from vitlab.data.loaders import open_split
 from vitlab.data.source import BatchSource, DataRequest
@@ -16,6 +15,7 @@ from vitlab.eval.classify import evaluate, require_head
 from vitlab.eval.predict import inference_precision, load_classifier
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import available_cores
+from vitlab.pretrained import is_checkpoint_name
 from vitlab.runs import RunFolder, eval_outputs, outputs_beside
 
 

@@ -29,8 +29,14 @@ from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.preprocess import describe_preprocessing, normalize, prepare, resize_unit_images
 from vitlab.errors import CheckpointError, UsageError
-from vitlab.export.checks import (check_lines, compare_logits, fastest_format_line, place_checked_export,
-                                  quiet_loggers, validation_pixels)
+from vitlab.export.checks import (
+    check_lines,
+    compare_logits,
+    fastest_format_line,
+    place_checked_export,
+    quiet_loggers,
+    validation_pixels,
+)
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 INSTALL_HINT = "pip install 'vitlab[onnx]' (or: pip install onnx onnxscript onnxruntime)"
@@ -117,7 +123,6 @@ def export_onnx(
     layout, size in bytes).
     """
     require_onnx()
-    import onnx
 
     config: ViTConfig = model.config
     model = copy.deepcopy(model).float().eval()
@@ -205,8 +210,13 @@ def quantize_static_int8(proto, input_name: str, batches: list[np.ndarray]):
     and Gemm, so the attention's two activation-by-activation products are quantized too. The patch convolution
     stays fp32 and the weights keep 7 bits, as in `quantize_int8`."""
     import onnx
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
 
     class Batches(CalibrationDataReader):
         def __init__(self) -> None:

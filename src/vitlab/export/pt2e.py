@@ -36,8 +36,15 @@ from vitlab.config import ViTConfig
 from vitlab.counts import model_size
 from vitlab.data.preprocess import normalize, prepare
 from vitlab.errors import CheckpointError, UsageError
-from vitlab.export.checks import (calibration_pixels, check_lines, compare_logits, fastest_format_line,
-                                  place_checked_export, quiet_loggers, validation_pixels)
+from vitlab.export.checks import (
+    calibration_pixels,
+    check_lines,
+    compare_logits,
+    fastest_format_line,
+    place_checked_export,
+    quiet_loggers,
+    validation_pixels,
+)
 from vitlab.hardware import Choice, choose_precision, int8_saturates, machine_key
 from vitlab.models.registry import create_model
 from vitlab.runs import RunFolder

@@ -8,7 +8,7 @@ config's names (ViTConfig.mlp, .mlp_activation) through MLP_LAYERS."""
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -25,7 +25,7 @@ class PatchLayout:
     resample: bool = False
 
     @classmethod
-    def of_patches(cls, coords: torch.Tensor, valid: torch.Tensor) -> "PatchLayout":
+    def of_patches(cls, coords: torch.Tensor, valid: torch.Tensor) -> PatchLayout:
         """The layout of already-cut patches: each sample's grid is the bounding box of its valid coordinates."""
         sample_grids = coords.masked_fill(~valid[..., None], 0).amax(dim=1) + 1  # (B, 2)
         largest = sample_grids.amax(dim=0)
@@ -49,7 +49,7 @@ class PatchLayout:
             return self.sample_grids
         return torch.tensor([list(self.grid)], device=device).expand(batch, -1)
 
-    def keep(self, indices: torch.Tensor) -> "PatchLayout":
+    def keep(self, indices: torch.Tensor) -> PatchLayout:
         """The layout of the tokens at `indices` (B, K), in that order (MAE's kept patches)."""
         coords = self.token_coords(indices.shape[0], indices.device)
         kept = torch.gather(coords, 1, indices[..., None].expand(-1, -1, 2))

@@ -54,7 +54,7 @@ class RotaryTable:
     num_prefix_tokens: int
 
     @classmethod
-    def from_angles(cls, angles: torch.Tensor, num_prefix_tokens: int) -> "RotaryTable":
+    def from_angles(cls, angles: torch.Tensor, num_prefix_tokens: int) -> RotaryTable:
         return cls(angles.cos()[:, None], angles.sin()[:, None], num_prefix_tokens)
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:

@@ -86,7 +86,7 @@ class MAEConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MAEConfig":
+    def from_dict(cls, data: dict[str, Any]) -> MAEConfig:
         return cls(**checked_fields(cls, data, "MAE config"))
 
 

@@ -9,26 +9,27 @@ OBJECTIVES below; `--set objective=NAME` then trains with it, and a row marked `
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the package itself imports no torch, so a recipe's objective is checked cheaply
     from vitlab.objectives.base import Objective
 
 
-def build_classification(config: Any, train_data: Any) -> "Objective":
+def build_classification(config: Any, train_data: Any) -> Objective:
     from vitlab.objectives.classification import Classification
 
     return Classification(train_data.num_classes, config.augment, config.label_smoothing)
 
 
-def build_mpp(config: Any, train_data: Any) -> "Objective":
+def build_mpp(config: Any, train_data: Any) -> Objective:
     from vitlab.objectives.mpp import MaskedPatchPrediction
 
     return MaskedPatchPrediction(config.pretrain, config.augment)
 
 
-def build_mae(config: Any, train_data: Any) -> "Objective":
+def build_mae(config: Any, train_data: Any) -> Objective:
     from vitlab.objectives.mae import MaskedAutoencoding
 
     return MaskedAutoencoding(config.pretrain, config.augment, config.init_from)
@@ -38,7 +39,7 @@ def build_mae(config: Any, train_data: Any) -> "Objective":
 class ObjectiveRow:
     """One objective of the table: how it is built, and whether `vitlab pretrain` offers it."""
 
-    build: Callable[[Any, Any], "Objective"]  # (train config, training batch source) -> the objective
+    build: Callable[[Any, Any], Objective]  # (train config, training batch source) -> the objective
     # A self-supervised method that `vitlab pretrain --method NAME` offers (its objective's command is "pretrain"),
     # with `help` as the flag's help says it.
     pretraining: bool = False
@@ -62,7 +63,7 @@ def pretraining_methods() -> tuple[str, ...]:
     return tuple(name for name, row in OBJECTIVES.items() if row.pretraining)
 
 
-def build_objective(config: Any, train_data: Any) -> "Objective":
+def build_objective(config: Any, train_data: Any) -> Objective:
     """The objective a training recipe names, for its training data."""
     return OBJECTIVES[config.objective].build(config, train_data)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,7 +74,7 @@ class Objective(ABC):
         return "finetune" if fine_tuning else self.command
 
     # ------------------------------------------------------------------------------------- set-up
-    def check_data(self, source: BatchSource) -> None:
+    def check_data(self, source: BatchSource) -> None:  # noqa: B027 - a hook whose default does nothing
         """Refuse training data the objective cannot learn from (e.g. no labels for a classifier), with a message.
         Default: any images will do."""
 
@@ -166,7 +167,7 @@ class Objective(ABC):
         return []
 
     # ------------------------------------------------------------------------------------- evaluation
-    def evaluated_module(self, model: VisionTransformer) -> ContextManager[nn.Module]:
+    def evaluated_module(self, model: VisionTransformer) -> AbstractContextManager[nn.Module]:
         """What evaluation runs for a `model` (the EMA weights, a loaded best checkpoint): the model itself
         (default), or the objective's module around it."""
         return contextlib.nullcontext(model)
@@ -236,8 +237,8 @@ def refuse_batch_augmentation(augment: AugmentConfig | None) -> None:
     active = [name for name in ("crop_padding", "hflip", "affine_degrees", "affine_scale", "affine_shear",
                                 "affine_translate", "trivial_augment", "random_erasing", "mixup_alpha", "cutmix_alpha")
               if getattr(augment, name)]
-    raise ConfigError(f"batch augmentation works on whole images of one size, and this data gives cut patches (each "
-                      f"image at its own aspect ratio); turn it off for this run: "
+    raise ConfigError("batch augmentation works on whole images of one size, and this data gives cut patches (each "
+                      "image at its own aspect ratio); turn it off for this run: "
                       + " ".join(f"--set augment.{name}={'false' if name == 'hflip' else 0}" for name in active))
 
 

@@ -10,8 +10,9 @@ batches start at other images, so the masks, and the loss in its last digits, di
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn

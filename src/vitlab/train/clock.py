@@ -19,7 +19,7 @@ class StopFlag:
         self.signal: int | None = None  # the first stop signal received: SIGINT (Ctrl-C) exits 130, SIGTERM 0
         self.previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopFlag":
+    def __enter__(self) -> StopFlag:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 self.previous[sig] = signal.signal(sig, self.handle)

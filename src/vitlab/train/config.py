@@ -4,18 +4,18 @@
 from __future__ import annotations
 
 import ast
-import re
 import dataclasses
 import importlib.util
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitlab.config import checked_fields
-from vitlab.objectives import objective_names
-from vitlab.objectives.settings import PretrainConfig
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import ConfigError
+from vitlab.objectives import objective_names
+from vitlab.objectives.settings import PretrainConfig
 
 
 @dataclass
@@ -171,7 +171,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         return cls(**checked_fields(cls, data, "training config"))
 
 

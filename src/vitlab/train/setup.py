@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from vitlab.config import variant_config, variant_names
+from vitlab.config import variant_names
 from vitlab.data.source import BatchSource
 from vitlab.distributed import DistEnv
 from vitlab.errors import ConfigError

@@ -59,7 +59,7 @@ class Position:
         return values
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "Position":
+    def from_state(cls, state: dict[str, Any]) -> Position:
         """The fields found in a saved state, by name; a field an older checkpoint lacks keeps its default."""
         values = {f.name: state[f.name] for f in dataclasses.fields(cls) if f.name in state}
         if "best_val_top1" in state and "best_value" not in state:  # schema 1 named it by classification's figure

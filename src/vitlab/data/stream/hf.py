@@ -149,7 +149,7 @@ class HFStore:
         # The dataset's own fingerprint (content and transforms, as `datasets` tracks them) and the rows taken.
         return digest(str(self.dataset._fingerprint), self.rows.tobytes())
 
-    def take(self, indices: np.ndarray) -> "HFStore":
+    def take(self, indices: np.ndarray) -> HFStore:
         return HFStore(self.source, self.dataset, self.image_column, self.rows[indices])
 
     @property

@@ -32,7 +32,7 @@ class PackedStrings:
         self.offsets = offsets  # int64 (N+1,)
 
     @classmethod
-    def from_strings(cls, strings: list[str] | list[bytes]) -> "PackedStrings":
+    def from_strings(cls, strings: list[str] | list[bytes]) -> PackedStrings:
         encoded = [os.fsencode(s) for s in strings]
         offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(e) for e in encoded], out=offsets[1:])
@@ -44,7 +44,7 @@ class PackedStrings:
     def __getitem__(self, i: int) -> str:
         return os.fsdecode(self.data[self.offsets[i]:self.offsets[i + 1]].tobytes())
 
-    def take(self, indices: np.ndarray) -> "PackedStrings":
+    def take(self, indices: np.ndarray) -> PackedStrings:
         """The strings at `indices` (any order, repeats allowed), packed anew."""
         starts, ends = self.offsets[indices], self.offsets[np.asarray(indices) + 1]
         lengths = ends - starts
@@ -70,7 +70,7 @@ class SampleStore(Protocol):
 
     def locations_digest(self) -> str: ...
 
-    def take(self, indices: np.ndarray) -> "SampleStore": ...
+    def take(self, indices: np.ndarray) -> SampleStore: ...
 
     @property
     def nbytes(self) -> int: ...
@@ -97,13 +97,13 @@ class FileStore:
                 return file.read()
         except OSError as error:
             raise DataError(f"{path}: cannot read the image ({error.strerror or error}); the file was moved or "
-                            "deleted after the index was built, or the manifest names a file that is not there")
+                            "deleted after the index was built, or the manifest names a file that is not there") from None
 
     def locations_digest(self) -> str:
         # Relative paths only: the same files under another mount point are the same data.
         return digest(self.paths.data.tobytes(), self.paths.offsets.tobytes())
 
-    def take(self, indices: np.ndarray) -> "FileStore":
+    def take(self, indices: np.ndarray) -> FileStore:
         return FileStore(self.root, self.paths.take(indices))
 
     @property
@@ -149,7 +149,7 @@ class SampleIndex:
         return {"count": len(self), "locations": self.store.locations_digest(),
                 "labels": digest(self.labels.tobytes(), names)}
 
-    def subset(self, indices: np.ndarray, name: str | None = None) -> "SampleIndex":
+    def subset(self, indices: np.ndarray, name: str | None = None) -> SampleIndex:
         """The samples at `indices` (int array, or a bool mask of length N), e.g. a train/val carving."""
         indices = np.asarray(indices)
         if indices.dtype == bool:

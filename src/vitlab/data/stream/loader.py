@@ -15,8 +15,9 @@ the epoch's order, so every batch keeps its size and every rank its random-numbe
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -142,7 +143,7 @@ class StreamingSource:
     def fingerprint(self) -> dict[str, object]:
         return self.index.fingerprint()
 
-    def subset(self, indices: torch.Tensor, name: str | None = None) -> "StreamingSource":
+    def subset(self, indices: torch.Tensor, name: str | None = None) -> StreamingSource:
         part = StreamingSource.__new__(StreamingSource)
         part.__dict__.update(self.__dict__)
         part.index = self.index.subset(np.asarray(indices, dtype=np.int64), name)

@@ -7,13 +7,12 @@ from __future__ import annotations
 import csv
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
-from vitlab.data.stream.index import (FileStore, PackedStrings, SampleIndex, labels_from_integers,
-                                      labels_from_names)
+from vitlab.data.stream.index import FileStore, PackedStrings, SampleIndex, labels_from_integers, labels_from_names
 from vitlab.errors import DataError
 
 INTEGER = re.compile(r"-?[0-9]+")

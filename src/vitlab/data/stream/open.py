@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from vitlab.data.stream.folder import index_folder
 from vitlab.data.stream.hf import SAVED_DATASET_FILES, index_hf

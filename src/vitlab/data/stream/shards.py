@@ -13,8 +13,8 @@ import json
 import os
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -212,7 +212,7 @@ class TarStore:
         return digest(names, self.shard_ids.tobytes(), self.sizes.tobytes(), self.members.data.tobytes(),
                       self.members.offsets.tobytes())
 
-    def take(self, indices: np.ndarray) -> "TarStore":
+    def take(self, indices: np.ndarray) -> TarStore:
         return TarStore(self.shard_paths, self.shard_ids[indices], self.offsets[indices], self.sizes[indices],
                         self.members.take(indices))
 

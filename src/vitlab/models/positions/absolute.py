@@ -13,8 +13,13 @@ import torch
 from torch import nn
 
 from vitlab.layers.patch_layout import PatchLayout
-from vitlab.layers.pos_embed import (axial_pos_embed, interpolate_1d_positions, interpolate_patch_positions,
-                                     resample_pos_embed, sincos_2d_pos_embed)
+from vitlab.layers.pos_embed import (
+    axial_pos_embed,
+    interpolate_1d_positions,
+    interpolate_patch_positions,
+    resample_pos_embed,
+    sincos_2d_pos_embed,
+)
 from vitlab.models.positions.base import PositionedModel, PositionKind, replaced, stored
 
 

@@ -16,7 +16,8 @@ them on the model and reads them from there. Adding a kind: a module here and on
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import nn

@@ -4,7 +4,6 @@ turns the patch tokens' queries and keys by angles of their coordinates, normali
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from vitlab.layers.patch_layout import PatchLayout
 from vitlab.layers.rotary import RotaryTable, normalized_centres, rotary_angles
