@@ -46,14 +46,18 @@ def main() -> None:
             all_runs[run["run_dir"]] = run
         table = (out / ablation.name / "table.md").read_text().strip()
         elapsed, total = elapsed_seconds(data["runs"])
-        text = (f"{data['title']}. {ablation.notes}\n\n{table}\n\n"
-                f"Runs of this study: {total / 60:.0f} min of run time in all "
-                f"(`vitlab ablate {ablation_file}`, then `python benchmarks/ablation_tables.py {ablation_file} "
-                f"{out}`).")
+        text = (
+            f"{data['title']}. {ablation.notes}\n\n{table}\n\n"
+            f"Runs of this study: {total / 60:.0f} min of run time in all "
+            f"(`vitlab ablate {ablation_file}`, then `python benchmarks/ablation_tables.py {ablation_file} "
+            f"{out}`)."
+        )
         write_section(f"ablation-{ablation_file.stem}-{ablation.name}", f"Ablation: {data['title']}", text)
     elapsed, total = elapsed_seconds(list(all_runs.values()))
-    print(f"{len(all_runs)} distinct runs: {elapsed / 60:.1f} min from the first start to the last end, "
-          f"{total / 60:.1f} min of run time in all")
+    print(
+        f"{len(all_runs)} distinct runs: {elapsed / 60:.1f} min from the first start to the last end, "
+        f"{total / 60:.1f} min of run time in all"
+    )
 
 
 if __name__ == "__main__":

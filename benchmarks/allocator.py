@@ -63,14 +63,20 @@ def main() -> None:
     for round_index in range(args.rounds):
         order = ["system", "kept"] if round_index % 2 == 0 else ["kept", "system"]
         for setting in order:
-            out = subprocess.run([sys.executable, "-c", CHILD, setting, args.model, str(args.batch_size),
-                                  str(args.steps)], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, setting, args.model, str(args.batch_size), str(args.steps)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results[setting].append(json.loads(out.stdout.strip().splitlines()[-1]))
     from vitlab.bench.runner import machine_info
 
     machine = machine_info()
-    print(f"{args.model}, batch {args.batch_size}, {machine['cpu']}, {machine['threads']} threads, torch "
-          f"{machine['torch']}; median of {args.rounds} alternating processes, {args.steps} steps each\n")
+    print(
+        f"{args.model}, batch {args.batch_size}, {machine['cpu']}, {machine['threads']} threads, torch "
+        f"{machine['torch']}; median of {args.rounds} alternating processes, {args.steps} steps each\n"
+    )
     print("| allocator | ms per step | page faults per step |\n|---|---|---|")
     medians = {}
     for setting, label in (("system", "glibc as it comes"), ("kept", "freed memory kept (vitlab's default)")):

@@ -21,13 +21,15 @@ SHAPES = [("mnist-28", 256, 17, 4, 32), ("digits-8", 128, 17, 4, 16), ("cifar-32
 
 def main() -> None:
     machine = machine_info()
-    print(f"{machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}; forward + backward of one "
-          "block's attention core, ms (median of 9 interleaved rounds)\n")
+    print(
+        f"{machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}; forward + backward of one "
+        "block's attention core, ms (median of 9 interleaved rounds)\n"
+    )
     print("| model | batch x tokens | autograd explicit | hand-written backward | SDPA | hand-written / autograd |")
     print("|---|---|---|---|---|---|")
     for name, batch, tokens, heads, head_dim in SHAPES:
         dim = heads * head_dim
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
         torch.manual_seed(0)
         qkv = torch.randn(batch, tokens, 3 * dim)
         upstream = torch.randn(batch, tokens, dim)
@@ -50,13 +52,20 @@ def main() -> None:
             def run():
                 x = qkv.clone().requires_grad_()
                 function(x).backward(upstream)
+
             return run
 
-        timing = time_interleaved({"autograd": timed(autograd_explicit), "hand": timed(hand_written),
-                                   "sdpa": timed(sdpa)}, repetitions=9, warmup=3, min_sample_seconds=0.3)
+        timing = time_interleaved(
+            {"autograd": timed(autograd_explicit), "hand": timed(hand_written), "sdpa": timed(sdpa)},
+            repetitions=9,
+            warmup=3,
+            min_sample_seconds=0.3,
+        )
         ms = {key: 1000 * value["median"] for key, value in timing.items()}
-        print(f"| {name} | {batch} x {tokens} | {ms['autograd']:.2f} | {ms['hand']:.2f} | {ms['sdpa']:.2f} | "
-              f"{ms['autograd'] / ms['hand']:.2f}x |")
+        print(
+            f"| {name} | {batch} x {tokens} | {ms['autograd']:.2f} | {ms['hand']:.2f} | {ms['sdpa']:.2f} | "
+            f"{ms['autograd'] / ms['hand']:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -28,8 +28,13 @@ from vitlab.bench.runner import machine_info  # noqa: E402
 from vitlab.bench.timing import time_interleaved  # noqa: E402
 from vitlab.models import create_model  # noqa: E402
 
-MODELS = [("digits-8", 256, True), ("mnist-28", 256, True), ("cifar-32", 256, True), ("S/16", 16, False),
-          ("B/16", 16, False)]
+MODELS = [
+    ("digits-8", 256, True),
+    ("mnist-28", 256, True),
+    ("cifar-32", 256, True),
+    ("S/16", 16, False),
+    ("B/16", 16, False),
+]
 
 
 def variant(model, kernel: str, dtype: torch.dtype = torch.float32, compiled: bool = False):
@@ -44,11 +49,16 @@ def variant(model, kernel: str, dtype: torch.dtype = torch.float32, compiled: bo
 
 def main() -> None:
     torch.manual_seed(0)
-    lines = ["Command: `python benchmarks/attention_paths.py` (inference, images/s, medians of 7 interleaved rounds; "
-             "ratio = explicit / SDPA in the same run)", "",
-             f"Machine: {machine_info()['cpu']}, {torch.get_num_threads()} threads, torch {torch.__version__}", "",
-             "| model | tokens | batch | eager fp32 SDPA | explicit | ratio | compiled fp32 SDPA | explicit | ratio "
-             "| compiled bf16 SDPA | explicit | ratio |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "Command: `python benchmarks/attention_paths.py` (inference, images/s, medians of 7 interleaved rounds; "
+        "ratio = explicit / SDPA in the same run)",
+        "",
+        f"Machine: {machine_info()['cpu']}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "",
+        "| model | tokens | batch | eager fp32 SDPA | explicit | ratio | compiled fp32 SDPA | explicit | ratio "
+        "| compiled bf16 SDPA | explicit | ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     warnings.simplefilter("ignore")
     with torch.inference_mode():
         for name, batch, compile_too in MODELS:
@@ -67,7 +77,7 @@ def main() -> None:
                     inputs = images.to(dtype)
                     with patch:
                         module(inputs)  # compiles (with weight freezing) on the first call
-                    candidates[(label, kernel)] = (lambda m=module, x=inputs: m(x))
+                    candidates[(label, kernel)] = lambda m=module, x=inputs: m(x)
             timing = time_interleaved({f"{k[0]} {k[1]}": v for k, v in candidates.items()}, repetitions=7, warmup=2)
             speed = {key: batch / value["median"] for key, value in timing.items()}
             tokens = model.config.num_patches + model.config.num_prefix_tokens

@@ -46,10 +46,18 @@ def median_seconds(action, rounds: int = 5) -> float:
 
 
 def main() -> None:
-    cpu = next((line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True)
-                .stdout.splitlines() if line.startswith("Model name")), "unknown CPU")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+            if line.startswith("Model name")
+        ),
+        "unknown CPU",
+    )
     print(f"{cpu}, torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    print("| state | size | torch.save | atomic write (fsync) | SHA-256 at save | verify on resume | hash / (save + write) |")
+    print(
+        "| state | size | torch.save | atomic write (fsync) | SHA-256 at save | verify on resume | hash / (save + write) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for variant in ("mnist-28", "B/16"):
         state = state_of(variant)
@@ -61,8 +69,10 @@ def main() -> None:
             write = median_seconds(lambda: atomic_write_bytes(path, data))
             digest = median_seconds(lambda: sha256_bytes(data))
             verify = median_seconds(lambda: sha256_file(path))
-        print(f"| {variant} | {len(data) / 2**20:.0f} MiB | {serialise:.3f} s | {write:.3f} s | {digest:.3f} s | "
-              f"{verify:.3f} s | {100 * digest / (serialise + write):.0f}% |")
+        print(
+            f"| {variant} | {len(data) / 2**20:.0f} MiB | {serialise:.3f} s | {write:.3f} s | {digest:.3f} s | "
+            f"{verify:.3f} s | {100 * digest / (serialise + write):.0f}% |"
+        )
 
 
 if __name__ == "__main__":

@@ -78,10 +78,38 @@ def tree_pss(pid: int) -> int:
 
 def measure_run(root: Path, out: Path) -> dict[str, float]:
     """Peak PSS and seconds to the first step of a one-epoch streamed run on the folder."""
-    command = [sys.executable, "-m", "vitlab", "train", "--model", "Ti/16", "--dataset", "folder", "--data-dir",
-               str(root), "--out-dir", str(out), "--set", f"run_name=run{time.time_ns()}", "--set", "stream=true",
-               "--set", "workers=2", "--set", "epochs=1", "--set", "batch_size=16", "--set", "max_train_images=64",
-               "--set", "val_size=64", "--set", "log_every_steps=1", "--set", "eval_batch_size=32"]
+    command = [
+        sys.executable,
+        "-m",
+        "vitlab",
+        "train",
+        "--model",
+        "Ti/16",
+        "--dataset",
+        "folder",
+        "--data-dir",
+        str(root),
+        "--out-dir",
+        str(out),
+        "--set",
+        f"run_name=run{time.time_ns()}",
+        "--set",
+        "stream=true",
+        "--set",
+        "workers=2",
+        "--set",
+        "epochs=1",
+        "--set",
+        "batch_size=16",
+        "--set",
+        "max_train_images=64",
+        "--set",
+        "val_size=64",
+        "--set",
+        "log_every_steps=1",
+        "--set",
+        "eval_batch_size=32",
+    ]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak, first_step = 0, None
@@ -103,8 +131,11 @@ def measure_run(root: Path, out: Path) -> dict[str, float]:
     sampler.join()
     if process.returncode != 0:
         raise SystemExit("".join(lines[-20:]))
-    return {"peak_pss_mb": peak / 2**20, "first_step_s": first_step or float("nan"),
-            "wall_s": time.perf_counter() - started}
+    return {
+        "peak_pss_mb": peak / 2**20,
+        "first_step_s": first_step or float("nan"),
+        "wall_s": time.perf_counter() - started,
+    }
 
 
 def crop_files(paths: list[str], draft: bool) -> tuple[int, float]:
@@ -181,11 +212,15 @@ def throughput_table(root: Path, count: int, title: str) -> None:
     print("| path | images/s | share of the ceiling |")
     print("|---|---|---|")
     print(f"| ceiling: decode + crop, one process per core, in a loop | {ceiling:.0f} | 100% |")
-    print(f"| plain baseline: full decode, then random resized crop, one process per core | {plain:.0f} | "
-          f"{100 * plain / ceiling:.0f}% |")
+    print(
+        f"| plain baseline: full decode, then random resized crop, one process per core | {plain:.0f} | "
+        f"{100 * plain / ceiling:.0f}% |"
+    )
     for workers in (1, 2):
         rate = loader_rate(root, workers, len(paths))
-        print(f"| vitlab streaming source, {workers} worker(s) | {rate:.0f} | {100 * rate / ceiling:.0f}% |", flush=True)
+        print(
+            f"| vitlab streaming source, {workers} worker(s) | {rate:.0f} | {100 * rate / ceiling:.0f}% |", flush=True
+        )
 
 
 def main() -> None:
@@ -202,12 +237,15 @@ def main() -> None:
         root = Path(args.root) / str(count)
         write_folder(root, count)
         figures = measure_run(root, Path(args.root) / "runs")
-        print(f"| {count:,} | {figures['peak_pss_mb']:.0f} | {figures['first_step_s']:.1f} | {figures['wall_s']:.0f} |",
-              flush=True)
+        print(
+            f"| {count:,} | {figures['peak_pss_mb']:.0f} | {figures['first_step_s']:.1f} | {figures['wall_s']:.0f} |",
+            flush=True,
+        )
     throughput_table(Path(args.root) / str(counts[0]), args.throughput_files, "500x375 photos")
     phones = Path(args.root) / f"phone-{args.throughput_files}"
     write_folder(phones, args.throughput_files, PHONE_SIZE)
     throughput_table(phones, args.throughput_files, "1600x1200 photos")
+
 
 if __name__ == "__main__":
     main()

@@ -38,8 +38,12 @@ def split_qkv_forward(attention: nn.Module, x: torch.Tensor) -> torch.Tensor:
     batch, tokens, dim = x.shape
     heads, head_dim = attention.num_heads, attention.head_dim
     weight, bias = attention.qkv.weight, attention.qkv.bias
-    q, k, v = (F.linear(x, weight[i * dim:(i + 1) * dim], bias[i * dim:(i + 1) * dim])
-               .view(batch, tokens, heads, head_dim).transpose(1, 2) for i in range(3))
+    q, k, v = (
+        F.linear(x, weight[i * dim : (i + 1) * dim], bias[i * dim : (i + 1) * dim])
+        .view(batch, tokens, heads, head_dim)
+        .transpose(1, 2)
+        for i in range(3)
+    )
     out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, tokens, dim)
     return attention.proj(out)
 
@@ -76,10 +80,13 @@ def main() -> None:
         block.attn.forward = lambda x, attention=block.attn: split_qkv_forward(attention, x)
     with torch.inference_mode():
         reference, _, folder = transformers_reference(model, images)
-        candidates = {"vitlab": lambda: model(images), "vitlab, GELU out of place": lambda: out_of_place(images),
-                      "vitlab, every token in the last block": lambda: every_token(images),
-                      "vitlab, every token, qkv split in three": lambda: split(images),
-                      "transformers": lambda: reference(pixel_values=images).logits}
+        candidates = {
+            "vitlab": lambda: model(images),
+            "vitlab, GELU out of place": lambda: out_of_place(images),
+            "vitlab, every token in the last block": lambda: every_token(images),
+            "vitlab, every token, qkv split in three": lambda: split(images),
+            "transformers": lambda: reference(pixel_values=images).logits,
+        }
         expected = model(images)
         for name, run in candidates.items():
             assert torch.allclose(run(), expected, atol=1e-3), name
@@ -87,7 +94,7 @@ def main() -> None:
         seconds: dict[str, list[float]] = {name: [] for name in candidates}
         names = list(candidates)
         for index in range(args.rounds):
-            for name in names[index % len(names):] + names[:index % len(names)]:
+            for name in names[index % len(names) :] + names[: index % len(names)]:
                 started = time.perf_counter()
                 candidates[name]()
                 seconds[name].append(time.perf_counter() - started)
@@ -97,7 +104,9 @@ def main() -> None:
     for op in sorted(set(ours) | set(theirs), key=lambda op: -max(ours.get(op, 0), theirs.get(op, 0)))[:6]:
         print(f"| `{op}` | {ours.get(op, 0):.0f} | {theirs.get(op, 0):.0f} |")
     reference_median = statistics.median(seconds["transformers"])
-    print(f"\nA/B, median of {args.rounds} rotated rounds:\n\n| model | ms per batch | vs transformers |\n|---|---|---|")
+    print(
+        f"\nA/B, median of {args.rounds} rotated rounds:\n\n| model | ms per batch | vs transformers |\n|---|---|---|"
+    )
     for name, values in seconds.items():
         median = statistics.median(values)
         print(f"| {name} | {1000 * median:.0f} | {reference_median / median:.3f}x |")

@@ -64,8 +64,7 @@ def run_target(name: str, strategy, check, budget: float) -> dict:
     started = time.perf_counter()
     while time.perf_counter() - started < budget:
         one_batch()
-    return dict(name=name, seconds=time.perf_counter() - started, outcomes=outcomes, failures=failures,
-                slowest=slowest)
+    return dict(name=name, seconds=time.perf_counter() - started, outcomes=outcomes, failures=failures, slowest=slowest)
 
 
 def main() -> None:
@@ -80,14 +79,19 @@ def main() -> None:
         ("--set strings (apply_overrides)", SET_STRINGS, check_set_string),
     ]
     results = [run_target(name, strategy, check, args.seconds_per_target) for name, strategy, check in targets]
-    lines = [f"Command: `python benchmarks/fuzz.py --seconds-per-target {args.seconds_per_target:g}` "
-             "(Hypothesis; inputs: mutated valid files, random bytes, random JSON)", "",
-             "| target | inputs | loaded | refused with a vitlab error | other exception or > 10 s | seconds | slowest input |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Command: `python benchmarks/fuzz.py --seconds-per-target {args.seconds_per_target:g}` "
+        "(Hypothesis; inputs: mutated valid files, random bytes, random JSON)",
+        "",
+        "| target | inputs | loaded | refused with a vitlab error | other exception or > 10 s | seconds | slowest input |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         total = sum(r["outcomes"].values())
-        lines.append(f"| {r['name']} | {total} | {r['outcomes']['loaded']} | {r['outcomes']['refused']} | "
-                     f"{len(r['failures'])} | {r['seconds']:.0f} | {r['slowest'] * 1000:.0f} ms |")
+        lines.append(
+            f"| {r['name']} | {total} | {r['outcomes']['loaded']} | {r['outcomes']['refused']} | "
+            f"{len(r['failures'])} | {r['seconds']:.0f} | {r['slowest'] * 1000:.0f} ms |"
+        )
         for failure in r["failures"][:5]:
             print(f"FAILURE in {r['name']}: {failure}")
     table = "\n".join(lines)

@@ -40,8 +40,9 @@ def bench(name: str, *arguments: str) -> str:
     out = RESULTS / f"{name}.json"
     command = ["vitlab", "bench", *arguments, "--json", str(out.relative_to(ROOT))]
     started = time.time()
-    printed = subprocess.run([sys.executable, "-m", "vitlab", *command[1:]], cwd=ROOT, check=True,
-                             capture_output=True, text=True).stdout
+    printed = subprocess.run(
+        [sys.executable, "-m", "vitlab", *command[1:]], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
     table = printed.rsplit("\nwrote ", 1)[0]
     print(table, flush=True)
     return f"`{' '.join(command)}` ({time.time() - started:.0f} s)\n\n```\n{table}\n```\n"
@@ -63,8 +64,10 @@ def goals_table(names: list[str]) -> str:
 
         eager = next(row for row in rows if row["path"] == "eager-fp32")
         fastest = max(rows, key=lambda r: r["images_per_second"])
-        lines.append(f"| {index} | {eager['vs_reference']:.2f}x | {best('bf16')} | {best('int8')} | "
-                     f"{fastest['name']} {fastest['vs_reference']:.2f}x |")
+        lines.append(
+            f"| {index} | {eager['vs_reference']:.2f}x | {best('bf16')} | {best('int8')} | "
+            f"{fastest['name']} {fastest['vs_reference']:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -80,46 +83,122 @@ def main() -> None:
     if "b16" in wanted:
         names = ["b16", "b16-run2", "b16-run3"]
         bodies = [bench(name, "--model", "B/16", "--batch-size", "16") for name in names]
-        sections.append(("b16", "ViT-B/16, 224x224, batch 16",
-                         "Three separate runs of the same command, ratios to transformers fp32 of each run:\n\n"
-                         + goals_table(names) + "\n\nThe first run in full:\n\n" + bodies[0]
-                         + "\n<details><summary>Runs 2 and 3</summary>\n\n" + "\n".join(bodies[1:])
-                         + "\n</details>\n"))
+        sections.append(
+            (
+                "b16",
+                "ViT-B/16, 224x224, batch 16",
+                "Three separate runs of the same command, ratios to transformers fp32 of each run:\n\n"
+                + goals_table(names)
+                + "\n\nThe first run in full:\n\n"
+                + bodies[0]
+                + "\n<details><summary>Runs 2 and 3</summary>\n\n"
+                + "\n".join(bodies[1:])
+                + "\n</details>\n",
+            )
+        )
     if "parity" in wanted:
-        sections.append(("b16-parity", "ViT-B/16 eager fp32 against transformers, 15 rounds", bench(
-            "b16-parity", "--model", "B/16", "--batch-size", "16", "--paths", "eager-fp32,transformers",
-            "--repetitions", "15")))
+        sections.append(
+            (
+                "b16-parity",
+                "ViT-B/16 eager fp32 against transformers, 15 rounds",
+                bench(
+                    "b16-parity",
+                    "--model",
+                    "B/16",
+                    "--batch-size",
+                    "16",
+                    "--paths",
+                    "eager-fp32,transformers",
+                    "--repetitions",
+                    "15",
+                ),
+            )
+        )
     if "s16" in wanted:
         sections.append(("s16", "ViT-S/16, 224x224, batch 16", bench("s16", "--model", "S/16", "--batch-size", "16")))
     if "latency" in wanted:
-        for key, title, model in (("b16-latency", "ViT-B/16, batch 1 (latency)", ["--model", "B/16"]),
-                                  ("s16-latency", "ViT-S/16, batch 1 (latency)", ["--model", "S/16"])):
+        for key, title, model in (
+            ("b16-latency", "ViT-B/16, batch 1 (latency)", ["--model", "B/16"]),
+            ("s16-latency", "ViT-S/16, batch 1 (latency)", ["--model", "S/16"]),
+        ):
             sections.append((key, title, bench(key, *model, "--batch-size", "1", "--repetitions", "9")))
         if args.mnist_run:
-            sections.append(("mnist-latency", "Trained MNIST recipe model, batch 1 (latency)", bench(
-                "mnist-latency", "--checkpoint", args.mnist_run, "--batch-size", "1", "--repetitions", "9")))
+            sections.append(
+                (
+                    "mnist-latency",
+                    "Trained MNIST recipe model, batch 1 (latency)",
+                    bench("mnist-latency", "--checkpoint", args.mnist_run, "--batch-size", "1", "--repetitions", "9"),
+                )
+            )
     if "digits" in wanted:
         run = args.digits_run
         if run is None:
             run = f"runs/bench-digits-{time.strftime('%Y%m%d-%H%M%S')}"
-            subprocess.run([sys.executable, "-m", "vitlab", "train", "--set", f"run_name={Path(run).name}"],
-                           cwd=ROOT, check=True, capture_output=True)
-        sections.append(("digits", "Trained digits model (digits-8 recipe), batch 256, its 359 test images", bench(
-            "digits", "--checkpoint", run, "--dataset", "digits", "--batch-size", "256", "--repetitions", "9")))
+            subprocess.run(
+                [sys.executable, "-m", "vitlab", "train", "--set", f"run_name={Path(run).name}"],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+            )
+        sections.append(
+            (
+                "digits",
+                "Trained digits model (digits-8 recipe), batch 256, its 359 test images",
+                bench(
+                    "digits", "--checkpoint", run, "--dataset", "digits", "--batch-size", "256", "--repetitions", "9"
+                ),
+            )
+        )
     if "mnist" in wanted and args.mnist_run:
-        sections.append(("mnist", "Trained MNIST recipe model, batch 256, the 10,000 MNIST test images", bench(
-            "mnist", "--checkpoint", args.mnist_run, "--dataset", "mnist", "--data-dir", args.mnist_dir,
-            "--batch-size", "256", "--repetitions", "9")))
+        sections.append(
+            (
+                "mnist",
+                "Trained MNIST recipe model, batch 256, the 10,000 MNIST test images",
+                bench(
+                    "mnist",
+                    "--checkpoint",
+                    args.mnist_run,
+                    "--dataset",
+                    "mnist",
+                    "--data-dir",
+                    args.mnist_dir,
+                    "--batch-size",
+                    "256",
+                    "--repetitions",
+                    "9",
+                ),
+            )
+        )
     if "mnist28" in wanted:
-        sections.append(("mnist28", "MNIST-size preset (mnist-28), batch 256", bench(
-            "mnist28", "--model", "mnist-28", "--batch-size", "256")))
+        sections.append(
+            (
+                "mnist28",
+                "MNIST-size preset (mnist-28), batch 256",
+                bench("mnist28", "--model", "mnist-28", "--batch-size", "256"),
+            )
+        )
     if "train" in wanted:
-        sections.append(("train-digits", "Training steps: digits-8, batch 128", bench(
-            "train-digits", "--model", "digits-8", "--batch-size", "128", "--train", "--repetitions", "9")))
-        sections.append(("train-s16", "Training steps: ViT-S/16, 224x224, batch 16", bench(
-            "train-s16", "--model", "S/16", "--batch-size", "16", "--train", "--repetitions", "3")))
-        sections.append(("train-mnist28", "Training steps: mnist-28 (the MNIST recipe's model), batch 256", bench(
-            "train-mnist28", "--model", "mnist-28", "--batch-size", "256", "--train", "--repetitions", "7")))
+        sections.append(
+            (
+                "train-digits",
+                "Training steps: digits-8, batch 128",
+                bench("train-digits", "--model", "digits-8", "--batch-size", "128", "--train", "--repetitions", "9"),
+            )
+        )
+        sections.append(
+            (
+                "train-s16",
+                "Training steps: ViT-S/16, 224x224, batch 16",
+                bench("train-s16", "--model", "S/16", "--batch-size", "16", "--train", "--repetitions", "3"),
+            )
+        )
+        sections.append(
+            (
+                "train-mnist28",
+                "Training steps: mnist-28 (the MNIST recipe's model), batch 256",
+                bench("train-mnist28", "--model", "mnist-28", "--batch-size", "256", "--train", "--repetitions", "7"),
+            )
+        )
     for key, title, body in sections:
         write_section(f"bench-{key}", title, body)
 

@@ -64,9 +64,17 @@ def onnx_routes(model, sample: torch.Tensor, folder: Path, calibration: list[tor
             batch = next(self.batches, None)
             return None if batch is None else {"images": batch.numpy()}
 
-    quantize_static(str(prepared), str(folder / "static.onnx"), Reader(), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=["MatMul", "Gemm", "Conv"])
+    quantize_static(
+        str(prepared),
+        str(folder / "static.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+        op_types_to_quantize=["MatMul", "Gemm", "Conv"],
+    )
     routes = {}
     for name, file in (("onnxruntime dynamic int8", "dynamic.onnx"), ("onnxruntime static QDQ int8", "static.onnx")):
         session = onnx_session(folder / file)
@@ -125,23 +133,37 @@ def main() -> None:
         if compiled is not None:
             routes["pt2e x86 inductor int8"] = compiled
             notes["pt2e quantize+compile seconds"] = round(time.time() - started)
-        timings = time_interleaved({name: (lambda run=run: run(sample)) for name, run in routes.items()},
-                                   args.repetitions, 2, 0.2)
+        timings = time_interleaved(
+            {name: (lambda run=run: run(sample)) for name, run in routes.items()}, args.repetitions, 2, 0.2
+        )
     base = timings["transformers fp32"]["median"]
-    rows = [{"route": name, "images_per_second": args.batch_size / timings[name]["median"],
-             "ms_per_batch": 1000 * timings[name]["median"], "vs_transformers": base / timings[name]["median"]}
-            for name in routes]
+    rows = [
+        {
+            "route": name,
+            "images_per_second": args.batch_size / timings[name]["median"],
+            "ms_per_batch": 1000 * timings[name]["median"],
+            "vs_transformers": base / timings[name]["median"],
+        }
+        for name in routes
+    ]
     command = "python benchmarks/int8_routes.py " + " ".join(sys.argv[1:])
-    lines = [f"`{command.strip()}`: {args.model}, batch {args.batch_size}, {machine_info()['cpu']}, "
-             f"{torch.get_num_threads()} threads, median of {args.repetitions} interleaved rounds. Random weights "
-             f"and random calibration images: speed only. PT2E: {notes['pt2e']}.", "",
-             "| route | images/s | ms/batch | vs transformers fp32 |", "|---|---|---|---|"]
-    lines += [f"| {r['route']} | {r['images_per_second']:.1f} | {r['ms_per_batch']:.0f} | {r['vs_transformers']:.2f}x |"
-              for r in rows]
+    lines = [
+        f"`{command.strip()}`: {args.model}, batch {args.batch_size}, {machine_info()['cpu']}, "
+        f"{torch.get_num_threads()} threads, median of {args.repetitions} interleaved rounds. Random weights "
+        f"and random calibration images: speed only. PT2E: {notes['pt2e']}.",
+        "",
+        "| route | images/s | ms/batch | vs transformers fp32 |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['route']} | {r['images_per_second']:.1f} | {r['ms_per_batch']:.0f} | {r['vs_transformers']:.2f}x |"
+        for r in rows
+    ]
     table = "\n".join(lines)
     print(table)
     (ROOT / "benchmarks" / "results" / "int8-routes.json").write_text(
-        json.dumps({"command": command, "rows": rows, "notes": notes, "machine": machine_info()}, indent=1))
+        json.dumps({"command": command, "rows": rows, "notes": notes, "machine": machine_info()}, indent=1)
+    )
     if not args.no_write:
         from report import write_section
 

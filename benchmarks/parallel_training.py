@@ -23,8 +23,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 MODELS = [
     ("digits-8 (digits ablation)", "digits-8", {}, 128),
-    ("MNIST ablation model (width 64, 4 blocks, 7x7 grid)", "mnist-28",
-     {"patch_size": 4, "embed_dim": 64, "depth": 4, "num_heads": 4, "mlp_dim": 128}, 64),
+    (
+        "MNIST ablation model (width 64, 4 blocks, 7x7 grid)",
+        "mnist-28",
+        {"patch_size": 4, "embed_dim": 64, "depth": 4, "num_heads": 4, "mlp_dim": 128},
+        64,
+    ),
     ("mnist-28 (MNIST recipe)", "mnist-28", {}, 256),
     ("S/16 at 96x96", "S/16", {"image_size": 96, "num_classes": 10}, 16),
 ]
@@ -59,8 +63,10 @@ def worker(variant: str, overrides: dict, batch: int, threads: int) -> float:
 
 
 def launch(variant: str, overrides: dict, batch: int, threads: int) -> subprocess.Popen:
-    code = (f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from parallel_training import worker; "
-            f"print(worker({variant!r}, json.loads({json.dumps(json.dumps(overrides))}), {batch}, {threads}))")
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); from parallel_training import worker; "
+        f"print(worker({variant!r}, json.loads({json.dumps(json.dumps(overrides))}), {batch}, {threads}))"
+    )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
@@ -84,16 +90,20 @@ def main() -> None:
     from vitlab.hardware import available_cores
 
     cores = available_cores()
-    rows = [f"| model | GFLOPs/image | batch | 1 process x {cores} threads (img/s) | {cores} processes x 1 thread (img/s) | ratio |"
-            , "|---|---|---|---|---|---|"]
+    rows = [
+        f"| model | GFLOPs/image | batch | 1 process x {cores} threads (img/s) | {cores} processes x 1 thread (img/s) | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, variant, overrides, batch in MODELS:
         gflops = model_size(variant_config(variant, **overrides))[1]
         alone, parallel = measure(variant, overrides, batch, cores)
         rows.append(f"| {label} | {gflops:.3f} | {batch} | {alone:.0f} | {parallel:.0f} | {parallel / alone:.2f}x |")
         print(rows[-1], flush=True)
     info = machine_info()
-    table = "\n".join(rows) + (f"\n\n`python benchmarks/parallel_training.py`; {info['cpu']}, {cores} cores, torch "
-                               f"{info['torch']}; median of 3 alternating rounds of {STEPS} AdamW steps each.")
+    table = "\n".join(rows) + (
+        f"\n\n`python benchmarks/parallel_training.py`; {info['cpu']}, {cores} cores, torch "
+        f"{info['torch']}; median of 3 alternating rounds of {STEPS} AdamW steps each."
+    )
     write_section("parallel-training", "Ablations: one process per core or one process for all", table)
 
 

@@ -39,17 +39,42 @@ LABEL_SETTINGS = {  # name: (labelled training images, held-out validation image
 }
 
 
-def finetune_recipe(init_from: str | None, labelled: int, held_out: int, epochs: int, batch: int, seed: int,
-                    data_dir: str, out: Path, name: str) -> TrainConfig:
+def finetune_recipe(
+    init_from: str | None,
+    labelled: int,
+    held_out: int,
+    epochs: int,
+    batch: int,
+    seed: int,
+    data_dir: str,
+    out: Path,
+    name: str,
+) -> TrainConfig:
     """The one fine-tuning recipe of every arm: the MNIST recipe's optimiser and augmentation at a lower peak
     rate, with layer-wise decay for a pre-trained encoder (none for a fresh one, whose early layers have
     nothing to keep)."""
     return TrainConfig(
-        model="mnist-28", init_from=init_from, dataset="mnist", data_dir=data_dir, val_size=held_out,
-        max_train_images=labelled, epochs=epochs, batch_size=batch, lr=1e-3, min_lr=1e-6, warmup_epochs=3,
-        weight_decay=0.05, label_smoothing=0.1, drop_path=0.05, layer_decay=0.75 if init_from else 1.0,
+        model="mnist-28",
+        init_from=init_from,
+        dataset="mnist",
+        data_dir=data_dir,
+        val_size=held_out,
+        max_train_images=labelled,
+        epochs=epochs,
+        batch_size=batch,
+        lr=1e-3,
+        min_lr=1e-6,
+        warmup_epochs=3,
+        weight_decay=0.05,
+        label_smoothing=0.1,
+        drop_path=0.05,
+        layer_decay=0.75 if init_from else 1.0,
         augment=AugmentConfig(affine_degrees=10, affine_scale=0.1, affine_shear=0.1, affine_translate=0.1),
-        seed=seed, out_dir=str(out), run_name=name, progress=False)
+        seed=seed,
+        out_dir=str(out),
+        run_name=name,
+        progress=False,
+    )
 
 
 def run(config: TrainConfig) -> dict:
@@ -114,27 +139,56 @@ def main() -> None:
         encoders = {}
         for method in methods:
             recipe = load_recipe(REPO / "configs" / "pretrain" / f"mnist_{method}.py")
-            recipe.seed, recipe.data_dir, recipe.out_dir, recipe.run_name = seed, args.data_dir, str(out), \
-                f"pretrain-{method}-seed{seed}"
+            recipe.seed, recipe.data_dir, recipe.out_dir, recipe.run_name = (
+                seed,
+                args.data_dir,
+                str(out),
+                f"pretrain-{method}-seed{seed}",
+            )
             recipe.progress = False
             summary = run(recipe)
             encoders[method] = summary["run_dir"]
             results["pretrain"].setdefault(method, []).append(
-                {"seed": seed, "wall_seconds": summary["wall_seconds"], "best_val_loss": summary["best_val_loss"],
-                 "test_loss": summary["test_loss"], "epochs": summary["epochs"]})
+                {
+                    "seed": seed,
+                    "wall_seconds": summary["wall_seconds"],
+                    "best_val_loss": summary["best_val_loss"],
+                    "test_loss": summary["test_loss"],
+                    "epochs": summary["epochs"],
+                }
+            )
         for setting, (labelled, held_out, epochs, batch) in LABEL_SETTINGS.items():
             for arm, init in [("scratch", None)] + [(method, encoders[method]) for method in methods]:
                 tag = setting.split()[0].replace("%", "pct")
-                summary = run(finetune_recipe(init, labelled, held_out, epochs, batch, seed, args.data_dir, out,
-                                              f"finetune-{tag}-{arm}-seed{seed}"))
+                summary = run(
+                    finetune_recipe(
+                        init,
+                        labelled,
+                        held_out,
+                        epochs,
+                        batch,
+                        seed,
+                        args.data_dir,
+                        out,
+                        f"finetune-{tag}-{arm}-seed{seed}",
+                    )
+                )
                 results["finetune"].setdefault(setting, {}).setdefault(arm, []).append(
-                    {"seed": seed, "test_top1": summary["test_top1"], "best_val_top1": summary["best_val_top1"],
-                     "best_checkpoint_test_top1": summary["best_checkpoint_test_top1"],
-                     "wall_seconds": summary["wall_seconds"], "train_count": summary["train_count"]})
+                    {
+                        "seed": seed,
+                        "test_top1": summary["test_top1"],
+                        "best_val_top1": summary["best_val_top1"],
+                        "best_checkpoint_test_top1": summary["best_checkpoint_test_top1"],
+                        "wall_seconds": summary["wall_seconds"],
+                        "train_count": summary["train_count"],
+                    }
+                )
         if not args.skip_fewshot:
-            probes = {**{f"{method} encoder": encoders[method] for method in methods},
-                      "untrained encoder": untrained_encoder(out, seed),
-                      "scratch model (1000 labels)": str(out / f"finetune-1000-scratch-seed{seed}")}
+            probes = {
+                **{f"{method} encoder": encoders[method] for method in methods},
+                "untrained encoder": untrained_encoder(out, seed),
+                "scratch model (1000 labels)": str(out / f"finetune-1000-scratch-seed{seed}"),
+            }
             for name, checkpoint in probes.items():
                 results["fewshot"].setdefault(name, []).append({"seed": seed, **few_shot(checkpoint, args.data_dir)})
         (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -147,21 +201,32 @@ def main() -> None:
 def format_table(results: dict, methods: list[str]) -> str:
     finished = {row["seed"] for arms in results["finetune"].values() for rows in arms.values() for row in rows}
     seeds = ", ".join(map(str, sorted(finished)))  # the seeds run to the end, not those asked for
-    lines = [f"Machine: {results['machine']}. Seeds {seeds}; mean ± standard deviation over seeds, in %.", "",
-             "| pre-training | seconds per run | best validation loss | test loss |", "|---|---|---|---|"]
+    lines = [
+        f"Machine: {results['machine']}. Seeds {seeds}; mean ± standard deviation over seeds, in %.",
+        "",
+        "| pre-training | seconds per run | best validation loss | test loss |",
+        "|---|---|---|---|",
+    ]
     for method in methods:
         rows = results["pretrain"].get(method, [])
         seconds = ", ".join(f"{r['wall_seconds']:.0f}" for r in rows)
-        lines.append(f"| {method} | {seconds} | "
-                     f"{statistics.mean(r['best_val_loss'] for r in rows):.4f} | "
-                     f"{statistics.mean(r['test_loss'] for r in rows):.4f} |")
-    lines += ["", "| fine-tuning test top-1 | " + " | ".join(["scratch"] + methods) + " |",
-              "|---" * (2 + len(methods)) + "|"]
+        lines.append(
+            f"| {method} | {seconds} | "
+            f"{statistics.mean(r['best_val_loss'] for r in rows):.4f} | "
+            f"{statistics.mean(r['test_loss'] for r in rows):.4f} |"
+        )
+    lines += [
+        "",
+        "| fine-tuning test top-1 | " + " | ".join(["scratch"] + methods) + " |",
+        "|---" * (2 + len(methods)) + "|",
+    ]
     for setting, arms in results["finetune"].items():
         cells = [mean_text([r["test_top1"] for r in arms.get(arm, [])]) for arm in ["scratch"] + methods]
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
-        per_seed = "; ".join(f"{arm} " + ", ".join(f"{100 * r['test_top1']:.2f}" for r in arms.get(arm, []))
-                             for arm in ["scratch"] + methods)
+        per_seed = "; ".join(
+            f"{arm} " + ", ".join(f"{100 * r['test_top1']:.2f}" for r in arms.get(arm, []))
+            for arm in ["scratch"] + methods
+        )
         lines.append(f"| (per seed) | {per_seed} |" + " |" * len(methods))
     if results["fewshot"]:
         lines += ["", "| frozen features, few-shot linear test top-1 | 10-shot | 25-shot |", "|---|---|---|"]
@@ -172,8 +237,11 @@ def format_table(results: dict, methods: list[str]) -> str:
 
 def machine() -> str:
     try:
-        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(
-            ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name"))
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+            if line.startswith("Model name")
+        )
     except (OSError, StopIteration):
         model = platform.processor() or "unknown CPU"
     import torch

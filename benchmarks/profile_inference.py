@@ -26,11 +26,23 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 KINDS = [  # (kind, substrings of kernel names), first match wins
     ("linear layers, int8", ("qlinear", "DynamicQuantizeMatMul", "MatMulInteger", "QLinearMatMul")),
-    ("attention (fused kernel or its products and softmax)",
-     ("scaled_dot_product", "flash_attention", "FusedMatMul", "MatMul (attention)", "Softmax", "_softmax", "bmm",
-      "Attention")),
-    ("linear layers, float", ("mkldnn::_linear", "aten::mm", "aten::addmm", "aten::linear", "MatMul", "Gemm",
-                              "mkl_linear")),
+    (
+        "attention (fused kernel or its products and softmax)",
+        (
+            "scaled_dot_product",
+            "flash_attention",
+            "FusedMatMul",
+            "MatMul (attention)",
+            "Softmax",
+            "_softmax",
+            "bmm",
+            "Attention",
+        ),
+    ),
+    (
+        "linear layers, float",
+        ("mkldnn::_linear", "aten::mm", "aten::addmm", "aten::linear", "MatMul", "Gemm", "mkl_linear"),
+    ),
     ("patch convolution", ("conv", "Conv")),
     ("Inductor's fused element-wise kernels (LayerNorm, GELU, (de)quantize, residual adds)", ("cpp_fused",)),
     ("layout copies (Transpose, Split, copies)", ("Transpose", "Split", "copy_", "clone", "contiguous", "cat")),
@@ -102,8 +114,13 @@ def fused_attention_nodes(model, sample: torch.Tensor) -> int:
         path = Path(folder) / "model.onnx"
         export_onnx(model, path, dynamic_batch=False, batch_size=len(sample))
         with quiet_loggers(""):  # it warns that the producer is not "pytorch"
-            optimized = optimize_model(str(path), model_type="vit", num_heads=model.config.num_heads,
-                                       hidden_size=model.config.embed_dim, opt_level=0)
+            optimized = optimize_model(
+                str(path),
+                model_type="vit",
+                num_heads=model.config.num_heads,
+                hidden_size=model.config.embed_dim,
+                opt_level=0,
+            )
     return optimized.get_fused_operator_statistics().get("Attention", 0)
 
 
@@ -135,8 +152,10 @@ def main() -> None:
             if key.startswith("onnx-"):
                 kernels = profile_onnx(model, sample, int8=key == "onnx-int8", calls=args.calls)
                 name = {"onnx-int8": "onnxruntime int8", "onnx-fp32": "onnxruntime fp32"}[key]
-                name += (f" (ONNX Runtime's transformer optimizer fuses {fused_attention_nodes(model, sample)} of "
-                         f"{config.depth} attention blocks of this export)")
+                name += (
+                    f" (ONNX Runtime's transformer optimizer fuses {fused_attention_nodes(model, sample)} of "
+                    f"{config.depth} attention blocks of this export)"
+                )
             else:
                 path = INFERENCE_PATHS[key](model, sample)
                 for _ in range(2):
@@ -147,8 +166,12 @@ def main() -> None:
             for kernel, seconds in kernels.items():
                 by_kind[kind_of(kernel)] += seconds
             total = sum(by_kind.values())
-            lines = [f"**{name}**: {1000 * total:.0f} ms of kernel time per batch", "",
-                     "| kind | ms per batch | share | rate |", "|---|---|---|---|"]
+            lines = [
+                f"**{name}**: {1000 * total:.0f} ms of kernel time per batch",
+                "",
+                "| kind | ms per batch | share | rate |",
+                "|---|---|---|---|",
+            ]
             for kind, seconds in sorted(by_kind.items(), key=lambda item: -item[1]):
                 rate = ""
                 if kind.startswith("attention"):
@@ -161,11 +184,16 @@ def main() -> None:
             print("\n".join(lines), flush=True)
             sections.append("\n".join(lines))
     machine = machine_info()
-    header = (f"`python benchmarks/profile_inference.py --model {args.model} --batch-size {args.batch_size} --paths "
-              f"{args.paths}`: {machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}. Per batch: "
-              f"attention products {attention_gflop:.1f} GFLOP, linear layers {linear_gflop:.1f} GFLOP.\n")
-    write_section("profile-inference", f"Where the time goes: {args.model}, batch {args.batch_size}",
-                  header + "\n" + "\n".join(sections))
+    header = (
+        f"`python benchmarks/profile_inference.py --model {args.model} --batch-size {args.batch_size} --paths "
+        f"{args.paths}`: {machine['cpu']}, {machine['threads']} threads, torch {machine['torch']}. Per batch: "
+        f"attention products {attention_gflop:.1f} GFLOP, linear layers {linear_gflop:.1f} GFLOP.\n"
+    )
+    write_section(
+        "profile-inference",
+        f"Where the time goes: {args.model}, batch {args.batch_size}",
+        header + "\n" + "\n".join(sections),
+    )
 
 
 if __name__ == "__main__":

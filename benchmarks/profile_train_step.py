@@ -70,8 +70,14 @@ def main() -> None:
         kind = next((k for k, parts in KINDS if any(p.lower() in name for p in parts)), "other")
         totals[kind] = totals.get(kind, 0.0) + event.self_cpu_time_total
     whole = sum(totals.values())
-    matmul_flops = 3 * 2 * args.batch_size * config.num_tokens * config.depth * (
-        4 * config.embed_dim ** 2 + 2 * config.embed_dim * config.mlp_dim)  # qkv, proj, MLP; forward + backward
+    matmul_flops = (
+        3
+        * 2
+        * args.batch_size
+        * config.num_tokens
+        * config.depth
+        * (4 * config.embed_dim**2 + 2 * config.embed_dim * config.mlp_dim)
+    )  # qkv, proj, MLP; forward + backward
     matmul_seconds = totals.get("matmul", 0.0) / 1e6 / args.steps
     rows, inner, outer = args.batch_size * config.num_tokens, config.embed_dim, config.mlp_dim
     a, b = torch.randn(rows, inner), torch.randn(inner, outer)
@@ -81,13 +87,17 @@ def main() -> None:
     for _ in range(calls):
         a @ b
     peak = 2 * rows * inner * outer * calls / (time.perf_counter() - started) / 1e9
-    print(f"{args.model}, batch {args.batch_size}, {torch.get_num_threads()} threads: {step_ms:.1f} ms a step "
-          f"(unprofiled), torch {torch.__version__}")
+    print(
+        f"{args.model}, batch {args.batch_size}, {torch.get_num_threads()} threads: {step_ms:.1f} ms a step "
+        f"(unprofiled), torch {torch.__version__}"
+    )
     print("| kind | share of self CPU time |\n|---|---|")
     for kind, value in sorted(totals.items(), key=lambda item: -item[1]):
         print(f"| {kind} | {100 * value / whole:.1f}% |")
-    print(f"\nmatmuls: {matmul_flops / matmul_seconds / 1e9:.0f} GFLOP/s (profiled) against a plain "
-          f"({rows} x {inner}) @ ({inner} x {outer}) matmul's {peak:.0f} GFLOP/s in this process")
+    print(
+        f"\nmatmuls: {matmul_flops / matmul_seconds / 1e9:.0f} GFLOP/s (profiled) against a plain "
+        f"({rows} x {inner}) @ ({inner} x {outer}) matmul's {peak:.0f} GFLOP/s in this process"
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ def build(model: torch.nn.Module, images: torch.Tensor, seven_bits: bool) -> pt2
 def qlinear_ms(quantized: pt2e.QuantizedModel, images: torch.Tensor) -> float:
     with torch.profiler.profile() as profile:
         quantized(images)
-    return sum(event.self_cpu_time_total for event in profile.key_averages()
-               if event.key == "onednn::qlinear_pointwise") / 1000
+    return (
+        sum(event.self_cpu_time_total for event in profile.key_averages() if event.key == "onednn::qlinear_pointwise")
+        / 1000
+    )
 
 
 def main() -> None:
@@ -53,21 +55,27 @@ def main() -> None:
     built = {bits: build(model, images, bits == 7) for bits in (7, 8)}
     times: dict[int, list[float]] = {7: [], 8: []}
     for round_index in range(args.rounds + 1):
-        for bits in ((7, 8) if round_index % 2 else (8, 7)):
+        for bits in (7, 8) if round_index % 2 else (8, 7):
             started = time.perf_counter()
             built[bits](images)
             if round_index:  # the first round warms up
                 times[bits].append(time.perf_counter() - started)
-    print(f"{args.model}, batch {args.batch_size}, {torch.get_num_threads()} threads, CPU units: "
-          f"{cpu_units().describe()}; median of {args.rounds} alternating rounds\n")
-    print("| activations | ms per batch | int8 linear ms (one profiled call) | max abs logit diff vs fp32 | "
-          "top-1 agreement |")
+    print(
+        f"{args.model}, batch {args.batch_size}, {torch.get_num_threads()} threads, CPU units: "
+        f"{cpu_units().describe()}; median of {args.rounds} alternating rounds\n"
+    )
+    print(
+        "| activations | ms per batch | int8 linear ms (one profiled call) | max abs logit diff vs fp32 | "
+        "top-1 agreement |"
+    )
     print("|---|---|---|---|---|")
     for bits in (7, 8):
         logits = built[bits](images)
         agreement = float((logits.argmax(1) == reference.argmax(1)).float().mean())
-        print(f"| {bits} bits | {statistics.median(times[bits]) * 1000:.0f} | {qlinear_ms(built[bits], images):.0f} "
-              f"| {(logits - reference).abs().max().item():.3f} | {agreement:.1%} |")
+        print(
+            f"| {bits} bits | {statistics.median(times[bits]) * 1000:.0f} | {qlinear_ms(built[bits], images):.0f} "
+            f"| {(logits - reference).abs().max().item():.3f} | {agreement:.1%} |"
+        )
 
 
 if __name__ == "__main__":

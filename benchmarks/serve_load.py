@@ -36,8 +36,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def start_server(source: Path, *flags: str) -> tuple[subprocess.Popen, int]:
-    process = subprocess.Popen([sys.executable, "-m", "vitlab", "serve", str(source), "--port", "0", *flags, *EXTRA],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vitlab", "serve", str(source), "--port", "0", *flags, *EXTRA],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = process.stdout.readline()
     match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
     if not match:
@@ -59,8 +63,7 @@ def stop_server(process: subprocess.Popen) -> None:
     process.communicate(timeout=120)
 
 
-def load(port: int, payloads: list[bytes], content_type: str, clients: int, seconds: float,
-         max_requests: int) -> dict:
+def load(port: int, payloads: list[bytes], content_type: str, clients: int, seconds: float, max_requests: int) -> dict:
     """`clients` threads, each sending one request at a time on its own keep-alive connection, until `seconds`
     have passed or `max_requests` were sent; latencies of the successful ones."""
     latencies: list[float] = []
@@ -99,9 +102,15 @@ def load(port: int, payloads: list[bytes], content_type: str, clients: int, seco
         thread.join()
     wall = time.perf_counter() - started
     values = np.array(latencies)
-    return {"clients": clients, "requests": len(latencies), "failures": failures[0], "seconds": wall,
-            "throughput": len(latencies) / wall, "p50_ms": 1000 * float(np.percentile(values, 50)),
-            "p99_ms": 1000 * float(np.percentile(values, 99))}
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "failures": failures[0],
+        "seconds": wall,
+        "throughput": len(latencies) / wall,
+        "p50_ms": 1000 * float(np.percentile(values, 50)),
+        "p99_ms": 1000 * float(np.percentile(values, 99)),
+    }
 
 
 def mnist_payloads(count: int = 256) -> list[bytes]:
@@ -138,9 +147,27 @@ def photo_payloads(count: int = 64) -> list[bytes]:
 def mnist_model(folder: Path, run: str | None, epochs: int) -> Path:
     if run:
         return Path(run)
-    subprocess.run([sys.executable, "-m", "vitlab", "train", "--config", str(REPO / "configs" / "mnist.py"),
-                    "--data-dir", str(REPO.parent / "shared" / "data" / "mnist"), "--set", f"epochs={epochs}",
-                    "--set", "run_name=mnist", "--out-dir", str(folder), "--set", "progress=false"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vitlab",
+            "train",
+            "--config",
+            str(REPO / "configs" / "mnist.py"),
+            "--data-dir",
+            str(REPO.parent / "shared" / "data" / "mnist"),
+            "--set",
+            f"epochs={epochs}",
+            "--set",
+            "run_name=mnist",
+            "--out-dir",
+            str(folder),
+            "--set",
+            "progress=false",
+        ],
+        check=True,
+    )
     return folder / "mnist"
 
 
@@ -174,19 +201,28 @@ def main() -> None:
     clients = [int(c) for c in args.clients.split(",")]
     from vitlab.bench.runner import machine_info
 
-    results = {"machine": {"cpu": machine_info()["cpu"], "cores": os.cpu_count()},
-               "command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]), "models": {}}
+    results = {
+        "machine": {"cpu": machine_info()["cpu"], "cores": os.cpu_count()},
+        "command": "python benchmarks/serve_load.py " + " ".join(sys.argv[1:]),
+        "models": {},
+    }
     with tempfile.TemporaryDirectory(prefix="vitlab-serve-load-") as scratch:
         scratch = Path(scratch)
         for name in args.models.split(","):
             if name == "mnist":
-                source, payloads, kind = mnist_model(scratch, args.mnist_run, args.mnist_epochs), mnist_payloads(), "image/png"
+                source, payloads, kind = (
+                    mnist_model(scratch, args.mnist_run, args.mnist_epochs),
+                    mnist_payloads(),
+                    "image/png",
+                )
             else:
                 source, payloads, kind = s16_model(scratch), photo_payloads(), "image/jpeg"
             offline = offline_throughput(source, 32)
             entry = {"offline_batch32_images_per_second": offline, "runs": []}
-            for label, flags in (("dynamic batching (max 32, 5 ms)", ["--max-batch", "32", "--max-wait-ms", "5"]),
-                                 ("batch size 1", ["--max-batch", "1"])):
+            for label, flags in (
+                ("dynamic batching (max 32, 5 ms)", ["--max-batch", "32", "--max-wait-ms", "5"]),
+                ("batch size 1", ["--max-batch", "1"]),
+            ):
                 process, port = start_server(source, *flags)
                 try:
                     load(port, payloads, kind, 8, min(3.0, args.seconds), 200)  # warm-up
@@ -194,9 +230,12 @@ def main() -> None:
                         row = load(port, payloads, kind, count, args.seconds, args.max_requests)
                         row["mode"] = label
                         entry["runs"].append(row)
-                        print(f"{name:<6} {label:<32} {count:>3} clients  {row['throughput']:8.1f} req/s  "
-                              f"p50 {row['p50_ms']:8.1f} ms  p99 {row['p99_ms']:8.1f} ms  "
-                              f"({row['requests']} requests, {row['failures']} failed)", flush=True)
+                        print(
+                            f"{name:<6} {label:<32} {count:>3} clients  {row['throughput']:8.1f} req/s  "
+                            f"p50 {row['p50_ms']:8.1f} ms  p99 {row['p99_ms']:8.1f} ms  "
+                            f"({row['requests']} requests, {row['failures']} failed)",
+                            flush=True,
+                        )
                 finally:
                     stop_server(process)
             results["models"][name] = entry
@@ -211,18 +250,29 @@ def main() -> None:
 
 
 def format_table(results: dict) -> str:
-    names = {"mnist": "MNIST recipe model (trained, 28x28 grey PNGs)", "s16": "ViT-S/16, 224x224 JPEGs (random weights)"}
-    lines = [f"`{results['command']}` on {results['machine']['cpu']} ({results['machine']['cores']} cores), server "
-             "and clients on the same machine over loopback; each client sends one request at a time.", ""]
+    names = {
+        "mnist": "MNIST recipe model (trained, 28x28 grey PNGs)",
+        "s16": "ViT-S/16, 224x224 JPEGs (random weights)",
+    }
+    lines = [
+        f"`{results['command']}` on {results['machine']['cpu']} ({results['machine']['cores']} cores), server "
+        "and clients on the same machine over loopback; each client sends one request at a time.",
+        "",
+    ]
     for name, entry in results["models"].items():
         offline = entry["offline_batch32_images_per_second"]
-        lines += [f"**{names.get(name, name)}**: offline `vitlab bench` eager fp32 at batch 32: {offline:.1f} images/s",
-                  "", "| server | clients | requests/s | p50 ms | p99 ms | p99/p50 | vs offline batch 32 |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**{names.get(name, name)}**: offline `vitlab bench` eager fp32 at batch 32: {offline:.1f} images/s",
+            "",
+            "| server | clients | requests/s | p50 ms | p99 ms | p99/p50 | vs offline batch 32 |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for row in entry["runs"]:
-            lines.append(f"| {row['mode']} | {row['clients']} | {row['throughput']:.1f} | {row['p50_ms']:.1f} | "
-                         f"{row['p99_ms']:.1f} | {row['p99_ms'] / row['p50_ms']:.2f} | "
-                         f"{100 * row['throughput'] / offline:.0f}% |")
+            lines.append(
+                f"| {row['mode']} | {row['clients']} | {row['throughput']:.1f} | {row['p50_ms']:.1f} | "
+                f"{row['p99_ms']:.1f} | {row['p99_ms'] / row['p50_ms']:.2f} | "
+                f"{100 * row['throughput'] / offline:.0f}% |"
+            )
         lines.append("")
     return "\n".join(lines).rstrip()
 

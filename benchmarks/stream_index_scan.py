@@ -39,8 +39,10 @@ def main() -> None:
         index = index_folder(root)
         seconds = time.perf_counter() - start
         print(f"{platform.processor() or platform.machine()}; root {root} ({len(str(root))} characters)")
-        print(f"index_folder: {len(index)} files in {seconds:.2f} s; index memory {index.nbytes / 2**20:.2f} MiB "
-              f"({index.nbytes / len(index):.1f} bytes per sample: relative path, offset, label)")
+        print(
+            f"index_folder: {len(index)} files in {seconds:.2f} s; index memory {index.nbytes / 2**20:.2f} MiB "
+            f"({index.nbytes / len(index):.1f} bytes per sample: relative path, offset, label)"
+        )
         if args.compare:
             start = time.perf_counter()
             _, found = scan_folder(root)

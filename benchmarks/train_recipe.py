@@ -42,10 +42,24 @@ def cpu_name() -> str:
 
 def run(recipe: str, seed: int, out: Path, ddp: bool, data_dir: str | None, extra: list[str]) -> dict:
     name = f"seed{seed}{'-ddp' if ddp else ''}"
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitlab"] \
-        if ddp else [sys.executable, "-m", "vitlab"]
-    command = launcher + ["train", "--config", recipe, "--out-dir", str(out), "--set", f"run_name={name}",
-                          "--set", f"seed={seed}", "--set", "progress=false"]
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitlab"]
+        if ddp
+        else [sys.executable, "-m", "vitlab"]
+    )
+    command = launcher + [
+        "train",
+        "--config",
+        recipe,
+        "--out-dir",
+        str(out),
+        "--set",
+        f"run_name={name}",
+        "--set",
+        f"seed={seed}",
+        "--set",
+        "progress=false",
+    ]
     command += ["--data-dir", data_dir] if data_dir else []
     for assignment in extra:
         command += ["--set", assignment]
@@ -83,19 +97,32 @@ def table(results: list[dict], target: float, command: str) -> str:
             f"| {r['seed']} | {r['processes']} | {100 * s['test_top1']:.2f}% | "
             f"{'-' if best_ckpt is None else f'{100 * best_ckpt:.2f}%'} | "
             f"{100 * s['best_val_top1']:.2f}% ({s['best_epoch']}) | {r['wall']:.0f} s | {reached_text} | "
-            f"{s['train_images_per_second']:.0f} | {s['epochs']} | {s.get('precision', 'fp32')} |")
-    reasons = sorted({f"{r['summary']['precision']}: {r['summary']['precision_reason']}" for r in results
-                      if "precision" in r["summary"]})
+            f"{s['train_images_per_second']:.0f} | {s['epochs']} | {s.get('precision', 'fp32')} |"
+        )
+    reasons = sorted(
+        {
+            f"{r['summary']['precision']}: {r['summary']['precision_reason']}"
+            for r in results
+            if "precision" in r["summary"]
+        }
+    )
     budgets = [f"seed {r['seed']}: {r['summary']['budget']}" for r in results if r["summary"].get("budget")]
     lines += ["", "Precision (auto unless the command says): " + "; ".join(reasons)] if reasons else []
     lines += ["", "Budget: " + "; ".join(budgets)] if budgets else []
     tests = [r["summary"]["test_top1"] for r in results if r["processes"] == 1]
     walls = [r["wall"] for r in results if r["processes"] == 1]
     if tests:
-        lines += ["", f"Single-process runs: test top-1 min {100 * min(tests):.2f}%, max {100 * max(tests):.2f}%; "
-                      f"wall time max {max(walls):.0f} s."]
-    lines += ["", "Validation accuracy against run time (seconds since the run started, at the end of epoch N; "
-                  "at most 13 epochs a run shown, the whole curves are in the JSON):", ""]
+        lines += [
+            "",
+            f"Single-process runs: test top-1 min {100 * min(tests):.2f}%, max {100 * max(tests):.2f}%; "
+            f"wall time max {max(walls):.0f} s.",
+        ]
+    lines += [
+        "",
+        "Validation accuracy against run time (seconds since the run started, at the end of epoch N; "
+        "at most 13 epochs a run shown, the whole curves are in the JSON):",
+        "",
+    ]
     for r in results:
         step = max(1, -(-len(r["curve"]) // 12))
         shown = [point for index, point in enumerate(r["curve"]) if index % step == step - 1 or index == 0]
@@ -115,8 +142,10 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="also one 2-process torchrun run (first seed)")
     parser.add_argument("--set", action="append", default=[], help="recipe overrides, as for vitlab train")
     parser.add_argument("--json", help="also write every run's summary and curve here")
-    parser.add_argument("--section", help="the BENCHMARKS.md block to write (default train_<recipe>); one per CPU "
-                                          "kind, e.g. train_mnist_avx2")
+    parser.add_argument(
+        "--section",
+        help="the BENCHMARKS.md block to write (default train_<recipe>); one per CPU kind, e.g. train_mnist_avx2",
+    )
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as folder:

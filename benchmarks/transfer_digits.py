@@ -51,26 +51,37 @@ def main() -> None:
         os.environ["VITLAB_CACHE"] = str(Path(folder) / "cache")
         pre = quiet_train(TrainConfig(classes=[0, 1, 2, 3, 4], out_dir=folder, run_name="pretrain", progress=False))
         pretrained = Path(folder) / "pretrain"
-        random_init = save_model(VisionTransformer(variant_config("digits-8", in_chans=1, num_classes=5)),
-                                 Path(folder) / "random.safetensors")
+        random_init = save_model(
+            VisionTransformer(variant_config("digits-8", in_chans=1, num_classes=5)),
+            Path(folder) / "random.safetensors",
+        )
         rows = []
-        recipes = [(f"fine-tuning recipe, SGD lr {lr}", lambda lr=lr, **kw: finetune_config(lr=lr, **kw))
-                   for lr in (0.01, 0.03, 0.1)]
+        recipes = [
+            (f"fine-tuning recipe, SGD lr {lr}", lambda lr=lr, **kw: finetune_config(lr=lr, **kw))
+            for lr in (0.01, 0.03, 0.1)
+        ]
         recipes.append(("from-scratch recipe, AdamW lr 4e-3 + affine", lambda **kw: TrainConfig(**kw)))
         for name, make in recipes:
             results = {}
             for start, init in (("pre-trained on 0-4", str(pretrained)), ("random init", None)):
                 run = f"r{len(rows)}-{'ft' if init else 'scratch'}"
-                config = make(out_dir=folder, run_name=run, init_from=init, **BUDGET) if init else \
-                    make(out_dir=folder, run_name=run, model="digits-8", **BUDGET)
+                config = (
+                    make(out_dir=folder, run_name=run, init_from=init, **BUDGET)
+                    if init
+                    else make(out_dir=folder, run_name=run, model="digits-8", **BUDGET)
+                )
                 results[start] = quiet_train(config)
             rows.append((name, results))
             print(name, {k: round(v["test_top1"], 4) for k, v in results.items()}, flush=True)
         shots = [1, 2, 5, 10, 25]
-        fewshot = {label: run_fewshot(path, "digits", shots, seeds=5, classes=TARGET, image_size=16)
-                   for label, path in (("pre-trained on 0-4", pretrained), ("random init", random_init))}
-        probe = {label: run_linear_probe(path, "digits", classes=TARGET, image_size=16)
-                 for label, path in (("pre-trained on 0-4", pretrained), ("random init", random_init))}
+        fewshot = {
+            label: run_fewshot(path, "digits", shots, seeds=5, classes=TARGET, image_size=16)
+            for label, path in (("pre-trained on 0-4", pretrained), ("random init", random_init))
+        }
+        probe = {
+            label: run_linear_probe(path, "digits", classes=TARGET, image_size=16)
+            for label, path in (("pre-trained on 0-4", pretrained), ("random init", random_init))
+        }
     lines = [
         f"Machine: {os.cpu_count()} cores; torch {__import__('torch').__version__}. "
         "Command: `python benchmarks/transfer_digits.py`",
@@ -85,9 +96,13 @@ def main() -> None:
     for name, results in rows:
         a, b = results["pre-trained on 0-4"]["test_top1"], results["random init"]["test_top1"]
         lines.append(f"| {name} | {100 * a:.2f}% | {100 * b:.2f}% | {100 * (a - b):+.2f} points |")
-    lines += ["", "Frozen features on digits 5-9 at 16x16 (few-shot: closed-form least squares, mean of 5 seeds):", "",
-              "| features | " + " | ".join(f"{k}-shot" for k in shots) + " | linear probe (all 717) |",
-              "|---|" + "---|" * (len(shots) + 1)]
+    lines += [
+        "",
+        "Frozen features on digits 5-9 at 16x16 (few-shot: closed-form least squares, mean of 5 seeds):",
+        "",
+        "| features | " + " | ".join(f"{k}-shot" for k in shots) + " | linear probe (all 717) |",
+        "|---|" + "---|" * (len(shots) + 1),
+    ]
     for label, report in fewshot.items():
         cells = " | ".join(f"{100 * report['shots'][str(k)]['mean']:.1f}%" for k in shots)
         lines.append(f"| {label} | {cells} | {100 * probe[label]['test_top1']:.1f}% |")

@@ -23,6 +23,7 @@ config = TrainConfig(
     weight_decay=0.05,
     label_smoothing=0.1,
     drop_path=0.1,
-    augment=AugmentConfig(crop_padding=4, hflip=True, trivial_augment=1.0, mixup_alpha=0.8, cutmix_alpha=1.0,
-                          mix_probability=0.5),
+    augment=AugmentConfig(
+        crop_padding=4, hflip=True, trivial_augment=1.0, mixup_alpha=0.8, cutmix_alpha=1.0, mix_probability=0.5
+    ),
 )

@@ -56,8 +56,15 @@ def tiny_run(tmp_path_factory) -> Path:
     from vitlab.train.loop import train
 
     out = tmp_path_factory.mktemp("runs")
-    config = TrainConfig(epochs=2, warmup_epochs=1, run_name="tiny", out_dir=str(out), threads=1, progress=False,
-                         model_overrides=dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32))
+    config = TrainConfig(
+        epochs=2,
+        warmup_epochs=1,
+        run_name="tiny",
+        out_dir=str(out),
+        threads=1,
+        progress=False,
+        model_overrides=dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32),
+    )
     summary = train(config)
     assert summary["status"] == "finished"
     return out / "tiny"

@@ -18,7 +18,9 @@ def idx_bytes(array: np.ndarray) -> bytes:
     return header + array.astype(np.uint8).tobytes()
 
 
-def write_idx_set(folder: Path, count: int = 20, size: int = 28, label_max: int = 10, seed: int = 0) -> dict[str, bytes]:
+def write_idx_set(
+    folder: Path, count: int = 20, size: int = 28, label_max: int = 10, seed: int = 0
+) -> dict[str, bytes]:
     """The four MNIST-layout .gz files; returns name -> gzipped bytes."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -42,6 +44,7 @@ def cifar_tarball(path: Path, classes: int = 10, per_batch: int = 6, payload: ob
     members = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"] if cifar10 else ["train", "test"]
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+
         def add(name: str, obj: object) -> None:
             data = pickle.dumps(obj, protocol=2)
             info = tarfile.TarInfo(f"{root}/{name}")
@@ -50,8 +53,11 @@ def cifar_tarball(path: Path, classes: int = 10, per_batch: int = 6, payload: ob
 
         for index, member in enumerate(members):
             labels = [int(v) for v in rng.integers(0, classes, per_batch)]
-            batch = {b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                     b"labels" if cifar10 else b"fine_labels": labels, b"filenames": [b"x.png"] * per_batch}
+            batch = {
+                b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                b"labels" if cifar10 else b"fine_labels": labels,
+                b"filenames": [b"x.png"] * per_batch,
+            }
             add(member, payload if (payload is not None and index == 0) else batch)
         names = [f"class{i}".encode() for i in range(classes)]
         add("batches.meta" if cifar10 else "meta", {b"label_names" if cifar10 else b"fine_label_names": names})

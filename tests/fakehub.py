@@ -68,8 +68,9 @@ class FakeServer:
             if revision not in ("main", commit):
                 return self.error(handler, 404, {"X-Error-Code": "RevisionNotFound"})
             if file not in self.repos[repo]:
-                return self.error(handler, 404, {} if self.plain else {"X-Error-Code": "EntryNotFound",
-                                                                        "X-Repo-Commit": commit})
+                return self.error(
+                    handler, 404, {} if self.plain else {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": commit}
+                )
             data = self.repos[repo][file]
             headers = {"X-Repo-Commit": commit}
             if file.endswith(LARGE_FILES):
@@ -81,8 +82,16 @@ class FakeServer:
             if self.plain and head:
                 return self.error(handler, 501, {})
             data = self.bucket[path.lstrip("/")]
-            headers = {} if self.plain and handler.headers.get("Range") else {"x-goog-hash": [f"crc32c={base64.b64encode(crc32c(data).to_bytes(4, 'big')).decode()}",
-                                       f"md5={base64.b64encode(hashlib.md5(data).digest()).decode()}"]}
+            headers = (
+                {}
+                if self.plain and handler.headers.get("Range")
+                else {
+                    "x-goog-hash": [
+                        f"crc32c={base64.b64encode(crc32c(data).to_bytes(4, 'big')).decode()}",
+                        f"md5={base64.b64encode(hashlib.md5(data).digest()).decode()}",
+                    ]
+                }
+            )
         else:
             return self.error(handler, 404, {})
         self.send(handler, path, data, headers, head)
@@ -142,6 +151,12 @@ def serve_names(server: FakeServer, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    for name in ("HF_HUB_OFFLINE", "VITLAB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
-                 "HF_TOKEN"):
+    for name in (
+        "HF_HUB_OFFLINE",
+        "VITLAB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_TOKEN",
+    ):
         monkeypatch.delenv(name, raising=False)

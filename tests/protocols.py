@@ -27,8 +27,7 @@ def openers() -> list[SplitsOpener]:
     return [datasets, streamed]  # a data-source module is an opener
 
 
-def objectives(classification: Classification, mae: MaskedAutoencoding, mpp: MaskedPatchPrediction
-               ) -> list[Objective]:
+def objectives(classification: Classification, mae: MaskedAutoencoding, mpp: MaskedPatchPrediction) -> list[Objective]:
     return [classification, mae, mpp]
 
 

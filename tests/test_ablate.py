@@ -21,15 +21,18 @@ from vitlab.train.config import TrainConfig
 QUICK = ["--set", "epochs=2", "--set", "warmup_epochs=1"]
 
 
-@pytest.mark.parametrize("vary,message", [
-    (["pos_embd=none,learned"], "unknown setting (did you mean pos_embed?)"),
-    (["pos_embed=none,rotary3d"], "pos_embed=rotary3d is not valid with this recipe: pos_embed must be one of"),
-    (["lr=1e-3,-1"], "lr=-1 is not valid with this recipe: lr must be positive"),
-    (["depth=two"], "depth=two is not valid"),
-    (["seed=1,2"], "use --seeds for seeds"),
-    (["lr"], "--vary takes KEY=V1,V2"),
-    (["lr=1e-3,1e-3"], "repeats a value"),
-])
+@pytest.mark.parametrize(
+    "vary,message",
+    [
+        (["pos_embd=none,learned"], "unknown setting (did you mean pos_embed?)"),
+        (["pos_embed=none,rotary3d"], "pos_embed=rotary3d is not valid with this recipe: pos_embed must be one of"),
+        (["lr=1e-3,-1"], "lr=-1 is not valid with this recipe: lr must be positive"),
+        (["depth=two"], "depth=two is not valid"),
+        (["seed=1,2"], "use --seeds for seeds"),
+        (["lr"], "--vary takes KEY=V1,V2"),
+        (["lr=1e-3,1e-3"], "repeats a value"),
+    ],
+)
 def test_bad_vary_is_one_message_before_anything_runs(vary, message, tmp_path, capsys):
     args = ["ablate", "--out", str(tmp_path / "out")]
     for axis in vary:
@@ -41,13 +44,21 @@ def test_bad_vary_is_one_message_before_anything_runs(vary, message, tmp_path, c
 
 
 def test_combinations_that_cannot_exist_are_left_out_and_listed():
-    ablation = Ablation("t", TrainConfig(), parse_vary(["pos_embed=none,learned", "pos_embed_placement=input,every_block"]))
+    ablation = Ablation(
+        "t", TrainConfig(), parse_vary(["pos_embed=none,learned", "pos_embed_placement=input,every_block"])
+    )
     cells, skipped = plan(ablation)
-    assert [c.name for c in cells] == ["pos_embed=none, pos_embed_placement=input",
-                                       "pos_embed=learned, pos_embed_placement=input",
-                                       "pos_embed=learned, pos_embed_placement=every_block"]
-    assert skipped == [("pos_embed=none, pos_embed_placement=every_block",
-                        "pos_embed 'none' has no table to place; pos_embed_placement must be 'input', got 'every_block'")]
+    assert [c.name for c in cells] == [
+        "pos_embed=none, pos_embed_placement=input",
+        "pos_embed=learned, pos_embed_placement=input",
+        "pos_embed=learned, pos_embed_placement=every_block",
+    ]
+    assert skipped == [
+        (
+            "pos_embed=none, pos_embed_placement=every_block",
+            "pos_embed 'none' has no table to place; pos_embed_placement must be 'input', got 'every_block'",
+        )
+    ]
     # A value that no cell can use is an error, not a silently empty row.
     with pytest.raises(ConfigError, match="pos_embed_placement=every_block is not valid"):
         plan(Ablation("t", TrainConfig(), parse_vary(["pos_embed=none", "pos_embed_placement=input,every_block"])))
@@ -92,7 +103,11 @@ def test_an_ablation_writes_tables_curves_and_a_page_and_a_rerun_redoes_nothing(
     folder = out / "ablation"
     rows = list(csv.DictReader((folder / "results.csv").open()))
     assert [(r["classifier"], r["seed"], r["status"]) for r in rows] == [
-        ("token", "0", "finished"), ("token", "1", "finished"), ("gap", "0", "finished"), ("gap", "1", "finished")]
+        ("token", "0", "finished"),
+        ("token", "1", "finished"),
+        ("gap", "0", "finished"),
+        ("gap", "1", "finished"),
+    ]
     # The table's mean +- std is the runs' own figures, validation and test side by side.
     summaries = [json.loads((Path(r["run_dir"]) / "summary.json").read_text()) for r in rows]
     gap_val = [100 * s["val_top1"] for s in summaries[2:]]
@@ -123,8 +138,22 @@ def test_an_ablation_writes_tables_curves_and_a_page_and_a_rerun_redoes_nothing(
 def test_a_stopped_ablation_resumes_only_what_is_missing(tmp_path):
     """Ctrl-C while the second run trains: the finished run is kept, the stopped one resumes from its state."""
     out = tmp_path / "abl"
-    command = [sys.executable, "-m", "vitlab", "ablate", "--vary", "lr=4e-3", "--seeds", "2", "--jobs", "1",
-               "--out", str(out), "--set", "epochs=30"]
+    command = [
+        sys.executable,
+        "-m",
+        "vitlab",
+        "ablate",
+        "--vary",
+        "lr=4e-3",
+        "--seeds",
+        "2",
+        "--jobs",
+        "1",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=30",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cell = next(iter((out / "cells").glob("*")), None)
     deadline = time.monotonic() + 300
@@ -154,9 +183,11 @@ def test_a_stopped_ablation_resumes_only_what_is_missing(tmp_path):
 
 def test_an_ablation_file_runs_its_studies_and_refuses_vary(tmp_path, capsys):
     path = tmp_path / "abl.py"
-    path.write_text("from vitlab.ablate.plan import Ablation\nfrom vitlab.train.config import TrainConfig\n"
-                    "ablations = [Ablation('heads', TrainConfig(epochs=1), {'classifier': ['token', 'max']}, seeds=[0]),\n"
-                    "             Ablation('pos', TrainConfig(epochs=1), {'pos_embed': ['learned', 'none']}, seeds=[0])]\n")
+    path.write_text(
+        "from vitlab.ablate.plan import Ablation\nfrom vitlab.train.config import TrainConfig\n"
+        "ablations = [Ablation('heads', TrainConfig(epochs=1), {'classifier': ['token', 'max']}, seeds=[0]),\n"
+        "             Ablation('pos', TrainConfig(epochs=1), {'pos_embed': ['learned', 'none']}, seeds=[0])]\n"
+    )
     assert main(["ablate", str(path), "--vary", "lr=1e-3"]) == 2
     assert "is an ablation file" in capsys.readouterr().err
     assert main(["ablate", str(path), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
@@ -171,8 +202,11 @@ def test_help_lists_every_value_of_the_model_settings(capsys):
     with pytest.raises(SystemExit):
         main(["ablate", "--help"])
     text = capsys.readouterr().out
-    for name, values in (("pos_embed ", POSITION_EMBEDDINGS), ("pos_embed_placement", PLACEMENTS),
-                         ("classifier ", CLASSIFIERS)):
+    for name, values in (
+        ("pos_embed ", POSITION_EMBEDDINGS),
+        ("pos_embed_placement", PLACEMENTS),
+        ("classifier ", CLASSIFIERS),
+    ):
         line = next(line for line in text.splitlines() if line.strip().startswith(name.strip() + " "))
         assert all(value in line for value in values), line
 
@@ -185,9 +219,14 @@ def test_the_zoomed_panel_shows_the_second_half_with_the_legend_beside_it(tmp_pa
     assert plots.second_half(30) == (14.5, 30.5)
     limits, legends = [], []
     real_xlim, real_legend = matplotlib.axes.Axes.set_xlim, matplotlib.axes.Axes.legend
-    monkeypatch.setattr(matplotlib.axes.Axes, "set_xlim", lambda self, *a, **k: (limits.append(a), real_xlim(self, *a, **k))[1])
-    monkeypatch.setattr(matplotlib.axes.Axes, "legend", lambda self, *a, **k: (legends.append(k), real_legend(self, *a, **k))[1])
-    plots.plot_ablation_curves({"a": [[0.5 + e / 100 for e in range(30)]], "b": [[0.4 + e / 90 for e in range(30)]]},
-                               tmp_path / "curves.png")
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "set_xlim", lambda self, *a, **k: (limits.append(a), real_xlim(self, *a, **k))[1]
+    )
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "legend", lambda self, *a, **k: (legends.append(k), real_legend(self, *a, **k))[1]
+    )
+    plots.plot_ablation_curves(
+        {"a": [[0.5 + e / 100 for e in range(30)]], "b": [[0.4 + e / 90 for e in range(30)]]}, tmp_path / "curves.png"
+    )
     assert (14.5, 30.5) in limits and legends[-1]["bbox_to_anchor"][0] > 1  # outside the panel
     assert (tmp_path / "curves.png").stat().st_size > 1000

@@ -13,11 +13,15 @@ from vitlab.config import CLASSIFIERS, PLACEMENTS, POSITION_EMBEDDINGS, ViTConfi
 from vitlab.errors import ConfigError
 from vitlab.models.vit import VisionTransformer
 
-TINY = dict(image_size=(12, 16), patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5,
-            in_chans=1)  # a 3 x 4 grid: rows and columns differ, so a transposed table would show
-POSITION_CELLS = [(kind, placement) for kind, placement in itertools.product(POSITION_EMBEDDINGS, PLACEMENTS)
-                  if not (kind in ("none", "relative", "rope") and placement != "input")
-                  and not (kind == "sincos2d" and placement == "every_block")]
+TINY = dict(
+    image_size=(12, 16), patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5, in_chans=1
+)  # a 3 x 4 grid: rows and columns differ, so a transposed table would show
+POSITION_CELLS = [
+    (kind, placement)
+    for kind, placement in itertools.product(POSITION_EMBEDDINGS, PLACEMENTS)
+    if not (kind in ("none", "relative", "rope") and placement != "input")
+    and not (kind == "sincos2d" and placement == "every_block")
+]
 POOLINGS = [c for c in CLASSIFIERS]
 
 
@@ -131,7 +135,8 @@ def test_without_absolute_positions_the_encoder_is_permutation_equivariant_over_
 
     out, out_permuted = encode(tokens), encode(permuted)
     equivariant = torch.allclose(out_permuted[:, 1:], out[:, 1:][:, order], atol=1e-5) and torch.allclose(
-        out_permuted[:, 0], out[:, 0], atol=1e-5)
+        out_permuted[:, 0], out[:, 0], atol=1e-5
+    )
     assert equivariant == (kind == "none")
 
 
@@ -199,16 +204,24 @@ def test_layer_weighted_with_a_class_token_mixes_each_blocks_class_token():
     torch.testing.assert_close(model.forward_pre_logits(images), expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("fields", [dict(pos_embed=k, pos_embed_placement=p) for k, p in POSITION_CELLS if k != "learned"]
-                         + [dict(classifier=c) for c in ("gem", "max", "layer_weighted")])
+@pytest.mark.parametrize(
+    "fields",
+    [dict(pos_embed=k, pos_embed_placement=p) for k, p in POSITION_CELLS if k != "learned"]
+    + [dict(classifier=c) for c in ("gem", "max", "layer_weighted")],
+)
 def test_onnx_export_matches_pytorch_at_a_new_size_too(fields, tmp_path):
     pytest.importorskip("onnxruntime")
     from vitlab.export import onnx as export
 
     model = trained_like(ViTConfig(**{**TINY, "in_chans": 3}, **fields))
     path = tmp_path / "m.onnx"
-    summary = export.run_export(model, path, dynamic_batch=True, dynamic_size=True,
-                                pixels=torch.randint(0, 256, (4, 3, 12, 16), dtype=torch.uint8))
+    summary = export.run_export(
+        model,
+        path,
+        dynamic_batch=True,
+        dynamic_size=True,
+        pixels=torch.randint(0, 256, (4, 3, 12, 16), dtype=torch.uint8),
+    )
     assert summary["max_abs_diff"] <= 1e-4
     import onnxruntime as ort
 
@@ -221,8 +234,14 @@ def test_onnx_export_matches_pytorch_at_a_new_size_too(fields, tmp_path):
     torch.testing.assert_close(torch.from_numpy(got), reference(larger), rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("fields", [dict(pos_embed="none"), dict(pos_embed="learned", pos_embed_placement="every_block"),
-                                    dict(pos_embed="relative", classifier="gem")])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(pos_embed="none"),
+        dict(pos_embed="learned", pos_embed_placement="every_block"),
+        dict(pos_embed="relative", classifier="gem"),
+    ],
+)
 def test_analysis_runs_on_the_new_kinds(fields, tmp_path):
     from vitlab.analysis.report import analyze
 
@@ -234,9 +253,16 @@ def test_analysis_runs_on_the_new_kinds(fields, tmp_path):
     assert len(summary["mean_attention_distance"]) == 3
 
 
-@pytest.mark.parametrize("fields", [dict(pos_embed="relative"), dict(pos_embed="learned_2d"),
-                                    dict(pos_embed="learned", pos_embed_placement="every_block"),
-                                    dict(classifier="gem"), dict(classifier="layer_weighted")])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(pos_embed="relative"),
+        dict(pos_embed="learned_2d"),
+        dict(pos_embed="learned", pos_embed_placement="every_block"),
+        dict(classifier="gem"),
+        dict(classifier="layer_weighted"),
+    ],
+)
 def test_timm_and_hugging_face_exports_refuse_what_they_cannot_hold_and_write_nothing(fields, tmp_path):
     from vitlab.checkpoint.formats import export_checkpoint
     from vitlab.errors import CheckpointError

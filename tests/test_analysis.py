@@ -99,8 +99,9 @@ def test_filter_pca_components_are_orthonormal_with_decreasing_variance():
 
 
 def test_streaming_accumulators_match_the_stored_attention():
-    model = create_model(ViTConfig(image_size=(16, 24), patch_size=4, embed_dim=32, depth=3, num_heads=4,
-                                   mlp_dim=64, num_classes=3)).eval()
+    model = create_model(
+        ViTConfig(image_size=(16, 24), patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=3)
+    ).eval()
     images = torch.randn(5, 3, 16, 24)
     with torch.no_grad():
         stored = model.forward_intermediates(images)["attentions"]
@@ -120,8 +121,16 @@ def digits_model(tmp_path_factory):
     from vitlab.train.loop import train
 
     folder = tmp_path_factory.mktemp("runs")
-    train(TrainConfig(model_overrides=dict(embed_dim=16, depth=2, num_heads=2, mlp_dim=32), epochs=1,
-                      out_dir=str(folder), run_name="tiny", progress=False, threads=1))
+    train(
+        TrainConfig(
+            model_overrides=dict(embed_dim=16, depth=2, num_heads=2, mlp_dim=32),
+            epochs=1,
+            out_dir=str(folder),
+            run_name="tiny",
+            progress=False,
+            threads=1,
+        )
+    )
     return folder / "tiny"
 
 
@@ -147,18 +156,47 @@ def test_analyze_gap_and_hybrid_models_and_image_files(tmp_path):
 
     for index in range(3):
         Image.new("RGB", (40, 40), (index * 80, 0, 0)).save(tmp_path / f"{index}.png")
-    gap = create_model(ViTConfig(image_size=(16, 32), patch_size=8, embed_dim=16, depth=1, num_heads=2, mlp_dim=32,
-                                 num_classes=3, classifier="gap"))
+    gap = create_model(
+        ViTConfig(
+            image_size=(16, 32),
+            patch_size=8,
+            embed_dim=16,
+            depth=1,
+            num_heads=2,
+            mlp_dim=32,
+            num_classes=3,
+            classifier="gap",
+        )
+    )
     summary = analyze(save_model(gap, tmp_path / "gap.safetensors"), [str(tmp_path)], out=tmp_path / "gap")
     assert summary["grid_size"] == [2, 4] and "class_token_attention" not in summary["files"]
-    hybrid = create_model(ViTConfig(image_size=32, patch_size=1, embed_dim=32, depth=1, num_heads=4, mlp_dim=64,
-                                    num_classes=3, resnet_layers=(1, 1), resnet_width_factor=0.5))
+    hybrid = create_model(
+        ViTConfig(
+            image_size=32,
+            patch_size=1,
+            embed_dim=32,
+            depth=1,
+            num_heads=4,
+            mlp_dim=64,
+            num_classes=3,
+            resnet_layers=(1, 1),
+            resnet_width_factor=0.5,
+        )
+    )
     summary = analyze(save_model(hybrid, tmp_path / "hybrid.safetensors"), [str(tmp_path)], out=tmp_path / "hy")
     assert summary["patch_size_pixels"] == [8, 8] and "filters" not in summary["files"]
 
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def test_report_opens_in_headless_chromium_and_shows_its_images(digits_model, tmp_path):
@@ -172,9 +210,19 @@ def test_report_opens_in_headless_chromium_and_shows_its_images(digits_model, tm
     summary = analyze(digits_model, ["digits"], out=tmp_path, num_shown=4, num_distance_images=40)
     screenshot = tmp_path / "screen.png"
     with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1000,1400",
-                        f"--screenshot={screenshot}", f"file://{summary['report']}"],
-                       capture_output=True, timeout=120, check=True)
+        subprocess.run(
+            [
+                browser,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                "--window-size=1000,1400",
+                f"--screenshot={screenshot}",
+                f"file://{summary['report']}",
+            ],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
     pixels = np.asarray(Image.open(screenshot).convert("RGB")).astype(int)
     non_white = (pixels.sum(axis=-1) < 700).mean()
     # The rollout overlay uses the jet colour map: saturated reds and blues only come from the embedded images.

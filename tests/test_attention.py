@@ -57,7 +57,7 @@ def test_explicit_attention_backward_equals_autograds_in_float64():
     torch.manual_seed(0)
     batch, tokens, heads, head_dim = 3, 5, 2, 4
     qkv = torch.randn(batch, tokens, 3 * heads * head_dim, dtype=torch.float64, requires_grad=True)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
 
     def by_autograd(x):
         q, k, v = x.reshape(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)

@@ -18,8 +18,17 @@ from vitlab.errors import UsageError
 from vitlab.eval.classify import evaluate
 from vitlab.models import create_model
 
-TINY = ViTConfig(image_size=8, patch_size=2, embed_dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=10,
-                 in_chans=3, class_names=[str(i) for i in range(10)])
+TINY = ViTConfig(
+    image_size=8,
+    patch_size=2,
+    embed_dim=32,
+    depth=2,
+    num_heads=4,
+    mlp_dim=64,
+    num_classes=10,
+    in_chans=3,
+    class_names=[str(i) for i in range(10)],
+)
 FAST = dict(repetitions=2, warmup=1, min_sample_seconds=0.01)
 
 
@@ -30,10 +39,12 @@ def test_interleaved_timing_rotates_the_order_and_measures_each_candidate():
         def run():
             order.append(name)
             time.sleep(seconds)
+
         return run
 
-    timing = time_interleaved({"a": sleeper("a", 0.004), "b": sleeper("b", 0.012)}, repetitions=4, warmup=1,
-                              min_sample_seconds=0.0)
+    timing = time_interleaved(
+        {"a": sleeper("a", 0.004), "b": sleeper("b", 0.012)}, repetitions=4, warmup=1, min_sample_seconds=0.0
+    )
     assert timing["a"]["samples"] == timing["b"]["samples"] == 4
     assert 0.004 <= timing["a"]["median"] < timing["b"]["median"] and timing["b"]["median"] >= 0.012
     timed = order[4:]  # after one warm-up call each and one calibration call each
@@ -68,13 +79,31 @@ def trained_checkpoint(tmp_path_factory):
 def test_every_inference_path_computes_the_same_logits_and_accuracy_matches_evaluate(trained_checkpoint):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("transformers")
-    result = run_bench(checkpoint=str(trained_checkpoint), batch_size=64,
-                       paths=["eager-fp32", "eager-bf16", "onnx-fp32", "onnx-int8", "onnx-int8-static", "transformers",
-                              "transformers-onnx"],
-                       dataset="digits", **FAST)
+    result = run_bench(
+        checkpoint=str(trained_checkpoint),
+        batch_size=64,
+        paths=[
+            "eager-fp32",
+            "eager-bf16",
+            "onnx-fp32",
+            "onnx-int8",
+            "onnx-int8-static",
+            "transformers",
+            "transformers-onnx",
+        ],
+        dataset="digits",
+        **FAST,
+    )
     rows = {row["path"]: row for row in result["paths"]}
-    assert set(rows) == {"eager-fp32", "eager-bf16", "onnx-fp32", "onnx-int8", "onnx-int8-static", "transformers",
-                         "transformers-onnx"}
+    assert set(rows) == {
+        "eager-fp32",
+        "eager-bf16",
+        "onnx-fp32",
+        "onnx-int8",
+        "onnx-int8-static",
+        "transformers",
+        "transformers-onnx",
+    }
     # Static int8 (calibrated activations) classifies the trained model nearly as fp32 does.
     assert rows["onnx-int8-static"]["agreement_with_eager_fp32"] >= 0.95
     # transformers' own model through torch.onnx and ONNX Runtime (the peers' exported route) computes the same.
@@ -96,7 +125,8 @@ def test_every_inference_path_computes_the_same_logits_and_accuracy_matches_eval
         assert result["peaks_gflops_per_second"]["int8"] > 0
         int8 = rows["onnx-int8"]
         assert int8["percent_of_peak"] == pytest.approx(
-            100 * int8["gflops_per_second"] / result["peaks_gflops_per_second"]["int8"])
+            100 * int8["gflops_per_second"] / result["peaks_gflops_per_second"]["int8"]
+        )
     table = format_table(result)
     assert "onnxruntime int8" in table and "fastest:" in table and "top-1" in table
 
@@ -107,8 +137,26 @@ def test_bench_cli_writes_json_and_skips_what_cannot_run(tmp_path, capsys, monke
 
     monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "torch-int8", unavailable)
     out = tmp_path / "bench.json"
-    assert main(["bench", "--model", "digits-8", "--batch-size", "8", "--paths", "eager-fp32,torch-int8",
-                 "--repetitions", "1", "--warmup", "0", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                "digits-8",
+                "--batch-size",
+                "8",
+                "--paths",
+                "eager-fp32,torch-int8",
+                "--repetitions",
+                "1",
+                "--warmup",
+                "0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     printed = captured.out
     assert "torch-int8" in printed and "skipped: not here" in printed
@@ -116,7 +164,9 @@ def test_bench_cli_writes_json_and_skips_what_cannot_run(tmp_path, capsys, monke
     assert "bench: preparing eager-fp32" in captured.err and "bench: eager-fp32 ready" in captured.err
     assert "bench: torch-int8 unavailable: not here" in captured.err and "timing" in captured.err
     result = json.loads(out.read_text())
-    assert [row["path"] for row in result["paths"]] == ["eager-fp32"] and result["skipped"] == {"torch-int8": "not here"}
+    assert [row["path"] for row in result["paths"]] == ["eager-fp32"] and result["skipped"] == {
+        "torch-int8": "not here"
+    }
     assert result["machine"]["threads"] >= 1 and result["gflops_per_image"] > 0
 
 
@@ -169,8 +219,9 @@ def test_pt2e_static_int8_agrees_with_fp32_on_a_trained_model(trained_checkpoint
     # The bf16 rest only where this CPU has bf16 units: elsewhere bf16 is emulated, slow, and no path bench
     # would choose (test_pt2e.py checks the deployed file on every CPU).
     quantized = ["pt2e-int8"] + (["pt2e-int8-bf16"] if cpu_units().bf16 else [])
-    result = run_bench(checkpoint=str(trained_checkpoint), batch_size=64, paths=["eager-fp32", *quantized],
-                       dataset="digits", **FAST)
+    result = run_bench(
+        checkpoint=str(trained_checkpoint), batch_size=64, paths=["eager-fp32", *quantized], dataset="digits", **FAST
+    )
     rows = {row["path"]: row for row in result["paths"]}
     assert set(quantized) <= set(rows), result["skipped"]
     # The 30-step test model is unsure (near-ties flip under int8 rounding); the trained digits recipe model
@@ -202,13 +253,32 @@ def test_the_onednn_int8_peak_kernel_computes_the_quantized_product():
 
 
 def test_the_table_shows_sub_millisecond_latencies_with_their_digits():
-    row = {"path": "eager-fp32", "name": "eager fp32", "precision": "fp32", "seconds_per_batch": 0.000532,
-           "images_per_second": 1879.7, "gflops_per_second": 52.4, "percent_of_peak": None, "vs_eager_fp32": 1.0,
-           "vs_reference": None}
-    result = {"mode": "inference", "model": "tiny", "config": {"embed_dim": 32, "depth": 2}, "image_size": [8, 8],
-              "batch_size": 1, "gflops_per_image": 0.0278, "machine": {"cpu": "cpu", "threads": 2, "torch": "x"},
-              "peaks_gflops_per_second": {}, "repetitions": 3, "warmup": 1, "paths": [row], "skipped": {},
-              "fastest": "eager-fp32"}
+    row = {
+        "path": "eager-fp32",
+        "name": "eager fp32",
+        "precision": "fp32",
+        "seconds_per_batch": 0.000532,
+        "images_per_second": 1879.7,
+        "gflops_per_second": 52.4,
+        "percent_of_peak": None,
+        "vs_eager_fp32": 1.0,
+        "vs_reference": None,
+    }
+    result = {
+        "mode": "inference",
+        "model": "tiny",
+        "config": {"embed_dim": 32, "depth": 2},
+        "image_size": [8, 8],
+        "batch_size": 1,
+        "gflops_per_image": 0.0278,
+        "machine": {"cpu": "cpu", "threads": 2, "torch": "x"},
+        "peaks_gflops_per_second": {},
+        "repetitions": 3,
+        "warmup": 1,
+        "paths": [row],
+        "skipped": {},
+        "fastest": "eager-fp32",
+    }
     assert "0.532" in format_table(result)  # not "0.5"
     row["seconds_per_batch"] = 2.1513
     assert "2151.3" in format_table(result)
@@ -224,6 +294,7 @@ def test_the_transformers_reference_of_a_grey_model_runs_without_library_noise(c
 # ------------------------------------------------------------------------------------------------ budgets
 def slow_path(prepare_seconds=0.0, call_seconds=0.0, finished=None):
     """A path builder that takes its time: preparing (as a compiler would), then per call."""
+
     def build(model, sample):
         time.sleep(prepare_seconds)
         if finished is not None:
@@ -232,7 +303,9 @@ def slow_path(prepare_seconds=0.0, call_seconds=0.0, finished=None):
         def run(images):
             time.sleep(call_seconds)
             return model(images)
+
         return bench_paths.BenchPath("slow", "fp32", run)
+
     return build
 
 
@@ -241,12 +314,21 @@ def test_a_path_over_its_budget_is_reported_not_waited_for(monkeypatch):
     monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "compile-fp32", slow_path(prepare_seconds=30, finished=finished))
     monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "torch-int8", slow_path(call_seconds=0.6))
     started = time.perf_counter()
-    result = run_bench("digits-8", batch_size=4, paths=["eager-fp32", "compile-fp32", "torch-int8"],
-                       budget_seconds=1.0, repetitions=4, warmup=1, min_sample_seconds=0.01)
+    result = run_bench(
+        "digits-8",
+        batch_size=4,
+        paths=["eager-fp32", "compile-fp32", "torch-int8"],
+        budget_seconds=1.0,
+        repetitions=4,
+        warmup=1,
+        min_sample_seconds=0.01,
+    )
     assert time.perf_counter() - started < 25  # the 30 s preparation was cut off, not waited for
     assert finished == []
-    assert result["skipped"]["compile-fp32"] == "over its 1 s budget while preparing it (export, quantization or " \
-                                                "compilation)"
+    assert (
+        result["skipped"]["compile-fp32"] == "over its 1 s budget while preparing it (export, quantization or "
+        "compilation)"
+    )
     rows = {row["path"]: row for row in result["paths"]}
     assert rows["torch-int8"]["rounds"] == 1 and rows["eager-fp32"]["rounds"] == 4  # cut to what fits, not dropped
     table = format_table(result)
@@ -256,17 +338,28 @@ def test_a_path_over_its_budget_is_reported_not_waited_for(monkeypatch):
 
 def test_the_tables_time_limit_leaves_later_paths_unrun(monkeypatch):
     monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "eager-bf16", slow_path(prepare_seconds=3))
-    result = run_bench("digits-8", batch_size=4, paths=["eager-bf16", "eager-fp32"], total_seconds=6.0,
-                       budget_seconds=30, repetitions=2, warmup=0, min_sample_seconds=0.01)
+    result = run_bench(
+        "digits-8",
+        batch_size=4,
+        paths=["eager-bf16", "eager-fp32"],
+        total_seconds=6.0,
+        budget_seconds=30,
+        repetitions=2,
+        warmup=0,
+        min_sample_seconds=0.01,
+    )
     assert [row["path"] for row in result["paths"]] == ["eager-bf16"]
     assert result["skipped"]["eager-fp32"].startswith("not run: the 6 s limit of the whole table")
 
 
-@pytest.mark.parametrize("units, fastest", [
-    ("avx2", ["onnx-int8"]),
-    ("avx2,avx512,vnni", ["pt2e-int8", "onnx-int8"]),
-    ("avx2,avx512,vnni,avx512_bf16,amx", ["pt2e-int8-bf16", "compile-bf16"]),
-])
+@pytest.mark.parametrize(
+    "units, fastest",
+    [
+        ("avx2", ["onnx-int8"]),
+        ("avx2,avx512,vnni", ["pt2e-int8", "onnx-int8"]),
+        ("avx2,avx512,vnni,avx512_bf16,amx", ["pt2e-int8-bf16", "compile-bf16"]),
+    ],
+)
 def test_quick_keeps_the_paths_fastest_on_this_kind_of_cpu_and_bf16_needs_bf16_units(monkeypatch, units, fastest):
     from vitlab.bench.runner import choose_paths
 
@@ -280,14 +373,18 @@ def test_quick_keeps_the_paths_fastest_on_this_kind_of_cpu_and_bf16_needs_bf16_u
     if not has_bf16:
         assert "no bf16 units" in left_out["eager-bf16"] and "--paths" in left_out["eager-bf16"]
         assert choose_paths(False, False, cpu, ["eager-bf16"])[0] == ["eager-bf16"]  # named: measured anyway
-    assert choose_paths(True, True, cpu, None)[0] == ["eager-fp32", "autocast-bf16" if has_bf16 else "compile-fp32",
-                                                     "transformers"]
+    assert choose_paths(True, True, cpu, None)[0] == [
+        "eager-fp32",
+        "autocast-bf16" if has_bf16 else "compile-fp32",
+        "transformers",
+    ]
 
 
 def test_quick_gives_a_table_whose_header_names_the_cpus_units(monkeypatch, capsys):
     def fake(name):
         def build(model, sample):
             return bench_paths.BenchPath(name, "int8", lambda images: model(images))
+
         return build
 
     # The real int8 paths compile for tens of seconds; their own tests cover them. Here: the quick flow.

@@ -36,25 +36,34 @@ def write_folder(folder: Path, tensors: dict[str, torch.Tensor], config: dict | 
 
 def dinov3_tensors() -> dict[str, torch.Tensor]:
     """A few tensors as transformers' DINOv3ViTModel names them (its patch projection is a bare Conv2d)."""
-    return {"embeddings.cls_token": torch.zeros(1, 1, 8), "embeddings.register_tokens": torch.zeros(1, 4, 8),
-            "embeddings.patch_embeddings.weight": torch.zeros(8, 3, 4, 4),
-            "layer.0.attention.q_proj.weight": torch.zeros(8, 8), "norm.weight": torch.ones(8)}
+    return {
+        "embeddings.cls_token": torch.zeros(1, 1, 8),
+        "embeddings.register_tokens": torch.zeros(1, 4, 8),
+        "embeddings.patch_embeddings.weight": torch.zeros(8, 3, 4, 4),
+        "layer.0.attention.q_proj.weight": torch.zeros(8, 8),
+        "norm.weight": torch.ones(8),
+    }
 
 
 def siglip2_tensors() -> dict[str, torch.Tensor]:
     """A few tensors of a SigLIP 2 NaFlex image tower: a linear patch embedding, (D, P * P * C)."""
-    return {"vision_model.embeddings.patch_embedding.weight": torch.zeros(8, 4 * 4 * 3),
-            "vision_model.embeddings.position_embedding.weight": torch.zeros(16, 8),
-            "vision_model.encoder.layers.0.self_attn.q_proj.weight": torch.zeros(8, 8),
-            "vision_model.post_layernorm.weight": torch.ones(8)}
+    return {
+        "vision_model.embeddings.patch_embedding.weight": torch.zeros(8, 4 * 4 * 3),
+        "vision_model.embeddings.position_embedding.weight": torch.zeros(16, 8),
+        "vision_model.encoder.layers.0.self_attn.q_proj.weight": torch.zeros(8, 8),
+        "vision_model.post_layernorm.weight": torch.ones(8),
+    }
 
 
 # ------------------------------------------------------------------------------ families vitlab does not build
 @pytest.mark.parametrize("with_config", [True, False], ids=["config.json", "tensors alone"])
 def test_an_hf_dinov3_folder_is_refused_by_family_name(tmp_path, with_config):
     folder = write_folder(tmp_path / "dinov3", dinov3_tensors(), {"model_type": "dinov3_vit"} if with_config else None)
-    with pytest.raises(CheckpointError, match=r"family dinov3_vit is not supported \(supported: vit, deit, vit_mae, "
-                                              r"dinov2, .*\); DINOv3 needs 2-D rotary positions") as refused:
+    with pytest.raises(
+        CheckpointError,
+        match=r"family dinov3_vit is not supported \(supported: vit, deit, vit_mae, "
+        r"dinov2, .*\); DINOv3 needs 2-D rotary positions",
+    ) as refused:
         load_model(folder)
     assert "names of a ViT checkpoint but not its shapes" not in str(refused.value)
 
@@ -63,8 +72,11 @@ def test_an_hf_dinov3_folder_is_refused_by_family_name(tmp_path, with_config):
 def test_a_siglip2_naflex_tower_is_refused_not_read_with_an_empty_patch_size(tmp_path, with_config):
     config = {"model_type": "siglip2_vision_model", "patch_size": 4, "hidden_size": 8} if with_config else None
     folder = write_folder(tmp_path / "siglip2", siglip2_tensors(), config)
-    with pytest.raises(CheckpointError, match=r"family siglip2_vision_model is not supported \(supported: .*siglip"
-                                              r"_vision_model\); SigLIP 2 needs NaFlex inputs"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"family siglip2_vision_model is not supported \(supported: .*siglip"
+        r"_vision_model\); SigLIP 2 needs NaFlex inputs",
+    ):
         read_checkpoint(folder)
 
 
@@ -72,19 +84,29 @@ def test_a_siglip2_naflex_tower_is_refused_not_read_with_an_empty_patch_size(tmp
 def test_any_model_type_the_table_lacks_gets_the_same_one_message(tmp_path, model_type):
     state = load_file(FIXTURES / "hf_vit" / "model.safetensors")  # tensors vitlab could read: the config decides
     folder = write_folder(tmp_path / model_type, state, {"model_type": model_type})
-    with pytest.raises(CheckpointError, match=f"its config.json says model_type '{model_type}': family {model_type} "
-                                              r"is not supported \(supported: vit, "):
+    with pytest.raises(
+        CheckpointError,
+        match=f"its config.json says model_type '{model_type}': family {model_type} "
+        r"is not supported \(supported: vit, ",
+    ):
         read_checkpoint(folder)
 
 
-@pytest.mark.parametrize("key, feature", [("blocks.0.attn.q_norm.weight", "query-key norm"),
-                                          ("blocks.0.mlp.fc1_g.weight", "a SwiGLU MLP")])
+@pytest.mark.parametrize(
+    "key, feature", [("blocks.0.attn.q_norm.weight", "query-key norm"), ("blocks.0.mlp.fc1_g.weight", "a SwiGLU MLP")]
+)
 def test_a_timm_state_dict_with_a_feature_vitlab_does_not_build_names_it(tmp_path, key, feature):
-    state = {"patch_embed.proj.weight": torch.zeros(8, 3, 4, 4), "blocks.0.attn.qkv.weight": torch.zeros(24, 8),
-             key: torch.ones(8)}
+    state = {
+        "patch_embed.proj.weight": torch.zeros(8, 3, 4, 4),
+        "blocks.0.attn.qkv.weight": torch.zeros(24, 8),
+        key: torch.ones(8),
+    }
     save_file(state, tmp_path / "w.safetensors")
-    with pytest.raises(CheckpointError, match=f"a timm ViT checkpoint with {feature} \\(it has '{key}'\\), which "
-                                              "vitlab's models do not build yet. vitlab loads the paper's ViT"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"a timm ViT checkpoint with {feature} \\(it has '{key}'\\), which "
+        "vitlab's models do not build yet. vitlab loads the paper's ViT",
+    ):
         load_model(tmp_path / "w.safetensors")
 
 
@@ -97,24 +119,44 @@ def test_an_hf_vit_folder_whose_config_says_vit_loads_as_before():
     assert set(state) == set(create_model(config).state_dict())
 
 
-@pytest.mark.parametrize("weights, model_type, says, looks_like", [
-    ("hf_vit", "clip_vision_model", "Hugging Face CLIP or SigLIP image tower", "Hugging Face ViT / DeiT / MAE / DINO"),
-    ("hf_dinov2", "vit", "Hugging Face ViT / DeiT / MAE / DINO", "Hugging Face DINOv2"),
-    ("hf_clip_vision", "dinov2", "Hugging Face DINOv2", "Hugging Face CLIP or SigLIP image tower"),
-])
+@pytest.mark.parametrize(
+    "weights, model_type, says, looks_like",
+    [
+        (
+            "hf_vit",
+            "clip_vision_model",
+            "Hugging Face CLIP or SigLIP image tower",
+            "Hugging Face ViT / DeiT / MAE / DINO",
+        ),
+        ("hf_dinov2", "vit", "Hugging Face ViT / DeiT / MAE / DINO", "Hugging Face DINOv2"),
+        ("hf_clip_vision", "dinov2", "Hugging Face DINOv2", "Hugging Face CLIP or SigLIP image tower"),
+    ],
+)
 def test_a_folder_is_reported_as_what_its_config_says(tmp_path, weights, model_type, says, looks_like):
-    folder = write_folder(tmp_path / weights, load_file(FIXTURES / weights / "model.safetensors"),
-                          {"model_type": model_type})
-    with pytest.raises(CheckpointError, match=f"config.json says model_type '{model_type}' \\({says}\\), but its "
-                                              f"tensors are not that layout \\(they are a {looks_like} checkpoint's\\)"):
+    folder = write_folder(
+        tmp_path / weights, load_file(FIXTURES / weights / "model.safetensors"), {"model_type": model_type}
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=f"config.json says model_type '{model_type}' \\({says}\\), but its "
+        f"tensors are not that layout \\(they are a {looks_like} checkpoint's\\)",
+    ):
         read_checkpoint(folder)
 
 
 def test_the_sidecar_model_type_chooses_the_row_before_any_signature(monkeypatch):
     """A row whose signature would claim the file is passed over when the config names another row."""
-    claims_everything = Family("greedy", "greedy", kind="greedy", origin="nowhere", models=(), containers=("safetensors",),
-                               matches=lambda weights: True, read_config=families.family("hf-vit").read_config,
-                               to_vitlab=families.family("hf-vit").to_vitlab)
+    claims_everything = Family(
+        "greedy",
+        "greedy",
+        kind="greedy",
+        origin="nowhere",
+        models=(),
+        containers=("safetensors",),
+        matches=lambda weights: True,
+        read_config=families.family("hf-vit").read_config,
+        to_vitlab=families.family("hf-vit").to_vitlab,
+    )
     monkeypatch.setattr(families, "FAMILIES", (claims_everything,) + families.FAMILIES)
     tensors = load_file(FIXTURES / "hf_vit" / "model.safetensors")
     assert family_of(Weights("hf_vit", "safetensors", tensors, sidecar={"model_type": "vit"})).name == "hf-vit"
@@ -139,8 +181,18 @@ class FakeFamily:
     def to_vitlab(state: dict, config: ViTConfig, source: str) -> dict:
         return {key.removeprefix("fake."): value for key, value in state.items() if key != "fake.marker"}
 
-    ROW = Family("fake", "fake ViT", kind="fake", origin="fake", models=(), containers=("safetensors",),
-                 matches=matches, read_config=read_config, to_vitlab=to_vitlab, model_types=("fake_vit",))
+    ROW = Family(
+        "fake",
+        "fake ViT",
+        kind="fake",
+        origin="fake",
+        models=(),
+        containers=("safetensors",),
+        matches=matches,
+        read_config=read_config,
+        to_vitlab=to_vitlab,
+        model_types=("fake_vit",),
+    )
 
 
 @pytest.mark.parametrize("config_json", [None, {"model_type": "fake_vit"}], ids=["signature", "model_type"])
@@ -189,7 +241,10 @@ def test_every_row_states_its_processor_defaults_and_a_file_without_its_own_gets
     config = read_checkpoint(FIXTURES / "hf_vit")[0]
     defaults = families.family("hf-vit").preprocessing["vit"]
     assert (config.preprocessing, config.image_mean, config.image_std) == (
-        defaults["preprocessing"], defaults["image_mean"], defaults["image_std"])
+        defaults["preprocessing"],
+        defaults["image_mean"],
+        defaults["image_std"],
+    )
 
 
 @pytest.mark.parametrize("name", [row.name for row in families.FAMILIES if row.from_vitlab is not None])
@@ -204,9 +259,11 @@ def test_every_row_that_writes_its_layout_converts_to_it_and_back(name):
 
 
 def test_the_table_and_the_names_load_without_torch():
-    code = ("import sys; from vitlab.checkpoint import families; from vitlab import pretrained; from vitlab.cli import build_parser; "
-            "build_parser(); families.supported_families(); pretrained.parse_name('augreg:B/16'); "
-            "print(sorted({'torch', 'numpy'} & set(sys.modules)))")
+    code = (
+        "import sys; from vitlab.checkpoint import families; from vitlab import pretrained; from vitlab.cli import build_parser; "
+        "build_parser(); families.supported_families(); pretrained.parse_name('augreg:B/16'); "
+        "print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

@@ -11,8 +11,16 @@ from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
 from vitlab.models import create_model
 
-TINY = ViTConfig(image_size=8, patch_size=2, embed_dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3,
-                 class_names=["a", "b", "c"])
+TINY = ViTConfig(
+    image_size=8,
+    patch_size=2,
+    embed_dim=16,
+    depth=2,
+    num_heads=2,
+    mlp_dim=32,
+    num_classes=3,
+    class_names=["a", "b", "c"],
+)
 
 
 def test_save_and_load_round_trip_keeps_weights_and_config(tmp_path):
@@ -50,15 +58,20 @@ def test_mismatched_shape_names_the_key_and_both_shapes(tmp_path):
     tensors = load_file(path)
     tensors["blocks.1.mlp.fc1.weight"] = torch.zeros(33, 16)
     save_file(tensors, path, metadata=metadata)
-    with pytest.raises(CheckpointError, match=r"'blocks.1.mlp.fc1.weight' has shape \(33, 16\), the model expects \(32, 16\)"):
+    with pytest.raises(
+        CheckpointError, match=r"'blocks.1.mlp.fc1.weight' has shape \(33, 16\), the model expects \(32, 16\)"
+    ):
         load_model(path)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda t: t.pop("norm.bias"), "missing tensor 'norm.bias'"),
-    (lambda t: t.update(extra=torch.zeros(2)), "unexpected tensor 'extra'"),
-    (lambda t: t["head.bias"].fill_(float("nan")), "'head.bias' holds NaN"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t.pop("norm.bias"), "missing tensor 'norm.bias'"),
+        (lambda t: t.update(extra=torch.zeros(2)), "unexpected tensor 'extra'"),
+        (lambda t: t["head.bias"].fill_(float("nan")), "'head.bias' holds NaN"),
+    ],
+)
 def test_incomplete_or_broken_state_dicts_are_refused(tmp_path, change, message):
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -112,11 +125,14 @@ def test_plain_torch_state_dict_loads(tmp_path):
     torch.testing.assert_close(loaded(x), model(x))
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "not a checkpoint vitlab reads"),
-    (b"hello world, not weights", "not a checkpoint vitlab reads"),
-    (b"PK\x03\x04garbage", "zip archive but is corrupt"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "not a checkpoint vitlab reads"),
+        (b"hello world, not weights", "not a checkpoint vitlab reads"),
+        (b"PK\x03\x04garbage", "zip archive but is corrupt"),
+    ],
+)
 def test_junk_files_are_clear_errors(tmp_path, content, message):
     path = tmp_path / "junk.safetensors"
     path.write_bytes(content)
@@ -138,14 +154,20 @@ def jax_arrays():
         return {name: archive[name] for name in archive.files}
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda a: a.pop("Transformer/encoder_norm/bias"), "missing array 'Transformer/encoder_norm/bias'"),
-    (lambda a: a.update({"extra/kernel": np.zeros(3, np.float32)}), "unexpected array 'extra/kernel'"),
-    (lambda a: a["head/bias"].__setitem__(0, np.nan), "'head.bias' holds NaN"),
-    (lambda a: a.update({"head/kernel": np.zeros((32, 10), np.int32)}), "'head.weight' has dtype torch.int32"),
-    (lambda a: a.update({"head/kernel": np.zeros((31, 10), np.float32)}), r"'head.weight' has shape \(10, 31\)"),
-    (lambda a: a.update({"embedding/kernel": np.zeros((4, 4), np.float32)}), "names of a ViT checkpoint but not its shapes"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a.pop("Transformer/encoder_norm/bias"), "missing array 'Transformer/encoder_norm/bias'"),
+        (lambda a: a.update({"extra/kernel": np.zeros(3, np.float32)}), "unexpected array 'extra/kernel'"),
+        (lambda a: a["head/bias"].__setitem__(0, np.nan), "'head.bias' holds NaN"),
+        (lambda a: a.update({"head/kernel": np.zeros((32, 10), np.int32)}), "'head.weight' has dtype torch.int32"),
+        (lambda a: a.update({"head/kernel": np.zeros((31, 10), np.float32)}), r"'head.weight' has shape \(10, 31\)"),
+        (
+            lambda a: a.update({"embedding/kernel": np.zeros((4, 4), np.float32)}),
+            "names of a ViT checkpoint but not its shapes",
+        ),
+    ],
+)
 def test_official_npz_with_broken_arrays_is_refused_by_name(tmp_path, change, message):
     arrays = jax_arrays()
     change(arrays)

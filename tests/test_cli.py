@@ -39,13 +39,15 @@ def test_runtime_error_is_one_line_without_traceback(tmp_path, capsys):
 
 
 def test_bad_flag_value_exits_2_with_one_line():
-    result = subprocess.run([sys.executable, "-m", "vitlab", "models", "--image-size", "big"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "vitlab", "models", "--image-size", "big"], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "image size must be N or HxW" in result.stderr
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "vitlab", "--debug", "info", str(tmp_path / "x")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "vitlab", "--debug", "info", str(tmp_path / "x")], capture_output=True, text=True
+    )
     assert result.returncode != 0 and "Traceback" in result.stderr

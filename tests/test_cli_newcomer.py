@@ -60,8 +60,12 @@ def test_predict_gives_a_failed_input_its_row_and_exits_1(tiny_run, images, fmt,
 
 def test_a_pipe_closed_early_ends_quietly(tiny_run, images):
     many = [images / "0.png"] * 3000  # more output than a pipe buffers
-    process = subprocess.Popen([sys.executable, "-m", "vitlab", "predict", str(tiny_run), *map(str, many)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vitlab", "predict", str(tiny_run), *map(str, many)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     process.stdout.readline()
     process.stdout.close()  # as `| head -1` does
     err = process.stderr.read()
@@ -122,8 +126,10 @@ def test_models_accepts_a_size_some_patches_do_not_divide(capsys):
 
 
 def test_a_runs_json_recipe_trains_again_in_a_new_folder(tiny_run, tmp_path, capsys):
-    assert main(["train", "--config", str(tiny_run / "train_config.json"), "--epochs", "1",
-                 "--out-dir", str(tmp_path)]) == 0
+    assert (
+        main(["train", "--config", str(tiny_run / "train_config.json"), "--epochs", "1", "--out-dir", str(tmp_path)])
+        == 0
+    )
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     again = json.loads((run / "train_config.json").read_text())
     first = json.loads((tiny_run / "train_config.json").read_text())
@@ -158,10 +164,27 @@ def test_ctrl_c_in_train_saves_and_exits_130(tmp_path):
     import signal
     import time
 
-    process = subprocess.Popen([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set",
-                                "run_name=c", "--epochs", "400", "--set", "threads=1", "--set",
-                                "model_overrides={'embed_dim': 16, 'depth': 1, 'num_heads': 2, 'mlp_dim': 32}"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vitlab",
+            "train",
+            "--out-dir",
+            str(tmp_path),
+            "--set",
+            "run_name=c",
+            "--epochs",
+            "400",
+            "--set",
+            "threads=1",
+            "--set",
+            "model_overrides={'embed_dim': 16, 'depth': 1, 'num_heads': 2, 'mlp_dim': 32}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 60
     while not (tmp_path / "c" / "checkpoints" / "last.pt").exists() and time.time() < deadline:
         time.sleep(0.2)
@@ -232,15 +255,31 @@ def test_files_are_written_with_the_users_umask(tiny_run):
     from vitlab.files import current_umask
 
     expected = 0o666 & ~current_umask()
-    for name in ("model.safetensors", "train_config.json", "summary.json", "summary.txt",
-                 "checkpoints/best.safetensors", "checkpoints/last.pt"):
+    for name in (
+        "model.safetensors",
+        "train_config.json",
+        "summary.json",
+        "summary.txt",
+        "checkpoints/best.safetensors",
+        "checkpoints/last.pt",
+    ):
         assert os.stat(tiny_run / name).st_mode & 0o777 == expected, name
 
 
 def test_logs_without_a_terminal_get_progress_lines_within_an_epoch(tmp_path):
-    result = vitlab("train", "--out-dir", tmp_path, "--epochs", "1", "--set", "batch_size=16", "--set",
-                    "log_every_steps=20", "--set", "model_overrides={'embed_dim': 16, 'depth': 1, 'num_heads': 2, "
-                    "'mlp_dim': 32}")
+    result = vitlab(
+        "train",
+        "--out-dir",
+        tmp_path,
+        "--epochs",
+        "1",
+        "--set",
+        "batch_size=16",
+        "--set",
+        "log_every_steps=20",
+        "--set",
+        "model_overrides={'embed_dim': 16, 'depth': 1, 'num_heads': 2, 'mlp_dim': 32}",
+    )
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if "step " in line and "/80" in line]
     assert [line.split()[3] for line in lines] == ["20/80", "40/80", "60/80"]
@@ -324,8 +363,26 @@ def test_a_recipe_that_is_not_python_and_a_port_out_of_range_are_one_line_each(t
 def test_finetune_records_the_checkpoint_and_says_how_it_adapts_the_data(tmp_path, capsys):
     from conftest import FIXTURES
 
-    assert main(["finetune", "--from", str(FIXTURES / "jax_vit_token.npz"), "--dataset", "digits", "--epochs", "1",
-                 "--image-size", "16", "--out-dir", str(tmp_path), "--set", "run_name=ft"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--from",
+                str(FIXTURES / "jax_vit_token.npz"),
+                "--dataset",
+                "digits",
+                "--epochs",
+                "1",
+                "--image-size",
+                "16",
+                "--out-dir",
+                str(tmp_path),
+                "--set",
+                "run_name=ft",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "note: the 8x8 grey training images are resized to 16x16 and repeated to 3 channels" in out
     summary = json.loads((tmp_path / "ft" / "summary.json").read_text())
@@ -334,20 +391,29 @@ def test_finetune_records_the_checkpoint_and_says_how_it_adapts_the_data(tmp_pat
 
 
 MISSING_PATH_COMMANDS = [
-    ["info", "{missing}"], ["convert", "{missing}", "{tmp}/out.safetensors"], ["eval", "{missing}", "--dataset", "digits"],
-    ["predict", "{missing}", "{image}"], ["fewshot", "{missing}", "--dataset", "digits"],
-    ["linear-probe", "{missing}", "--dataset", "digits"], ["analyze", "{missing}", "--images", "{image}"],
-    ["export", "{missing}"], ["serve", "{missing}", "--port", "0"], ["bench", "--checkpoint", "{missing}"],
+    ["info", "{missing}"],
+    ["convert", "{missing}", "{tmp}/out.safetensors"],
+    ["eval", "{missing}", "--dataset", "digits"],
+    ["predict", "{missing}", "{image}"],
+    ["fewshot", "{missing}", "--dataset", "digits"],
+    ["linear-probe", "{missing}", "--dataset", "digits"],
+    ["analyze", "{missing}", "--images", "{image}"],
+    ["export", "{missing}"],
+    ["serve", "{missing}", "--port", "0"],
+    ["bench", "--checkpoint", "{missing}"],
     ["finetune", "--from", "{missing}", "--dataset", "digits", "--out-dir", "{tmp}"],
-    ["train", "--resume", "{missing}"], ["pretrain", "--resume", "{missing}"],
+    ["train", "--resume", "{missing}"],
+    ["pretrain", "--resume", "{missing}"],
     ["predict", "{run}", "{tmp}/no_such_image.png"],
 ]
 
 
 @pytest.mark.parametrize("command", MISSING_PATH_COMMANDS, ids=lambda c: " ".join(c[:2]))
 def test_every_command_given_a_missing_path_exits_2_with_one_line(command, tiny_run, images, tmp_path, capsys):
-    args = [part.format(missing=tmp_path / "nothing_here", tmp=tmp_path, image=next(images.iterdir()), run=tiny_run)
-            for part in command]
+    args = [
+        part.format(missing=tmp_path / "nothing_here", tmp=tmp_path, image=next(images.iterdir()), run=tiny_run)
+        for part in command
+    ]
     code = main(args)
     err = capsys.readouterr().err
     assert code == 2, err
@@ -355,9 +421,15 @@ def test_every_command_given_a_missing_path_exits_2_with_one_line(command, tiny_
     assert "Traceback" not in err and err.count("\n") == 1 and named in err, err
 
 
-@pytest.mark.parametrize("command", [["info", "{text}"], ["eval", "{text}", "--dataset", "digits"],
-                                     ["finetune", "--from", "{text}", "--dataset", "digits", "--out-dir", "{tmp}"]],
-                         ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["info", "{text}"],
+        ["eval", "{text}", "--dataset", "digits"],
+        ["finetune", "--from", "{text}", "--dataset", "digits", "--out-dir", "{tmp}"],
+    ],
+    ids=lambda c: c[0],
+)
 def test_a_text_file_given_as_a_checkpoint_is_one_line(command, tmp_path, capsys):
     text = tmp_path / "notes.txt"
     text.write_text("not a checkpoint\n")
@@ -370,7 +442,27 @@ def test_a_flat_class_folder_says_its_test_split_is_carved(tmp_path, capsys):
     for name, colour in (("cats", (200, 0, 0)), ("dogs", (0, 200, 0))):
         (tmp_path / "photos" / name).mkdir(parents=True)
         for index in range(12):
-            Image.new("RGB", (16, 16), tuple(c + index for c in colour)).save(tmp_path / "photos" / name / f"{index}.png")
-    assert main(["train", "--dataset", "folder", "--data-dir", str(tmp_path / "photos"), "--epochs", "1",
-                 "--out-dir", str(tmp_path / "runs"), "--set", "batch_size=8", "--set", "progress=false"]) == 0
+            Image.new("RGB", (16, 16), tuple(c + index for c in colour)).save(
+                tmp_path / "photos" / name / f"{index}.png"
+            )
+    assert (
+        main(
+            [
+                "train",
+                "--dataset",
+                "folder",
+                "--data-dir",
+                str(tmp_path / "photos"),
+                "--epochs",
+                "1",
+                "--out-dir",
+                str(tmp_path / "runs"),
+                "--set",
+                "batch_size=8",
+                "--set",
+                "progress=false",
+            ]
+        )
+        == 0
+    )
     assert "/ 5 test (carved: 20% of the images, stratified, seed 0) images" in capsys.readouterr().out

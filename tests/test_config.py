@@ -38,13 +38,16 @@ def test_json_round_trip_and_rejects_unknown_keys():
         ViTConfig.from_json("{")
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(classifier="cls"), "classifier must be"),
-    (dict(embed_dim=30, num_heads=4), "does not divide by num_heads"),
-    (dict(classifier="token", class_token=False), "needs class_token=True"),
-    (dict(image_size=-1), "must be positive"),
-    (dict(image_size="big"), "must be an int or a pair"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(classifier="cls"), "classifier must be"),
+        (dict(embed_dim=30, num_heads=4), "does not divide by num_heads"),
+        (dict(classifier="token", class_token=False), "needs class_token=True"),
+        (dict(image_size=-1), "must be positive"),
+        (dict(image_size="big"), "must be an int or a pair"),
+    ],
+)
 def test_invalid_configs_say_what_is_wrong(fields, message):
     with pytest.raises(ConfigError, match=message):
         ViTConfig(**fields)
@@ -56,17 +59,20 @@ def test_gap_has_no_class_token_by_default():
     assert ViTConfig(classifier="token").num_prefix_tokens == 1
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("depth", "12", "depth must be a whole number"),
-    ("embed_dim", 32.5, "embed_dim must be a whole number"),
-    ("qkv_bias", 1, "qkv_bias must be true or false"),
-    ("dropout", 1.5, "dropout must be in"),
-    ("layer_norm_eps", float("nan"), "layer_norm_eps must be a finite number"),
-    ("resnet_layers", [3, "4"], "resnet_layers must be a list of positive whole numbers"),
-    ("class_names", [1, 2], "class_names must be a list of strings"),
-    ("image_mean", "grey", "image_mean must be a number or a list"),
-    ("representation_size", 0, "representation_size must be a positive whole number"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("depth", "12", "depth must be a whole number"),
+        ("embed_dim", 32.5, "embed_dim must be a whole number"),
+        ("qkv_bias", 1, "qkv_bias must be true or false"),
+        ("dropout", 1.5, "dropout must be in"),
+        ("layer_norm_eps", float("nan"), "layer_norm_eps must be a finite number"),
+        ("resnet_layers", [3, "4"], "resnet_layers must be a list of positive whole numbers"),
+        ("class_names", [1, 2], "class_names must be a list of strings"),
+        ("image_mean", "grey", "image_mean must be a number or a list"),
+        ("representation_size", 0, "representation_size must be a positive whole number"),
+    ],
+)
 def test_json_configs_with_wrong_types_name_the_field(field, value, message):
     data = {**ViTConfig().to_dict(), field: value}
     with pytest.raises(ConfigError, match=message):
@@ -84,13 +90,16 @@ def test_every_field_is_checked_by_its_annotation_and_bad_values_name_the_field(
             ViTConfig(**{name: bad})
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
-    (dict(mlp="geglu"), "mlp must be one of mlp, swiglu"),
-    (dict(pos_embed="rope", embed_dim=96, num_heads=16), "head width 6 must be a multiple of 4"),
-    (dict(pos_embed="rope", pos_embed_placement="every_block"), "no table to place"),
-    (dict(rope_theta=0.0), "rope_theta must be positive"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(norm="batchnorm"), "norm must be one of layernorm, rmsnorm"),
+        (dict(mlp="geglu"), "mlp must be one of mlp, swiglu"),
+        (dict(pos_embed="rope", embed_dim=96, num_heads=16), "head width 6 must be a multiple of 4"),
+        (dict(pos_embed="rope", pos_embed_placement="every_block"), "no table to place"),
+        (dict(rope_theta=0.0), "rope_theta must be positive"),
+    ],
+)
 def test_the_block_and_position_choices_are_validated(fields, message):
     with pytest.raises(ConfigError, match=message):
         ViTConfig(**fields)

@@ -19,8 +19,9 @@ def rgb_model(**changes):
     """A small 3-channel ViT with a random head (a fresh one is zero: uniform output would let a wrong
     preprocessing pass), scaled so its probabilities are spread and move with the input."""
     torch.manual_seed(0)
-    fields = dict(image_size=16, patch_size=4, num_classes=5, image_mean=(0.485, 0.456, 0.406),
-                  image_std=(0.229, 0.224, 0.225))
+    fields = dict(
+        image_size=16, patch_size=4, num_classes=5, image_mean=(0.485, 0.456, 0.406), image_std=(0.229, 0.224, 0.225)
+    )
     model = create_model(variant_config("digits-8", in_chans=3, **{**fields, **changes}))
     with torch.no_grad():
         model.head.weight.normal_(0, 0.1)
@@ -48,7 +49,9 @@ def test_hf_export_runs_in_the_transformers_pipeline_as_vitlab_predict(tmp_path)
     assert main(["convert", str(checkpoint), str(tmp_path / "hf"), "--to", "hf"]) == 0
     processor_config = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())
     assert processor_config["image_mean"] == [0.485, 0.456, 0.406] and processor_config["crop_size"] == {
-        "height": 16, "width": 16}
+        "height": 16,
+        "width": 16,
+    }
     image = photo(tmp_path / "photo.png")
     ours = {p["label"]: p["probability"] for p in predict(model, [image], top_k=5)[0]["predictions"]}
     classify = transformers.pipeline("image-classification", model=str(tmp_path / "hf"), device="cpu")
@@ -56,9 +59,12 @@ def test_hf_export_runs_in_the_transformers_pipeline_as_vitlab_predict(tmp_path)
     names = [f"LABEL_{i}" for i in range(5)]
     assert max(abs(ours[str(i)] - theirs[name]) for i, name in enumerate(names)) < 1e-4
     # The check can fail: ViT's own processor stretches the picture instead of cropping, and that shows.
-    stretched = transformers.ViTImageProcessor(size={"height": 16, "width": 16}, resample=3,
-                                               image_mean=processor_config["image_mean"],
-                                               image_std=processor_config["image_std"])
+    stretched = transformers.ViTImageProcessor(
+        size={"height": 16, "width": 16},
+        resample=3,
+        image_mean=processor_config["image_mean"],
+        image_std=processor_config["image_std"],
+    )
     pixels = stretched(Image.open(image).convert("RGB"), return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         other = model(pixels).softmax(-1)[0]
@@ -68,8 +74,9 @@ def test_hf_export_runs_in_the_transformers_pipeline_as_vitlab_predict(tmp_path)
 def test_hf_export_of_a_non_square_model_loads_in_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     model = rgb_model(image_size=(16, 24))
-    assert main(["convert", str(save_model(model, tmp_path / "m.safetensors")), str(tmp_path / "hf"),
-                 "--to", "hf"]) == 0
+    assert (
+        main(["convert", str(save_model(model, tmp_path / "m.safetensors")), str(tmp_path / "hf"), "--to", "hf"]) == 0
+    )
     theirs = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
     images = torch.randn(2, 3, 16, 24)
     with torch.no_grad():
@@ -97,12 +104,15 @@ def test_convert_never_writes_over_a_file_without_force(tiny_run, tmp_path, caps
     assert "is the checkpoint being converted" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("output, to, message", [
-    ("run", "vitlab", "is a folder; --to vitlab writes one file"),  # an existing folder
-    ("run/train_config.json", "vitlab", "name the output *.safetensors"),
-    ("run", "timm", "is a folder; --to timm writes one file"),
-    ("model.safetensors", "hf", "--to hf writes a folder"),
-])
+@pytest.mark.parametrize(
+    "output, to, message",
+    [
+        ("run", "vitlab", "is a folder; --to vitlab writes one file"),  # an existing folder
+        ("run/train_config.json", "vitlab", "name the output *.safetensors"),
+        ("run", "timm", "is a folder; --to timm writes one file"),
+        ("model.safetensors", "hf", "--to hf writes a folder"),
+    ],
+)
 def test_convert_refuses_an_output_of_the_wrong_kind(tiny_run, tmp_path, capsys, output, to, message):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "train_config.json").write_text("{}")

@@ -15,12 +15,15 @@ def test_formula_equals_the_traced_count_for_every_variant(name):
     assert gflops == pytest.approx(traced_gflops, rel=1e-9)
 
 
-@pytest.mark.parametrize("name, changes", [
-    ("R50+B/16", dict(image_size=(96, 160))),  # odd sizes through the hybrid's SAME-padded strides
-    ("R26+S/32", dict(image_size=(64, 96), resnet_width_factor=0.5, in_chans=1)),
-    ("S/16", dict(classifier="gap", representation_size=128, num_classes=7, qkv_bias=False)),
-    ("digits-8", dict(image_size=(8, 12), num_classes=0)),
-])
+@pytest.mark.parametrize(
+    "name, changes",
+    [
+        ("R50+B/16", dict(image_size=(96, 160))),  # odd sizes through the hybrid's SAME-padded strides
+        ("R26+S/32", dict(image_size=(64, 96), resnet_width_factor=0.5, in_chans=1)),
+        ("S/16", dict(classifier="gap", representation_size=128, num_classes=7, qkv_bias=False)),
+        ("digits-8", dict(image_size=(8, 12), num_classes=0)),
+    ],
+)
 def test_formula_equals_the_traced_count_for_other_shapes(name, changes):
     config = variant_config(name, **changes)
     params, gflops = parameters_and_flops(config)
@@ -47,7 +50,9 @@ def test_vitlab_models_starts_without_importing_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from vitlab.cli import main; main(['models']); "
-            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('vitlab'))")
+    code = (
+        "import sys; from vitlab.cli import main; main(['models']); "
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('vitlab'))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

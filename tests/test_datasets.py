@@ -126,10 +126,13 @@ def test_unreadable_images_are_skipped_with_a_count_or_refused_when_too_many(tmp
         load_dataset("folder", "train", tmp_path, image_size=8)
 
 
-@pytest.mark.parametrize("layout, message", [
-    ({}, "has no class sub-folders"),
-    ({"a/x.png": True, "b/readme.txt": False}, "class folder .*b holds no images"),
-])
+@pytest.mark.parametrize(
+    "layout, message",
+    [
+        ({}, "has no class sub-folders"),
+        ({"a/x.png": True, "b/readme.txt": False}, "class folder .*b holds no images"),
+    ],
+)
 def test_bad_folders(tmp_path, layout, message):
     tmp_path.mkdir(exist_ok=True)
     for name, is_image in layout.items():
@@ -176,13 +179,18 @@ def png_bytes(image) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "not a readable image"),
-    (b"this is a text file, not a JPEG", "not a readable image"),
-    (png_bytes(Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))[:6000],
-     "not a readable image"),  # a noise PNG (~12 KB) cut in half
-    (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "not a readable image"),  # a PNG signature and garbage
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "not a readable image"),
+        (b"this is a text file, not a JPEG", "not a readable image"),
+        (
+            png_bytes(Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)))[:6000],
+            "not a readable image",
+        ),  # a noise PNG (~12 KB) cut in half
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "not a readable image"),  # a PNG signature and garbage
+    ],
+)
 def test_bad_image_files_are_one_clear_error(tmp_path, content, message):
     path = tmp_path / "x.jpg"
     path.write_bytes(content)
@@ -201,7 +209,7 @@ def test_decompression_bombs_are_refused_before_decoding(tmp_path, monkeypatch):
 
 
 def test_sixteen_bit_cmyk_palette_and_alpha_images_convert(tmp_path):
-    ramp = (np.arange(16 * 16, dtype=np.uint16).reshape(16, 16) * 250)
+    ramp = np.arange(16 * 16, dtype=np.uint16).reshape(16, 16) * 250
     Image.fromarray(ramp).save(tmp_path / "deep.png")
     deep = read_image(tmp_path / "deep.png", (16, 16), channels=1)
     assert deep.shape == (1, 16, 16) and deep.min() == 0 and deep.max() == 255  # rescaled, not clipped

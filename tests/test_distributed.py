@@ -12,23 +12,70 @@ from safetensors.torch import load_file
 
 from test_train import MICRO
 
-ARGS = ["--set", "epochs=2", "--set", f"model_overrides={MICRO}", "--set", "drop_path=0.0",
-        "--set", "augment.affine_degrees=10", "--set", "augment.random_erasing=0.25", "--set", "progress=false"]
+ARGS = [
+    "--set",
+    "epochs=2",
+    "--set",
+    f"model_overrides={MICRO}",
+    "--set",
+    "drop_path=0.0",
+    "--set",
+    "augment.affine_degrees=10",
+    "--set",
+    "augment.random_erasing=0.25",
+    "--set",
+    "progress=false",
+]
 
 
 def one_and_two_processes(tmp_path, args: list[str]) -> tuple[dict, dict, subprocess.CompletedProcess]:
     """The same recipe as one process (2 threads' worth on 1) and as two torchrun processes: both final weights,
     and the two-process run (its output)."""
-    single = subprocess.run([sys.executable, "-m", "vitlab", "train", "--out-dir", str(tmp_path),
-                             "--set", "run_name=single", "--set", "threads=1", *args],
-                            capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vitlab",
+            "train",
+            "--out-dir",
+            str(tmp_path),
+            "--set",
+            "run_name=single",
+            "--set",
+            "threads=1",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr[-3000:]
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "-m", "vitlab", "train", "--out-dir", str(tmp_path), "--set", "run_name=double", *args],
-                            capture_output=True, text=True, timeout=300)
+    double = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "vitlab",
+            "train",
+            "--out-dir",
+            str(tmp_path),
+            "--set",
+            "run_name=double",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert double.returncode == 0, double.stderr[-3000:]
-    return (load_file(tmp_path / "single" / "model.safetensors"), load_file(tmp_path / "double" / "model.safetensors"),
-            double)
+    return (
+        load_file(tmp_path / "single" / "model.safetensors"),
+        load_file(tmp_path / "double" / "model.safetensors"),
+        double,
+    )
 
 
 # Tolerances: SGD's update is linear in the gradient, so only summation-order rounding (~1e-7) separates the
@@ -56,15 +103,35 @@ def test_a_stopped_two_process_run_resumes_exactly(tmp_path):
     import signal
     import time
 
-    args = ["--set", "epochs=40", "--set", f"model_overrides={dict(MICRO, depth=2)}", "--set", "drop_path=0.2",
-            "--set", "progress=false", "--out-dir", str(tmp_path)]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitlab",
-                "train"]
-    straight = subprocess.run(torchrun + args + ["--set", "run_name=straight"], capture_output=True, text=True,
-                              timeout=300)
+    args = [
+        "--set",
+        "epochs=40",
+        "--set",
+        f"model_overrides={dict(MICRO, depth=2)}",
+        "--set",
+        "drop_path=0.2",
+        "--set",
+        "progress=false",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "vitlab",
+        "train",
+    ]
+    straight = subprocess.run(
+        torchrun + args + ["--set", "run_name=straight"], capture_output=True, text=True, timeout=300
+    )
     assert straight.returncode == 0, straight.stderr[-3000:]
-    agent = subprocess.Popen(torchrun + args + ["--set", "run_name=stopped"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        torchrun + args + ["--set", "run_name=stopped"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     last = tmp_path / "stopped" / "checkpoints" / "last.pt"
     deadline = time.time() + 120
     while not last.exists() and time.time() < deadline:
@@ -78,8 +145,9 @@ def test_a_stopped_two_process_run_resumes_exactly(tmp_path):
     assert "Resume with" in out
     state = torch.load(last, weights_only=True)
     assert state["rank_rng_states"].shape[0] == 2 and state["global_step"] < 40 * 10
-    resumed = subprocess.run(torchrun[:-1] + ["train", "--resume", str(tmp_path / "stopped")],
-                             capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        torchrun[:-1] + ["train", "--resume", str(tmp_path / "stopped")], capture_output=True, text=True, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a = load_file(tmp_path / "straight" / "model.safetensors")
     b = load_file(tmp_path / "stopped" / "model.safetensors")
@@ -92,7 +160,8 @@ def test_flips_that_would_change_digits_are_off_on_every_rank(tmp_path):
     """Asking for flips on digits turns them off on every rank, not only on rank 0 (where the note is printed):
     two processes then draw the same augmentation as one, and match it."""
     one, two, double = one_and_two_processes(
-        tmp_path, ARGS + ["--set", "optimizer=sgd", "--set", "augment.hflip=true", "--set", "epochs=1"])
+        tmp_path, ARGS + ["--set", "optimizer=sgd", "--set", "augment.hflip=true", "--set", "epochs=1"]
+    )
     assert double.stdout.count("flips are off") == 1  # said once, by rank 0
     assert max((two[name] - one[name]).abs().max().item() for name in one) < 1e-5
 
@@ -142,10 +211,28 @@ def test_two_processes_streaming_a_folder_match_one(tmp_path):
         for index in range(40):
             pixels = generator.integers(0, 256, (30, 40, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(tmp_path / "photos" / name / f"{index:03d}.jpg")
-    args = ["--dataset", "folder", "--data-dir", str(tmp_path / "photos"), "--set", "stream=true",
-            "--set", "workers=1", "--set", "epochs=2", "--set", "batch_size=16", "--set", "optimizer=sgd",
-            "--set", f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}", "--set", "drop_path=0.0",
-            "--set", "progress=false"]
+    args = [
+        "--dataset",
+        "folder",
+        "--data-dir",
+        str(tmp_path / "photos"),
+        "--set",
+        "stream=true",
+        "--set",
+        "workers=1",
+        "--set",
+        "epochs=2",
+        "--set",
+        "batch_size=16",
+        "--set",
+        "optimizer=sgd",
+        "--set",
+        f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}",
+        "--set",
+        "drop_path=0.0",
+        "--set",
+        "progress=false",
+    ]
     one, two, double = one_and_two_processes(tmp_path, args)
     assert double.stdout.count("note: streaming folder") == 1
     assert max((two[name] - one[name]).abs().max().item() for name in one) < 1e-5

@@ -54,7 +54,7 @@ class Server:
                 cut = outer.cut_after.pop(name, None)
                 body = body[:cut] if cut is not None else body
                 for start in range(0, len(body), 1 << 16):
-                    self.wfile.write(body[start:start + (1 << 16)])
+                    self.wfile.write(body[start : start + (1 << 16)])
                     time.sleep(outer.pause)
                 if cut is not None:
                     self.wfile.flush()
@@ -105,8 +105,9 @@ def test_interrupted_download_resumes_with_a_range_request(tmp_path, server):
     assert server.requests == [("big.bin", None), ("big.bin", "bytes=150000-")]
 
 
-def test_a_download_that_brings_nothing_fails_and_its_partial_file_waits_for_the_next_run(tmp_path, server,
-                                                                                          monkeypatch):
+def test_a_download_that_brings_nothing_fails_and_its_partial_file_waits_for_the_next_run(
+    tmp_path, server, monkeypatch
+):
     data = bytes(range(256)) * 2000
     remote = remote_for(server, "big.bin", data)
     server.cut_after["big.bin"] = 150_000
@@ -141,8 +142,9 @@ def serve_mnist(files, server, tmp_path, monkeypatch) -> None:
     """Serve MNIST-named files from the test server as the mirror, registered with their own checksums."""
     for name, data in files.items():
         server.files[f"mnist-{name}"] = data
-    monkeypatch.setattr(datasets, "MNIST_FILES",
-                        {name: (hashlib.sha256(data).hexdigest(), len(data)) for name, data in files.items()})
+    monkeypatch.setattr(
+        datasets, "MNIST_FILES", {name: (hashlib.sha256(data).hexdigest(), len(data)) for name, data in files.items()}
+    )
     monkeypatch.setenv("VITLAB_MIRROR", server.url)
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
 

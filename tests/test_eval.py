@@ -13,8 +13,17 @@ from vitlab.eval.classify import evaluate
 from vitlab.eval.predict import predict
 from vitlab.models import create_model
 
-DIGITS = ViTConfig(image_size=8, patch_size=2, in_chans=1, embed_dim=16, depth=1, num_heads=2, mlp_dim=32,
-                   num_classes=10, class_names=[f"d{i}" for i in range(10)])
+DIGITS = ViTConfig(
+    image_size=8,
+    patch_size=2,
+    in_chans=1,
+    embed_dim=16,
+    depth=1,
+    num_heads=2,
+    mlp_dim=32,
+    num_classes=10,
+    class_names=[f"d{i}" for i in range(10)],
+)
 
 
 def constant_model(favourite: int):
@@ -95,8 +104,17 @@ def test_eval_of_a_run_on_its_validation_split_sees_the_images_it_chose_with(tmp
     from vitlab.train.config import TrainConfig
     from vitlab.train.loop import train
 
-    summary = train(TrainConfig(model_overrides=dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32), epochs=1,
-                                out_dir=str(tmp_path), run_name="run", progress=False, threads=1, seed=3))
+    summary = train(
+        TrainConfig(
+            model_overrides=dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32),
+            epochs=1,
+            out_dir=str(tmp_path),
+            run_name="run",
+            progress=False,
+            threads=1,
+            seed=3,
+        )
+    )
     report = run_evaluation(tmp_path / "run", split="val", out=tmp_path / "eval")
     assert report["count"] == summary["val_count"] == 144
     assert report["top1"] == pytest.approx(summary["val_top1"])  # the same model on the same 144 images

@@ -22,8 +22,17 @@ from vitlab.export import onnx as export  # noqa: E402
 from vitlab.export.checks import calibration_pixels  # noqa: E402
 from vitlab.models import create_model  # noqa: E402
 
-SMALL = ViTConfig(image_size=(8, 12), patch_size=2, in_chans=3, embed_dim=32, depth=2, num_heads=4, mlp_dim=64,
-                  num_classes=10, class_names=[f"c{i}" for i in range(10)])
+SMALL = ViTConfig(
+    image_size=(8, 12),
+    patch_size=2,
+    in_chans=3,
+    embed_dim=32,
+    depth=2,
+    num_heads=4,
+    mlp_dim=64,
+    num_classes=10,
+    class_names=[f"c{i}" for i in range(10)],
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +55,9 @@ def trained():
     torch.manual_seed(0)
     model = create_model(SMALL)
     data = load_dataset("digits", "train")
-    images = prepare((to_unit_range(data.images[:512], data.max_value, SMALL) * 255).round().to(torch.uint8), 255.0,
-                     SMALL)
+    images = prepare(
+        (to_unit_range(data.images[:512], data.max_value, SMALL) * 255).round().to(torch.uint8), 255.0, SMALL
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for _ in range(40):
         loss = torch.nn.functional.cross_entropy(model(images), data.labels[:512])
@@ -70,7 +80,10 @@ def test_fp32_export_with_dynamic_batch_and_size_matches_pytorch(model, pixels, 
     path = tmp_path / "m.onnx"
     summary = export.run_export(model, path, dynamic_batch=True, dynamic_size=True, pixels=pixels)
     assert summary["max_abs_diff"] <= 1e-4 and set(summary["validation"]["checks"]) == {
-        "at export size", "batch 1", "input 10x16"}
+        "at export size",
+        "batch 1",
+        "input 10x16",
+    }
     runtime = session(path)
     assert [d for d in runtime.get_inputs()[0].shape[2:]] != [8, 12]  # symbolic height and width
     images = prepare(pixels[:5], 255.0, SMALL)
@@ -90,8 +103,9 @@ def test_fixed_batch_export_is_run_in_chunks_and_rejects_another_size(model, pix
     export.run_export(model, path, dynamic_batch=False, batch_size=4, pixels=pixels)
     assert [d for d in session(path).get_inputs()[0].shape] == [4, 3, 8, 12]
     runtime = export.OnnxClassifier(path)
-    torch.testing.assert_close(runtime.classify_pixels(pixels[:7]), model(prepare(pixels[:7], 255.0, SMALL)),
-                               rtol=0, atol=1e-4)  # 7 images = two runs of 4, the last padded
+    torch.testing.assert_close(
+        runtime.classify_pixels(pixels[:7]), model(prepare(pixels[:7], 255.0, SMALL)), rtol=0, atol=1e-4
+    )  # 7 images = two runs of 4, the last padded
 
 
 def test_preprocessing_in_the_graph_takes_uint8_pixels_of_any_size(model, pixels, tmp_path):
@@ -130,19 +144,25 @@ def test_int8_export_quantizes_the_matmuls_and_mostly_agrees(trained, pixels, tm
     summary = export.run_export(trained, int8, dynamic_batch=True, int8=True, pixels=pixels)
     ops = {node.op_type for node in onnx.load(int8).graph.node}
     assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
-    weight_bytes = [sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(p).graph.initializer) for p in (fp32, int8)]
+    weight_bytes = [
+        sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(p).graph.initializer) for p in (fp32, int8)
+    ]
     assert weight_bytes[1] < 0.4 * weight_bytes[0]  # int8 matmul weights: a quarter of the bytes, plus scales
     assert_quantized_close(trained, int8, pixels, summary)
 
 
-def test_static_int8_quantizes_every_matmul_input_including_attention_from_training_images(trained, pixels, tmp_path,
-                                                                                           monkeypatch):
+def test_static_int8_quantizes_every_matmul_input_including_attention_from_training_images(
+    trained, pixels, tmp_path, monkeypatch
+):
     from vitlab.data import datasets
 
     splits = []
     real_load = datasets.load_dataset
-    monkeypatch.setattr(datasets, "load_dataset", lambda name, split="train", *a, **k: (
-        splits.append(split), real_load(name, split, *a, **k))[1])
+    monkeypatch.setattr(
+        datasets,
+        "load_dataset",
+        lambda name, split="train", *a, **k: (splits.append(split), real_load(name, split, *a, **k))[1],
+    )
     calibration = calibration_pixels(SMALL, ["digits"], count=64)
     assert splits == ["train"] and calibration.shape == (64, 3, 8, 12) and calibration.dtype == torch.uint8
     path = tmp_path / "static.onnx"
@@ -184,8 +204,9 @@ def test_missing_onnx_packages_are_one_clear_message(model, pixels, tmp_path, mo
     with pytest.raises(UsageError, match=r"needs onnxruntime, which is not installed; pip install 'vitlab\[onnx\]'"):
         export.require_onnx()
     # A deployment machine with only onnxruntime can run an export: onnx and onnxscript are for writing one.
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("onnx", "onnxscript")
-                        else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("onnx", "onnxscript") else real(name, *a)
+    )
     with pytest.raises(UsageError, match="needs onnx, onnxscript, which are not installed"):
         export.require_onnx()
     assert export.OnnxClassifier(path).classify_pixels(pixels[:2]).shape == (2, 10)
@@ -197,11 +218,13 @@ def test_runtime_refuses_files_it_cannot_use(tmp_path):
     with pytest.raises(CheckpointError, match="ONNX Runtime cannot load it"):
         export.OnnxClassifier(junk)
     foreign = tmp_path / "foreign.onnx"
-    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g",
-                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
-    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)],
-                                    ir_version=8), foreign)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8), foreign)
     with pytest.raises(CheckpointError, match="not written by `vitlab export`"):
         export.OnnxClassifier(foreign)
 

@@ -60,13 +60,48 @@ def test_family_checkpoint_works_in_every_command(tmp_path, capsys, digit_png, f
     assert json.loads(capsys.readouterr().out)["feature_dim"] == 32
     assert main(["linear-probe", checkpoint, "--dataset", "digits", "--json"]) == 0
     assert 0 <= json.loads(capsys.readouterr().out)["test_top1"] <= 1
-    assert main(["analyze", checkpoint, "--images", "digits", "--out", str(tmp_path / "analysis"),
-                 "--num-images", "2", "--distance-images", "8"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                checkpoint,
+                "--images",
+                "digits",
+                "--out",
+                str(tmp_path / "analysis"),
+                "--num-images",
+                "2",
+                "--distance-images",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "analysis" / "report.html").is_file()
     if info["config"]["class_token"]:  # DINO's well-known pictures; SigLIP has no class token to draw
         assert (tmp_path / "analysis" / "class_token_attention.png").is_file()
-    assert main(["finetune", "--from", checkpoint, "--dataset", "digits", "--classes", "0-4", "--epochs", "1",
-                 "--out-dir", str(tmp_path), "--set", "run_name=ft", "--set", "progress=false"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--from",
+                checkpoint,
+                "--dataset",
+                "digits",
+                "--classes",
+                "0-4",
+                "--epochs",
+                "1",
+                "--out-dir",
+                str(tmp_path),
+                "--set",
+                "run_name=ft",
+                "--set",
+                "progress=false",
+            ]
+        )
+        == 0
+    )
     tuned = load_model(tmp_path / "ft")
     assert tuned.config.num_classes == 5 and tuned.head.out_features == 5
     if tuned.config.distilled:

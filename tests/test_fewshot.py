@@ -14,7 +14,7 @@ def test_least_squares_solver_matches_a_direct_solve():
     x, y, l2 = torch.randn(30, 6, dtype=torch.float64), torch.randn(30, 4, dtype=torch.float64), 0.7
     ours = fit_least_squares(x, y, l2)
     augmented = torch.cat([x, torch.ones(30, 1, dtype=torch.float64)], dim=1)
-    stacked_x = torch.cat([augmented, l2 ** 0.5 * torch.eye(7, dtype=torch.float64)])
+    stacked_x = torch.cat([augmented, l2**0.5 * torch.eye(7, dtype=torch.float64)])
     stacked_y = torch.cat([y, torch.zeros(7, 4, dtype=torch.float64)])
     direct = torch.linalg.lstsq(stacked_x, stacked_y).solution
     torch.testing.assert_close(ours, direct)
@@ -58,10 +58,13 @@ def test_fewshot_and_linear_probe_on_every_checkpoint_kind(tmp_path, monkeypatch
     assert 0 <= run_linear_probe(FIXTURES / weights, "digits", classes=[0, 1, 2])["test_top1"] <= 1
 
 
-@pytest.mark.parametrize("shots, classes, message", [
-    ([1, 200], [0, 1], "200 shots asked, but the smallest class has 142 training images; use --shots up to 142"),
-    ([1], [4], "single class"),
-])
+@pytest.mark.parametrize(
+    "shots, classes, message",
+    [
+        ([1, 200], [0, 1], "200 shots asked, but the smallest class has 142 training images; use --shots up to 142"),
+        ([1], [4], "single class"),
+    ],
+)
 def test_bad_fewshot_requests_compute_and_write_nothing(tmp_path, monkeypatch, shots, classes, message):
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
     with pytest.raises(DataError, match=message):
@@ -80,8 +83,9 @@ def test_fewshot_and_linear_probe_read_a_manifest(tmp_path, monkeypatch, capsys)
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     root = write_photos(tmp_path / "photos", per_class=10, size=(24, 20))
     manifest = tmp_path / "photos.csv"
-    manifest.write_text("path,label\n" + "".join(f"{f.relative_to(tmp_path)},{f.parent.name}\n"
-                                                 for f in sorted(root.rglob("*.jpg"))))
+    manifest.write_text(
+        "path,label\n" + "".join(f"{f.relative_to(tmp_path)},{f.parent.name}\n" for f in sorted(root.rglob("*.jpg")))
+    )
     carved = stream_splits("manifest", manifest, 0, 0, (16, 16))
     command = ["--dataset", "manifest", "--data-dir", str(manifest), "--json"]
     assert main(["fewshot", str(FIXTURES / "hf_vit"), "--shots", "1,3", "--seeds", "2", *command]) == 0

@@ -14,8 +14,16 @@ from vitlab.train.setup import build_finetune_model
 
 
 def quick(tmp_path, source, **changes):
-    fields = dict(init_from=str(source), dataset="digits", epochs=1, batch_size=256, out_dir=str(tmp_path),
-                  run_name="ft", progress=False, threads=1)
+    fields = dict(
+        init_from=str(source),
+        dataset="digits",
+        epochs=1,
+        batch_size=256,
+        out_dir=str(tmp_path),
+        run_name="ft",
+        progress=False,
+        threads=1,
+    )
     fields.update(changes)
     return finetune_config(**fields)
 
@@ -45,7 +53,13 @@ def test_frozen_blocks_do_not_move_and_the_rest_does(tmp_path):
     before = load_model(source).state_dict()
     train(quick(tmp_path, source, freeze_blocks=1, epochs=2))
     after = load_file(tmp_path / "ft" / "model.safetensors")
-    for name in ("patch_embed.proj.weight", "pos_embed", "cls_token", "blocks.0.attn.qkv.weight", "blocks.0.norm1.weight"):
+    for name in (
+        "patch_embed.proj.weight",
+        "pos_embed",
+        "cls_token",
+        "blocks.0.attn.qkv.weight",
+        "blocks.0.norm1.weight",
+    ):
         assert torch.equal(after[name], before[name]), name
     assert not torch.equal(after["blocks.1.mlp.fc1.weight"], before["blocks.1.mlp.fc1.weight"])
     assert after["head.weight"].abs().sum() > 0
@@ -61,11 +75,14 @@ def test_linear_probe_trains_only_the_head(tmp_path):
     assert after["head.weight"].abs().sum() > 0
 
 
-@pytest.mark.parametrize("changes, error, message", [
-    (dict(image_size=18), ConfigError, "cannot be fine-tuned at image size 18: patch size 4 does not divide image"),
-    (dict(classes=[3]), DataError, "has a single class"),
-    (dict(freeze_blocks=5), ConfigError, "freeze_blocks 5 is more than the model's 2 blocks"),
-])
+@pytest.mark.parametrize(
+    "changes, error, message",
+    [
+        (dict(image_size=18), ConfigError, "cannot be fine-tuned at image size 18: patch size 4 does not divide image"),
+        (dict(classes=[3]), DataError, "has a single class"),
+        (dict(freeze_blocks=5), ConfigError, "freeze_blocks 5 is more than the model's 2 blocks"),
+    ],
+)
 def test_bad_fine_tuning_requests_write_nothing(tmp_path, changes, error, message):
     with pytest.raises(error, match=message):
         train(quick(tmp_path, FIXTURES / "jax_vit_token.npz", **changes))
@@ -78,5 +95,3 @@ def test_eval_of_a_fine_tuned_run_uses_its_classes(tmp_path):
     train(quick(tmp_path, FIXTURES / "jax_vit_token.npz", classes=[5, 6, 7, 8, 9]))
     report = run_evaluation(tmp_path / "ft")
     assert report["count"] == 179 and report["class_names"] == ["5", "6", "7", "8", "9"]
-
-

@@ -12,12 +12,15 @@ from vitlab import export_checkpoint, load_model, read_checkpoint
 from vitlab.errors import CheckpointError
 
 
-@pytest.mark.parametrize("name, weights, kind", [
-    ("jax_vit_token", "jax_vit_token.npz", "jax"),
-    ("timm_vit_token", "timm_vit_token.safetensors", "timm"),
-    ("hf_vit", "hf_vit", "hf"),
-    ("hf_vit", "hf_vit/model.safetensors", "hf"),
-])
+@pytest.mark.parametrize(
+    "name, weights, kind",
+    [
+        ("jax_vit_token", "jax_vit_token.npz", "jax"),
+        ("timm_vit_token", "timm_vit_token.safetensors", "timm"),
+        ("hf_vit", "hf_vit", "hf"),
+        ("hf_vit", "hf_vit/model.safetensors", "hf"),
+    ],
+)
 def test_kind_is_detected_from_content_not_extension(tmp_path, name, weights, kind):
     source = FIXTURES / weights
     disguised = tmp_path / "weights.bin"
@@ -70,9 +73,15 @@ def test_timm_without_sidecar_needs_a_head_count(tmp_path):
 @pytest.mark.parametrize("to", ["vitlab", "timm", "hf"])
 def test_every_fixture_converts_and_round_trips(tmp_path, name, weights, to):
     model = load_model(FIXTURES / weights)
-    if to == "hf" and (model.config.classifier != "token" or model.config.fc_norm or model.config.resnet_layers
-                       or model.config.representation_size or model.config.layer_scale is not None
-                       or model.config.register_tokens or model.config.pre_norm):
+    if to == "hf" and (
+        model.config.classifier != "token"
+        or model.config.fc_norm
+        or model.config.resnet_layers
+        or model.config.representation_size
+        or model.config.layer_scale is not None
+        or model.config.register_tokens
+        or model.config.pre_norm
+    ):
         with pytest.raises(CheckpointError, match="Hugging Face"):
             export_checkpoint(model, tmp_path / "out", to=to)
         return
@@ -181,9 +190,15 @@ def test_every_command_that_loads_a_checkpoint_takes_image_size_as_hxw():
 
     parser = build_parser()
     commands = {
-        "info": ["C"], "convert": ["C", "OUT"], "eval": ["C"], "predict": ["C", "img.png"], "export": ["C"],
-        "analyze": ["C", "--images", "digits"], "fewshot": ["C", "--dataset", "digits"],
-        "linear-probe": ["C", "--dataset", "digits"], "finetune": ["--from", "C", "--dataset", "digits"],
+        "info": ["C"],
+        "convert": ["C", "OUT"],
+        "eval": ["C"],
+        "predict": ["C", "img.png"],
+        "export": ["C"],
+        "analyze": ["C", "--images", "digits"],
+        "fewshot": ["C", "--dataset", "digits"],
+        "linear-probe": ["C", "--dataset", "digits"],
+        "finetune": ["--from", "C", "--dataset", "digits"],
         "bench": ["--checkpoint", "C"],
     }
     for command, rest in commands.items():
@@ -206,27 +221,36 @@ def test_cli_info_and_convert_take_the_size_of_a_non_square_checkpoint(tmp_path,
     assert "not a square grid" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("weights, teacher_heads", [("timm_deit_distilled.safetensors", True),
-                                                    ("hf_deit_teacher", True), ("hf_deit", False)])
+@pytest.mark.parametrize(
+    "weights, teacher_heads", [("timm_deit_distilled.safetensors", True), ("hf_deit_teacher", True), ("hf_deit", False)]
+)
 def test_deit_layouts_read_the_distillation_token_and_heads(weights, teacher_heads):
     config, state, _ = read_checkpoint(FIXTURES / weights)
     assert config.distilled and config.num_prefix_tokens == 2 and config.grid_size == (4, 4)
     assert config.has_distillation_head == teacher_heads and ("head_dist.weight" in state) == teacher_heads
 
 
-@pytest.mark.parametrize("keys, named", [
-    (["layers.0.blocks.0.attn.relative_position_bias_table", "layers.0.downsample.norm.weight"], "Swin Transformer"),
-    (["patch_embed.proj.weight", "blocks.0.attn.relative_position_bias_table", "blocks.0.attn.qkv.weight"], "BEiT"),
-    (["stages.0.blocks.0.conv_dw.weight"], "ConvNeXt"),
-    (["visual.class_embedding", "visual.conv1.weight"], "open_clip CLIP"),
-    (["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.q_norm.weight"], "query-key norm"),
-    (["foo.bar"], "no checkpoint layout vitlab knows"),
-])
+@pytest.mark.parametrize(
+    "keys, named",
+    [
+        (
+            ["layers.0.blocks.0.attn.relative_position_bias_table", "layers.0.downsample.norm.weight"],
+            "Swin Transformer",
+        ),
+        (["patch_embed.proj.weight", "blocks.0.attn.relative_position_bias_table", "blocks.0.attn.qkv.weight"], "BEiT"),
+        (["stages.0.blocks.0.conv_dw.weight"], "ConvNeXt"),
+        (["visual.class_embedding", "visual.conv1.weight"], "open_clip CLIP"),
+        (["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.q_norm.weight"], "query-key norm"),
+        (["foo.bar"], "no checkpoint layout vitlab knows"),
+    ],
+)
 def test_other_architectures_get_one_message_naming_them_and_what_loads(tmp_path, keys, named):
     from safetensors.torch import save_file
 
     save_file({key: torch.zeros(2) for key in keys}, tmp_path / "w.safetensors")
-    with pytest.raises(CheckpointError, match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO, DINOv2, and CLIP and SigLIP"):
+    with pytest.raises(
+        CheckpointError, match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO, DINOv2, and CLIP and SigLIP"
+    ):
         load_model(tmp_path / "w.safetensors")
 
 
@@ -235,8 +259,9 @@ def test_timm_clip_hub_config_names_quickgelu_and_a_fine_tuned_head_stays_a_clas
 
     state = load_file(FIXTURES / "timm_clip_quickgelu.safetensors")
     save_file(state, tmp_path / "model.safetensors")
-    (tmp_path / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch4_clip_quickgelu_16",
-                                                      "num_heads": 4}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architecture": "vit_tiny_patch4_clip_quickgelu_16", "num_heads": 4})
+    )
     config, _, _ = read_checkpoint(tmp_path)
     assert config.mlp_activation == "quick_gelu" and config.pre_norm and config.projection
     state["head.bias"] = torch.full_like(state["head.bias"], 0.1)  # a trained classifier's bias is not all zero
@@ -263,8 +288,9 @@ def test_blocks_another_layout_cannot_hold_are_refused_before_anything_is_writte
     from vitlab.errors import CheckpointError
     from vitlab.models import create_model
 
-    model = create_model(ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_dim=16,
-                                   num_classes=2, **fields))
+    model = create_model(
+        ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_dim=16, num_classes=2, **fields)
+    )
     out = tmp_path / ("model.safetensors" if to == "timm" else "hf")
     with pytest.raises(CheckpointError, match="keep vitlab's format"):
         export_checkpoint(model, out, to)
@@ -277,9 +303,22 @@ def test_models_with_the_2025_block_parts_round_trip_through_vitlabs_own_files(t
     from vitlab.config import ViTConfig
     from vitlab.models import create_model
 
-    config = ViTConfig(image_size=(8, 12), patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=24,
-                       num_classes=3, norm="rmsnorm", mlp="swiglu", qk_norm=True, pos_embed="rope", register_tokens=2,
-                       layer_scale=0.5, rope_theta=50.0)
+    config = ViTConfig(
+        image_size=(8, 12),
+        patch_size=4,
+        embed_dim=16,
+        depth=2,
+        num_heads=2,
+        mlp_dim=24,
+        num_classes=3,
+        norm="rmsnorm",
+        mlp="swiglu",
+        qk_norm=True,
+        pos_embed="rope",
+        register_tokens=2,
+        layer_scale=0.5,
+        rope_theta=50.0,
+    )
     model = create_model(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():

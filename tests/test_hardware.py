@@ -81,12 +81,21 @@ def test_simulated_units_are_what_auto_sees(monkeypatch):
         cpu_units()
 
 
-@pytest.mark.parametrize("units, purpose, expected", [
-    ("avx2", "train", "fp32"), ("avx2", "inference", "fp32"), ("avx2", "serve", "int8"), ("none", "serve", "fp32"),
-    (AMX, "train", "bf16"), (AMX, "inference", "bf16"), (AMX, "serve", "bf16"),
-    ("avx2,avx512,vnni", "train", "fp32"), ("avx2,avx512,vnni", "serve", "int8"),  # int8 only where it serves
-    ("avx2,avx512,avx512_bf16", "train", "bf16"),
-])
+@pytest.mark.parametrize(
+    "units, purpose, expected",
+    [
+        ("avx2", "train", "fp32"),
+        ("avx2", "inference", "fp32"),
+        ("avx2", "serve", "int8"),
+        ("none", "serve", "fp32"),
+        (AMX, "train", "bf16"),
+        (AMX, "inference", "bf16"),
+        (AMX, "serve", "bf16"),
+        ("avx2,avx512,vnni", "train", "fp32"),
+        ("avx2,avx512,vnni", "serve", "int8"),  # int8 only where it serves
+        ("avx2,avx512,avx512_bf16", "train", "bf16"),
+    ],
+)
 def test_auto_precision_follows_the_units(monkeypatch, no_measured_peaks, units, purpose, expected):
     from vitlab.hardware import choose_precision
 
@@ -129,8 +138,9 @@ def test_a_gpu_asked_for_without_one_gives_one_clear_message(monkeypatch):
         resolve_device("mps")
 
 
-@pytest.mark.parametrize("command", [["eval"], ["predict", "my_digit.png"], ["analyze", "--images", "digits"],
-                                     ["serve"]])
+@pytest.mark.parametrize(
+    "command", [["eval"], ["predict", "my_digit.png"], ["analyze", "--images", "digits"], ["serve"]]
+)
 def test_every_command_refuses_a_missing_gpu_in_one_line(monkeypatch, tiny_run, capsys, command):
     import torch
 

@@ -36,8 +36,17 @@ def test_stem_output_stride_and_channels():
 
 
 def test_hybrid_model_patchifies_the_feature_map_with_p_1():
-    config = ViTConfig(image_size=32, patch_size=1, embed_dim=32, depth=1, num_heads=4, mlp_dim=64,
-                       num_classes=3, resnet_layers=(1, 1), resnet_width_factor=0.5)
+    config = ViTConfig(
+        image_size=32,
+        patch_size=1,
+        embed_dim=32,
+        depth=1,
+        num_heads=4,
+        mlp_dim=64,
+        num_classes=3,
+        resnet_layers=(1, 1),
+        resnet_width_factor=0.5,
+    )
     assert config.grid_size == (4, 4)
     model = create_model(config).eval()
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 3)

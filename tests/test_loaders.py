@@ -68,7 +68,7 @@ class Stripes:
     def training_batches(self, epoch_seed, batch_size, start_step=0, rank=0, world_size=1):
         order, shard = epoch_order(len(self), epoch_seed), rank_shard(batch_size, rank, world_size)
         for step in range(start_step, steps_per_epoch(len(self), batch_size)):
-            rows = order[step * batch_size:(step + 1) * batch_size][shard]
+            rows = order[step * batch_size : (step + 1) * batch_size][shard]
             yield Batch(self._images[rows], self._labels[rows], rows, self.max_value, batch_size, shard)
 
     def evaluation_batches(self, batch_size, rank=0, world_size=1):
@@ -114,11 +114,13 @@ def stripes(monkeypatch):
     return opener
 
 
-def test_a_new_data_source_is_one_table_row_and_trains_evaluates_and_runs_fewshot(stripes, tmp_path, monkeypatch,
-                                                                                   capsys):
+def test_a_new_data_source_is_one_table_row_and_trains_evaluates_and_runs_fewshot(
+    stripes, tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
-    summary = train(micro_config(tmp_path, dataset="fake", epochs=8, batch_size=8, warmup_epochs=1, val_size=0.25,
-                                 augment={}))
+    summary = train(
+        micro_config(tmp_path, dataset="fake", epochs=8, batch_size=8, warmup_epochs=1, val_size=0.25, augment={})
+    )
     assert summary["status"] == "finished"
     assert (summary["train_count"], summary["val_count"], summary["test_count"]) == (72, 24, 48)
     assert summary["test_top1"] > 0.5  # three classes: the stripes were learnt, not guessed
@@ -143,8 +145,10 @@ def test_a_new_data_source_is_one_table_row_and_trains_evaluates_and_runs_fewsho
 
 def test_the_array_data_sets_are_held_and_manifests_streamed():
     assert loaders.streaming_choice(DataRequest("digits"))[0] is None
-    assert loaders.streaming_choice(DataRequest("manifest", "x.csv", image_size=(8, 8))) == \
-        (True, "manifest data are read lazily")
+    assert loaders.streaming_choice(DataRequest("manifest", "x.csv", image_size=(8, 8))) == (
+        True,
+        "manifest data are read lazily",
+    )
     with pytest.raises(DataError, match="manifest data are always streamed; drop --set stream=false"):
         loaders.streaming_choice(DataRequest("manifest", "x.csv", stream=False))
     with pytest.raises(DataError, match="digits is held in memory .*drop --set stream=true"):

@@ -28,8 +28,9 @@ TINY_DECODER = dict(decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_ml
 
 
 def tiny_mae(norm_pix_loss: bool = True, **encoder: object) -> MaskedAutoencoder:
-    return MaskedAutoencoder(VisionTransformer(ViTConfig(**{**TINY, **encoder})),
-                             MAEConfig(norm_pix_loss=norm_pix_loss, **TINY_DECODER)).eval()
+    return MaskedAutoencoder(
+        VisionTransformer(ViTConfig(**{**TINY, **encoder})), MAEConfig(norm_pix_loss=norm_pix_loss, **TINY_DECODER)
+    ).eval()
 
 
 @torch.no_grad()
@@ -44,15 +45,28 @@ def perturb(model: torch.nn.Module, skip: tuple[str, ...] = ()) -> None:
 def hf_tiny_mae(norm_pix_loss: bool):
     transformers = pytest.importorskip("transformers")
     config = transformers.ViTMAEConfig(
-        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        decoder_hidden_size=16, decoder_num_hidden_layers=1, decoder_num_attention_heads=2, decoder_intermediate_size=32,
-        mask_ratio=0.75, norm_pix_loss=norm_pix_loss)
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        decoder_hidden_size=16,
+        decoder_num_hidden_layers=1,
+        decoder_num_attention_heads=2,
+        decoder_intermediate_size=32,
+        mask_ratio=0.75,
+        norm_pix_loss=norm_pix_loss,
+    )
     return transformers.ViTMAEForPreTraining(config).eval()
 
 
 def max_differences(ours, theirs) -> dict[str, float]:
-    return {"loss": (ours.loss - theirs.loss).abs().item(), "pred": (ours.pred - theirs.logits).abs().max().item(),
-            "mask": (ours.mask - theirs.mask).abs().max().item()}
+    return {
+        "loss": (ours.loss - theirs.loss).abs().item(),
+        "pred": (ours.pred - theirs.logits).abs().max().item(),
+        "mask": (ours.mask - theirs.mask).abs().max().item(),
+    }
 
 
 # ------------------------------------------------------------------------------------------ transformers parity
@@ -117,10 +131,12 @@ def test_transformers_layout_round_trip_keeps_configs_and_weights(tmp_path):
 
 
 def test_save_mae_hf_refuses_what_transformers_cannot_hold(tmp_path):
-    for encoder, fragment in ((dict(register_tokens=2), "register_tokens=2"),
-                              (dict(classifier="gap"), "class_token=False"),
-                              (dict(pos_embed="learned_2d"), "learned_2d"),
-                              (dict(image_size=(32, 48)), "square")):
+    for encoder, fragment in (
+        (dict(register_tokens=2), "register_tokens=2"),
+        (dict(classifier="gap"), "class_token=False"),
+        (dict(pos_embed="learned_2d"), "learned_2d"),
+        (dict(image_size=(32, 48)), "square"),
+    ):
         with pytest.raises(CheckpointError, match=fragment):
             save_mae_hf(tiny_mae(**encoder), tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -175,10 +191,15 @@ def test_visible_only_encoder_equals_full_sequence_with_masked_keys():
     torch.testing.assert_close(latent, torch.cat([x[:, :prefix], kept], dim=1), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("fields", [dict(pos_embed="rope", register_tokens=2), dict(pos_embed_placement="every_block"),
-                                    dict(pos_embed="learned_2d", pos_embed_placement="every_block_shared"),
-                                    dict(pos_embed="sincos2d", pos_embed_placement="every_block_shared",
-                                         prefix_positions=False)])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(pos_embed="rope", register_tokens=2),
+        dict(pos_embed_placement="every_block"),
+        dict(pos_embed="learned_2d", pos_embed_placement="every_block_shared"),
+        dict(pos_embed="sincos2d", pos_embed_placement="every_block_shared", prefix_positions=False),
+    ],
+)
 def test_the_kept_patches_keep_their_coordinates_in_every_block(fields):
     """Rotary positions and tables added before every block follow the kept patches' coordinates: the visible-only
     encoder equals the whole sequence with the removed patches marked as padding (never read as keys)."""
@@ -198,8 +219,15 @@ def test_the_kept_patches_keep_their_coordinates_in_every_block(fields):
     torch.testing.assert_close(latent, torch.cat([x[:, :prefix], kept], dim=1), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("encoder", [dict(classifier="gap"), dict(register_tokens=2), dict(pos_embed="none"),
-                                     dict(pos_embed="learned_2d", distilled=True)])
+@pytest.mark.parametrize(
+    "encoder",
+    [
+        dict(classifier="gap"),
+        dict(register_tokens=2),
+        dict(pos_embed="none"),
+        dict(pos_embed="learned_2d", distilled=True),
+    ],
+)
 def test_any_prefix_and_absolute_position_kind_trains(encoder):
     mae = tiny_mae(**encoder).train()
     out = mae(torch.randn(2, 3, 32, 32))
@@ -219,8 +247,10 @@ def test_masking_keeps_the_smallest_noise_and_restores_the_order():
     assert torch.equal(mask.gather(1, ids_keep), torch.zeros(4, 4))
     ids_shuffle = noise.argsort(dim=1)
     assert torch.equal(ids_shuffle.gather(1, ids_restore), torch.arange(16).expand(4, 16))
-    assert torch.equal(noise.gather(1, ids_keep).amax(dim=1) < noise.masked_fill(mask == 0, 2).amin(dim=1),
-                       torch.ones(4, dtype=torch.bool))
+    assert torch.equal(
+        noise.gather(1, ids_keep).amax(dim=1) < noise.masked_fill(mask == 0, 2).amin(dim=1),
+        torch.ones(4, dtype=torch.bool),
+    )
 
 
 def test_masking_is_deterministic_under_a_seeded_generator():
@@ -275,10 +305,13 @@ def test_reconstruction_pastes_the_visible_patches_and_undoes_norm_pix(norm_pix_
 
 
 # ------------------------------------------------------------------------------------------ what it refuses
-@pytest.mark.parametrize("fields, fragment", [
-    (dict(pos_embed="relative"), "relative position attention"),
-    (dict(image_size=64, patch_size=1, resnet_layers=(1,)), "ResNet hybrid"),
-])
+@pytest.mark.parametrize(
+    "fields, fragment",
+    [
+        (dict(pos_embed="relative"), "relative position attention"),
+        (dict(image_size=64, patch_size=1, resnet_layers=(1,)), "ResNet hybrid"),
+    ],
+)
 def test_check_maskable_refuses_with_the_reason(fields, fragment):
     config = ViTConfig(**{**TINY, **fields})
     with pytest.raises(UsageError, match=fragment):
@@ -291,14 +324,19 @@ def test_mae_config_round_trips_through_json_and_validates():
     config = MAEConfig(mask_ratio=0.6, norm_pix_loss=False, **TINY_DECODER)
     assert MAEConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert MAEConfig().norm_pix_loss is True and MAEConfig().decoder_dim == 512
-    for bad, fragment in ((dict(mask_ratio=0), "in \\(0, 1\\)"), (dict(mask_ratio=1.0), "in \\(0, 1\\)"),
-                          (dict(decoder_dim=24, decoder_heads=5), "does not divide by decoder_heads 5"),
-                          (dict(decoder_dim=18, decoder_heads=2), "divisible by 4"),
-                          (dict(decoder_depth=0), "decoder_depth"), (dict(norm_pix_loss="yes"), "norm_pix_loss")):
+    for bad, fragment in (
+        (dict(mask_ratio=0), "in \\(0, 1\\)"),
+        (dict(mask_ratio=1.0), "in \\(0, 1\\)"),
+        (dict(decoder_dim=24, decoder_heads=5), "does not divide by decoder_heads 5"),
+        (dict(decoder_dim=18, decoder_heads=2), "divisible by 4"),
+        (dict(decoder_depth=0), "decoder_depth"),
+        (dict(norm_pix_loss="yes"), "norm_pix_loss"),
+    ):
         with pytest.raises(ConfigError, match=fragment):
             MAEConfig(**bad)
     with pytest.raises(ConfigError, match="unknown MAE config keys"):
         MAEConfig.from_dict({"mask_ratio": 0.5, "decoder_width": 3})
-    with pytest.raises(ConfigError, match="keeps int\\(16 x 0.05\\) = 0 of the encoder's 16 patches; use a ratio of "
-                                          "at most 0.9375"):
+    with pytest.raises(
+        ConfigError, match="keeps int\\(16 x 0.05\\) = 0 of the encoder's 16 patches; use a ratio of at most 0.9375"
+    ):
         MaskedAutoencoder(VisionTransformer(ViTConfig(**TINY)), MAEConfig(mask_ratio=0.95, **TINY_DECODER))

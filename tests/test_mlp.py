@@ -95,8 +95,14 @@ def test_swiglu_gates_with_silu_under_timms_names():
 
     torch.manual_seed(0)
     mlp = SwiGLU(8, 12).eval()
-    assert set(dict(mlp.named_parameters())) == {"fc1_g.weight", "fc1_g.bias", "fc1_x.weight", "fc1_x.bias",
-                                                   "fc2.weight", "fc2.bias"}
+    assert set(dict(mlp.named_parameters())) == {
+        "fc1_g.weight",
+        "fc1_g.bias",
+        "fc1_x.weight",
+        "fc1_x.bias",
+        "fc2.weight",
+        "fc2.bias",
+    }
     x = torch.randn(2, 3, 8)
     gate, value = mlp.fc1_g(x), mlp.fc1_x(x)
     expected = mlp.fc2(gate * torch.sigmoid(gate) * value)

@@ -25,15 +25,20 @@ SHAPES = [(8, 8), (8, 4), (4, 8), (6, 8)]  # every image of a batch its own shap
 def as_patches(images: torch.Tensor) -> PatchInput:
     """Stored 8x8 images (B, C, 8, 8), each cropped to its own shape, cut into patches and padded: the batch a
     NaFlex-style source hands over (the stripe of each class stays inside every crop)."""
-    cut = [cut_patches(image[None, :, :height, :width], PATCH)
-           for image, (height, width) in zip(images, [SHAPES[i % len(SHAPES)] for i in range(len(images))])]
+    cut = [
+        cut_patches(image[None, :, :height, :width], PATCH)
+        for image, (height, width) in zip(images, [SHAPES[i % len(SHAPES)] for i in range(len(images))])
+    ]
     length = max(part.patches.shape[1] for part in cut)
 
     def pad(tensor: torch.Tensor, value) -> torch.Tensor:
         return torch.cat([tensor, tensor.new_full((1, length - tensor.shape[1], *tensor.shape[2:]), value)], dim=1)
 
-    return PatchInput(torch.cat([pad(c.patches, 0) for c in cut]), torch.cat([pad(c.coords, 0) for c in cut]),
-                      torch.cat([pad(c.valid, False) for c in cut]))
+    return PatchInput(
+        torch.cat([pad(c.patches, 0) for c in cut]),
+        torch.cat([pad(c.coords, 0) for c in cut]),
+        torch.cat([pad(c.valid, False) for c in cut]),
+    )
 
 
 class PatchStripes(Stripes):
@@ -41,8 +46,9 @@ class PatchStripes(Stripes):
 
     def training_batches(self, *args, **kwargs):
         for batch in super().training_batches(*args, **kwargs):
-            yield Batch(as_patches(batch.images), batch.labels, batch.indices, batch.max_value, batch.global_size,
-                        batch.shard)
+            yield Batch(
+                as_patches(batch.images), batch.labels, batch.indices, batch.max_value, batch.global_size, batch.shard
+            )
 
     def evaluation_batches(self, *args, **kwargs):
         for batch in super().evaluation_batches(*args, **kwargs):
@@ -58,26 +64,38 @@ def patch_stripes(monkeypatch):
 
 
 @pytest.mark.parametrize("position", ["rope", "learned"])
-def test_cut_patches_of_images_of_different_shapes_train_evaluate_and_give_features(patch_stripes, position,
-                                                                                       tmp_path, capsys):
-    summary = train(micro_config(tmp_path, dataset="patches", epochs=8, batch_size=8, warmup_epochs=1, val_size=0.25,
-                                 augment={}, model="digits-8",
-                                 model_overrides=dict(depth=1, embed_dim=16, num_heads=2, mlp_dim=32,
-                                                      pos_embed=position)))
+def test_cut_patches_of_images_of_different_shapes_train_evaluate_and_give_features(
+    patch_stripes, position, tmp_path, capsys
+):
+    summary = train(
+        micro_config(
+            tmp_path,
+            dataset="patches",
+            epochs=8,
+            batch_size=8,
+            warmup_epochs=1,
+            val_size=0.25,
+            augment={},
+            model="digits-8",
+            model_overrides=dict(depth=1, embed_dim=16, num_heads=2, mlp_dim=32, pos_embed=position),
+        )
+    )
     assert summary["status"] == "finished"
     assert summary["test_top1"] > 0.5  # three classes, every image at its own shape: learnt, not guessed
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["top1"] == pytest.approx(summary["test_top1"])
-    assert main(["fewshot", str(tmp_path / "run"), "--dataset", "patches", "--shots", "2", "--seeds", "1",
-                 "--json"]) == 0
+    assert (
+        main(["fewshot", str(tmp_path / "run"), "--dataset", "patches", "--shots", "2", "--seeds", "1", "--json"]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["test_count"] == 48
 
 
 def test_batch_augmentation_of_cut_patches_is_refused_naming_what_to_turn_off(patch_stripes, tmp_path):
     with pytest.raises(ConfigError, match="--set augment.crop_padding=0 --set augment.hflip=false"):
-        train(micro_config(tmp_path, dataset="patches", epochs=1, batch_size=8,
-                           augment=dict(crop_padding=1, hflip=True)))
+        train(
+            micro_config(tmp_path, dataset="patches", epochs=1, batch_size=8, augment=dict(crop_padding=1, hflip=True))
+        )
 
 
 def test_what_takes_whole_images_only_says_so_in_one_line():
@@ -88,7 +106,9 @@ def test_what_takes_whole_images_only_says_so_in_one_line():
     from vitlab.models import create_model
     from vitlab.models.mae import MAEConfig, MaskedAutoencoder
 
-    mae = MaskedAutoencoder(create_model("digits-8", in_chans=3),
-                            MAEConfig(decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_mlp_dim=16))
+    mae = MaskedAutoencoder(
+        create_model("digits-8", in_chans=3),
+        MAEConfig(decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_mlp_dim=16),
+    )
     with pytest.raises(UsageError, match="MAE"):
         mae(patches)

@@ -78,8 +78,9 @@ def test_the_loss_reads_the_corrupted_patches_only():
 
 def test_a_corrupted_patch_keeps_its_position():
     """Positions are added after the corruption: two [mask] patches at different places encode differently."""
-    module = mpp.MaskedPatchPredictor(VisionTransformer(ViTConfig(in_chans=3, **TINY)), 8, ratio=0.99,
-                                      shares=(1.0, 0.0, 0.0))
+    module = mpp.MaskedPatchPredictor(
+        VisionTransformer(ViTConfig(in_chans=3, **TINY)), 8, ratio=0.99, shares=(1.0, 0.0, 0.0)
+    )
     module.head = torch.nn.Identity()
     outputs = module(torch.rand(1, 3, 16, 16))
     assert outputs.corruption.chosen.all()  # every patch is [mask]

@@ -27,8 +27,12 @@ def test_rmsnorm_scales_by_the_root_mean_square_without_centring():
 def test_a_model_takes_its_norms_from_the_config_with_timms_names():
     model = create_model(ViTConfig(**TINY, norm="rmsnorm", qk_norm=True))
     names = set(model.state_dict())
-    assert {"blocks.0.norm1.weight", "blocks.0.attn.q_norm.weight", "blocks.0.attn.k_norm.weight",
-            "norm.weight"} <= names
+    assert {
+        "blocks.0.norm1.weight",
+        "blocks.0.attn.q_norm.weight",
+        "blocks.0.attn.k_norm.weight",
+        "norm.weight",
+    } <= names
     assert not any(name.endswith("norm1.bias") or name == "norm.bias" for name in names)  # RMSNorm has no bias
     assert model.blocks[1].attn.q_norm.weight.shape == (8,)  # per head: head_dim wide
     assert all(isinstance(module, nn.RMSNorm) for name, module in model.named_modules() if name.endswith("norm1"))

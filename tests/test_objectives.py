@@ -42,9 +42,26 @@ def mean_pixel(monkeypatch):
 
 
 def vitlab_train(tmp_path, run_name, *extra):
-    return main(["train", "--out-dir", str(tmp_path), "--epochs", "3", "--set", f"run_name={run_name}",
-                 "--set", "objective=mean-pixel", "--set", f"model_overrides={MICRO}", "--set", "threads=1",
-                 "--set", "progress=false", *extra])
+    return main(
+        [
+            "train",
+            "--out-dir",
+            str(tmp_path),
+            "--epochs",
+            "3",
+            "--set",
+            f"run_name={run_name}",
+            "--set",
+            "objective=mean-pixel",
+            "--set",
+            f"model_overrides={MICRO}",
+            "--set",
+            "threads=1",
+            "--set",
+            "progress=false",
+            *extra,
+        ]
+    )
 
 
 def test_a_new_objective_trains_through_vitlab_train_and_resumes_exactly(mean_pixel, tmp_path, stop_at_check, capsys):
@@ -60,8 +77,10 @@ def test_a_new_objective_trains_through_vitlab_train_and_resumes_exactly(mean_pi
 
     stop_at_check(15)  # after step 4 of epoch 2
     assert vitlab_train(tmp_path, "stopped") == 0
-    assert f"stopped at epoch 2, step 4; state saved. Resume with: vitlab train --resume {tmp_path / 'stopped'}" \
+    assert (
+        f"stopped at epoch 2, step 4; state saved. Resume with: vitlab train --resume {tmp_path / 'stopped'}"
         in capsys.readouterr().out
+    )
     stop_at_check(None)
     assert main(["train", "--resume", str(tmp_path / "stopped")]) == 0
     a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "stopped" / "model.safetensors")
@@ -77,8 +96,9 @@ def test_an_objective_row_is_all_a_recipe_and_the_cli_need(mean_pixel):
 
 def test_pretrain_offers_the_rows_marked_pretraining(monkeypatch):
     assert pretraining_methods() == ("mpp", "mae")
-    monkeypatch.setitem(OBJECTIVES, "mean-pixel", ObjectiveRow(lambda config, data: MeanPixel(), pretraining=True,
-                                                               help="a fake"))
+    monkeypatch.setitem(
+        OBJECTIVES, "mean-pixel", ObjectiveRow(lambda config, data: MeanPixel(), pretraining=True, help="a fake")
+    )
     args = build_parser().parse_args(["pretrain", "--method", "mean-pixel"])
     assert args.method == "mean-pixel"
 

@@ -8,15 +8,22 @@ from vitlab.train.schedule import warmup_cosine
 
 
 def test_no_weight_decay_on_norms_biases_position_embedding_and_class_token():
-    model = create_model(ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_dim=32,
-                                   num_classes=3))
+    model = create_model(
+        ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=1, num_heads=2, mlp_dim=32, num_classes=3)
+    )
     decay, no_decay = param_groups(model, 0.05)  # no layer decay: one group of each kind
     names = {id(p): n for n, p in model.named_parameters()}
     skipped = {names[id(p)] for p in no_decay["params"]}
     decayed = {names[id(p)] for p in decay["params"]}
     assert {"pos_embed", "cls_token", "norm.weight", "blocks.0.norm1.bias", "head.bias"} <= skipped
-    assert decayed == {"patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight",
-                       "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight", "head.weight"}
+    assert decayed == {
+        "patch_embed.proj.weight",
+        "blocks.0.attn.qkv.weight",
+        "blocks.0.attn.proj.weight",
+        "blocks.0.mlp.fc1.weight",
+        "blocks.0.mlp.fc2.weight",
+        "head.weight",
+    }
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
 
 
@@ -38,8 +45,9 @@ def test_ema_moves_towards_the_weights():
 
 
 def test_layer_decay_scales_learning_rates_by_depth():
-    model = create_model(ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32,
-                                   num_classes=3))
+    model = create_model(
+        ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3)
+    )
     groups = param_groups(model, 0.05, lr=1.0, layer_decay=0.5)
     names = {id(p): n for n, p in model.named_parameters()}
     lr_of = {names[id(p)]: g["lr"] for g in groups for p in g["params"]}
@@ -51,14 +59,29 @@ def test_layer_decay_scales_learning_rates_by_depth():
 def test_every_family_token_and_clip_pre_norm_sit_at_the_embeddings_depth():
     from vitlab.train.optim import layer_id
 
-    for model_config in (ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32,
-                                   num_classes=3, distilled=True),
-                         ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32,
-                                   num_classes=3, register_tokens=2, pre_norm=True)):
+    for model_config in (
+        ViTConfig(
+            image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3, distilled=True
+        ),
+        ViTConfig(
+            image_size=8,
+            patch_size=4,
+            embed_dim=16,
+            depth=2,
+            num_heads=2,
+            mlp_dim=32,
+            num_classes=3,
+            register_tokens=2,
+            pre_norm=True,
+        ),
+    ):
         names = [n for n, _ in create_model(model_config).named_parameters()]
         embedding = [n for n in names if layer_id(n, 2) == 0]
-        assert set(embedding) == {n for n in names if n.startswith(("patch_embed", "cls_token", "dist_token",
-                                                                      "reg_token", "pos_embed", "norm_pre"))}
+        assert set(embedding) == {
+            n
+            for n in names
+            if n.startswith(("patch_embed", "cls_token", "dist_token", "reg_token", "pos_embed", "norm_pre"))
+        }
         assert len(embedding) >= 4
 
 
@@ -70,7 +93,7 @@ def test_the_reported_learning_rate_is_the_peak_one_under_layer_decay():
     optimizer = build_optimizer(model, "adamw", lr=1e-3, weight_decay=0.05, layer_decay=0.5)
     scheduler = build_scheduler(optimizer, warmup_steps=0, total_steps=10, min_ratio=0.0)
     rates = scheduler.get_last_lr()
-    assert rates[0] < 1e-3 * 0.5 ** 4  # group 0, the embeddings: decayed by every block and the head
+    assert rates[0] < 1e-3 * 0.5**4  # group 0, the embeddings: decayed by every block and the head
     assert peak_lr(scheduler) == max(rates) == 1e-3  # the head's, the schedule's own rate
 
 

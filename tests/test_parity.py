@@ -32,8 +32,15 @@ def test_transformers_model_of_paper_shape_matches(tmp_path):
     """A randomly initialised transformers ViT (6 heads of 64, the paper's head width) saved with
     save_pretrained gives the same logits through vitlab."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=384, num_hidden_layers=2,
-                                    num_attention_heads=6, intermediate_size=1536, num_labels=7)
+    config = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        intermediate_size=1536,
+        num_labels=7,
+    )
     theirs = transformers.ViTForImageClassification(config).eval()
     with torch.no_grad():
         for parameter in theirs.parameters():

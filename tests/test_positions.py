@@ -14,13 +14,25 @@ from vitlab.models.positions import POSITION_KINDS
 from vitlab.models.positions.absolute import AbsoluteTable
 
 TINY = dict(image_size=(8, 12), patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=48, num_classes=3)
-KINDS = [dict(pos_embed="learned"), dict(pos_embed="learned_2d"), dict(pos_embed="sincos2d"),
-         dict(pos_embed="rope"), dict(pos_embed="none"), dict(pos_embed="learned", pos_embed_placement="every_block"),
-         dict(pos_embed="learned_2d", pos_embed_placement="every_block_shared", register_tokens=2),
-         dict(pos_embed="sincos2d", prefix_positions=False, register_tokens=1),
-         dict(pos_embed="rope", register_tokens=2, layer_scale=0.1)]
-POOLINGS = [dict(classifier="token"), dict(classifier="gap"), dict(classifier="map"), dict(classifier="gem"),
-            dict(classifier="max"), dict(classifier="layer_weighted", class_token=False)]
+KINDS = [
+    dict(pos_embed="learned"),
+    dict(pos_embed="learned_2d"),
+    dict(pos_embed="sincos2d"),
+    dict(pos_embed="rope"),
+    dict(pos_embed="none"),
+    dict(pos_embed="learned", pos_embed_placement="every_block"),
+    dict(pos_embed="learned_2d", pos_embed_placement="every_block_shared", register_tokens=2),
+    dict(pos_embed="sincos2d", prefix_positions=False, register_tokens=1),
+    dict(pos_embed="rope", register_tokens=2, layer_scale=0.1),
+]
+POOLINGS = [
+    dict(classifier="token"),
+    dict(classifier="gap"),
+    dict(classifier="map"),
+    dict(classifier="gem"),
+    dict(classifier="max"),
+    dict(classifier="layer_weighted", class_token=False),
+]
 
 
 def randomised(**fields):
@@ -44,8 +56,11 @@ def padded(images: list[torch.Tensor], patch: int = 4) -> PatchInput:
         filler = tensor.new_full((1, length - tensor.shape[1], *tensor.shape[2:]), value)
         return torch.cat([tensor, filler], dim=1)
 
-    return PatchInput(torch.cat([pad(c.patches, 7.0) for c in cut]), torch.cat([pad(c.coords, 0) for c in cut]),
-                      torch.cat([pad(c.valid, False) for c in cut]))
+    return PatchInput(
+        torch.cat([pad(c.patches, 7.0) for c in cut]),
+        torch.cat([pad(c.coords, 0) for c in cut]),
+        torch.cat([pad(c.valid, False) for c in cut]),
+    )
 
 
 def test_the_kinds_table_has_every_name_the_config_takes():
@@ -79,7 +94,9 @@ def test_patch_input_moves_and_splits_like_a_tensor():
     first, second = batch.chunk(2)
     assert torch.equal(second.valid, torch.tensor([[True] + [False] * 5]))
     moved = batch.to(torch.float64)
-    assert moved.patches.dtype == torch.float64 and moved.coords.dtype == torch.int64 and moved.valid.dtype == torch.bool
+    assert (
+        moved.patches.dtype == torch.float64 and moved.coords.dtype == torch.int64 and moved.valid.dtype == torch.bool
+    )
     with pytest.raises(ValueError, match="coords"):
         PatchInput(batch.patches, batch.coords[:, :3], batch.valid)
 
@@ -88,10 +105,14 @@ def test_the_hybrid_and_a_wrong_patch_width_are_refused_in_one_line():
     from vitlab.errors import UsageError
 
     with pytest.raises(UsageError, match="4x4x3 = 48 values"):
-        randomised()(PatchInput(torch.zeros(1, 2, 47), torch.zeros(1, 2, 2, dtype=torch.long),
-                                torch.ones(1, 2, dtype=torch.bool)))
-    hybrid = create_model(ViTConfig(image_size=32, patch_size=1, resnet_layers=(1,), embed_dim=32, depth=1,
-                                    num_heads=2, mlp_dim=32))
+        randomised()(
+            PatchInput(
+                torch.zeros(1, 2, 47), torch.zeros(1, 2, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool)
+            )
+        )
+    hybrid = create_model(
+        ViTConfig(image_size=32, patch_size=1, resnet_layers=(1,), embed_dim=32, depth=1, num_heads=2, mlp_dim=32)
+    )
     with pytest.raises(UsageError, match="ResNet hybrid"):
         hybrid(cut_patches(torch.randn(1, 3, 32, 32), 8))
 

@@ -26,8 +26,12 @@ def test_the_contract_round_trips_through_json_and_a_checkpoint(tmp_path):
     contract = Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.875, grey="luma")
     config = variant_config("digits-8", image_size=16, patch_size=4, in_chans=3, preprocessing=contract)
     assert ViTConfig.from_json(config.to_json()) == config
-    assert json.loads(config.to_json())["preprocessing"] == {"mode": "crop", "resize": "bicubic",
-                                                             "crop_fraction": 0.875, "grey": "luma"}
+    assert json.loads(config.to_json())["preprocessing"] == {
+        "mode": "crop",
+        "resize": "bicubic",
+        "crop_fraction": 0.875,
+        "grey": "luma",
+    }
     reloaded = load_model(save_model(create_model(config), tmp_path / "m.safetensors")).config
     assert reloaded.preprocessing == contract and reloaded == config
 
@@ -37,10 +41,16 @@ def test_an_old_config_without_a_contract_loads_and_keeps_the_old_behaviour():
     del data["preprocessing"]  # as every config written before the contract
     config = ViTConfig.from_dict(data)
     assert config.preprocessing is None
-    assert resolved_preprocessing(config, "arrays") == Preprocessing.in_memory() == Preprocessing(
-        mode="stretch", resize="bilinear", crop_fraction=1.0, grey="mean")
-    assert resolved_preprocessing(config, "files") == Preprocessing.image_files() == Preprocessing(
-        mode="crop", resize="bicubic", crop_fraction=1.0, grey="luma")
+    assert (
+        resolved_preprocessing(config, "arrays")
+        == Preprocessing.in_memory()
+        == Preprocessing(mode="stretch", resize="bilinear", crop_fraction=1.0, grey="mean")
+    )
+    assert (
+        resolved_preprocessing(config, "files")
+        == Preprocessing.image_files()
+        == Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0, grey="luma")
+    )
 
 
 def test_the_fixtures_vitlab_run_folders_wrote_before_load(tiny_run):
@@ -67,12 +77,14 @@ def test_in_memory_resize_follows_the_contract():
     grey_mean, grey_luma = to_unit_range(images, 255.0, stretch), to_unit_range(images, 255.0, luma)
     weights = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
     assert grey_mean.shape == grey_luma.shape == (2, 1, 16, 16)
-    assert torch.allclose(to_unit_range((images.float() * weights).sum(1, keepdim=True), 255.0, stretch), grey_luma,
-                          atol=1e-6)
+    assert torch.allclose(
+        to_unit_range((images.float() * weights).sum(1, keepdim=True), 255.0, stretch), grey_luma, atol=1e-6
+    )
     crop = stretch.replace(in_chans=3, preprocessing=Preprocessing.image_files())
     cropped = to_unit_range(images, 255.0, crop)  # 20x30 -> cover 16x16 at 16x24, centre columns 4..20
-    resized = torch.nn.functional.interpolate(images.float() / 255, size=(16, 24), mode="bicubic",
-                                              antialias=True, align_corners=False).clamp(0, 1)
+    resized = torch.nn.functional.interpolate(
+        images.float() / 255, size=(16, 24), mode="bicubic", antialias=True, align_corners=False
+    ).clamp(0, 1)
     assert torch.equal(cropped, resized[..., 4:20].contiguous())
 
 
@@ -103,8 +115,12 @@ def test_timm_augreg_vit_and_clip_families_and_a_pretrained_cfg(tmp_path):
     # A hub config.json's pretrained_cfg says it outright.
     shutil.copy(FIXTURES / "timm_vit_token.safetensors", tmp_path / "w.safetensors")
     args = json.loads((FIXTURES / "timm_vit_token.json").read_text())
-    args["pretrained_cfg"] = {"mean": [0.4, 0.4, 0.4], "std": [0.3, 0.3, 0.3], "interpolation": "bilinear",
-                              "crop_pct": 0.95}
+    args["pretrained_cfg"] = {
+        "mean": [0.4, 0.4, 0.4],
+        "std": [0.3, 0.3, 0.3],
+        "interpolation": "bilinear",
+        "crop_pct": 0.95,
+    }
     (tmp_path / "w.json").write_text(json.dumps(args))
     config, _, _ = read_checkpoint(tmp_path / "w.safetensors")
     assert config.image_mean == (0.4, 0.4, 0.4)
@@ -123,10 +139,19 @@ def test_hf_reads_preprocessor_config_json_else_the_processor_defaults(tmp_path)
     deit, _, _ = read_checkpoint(FIXTURES / "hf_deit")  # DeiTImageProcessor's: 256 -> crop 224, ImageNet
     assert (deit.image_mean, deit.image_std) == IMAGENET and deit.preprocessing.crop_fraction == 0.875
     shutil.copytree(FIXTURES / "hf_vit", tmp_path / "hf")
-    (tmp_path / "hf" / "preprocessor_config.json").write_text(json.dumps({
-        "do_resize": True, "size": {"shortest_edge": 18}, "resample": 3, "do_center_crop": True,
-        "crop_size": {"height": 16, "width": 16}, "image_mean": [0.485, 0.456, 0.406],
-        "image_std": [0.229, 0.224, 0.225]}))
+    (tmp_path / "hf" / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "do_resize": True,
+                "size": {"shortest_edge": 18},
+                "resample": 3,
+                "do_center_crop": True,
+                "crop_size": {"height": 16, "width": 16},
+                "image_mean": [0.485, 0.456, 0.406],
+                "image_std": [0.229, 0.224, 0.225],
+            }
+        )
+    )
     config, _, _ = read_checkpoint(tmp_path / "hf")
     assert (config.image_mean, config.image_std) == IMAGENET
     assert config.preprocessing == Preprocessing(mode="crop", resize="bicubic", crop_fraction=16 / 18)
@@ -140,11 +165,15 @@ def test_cut_patches_are_scaled_converted_and_normalised_as_their_images_are():
     from vitlab.layers.patch_embed import cut_patches
 
     images = torch.randint(0, 256, (2, 3, 8, 12), dtype=torch.uint8)
-    for spec in (ViTConfig(image_size=(8, 12), patch_size=4, image_mean=(0.2, 0.4, 0.6), image_std=(0.5, 0.25, 1)),
-                 ViTConfig(image_size=(8, 12), patch_size=4, in_chans=1, image_mean=0.3, image_std=0.2)):
+    for spec in (
+        ViTConfig(image_size=(8, 12), patch_size=4, image_mean=(0.2, 0.4, 0.6), image_std=(0.5, 0.25, 1)),
+        ViTConfig(image_size=(8, 12), patch_size=4, in_chans=1, image_mean=0.3, image_std=0.2),
+    ):
         expected = cut_patches(prepare(images, 255.0, spec), 4)
         got = prepare(cut_patches(images, 4), 255.0, spec)
         torch.testing.assert_close(got.patches, expected.patches)
         assert torch.equal(got.coords, expected.coords) and torch.equal(got.valid, expected.valid)
         back = denormalize(got, spec)
-        torch.testing.assert_close(back.patches, cut_patches(denormalize(prepare(images, 255.0, spec), spec), 4).patches)
+        torch.testing.assert_close(
+            back.patches, cut_patches(denormalize(prepare(images, 255.0, spec), spec), 4).patches
+        )

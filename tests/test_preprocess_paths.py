@@ -26,9 +26,11 @@ from vitlab.eval.predict import predict
 from vitlab.models import create_model
 
 SIZE = 16
-CONTRACTS = {"image files (crop 1.0, bicubic)": Preprocessing.image_files(),
-             "stretch, bilinear": Preprocessing(mode="stretch", resize="bilinear"),
-             "crop 0.875, bicubic": Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.875)}
+CONTRACTS = {
+    "image files (crop 1.0, bicubic)": Preprocessing.image_files(),
+    "stretch, bilinear": Preprocessing(mode="stretch", resize="bilinear"),
+    "crop 0.875, bicubic": Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.875),
+}
 
 
 def write_images(folder):
@@ -36,8 +38,13 @@ def write_images(folder):
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:64, 0:64]
     smooth = (np.stack([x * 4, y * 4, (x + y) * 2], -1) % 256).astype(np.uint8)
-    specs = [("wide.png", (23, 37), "RGB"), ("tall.jpg", (50, 20), "RGB"), ("grey.png", (30, 30), "L"),
-             ("at_size.png", (SIZE, SIZE), "RGB"), ("noisy.png", (40, 24), "RGB")]
+    specs = [
+        ("wide.png", (23, 37), "RGB"),
+        ("tall.jpg", (50, 20), "RGB"),
+        ("grey.png", (30, 30), "L"),
+        ("at_size.png", (SIZE, SIZE), "RGB"),
+        ("noisy.png", (40, 24), "RGB"),
+    ]
     paths = []
     for name, (height, width), mode in specs:
         array = smooth[:height, :width] if name != "noisy.png" else rng.integers(0, 256, (height, width, 3), np.uint8)
@@ -50,8 +57,16 @@ def write_images(folder):
 
 def model_with(contract):
     torch.manual_seed(0)
-    config = variant_config("digits-8", image_size=SIZE, patch_size=4, in_chans=3, num_classes=1,
-                            image_mean=(0.485, 0.456, 0.406), image_std=(0.229, 0.224, 0.225), preprocessing=contract)
+    config = variant_config(
+        "digits-8",
+        image_size=SIZE,
+        patch_size=4,
+        in_chans=3,
+        num_classes=1,
+        image_mean=(0.485, 0.456, 0.406),
+        image_std=(0.229, 0.224, 0.225),
+        preprocessing=contract,
+    )
     return create_model(config).eval()
 
 
@@ -103,8 +118,18 @@ def test_every_path_gives_the_model_the_same_input(name, images, tmp_path):
     served = Inputs(engine.runner)
     from vitlab.data.contract import resolved_preprocessing
 
-    uploads = torch.stack([read_image(p.read_bytes(), config.image_size, 3, name=p.name,
-                                      preprocessing=resolved_preprocessing(engine.config, "files")) for p in files])
+    uploads = torch.stack(
+        [
+            read_image(
+                p.read_bytes(),
+                config.image_size,
+                3,
+                name=p.name,
+                preprocessing=resolved_preprocessing(engine.config, "files"),
+            )
+            for p in files
+        ]
+    )
     engine.classify(uploads)
     torch.testing.assert_close(served.take(), expected, rtol=0, atol=1e-5)
 
@@ -130,8 +155,12 @@ def test_the_onnx_graph_implements_the_contract(name, images, tmp_path):
     with torch.no_grad():
         decoded = [read_image(p, config.image_size, 3, preprocessing=contract) for p in files]
         if contract.crop_fraction == 1.0:  # fed what vitlab decoded (predict, serve): the graph's resize is a no-op
-            torch.testing.assert_close(runtime.classify_pixels(torch.stack(decoded)),
-                                       model(prepare(torch.stack(decoded), 255.0, config)), rtol=0, atol=1e-4)
+            torch.testing.assert_close(
+                runtime.classify_pixels(torch.stack(decoded)),
+                model(prepare(torch.stack(decoded), 255.0, config)),
+                rtol=0,
+                atol=1e-4,
+            )
         residuals = []
         for path_, pil in zip(files, decoded):
             raw = decode_image(path_, None, 3)[None]  # at its own size: the graph resizes
@@ -145,8 +174,9 @@ def test_the_onnx_graph_implements_the_contract(name, images, tmp_path):
             residuals.append(float((torch_input - pil.float() / 255).abs().max()) * 255)
             if raw.shape[-2:] == (SIZE, SIZE) and contract.crop_fraction == 1.0:
                 assert residuals[-1] == 0  # already at the input size: nothing to resize, exact
-    print(f"{name}: max |graph input - PIL input| per image, in grey levels: "
-          + ", ".join(f"{r:.2f}" for r in residuals))
+    print(
+        f"{name}: max |graph input - PIL input| per image, in grey levels: " + ", ".join(f"{r:.2f}" for r in residuals)
+    )
     # Measured (grey levels, 0..255): on the smooth photos under 1 for every contract (PIL rounds to uint8, torch
     # does not); on per-pixel noise 0.95 bilinear, 2.8 bicubic, 7.7 bicubic enlarged for a 0.875 crop (PIL
     # rounds and clamps to uint8 between the passes of its separable filter, torch only at the end).

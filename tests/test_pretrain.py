@@ -22,10 +22,16 @@ SMALL = dict(embed_dim=32, depth=2, num_heads=4, mlp_dim=64)
 
 
 def pretrain_micro(tmp_path, method, **changes) -> TrainConfig:
-    fields = dict(model_overrides=SMALL, epochs=2, batch_size=128, out_dir=str(tmp_path), run_name=method,
-                  progress=False, threads=1, pretrain=PretrainConfig(decoder_dim=16, decoder_depth=1,
-                                                                     decoder_heads=2, decoder_mlp_dim=32,
-                                                                     grid_images=4))
+    fields = dict(
+        model_overrides=SMALL,
+        epochs=2,
+        batch_size=128,
+        out_dir=str(tmp_path),
+        run_name=method,
+        progress=False,
+        threads=1,
+        pretrain=PretrainConfig(decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_mlp_dim=32, grid_images=4),
+    )
     fields.update(changes)
     return pretrain_config(method, **fields)
 
@@ -57,8 +63,15 @@ def test_a_pretraining_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weight
 
 
 def test_a_pretraining_run_reports_its_loss_and_leaves_an_encoder(tmp_path):
-    summary = train(pretrain_micro(tmp_path, "mae", pretrain=PretrainConfig(
-        decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_mlp_dim=32, grid_images=3, grid_epochs=[1])))
+    summary = train(
+        pretrain_micro(
+            tmp_path,
+            "mae",
+            pretrain=PretrainConfig(
+                decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_mlp_dim=32, grid_images=3, grid_epochs=[1]
+            ),
+        )
+    )
     run = tmp_path / "mae"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all("val_loss" in row and "train_top1" not in row for row in rows)
@@ -88,13 +101,21 @@ def test_mae_pretraining_continues_from_transformers_layout_with_its_decoder(tmp
 
     train(pretrain_micro(tmp_path, "mae", epochs=1))
     written = load_mae(tmp_path / "mae" / "mae")  # the run's encoder + decoder in ViTMAEForPreTraining layout
-    config = pretrain_micro(tmp_path, "mae", init_from=str(tmp_path / "mae" / "mae"),
-                            pretrain=PretrainConfig(decoder_dim=64, decoder_depth=3))  # the checkpoint's shape wins
+    config = pretrain_micro(
+        tmp_path,
+        "mae",
+        init_from=str(tmp_path / "mae" / "mae"),
+        pretrain=PretrainConfig(decoder_dim=64, decoder_depth=3),
+    )  # the checkpoint's shape wins
     objective = MaskedAutoencoding(config.pretrain, config.augment, config.init_from)
     from vitlab.data.datasets import load_dataset
 
-    encoder = build_finetune_model(config, load_dataset("digits", "train"), read_checkpoint(config.init_from)[:2],
-                                   {"num_classes": 0, "class_names": None})
+    encoder = build_finetune_model(
+        config,
+        load_dataset("digits", "train"),
+        read_checkpoint(config.init_from)[:2],
+        {"num_classes": 0, "class_names": None},
+    )
     module = objective.attach(encoder)
     ours, theirs = module.state_dict(), written.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
@@ -105,28 +126,68 @@ def test_pretraining_learns_from_unlabeled_files(tmp_path):
     files = sorted(root.rglob("*.jpg"))
     manifest = tmp_path / "unlabeled.csv"
     manifest.write_text("path\n" + "".join(f"{f.relative_to(tmp_path)}\n" for f in files))  # no label column
-    summary = train(pretrain_micro(tmp_path, "mpp", dataset="manifest", data_dir=str(manifest), epochs=1,
-                                   batch_size=8, image_size=16, model_overrides=dict(SMALL, patch_size=4)))
+    summary = train(
+        pretrain_micro(
+            tmp_path,
+            "mpp",
+            dataset="manifest",
+            data_dir=str(manifest),
+            epochs=1,
+            batch_size=8,
+            image_size=16,
+            model_overrides=dict(SMALL, patch_size=4),
+        )
+    )
     assert summary["status"] == "finished" and summary["test_loss"] > 0
     from vitlab.errors import DataError
 
     with pytest.raises(DataError, match="no labels"):  # a classifier still says what it needs
-        train(TrainConfig(dataset="manifest", data_dir=str(manifest), model_overrides=dict(SMALL, patch_size=4),
-                          image_size=16, out_dir=str(tmp_path), run_name="classify", epochs=1, batch_size=8))
+        train(
+            TrainConfig(
+                dataset="manifest",
+                data_dir=str(manifest),
+                model_overrides=dict(SMALL, patch_size=4),
+                image_size=16,
+                out_dir=str(tmp_path),
+                run_name="classify",
+                epochs=1,
+                batch_size=8,
+            )
+        )
 
 
 def test_a_short_pretraining_then_fine_tuning_beats_an_untrained_start_on_digits(tmp_path):
     """MAE on digits' 1,294 training images (labels unused) for 40 epochs, then the same fine-tuning (60 epochs)
     on 100 labelled images from the pre-trained encoder and from a fresh one; the same seeds, measured on the
     test split once each."""
-    pretrained = train(pretrain_micro(tmp_path, "mae", epochs=40, lr=3e-3, warmup_epochs=2, batch_size=64,
-                                      augment={"crop_padding": 1}))
-    tune = dict(dataset="digits", epochs=60, batch_size=25, lr=3e-3, optimizer="adamw", weight_decay=0.05,
-                max_train_images=100, out_dir=str(tmp_path), progress=False, threads=1,
-                augment={"crop_padding": 1})
+    pretrained = train(
+        pretrain_micro(tmp_path, "mae", epochs=40, lr=3e-3, warmup_epochs=2, batch_size=64, augment={"crop_padding": 1})
+    )
+    tune = dict(
+        dataset="digits",
+        epochs=60,
+        batch_size=25,
+        lr=3e-3,
+        optimizer="adamw",
+        weight_decay=0.05,
+        max_train_images=100,
+        out_dir=str(tmp_path),
+        progress=False,
+        threads=1,
+        augment={"crop_padding": 1},
+    )
     from_mae = train(finetune_config(init_from=pretrained["run_dir"], run_name="from-mae", **tune))
-    scratch = train(TrainConfig(model="digits-8", model_overrides=SMALL, run_name="scratch", **tune,
-                                label_smoothing=0.0, warmup_epochs=1.0, min_lr=0.0))
+    scratch = train(
+        TrainConfig(
+            model="digits-8",
+            model_overrides=SMALL,
+            run_name="scratch",
+            **tune,
+            label_smoothing=0.0,
+            warmup_epochs=1.0,
+            min_lr=0.0,
+        )
+    )
     assert from_mae["train_count"] == scratch["train_count"] == 100
     # measured on an Intel Xeon (AMX): 54.0% against 32.9%; chance is 10%
     assert from_mae["test_top1"] > scratch["test_top1"] + 0.08, (from_mae["test_top1"], scratch["test_top1"])
@@ -146,11 +207,35 @@ def test_pretrain_cli_needs_a_method_and_refuses_a_supervised_recipe(tmp_path):
 def test_pretraining_runs_under_torchrun(tmp_path):
     """Two processes: each masks its own shard of every batch; the gradients (decoder included) are averaged,
     so both replicas end identical, and validation sums over both shares."""
-    args = ["pretrain", "--method", "mae", "--out-dir", str(tmp_path), "--set", "run_name=double", "--epochs", "2",
-            "--set", f"model_overrides={SMALL}", "--set", "pretrain.decoder_dim=16", "--set", "pretrain.decoder_heads=2",
-            "--set", "pretrain.decoder_depth=1", "--set", "pretrain.decoder_mlp_dim=32", "--set", "progress=false"]
-    double = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             "-m", "vitlab", *args], capture_output=True, text=True, timeout=300)
+    args = [
+        "pretrain",
+        "--method",
+        "mae",
+        "--out-dir",
+        str(tmp_path),
+        "--set",
+        "run_name=double",
+        "--epochs",
+        "2",
+        "--set",
+        f"model_overrides={SMALL}",
+        "--set",
+        "pretrain.decoder_dim=16",
+        "--set",
+        "pretrain.decoder_heads=2",
+        "--set",
+        "pretrain.decoder_depth=1",
+        "--set",
+        "pretrain.decoder_mlp_dim=32",
+        "--set",
+        "progress=false",
+    ]
+    double = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vitlab", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert double.returncode == 0, double.stderr[-3000:]
     summary = json.loads((tmp_path / "double" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["replica_max_abs_diff"] == 0.0

@@ -44,10 +44,19 @@ def hf_vit_repo(id2label: dict[str, str] | None = None) -> dict[str, bytes]:
         config = json.loads(files["config.json"])
         config["id2label"], config["label2id"] = id2label, {v: int(k) for k, v in id2label.items()}
         files["config.json"] = json.dumps(config).encode()
-    files["preprocessor_config.json"] = json.dumps({
-        "image_processor_type": "ViTImageProcessor", "do_resize": True, "size": {"height": 16, "width": 16},
-        "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-        "image_mean": [0.4, 0.4, 0.4], "image_std": [0.3, 0.3, 0.3]}).encode()
+    files["preprocessor_config.json"] = json.dumps(
+        {
+            "image_processor_type": "ViTImageProcessor",
+            "do_resize": True,
+            "size": {"height": 16, "width": 16},
+            "resample": 3,
+            "do_rescale": True,
+            "rescale_factor": 1 / 255,
+            "do_normalize": True,
+            "image_mean": [0.4, 0.4, 0.4],
+            "image_std": [0.3, 0.3, 0.3],
+        }
+    ).encode()
     return files
 
 
@@ -61,16 +70,28 @@ def timm_repo(tmp_path: Path, num_classes: int = 10, tag: str = "augreg2_in21k_f
     from vitlab.config import ViTConfig
     from vitlab.models.vit import VisionTransformer
 
-    model = VisionTransformer(ViTConfig(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=64,
-                                        num_classes=num_classes))
+    model = VisionTransformer(
+        ViTConfig(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=num_classes)
+    )
     weights = export_checkpoint(model, tmp_path / f"timm-{num_classes}.safetensors", to="timm")
     args = json.loads(weights.with_suffix(".json").read_text())
     save_file(load_file(weights), weights, metadata={"format": "pt"})
-    config = {"architecture": "vit_test_patch4_16", "num_classes": num_classes, "global_pool": "token",
-              "model_args": args,
-              "pretrained_cfg": {"tag": tag, "input_size": [3, 16, 16], "interpolation": "bicubic", "crop_pct": 0.9,
-                                 "crop_mode": "center", "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
-                                 "num_classes": num_classes}}
+    config = {
+        "architecture": "vit_test_patch4_16",
+        "num_classes": num_classes,
+        "global_pool": "token",
+        "model_args": args,
+        "pretrained_cfg": {
+            "tag": tag,
+            "input_size": [3, 16, 16],
+            "interpolation": "bicubic",
+            "crop_pct": 0.9,
+            "crop_mode": "center",
+            "mean": [0.5, 0.5, 0.5],
+            "std": [0.5, 0.5, 0.5],
+            "num_classes": num_classes,
+        },
+    }
     return {"config.json": json.dumps(config).encode(), "model.safetensors": weights.read_bytes()}
 
 
@@ -95,9 +116,11 @@ def test_a_hub_name_loads_what_the_same_files_give_from_a_folder(tmp_path, serve
     assert same_logits(by_name, load_model(write_folder(tmp_path / "local", files)))
     assert by_name.config.image_mean == (0.4,) and by_name.config.preprocessing.resize == "bicubic"
     # only what a checkpoint needs: the two JSONs and one weights file
-    assert sorted(server.gets()) == ["/org/vit-tiny/resolve/main/config.json",
-                                     "/org/vit-tiny/resolve/main/model.safetensors",
-                                     "/org/vit-tiny/resolve/main/preprocessor_config.json"]
+    assert sorted(server.gets()) == [
+        "/org/vit-tiny/resolve/main/config.json",
+        "/org/vit-tiny/resolve/main/model.safetensors",
+        "/org/vit-tiny/resolve/main/preprocessor_config.json",
+    ]
 
 
 def test_a_timm_repository_and_a_pytorch_bin_only_repository_load_by_name(tmp_path, server):
@@ -111,7 +134,10 @@ def test_a_timm_repository_and_a_pytorch_bin_only_repository_load_by_name(tmp_pa
 
     hf_files = folder_files(FIXTURES / "hf_vit")
     torch.save(load_file(FIXTURES / "hf_vit" / "model.safetensors"), tmp_path / "pytorch_model.bin")
-    bin_files = {"config.json": hf_files["config.json"], "pytorch_model.bin": (tmp_path / "pytorch_model.bin").read_bytes()}
+    bin_files = {
+        "config.json": hf_files["config.json"],
+        "pytorch_model.bin": (tmp_path / "pytorch_model.bin").read_bytes(),
+    }
     server.repos["org/bin-only"] = bin_files
     server.requests.clear()
     assert same_logits(load_model("hf-hub:org/bin-only@main"), load_model(FIXTURES / "hf_vit"))
@@ -131,8 +157,10 @@ def test_every_reference_checkpoint_loads_by_name_as_from_its_files(server):
             spec = f"augreg:{local.name}"
         else:
             args = json.loads(local.with_suffix(".json").read_text())
-            server.repos[f"timm/{name}"] = {"config.json": json.dumps({"architecture": name, "model_args": args}).encode(),
-                                            "model.safetensors": local.read_bytes()}
+            server.repos[f"timm/{name}"] = {
+                "config.json": json.dumps({"architecture": name, "model_args": args}).encode(),
+                "model.safetensors": local.read_bytes(),
+            }
             spec = f"hf-hub:timm/{name}"
         by_name, from_files = load_model(spec), load_model(local)
         images = torch.randn(2, 3, *from_files.config.image_size, generator=torch.Generator().manual_seed(0))
@@ -146,8 +174,12 @@ def test_bucket_names_urls_and_the_mirror_load_the_official_npz(tmp_path, server
     reference = load_model(FIXTURES / "jax_vit_token.npz")
     server.bucket[AUGREG_B16] = data
     server.bucket["vit_models/imagenet21k+imagenet2012/ViT-B_16-224.npz"] = data
-    for name in ("augreg:B/16", "augreg:B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0",
-                 "gs://" + AUGREG_B16, "imagenet21k:B/16-in1k-224"):
+    for name in (
+        "augreg:B/16",
+        "augreg:B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0",
+        "gs://" + AUGREG_B16,
+        "imagenet21k:B/16-in1k-224",
+    ):
         assert same_logits(load_model(name), reference), name
     assert server.gets().count("/" + AUGREG_B16) == 1  # downloaded once, then from the cache
     assert (tmp_path / "cache" / "pretrained" / AUGREG_B16).is_file()
@@ -177,8 +209,10 @@ def test_an_interrupted_download_resumes(tmp_path, server, monkeypatch):
     assert same_logits(load_model("hf-hub:org/vit-tiny"), load_model(write_folder(tmp_path / "local", files)))
     assert same_logits(load_model("augreg:B/16"), load_model(FIXTURES / "jax_vit_token.npz"))
     ranges = [(path, span) for method, path, span in server.requests if span]
-    assert ranges == [("/org/vit-tiny/resolve/main/model.safetensors", "bytes=24576-"),  # 3 whole pieces kept
-                      ("/" + AUGREG_B16, "bytes=30000-")]
+    assert ranges == [
+        ("/org/vit-tiny/resolve/main/model.safetensors", "bytes=24576-"),  # 3 whole pieces kept
+        ("/" + AUGREG_B16, "bytes=30000-"),
+    ]
 
 
 def test_a_flipped_byte_is_caught_and_the_file_deleted(tmp_path, server):
@@ -232,12 +266,18 @@ def test_offline_a_warm_cache_needs_no_network_and_a_cold_one_says_what_is_missi
     monkeypatch.setenv("VITLAB_OFFLINE", "1")
     offline = load_model("hf-hub:org/vit-tiny"), load_model("augreg:B/16")
     assert all(same_logits(a, b) for a, b in zip(online, offline)) and server.requests == []
-    with pytest.raises(CheckpointError, match=r"org/other: its weights .* not in the Hugging Face cache .*hf.hub.*"
-                                              r"HF_HUB_OFFLINE=1 forbids"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"org/other: its weights .* not in the Hugging Face cache .*hf.hub.*"
+        r"HF_HUB_OFFLINE=1 forbids",
+    ):
         load_model("hf-hub:org/other")
-    with pytest.raises(CheckpointError, match=r"augreg:S/16: S_16-.*\.npz is not in the cache and VITLAB_OFFLINE=1 "
-                                              r"forbids downloading it; put the file from .*/vit_models/augreg/S_16-.* "
-                                              r"at .*pretrained.vit_models.augreg.S_16"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"augreg:S/16: S_16-.*\.npz is not in the cache and VITLAB_OFFLINE=1 "
+        r"forbids downloading it; put the file from .*/vit_models/augreg/S_16-.* "
+        r"at .*pretrained.vit_models.augreg.S_16",
+    ):
         load_model("augreg:S/16")
     import huggingface_hub.constants  # offline as huggingface_hub knows it, from HF_HUB_OFFLINE at its import
 
@@ -254,8 +294,10 @@ def test_offline_a_warm_cache_needs_no_network_and_a_cold_one_says_what_is_missi
 def test_a_wrong_name_gets_a_did_you_mean(server):
     with pytest.raises(UsageError, match="augreg:B/61: no pre-trained checkpoint.*Did you mean augreg:B/16"):
         resolve_checkpoint("augreg:B/61")
-    with pytest.raises(CheckpointError, match="no repository google/vit-base-patch16-22 .*Did you mean "
-                                              "hf-hub:google/vit-base-patch16-224"):
+    with pytest.raises(
+        CheckpointError,
+        match="no repository google/vit-base-patch16-22 .*Did you mean hf-hub:google/vit-base-patch16-224",
+    ):
         resolve_checkpoint("hf-hub:google/vit-base-patch16-22")
     with pytest.raises(CheckpointError, match="augrge:B/16: no such file or folder.*Did you mean augreg:B/16"):
         resolve_checkpoint("augrge:B/16")
@@ -269,10 +311,16 @@ def test_names_parse_to_their_files():
     assert parse_name("augreg:B/16-in1k-384").url.endswith("--imagenet2012-steps_20k-lr_0.03-res_384.npz")
     assert parse_name("imagenet21k:B/16").bucket_path == "vit_models/imagenet21k/ViT-B_16.npz"
     assert parse_name("imagenet21k:L/16-in1k-224").bucket_path == "vit_models/imagenet21k+imagenet2012/ViT-L_16-224.npz"
-    assert parse_name("imagenet21k+imagenet2012:ViT-B_16").bucket_path == "vit_models/imagenet21k+imagenet2012/ViT-B_16.npz"
+    assert (
+        parse_name("imagenet21k+imagenet2012:ViT-B_16").bucket_path
+        == "vit_models/imagenet21k+imagenet2012/ViT-B_16.npz"
+    )
     assert parse_name("hf-hub:google/vit-base-patch16-224@v1").revision == "v1"
     assert parse_name("https:/storage.googleapis.com/vit_models/x_1.npz").bucket_path == "vit_models/x_1.npz"
-    assert name_stem("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k") == "vit_base_patch16_224-augreg2_in21k_ft_in1k"
+    assert (
+        name_stem("hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")
+        == "vit_base_patch16_224-augreg2_in21k_ft_in1k"
+    )
     for bad in ("hf-hub:a/b/c", "hf-hub:org/name@", "https://host/"):
         with pytest.raises(UsageError):
             parse_name(bad)
@@ -296,7 +344,13 @@ def test_imagenet_class_names_ship_in_order():
     names = imagenet1k_class_names()
     assert len(names) == 1000 == len(set(names))
     assert (names[0], names[1], names[281], names[291], names[409], names[999]) == (
-        "tench", "goldfish", "tabby cat", "lion", "analog clock", "toilet tissue")
+        "tench",
+        "goldfish",
+        "tabby cat",
+        "lion",
+        "analog clock",
+        "toilet tissue",
+    )
     for marked in ("augreg:B/16-in1k-384", "imagenet21k+imagenet2012/ViT-B_16.npz", "augreg_in21k_ft_in1k"):
         assert says_imagenet1k(marked)
     assert not says_imagenet1k("runs/demo/model.safetensors", None)
@@ -331,8 +385,30 @@ def test_commands_take_names(tmp_path, server, capsys, monkeypatch):
     capsys.readouterr()
     assert main(["fewshot", "augreg:B/16", "--dataset", "digits", "--shots", "1", "--seeds", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["feature_dim"] == 32
-    assert main(["finetune", "--from", "augreg:B/16", "--dataset", "digits", "--image-size", "16", "--epochs", "1",
-                 "--classes", "0-2", "--set", "run_name=ft", "--set", "progress=false", "--set", "threads=1"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--from",
+                "augreg:B/16",
+                "--dataset",
+                "digits",
+                "--image-size",
+                "16",
+                "--epochs",
+                "1",
+                "--classes",
+                "0-2",
+                "--set",
+                "run_name=ft",
+                "--set",
+                "progress=false",
+                "--set",
+                "threads=1",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "runs" / "ft" / "model.safetensors").is_file()
     assert json.loads((tmp_path / "runs" / "ft" / "train_config.json").read_text())["init_from"] == "augreg:B/16"
     assert main(["eval", "augreg:B/16", "--dataset", "digits", "--json"]) == 0  # writes into the current folder
@@ -342,10 +418,17 @@ def test_commands_take_names(tmp_path, server, capsys, monkeypatch):
 def test_the_pretrained_table_lists_real_checkpoints(capsys):
     names = {row["name"] for row in pretrained_table()}
     sources = {row["source"] for row in pretrained_table()}
-    for repo in ("google/vit-base-patch16-224", "facebook/deit-base-patch16-224", "facebook/dino-vitb16",
-                 "facebook/dinov2-base", "facebook/dinov2-with-registers-base", "facebook/vit-mae-base",
-                 "openai/clip-vit-base-patch16", "google/siglip-base-patch16-224",
-                 "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k"):
+    for repo in (
+        "google/vit-base-patch16-224",
+        "facebook/deit-base-patch16-224",
+        "facebook/dino-vitb16",
+        "facebook/dinov2-base",
+        "facebook/dinov2-with-registers-base",
+        "facebook/vit-mae-base",
+        "openai/clip-vit-base-patch16",
+        "google/siglip-base-patch16-224",
+        "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k",
+    ):
         assert "hf-hub:" + repo in names
     for path in (AUGREG_B16, "vit_models/imagenet21k/ViT-B_16.npz", "vit_models/imagenet21k+imagenet2012/ViT-B_16.npz"):
         assert "gs://" + path in sources
@@ -372,7 +455,10 @@ def test_published_sizes_agree_with_the_parameter_count():
     from vitlab.counts import model_size
 
     rows = {row["name"]: row for row in pretrained_table("vit")}
-    for name, variant, extra in (("augreg:B/16", "B/16", {}), ("augreg:L/16", "L/16", {}),
-                                 ("imagenet21k:B/16", "B/16", dict(representation_size=768))):
-        mib = model_size(variant_config(variant, num_classes=21843, **extra))[0] * 4 / 2 ** 20
+    for name, variant, extra in (
+        ("augreg:B/16", "B/16", {}),
+        ("augreg:L/16", "L/16", {}),
+        ("imagenet21k:B/16", "B/16", dict(representation_size=768)),
+    ):
+        mib = model_size(variant_config(variant, num_classes=21843, **extra))[0] * 4 / 2**20
         assert abs(mib - rows[name]["size_mib"]) / mib < 0.01, name

@@ -28,8 +28,16 @@ def digits_run(tmp_path_factory):
     from vitlab.train.loop import train
 
     out = tmp_path_factory.mktemp("runs")
-    config = TrainConfig(epochs=25, warmup_epochs=1, batch_size=32, lr=2e-3, augment=AugmentConfig(),
-                         run_name="digits", out_dir=str(out), progress=False)
+    config = TrainConfig(
+        epochs=25,
+        warmup_epochs=1,
+        batch_size=32,
+        lr=2e-3,
+        augment=AugmentConfig(),
+        run_name="digits",
+        out_dir=str(out),
+        progress=False,
+    )
     assert train(config)["status"] == "finished"
     return out / "digits"
 
@@ -107,7 +115,7 @@ def test_a_damaged_or_foreign_file_is_named_and_refused(exported, tmp_path):
     damaged = path.read_bytes()
     copy = path.parent / "damaged.pt2e"
     middle = len(damaged) // 2
-    copy.write_bytes(damaged[:middle] + bytes(200) + damaged[middle + 200:])
+    copy.write_bytes(damaged[:middle] + bytes(200) + damaged[middle + 200 :])
     from vitlab.files import record_checksum, sha256_bytes
 
     record_checksum(path.parent, copy.name, sha256_bytes(damaged))  # what vitlab wrote, before the damage
@@ -136,8 +144,10 @@ def test_a_damaged_or_foreign_file_is_named_and_refused(exported, tmp_path):
 def test_export_refuses_what_a_pt2e_file_cannot_be(digits_run, tmp_path, capsys):
     from vitlab.checkpoint.io import save_model
 
-    for extra, message in ((["--preprocess"], "--preprocess is for ONNX exports"),
-                           (["-o", str(tmp_path / "x.onnx")], "written to a .pt2e file")):
+    for extra, message in (
+        (["--preprocess"], "--preprocess is for ONNX exports"),
+        (["-o", str(tmp_path / "x.onnx")], "written to a .pt2e file"),
+    ):
         assert main(["export", str(digits_run), "--format", "pt2e", *extra]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1
@@ -159,8 +169,11 @@ def test_the_quantization_follows_the_cpu_that_runs_it(monkeypatch, tmp_path):
 
     def activation_ranges():
         prepared = pt2e.prepared_for_this_cpu(model, example)
-        return {module.quant_max for name, module in prepared.named_modules()
-                if name.startswith("activation_post_process_") and getattr(module, "dtype", None) == torch.uint8}
+        return {
+            module.quant_max
+            for name, module in prepared.named_modules()
+            if name.startswith("activation_post_process_") and getattr(module, "dtype", None) == torch.uint8
+        }
 
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
     assert activation_ranges() == {127}

@@ -31,7 +31,7 @@ NOT_RUN_HERE = {
     "vitlab bench": "timings take minutes; tests/test_bench.py runs every path of the command",
     "vitlab serve": "a server runs until it is stopped; tests/test_serve.py runs it on an ephemeral port",
     "vitlab ablate configs/ablations": "57 runs take 10 minutes (digits) or more; tests/test_ablate.py runs the "
-                                       "command on short recipes",
+    "command on short recipes",
 }
 
 
@@ -78,7 +78,8 @@ def make_sandbox(root: Path) -> None:
         for index in range(100):
             noise = rng.integers(-40, 40, (48, 40, 3))
             Image.fromarray(np.clip(np.array(colour) + noise, 0, 255).astype(np.uint8)).save(
-                root / "photos" / name / f"{index}.png")
+                root / "photos" / name / f"{index}.png"
+            )
     write_streamed_forms(root / "photos", root)
     shutil.copy(FIXTURES / "jax_vit_token.npz", root / "ViT-B_16.npz")
     shutil.copy(FIXTURES / "jax_vit_token.json", root / "ViT-B_16.json")
@@ -103,8 +104,9 @@ def write_streamed_forms(photos: Path, root: Path) -> None:
     import tarfile
 
     files = sorted(photos.rglob("*.png"))
-    (root / "photos.csv").write_text("path,label\n" + "".join(f"photos/{f.relative_to(photos)},{f.parent.name}\n"
-                                                               for f in files))
+    (root / "photos.csv").write_text(
+        "path,label\n" + "".join(f"photos/{f.relative_to(photos)},{f.parent.name}\n" for f in files)
+    )
     (root / "shards").mkdir()
     classes = sorted({f.parent.name for f in files})
     (root / "shards" / "classes.txt").write_text("\n".join(classes) + "\n")
@@ -116,8 +118,9 @@ def write_streamed_forms(photos: Path, root: Path) -> None:
                 label.write_text(str(classes.index(path.parent.name)))
                 archive.add(label, f"{index:05d}.cls")
     datasets = pytest.importorskip("datasets")
-    table = datasets.Dataset.from_dict({"image": [str(f) for f in files],
-                                        "label": [classes.index(f.parent.name) for f in files]})
+    table = datasets.Dataset.from_dict(
+        {"image": [str(f) for f in files], "label": [classes.index(f.parent.name) for f in files]}
+    )
     table = table.cast_column("image", datasets.Image()).cast_column("label", datasets.ClassLabel(names=classes))
     table.save_to_disk(str(root / "photos_hf"))
 
@@ -167,8 +170,9 @@ def test_the_readme_commands_run_as_printed(tmp_path, monkeypatch, capsys, reque
 
 
 def test_the_readme_python_snippet_runs(tmp_path, monkeypatch):
-    snippets = ["\n".join(lines) for language, lines in fenced_blocks((REPO / "README.md").read_text())
-                if language == "python"]
+    snippets = [
+        "\n".join(lines) for language, lines in fenced_blocks((REPO / "README.md").read_text()) if language == "python"
+    ]
     assert snippets
     (tmp_path / "tests").symlink_to(REPO / "tests")
     monkeypatch.chdir(tmp_path)
@@ -178,8 +182,11 @@ def test_the_readme_python_snippet_runs(tmp_path, monkeypatch):
 
 
 def test_the_readme_layout_lists_every_module():
-    layout = next("\n".join(lines) for language, lines in fenced_blocks((REPO / "README.md").read_text())
-                  if lines and lines[0] == "src/vitlab/")
+    layout = next(
+        "\n".join(lines)
+        for language, lines in fenced_blocks((REPO / "README.md").read_text())
+        if lines and lines[0] == "src/vitlab/"
+    )
     package = REPO / "src" / "vitlab"
     missing = []
     for path in sorted(package.rglob("*.py")):

@@ -17,8 +17,9 @@ def test_angles_and_rotation_equal_transformers_dinov3(rows, cols, head_dim, the
     dinov3 = pytest.importorskip("transformers.models.dinov3_vit.modeling_dinov3_vit")
     from transformers import DINOv3ViTConfig
 
-    config = DINOv3ViTConfig(hidden_size=head_dim * 2, num_attention_heads=2, patch_size=4, image_size=64,
-                             rope_theta=theta)
+    config = DINOv3ViTConfig(
+        hidden_size=head_dim * 2, num_attention_heads=2, patch_size=4, image_size=64, rope_theta=theta
+    )
     reference = dinov3.DINOv3ViTRopePositionEmbedding(config).eval()
     cos, sin = reference(torch.zeros(1, 3, rows * 4, cols * 4))  # (N, head_dim)
     angles = rotary_angles(normalized_centres(grid_coords(rows, cols), torch.tensor([[rows, cols]])), head_dim, theta)

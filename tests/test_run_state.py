@@ -74,8 +74,14 @@ def write_folder(root, seed=0):
 
 def test_resuming_on_changed_data_is_refused_with_what_changed(tmp_path):
     write_folder(tmp_path / "photos")
-    config = micro_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16, epochs=1,
-                          model_overrides=dict(MICRO, image_size=16, patch_size=4))
+    config = micro_config(
+        tmp_path,
+        dataset="folder",
+        data_dir=str(tmp_path / "photos"),
+        batch_size=16,
+        epochs=1,
+        model_overrides=dict(MICRO, image_size=16, patch_size=4),
+    )
     train(config)
     Image.new("RGB", (20, 24), "white").save(tmp_path / "photos" / "cats" / "3.png")  # one file edited
     with pytest.raises(ConfigError, match=r"training data differ from those .* was trained on \(content "):
@@ -131,8 +137,14 @@ def test_a_folder_is_read_at_the_models_input_size(tmp_path, monkeypatch):
     eval and serve read them, not at a fixed 32x32 then stretched."""
     write_folder(tmp_path / "photos")
     seen = spy_on_the_training_size(monkeypatch)
-    config = micro_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16, epochs=1,
-                          model_overrides=dict(MICRO, image_size=16, patch_size=4))
+    config = micro_config(
+        tmp_path,
+        dataset="folder",
+        data_dir=str(tmp_path / "photos"),
+        batch_size=16,
+        epochs=1,
+        model_overrides=dict(MICRO, image_size=16, patch_size=4),
+    )
     train(config)
     model = load_file(tmp_path / "run" / "model.safetensors")
     assert seen["size"] == (16, 16) and model["pos_embed"].shape[1] == 1 + 16
@@ -140,11 +152,23 @@ def test_a_folder_is_read_at_the_models_input_size(tmp_path, monkeypatch):
 
 def test_a_finetune_reads_its_folder_at_the_checkpoints_size(tmp_path, monkeypatch):
     write_folder(tmp_path / "photos")
-    train(micro_config(tmp_path, run_name="pretrained", epochs=1, model_overrides=dict(MICRO, image_size=12,
-                                                                                        patch_size=4)))
+    train(
+        micro_config(
+            tmp_path, run_name="pretrained", epochs=1, model_overrides=dict(MICRO, image_size=12, patch_size=4)
+        )
+    )
     seen = spy_on_the_training_size(monkeypatch)
-    train(micro_config(tmp_path, run_name="tuned", dataset="folder", data_dir=str(tmp_path / "photos"), batch_size=16,
-                       epochs=1, init_from=str(tmp_path / "pretrained" / "model.safetensors")))
+    train(
+        micro_config(
+            tmp_path,
+            run_name="tuned",
+            dataset="folder",
+            data_dir=str(tmp_path / "photos"),
+            batch_size=16,
+            epochs=1,
+            init_from=str(tmp_path / "pretrained" / "model.safetensors"),
+        )
+    )
     assert seen["size"] == (12, 12)
 
 
@@ -159,7 +183,7 @@ def test_zeroed_bytes_inside_a_tensor_are_named_on_resume_and_load(tmp_path, cap
     path = tmp_path / "run" / ("checkpoints/" + name if name.endswith(".pt") else name)
     data = bytearray(path.read_bytes())
     middle = len(data) // 2  # inside the tensor data of either format, far from the headers
-    data[middle:middle + 200] = bytes(200)
+    data[middle : middle + 200] = bytes(200)
     path.write_bytes(bytes(data))
     if name == "last.pt":
         torch.load(path, weights_only=True)  # the damage itself is invisible to the reader

@@ -45,8 +45,16 @@ def test_a_budget_refit_takes_the_warmup_a_fresh_run_of_that_length_would(tmp_pa
         real(optimizer, scheduler, warmup_steps, total_steps, min_ratio)
 
     monkeypatch.setattr(budget, "set_schedule_length", record)
-    config = TrainConfig(model_overrides=MICRO, epochs=50, warmup_epochs=40, budget="1s", out_dir=str(tmp_path),
-                         run_name="run", progress=False, threads=1)
+    config = TrainConfig(
+        model_overrides=MICRO,
+        epochs=50,
+        warmup_epochs=40,
+        budget="1s",
+        out_dir=str(tmp_path),
+        run_name="run",
+        progress=False,
+        threads=1,
+    )
     summary = train(config)
     assert summary["epochs"] < 50 and refits
     steps = steps_per_epoch(DIGITS_TRAIN_IMAGES, config.batch_size)

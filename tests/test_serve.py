@@ -36,8 +36,12 @@ class Server:
     """`python -m vitlab serve ...` in a subprocess; its URL read from the line it prints once listening."""
 
     def __init__(self, *args) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "vitlab", "serve", *map(str, args), "--port", "0"],
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "vitlab", "serve", *map(str, args), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = self.process.stdout.readline()
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         assert match, (line, self.process.stderr.read() if self.process.poll() is not None else "")
@@ -74,8 +78,14 @@ class Server:
 
 def multipart(data, filename="digit.png", field="file"):
     boundary = uuid.uuid4().hex
-    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{filename}\"\r\n"
-            f"Content-Type: image/png\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
+            f"Content-Type: image/png\r\n\r\n"
+        ).encode()
+        + data
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
     return body, f"multipart/form-data; boundary={boundary}"
 
 
@@ -143,21 +153,27 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, ti
     assert calls > singles
 
 
-@pytest.mark.parametrize("name, body, content_type, status, message", [
-    ("non-image", b"this is text, not an image", "image/png", 422, "not a readable image"),
-    ("truncated", None, "image/png", 422, "not a readable image"),
-    ("wrong content type", b"{}", "application/json", 415, "is not an image"),
-    ("empty body", b"", "image/png", 400, "no body"),
-    ("too large", b"\0" * 200_000, "image/png", 413, "over this server's limit"),
-    ("form without a file", None, "form", 400, "holds no file"),
-])
-def test_bad_input_gets_one_4xx_message_and_the_server_carries_on(server, digit_files, name, body, content_type,
-                                                                  status, message):
+@pytest.mark.parametrize(
+    "name, body, content_type, status, message",
+    [
+        ("non-image", b"this is text, not an image", "image/png", 422, "not a readable image"),
+        ("truncated", None, "image/png", 422, "not a readable image"),
+        ("wrong content type", b"{}", "application/json", 415, "is not an image"),
+        ("empty body", b"", "image/png", 400, "no body"),
+        ("too large", b"\0" * 200_000, "image/png", 413, "over this server's limit"),
+        ("form without a file", None, "form", 400, "holds no file"),
+    ],
+)
+def test_bad_input_gets_one_4xx_message_and_the_server_carries_on(
+    server, digit_files, name, body, content_type, status, message
+):
     if name == "truncated":
         body = digit_files[1].read_bytes()[:60]
     if content_type == "form":
         boundary = uuid.uuid4().hex
-        body = f"--{boundary}\r\nContent-Disposition: form-data; name=\"note\"\r\n\r\nhello\r\n--{boundary}--\r\n".encode()
+        body = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="note"\r\n\r\nhello\r\n--{boundary}--\r\n'.encode()
+        )
         content_type = f"multipart/form-data; boundary={boundary}"
     got, kind, answer = server.post_image(body, content_type=content_type)
     assert got == status and kind == "application/json"
@@ -176,8 +192,13 @@ def test_a_decompression_bomb_is_refused_before_it_is_decoded(server):
 
 def test_a_chunked_body_over_the_limit_is_refused_too(server):
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    connection.request("POST", "/v1/predict", body=iter([b"\0" * 50_000] * 4), encode_chunked=True,
-                       headers={"Content-Type": "image/png"})
+    connection.request(
+        "POST",
+        "/v1/predict",
+        body=iter([b"\0" * 50_000] * 4),
+        encode_chunked=True,
+        headers={"Content-Type": "image/png"},
+    )
     response = connection.getresponse()
     assert response.status == 413 and "limit" in json.loads(response.read())["error"]
     connection.close()
@@ -185,8 +206,10 @@ def test_a_chunked_body_over_the_limit_is_refused_too(server):
 
 def test_a_client_that_leaves_mid_request_does_not_hurt_the_server(server, digit_files):
     with socket.create_connection(("127.0.0.1", server.port)) as raw:
-        raw.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: 50000\r\n\r\n"
-                    + b"\x89PNG" * 10)
+        raw.sendall(
+            b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: 50000\r\n\r\n"
+            + b"\x89PNG" * 10
+        )
     deadline = time.time() + 10
     while time.time() < deadline and 'status="499"' not in server.get("/metrics")[2].decode():
         time.sleep(0.1)
@@ -234,15 +257,19 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0(tiny_run, digit_fil
     data = digit_files[0].read_bytes()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as raw:
         # Half an upload, then SIGTERM, then the rest: the request is in flight while the server is told to stop.
-        raw.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
-                    + f"Content-Length: {len(data)}\r\n\r\n".encode() + data[:40])
+        raw.sendall(
+            b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+            + f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data[:40]
+        )
         time.sleep(0.3)
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.5)
         raw.sendall(data[40:])
         answer = b""
         while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < int(
-                re.search(rb"content-length: (\d+)", answer, re.I).group(1)):
+            re.search(rb"content-length: (\d+)", answer, re.I).group(1)
+        ):
             chunk = raw.recv(65536)
             assert chunk, answer
             answer += chunk
@@ -315,8 +342,13 @@ def test_the_batcher_groups_requests_and_never_mixes_answers():
 
     async def scenario():
         with concurrent.futures.ThreadPoolExecutor(1) as thread:
-            batcher = DynamicBatcher(lambda items: [item * 10 for item in items], max_batch=4, max_wait_ms=50,
-                                     executor=thread, on_batch=lambda size, seconds: sizes.append(size))
+            batcher = DynamicBatcher(
+                lambda items: [item * 10 for item in items],
+                max_batch=4,
+                max_wait_ms=50,
+                executor=thread,
+                on_batch=lambda size, seconds: sizes.append(size),
+            )
             batcher.start()
             answers = await asyncio.gather(*(batcher.submit(i) for i in range(10)))
             await batcher.stop()
@@ -329,8 +361,9 @@ def test_the_batcher_groups_requests_and_never_mixes_answers():
 def test_a_lone_request_does_not_wait_for_company():
     async def scenario():
         with concurrent.futures.ThreadPoolExecutor(1) as thread:
-            batcher = DynamicBatcher(lambda items: items, max_batch=32, max_wait_ms=2000, executor=thread,
-                                     more_coming=lambda: False)
+            batcher = DynamicBatcher(
+                lambda items: items, max_batch=32, max_wait_ms=2000, executor=thread, more_coming=lambda: False
+            )
             batcher.start()
             started = time.perf_counter()
             answer = await batcher.submit(7)
@@ -345,10 +378,12 @@ def test_a_lone_request_does_not_wait_for_company():
 def test_a_failing_batch_fails_its_requests_only():
     async def scenario():
         with concurrent.futures.ThreadPoolExecutor(1) as thread:
+
             def run(items):
                 if -1 in items:
                     raise ValueError("bad batch")
                 return items
+
             batcher = DynamicBatcher(run, max_batch=2, max_wait_ms=0, executor=thread)
             batcher.start()
             first = await asyncio.gather(batcher.submit(-1), return_exceptions=True)
@@ -366,14 +401,22 @@ def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(server, t
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
     if not browser or not driver_path:
-        pytest.skip("Chromium and its driver are not installed (apt-get install chromium chromium-driver; "
-                    ".ci/run installs them)")
+        pytest.skip(
+            "Chromium and its driver are not installed (apt-get install chromium chromium-driver; "
+            ".ci/run installs them)"
+        )
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
     options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1000,800"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1000,800",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
     try:
@@ -385,10 +428,15 @@ def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(server, t
         wide = tmp_path / "wide.png"
         Image.open(digit_files[4]).convert("RGB").resize((96, 48)).save(wide)
         driver.find_element(By.ID, "file").send_keys(str(wide))
-        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
-            "const o = document.getElementById('overlay'); return !o.hidden && o.naturalWidth > 0"))
-        sizes = driver.execute_script("return ['preview', 'overlay'].map((id) => [document.getElementById(id)"
-                                      ".naturalWidth, document.getElementById(id).naturalHeight])")
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script(
+                "const o = document.getElementById('overlay'); return !o.hidden && o.naturalWidth > 0"
+            )
+        )
+        sizes = driver.execute_script(
+            "return ['preview', 'overlay'].map((id) => [document.getElementById(id)"
+            ".naturalWidth, document.getElementById(id).naturalHeight])"
+        )
         assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1], sizes
         # A failed upload: the error, and no result (nor a broken icon) beside it.
         broken = tmp_path / "broken.png"
@@ -401,8 +449,11 @@ def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(server, t
         big.save(image)
         driver.find_element(By.ID, "file").send_keys(str(image))
         WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "top-label").text != "")
-        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
-            "const o = document.getElementById('overlay'); return o.complete && o.naturalWidth > 0"))
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script(
+                "const o = document.getElementById('overlay'); return o.complete && o.naturalWidth > 0"
+            )
+        )
         expected = predict(load_model(tiny_run), [image], top_k=5)[0]["predictions"]
         assert driver.find_element(By.ID, "top-label").text == expected[0]["label"]
         bars = driver.find_elements(By.CSS_SELECTOR, "#bars .bar")
@@ -429,5 +480,7 @@ def test_without_the_serve_extra_the_command_says_what_to_install(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
-    with pytest.raises(UsageError, match=r"vitlab serve needs uvicorn, which is not installed; pip install \"vitlab\[serve\]\""):
+    with pytest.raises(
+        UsageError, match=r"vitlab serve needs uvicorn, which is not installed; pip install \"vitlab\[serve\]\""
+    ):
         require_serve_packages()

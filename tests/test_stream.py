@@ -37,14 +37,18 @@ def source(root, workers=0, crop=None):
 
 
 def epoch(data, **kwargs):
-    return [(b.images.clone(), b.labels.clone(), b.indices.clone())
-            for b in data.training_batches(epoch_seed=11, batch_size=8, **kwargs)]
+    return [
+        (b.images.clone(), b.labels.clone(), b.indices.clone())
+        for b in data.training_batches(epoch_seed=11, batch_size=8, **kwargs)
+    ]
 
 
 def test_zero_one_and_two_workers_give_identical_batches(tmp_path):
     root = write_photos(tmp_path / "photos")
     reference = epoch(source(root, workers=0))
-    assert len(reference) == 48 // 8 and reference[0][0].dtype == torch.uint8 and reference[0][0].shape == (8, 3, 16, 16)
+    assert (
+        len(reference) == 48 // 8 and reference[0][0].dtype == torch.uint8 and reference[0][0].shape == (8, 3, 16, 16)
+    )
     for workers in (1, 2):
         batches = epoch(source(root, workers=workers))
         for (a, la, ia), (b, lb, ib) in zip(reference, batches, strict=True):
@@ -104,21 +108,30 @@ def test_unreadable_files_are_replaced_counted_and_listed(tmp_path):
     (root / "cats" / "005.jpg").write_bytes(b"")  # empty
     (root / "dogs" / "007.jpg").write_bytes((root / "dogs" / "008.jpg").read_bytes()[:200])  # truncated
     (root / "dogs" / "009.jpg").write_text("not an image")
-    data = StreamingSource(index_from_spec("folder", root), (16, 16), 3, TrainCrop(), workers=2,
-                           max_bad_fraction=0.05)
+    data = StreamingSource(index_from_spec("folder", root), (16, 16), 3, TrainCrop(), workers=2, max_bad_fraction=0.05)
     batches = list(data.training_batches(epoch_seed=1, batch_size=16))
     assert all(len(b) == 16 for b in batches)  # every batch keeps its size
-    assert sorted(s.split(":")[0].rsplit("/", 2)[-2] + "/" + s.split(":")[0].rsplit("/", 1)[-1]
-                  for s in data.skipped) == ["cats/005.jpg", "dogs/007.jpg", "dogs/009.jpg"]
+    assert sorted(
+        s.split(":")[0].rsplit("/", 2)[-2] + "/" + s.split(":")[0].rsplit("/", 1)[-1] for s in data.skipped
+    ) == ["cats/005.jpg", "dogs/007.jpg", "dogs/009.jpg"]
     strict = StreamingSource(index_from_spec("folder", root), (16, 16), 3, TrainCrop(), max_bad_fraction=0.02)
     with pytest.raises(DataError, match="unreadable, more than 2% .* the data are damaged"):
         list(strict.training_batches(epoch_seed=1, batch_size=16))
 
 
 def stream_config(tmp_path, root, **changes):
-    fields = dict(dataset="folder", data_dir=str(root), stream=True, workers=1, batch_size=8, epochs=2,
-                  model_overrides=dict(MICRO, image_size=16, patch_size=4, depth=2), drop_path=0.1,
-                  augment={"random_erasing": 0.25}, ema_decay=0.9)
+    fields = dict(
+        dataset="folder",
+        data_dir=str(root),
+        stream=True,
+        workers=1,
+        batch_size=8,
+        epochs=2,
+        model_overrides=dict(MICRO, image_size=16, patch_size=4, depth=2),
+        drop_path=0.1,
+        augment={"random_erasing": 0.25},
+        ema_decay=0.9,
+    )
     fields.update(changes)
     return micro_config(tmp_path, **fields)
 
@@ -180,7 +193,7 @@ def test_memory_does_not_grow_with_the_number_of_files(tmp_path):
         root = tmp_path / f"n{count}"
         for name in ("a", "b"):
             (root / name).mkdir(parents=True)
-        tiny = (tmp_path / "tiny.png")
+        tiny = tmp_path / "tiny.png"
         Image.new("RGB", (4, 4), "red").save(tiny)
         payload = tiny.read_bytes()
         for index in range(count):
@@ -230,8 +243,9 @@ def test_train_and_evaluate_on_a_manifest_and_on_tar_shards(tmp_path):
     # paths relative to the manifest's folder
     manifest.write_text("path,label\n" + "".join(f"{f.relative_to(tmp_path)},{f.parent.name}\n" for f in files))
     summary = train(stream_config(tmp_path, tmp_path, dataset="manifest", data_dir=str(manifest), epochs=1))
-    assert summary["status"] == "finished" and summary["train_count"] + summary["val_count"] + \
-        summary["test_count"] == 40
+    assert (
+        summary["status"] == "finished" and summary["train_count"] + summary["val_count"] + summary["test_count"] == 40
+    )
     report = run_evaluation(tmp_path / "run", "manifest", data_dir=str(manifest))
     assert report["count"] == summary["test_count"] and report["top1"] == pytest.approx(summary["test_top1"])
     with tarfile.open(tmp_path / "shard-000.tar", "w") as shard:
@@ -240,6 +254,9 @@ def test_train_and_evaluate_on_a_manifest_and_on_tar_shards(tmp_path):
             label = tmp_path / "label.cls"
             label.write_text(str(int(path.parent.name == "dogs")))
             shard.add(label, f"{index:05d}.cls")
-    shards = train(stream_config(tmp_path, tmp_path, run_name="shards", dataset="shards",
-                                 data_dir=str(tmp_path / "shard-000.tar"), epochs=1))
+    shards = train(
+        stream_config(
+            tmp_path, tmp_path, run_name="shards", dataset="shards", data_dir=str(tmp_path / "shard-000.tar"), epochs=1
+        )
+    )
     assert shards["test_count"] == summary["test_count"]

@@ -79,8 +79,10 @@ def write_shards(root: Path, folder: Path, count: int = 2) -> list[Path]:
                 if number % count != shard:
                     continue
                 key = f"sample{number:04d}"
-                for name, data in ((key + Path(relative).suffix, (folder / relative).read_bytes()),
-                                   (key + ".cls", str(CLASSES.index(class_name)).encode())):
+                for name, data in (
+                    (key + Path(relative).suffix, (folder / relative).read_bytes()),
+                    (key + ".cls", str(CLASSES.index(class_name)).encode()),
+                ):
                     member = tarfile.TarInfo(name)
                     member.size = len(data)
                     archive.addfile(member, io.BytesIO(data))
@@ -93,8 +95,12 @@ def hf_dataset(folder: Path):
     rows = folder_rows(folder)
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
     return datasets.Dataset.from_dict(
-        {"image": [{"bytes": (folder / relative).read_bytes(), "path": None} for relative, _ in rows],
-         "label": [CLASSES.index(name) for _, name in rows]}, features=features)
+        {
+            "image": [{"bytes": (folder / relative).read_bytes(), "path": None} for relative, _ in rows],
+            "label": [CLASSES.index(name) for _, name in rows],
+        },
+        features=features,
+    )
 
 
 @pytest.fixture
@@ -150,17 +156,26 @@ def test_folder_order_and_extensions_match_scan_folder(tmp_path):
     """Nested folders sort part by part ("a/b" before "a-c"), extensions match case-insensitively, other files,
     hidden class folders and symbolic links to folders are left out, as scan_folder does."""
     root = tmp_path / "data"
-    for relative in ["cat/a-c.jpg", "cat/a/b.JPG", "cat/z.png", "cat/notes.txt", "cat/deep/er/x.webp",
-                     "dog/1.jpeg", ".hidden/1.jpg"]:
+    for relative in [
+        "cat/a-c.jpg",
+        "cat/a/b.JPG",
+        "cat/z.png",
+        "cat/notes.txt",
+        "cat/deep/er/x.webp",
+        "dog/1.jpeg",
+        ".hidden/1.jpg",
+    ]:
         (root / relative).parent.mkdir(parents=True, exist_ok=True)
         (root / relative).write_bytes(b"")
     (root / "dog" / "link").symlink_to(root / "cat" / "deep")
     index = index_folder(root)
     # The reference: the listing scan_folder made by Path.rglob before it used this walk.
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    found = [(path, label) for label, name in enumerate(classes)
-             for path in sorted(p for p in (root / name).rglob("*") if p.is_file()
-                                and p.suffix.lower() in IMAGE_EXTENSIONS)]
+    found = [
+        (path, label)
+        for label, name in enumerate(classes)
+        for path in sorted(p for p in (root / name).rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    ]
     assert index.class_names == classes == ["cat", "dog"]
     assert [index.location(i) for i in range(len(index))] == [str(path) for path, _ in found]
     assert index.labels.tolist() == [label for _, label in found]
@@ -201,9 +216,22 @@ def test_manifest_labels(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ bad input
-BAD_INPUTS = ["missing folder", "no class folders", "empty class folder", "missing manifest",
-              "manifest row without path", "manifest row without label", "manifest without header", "mixed labels",
-              "not json", "empty manifest", "tar without images", "compressed tar", "missing shard", "nothing there"]
+BAD_INPUTS = [
+    "missing folder",
+    "no class folders",
+    "empty class folder",
+    "missing manifest",
+    "manifest row without path",
+    "manifest row without label",
+    "manifest without header",
+    "mixed labels",
+    "not json",
+    "empty manifest",
+    "tar without images",
+    "compressed tar",
+    "missing shard",
+    "nothing there",
+]
 
 
 def bad_inputs(tmp_path: Path) -> dict[str, tuple[object, str]]:
@@ -227,22 +255,32 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[object, str]]:
     return {
         "missing folder": (lambda: index_folder(tmp_path / "nowhere"), r"nowhere does not exist"),
         "no class folders": (lambda: index_folder(tmp_path / "no-classes"), r"has no class sub-folders"),
-        "empty class folder": (lambda: index_folder(tmp_path / "empty-class"),
-                               r"class folder .*cat holds no images .*add images or remove the folder"),
+        "empty class folder": (
+            lambda: index_folder(tmp_path / "empty-class"),
+            r"class folder .*cat holds no images .*add images or remove the folder",
+        ),
         "missing manifest": (lambda: index_manifest(tmp_path / "none.csv"), r"none.csv does not exist"),
-        "manifest row without path": (lambda: index_manifest(tmp_path / "bad-row.csv"),
-                                      r"bad-row.csv, line 3: empty path"),
-        "manifest row without label": (lambda: index_manifest(tmp_path / "no-label.csv"),
-                                       r"no-label.csv, line 3: no label for 'b.jpg'"),
+        "manifest row without path": (
+            lambda: index_manifest(tmp_path / "bad-row.csv"),
+            r"bad-row.csv, line 3: empty path",
+        ),
+        "manifest row without label": (
+            lambda: index_manifest(tmp_path / "no-label.csv"),
+            r"no-label.csv, line 3: no label for 'b.jpg'",
+        ),
         "manifest without header": (lambda: index_manifest(tmp_path / "no-header.csv"), r"naming a 'path' column"),
-        "mixed labels": (lambda: index_manifest(tmp_path / "mixed.jsonl"),
-                         r"mixed.jsonl, line 2: label 'cat' is neither"),
+        "mixed labels": (
+            lambda: index_manifest(tmp_path / "mixed.jsonl"),
+            r"mixed.jsonl, line 2: label 'cat' is neither",
+        ),
         "not json": (lambda: index_manifest(tmp_path / "not-json.jsonl"), r"not-json.jsonl, line 2: not JSON"),
         "empty manifest": (lambda: index_manifest(tmp_path / "empty.csv"), r"lists no images"),
         "tar without images": (lambda: index_tar_shards([tmp_path / "text.tar"]), r"text.tar holds no images"),
         "compressed tar": (lambda: index_tar_shards([tmp_path / "packed.tar.gz"]), r"not an uncompressed tar"),
-        "missing shard": (lambda: index_tar_shards(str(tmp_path / "text-{0..1}.tar")),
-                          r"text-0.tar does not exist \(2 of 2 missing\)"),
+        "missing shard": (
+            lambda: index_tar_shards(str(tmp_path / "text-{0..1}.tar")),
+            r"text-0.tar does not exist \(2 of 2 missing\)",
+        ),
         "nothing there": (lambda: open_index(tmp_path / "nothing"), r"no such file or folder; give a folder"),
     }
 
@@ -379,8 +417,14 @@ def test_index_of_thousands_of_files_is_numpy_arrays(tmp_path):
 
 def test_expand_shard_pattern(tmp_path):
     assert expand_shard_pattern("train-{000..002}.tar") == ["train-000.tar", "train-001.tar", "train-002.tar"]
-    assert expand_shard_pattern("{a,b}-{8..10}.tar") == ["a-8.tar", "a-9.tar", "a-10.tar", "b-8.tar", "b-9.tar",
-                                                         "b-10.tar"]
+    assert expand_shard_pattern("{a,b}-{8..10}.tar") == [
+        "a-8.tar",
+        "a-9.tar",
+        "a-10.tar",
+        "b-8.tar",
+        "b-9.tar",
+        "b-10.tar",
+    ]
     (tmp_path / "x-1.tar").write_bytes(b"")
     (tmp_path / "x-0.tar").write_bytes(b"")
     assert expand_shard_pattern(str(tmp_path / "x-*.tar")) == [str(tmp_path / "x-0.tar"), str(tmp_path / "x-1.tar")]

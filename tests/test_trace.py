@@ -12,11 +12,17 @@ from vitlab.models.vit import VisionTransformer
 
 SMALL = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)
 CASES = {
-    "token": {}, "gap": dict(classifier="gap", class_token=False), "map": dict(classifier="map"),
-    "layer_weighted": dict(classifier="layer_weighted"), "registers": dict(register_tokens=2, classifier="gap"),
-    "distilled": dict(distilled=True), "relative": dict(pos_embed="relative"),
-    "every_block": dict(pos_embed_placement="every_block"), "sincos": dict(pos_embed="sincos2d"),
-    "representation": dict(representation_size=24), "layer_scale": dict(layer_scale=0.1),
+    "token": {},
+    "gap": dict(classifier="gap", class_token=False),
+    "map": dict(classifier="map"),
+    "layer_weighted": dict(classifier="layer_weighted"),
+    "registers": dict(register_tokens=2, classifier="gap"),
+    "distilled": dict(distilled=True),
+    "relative": dict(pos_embed="relative"),
+    "every_block": dict(pos_embed_placement="every_block"),
+    "sincos": dict(pos_embed="sincos2d"),
+    "representation": dict(representation_size=24),
+    "layer_scale": dict(layer_scale=0.1),
 }
 
 

@@ -27,8 +27,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def micro_config(tmp_path, **changes) -> TrainConfig:
-    fields = dict(model_overrides=MICRO, epochs=2, batch_size=128, out_dir=str(tmp_path), run_name="run",
-                  progress=False, threads=1)
+    fields = dict(
+        model_overrides=MICRO,
+        epochs=2,
+        batch_size=128,
+        out_dir=str(tmp_path),
+        run_name="run",
+        progress=False,
+        threads=1,
+    )
     fields.update(changes)
     return TrainConfig(**fields)
 
@@ -44,8 +51,17 @@ def test_default_recipe_file_equals_the_defaults():
 def test_a_run_writes_its_folder(tmp_path, capsys):
     summary = train(micro_config(tmp_path, progress=True))
     run = tmp_path / "run"
-    for name in ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/last.pt", "metrics.jsonl",
-                 "curves.png", "confusion.png", "summary.txt", "summary.json", "train_config.json"):
+    for name in (
+        "model.safetensors",
+        "checkpoints/best.safetensors",
+        "checkpoints/last.pt",
+        "metrics.jsonl",
+        "curves.png",
+        "confusion.png",
+        "summary.txt",
+        "summary.json",
+        "train_config.json",
+    ):
         assert (run / name).exists(), name
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # 1438 training images less the 10% (144) carved for validation: 1294, 10 steps of 128 per epoch
@@ -58,8 +74,13 @@ def test_a_run_writes_its_folder(tmp_path, capsys):
 
 def test_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
     # depth 2: with one block stochastic depth has rate 0 and draws nothing, which would hide RNG bugs.
-    changes = dict(epochs=3, augment={"affine_degrees": 10, "random_erasing": 0.3, "crop_padding": 1},
-                   drop_path=0.2, ema_decay=0.9, model_overrides=dict(MICRO, depth=2))
+    changes = dict(
+        epochs=3,
+        augment={"affine_degrees": 10, "random_erasing": 0.3, "crop_padding": 1},
+        drop_path=0.2,
+        ema_decay=0.9,
+        model_overrides=dict(MICRO, depth=2),
+    )
     train(micro_config(tmp_path, run_name="straight", **changes))
     # Stop mid-epoch 2, as Ctrl-C would: the stop check runs after each of the 10 steps of an epoch and once
     # at its end, so the 15th check is after step 4 of epoch 2. Then resume.
@@ -111,12 +132,15 @@ def test_corrupt_last_checkpoint_names_the_previous_one(tmp_path):
     assert train_state.load_training_state(tmp_path / "run", allow_previous=True)["epoch"] == 1
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(batch_size=4096), "batch_size 4096 is larger than the 1294 training images; use --set batch_size=128"),
-    (dict(model_overrides=dict(MICRO, patch_size=3)), "patch size 3 does not divide image height 8"),
-    (dict(model="Z/16"), "unknown model 'Z/16'; choose a variant from `vitlab models`"),
-    (dict(batch_size=128, grad_accum=3), "does not divide into grad_accum 3"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(batch_size=4096), "batch_size 4096 is larger than the 1294 training images; use --set batch_size=128"),
+        (dict(model_overrides=dict(MICRO, patch_size=3)), "patch size 3 does not divide image height 8"),
+        (dict(model="Z/16"), "unknown model 'Z/16'; choose a variant from `vitlab models`"),
+        (dict(batch_size=128, grad_accum=3), "does not divide into grad_accum 3"),
+    ],
+)
 def test_options_that_do_not_fit(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
         train(micro_config(tmp_path, **changes))
@@ -132,8 +156,9 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
 
 
 def test_set_overrides():
-    config = apply_overrides(TrainConfig(), ["lr=1e-2", "augment.hflip=true", "model_overrides={'depth': 2}",
-                                             "run_name=x"])
+    config = apply_overrides(
+        TrainConfig(), ["lr=1e-2", "augment.hflip=true", "model_overrides={'depth': 2}", "run_name=x"]
+    )
     assert config.lr == 0.01 and config.augment.hflip and config.model_overrides == {"depth": 2}
     with pytest.raises(ConfigError, match="unknown setting 'learning_rate'"):
         apply_overrides(TrainConfig(), ["learning_rate=1"])
@@ -166,10 +191,22 @@ def cli(*args, **kwargs):
 
 @pytest.mark.slow
 def test_sigterm_saves_and_the_run_resumes(tmp_path):
-    args = ["train", "--out-dir", str(tmp_path), "--set", "run_name=sig", "--set", "epochs=400",
-            "--set", "threads=1", "--set", f"model_overrides={MICRO}"]
-    process = subprocess.Popen([sys.executable, "-m", "vitlab", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    args = [
+        "train",
+        "--out-dir",
+        str(tmp_path),
+        "--set",
+        "run_name=sig",
+        "--set",
+        "epochs=400",
+        "--set",
+        "threads=1",
+        "--set",
+        f"model_overrides={MICRO}",
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vitlab", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     last = tmp_path / "sig" / "checkpoints" / "last.pt"
     deadline = time.time() + 60
     while not last.exists() and time.time() < deadline:
@@ -294,8 +331,18 @@ def test_kill_9_at_random_moments_and_resume_gives_the_uninterrupted_weights(tmp
 
     from vitlab.checkpoint.io import read_safetensors
 
-    recipe = ["--out-dir", str(tmp_path), "--set", "epochs=6", "--set", "threads=1", "--set", "progress=false",
-              "--set", "ema_decay=0.9"]
+    recipe = [
+        "--out-dir",
+        str(tmp_path),
+        "--set",
+        "epochs=6",
+        "--set",
+        "threads=1",
+        "--set",
+        "progress=false",
+        "--set",
+        "ema_decay=0.9",
+    ]
     straight = cli("train", *recipe, "--set", "run_name=straight", timeout=300)
     assert straight.returncode == 0, straight.stderr
     run, rng = tmp_path / "killed", random.Random(7)
@@ -304,8 +351,9 @@ def test_kill_9_at_random_moments_and_resume_gives_the_uninterrupted_weights(tmp
     while True:
         resumable = (checkpoints / "last.pt").exists() or (checkpoints / "previous.pt").exists()
         command = ["train", "--resume", str(run)] if resumable else ["train", *recipe, "--set", "run_name=killed"]
-        process = subprocess.Popen([sys.executable, "-m", "vitlab", *command], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "vitlab", *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         launches += 1
         if kills < 4:
             time.sleep(rng.uniform(1.0, 4.0))
@@ -343,8 +391,22 @@ def test_use_previous_resumes_past_a_damaged_last_checkpoint(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("command", ["models", "convert", "info", "train", "finetune", "fewshot", "linear-probe",
-                                     "eval", "predict", "analyze", "export"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "models",
+        "convert",
+        "info",
+        "train",
+        "finetune",
+        "fewshot",
+        "linear-probe",
+        "eval",
+        "predict",
+        "analyze",
+        "export",
+    ],
+)
 def test_every_subcommand_rejects_a_bad_flag_in_one_line_with_exit_2(command):
     result = cli(command, "--no-such-flag")
     assert result.returncode == 2
@@ -394,8 +456,7 @@ def test_no_validation_split_trains_on_everything_and_chooses_nothing(tmp_path):
 def test_progress_shows_time_left():
     assert format_duration(8.4) == "8s" and format_duration(61.2) == "1m01s"
     assert format_duration(3725) == "1h02m" and format_duration(None) == "?"
-    row = dict(epoch=3, train_loss=0.5, train_top1=0.9, val_top1=0.95, images_per_second=1000.0,
-               elapsed_seconds=30.0)
+    row = dict(epoch=3, train_loss=0.5, train_top1=0.9, val_top1=0.95, images_per_second=1000.0, elapsed_seconds=30.0)
     assert epoch_line(row, 10, 70.0, True, Classification(2)).endswith("30s, 1m10s left  best")
     assert "left" not in epoch_line(dict(row, epoch=10), 10, 0.0, False, Classification(2))
 
@@ -403,8 +464,11 @@ def test_progress_shows_time_left():
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
 
 
-@pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason=f"the real MNIST files are not at {SHARED_MNIST} "
-                    "(they sit beside the repository on the team's machines and in CI, never inside it)")
+@pytest.mark.skipif(
+    not SHARED_MNIST.is_dir(),
+    reason=f"the real MNIST files are not at {SHARED_MNIST} "
+    "(they sit beside the repository on the team's machines and in CI, never inside it)",
+)
 def test_real_mnist_files_parse_and_train(tmp_path):
     """The real IDX files through the real parser (known class counts), then a short run on a subset."""
     from vitlab.data.datasets import load_dataset
@@ -413,10 +477,22 @@ def test_real_mnist_files_parse_and_train(tmp_path):
     assert train_set.images.shape == (60000, 1, 28, 28) and test_set.images.shape == (10000, 1, 28, 28)
     assert train_set.labels.bincount().tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
     assert test_set.labels.bincount().tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
-    summary = train(micro_config(tmp_path, model="mnist-28", dataset="mnist", data_dir=str(SHARED_MNIST),
-                                 model_overrides=dict(embed_dim=32, depth=2, num_heads=2, mlp_dim=64, patch_size=7),
-                                 max_train_images=3000, val_size=1000, epochs=5, lr=3e-3, warmup_epochs=0.5,
-                                 augment={}, drop_path=0.0))
+    summary = train(
+        micro_config(
+            tmp_path,
+            model="mnist-28",
+            dataset="mnist",
+            data_dir=str(SHARED_MNIST),
+            model_overrides=dict(embed_dim=32, depth=2, num_heads=2, mlp_dim=64, patch_size=7),
+            max_train_images=3000,
+            val_size=1000,
+            epochs=5,
+            lr=3e-3,
+            warmup_epochs=0.5,
+            augment={},
+            drop_path=0.0,
+        )
+    )
     assert (summary["train_count"], summary["val_count"], summary["test_count"]) == (3000, 1000, 10000)
     assert summary["test_top1"] > 0.4  # chance is 10%; this 0.02M-parameter model measured 55% after 115 steps
 

@@ -26,7 +26,7 @@ def test_crop_with_zero_padding_is_identity_and_otherwise_shifts():
     # Every output is the input shifted by some (dy, dx) in [-2, 2]^2 with zeros shifted in.
     for image, original in zip(out, x):
         padded = torch.nn.functional.pad(original, (2, 2, 2, 2))
-        assert any(torch.equal(image, padded[:, dy:dy + 6, dx:dx + 6]) for dy in range(5) for dx in range(5))
+        assert any(torch.equal(image, padded[:, dy : dy + 6, dx : dx + 6]) for dy in range(5) for dx in range(5))
 
 
 def test_flip_flips_about_half():
@@ -44,8 +44,9 @@ def test_affine_with_zero_ranges_is_identity():
 
 def test_shards_see_the_same_augmentation_as_one_process():
     x, y = torch.rand(16, 3, 8, 8), torch.randint(10, (16,))
-    config = AugmentConfig(crop_padding=1, hflip=True, affine_degrees=10, affine_scale=0.1, trivial_augment=1.0,
-                           random_erasing=0.5)
+    config = AugmentConfig(
+        crop_padding=1, hflip=True, affine_degrees=10, affine_scale=0.1, trivial_augment=1.0, random_erasing=0.5
+    )
     whole, _ = augment_batch(x, y, 10, config, draws(16, seed=5))
     parts = [augment_batch(x[s], y[s], 10, config, draws(16, seed=5, shard=s))[0] for s in (slice(0, 8), slice(8, 16))]
     torch.testing.assert_close(torch.cat(parts), whole, rtol=0, atol=0)

@@ -17,16 +17,19 @@ def randomise(model: VisionTransformer) -> VisionTransformer:
     return model.eval()
 
 
-@pytest.mark.parametrize("fields", [
-    dict(),
-    dict(classifier="gap"),
-    dict(classifier="gap", class_token=True),
-    dict(classifier="gap", fc_norm=True),
-    dict(representation_size=24),
-    dict(pos_embed="sincos2d"),
-    dict(image_size=(16, 24), patch_size=(4, 8)),
-    dict(num_classes=0),
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(),
+        dict(classifier="gap"),
+        dict(classifier="gap", class_token=True),
+        dict(classifier="gap", fc_norm=True),
+        dict(representation_size=24),
+        dict(pos_embed="sincos2d"),
+        dict(image_size=(16, 24), patch_size=(4, 8)),
+        dict(num_classes=0),
+    ],
+)
 def test_forward_shapes_for_every_head_kind(fields):
     config = ViTConfig(**{**TINY, **fields})
     model = randomise(create_model(config))
@@ -69,8 +72,12 @@ def test_intermediates_match_the_default_path():
 def test_attention_callback_receives_only_the_asked_layers_one_at_a_time():
     model = randomise(create_model(ViTConfig(**TINY)))
     seen = []
-    out = model.forward_intermediates(torch.randn(1, 3, 16, 16), attention_layers=[-1, 0], hidden_states=False,
-                                      attention_callback=lambda layer, weights: seen.append((layer, weights.shape)))
+    out = model.forward_intermediates(
+        torch.randn(1, 3, 16, 16),
+        attention_layers=[-1, 0],
+        hidden_states=False,
+        attention_callback=lambda layer, weights: seen.append((layer, weights.shape)),
+    )
     assert seen == [(0, (1, 4, 17, 17)), (2, (1, 4, 17, 17))]
     assert "attentions" not in out and "hidden_states" not in out
 
@@ -138,9 +145,17 @@ def test_reset_head_is_zero_and_remove_representation():
     assert torch.equal(model(torch.randn(2, 3, 16, 16)), torch.zeros(2, 7))
 
 
-@pytest.mark.parametrize("name, millions", [
-    ("Ti/16", 5.72), ("S/16", 22.05), ("B/16", 86.57), ("L/16", 304.33), ("H/14", 632.05), ("R50+B/16", 98.66),
-])
+@pytest.mark.parametrize(
+    "name, millions",
+    [
+        ("Ti/16", 5.72),
+        ("S/16", 22.05),
+        ("B/16", 86.57),
+        ("L/16", 304.33),
+        ("H/14", 632.05),
+        ("R50+B/16", 98.66),
+    ],
+)
 def test_parameter_counts_match_the_reference_models(name, millions):
     params, gflops = model_stats(variant_config(name))
     assert round(params / 1e6, 2) == millions
@@ -170,13 +185,21 @@ def test_attention_layers_index_as_python_lists_do_and_out_of_range_is_refused()
         model.forward_intermediates(images, attention_layers=[-5])
 
 
-@pytest.mark.parametrize("fields, pruned", [
-    ({}, 1), ({"distilled": True}, 2), ({"register_tokens": 2}, 1), ({"classifier": "gap"}, None),
-    ({"pos_embed": "relative"}, None), ({"classifier": "layer_weighted"}, None),
-])
+@pytest.mark.parametrize(
+    "fields, pruned",
+    [
+        ({}, 1),
+        ({"distilled": True}, 2),
+        ({"register_tokens": 2}, 1),
+        ({"classifier": "gap"}, None),
+        ({"pos_embed": "relative"}, None),
+        ({"classifier": "layer_weighted"}, None),
+    ],
+)
 def test_a_class_token_head_skips_the_last_blocks_other_tokens_with_the_same_logits(fields, pruned):
-    config = ViTConfig(image_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5,
-                       **fields)
+    config = ViTConfig(
+        image_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5, **fields
+    )
     torch.manual_seed(0)
     model = create_model(config).eval()
     with torch.no_grad():

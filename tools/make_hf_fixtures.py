@@ -17,11 +17,27 @@ import numpy as np
 import torch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
-SHAPE = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-             intermediate_size=64, num_labels=10)
-CLIP_SHAPE = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=64, projection_dim=16)
-DINOV2_SHAPE = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2)
+SHAPE = dict(
+    image_size=16,
+    patch_size=4,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    num_labels=10,
+)
+CLIP_SHAPE = dict(
+    image_size=16,
+    patch_size=4,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    projection_dim=16,
+)
+DINOV2_SHAPE = dict(
+    image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2
+)
 
 
 def models():
@@ -38,26 +54,48 @@ def models():
         # DINO's released checkpoints are plain ViTModel encoders without a pooler; features are the class token.
         "hf_dino": lambda: transformers.ViTModel(transformers.ViTConfig(**SHAPE), add_pooling_layer=False),
         # MAE pre-training: the encoder under "vit.", the pixel decoder under "decoder." (not a ViT's part).
-        "hf_mae": lambda: transformers.ViTMAEForPreTraining(transformers.ViTMAEConfig(
-            **SHAPE, mask_ratio=0.0, decoder_hidden_size=16, decoder_num_hidden_layers=1,
-            decoder_num_attention_heads=2, decoder_intermediate_size=32)),
+        "hf_mae": lambda: transformers.ViTMAEForPreTraining(
+            transformers.ViTMAEConfig(
+                **SHAPE,
+                mask_ratio=0.0,
+                decoder_hidden_size=16,
+                decoder_num_hidden_layers=1,
+                decoder_num_attention_heads=2,
+                decoder_intermediate_size=32,
+            )
+        ),
         # DINOv2: LayerScale on both branches (perturbed away from its init), features are the class token.
         "hf_dinov2": lambda: transformers.Dinov2Model(transformers.Dinov2Config(**DINOV2_SHAPE)),
         # DINOv2 with 4 register tokens, which get no position embedding.
-        "hf_dinov2_registers": lambda: transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(
-            **DINOV2_SHAPE, num_register_tokens=4)),
+        "hf_dinov2_registers": lambda: transformers.Dinov2WithRegistersModel(
+            transformers.Dinov2WithRegistersConfig(**DINOV2_SHAPE, num_register_tokens=4)
+        ),
         # CLIP's image tower with its projection (QuickGELU, HF's default); features are the projected embedding.
-        "hf_clip_vision": lambda: transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(
-            **CLIP_SHAPE)),
+        "hf_clip_vision": lambda: transformers.CLIPVisionModelWithProjection(
+            transformers.CLIPVisionConfig(**CLIP_SHAPE)
+        ),
         # A whole CLIPModel: vitlab loads its image tower and sets the text tower aside.
-        "hf_clip": lambda: transformers.CLIPModel(transformers.CLIPConfig(
-            vision_config=CLIP_SHAPE, projection_dim=16,
-            text_config=dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                             num_attention_heads=2, max_position_embeddings=8, bos_token_id=0,
-                             eos_token_id=1, pad_token_id=1))),
+        "hf_clip": lambda: transformers.CLIPModel(
+            transformers.CLIPConfig(
+                vision_config=CLIP_SHAPE,
+                projection_dim=16,
+                text_config=dict(
+                    vocab_size=64,
+                    hidden_size=16,
+                    intermediate_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    max_position_embeddings=8,
+                    bos_token_id=0,
+                    eos_token_id=1,
+                    pad_token_id=1,
+                ),
+            )
+        ),
         # SigLIP's image tower: no class token, attention pooling (MAP) head; features are its pooled output.
-        "hf_siglip_vision": lambda: transformers.SiglipVisionModel(transformers.SiglipVisionConfig(
-            **{k: v for k, v in CLIP_SHAPE.items() if k != "projection_dim"})),
+        "hf_siglip_vision": lambda: transformers.SiglipVisionModel(
+            transformers.SiglipVisionConfig(**{k: v for k, v in CLIP_SHAPE.items() if k != "projection_dim"})
+        ),
     }
 
 

@@ -32,27 +32,60 @@ FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 MODELS = {
     # timm's default with global_pool="avg": a class token is kept, fc_norm is on, and the average is over the
     # patch tokens only (the layout of MAE-fine-tuned ViTs).
-    "timm_vit_avg_cls": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
-                             num_classes=10, global_pool="avg"),
+    "timm_vit_avg_cls": dict(
+        img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=10, global_pool="avg"
+    ),
     # A non-square input: 48x32 images in 8x8 patches, a 6x4 grid of 24 position rows (plus the class token).
-    "timm_vit_48x32": dict(img_size=(48, 32), patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
-                           num_classes=10),
+    "timm_vit_48x32": dict(
+        img_size=(48, 32), patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=10
+    ),
     # DeiT's distilled ViT: class and distillation tokens, head and head_dist averaged at inference.
-    "timm_deit_distilled": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
-                                num_classes=10, distilled=True),
+    "timm_deit_distilled": dict(
+        img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=10, distilled=True
+    ),
     # DINO's released timm weights: a plain ViT with no head (num_classes=0); the output is the class token.
     "timm_dino": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0, num_classes=0),
     # DINOv2 with registers as timm builds it: 4 register tokens, LayerScale, positions for the patches only.
-    "timm_dinov2_registers": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
-                                  num_classes=0, reg_tokens=4, no_embed_class=True, init_values=1e-5),
+    "timm_dinov2_registers": dict(
+        img_size=16,
+        patch_size=4,
+        embed_dim=32,
+        depth=2,
+        num_heads=4,
+        mlp_ratio=2.0,
+        num_classes=0,
+        reg_tokens=4,
+        no_embed_class=True,
+        init_values=1e-5,
+    ),
     # A CLIP image tower as timm builds OpenAI's: norm_pre (and no patch bias), QuickGELU, LayerNorm eps 1e-5, and
     # the image-text projection as a 16-wide head with a zero bias (as timm's conversion writes it).
-    "timm_clip_quickgelu": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
-                                num_classes=16, pre_norm=True, act_layer="quick_gelu", layer_norm_eps=1e-5,
-                                zero_head_bias=True),
+    "timm_clip_quickgelu": dict(
+        img_size=16,
+        patch_size=4,
+        embed_dim=32,
+        depth=2,
+        num_heads=4,
+        mlp_ratio=2.0,
+        num_classes=16,
+        pre_norm=True,
+        act_layer="quick_gelu",
+        layer_norm_eps=1e-5,
+        zero_head_bias=True,
+    ),
     # A SigLIP image tower as timm builds it: no class token, attention pooling (MAP), tanh GELU, no head.
-    "timm_siglip": dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
-                        num_classes=0, class_token=False, global_pool="map", act_layer="gelu_tanh"),
+    "timm_siglip": dict(
+        img_size=16,
+        patch_size=4,
+        embed_dim=32,
+        depth=2,
+        num_heads=4,
+        mlp_ratio=2.0,
+        num_classes=0,
+        class_token=False,
+        global_pool="map",
+        act_layer="gelu_tanh",
+    ),
 }
 
 
@@ -112,14 +145,17 @@ def main() -> None:
         with torch.no_grad():
             logits = model(images)
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, FIXTURES / f"{name}.safetensors")
-        (FIXTURES / f"{name}.json").write_text(json.dumps(
-            {k: list(v) if isinstance(v, tuple) else v for k, v in args.items()}, indent=1) + "\n")
+        (FIXTURES / f"{name}.json").write_text(
+            json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in args.items()}, indent=1) + "\n"
+        )
         if builder is not VisionTransformer:
             print(f"{name}: built with {builder.__module__}.{builder.__name__}")
         output_name = "logits" if args["num_classes"] else "features"  # no head: the pooled features
         np.savez(FIXTURES / f"{name}.io.npz", input_nchw=images.numpy(), **{output_name: logits.numpy()})
-        print(f"{name}: timm {timm.__version__}, {sum(p.numel() for p in model.parameters())} parameters, "
-              f"keys {sorted(model.state_dict())[:4]}...")
+        print(
+            f"{name}: timm {timm.__version__}, {sum(p.numel() for p in model.parameters())} parameters, "
+            f"keys {sorted(model.state_dict())[:4]}..."
+        )
 
 
 if __name__ == "__main__":

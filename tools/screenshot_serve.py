@@ -19,8 +19,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 
 def main(run: str, image: str, out: str) -> None:
-    server = subprocess.Popen([sys.executable, "-m", "vitlab", "serve", run, "--port", "0"], stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vitlab", "serve", run, "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
     port = re.search(r"127\.0\.0\.1:(\d+)", server.stdout.readline()).group(1)
     time.sleep(2)
     options = webdriver.ChromeOptions()
@@ -31,8 +32,11 @@ def main(run: str, image: str, out: str) -> None:
     try:
         driver.get(f"http://127.0.0.1:{port}/")
         driver.find_element(By.ID, "file").send_keys(str(__import__("pathlib").Path(image).resolve()))
-        WebDriverWait(driver, 30).until(lambda d: d.execute_script(
-            "const o = document.getElementById('overlay'); return o.complete && o.naturalWidth > 0"))
+        WebDriverWait(driver, 30).until(
+            lambda d: d.execute_script(
+                "const o = document.getElementById('overlay'); return o.complete && o.naturalWidth > 0"
+            )
+        )
         driver.save_screenshot(out)
     finally:
         driver.quit()

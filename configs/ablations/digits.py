@@ -20,10 +20,13 @@ ablations = [
         title="Position embeddings and where they are added (paper Table 8), digits",
         recipe="../digits.py",
         settings=SETTINGS,
-        vary={"pos_embed": ["none", "learned", "learned_2d", "relative", "sincos2d"],
-              "pos_embed_placement": ["input", "every_block", "every_block_shared"]},
+        vary={
+            "pos_embed": ["none", "learned", "learned_2d", "relative", "sincos2d"],
+            "pos_embed_placement": ["input", "every_block", "every_block_shared"],
+        },
         notes="Paper (ViT-B/16, 5-shot ImageNet linear accuracy after JFT pre-training): none 0.614, learned 1-D "
-              "0.642, learned 2-D 0.640, relative 0.640 at the input. Here: a 4x4 grid on 8x8 digits."),
+        "0.642, learned 2-D 0.640, relative 0.640 at the input. Here: a 4x4 grid on 8x8 digits.",
+    ),
     Ablation(
         name="classifier_lr",
         title="Class token against global average pooling across learning rates (paper Figure 9), digits",
@@ -31,12 +34,14 @@ ablations = [
         settings=SETTINGS,
         vary={"classifier": ["token", "gap"], "lr": [1.2e-2, 4e-3, 1.2e-3]},
         notes="Paper: the class token at lr 8e-4 and GAP at 3e-4 match; GAP at 8e-4 does worse. Here: the digits "
-              "recipe's lr 4e-3 and a factor of 3 either side."),
+        "recipe's lr 4e-3 and a factor of 3 either side.",
+    ),
     Ablation(
         name="pooling",
         title="Pooling heads: class token, GAP, attention (MAP), GeM, max and layer-weighted, digits",
         recipe="../digits.py",
         settings=SETTINGS,
         vary={"classifier": ["token", "gap", "map", "gem", "max", "layer_weighted"]},
-        notes="Not in the paper; all at the recipe's lr 4e-3."),
+        notes="Not in the paper; all at the recipe's lr 4e-3.",
+    ),
 ]

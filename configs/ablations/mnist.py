@@ -21,8 +21,7 @@ SMALL_VIT = {"patch_size": 4, "embed_dim": 64, "depth": 4, "num_heads": 4, "mlp_
 # Chosen on seed 0's validation accuracy among four short trials (BENCHMARKS.md, "Ablations"): 3 epochs of all
 # 55,000 training images at batch 64, no augmentation, lr 2e-3 reached 96.90%, against 95.96% at lr 1e-3, and
 # 94.52-94.92% for 8 epochs of 16,000 images (batch 64, lr 1e-3, with or without the recipe's affine warps).
-SETTINGS = [f"model_overrides={SMALL_VIT!r}", "epochs=3", "warmup_epochs=0.5", "batch_size=64", "lr=2e-3",
-            "augment={}"]
+SETTINGS = [f"model_overrides={SMALL_VIT!r}", "epochs=3", "warmup_epochs=0.5", "batch_size=64", "lr=2e-3", "augment={}"]
 
 ablations = [
     Ablation(
@@ -30,11 +29,14 @@ ablations = [
         title="Position embeddings and where they are added (paper Table 8)",
         recipe="../mnist.py",
         settings=SETTINGS,
-        vary={"pos_embed": ["none", "learned", "learned_2d", "relative", "sincos2d"],
-              "pos_embed_placement": ["input", "every_block", "every_block_shared"]},
+        vary={
+            "pos_embed": ["none", "learned", "learned_2d", "relative", "sincos2d"],
+            "pos_embed_placement": ["input", "every_block", "every_block_shared"],
+        },
         notes="Paper (ViT-B/16, 5-shot ImageNet linear accuracy after JFT pre-training): none 0.614, learned 1-D "
-              "0.642, learned 2-D 0.640, relative 0.640 at the input; every-block placements within 0.01 of it. "
-              "Here: a 7x7 grid on 28x28 digits trained from scratch, top-1 of the trained classifier."),
+        "0.642, learned 2-D 0.640, relative 0.640 at the input; every-block placements within 0.01 of it. "
+        "Here: a 7x7 grid on 28x28 digits trained from scratch, top-1 of the trained classifier.",
+    ),
     Ablation(
         name="classifier_lr",
         title="Class token against global average pooling across learning rates (paper Figure 9)",
@@ -42,8 +44,9 @@ ablations = [
         settings=SETTINGS,
         vary={"classifier": ["token", "gap"], "lr": [6e-3, 2e-3, 6e-4]},
         notes="Paper (ViT-B/16 on ImageNet, Adam, 5-shot linear): the class token at lr 8e-4 and GAP at 3e-4 "
-              "reach the same accuracy; GAP at 8e-4 does clearly worse. Here: the MNIST recipe's lr 2e-3 and a "
-              "factor of 3 either side."),
+        "reach the same accuracy; GAP at 8e-4 does clearly worse. Here: the MNIST recipe's lr 2e-3 and a "
+        "factor of 3 either side.",
+    ),
     Ablation(
         name="pooling",
         title="Pooling heads: class token, GAP, attention (MAP), GeM, max and layer-weighted",
@@ -51,6 +54,7 @@ ablations = [
         settings=SETTINGS,
         vary={"classifier": ["token", "gap", "map", "gem", "max", "layer_weighted"]},
         notes="Not in the paper. MAP is SigLIP's and big_vision's head; GeM (Radenovic et al. 2018) pools the "
-              "positive part of each channel with a learned exponent; layer_weighted mixes every block's mean "
-              "patch token with learned softmax weights. All at the recipe's lr 2e-3."),
+        "positive part of each channel with a learned exponent; layer_weighted mixes every block's mean "
+        "patch token with learned softmax weights. All at the recipe's lr 2e-3.",
+    ),
 ]

@@ -27,6 +27,14 @@ config = pretrain_config(
     lr=1.5e-3,
     warmup_epochs=4,
     augment=AugmentConfig(affine_degrees=10, affine_scale=0.1, affine_shear=0.1, affine_translate=0.1),
-    pretrain=PretrainConfig(mask_ratio=0.75, decoder_dim=64, decoder_depth=2, decoder_heads=4, decoder_mlp_dim=256,
-                            norm_pix_loss=True, grid_images=8, grid_epochs=[1, 10]),
+    pretrain=PretrainConfig(
+        mask_ratio=0.75,
+        decoder_dim=64,
+        decoder_depth=2,
+        decoder_heads=4,
+        decoder_mlp_dim=256,
+        norm_pix_loss=True,
+        grid_images=8,
+        grid_epochs=[1, 10],
+    ),
 )

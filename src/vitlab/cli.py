@@ -87,8 +87,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     from vitlab.reports import format_models_table, models_table
 
     rows = models_table(image_size=args.image_size, num_classes=args.num_classes)
-    print(json.dumps(rows, indent=1) if args.json else
-          format_models_table(rows, args.image_size is not None, args.num_classes is not None))
+    print(
+        json.dumps(rows, indent=1)
+        if args.json
+        else format_models_table(rows, args.image_size is not None, args.num_classes is not None)
+    )
     return 0
 
 
@@ -103,8 +106,9 @@ def cmd_pretrained(args: argparse.Namespace) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from vitlab.reports import convert, format_conversion
 
-    summary = convert(args.input, args.output, to=args.to, image_size=args.image_size, num_heads=args.num_heads,
-                      force=args.force)
+    summary = convert(
+        args.input, args.output, to=args.to, image_size=args.image_size, num_heads=args.num_heads, force=args.force
+    )
     print(format_conversion(summary, args.to))
     return 0
 
@@ -146,19 +150,25 @@ TRAIN_SHORTHANDS = ("dataset", "data_dir", "image_size", "classes", "epochs", "m
 def refuse_use_previous_without_resume(args: argparse.Namespace) -> None:
     """--use-previous chooses the checkpoint a resume starts from; alone it would be ignored and a new run start."""
     if getattr(args, "use_previous", False) and not args.resume:
-        raise UsageError("--use-previous goes with --resume RUN_DIR (resume from the previous checkpoint when the last "
-                         "one is damaged); without --resume it would start a new run")
+        raise UsageError(
+            "--use-previous goes with --resume RUN_DIR (resume from the previous checkpoint when the last "
+            "one is damaged); without --resume it would start a new run"
+        )
 
 
 def refuse_flags_resume_ignores(args: argparse.Namespace, shorthands: Sequence[str]) -> None:
     """--resume continues a run with its own recipe: any recipe flag given with it would be ignored, so it is
     refused; only --epochs may change (to extend the run)."""
-    given = ["--from" if name == "init_from" else f"--{name.replace('_', '-')}"
-             for name in (*shorthands, "config", "set")
-             if name != "epochs" and getattr(args, name, None) not in (None, False, 0, [])]
+    given = [
+        "--from" if name == "init_from" else f"--{name.replace('_', '-')}"
+        for name in (*shorthands, "config", "set")
+        if name != "epochs" and getattr(args, name, None) not in (None, False, 0, [])
+    ]
     if given:
-        raise UsageError(f"--resume continues a run with its own recipe; drop {', '.join(given)} (only --epochs "
-                         "may change, to extend the run)")
+        raise UsageError(
+            f"--resume continues a run with its own recipe; drop {', '.join(given)} (only --epochs "
+            "may change, to extend the run)"
+        )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -180,18 +190,22 @@ def image_size_text(size: int | tuple[int, int]) -> str:
     return str(size) if isinstance(size, int) else f"[{size[0]},{size[1]}]"
 
 
-CHECKPOINT_IMAGE_SIZE_HELP = ("N or HxW. A checkpoint whose position table is a square grid implies its own size, "
-                              "and this is the size to resample it to; one whose table is not square (e.g. 48x32 "
-                              "images) implies none, and this is the size it was made for")
+CHECKPOINT_IMAGE_SIZE_HELP = (
+    "N or HxW. A checkpoint whose position table is a square grid implies its own size, "
+    "and this is the size to resample it to; one whose table is not square (e.g. 48x32 "
+    "images) implies none, and this is the size it was made for"
+)
 
 
-def add_checkpoint_options(parser: argparse.ArgumentParser, image_size_help: str = CHECKPOINT_IMAGE_SIZE_HELP,
-                           num_heads: bool = True) -> None:
+def add_checkpoint_options(
+    parser: argparse.ArgumentParser, image_size_help: str = CHECKPOINT_IMAGE_SIZE_HELP, num_heads: bool = True
+) -> None:
     """--image-size (and --num-heads), the same for every command that loads a checkpoint."""
     parser.add_argument("--image-size", type=image_size_arg, default=None, help=image_size_help)
     if num_heads:
-        parser.add_argument("--num-heads", type=int, default=None,
-                            help="head count, for timm / HF weights with no config beside them")
+        parser.add_argument(
+            "--num-heads", type=int, default=None, help="head count, for timm / HF weights with no config beside them"
+        )
 
 
 def shots_arg(text: str) -> list[int]:
@@ -204,8 +218,18 @@ def shots_arg(text: str) -> list[int]:
     return shots
 
 
-FINETUNE_SHORTHANDS = ("init_from", "dataset", "data_dir", "image_size", "epochs", "classes", "out_dir",
-                       "linear_probe", "freeze_blocks", "optimizer")
+FINETUNE_SHORTHANDS = (
+    "init_from",
+    "dataset",
+    "data_dir",
+    "image_size",
+    "epochs",
+    "classes",
+    "out_dir",
+    "linear_probe",
+    "freeze_blocks",
+    "optimizer",
+)
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
@@ -238,15 +262,19 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.config:
         config = load_recipe(args.config)
         if args.method and config.objective != args.method:
-            raise UsageError(f"{args.config} pre-trains by {config.objective!r}, not {args.method!r}; drop --method "
-                             f"or add --set objective={args.method}")
+            raise UsageError(
+                f"{args.config} pre-trains by {config.objective!r}, not {args.method!r}; drop --method "
+                f"or add --set objective={args.method}"
+            )
     elif args.method:
         config = pretrain_config(args.method)
     else:
         raise UsageError(f"pretrain needs --method {'|'.join(methods)} (or a --config recipe, or --resume RUN_DIR)")
     if config.objective not in methods:
-        raise UsageError(f"{args.config} is a supervised recipe; pretrain takes a recipe with objective "
-                         f"{' or '.join(methods)} (configs/pretrain/)")
+        raise UsageError(
+            f"{args.config} is a supervised recipe; pretrain takes a recipe with objective "
+            f"{' or '.join(methods)} (configs/pretrain/)"
+        )
     return run_exit_code(train(apply_overrides(config, shorthand_overrides(args, PRETRAIN_SHORTHANDS))))
 
 
@@ -262,17 +290,23 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     ablations = load_ablations(args.source) if args.source else []
     if ablations:
         if args.vary:
-            raise UsageError(f"{args.source} is an ablation file and says what to vary; --vary is for a recipe "
-                             "(vitlab ablate configs/mnist.py --vary pos_embed=none,learned)")
+            raise UsageError(
+                f"{args.source} is an ablation file and says what to vary; --vary is for a recipe "
+                "(vitlab ablate configs/mnist.py --vary pos_embed=none,learned)"
+            )
         if args.name:
             ablations = [a for a in ablations if a.name in args.name.split(",")] or ablations_missing(
-                args.name, ablations)
+                args.name, ablations
+            )
     else:
         if not args.vary:
-            raise UsageError("say what to vary: --vary KEY=V1,V2 (e.g. --vary pos_embed=none,learned --vary "
-                             "lr=8e-4,3e-4), or give an ablation file from configs/ablations/")
-        ablations = [Ablation(name=args.name or "ablation", recipe=args.source or TrainConfig(),
-                              vary=parse_vary(args.vary))]
+            raise UsageError(
+                "say what to vary: --vary KEY=V1,V2 (e.g. --vary pos_embed=none,learned --vary "
+                "lr=8e-4,3e-4), or give an ablation file from configs/ablations/"
+            )
+        ablations = [
+            Ablation(name=args.name or "ablation", recipe=args.source or TrainConfig(), vary=parse_vary(args.vary))
+        ]
     for ablation in ablations:
         if args.seeds is not None:
             ablation.seeds = args.seeds
@@ -315,9 +349,17 @@ def jobs_arg(text: str) -> str | int:
 def cmd_fewshot(args: argparse.Namespace) -> int:
     from vitlab.eval.fewshot import format_fewshot, run_fewshot
 
-    report = run_fewshot(args.checkpoint, args.dataset, shots=args.shots, seeds=args.seeds, l2=args.l2,
-                         data_dir=args.data_dir, classes=args.classes, image_size=args.image_size,
-                         num_heads=args.num_heads)
+    report = run_fewshot(
+        args.checkpoint,
+        args.dataset,
+        shots=args.shots,
+        seeds=args.seeds,
+        l2=args.l2,
+        data_dir=args.data_dir,
+        classes=args.classes,
+        image_size=args.image_size,
+        num_heads=args.num_heads,
+    )
     print(json.dumps(report, indent=1) if args.json else format_fewshot(report))
     return 0
 
@@ -325,8 +367,15 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 def cmd_linear_probe(args: argparse.Namespace) -> int:
     from vitlab.eval.fewshot import format_linear_probe, run_linear_probe
 
-    report = run_linear_probe(args.checkpoint, args.dataset, l2=args.l2, data_dir=args.data_dir,
-                              classes=args.classes, image_size=args.image_size, num_heads=args.num_heads)
+    report = run_linear_probe(
+        args.checkpoint,
+        args.dataset,
+        l2=args.l2,
+        data_dir=args.data_dir,
+        classes=args.classes,
+        image_size=args.image_size,
+        num_heads=args.num_heads,
+    )
     print(json.dumps(report, indent=1) if args.json else format_linear_probe(report))
     return 0
 
@@ -334,12 +383,25 @@ def cmd_linear_probe(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from vitlab.eval.runner import format_evaluation, run_evaluation
 
-    report = run_evaluation(args.checkpoint, args.dataset, data_dir=args.data_dir, split=args.split, out=args.out,
-                            batch_size=args.batch_size, classes=args.classes, image_size=args.image_size,
-                            num_heads=args.num_heads, backend=args.backend, precision=args.precision,
-                            device=args.device)
-    print(json.dumps({k: v for k, v in report.items() if k != "confusion"}, indent=1) if args.json
-          else format_evaluation(report))
+    report = run_evaluation(
+        args.checkpoint,
+        args.dataset,
+        data_dir=args.data_dir,
+        split=args.split,
+        out=args.out,
+        batch_size=args.batch_size,
+        classes=args.classes,
+        image_size=args.image_size,
+        num_heads=args.num_heads,
+        backend=args.backend,
+        precision=args.precision,
+        device=args.device,
+    )
+    print(
+        json.dumps({k: v for k, v in report.items() if k != "confusion"}, indent=1)
+        if args.json
+        else format_evaluation(report)
+    )
     return 0
 
 
@@ -354,8 +416,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print(format_predictions(rows, args.format))
     failed = sum("error" in row for row in rows)
     if failed:
-        print(f"vitlab predict: {failed} of {len(rows)} inputs could not be classified (their rows say why)",
-              file=sys.stderr)
+        print(
+            f"vitlab predict: {failed} of {len(rows)} inputs could not be classified (their rows say why)",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 
@@ -368,22 +432,33 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format in ("pt2e", "pt2"):
         return export_pt2e_command(args)
     if args.dynamic_batch and args.batch_size:
-        raise UsageError("--dynamic-batch and --batch-size contradict each other: give --batch-size N to fix the "
-                         "batch, nothing for any batch size")
+        raise UsageError(
+            "--dynamic-batch and --batch-size contradict each other: give --batch-size N to fix the "
+            "batch, nothing for any batch size"
+        )
     if args.calibrate and not args.int8:
         raise UsageError("--calibrate is for static int8: add --int8 (vitlab export RUN --int8 --calibrate mnist)")
     if args.output and Path(args.output).suffix.lower() != ".onnx":
-        raise UsageError(f"-o {args.output}: an ONNX model is written to a .onnx file; name it "
-                         f"{Path(args.output).with_suffix('.onnx')}")
+        raise UsageError(
+            f"-o {args.output}: an ONNX model is written to a .onnx file; name it "
+            f"{Path(args.output).with_suffix('.onnx')}"
+        )
     require_onnx()
     model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
     calibration = None
     if args.calibrate:
         calibration = calibration_pixels(model.config, args.calibrate, args.data_dir, args.calibration_images)
-    summary = run_export(model, args.output or onnx_output(args.checkpoint, args.int8), preprocess=args.preprocess,
-                         dynamic_batch=args.batch_size is None, dynamic_size=args.dynamic_size, int8=args.int8,
-                         batch_size=args.batch_size or 1, pixels=validation_pixels(model.config, args.images),
-                         calibration=calibration)
+    summary = run_export(
+        model,
+        args.output or onnx_output(args.checkpoint, args.int8),
+        preprocess=args.preprocess,
+        dynamic_batch=args.batch_size is None,
+        dynamic_size=args.dynamic_size,
+        int8=args.int8,
+        batch_size=args.batch_size or 1,
+        pixels=validation_pixels(model.config, args.images),
+        calibration=calibration,
+    )
     print(json.dumps(summary, indent=1) if args.json else format_export(summary, images_given=bool(args.images)))
     return 0
 
@@ -394,20 +469,34 @@ def export_pt2e_command(args: argparse.Namespace) -> int:
     from vitlab.export.pt2e import SUFFIX, calibration_for, format_pt2e_export, require_torchao, run_pt2e_export
     from vitlab.runs import pt2e_output
 
-    for given, flag in ((args.preprocess, "--preprocess"), (args.dynamic_size, "--dynamic-size"),
-                        (args.batch_size, "--batch-size"), (args.dynamic_batch, "--dynamic-batch")):
+    for given, flag in (
+        (args.preprocess, "--preprocess"),
+        (args.dynamic_size, "--dynamic-size"),
+        (args.batch_size, "--batch-size"),
+        (args.dynamic_batch, "--dynamic-batch"),
+    ):
         if given:
-            raise UsageError(f"{flag} is for ONNX exports; a pt2e file takes normalised images of the model's size "
-                             "in batches of any size (drop it, or use --format onnx)")
+            raise UsageError(
+                f"{flag} is for ONNX exports; a pt2e file takes normalised images of the model's size "
+                "in batches of any size (drop it, or use --format onnx)"
+            )
     if args.output and Path(args.output).suffix.lower() != SUFFIX:
-        raise UsageError(f"-o {args.output}: a pt2e model is written to a {SUFFIX} file; name it "
-                         f"{Path(args.output).with_suffix(SUFFIX)}")
+        raise UsageError(
+            f"-o {args.output}: a pt2e model is written to a {SUFFIX} file; name it "
+            f"{Path(args.output).with_suffix(SUFFIX)}"
+        )
     require_torchao()
     model = load_model(args.checkpoint, image_size=args.image_size, num_heads=args.num_heads)
-    calibration, source = calibration_for(args.checkpoint, model.config, args.calibrate, args.data_dir,
-                                          args.calibration_images)
-    summary = run_pt2e_export(model, args.output or pt2e_output(args.checkpoint), calibration, source,
-                              pixels=validation_pixels(model.config, args.images))
+    calibration, source = calibration_for(
+        args.checkpoint, model.config, args.calibrate, args.data_dir, args.calibration_images
+    )
+    summary = run_pt2e_export(
+        model,
+        args.output or pt2e_output(args.checkpoint),
+        calibration,
+        source,
+        pixels=validation_pixels(model.config, args.images),
+    )
     print(json.dumps(summary, indent=1) if args.json else format_pt2e_export(summary, images_given=bool(args.images)))
     return 0
 
@@ -415,10 +504,23 @@ def export_pt2e_command(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from vitlab.bench.runner import format_table, run_bench
 
-    result = run_bench(args.model, checkpoint=args.checkpoint, image_size=args.image_size, batch_size=args.batch_size,
-                       paths=args.paths, repetitions=args.repetitions, warmup=args.warmup, threads=args.threads,
-                       train=args.train, dataset=args.dataset, data_dir=args.data_dir, show=True, device=args.device,
-                       budget_seconds=args.budget, quick=args.quick)
+    result = run_bench(
+        args.model,
+        checkpoint=args.checkpoint,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        paths=args.paths,
+        repetitions=args.repetitions,
+        warmup=args.warmup,
+        threads=args.threads,
+        train=args.train,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        show=True,
+        device=args.device,
+        budget_seconds=args.budget,
+        quick=args.quick,
+    )
     print(format_table(result))
     if args.json:
         from pathlib import Path
@@ -433,9 +535,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from vitlab.analysis.report import analyze, format_analysis
 
-    summary = analyze(args.checkpoint, args.images, out=args.out, data_dir=args.data_dir, num_shown=args.num_images,
-                      num_distance_images=args.distance_images, image_size=args.image_size, num_heads=args.num_heads,
-                      device=args.device)
+    summary = analyze(
+        args.checkpoint,
+        args.images,
+        out=args.out,
+        data_dir=args.data_dir,
+        num_shown=args.num_images,
+        num_distance_images=args.distance_images,
+        image_size=args.image_size,
+        num_heads=args.num_heads,
+        device=args.device,
+    )
     for item in summary["skipped"]:
         print(f"skipped {item['path']}: {item['error']}", file=sys.stderr)
     print(format_analysis(summary))
@@ -445,9 +555,20 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from vitlab.serve.server import serve
 
-    return serve(args.checkpoint, host=args.host, port=args.port, backend=args.backend, precision=args.precision,
-                 device=args.device, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_body_mb=args.max_body_mb,
-                 threads=args.threads, top_k=args.top_k, access_log=args.access_log)
+    return serve(
+        args.checkpoint,
+        host=args.host,
+        port=args.port,
+        backend=args.backend,
+        precision=args.precision,
+        device=args.device,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        max_body_mb=args.max_body_mb,
+        threads=args.threads,
+        top_k=args.top_k,
+        access_log=args.access_log,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ parser
@@ -469,13 +590,19 @@ NAMES_HELP = """names (anywhere a checkpoint is taken; a local path that exists 
 downloaded once into the cache and checked against the hash the server publishes. HF_HOME, HF_ENDPOINT,
 HF_TOKEN and HF_HUB_OFFLINE=1 apply to hub names; VITLAB_CACHE, VITLAB_MIRROR (the bucket's paths below it) and
 VITLAB_OFFLINE=1 to the others."""
-CHECKPOINT_HELP = "run folder, checkpoint file or folder of any kind vitlab loads, or a pre-trained name (vitlab pretrained)"
-BACKEND_HELP = ("auto (default: onnx for a .onnx file, pt2e for a .pt2e file, else torch), torch, onnx (ONNX Runtime) or "
-                "pt2e (int8, compiled for this CPU as it loads) on a file written by `vitlab export`; a run folder "
-                "with onnx or pt2e uses its model.onnx or model-int8.pt2e")
+CHECKPOINT_HELP = (
+    "run folder, checkpoint file or folder of any kind vitlab loads, or a pre-trained name (vitlab pretrained)"
+)
+BACKEND_HELP = (
+    "auto (default: onnx for a .onnx file, pt2e for a .pt2e file, else torch), torch, onnx (ONNX Runtime) or "
+    "pt2e (int8, compiled for this CPU as it loads) on a file written by `vitlab export`; a run folder "
+    "with onnx or pt2e uses its model.onnx or model-int8.pt2e"
+)
 DEVICE_HELP = "cpu, cuda or cuda:N (default auto: a GPU when PyTorch sees one, else the CPU)"
-INFERENCE_PRECISION_HELP = ("auto (default: bf16 autocast where this machine's bf16 matmuls pay and the model is large "
-                            "enough, else fp32; never quantised), fp32 or bf16; an exported file runs as exported")
+INFERENCE_PRECISION_HELP = (
+    "auto (default: bf16 autocast where this machine's bf16 matmuls pay and the model is large "
+    "enough, else fp32; never quantised), fp32 or bf16; an exported file runs as exported"
+)
 
 
 def recipe_keys_help(finetune: bool = False, pretrain: bool = False) -> str:
@@ -503,8 +630,12 @@ def choices_line(setting: str, values: tuple[str, ...]) -> str:
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="vitlab", description="Build, train, fine-tune, understand and ship ViTs.",
-                            epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(
+        prog="vitlab",
+        description="Build, train, fine-tune, understand and ship ViTs.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     from vitlab import __version__
     from vitlab.objectives import OBJECTIVES, pretraining_methods  # the table alone: no torch
@@ -525,9 +656,13 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_models)
 
-    p = subcommand("pretrained", help="list the pre-trained checkpoints vitlab knows by name (hf-hub:ORG/NAME, "
-                                      "augreg:B/16, ...), with their data, ImageNet top-1, size and licence",
-                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=NAMES_HELP)
+    p = subcommand(
+        "pretrained",
+        help="list the pre-trained checkpoints vitlab knows by name (hf-hub:ORG/NAME, "
+        "augreg:B/16, ...), with their data, ImageNet top-1, size and licence",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=NAMES_HELP,
+    )
     from vitlab.checkpoint.families import model_families
 
     p.add_argument("--family", help="only this family: " + ", ".join(family.name for family in model_families()))
@@ -535,116 +670,206 @@ def build_parser() -> ArgumentParser:
     p.set_defaults(func=cmd_pretrained)
 
     p = subcommand("convert", help="convert an official .npz / timm / HF / vitlab checkpoint to another kind")
-    p.add_argument("input", help="checkpoint file or folder (kind detected from its content), or a pre-trained "
-                                 "name such as augreg:B/16")
+    p.add_argument(
+        "input",
+        help="checkpoint file or folder (kind detected from its content), or a pre-trained name such as augreg:B/16",
+    )
     p.add_argument("output", help="a .safetensors file (--to vitlab, timm) or a folder (--to hf) to write")
     p.add_argument("--to", choices=("vitlab", "timm", "hf"), default="vitlab", help="kind to write (default vitlab)")
     p.add_argument("--force", action="store_true", help="replace an existing output file or folder")
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_convert)
 
-    p = subcommand("train", help="train a ViT (default: the digits recipe); torchrun-ready",
-                       epilog=recipe_keys_help, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="recipe: a file (configs/*.py) defining `config = TrainConfig(...)`, or a run's "
-                                    "RUN/train_config.json to train it again in a new folder")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a recipe field, e.g. --set lr=1e-3 --set augment.hflip=true (repeatable)")
-    p.add_argument("--dataset", help="shorthand for --set dataset=NAME (digits, mnist, fashion-mnist, cifar10, "
-                                     "cifar100, folder; streamed image files: manifest, shards, hf)")
+    p = subcommand(
+        "train",
+        help="train a ViT (default: the digits recipe); torchrun-ready",
+        epilog=recipe_keys_help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        help="recipe: a file (configs/*.py) defining `config = TrainConfig(...)`, or a run's "
+        "RUN/train_config.json to train it again in a new folder",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a recipe field, e.g. --set lr=1e-3 --set augment.hflip=true (repeatable)",
+    )
+    p.add_argument(
+        "--dataset",
+        help="shorthand for --set dataset=NAME (digits, mnist, fashion-mnist, cifar10, "
+        "cifar100, folder; streamed image files: manifest, shards, hf)",
+    )
     p.add_argument("--data-dir", help="shorthand for --set data_dir=PATH: data files already on disk")
-    p.add_argument("--image-size", type=image_size_arg, help="shorthand for --set image_size=N or HxW (default: "
-                                                             "the variant's; images are resized)")
+    p.add_argument(
+        "--image-size",
+        type=image_size_arg,
+        help="shorthand for --set image_size=N or HxW (default: the variant's; images are resized)",
+    )
     p.add_argument("--classes", type=classes_arg, help="shorthand for --set classes=5-9: only these classes")
-    p.add_argument("--epochs", type=positive_int, help="shorthand for --set epochs=N; with --resume, a new length "
-                                                       "for the run (extends a finished one)")
+    p.add_argument(
+        "--epochs",
+        type=positive_int,
+        help="shorthand for --set epochs=N; with --resume, a new length for the run (extends a finished one)",
+    )
     p.add_argument("--model", help="shorthand for --set model=VARIANT")
     p.add_argument("--out-dir", help="shorthand for --set out_dir=PATH (default runs/)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run exactly where it stopped")
-    p.add_argument("--use-previous", action="store_true",
-                   help="with --resume: fall back to the previous checkpoint if the last one is damaged")
+    p.add_argument(
+        "--use-previous",
+        action="store_true",
+        help="with --resume: fall back to the previous checkpoint if the last one is damaged",
+    )
     p.set_defaults(func=cmd_train)
 
-    p = subcommand("finetune", help="fine-tune any checkpoint on a new data set (the paper's transfer recipe)",
-                       epilog=lambda: recipe_keys_help(finetune=True),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--from", dest="init_from", metavar="CHECKPOINT",
-                   help="vitlab, official .npz, timm or HF checkpoint, or a pre-trained name (augreg:B/16, "
-                        "hf-hub:ORG/NAME; vitlab pretrained lists them)")
-    p.add_argument("--dataset", help="data set to fine-tune on (digits, mnist, fashion-mnist, cifar10, cifar100, "
-                                     "folder; streamed image files: manifest, shards, hf)")
+    p = subcommand(
+        "finetune",
+        help="fine-tune any checkpoint on a new data set (the paper's transfer recipe)",
+        epilog=lambda: recipe_keys_help(finetune=True),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--from",
+        dest="init_from",
+        metavar="CHECKPOINT",
+        help="vitlab, official .npz, timm or HF checkpoint, or a pre-trained name (augreg:B/16, "
+        "hf-hub:ORG/NAME; vitlab pretrained lists them)",
+    )
+    p.add_argument(
+        "--dataset",
+        help="data set to fine-tune on (digits, mnist, fashion-mnist, cifar10, cifar100, "
+        "folder; streamed image files: manifest, shards, hf)",
+    )
     p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
-    add_checkpoint_options(p, "fine-tuning resolution, N or HxW: the position embedding is resampled to it (for a "
-                              "checkpoint whose position table is not square: the size it was made for)",
-                           num_heads=False)
+    add_checkpoint_options(
+        p,
+        "fine-tuning resolution, N or HxW: the position embedding is resampled to it (for a "
+        "checkpoint whose position table is not square: the size it was made for)",
+        num_heads=False,
+    )
     p.add_argument("--classes", type=classes_arg, help="only these classes of the data set, e.g. 5-9 or 1,3,5")
     p.add_argument("--epochs", type=positive_int, help="default 20; with --resume, a new length for the run")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), help="default sgd (momentum 0.9), as the paper")
     p.add_argument("--freeze-blocks", type=int, default=0, help="freeze the embeddings and the first K blocks")
     p.add_argument("--linear-probe", action="store_true", help="train only the new head")
     p.add_argument("--config", help="recipe file to start from instead of the fine-tuning defaults")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe field (repeatable), "
-                                                                       "e.g. --set layer_decay=0.75 --set lr=0.003")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a recipe field (repeatable), e.g. --set layer_decay=0.75 --set lr=0.003",
+    )
     p.add_argument("--out-dir", help="folder for the run folder (default runs/)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped fine-tuning run where it stopped")
-    p.add_argument("--use-previous", action="store_true",
-                   help="with --resume: fall back to the previous checkpoint if the last one is damaged")
+    p.add_argument(
+        "--use-previous",
+        action="store_true",
+        help="with --resume: fall back to the previous checkpoint if the last one is damaged",
+    )
     p.set_defaults(func=cmd_finetune)
 
-    p = subcommand("pretrain", help="self-supervised pre-training on images without labels: the paper's masked "
-                                    "patch prediction (mpp) or MAE",
-                   epilog=lambda: "recipes: configs/pretrain/ (e.g. mnist_mae.py, mnist_mpp.py, digits_mae.py)\n\n"
-                                  + recipe_keys_help(pretrain=True),
-                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", choices=pretraining_methods(),
-                   help="; ".join(f"{name}: {OBJECTIVES[name].help}" for name in pretraining_methods()))
+    p = subcommand(
+        "pretrain",
+        help="self-supervised pre-training on images without labels: the paper's masked patch prediction (mpp) or MAE",
+        epilog=lambda: (
+            "recipes: configs/pretrain/ (e.g. mnist_mae.py, mnist_mpp.py, digits_mae.py)\n\n"
+            + recipe_keys_help(pretrain=True)
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--method",
+        choices=pretraining_methods(),
+        help="; ".join(f"{name}: {OBJECTIVES[name].help}" for name in pretraining_methods()),
+    )
     p.add_argument("--config", help="a pre-training recipe (configs/pretrain/*.py) instead of the method's defaults")
-    p.add_argument("--dataset", help="images to learn from (labels, if any, are not used): digits, mnist, "
-                                     "fashion-mnist, cifar10, cifar100, folder, manifest, shards, hf")
+    p.add_argument(
+        "--dataset",
+        help="images to learn from (labels, if any, are not used): digits, mnist, "
+        "fashion-mnist, cifar10, cifar100, folder, manifest, shards, hf",
+    )
     p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
     p.add_argument("--model", help="shorthand for --set model=VARIANT (the encoder to pre-train)")
-    p.add_argument("--from", dest="init_from", metavar="CHECKPOINT",
-                   help="continue pre-training an encoder from a checkpoint of any kind vitlab loads")
+    p.add_argument(
+        "--from",
+        dest="init_from",
+        metavar="CHECKPOINT",
+        help="continue pre-training an encoder from a checkpoint of any kind vitlab loads",
+    )
     p.add_argument("--image-size", type=image_size_arg, help="shorthand for --set image_size=N or HxW")
     p.add_argument("--epochs", type=positive_int, help="shorthand for --set epochs=N; with --resume, a new length")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a recipe field, e.g. --set pretrain.mask_ratio=0.15 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a recipe field, e.g. --set pretrain.mask_ratio=0.15 (repeatable)",
+    )
     p.add_argument("--out-dir", help="folder for the run folder (default runs/)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped pre-training run exactly where it stopped")
-    p.add_argument("--use-previous", action="store_true",
-                   help="with --resume: fall back to the previous checkpoint if the last one is damaged")
+    p.add_argument(
+        "--use-previous",
+        action="store_true",
+        help="with --resume: fall back to the previous checkpoint if the last one is damaged",
+    )
     p.set_defaults(func=cmd_pretrain)
 
-    p = subcommand("ablate", help="train a recipe over a grid of settings and seeds (the paper's ablations); "
-                                  "resumable", formatter_class=argparse.RawDescriptionHelpFormatter,
-                   epilog="examples:\n"
-                          "  vitlab ablate configs/ablations/digits.py              Table 8, Figure 9 and pooling "
-                          "on digits (under 10 min)\n"
-                          "  vitlab ablate configs/mnist.py --vary classifier=token,gap --vary lr=8e-4,3e-4 "
-                          "--seeds 3\n"
-                          "Run the same command again to continue a stopped ablation: finished runs are kept.\n\n"
-                          "the paper's ablations as model settings:\n"
-                          + choices_line("pos_embed", POSITION_EMBEDDINGS) + choices_line("pos_embed_placement", PLACEMENTS)
-                          + choices_line("classifier", CLASSIFIERS) + "and later blocks' parts:\n"
-                          + choices_line("norm", NORMS) + choices_line("mlp", MLPS))
-    p.add_argument("source", nargs="?", help="an ablation file (configs/ablations/*.py) or a recipe to vary "
-                                             "(configs/*.py, RUN/train_config.json; default: the digits recipe)")
-    p.add_argument("--vary", action="append", metavar="KEY=V1,V2",
-                   help="an axis: a training setting (lr, epochs, ...) or a model setting (pos_embed, "
-                        "pos_embed_placement, classifier, ...) and its values; axes are crossed (repeatable)")
-    p.add_argument("--seeds", type=seeds_arg, help="a count (3: seeds 0,1,2) or a list (0,1,2); default 3, or "
-                                                   "the ablation file's")
+    p = subcommand(
+        "ablate",
+        help="train a recipe over a grid of settings and seeds (the paper's ablations); resumable",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  vitlab ablate configs/ablations/digits.py              Table 8, Figure 9 and pooling "
+        "on digits (under 10 min)\n"
+        "  vitlab ablate configs/mnist.py --vary classifier=token,gap --vary lr=8e-4,3e-4 "
+        "--seeds 3\n"
+        "Run the same command again to continue a stopped ablation: finished runs are kept.\n\n"
+        "the paper's ablations as model settings:\n"
+        + choices_line("pos_embed", POSITION_EMBEDDINGS)
+        + choices_line("pos_embed_placement", PLACEMENTS)
+        + choices_line("classifier", CLASSIFIERS)
+        + "and later blocks' parts:\n"
+        + choices_line("norm", NORMS)
+        + choices_line("mlp", MLPS),
+    )
+    p.add_argument(
+        "source",
+        nargs="?",
+        help="an ablation file (configs/ablations/*.py) or a recipe to vary "
+        "(configs/*.py, RUN/train_config.json; default: the digits recipe)",
+    )
+    p.add_argument(
+        "--vary",
+        action="append",
+        metavar="KEY=V1,V2",
+        help="an axis: a training setting (lr, epochs, ...) or a model setting (pos_embed, "
+        "pos_embed_placement, classifier, ...) and its values; axes are crossed (repeatable)",
+    )
+    p.add_argument(
+        "--seeds", type=seeds_arg, help="a count (3: seeds 0,1,2) or a list (0,1,2); default 3, or the ablation file's"
+    )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe field in every cell")
     p.add_argument("--out", help="output root (default runs/ablations/<file name>); cells are shared under it")
-    p.add_argument("--name", help="with a recipe: the results folder's name (default 'ablation'); with an "
-                                  "ablation file: run only these of its ablations (comma-separated)")
-    p.add_argument("--jobs", type=jobs_arg, default="auto",
-                   help="runs at once, in processes of cores/jobs threads (default auto: one per core for small "
-                        "models, which train faster so, else one)")
+    p.add_argument(
+        "--name",
+        help="with a recipe: the results folder's name (default 'ablation'); with an "
+        "ablation file: run only these of its ablations (comma-separated)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=jobs_arg,
+        default="auto",
+        help="runs at once, in processes of cores/jobs threads (default auto: one per core for small "
+        "models, which train faster so, else one)",
+    )
     p.add_argument("--dry-run", action="store_true", help="check the plan and say what would run, run nothing")
     p.set_defaults(func=cmd_ablate)
 
-    for name, helptext in (("fewshot", "few-shot linear accuracy of frozen features (closed-form least squares)"),
-                           ("linear-probe", "logistic regression on frozen features")):
+    for name, helptext in (
+        ("fewshot", "few-shot linear accuracy of frozen features (closed-form least squares)"),
+        ("linear-probe", "logistic regression on frozen features"),
+    ):
         p = subcommand(name, help=helptext)
         p.add_argument("checkpoint", help=CHECKPOINT_HELP)
         p.add_argument("--dataset", required=True, help="data set whose train split fits and test split measures")
@@ -665,8 +890,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`")
     p.add_argument("--dataset", help="data set name (default for a run folder: the one it trained on)")
     p.add_argument("--data-dir", help="where the data set's files are (default: a run's, or the download cache)")
-    p.add_argument("--split", choices=("train", "val", "test"), default="test",
-                   help="val: the data set's official validation split, or for a run folder the one it carved")
+    p.add_argument(
+        "--split",
+        choices=("train", "val", "test"),
+        default="test",
+        help="val: the data set's official validation split, or for a run folder the one it carved",
+    )
     p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9 (default for a run: its own)")
     p.add_argument("--out", help="folder for eval JSON and confusion matrix (default: beside the checkpoint)")
     p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
@@ -681,35 +910,59 @@ def build_parser() -> ArgumentParser:
     p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`")
     p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_FOLDER", help="image files, or folders searched for images")
     p.add_argument("--top-k", type=positive_int, default=3, help="labels per image (default 3)")
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table",
-                   help="every input gets a row, an unreadable one with its error; exit code 1 if any failed")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "csv"),
+        default="table",
+        help="every input gets a row, an unreadable one with its error; exit code 1 if any failed",
+    )
     p.add_argument("--backend", choices=("auto", "torch", "onnx", "pt2e"), help=BACKEND_HELP)
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help=INFERENCE_PRECISION_HELP)
     p.add_argument("--device", help=DEVICE_HELP)
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_predict)
 
-    p = subcommand("bench", help="images/s of every inference path (fp32, bf16, compiled, ONNX Runtime, int8) "
-                                     "against a matmul peak and transformers")
+    p = subcommand(
+        "bench",
+        help="images/s of every inference path (fp32, bf16, compiled, ONNX Runtime, int8) "
+        "against a matmul peak and transformers",
+    )
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model", default="B/16", help="a variant or preset (random weights), default B/16")
-    source.add_argument("--checkpoint", help="a trained run folder, checkpoint or pre-trained name (needed for "
-                                             "--dataset accuracy)")
-    p.add_argument("--image-size", type=image_size_arg,
-                   help="a variant's input size; with --checkpoint as for every command that loads one: "
-                        + CHECKPOINT_IMAGE_SIZE_HELP)
+    source.add_argument(
+        "--checkpoint", help="a trained run folder, checkpoint or pre-trained name (needed for --dataset accuracy)"
+    )
+    p.add_argument(
+        "--image-size",
+        type=image_size_arg,
+        help="a variant's input size; with --checkpoint as for every command that loads one: "
+        + CHECKPOINT_IMAGE_SIZE_HELP,
+    )
     p.add_argument("--batch-size", type=positive_int, default=16, help="images per call (default 16)")
-    p.add_argument("--paths", type=lambda text: [t for t in text.split(",") if t],
-                   help="comma-separated subset, e.g. eager-fp32,onnx-int8 (default: all, less the bf16 ones on a "
-                        "CPU without bf16 units)")
-    p.add_argument("--quick", action="store_true",
-                   help="eager fp32, transformers and the paths fastest on this machine, 3 rounds: a table in under "
-                        "3 minutes on a 2-core machine")
-    p.add_argument("--budget", type=float, metavar="SECONDS",
-                   help="each path's time to be prepared and timed; one over it is reported as such (default 180, "
-                        "45 with --quick)")
-    p.add_argument("--device", help=DEVICE_HELP + "; on a GPU transformers runs there too, and the CPU-only paths "
-                                                  "(ONNX Runtime, int8) are skipped")
+    p.add_argument(
+        "--paths",
+        type=lambda text: [t for t in text.split(",") if t],
+        help="comma-separated subset, e.g. eager-fp32,onnx-int8 (default: all, less the bf16 ones on a "
+        "CPU without bf16 units)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="eager fp32, transformers and the paths fastest on this machine, 3 rounds: a table in under "
+        "3 minutes on a 2-core machine",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="each path's time to be prepared and timed; one over it is reported as such (default 180, "
+        "45 with --quick)",
+    )
+    p.add_argument(
+        "--device",
+        help=DEVICE_HELP + "; on a GPU transformers runs there too, and the CPU-only paths "
+        "(ONNX Runtime, int8) are skipped",
+    )
     p.add_argument("--repetitions", type=int, default=5, help="timed rounds; the median is reported")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per path first")
     p.add_argument("--threads", type=int, help="intra-op threads for PyTorch and ONNX Runtime (default: PyTorch's)")
@@ -719,81 +972,135 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.set_defaults(func=cmd_bench)
 
-    p = subcommand("export", help="export a checkpoint for deployment (ONNX fp32 or int8, or pt2e int8), checked "
-                                  "against PyTorch; the output names the fastest format on this CPU")
+    p = subcommand(
+        "export",
+        help="export a checkpoint for deployment (ONNX fp32 or int8, or pt2e int8), checked "
+        "against PyTorch; the output names the fastest format on this CPU",
+    )
     p.add_argument("checkpoint", help=CHECKPOINT_HELP)
-    p.add_argument("--format", choices=("onnx", "pt2e", "pt2"), default="onnx",
-                   help="onnx (default: ONNX Runtime, fp32 or --int8) or pt2e (pt2 is the same): static int8 by "
-                        "PyTorch 2 export quantization, compiled by Inductor for the machine that runs it, the "
-                        "fastest path on CPUs with VNNI or AMX; needs vitlab[int8]")
-    p.add_argument("-o", "--output", help="the file to write (default: model.onnx, model-int8.onnx or "
-                        "model-int8.pt2e in a run folder, NAME.onnx, NAME-int8.onnx or NAME-int8.pt2e beside a "
-                        "checkpoint file)")
-    p.add_argument("--int8", action="store_true", help="int8 weights (ONNX Runtime dynamic quantization; with "
-                                                       "--calibrate, static quantization of activations too)")
-    p.add_argument("--calibrate", nargs="+", metavar="DATASET_OR_IMAGES",
-                   help="static int8: activation ranges measured on a data set's training split (e.g. mnist; never "
-                        "the test split) or on image files / folders; for --int8, and for pt2e (default there: a "
-                        "run folder's own training data)")
-    p.add_argument("--calibration-images", type=positive_int, default=256,
-                   help="images to calibrate on (default 256)")
+    p.add_argument(
+        "--format",
+        choices=("onnx", "pt2e", "pt2"),
+        default="onnx",
+        help="onnx (default: ONNX Runtime, fp32 or --int8) or pt2e (pt2 is the same): static int8 by "
+        "PyTorch 2 export quantization, compiled by Inductor for the machine that runs it, the "
+        "fastest path on CPUs with VNNI or AMX; needs vitlab[int8]",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        help="the file to write (default: model.onnx, model-int8.onnx or "
+        "model-int8.pt2e in a run folder, NAME.onnx, NAME-int8.onnx or NAME-int8.pt2e beside a "
+        "checkpoint file)",
+    )
+    p.add_argument(
+        "--int8",
+        action="store_true",
+        help="int8 weights (ONNX Runtime dynamic quantization; with "
+        "--calibrate, static quantization of activations too)",
+    )
+    p.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="DATASET_OR_IMAGES",
+        help="static int8: activation ranges measured on a data set's training split (e.g. mnist; never "
+        "the test split) or on image files / folders; for --int8, and for pt2e (default there: a "
+        "run folder's own training data)",
+    )
+    p.add_argument("--calibration-images", type=positive_int, default=256, help="images to calibrate on (default 256)")
     p.add_argument("--data-dir", help="where the --calibrate data set's files are (default: the download cache)")
-    p.add_argument("--batch-size", type=positive_int, default=None,
-                   help="fix the graph's batch size (default: any batch size)")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=None, help="fix the graph's batch size (default: any batch size)"
+    )
     p.add_argument("--dynamic-batch", action="store_true", help="any batch size (the default; kept for old scripts)")
-    p.add_argument("--dynamic-size", action="store_true",
-                   help="any image size that is a multiple of the patch size (position embedding resampled in the graph)")
-    p.add_argument("--preprocess", action="store_true",
-                   help="bake in the preprocessing: the graph takes uint8 pixels of any size, resizes and normalises")
-    p.add_argument("--images", nargs="+", metavar="IMAGE_OR_FOLDER",
-                   help="real images to check the export on (default: 32 of the shipped digits)")
+    p.add_argument(
+        "--dynamic-size",
+        action="store_true",
+        help="any image size that is a multiple of the patch size (position embedding resampled in the graph)",
+    )
+    p.add_argument(
+        "--preprocess",
+        action="store_true",
+        help="bake in the preprocessing: the graph takes uint8 pixels of any size, resizes and normalises",
+    )
+    p.add_argument(
+        "--images",
+        nargs="+",
+        metavar="IMAGE_OR_FOLDER",
+        help="real images to check the export on (default: 32 of the shipped digits)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_export)
 
     p = subcommand("analyze", help="the paper's attention and embedding analyses, as pictures and an HTML report")
     p.add_argument("checkpoint", help=CHECKPOINT_HELP)
-    p.add_argument("--images", nargs="+", required=True, metavar="PATH_OR_DATASET",
-                   help="image files / folders, or a data set name (its test split), e.g. --images digits")
+    p.add_argument(
+        "--images",
+        nargs="+",
+        required=True,
+        metavar="PATH_OR_DATASET",
+        help="image files / folders, or a data set name (its test split), e.g. --images digits",
+    )
     p.add_argument("--data-dir", help="where the named data set's files are")
     p.add_argument("--out", help="output folder (default: RUN/analysis or analysis-<checkpoint name>)")
     p.add_argument("--num-images", type=int, default=8, help="images shown with their rollout (default 8)")
-    p.add_argument("--distance-images", type=int, default=256,
-                   help="images averaged for the attention distances (default 256)")
+    p.add_argument(
+        "--distance-images", type=int, default=256, help="images averaged for the attention distances (default 256)"
+    )
     p.add_argument("--device", help=DEVICE_HELP + "; always fp32")
     add_checkpoint_options(p)
     p.set_defaults(func=cmd_analyze)
 
     p = subcommand("serve", help="an HTTP inference service with a web page (needs the extra: vitlab[serve])")
     p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)",
+    )
     p.add_argument("--port", type=port_arg, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
     p.add_argument("--backend", choices=("auto", "torch", "onnx", "pt2e"), help=BACKEND_HELP)
-    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
-                   help="auto (default: bf16 weights where this machine's bf16 matmuls pay and the model is large "
-                        "enough, int8 weights on a CPU with int8 dot products but no bf16 units, else fp32; the start "
-                        "line says which and why); fp32; bf16 weights (torch); int8 weights (torch dynamic, or ONNX "
-                        "Runtime)")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16", "int8"),
+        default="auto",
+        help="auto (default: bf16 weights where this machine's bf16 matmuls pay and the model is large "
+        "enough, int8 weights on a CPU with int8 dot products but no bf16 units, else fp32; the start "
+        "line says which and why); fp32; bf16 weights (torch); int8 weights (torch dynamic, or ONNX "
+        "Runtime)",
+    )
     p.add_argument("--device", help=DEVICE_HELP + "; the onnx backend runs on the CPU")
-    p.add_argument("--max-batch", type=positive_int, default=32,
-                   help="dynamic batching: most images per model call (default 32; 1 turns batching off)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="dynamic batching: longest wait for more requests after the first (default 5)")
+    p.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=32,
+        help="dynamic batching: most images per model call (default 32; 1 turns batching off)",
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="dynamic batching: longest wait for more requests after the first (default 5)",
+    )
     p.add_argument("--max-body-mb", type=float, default=10.0, help="largest request body accepted (default 10 MB)")
     p.add_argument("--top-k", type=positive_int, default=5, help="labels per answer unless ?top_k= says (default 5)")
     p.add_argument("--threads", type=positive_int, help="intra-op threads for the model (default: PyTorch's)")
     p.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
     p.set_defaults(func=cmd_serve)
 
-    p = subcommand("info", help="show what a checkpoint, ONNX export or variant (B/16) holds; --trace walks an image "
-                                "through it")
+    p = subcommand(
+        "info", help="show what a checkpoint, ONNX export or variant (B/16) holds; --trace walks an image through it"
+    )
     p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`")
     add_checkpoint_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--trace", action="store_true",
-                   help="walk one image through the model: each step's equation, shape and parameters (and, for a "
-                        "checkpoint, statistics of its activations)")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="walk one image through the model: each step's equation, shape and parameters (and, for a "
+        "checkpoint, statistics of its activations)",
+    )
     p.add_argument("--image", help="with --trace: the image to walk (default: a shipped digit)")
     p.set_defaults(func=cmd_info)
     return parser
@@ -832,6 +1139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # anything unforeseen: one line, the traceback only with --debug
         if args.debug:
             raise
-        print(f"vitlab {args.command}: error: {type(error).__name__}: {error} (run with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"vitlab {args.command}: error: {type(error).__name__}: {error} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1

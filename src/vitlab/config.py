@@ -109,16 +109,25 @@ FIELD_CHECKS: dict[str, tuple[Any, str]] = {
     "float | None": (is_optional(is_number), "a number or null"),
     "int | None": (is_optional(lambda value: is_whole(value) and value > 0), "a positive whole number or null"),
     "tuple[int, int]": (lambda value: True, "an int or a pair of ints"),
-    "tuple[int, ...] | None": (is_optional(lambda value: isinstance(value, (list, tuple))
-                                           and all(is_whole(n) and n > 0 for n in value)),
-                               "a list of positive whole numbers or null"),
-    "tuple[float, ...]": (lambda value: is_number(value) or (isinstance(value, (list, tuple)) and len(value) > 0
-                                                             and all(is_number(v) for v in value)),
-                          "a number or a list of numbers"),
-    "list[str] | None": (is_optional(lambda value: isinstance(value, (list, tuple))
-                                     and all(isinstance(n, str) for n in value)), "a list of strings or null"),
-    "Preprocessing | None": (is_optional(lambda value: isinstance(value, (Preprocessing, dict))),
-                             "an object such as " + json.dumps(Preprocessing().to_dict()) + " or null"),
+    "tuple[int, ...] | None": (
+        is_optional(lambda value: isinstance(value, (list, tuple)) and all(is_whole(n) and n > 0 for n in value)),
+        "a list of positive whole numbers or null",
+    ),
+    "tuple[float, ...]": (
+        lambda value: (
+            is_number(value)
+            or (isinstance(value, (list, tuple)) and len(value) > 0 and all(is_number(v) for v in value))
+        ),
+        "a number or a list of numbers",
+    ),
+    "list[str] | None": (
+        is_optional(lambda value: isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value)),
+        "a list of strings or null",
+    ),
+    "Preprocessing | None": (
+        is_optional(lambda value: isinstance(value, (Preprocessing, dict))),
+        "an object such as " + json.dumps(Preprocessing().to_dict()) + " or null",
+    ),
 }
 
 
@@ -245,49 +254,70 @@ class ViTConfig:
         if not self.distilled:
             self.distillation_head = True  # meaningless without the token; one canonical value for equality
         if self.distilled and (self.classifier != "token" or self.representation_size or self.fc_norm):
-            raise ConfigError("a distilled (DeiT) model pools its class and distillation tokens: it needs "
-                              "classifier='token', and no representation layer or fc_norm")
+            raise ConfigError(
+                "a distilled (DeiT) model pools its class and distillation tokens: it needs "
+                "classifier='token', and no representation layer or fc_norm"
+            )
         if self.pos_embed not in POSITION_EMBEDDINGS:
             raise ConfigError(f"pos_embed must be one of {', '.join(POSITION_EMBEDDINGS)}, got {self.pos_embed!r}")
         if self.pos_embed_placement not in PLACEMENTS:
-            raise ConfigError(f"pos_embed_placement must be one of {', '.join(PLACEMENTS)}, "
-                              f"got {self.pos_embed_placement!r}")
+            raise ConfigError(
+                f"pos_embed_placement must be one of {', '.join(PLACEMENTS)}, got {self.pos_embed_placement!r}"
+            )
         if self.pos_embed_placement != "input" and self.pos_embed in ("none", "relative", "rope"):
             # Table 8 has no such cells: relative attention (and rotation) already act in every block, and "none"
             # adds nothing.
-            raise ConfigError(f"pos_embed {self.pos_embed!r} has no table to place; pos_embed_placement must be "
-                              f"'input', got {self.pos_embed_placement!r}")
+            raise ConfigError(
+                f"pos_embed {self.pos_embed!r} has no table to place; pos_embed_placement must be "
+                f"'input', got {self.pos_embed_placement!r}"
+            )
         if self.pos_embed_placement == "every_block" and self.pos_embed == "sincos2d":
-            raise ConfigError("a fixed sin-cos table is the same in every block; use pos_embed_placement="
-                              "'every_block_shared'")
+            raise ConfigError(
+                "a fixed sin-cos table is the same in every block; use pos_embed_placement='every_block_shared'"
+            )
         if self.pos_embed == "learned_2d" and self.embed_dim % 2:
-            raise ConfigError(f"learned_2d splits the width into row and column halves: embed_dim must be even, "
-                              f"got {self.embed_dim}")
+            raise ConfigError(
+                f"learned_2d splits the width into row and column halves: embed_dim must be even, got {self.embed_dim}"
+            )
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
             raise ConfigError(f"the sin-cos position embedding needs embed_dim divisible by 4, got {self.embed_dim}")
         if self.mlp_activation not in MLP_ACTIVATIONS:
-            raise ConfigError(f"mlp_activation must be 'gelu', 'gelu_tanh' or 'quick_gelu', got {self.mlp_activation!r}")
+            raise ConfigError(
+                f"mlp_activation must be 'gelu', 'gelu_tanh' or 'quick_gelu', got {self.mlp_activation!r}"
+            )
         if self.norm not in NORMS:
             raise ConfigError(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.mlp not in MLPS:
             raise ConfigError(f"mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
         if self.pos_embed == "rope" and (self.embed_dim // max(self.num_heads, 1)) % 4:
-            raise ConfigError(f"2-D rotary positions turn pairs of channels per axis: the head width "
-                              f"{self.embed_dim // max(self.num_heads, 1)} must be a multiple of 4; change embed_dim or "
-                              "num_heads")
+            raise ConfigError(
+                f"2-D rotary positions turn pairs of channels per axis: the head width "
+                f"{self.embed_dim // max(self.num_heads, 1)} must be a multiple of 4; change embed_dim or "
+                "num_heads"
+            )
         for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         # Upper bounds far above any real ViT (H/14: width 1280, depth 32), so a crafted config or checkpoint
         # header cannot make vitlab build a billion blocks or allocate a terabyte.
-        for name, limit in (("embed_dim", 1 << 16), ("depth", 1024), ("mlp_dim", 1 << 18), ("in_chans", 1024),
-                            ("num_classes", 1 << 20), ("representation_size", 1 << 16)):
+        for name, limit in (
+            ("embed_dim", 1 << 16),
+            ("depth", 1024),
+            ("mlp_dim", 1 << 18),
+            ("in_chans", 1024),
+            ("num_classes", 1 << 20),
+            ("representation_size", 1 << 16),
+        ):
             value = getattr(self, name)
             if value is not None and value > limit:
                 raise ConfigError(f"{name} {value} is beyond vitlab's limit of {limit}; is the config corrupt?")
-        if max(self.image_size) > 1 << 15 or (self.resnet_layers and (len(self.resnet_layers) > 8 or max(self.resnet_layers) > 256)):
-            raise ConfigError(f"image size {self.image_size} or ResNet stages {self.resnet_layers} beyond vitlab's "
-                              "limits (32768 pixels, 8 stages of 256 units); is the config corrupt?")
+        if max(self.image_size) > 1 << 15 or (
+            self.resnet_layers and (len(self.resnet_layers) > 8 or max(self.resnet_layers) > 256)
+        ):
+            raise ConfigError(
+                f"image size {self.image_size} or ResNet stages {self.resnet_layers} beyond vitlab's "
+                "limits (32768 pixels, 8 stages of 256 units); is the config corrupt?"
+            )
         if self.num_classes < 0:
             raise ConfigError(f"num_classes must be >= 0, got {self.num_classes}")
         if self.embed_dim % self.num_heads:
@@ -404,17 +434,20 @@ HYBRIDS: dict[str, dict[str, Any]] = {
 # Small-image presets for training from scratch on a CPU: names say the input size they are made for.
 SMALL_PRESETS: dict[str, dict[str, Any]] = {
     # 8x8 grey digits: 2x2 patches give a 4x4 grid of 16 tokens.
-    "digits-8": dict(image_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4, mlp_dim=128,
-                     num_classes=10, in_chans=1),  # grey, as the digits recipe trains it
+    "digits-8": dict(
+        image_size=8, patch_size=2, embed_dim=64, depth=4, num_heads=4, mlp_dim=128, num_classes=10, in_chans=1
+    ),  # grey, as the digits recipe trains it
     # 28x28 grey MNIST / Fashion-MNIST: 7x7 patches give a 4x4 grid, 16 tokens + the class token. Chosen on
     # MNIST validation accuracy per CPU-second over 4x4 patches (49 tokens, 3.3x the cost per image at the same
     # width; configs/mnist.py).
-    "mnist-28": dict(image_size=28, patch_size=7, embed_dim=128, depth=6, num_heads=4, mlp_dim=256,
-                     num_classes=10, in_chans=1),
+    "mnist-28": dict(
+        image_size=28, patch_size=7, embed_dim=128, depth=6, num_heads=4, mlp_dim=256, num_classes=10, in_chans=1
+    ),
     # 32x32 CIFAR: 4x4 patches give an 8x8 grid; the shape of the from-scratch ViT-CIFAR recipe
     # (omihub777/ViT-CIFAR: 7 layers, width 384, MLP 384, 12 heads, 6.3M parameters, 91.01% on CIFAR-10).
-    "cifar-32": dict(image_size=32, patch_size=4, embed_dim=384, depth=7, num_heads=12, mlp_dim=384,
-                     num_classes=10, in_chans=3),
+    "cifar-32": dict(
+        image_size=32, patch_size=4, embed_dim=384, depth=7, num_heads=12, mlp_dim=384, num_classes=10, in_chans=3
+    ),
 }
 
 

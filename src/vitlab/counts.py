@@ -18,10 +18,19 @@ def formula_covers(config: ViTConfig) -> bool:
     """The formula knows the paper's models (token or GAP pooling, representation layer, hybrid stem); the
     other families' extras (attention pooling, distillation and register tokens, LayerScale, CLIP's
     projection, RMSNorm, SwiGLU, query-key norm, rotary positions) are left to the exact count."""
-    return (config.classifier in ("token", "gap") and config.pos_embed in ("learned", "sincos2d")
-            and config.pos_embed_placement == "input" and not config.distilled and not config.register_tokens
-            and config.layer_scale is None and not config.pre_norm and not config.projection
-            and config.norm == "layernorm" and config.mlp == "mlp" and not config.qk_norm)
+    return (
+        config.classifier in ("token", "gap")
+        and config.pos_embed in ("learned", "sincos2d")
+        and config.pos_embed_placement == "input"
+        and not config.distilled
+        and not config.register_tokens
+        and config.layer_scale is None
+        and not config.pre_norm
+        and not config.projection
+        and config.norm == "layernorm"
+        and config.mlp == "mlp"
+        and not config.qk_norm
+    )
 
 
 def resnet_stem_counts(config: ViTConfig) -> tuple[int, int, int]:
@@ -46,7 +55,7 @@ def resnet_stem_counts(config: ViTConfig) -> tuple[int, int, int]:
     height, width = math.ceil(height / 2), math.ceil(width / 2)  # the 3x3/2 max-pool
     channels = base
     for index, units in enumerate(config.resnet_layers or ()):
-        stage_width = base * 2 ** index
+        stage_width = base * 2**index
         for unit in range(units):
             stride = 2 if index > 0 and unit == 0 else 1
             out_chans = 4 * stage_width
@@ -78,8 +87,10 @@ def model_size(config: ViTConfig) -> tuple[int, float]:
 def parameters_and_flops(config: ViTConfig) -> tuple[int, float]:
     """(parameter count, GFLOPs of one image's forward pass) of a config `formula_covers`."""
     if not formula_covers(config):
-        raise ValueError(f"the formula does not cover this config ({config.classifier} pooling or another family's "
-                         "extras); use vitlab.models.model_stats")
+        raise ValueError(
+            f"the formula does not cover this config ({config.classifier} pooling or another family's "
+            "extras); use vitlab.models.model_stats"
+        )
     dim, mlp, patch_h, patch_w = config.embed_dim, config.mlp_dim, *config.patch_size
     params, flops, in_chans = 0, 0, config.in_chans
     if config.resnet_layers is not None:

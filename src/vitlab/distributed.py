@@ -136,8 +136,10 @@ def fetch_once(fetch: Callable[[], T], env: DistEnv) -> T:
     if any_rank(failure is not None, env):
         if failure is not None:
             raise failure
-        raise VitlabError(f"process {env.rank}: another process failed to fetch the data (its error is in the "
-                          "output above); fix that and start again")
+        raise VitlabError(
+            f"process {env.rank}: another process failed to fetch the data (its error is in the "
+            "output above); fix that and start again"
+        )
     return fetch() if not first else value
 
 

@@ -189,7 +189,7 @@ def take_over_abandoned(folder: Path, name: str, partial: Path) -> None:
         return
     host = socket.gethostname()
     for candidate in folder.glob(glob.escape(name) + ".*.part"):
-        owner = candidate.name[len(name) + 1:-len(".part")].rsplit("-", 2)
+        owner = candidate.name[len(name) + 1 : -len(".part")].rsplit("-", 2)
         if len(owner) != 3 or owner[0] != host or not owner[1].isdigit() or process_alive(int(owner[1])):
             continue
         try:
@@ -207,13 +207,16 @@ def file_identity(stat: os.stat_result) -> dict:
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def record_verification(path: Path, sha256: str, stat: os.stat_result, record: Path | None = None,
-                        checked: str = "sha256") -> None:
+def record_verification(
+    path: Path, sha256: str, stat: os.stat_result, record: Path | None = None, checked: str = "sha256"
+) -> None:
     """Note that `path`, as it was at `stat`, has this hash, checked against `checked` (the hash it was compared
     with: sha256, or what its server published), in `record` (default `<name>.sha256` beside it); atomically, so
     concurrent readers see a whole record."""
-    atomic_write_bytes(record or verification_path(path),
-                       json.dumps({"sha256": sha256, **file_identity(stat), "checked": checked}).encode())
+    atomic_write_bytes(
+        record or verification_path(path),
+        json.dumps({"sha256": sha256, **file_identity(stat), "checked": checked}).encode(),
+    )
 
 
 def read_record(path: Path, record: Path | None = None) -> dict | None:
@@ -231,8 +234,11 @@ def is_verified(path: Path, sha256: str | None, record: Path | None = None) -> b
     downloaded), only the record can vouch for it."""
     before = path.stat()
     recorded = read_record(path, record) or {}
-    if (recorded.get("sha256") and {k: recorded.get(k) for k in ("size", "mtime_ns")} == file_identity(before)
-            and sha256 in (None, recorded["sha256"])):
+    if (
+        recorded.get("sha256")
+        and {k: recorded.get(k) for k in ("size", "mtime_ns")} == file_identity(before)
+        and sha256 in (None, recorded["sha256"])
+    ):
         return True
     if sha256 is None or sha256_of(path) != sha256:
         return False
@@ -270,8 +276,15 @@ def head_digests(url: str, timeout: float) -> dict[str, str]:
         return {}
 
 
-def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: float, label: str = "",
-          headers_seen: list | None = None) -> None:
+def fetch(
+    url: str,
+    partial: Path,
+    expected_size: int,
+    progress: bool,
+    timeout: float,
+    label: str = "",
+    headers_seen: list | None = None,
+) -> None:
     """Append the rest of `url` to `partial`, resuming from its current size when the server allows it; `label`
     names the download on the progress bar. The response's headers are added to `headers_seen` as soon as they
     arrive (so a dropped connection keeps them)."""
@@ -295,9 +308,18 @@ def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: 
         length = response.headers.get("Content-Length")
         expected_total = have + int(length) if length and length.isdigit() else None
         mode = "ab" if have else "wb"
-        with open(partial, mode) as handle, tqdm(total=expected_size or None, initial=have, unit="B",
-                                                   unit_scale=True, desc=label or partial.name,
-                                                   disable=not progress, leave=False) as bar:
+        with (
+            open(partial, mode) as handle,
+            tqdm(
+                total=expected_size or None,
+                initial=have,
+                unit="B",
+                unit_scale=True,
+                desc=label or partial.name,
+                disable=not progress,
+                leave=False,
+            ) as bar,
+        ):
             for chunk in iter(lambda: response.read(CHUNK), b""):
                 handle.write(chunk)
                 bar.update(len(chunk))
@@ -308,8 +330,9 @@ def fetch(url: str, partial: Path, expected_size: int, progress: bool, timeout: 
 FETCH_ERRORS = (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException)
 
 
-def fetch_resuming(url: str, partial: Path, expected_size: int, progress: bool, timeout: float, label: str = "",
-                   attempts: int = 4) -> list:
+def fetch_resuming(
+    url: str, partial: Path, expected_size: int, progress: bool, timeout: float, label: str = "", attempts: int = 4
+) -> list:
     """`fetch`, resumed with a Range request when the connection drops after bytes arrived (up to `attempts`
     tries in all); an error that brought nothing is raised at once. Returns the headers of every response."""
     headers_seen: list = []
@@ -334,8 +357,14 @@ def cached_copy(remote: RemoteFile, folder: Path | None = None) -> Path | None:
         return None
 
 
-def download(remote: RemoteFile, folder: Path | None = None, progress: bool = True, timeout: float = 60.0,
-             error: type[Exception] = DataError, hint: str = "") -> Path:
+def download(
+    remote: RemoteFile,
+    folder: Path | None = None,
+    progress: bool = True,
+    timeout: float = 60.0,
+    error: type[Exception] = DataError,
+    hint: str = "",
+) -> Path:
     """The path of `remote` in the cache, downloading it first if needed. Raises `error` (DataError) when no
     mirror delivers a file with the right checksum; `hint` says what to do then (default: download it by hand
     into the cache folder or pass --data-dir)."""
@@ -366,16 +395,25 @@ def download(remote: RemoteFile, folder: Path | None = None, progress: bool = Tr
             # A complete file with the wrong content: never keep it, or it would be "resumed" forever.
             partial.unlink()
             source = "expected" if remote.sha256 else "the server publishes"
-            problems.append(f"{url}: checksum mismatch (got {check[0]} {digests[check[0]][:12]}..., {source} "
-                            f"{check[1][:12]}...); the downloaded file was deleted")
+            problems.append(
+                f"{url}: checksum mismatch (got {check[0]} {digests[check[0]][:12]}..., {source} "
+                f"{check[1][:12]}...); the downloaded file was deleted"
+            )
             continue
         if check is None:
-            warnings.warn(f"{url} publishes no checksum (x-goog-hash, Content-MD5 or a SHA-256 ETag), so "
-                          f"{remote.name} could not be verified; only its length was checked", stacklevel=2)
+            warnings.warn(
+                f"{url} publishes no checksum (x-goog-hash, Content-MD5 or a SHA-256 ETag), so "
+                f"{remote.name} could not be verified; only its length was checked",
+                stacklevel=2,
+            )
         verified = partial.stat()
         # Atomic: a process that finishes the same file at the same time replaces it with identical bytes.
         os.replace(partial, final)
         record_verification(final, digests["sha256"], verified, checked=check[0] if check else "none")
         return final
-    raise error(f"could not download {remote.name}: " + "; ".join(problems) + ". "
-                + (hint or f"Download it by hand into {folder} or pass --data-dir with the files"))
+    raise error(
+        f"could not download {remote.name}: "
+        + "; ".join(problems)
+        + ". "
+        + (hint or f"Download it by hand into {folder} or pass --data-dir with the files")
+    )

@@ -50,8 +50,13 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # musl and others without glibc's mallopt
         return False
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    return all([mallopt(m_mmap_threshold, KEEP_FREED_MEMORY_UP_TO), mallopt(m_trim_threshold, 1 << 30),
-                mallopt(m_top_pad, 64 << 20)])
+    return all(
+        [
+            mallopt(m_mmap_threshold, KEEP_FREED_MEMORY_UP_TO),
+            mallopt(m_trim_threshold, 1 << 30),
+            mallopt(m_top_pad, 64 << 20),
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------- attention kernels
@@ -130,8 +135,10 @@ def cpu_units() -> CpuUnits:
         names = {name.strip().lower() for name in simulated.split(",") if name.strip()} - {"none"}
         unknown = names - set(CPU_UNIT_NAMES)
         if unknown:
-            raise UsageError(f"VITLAB_CPU_UNITS names unknown units {', '.join(sorted(unknown))}; use a "
-                             f"comma-separated subset of {', '.join(CPU_UNIT_NAMES)}, or none")
+            raise UsageError(
+                f"VITLAB_CPU_UNITS names unknown units {', '.join(sorted(unknown))}; use a "
+                f"comma-separated subset of {', '.join(CPU_UNIT_NAMES)}, or none"
+            )
         return CpuUnits(**{name: name in names for name in CPU_UNIT_NAMES}, simulated=True)
     return _probed_cpu_units()
 
@@ -148,15 +155,25 @@ def _probed_cpu_units() -> CpuUnits:
             for line in open("/proc/cpuinfo", encoding="utf-8"):
                 if line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
-                    capabilities = {"avx2": "avx2" in flags, "avx512_f": "avx512f" in flags,
-                                    "avx512_vnni": "avx512_vnni" in flags, "avx_vnni": "avx_vnni" in flags,
-                                    "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags}
+                    capabilities = {
+                        "avx2": "avx2" in flags,
+                        "avx512_f": "avx512f" in flags,
+                        "avx512_vnni": "avx512_vnni" in flags,
+                        "avx_vnni": "avx_vnni" in flags,
+                        "avx512_bf16": "avx512_bf16" in flags,
+                        "amx_bf16": "amx_bf16" in flags,
+                    }
                     break
         except OSError:
             pass
     has = lambda key: bool(capabilities.get(key, False))  # noqa: E731
-    return CpuUnits(avx2=has("avx2"), avx512=has("avx512_f"), vnni=has("avx512_vnni") or has("avx_vnni"),
-                    avx512_bf16=has("avx512_bf16"), amx=has("amx_bf16"))
+    return CpuUnits(
+        avx2=has("avx2"),
+        avx512=has("avx512_f"),
+        vnni=has("avx512_vnni") or has("avx_vnni"),
+        avx512_bf16=has("avx512_bf16"),
+        amx=has("amx_bf16"),
+    )
 
 
 def int8_saturates() -> bool:
@@ -182,21 +199,29 @@ def resolve_device(requested: str | None = None):
     try:
         device = torch.device(text)
     except RuntimeError:
-        raise UsageError(f"--device {requested}: not a device; use cpu, cuda or cuda:N (default: a GPU when there "
-                         "is one)") from None
+        raise UsageError(
+            f"--device {requested}: not a device; use cpu, cuda or cuda:N (default: a GPU when there is one)"
+        ) from None
     if device.type == "cpu":
         return device
     if device.type != "cuda":
         raise UsageError(f"--device {requested}: vitlab runs on cpu or cuda (cuda:N); use one of those")
     if not torch.cuda.is_available():
-        build = ("a CPU-only build" if torch.version.cuda is None
-                 else f"built for CUDA {torch.version.cuda}, but no GPU or driver is visible")
-        raise UsageError(f"--device {requested}: PyTorch sees no CUDA GPU here (torch {torch.__version__}, {build}); "
-                         "use --device cpu, or install a CUDA build of PyTorch on a machine with an NVIDIA GPU")
+        build = (
+            "a CPU-only build"
+            if torch.version.cuda is None
+            else f"built for CUDA {torch.version.cuda}, but no GPU or driver is visible"
+        )
+        raise UsageError(
+            f"--device {requested}: PyTorch sees no CUDA GPU here (torch {torch.__version__}, {build}); "
+            "use --device cpu, or install a CUDA build of PyTorch on a machine with an NVIDIA GPU"
+        )
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index >= torch.cuda.device_count():
-        raise UsageError(f"--device {requested}: this machine has {torch.cuda.device_count()} GPU(s), "
-                         f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
+        raise UsageError(
+            f"--device {requested}: this machine has {torch.cuda.device_count()} GPU(s), "
+            f"cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
     return torch.device("cuda", index)
 
 
@@ -245,8 +270,10 @@ def choose_precision(requested: str, device, gflops_per_image: float, purpose: s
     if device.type != "cpu":
         return Choice("fp32", f"no automatic mixed precision chosen on {device.type}")
     if gflops_per_image < BF16_ABOVE_GFLOPS:
-        return Choice("fp32", f"a small model ({gflops_per_image:.3g} GFLOPs per image): its matmuls are too small "
-                              "for bf16 to pay")
+        return Choice(
+            "fp32",
+            f"a small model ({gflops_per_image:.3g} GFLOPs per image): its matmuls are too small for bf16 to pay",
+        )
     units = cpu_units()
     measured = measured_peaks()  # a measurement on this CPU outranks what its flags suggest
     fp32_peak = measured.get("fp32")
@@ -264,11 +291,15 @@ def choose_precision(requested: str, device, gflops_per_image: float, purpose: s
         elif units.int8:
             return Choice("int8", f"this CPU has int8 dot-product units and no bf16 units ({units.describe()})")
         elif units.avx2:
-            return Choice("int8", f"AVX2's int8 multiply-adds run at about twice its fp32 rate ({units.describe()}; "
-                                  "2.1x measured on an AVX2 AMD EPYC), with 7-bit operands that cannot saturate")
+            return Choice(
+                "int8",
+                f"AVX2's int8 multiply-adds run at about twice its fp32 rate ({units.describe()}; "
+                "2.1x measured on an AVX2 AMD EPYC), with 7-bit operands that cannot saturate",
+            )
     if fp32_peak and "bf16" in measured:
-        return Choice("fp32", f"bf16 matmuls measured only {measured['bf16'] / fp32_peak:.1f}x fp32 on this CPU "
-                              "(vitlab bench)")
+        return Choice(
+            "fp32", f"bf16 matmuls measured only {measured['bf16'] / fp32_peak:.1f}x fp32 on this CPU (vitlab bench)"
+        )
     return Choice("fp32", f"no bf16 matmul units on this CPU ({units.describe()}): bf16 would run slower")
 
 
@@ -281,14 +312,23 @@ def fastest_export_format() -> Choice:
     PT2E compiles to, ran there no faster than fp32 at B/16, with 7-bit activations or 8)."""
     units = cpu_units()
     if units.amx or units.bf16:
-        return Choice("pt2e", f"this CPU has bf16 units ({units.describe()}): pt2e int8 + bf16 ran at 7.2x "
-                              "transformers fp32 on B/16 on such a CPU, ONNX Runtime int8 at 3.1x")
+        return Choice(
+            "pt2e",
+            f"this CPU has bf16 units ({units.describe()}): pt2e int8 + bf16 ran at 7.2x "
+            "transformers fp32 on B/16 on such a CPU, ONNX Runtime int8 at 3.1x",
+        )
     if units.int8:
-        return Choice("pt2e", f"this CPU has int8 dot products ({units.describe()}): pt2e int8 ran at 3.2x "
-                              "transformers fp32 on B/16 on such a CPU, ONNX Runtime int8 at 2.4x")
-    return Choice("onnx --int8", f"this CPU has neither int8 dot products nor bf16 units ({units.describe()}): "
-                                 "ONNX Runtime int8 ran at 1.77x transformers fp32 on B/16 on such a CPU, pt2e int8 "
-                                 "at 0.95x")
+        return Choice(
+            "pt2e",
+            f"this CPU has int8 dot products ({units.describe()}): pt2e int8 ran at 3.2x "
+            "transformers fp32 on B/16 on such a CPU, ONNX Runtime int8 at 2.4x",
+        )
+    return Choice(
+        "onnx --int8",
+        f"this CPU has neither int8 dot products nor bf16 units ({units.describe()}): "
+        "ONNX Runtime int8 ran at 1.77x transformers fp32 on B/16 on such a CPU, pt2e int8 "
+        "at 0.95x",
+    )
 
 
 # ---------------------------------------------------------------------------------- measured peaks, per CPU

@@ -24,10 +24,15 @@ class PatchInput:
 
     def __post_init__(self) -> None:
         batch, length = self.patches.shape[:2]
-        if self.patches.ndim != 3 or tuple(self.coords.shape) != (batch, length, 2) or \
-                tuple(self.valid.shape) != (batch, length):
-            raise ValueError(f"a PatchInput needs patches (B, N, values), coords (B, N, 2) and valid (B, N); got "
-                             f"{tuple(self.patches.shape)}, {tuple(self.coords.shape)} and {tuple(self.valid.shape)}")
+        if (
+            self.patches.ndim != 3
+            or tuple(self.coords.shape) != (batch, length, 2)
+            or tuple(self.valid.shape) != (batch, length)
+        ):
+            raise ValueError(
+                f"a PatchInput needs patches (B, N, values), coords (B, N, 2) and valid (B, N); got "
+                f"{tuple(self.patches.shape)}, {tuple(self.coords.shape)} and {tuple(self.valid.shape)}"
+            )
 
     def __len__(self) -> int:
         return self.patches.shape[0]
@@ -49,8 +54,10 @@ class PatchInput:
 
     def chunk(self, chunks: int) -> tuple[PatchInput, ...]:
         """Split along the batch, as `torch.Tensor.chunk` does."""
-        return tuple(PatchInput(p, c, v) for p, c, v in zip(self.patches.chunk(chunks), self.coords.chunk(chunks),
-                                                           self.valid.chunk(chunks)))
+        return tuple(
+            PatchInput(p, c, v)
+            for p, c, v in zip(self.patches.chunk(chunks), self.coords.chunk(chunks), self.valid.chunk(chunks))
+        )
 
     def map_patches(self, function) -> PatchInput:
         """The same layout with `function` applied to the patch values (e.g. normalisation)."""
@@ -64,6 +71,8 @@ def require_pixels(inputs: ModelInput, what: str) -> torch.Tensor:
     """`inputs` when it is a pixel batch (B, C, H, W); for cut patches one UsageError saying that `what` (e.g.
     "the ONNX export") takes whole images only."""
     if isinstance(inputs, PatchInput):
-        raise UsageError(f"{what} takes whole images (B, C, H, W), and this data gives cut patches with their "
-                         "coordinates (images at their own aspect ratio); use data of fixed-size images for it")
+        raise UsageError(
+            f"{what} takes whole images (B, C, H, W), and this data gives cut patches with their "
+            "coordinates (images at their own aspect ratio); use data of fixed-size images for it"
+        )
     return inputs

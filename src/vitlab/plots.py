@@ -33,10 +33,12 @@ def plot_training_curves(history: Sequence[dict[str, Any]], path: str | Path) ->
     for split, label, style in (("val", "validation", "-"), ("test", "test (not used to choose)", "--")):
         rows = [row for row in history if f"{split}_top1" in row]
         if rows:
-            loss_axis.plot([r["epoch"] for r in rows], [r[f"{split}_loss"] for r in rows], style, marker=marker,
-                           label=label)
-            acc_axis.plot([r["epoch"] for r in rows], [100 * r[f"{split}_top1"] for r in rows], style, marker=marker,
-                          label=label)
+            loss_axis.plot(
+                [r["epoch"] for r in rows], [r[f"{split}_loss"] for r in rows], style, marker=marker, label=label
+            )
+            acc_axis.plot(
+                [r["epoch"] for r in rows], [100 * r[f"{split}_top1"] for r in rows], style, marker=marker, label=label
+            )
     loss_axis.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
     acc_axis.set(xlabel="epoch", ylabel="top-1 accuracy (%)", title="accuracy")
     for axis in (loss_axis, acc_axis):
@@ -70,8 +72,9 @@ def plot_loss_curves(history: Sequence[dict[str, Any]], path: str | Path) -> Pat
     return Path(path)
 
 
-def plot_reconstructions(columns: Sequence[Any], titles: Sequence[str], path: str | Path,
-                         title: str = "reconstructions") -> Path:
+def plot_reconstructions(
+    columns: Sequence[Any], titles: Sequence[str], path: str | Path, title: str = "reconstructions"
+) -> Path:
     """A grid of images: one row per image, one column per tensor in `columns` (each (B, C, H, W) in [0, 1],
     e.g. original, masked, reconstructed), titled on the first row."""
     plt = _pyplot()
@@ -96,8 +99,9 @@ def plot_reconstructions(columns: Sequence[Any], titles: Sequence[str], path: st
     return Path(path)
 
 
-def plot_confusion(confusion: Sequence[Sequence[int]], class_names: Sequence[str], path: str | Path,
-                   title: str = "confusion matrix") -> Path:
+def plot_confusion(
+    confusion: Sequence[Sequence[int]], class_names: Sequence[str], path: str | Path, title: str = "confusion matrix"
+) -> Path:
     """Rows: true class, columns: predicted class, with counts written in the cells (up to 30 classes)."""
     import numpy as np
 
@@ -165,7 +169,9 @@ def plot_position_similarity(similarity, path: str | Path) -> Path:
     for i in range(rows):
         for j in range(cols):
             axis = axes[i, j]
-            image = axis.imshow(similarity[i, j].cpu().numpy(), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
+            image = axis.imshow(
+                similarity[i, j].cpu().numpy(), cmap="viridis", vmin=-1, vmax=1, interpolation="nearest"
+            )
             axis.set_xticks([])
             axis.set_yticks([])
             if j == 0:
@@ -188,8 +194,11 @@ def plot_attention_distance(distances, path: str | Path, image_size: tuple[int, 
     figure, axis = plt.subplots(figsize=(5, 3.8))
     for head in range(heads):
         axis.scatter(range(1, layers + 1), distances[:, head].cpu().numpy(), s=14, alpha=0.8, label=f"head {head + 1}")
-    axis.set(xlabel="network depth (layer)", ylabel="mean attention distance (pixels)",
-             title="Mean attention distance per head")
+    axis.set(
+        xlabel="network depth (layer)",
+        ylabel="mean attention distance (pixels)",
+        title="Mean attention distance per head",
+    )
     if image_size is not None:
         axis.set_ylim(0, max(image_size) * 0.75)
     axis.set_xticks(range(1, layers + 1))
@@ -202,8 +211,9 @@ def plot_attention_distance(distances, path: str | Path, image_size: tuple[int, 
     return Path(path)
 
 
-def plot_attention_overlays(images, maps, path: str | Path, captions=None,
-                            title: str = "Attention rollout (class token)") -> Path:
+def plot_attention_overlays(
+    images, maps, path: str | Path, captions=None, title: str = "Attention rollout (class token)"
+) -> Path:
     """Figure 6: each image beside its attention map, upsampled to the image and overlaid."""
     import torch
     import torch.nn.functional as F
@@ -214,8 +224,12 @@ def plot_attention_overlays(images, maps, path: str | Path, captions=None,
     height, width = images.shape[-2:]
     for index in range(count):
         picture = _tile(images[index])
-        heat = F.interpolate(torch.as_tensor(maps[index], dtype=torch.float32)[None, None], size=(height, width),
-                             mode="bilinear", align_corners=False)[0, 0].numpy()
+        heat = F.interpolate(
+            torch.as_tensor(maps[index], dtype=torch.float32)[None, None],
+            size=(height, width),
+            mode="bilinear",
+            align_corners=False,
+        )[0, 0].numpy()
         heat = (heat - heat.min()) / max(float(heat.max() - heat.min()), 1e-12)
         for row, axis in enumerate(axes[:, index]):
             axis.axis("off")
@@ -276,11 +290,13 @@ def plot_ablation_curves(curves: dict[str, list[list[float]]], path: str | Path,
         per_epoch = [[100 * c[e] for c in seeds if len(c) >= length] for e in range(length)]
         mean = [sum(v) / len(v) for v in per_epoch]
         for axis in (full, zoom):
-            line, = axis.plot(epochs, mean, marker="o" if length <= 20 else None, markersize=3,
-                              label=f"{name} ({len(seeds)} seeds)")
-            axis.fill_between(epochs, [min(v) for v in per_epoch], [max(v) for v in per_epoch],
-                              color=line.get_color(), alpha=0.15)
-        finals += [v for v in per_epoch[-1]] + [v for values in per_epoch[len(per_epoch) // 2:] for v in values]
+            (line,) = axis.plot(
+                epochs, mean, marker="o" if length <= 20 else None, markersize=3, label=f"{name} ({len(seeds)} seeds)"
+            )
+            axis.fill_between(
+                epochs, [min(v) for v in per_epoch], [max(v) for v in per_epoch], color=line.get_color(), alpha=0.15
+            )
+        finals += [v for v in per_epoch[-1]] + [v for values in per_epoch[len(per_epoch) // 2 :] for v in values]
     full.set(xlabel="epoch", ylabel="validation top-1 (%)", title="validation accuracy")
     zoom.set(xlabel="epoch", ylabel="validation top-1 (%)", title="second half, zoomed")
     if finals:

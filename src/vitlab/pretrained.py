@@ -54,7 +54,9 @@ class Remote:
     repo: str | None = None  # hub repository, "ORG/NAME"
     revision: str | None = None  # hub branch, tag or commit; None: main
     url: str | None = None  # a file over HTTP(S)
-    bucket_path: str | None = None  # the file's path in Google Cloud Storage ("vit_models/augreg/F.npz"), if it is there
+    bucket_path: str | None = (
+        None  # the file's path in Google Cloud Storage ("vit_models/augreg/F.npz"), if it is there
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -87,24 +89,40 @@ def table_row(name: str) -> dict[str, Any] | None:
 
 
 # How `top1_of` reads in the text table.
-TOP1_OF = {"this checkpoint": "itself", "its fine-tune at 384": "fine-tuned 384", "its fine-tune": "fine-tuned",
-           "linear probe": "linear probe", "zero-shot": "zero-shot"}
+TOP1_OF = {
+    "this checkpoint": "itself",
+    "its fine-tune at 384": "fine-tuned 384",
+    "its fine-tune": "fine-tuned",
+    "linear probe": "linear probe",
+    "zero-shot": "zero-shot",
+}
 
 
 def format_pretrained_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a text table: name, family, image size, pre-training data, top-1 (and of what), file size,
     licence, source (the hub for hf-hub: names)."""
     header = ("name", "family", "image", "pre-training", "top-1", "of", "size", "licence", "source")
-    lines = [(row["name"], row["family"], str(row["image_size"]), row["pretraining"],
-              "-" if row["top1"] is None else f"{row['top1']:.1f}", TOP1_OF.get(row["top1_of"], ""),
-              ("~" if row["size_source"].startswith("estimate") else "") + size_text(row["size_mib"]),
-              row["licence"].split(" ")[0], "hub" if row["source"] == row["name"] else row["source"])
-             for row in rows]
+    lines = [
+        (
+            row["name"],
+            row["family"],
+            str(row["image_size"]),
+            row["pretraining"],
+            "-" if row["top1"] is None else f"{row['top1']:.1f}",
+            TOP1_OF.get(row["top1_of"], ""),
+            ("~" if row["size_source"].startswith("estimate") else "") + size_text(row["size_mib"]),
+            row["licence"].split(" ")[0],
+            "hub" if row["source"] == row["name"] else row["source"],
+        )
+        for row in rows
+    ]
     widths = [max([len(header[i])] + [len(line[i]) for line in lines]) for i in range(len(header))]
     text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *lines]]
-    text.append("top-1: ImageNet-1k % as reported, of the checkpoint itself, of its fine-tune, of a linear probe on "
-                "its features or zero-shot; ~: size estimated from the parameter count. --json says where each figure "
-                "comes from, docs/pretrained.md how each row was checked.")
+    text.append(
+        "top-1: ImageNet-1k % as reported, of the checkpoint itself, of its fine-tune, of a linear probe on "
+        "its features or zero-shot; ~: size estimated from the parameter count. --json says where each figure "
+        "comes from, docs/pretrained.md how each row was checked."
+    )
     return "\n".join(text)
 
 
@@ -130,7 +148,7 @@ def name_stem(spec: str | os.PathLike) -> str:
     ("augreg:B/16" -> "augreg-B-16", "hf-hub:google/vit-base-patch16-224" -> "vit-base-patch16-224")."""
     text = normalized(spec)
     if text.startswith(HUB):
-        text = text[len(HUB):].split("@")[0].rsplit("/", 1)[-1]
+        text = text[len(HUB) :].split("@")[0].rsplit("/", 1)[-1]
     elif text.startswith(("gs://", "https://", "http://")):
         text = Path(urllib.parse.urlsplit(text).path).stem
     return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "checkpoint"
@@ -159,25 +177,29 @@ def parse_name(spec: str | os.PathLike) -> Remote:
     if row is not None and not text.startswith(HUB):
         return dataclasses.replace(parse_name(row["source"]), name=text)
     if text.startswith(HUB):
-        repo, at, revision = text[len(HUB):].partition("@")
+        repo, at, revision = text[len(HUB) :].partition("@")
         if not re.fullmatch(r"([\w.-]+/)?[\w.-]+", repo) or "@" in revision or (at and not revision):
-            raise UsageError(f"{text}: a hub name is hf-hub:ORG/NAME or hf-hub:ORG/NAME@REVISION "
-                             f"(e.g. hf-hub:google/vit-base-patch16-224).{did_you_mean(text)}")
+            raise UsageError(
+                f"{text}: a hub name is hf-hub:ORG/NAME or hf-hub:ORG/NAME@REVISION "
+                f"(e.g. hf-hub:google/vit-base-patch16-224).{did_you_mean(text)}"
+            )
         return Remote(text, repo=repo, revision=revision or None)
     if text.startswith("gs://"):
-        path = text[len("gs://"):]
+        path = text[len("gs://") :]
         return Remote(text, url=GCS_URL + path, bucket_path=path)
     if text.startswith(("https://", "http://")):
         parts = urllib.parse.urlsplit(text)
         if not parts.netloc or not parts.path.strip("/"):
             raise UsageError(f"{text}: a URL must name a file (https://HOST/PATH/FILE)")
-        bucket_path = text[len(GCS_URL):].split("?")[0] if text.startswith(GCS_URL) else None
+        bucket_path = text[len(GCS_URL) :].split("?")[0] if text.startswith(GCS_URL) else None
         return Remote(text, url=text, bucket_path=bucket_path)
     folder, _, file = text.partition(":")
     if folder in BUCKET_FOLDERS and re.fullmatch(r"[\w.+-]+", file) and ("_" in file):
         # An exact file name of the bucket: augreg:B_16-i21k-...-sd_0.0[.npz], imagenet21k:ViT-B_16[.npz]
         file = file if file.endswith(".npz") else file + ".npz"
         return dataclasses.replace(parse_name(f"gs://vit_models/{folder}/{file}"), name=text)
-    raise UsageError(f"{text}: no pre-trained checkpoint of that name (`vitlab pretrained` lists them; an exact "
-                     f"file name such as augreg:B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0 also "
-                     f"works).{did_you_mean(text)}")
+    raise UsageError(
+        f"{text}: no pre-trained checkpoint of that name (`vitlab pretrained` lists them; an exact "
+        f"file name such as augreg:B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0 also "
+        f"works).{did_you_mean(text)}"
+    )

@@ -24,8 +24,16 @@ class LogLines:
     """A line every `every` steps (never at the last one: the caller reports the end), for output without a
     terminal: `label step/total  key value ...  rate, time left`."""
 
-    def __init__(self, total: int, label: str, every: int, unit: str = "step", stream: TextIO | None = None,
-                 done: int = 0, left_label: str = "") -> None:
+    def __init__(
+        self,
+        total: int,
+        label: str,
+        every: int,
+        unit: str = "step",
+        stream: TextIO | None = None,
+        done: int = 0,
+        left_label: str = "",
+    ) -> None:
         self.total, self.label, self.every, self.unit = total, label, max(1, every), unit
         self.left_label = left_label  # e.g. "epoch": "epoch 12s left"
         self.stream = stream or sys.stdout
@@ -42,8 +50,12 @@ class LogLines:
         left = (self.total - self.done) / rate if rate > 0 else None
         extra = "".join(f"  {key} {value}" for key, value in fields.items())
         left_text = f"{self.left_label} {format_duration(left)} left".strip()
-        print(f"{self.label}  {self.unit} {self.done}/{self.total}{extra}  {rate:.1f} {self.unit}/s  {left_text}"
-              + (f", {tail}" if tail else ""), file=self.stream, flush=True)
+        print(
+            f"{self.label}  {self.unit} {self.done}/{self.total}{extra}  {rate:.1f} {self.unit}/s  {left_text}"
+            + (f", {tail}" if tail else ""),
+            file=self.stream,
+            flush=True,
+        )
 
     def close(self) -> None:
         """Nothing to tidy (lines are already out); there so that callers treat it as tqdm's bar."""

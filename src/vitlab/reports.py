@@ -8,7 +8,9 @@ from typing import Any
 from vitlab.config import variant_config, variant_names
 
 
-def models_table(image_size: int | tuple[int, int] | None = None, num_classes: int | None = None) -> list[dict[str, Any]]:
+def models_table(
+    image_size: int | tuple[int, int] | None = None, num_classes: int | None = None
+) -> list[dict[str, Any]]:
     """One row per variant: its shape, parameter count (millions) and GFLOPs per image. A variant whose patch does
     not divide the asked image size is shown at the nearest size below that it takes, with a note saying so."""
     from vitlab.config import to_pair
@@ -23,18 +25,30 @@ def models_table(image_size: int | tuple[int, int] | None = None, num_classes: i
             default = variant_config(name)
             overrides["image_size"] = fitted_image_size(default, asked)
             if overrides["image_size"] != asked:
-                note = (f"{name}: patch {default.patch_size[0]} does not divide {'x'.join(map(str, asked))}; "
-                        f"shown at {'x'.join(map(str, overrides['image_size']))}")
+                note = (
+                    f"{name}: patch {default.patch_size[0]} does not divide {'x'.join(map(str, asked))}; "
+                    f"shown at {'x'.join(map(str, overrides['image_size']))}"
+                )
         if num_classes is not None:
             overrides["num_classes"] = num_classes
         config = variant_config(name, **overrides)
         params, gflops = model_size(config)
-        rows.append(dict(
-            name=name, image_size=list(config.image_size), patch_size=list(config.patch_size),
-            tokens=config.num_tokens, embed_dim=config.embed_dim, depth=config.depth,
-            num_heads=config.num_heads, mlp_dim=config.mlp_dim, params=params, params_m=round(params / 1e6, 2),
-            gflops=round(gflops, 3), note=note,
-        ))
+        rows.append(
+            dict(
+                name=name,
+                image_size=list(config.image_size),
+                patch_size=list(config.patch_size),
+                tokens=config.num_tokens,
+                embed_dim=config.embed_dim,
+                depth=config.depth,
+                num_heads=config.num_heads,
+                mlp_dim=config.mlp_dim,
+                params=params,
+                params_m=round(params / 1e6, 2),
+                gflops=round(gflops, 3),
+                note=note,
+            )
+        )
     return rows
 
 
@@ -47,15 +61,23 @@ def describe(config) -> str:
     size = "x".join(map(str, config.image_size))
     patch = "x".join(map(str, config.patch_size))
     hybrid = f"ResNet stages {list(config.resnet_layers)} + " if config.resnet_layers is not None else ""
-    positions = "" if config.pos_embed == "learned" and config.pos_embed_placement == "input" else (
-        f", position embedding {config.pos_embed}"
-        + ("" if config.pos_embed_placement == "input" else f" ({config.pos_embed_placement.replace('_', ' ')})"))
-    return (f"{hybrid}ViT width {config.embed_dim}, depth {config.depth}, {config.num_heads} heads, "
-            f"image {size}, patch {patch}{positions}, {config.classifier} head, {config.num_classes} classes")
+    positions = (
+        ""
+        if config.pos_embed == "learned" and config.pos_embed_placement == "input"
+        else (
+            f", position embedding {config.pos_embed}"
+            + ("" if config.pos_embed_placement == "input" else f" ({config.pos_embed_placement.replace('_', ' ')})")
+        )
+    )
+    return (
+        f"{hybrid}ViT width {config.embed_dim}, depth {config.depth}, {config.num_heads} heads, "
+        f"image {size}, patch {patch}{positions}, {config.classifier} head, {config.num_classes} classes"
+    )
 
 
-def checkpoint_info(path: str | Path, num_heads: int | None = None,
-                    image_size: int | tuple[int, int] | None = None) -> dict[str, Any]:
+def checkpoint_info(
+    path: str | Path, num_heads: int | None = None, image_size: int | tuple[int, int] | None = None
+) -> dict[str, Any]:
     """What a checkpoint holds: its kind, parameter count and config (image_size: as for `load_model`; shown as
     the checkpoint's own size, resampling is not applied here)."""
     if Path(path).suffix.lower() == ".onnx":
@@ -67,12 +89,14 @@ def checkpoint_info(path: str | Path, num_heads: int | None = None,
     from vitlab.checkpoint.formats import read_checkpoint
 
     config, state, kind = read_checkpoint(path, {"num_heads": num_heads} if num_heads else None, image_size)
-    return dict(path=str(path), kind=kind, params_m=sum(t.numel() for t in state.values()) / 1e6,
-                config=config.to_dict())
+    return dict(
+        path=str(path), kind=kind, params_m=sum(t.numel() for t in state.values()) / 1e6, config=config.to_dict()
+    )
 
 
-def trace_model(source: str, image: str | None = None, image_size: int | tuple[int, int] | None = None,
-                num_heads: int | None = None) -> str:
+def trace_model(
+    source: str, image: str | None = None, image_size: int | tuple[int, int] | None = None, num_heads: int | None = None
+) -> str:
     """`vitlab info MODEL --trace`: the walk of one image through a variant (random weights: shapes and
     parameters) or a checkpoint (with statistics of its activations)."""
     import torch
@@ -119,10 +143,15 @@ def onnx_info(path: str | Path) -> dict[str, Any]:
 
     runtime = OnnxClassifier(path, threads=1)
     config = runtime.config
-    return dict(path=str(path), kind="onnx" + (" int8" if runtime.metadata.get("int8") else ""),
-                params_m=model_size(config)[0] / 1e6, config=config.to_dict(),
-                input=runtime.metadata["input"], input_layout=runtime.metadata["input_layout"],
-                batch_size=runtime.metadata.get("batch_size"))
+    return dict(
+        path=str(path),
+        kind="onnx" + (" int8" if runtime.metadata.get("int8") else ""),
+        params_m=model_size(config)[0] / 1e6,
+        config=config.to_dict(),
+        input=runtime.metadata["input"],
+        input_layout=runtime.metadata["input_layout"],
+        batch_size=runtime.metadata.get("batch_size"),
+    )
 
 
 def pt2e_info(path: str | Path) -> dict[str, Any]:
@@ -130,18 +159,31 @@ def pt2e_info(path: str | Path) -> dict[str, Any]:
     from vitlab.export.pt2e import read_pt2e
 
     config, state, observers, details = read_pt2e(path)
-    return dict(path=str(path), kind="pt2e int8", params_m=sum(t.numel() for t in state.values()) / 1e6,
-                config=config.to_dict(), observers=len({name.split(".")[0] for name in observers}),
-                input="images", batch_size=None,
-                input_layout=(f"normalised float32 images (B, {config.in_chans}, {config.image_size[0]}, "
-                              f"{config.image_size[1]}), as a checkpoint takes them; calibrated on "
-                              f"{details.get('calibration_source', '?')} with torch {details.get('torch', '?')}, "
-                              f"torchao {details.get('torchao', '?')}"))
+    return dict(
+        path=str(path),
+        kind="pt2e int8",
+        params_m=sum(t.numel() for t in state.values()) / 1e6,
+        config=config.to_dict(),
+        observers=len({name.split(".")[0] for name in observers}),
+        input="images",
+        batch_size=None,
+        input_layout=(
+            f"normalised float32 images (B, {config.in_chans}, {config.image_size[0]}, "
+            f"{config.image_size[1]}), as a checkpoint takes them; calibrated on "
+            f"{details.get('calibration_source', '?')} with torch {details.get('torch', '?')}, "
+            f"torchao {details.get('torchao', '?')}"
+        ),
+    )
 
 
-def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
-            image_size: int | tuple[int, int] | None = None, num_heads: int | None = None,
-            force: bool = False) -> dict[str, Any]:
+def convert(
+    input_path: str | Path,
+    output_path: str | Path,
+    to: str = "vitlab",
+    image_size: int | tuple[int, int] | None = None,
+    num_heads: int | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
     """Load any checkpoint, write it as `to`, read the written one back and compare logits on a random batch.
     An existing output is replaced only with `force`, the input never (`check_overwrite`)."""
     import torch
@@ -164,54 +206,79 @@ def convert(input_path: str | Path, output_path: str | Path, to: str = "vitlab",
     # A grey model is written as RGB for transformers (rgb_from_grey): it reads the same image, grey in R, G and B.
     written_images = images.expand(-1, reloaded.config.in_chans, -1, -1) if images.shape[1] == 1 else images
     with torch.no_grad():
-        difference = (model(images) - reloaded(written_images)).abs().max().item() if model.config.num_classes else \
-            (model.forward_features(images) - reloaded.forward_features(written_images)).abs().max().item()
+        difference = (
+            (model(images) - reloaded(written_images)).abs().max().item()
+            if model.config.num_classes
+            else (model.forward_features(images) - reloaded.forward_features(written_images)).abs().max().item()
+        )
     notes = []
     if to == "hf" and model.config.in_chans == 1:
-        notes.append("the grey model is written as an RGB one (its patch filter spread over R, G and B by the luma "
-                     "weights), which transformers' pipelines feed: the same logits on a grey image, and on a colour "
-                     "one those of its luma")
+        notes.append(
+            "the grey model is written as an RGB one (its patch filter spread over R, G and B by the luma "
+            "weights), which transformers' pipelines feed: the same logits on a grey image, and on a colour "
+            "one those of its luma"
+        )
     if to == "hf" and model.config.image_size[0] != model.config.image_size[1]:
-        notes.append("for a non-square input the written preprocessor resizes the shorter side to the longer input "
-                     "side and centre-crops, which crops a little more than vitlab predict from images of other shapes")
-    return dict(input=str(input_path), kind=kind, output=str(written), model=describe(model.config),
-                max_abs_diff=difference, notes=notes)
+        notes.append(
+            "for a non-square input the written preprocessor resizes the shorter side to the longer input "
+            "side and centre-crops, which crops a little more than vitlab predict from images of other shapes"
+        )
+    return dict(
+        input=str(input_path),
+        kind=kind,
+        output=str(written),
+        model=describe(model.config),
+        max_abs_diff=difference,
+        notes=notes,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ printing
-def format_models_table(rows: list[dict[str, Any]], image_size_given: bool = False,
-                        num_classes_given: bool = False) -> str:
+def format_models_table(
+    rows: list[dict[str, Any]], image_size_given: bool = False, num_classes_given: bool = False
+) -> str:
     """`vitlab models`: one line per variant, notes for sizes a patch does not divide, what the figures mean."""
-    header = (f"{'variant':<10} {'image':>9} {'patch':>5} {'tokens':>6} {'width':>5} {'depth':>5} {'heads':>5} "
-              f"{'MLP':>5} {'params':>9} {'GFLOPs':>8}")
+    header = (
+        f"{'variant':<10} {'image':>9} {'patch':>5} {'tokens':>6} {'width':>5} {'depth':>5} {'heads':>5} "
+        f"{'MLP':>5} {'params':>9} {'GFLOPs':>8}"
+    )
     lines = [header, "-" * len(header)]
     for row in rows:
         image = "x".join(map(str, row["image_size"]))
-        lines.append(f"{row['name']:<10} {image:>9} {row['patch_size'][0]:>5} {row['tokens']:>6} {row['embed_dim']:>5} "
-                     f"{row['depth']:>5} {row['num_heads']:>5} {row['mlp_dim']:>5} {row['params_m']:>8.2f}M "
-                     f"{row['gflops']:>8.2f}")
+        lines.append(
+            f"{row['name']:<10} {image:>9} {row['patch_size'][0]:>5} {row['tokens']:>6} {row['embed_dim']:>5} "
+            f"{row['depth']:>5} {row['num_heads']:>5} {row['mlp_dim']:>5} {row['params_m']:>8.2f}M "
+            f"{row['gflops']:>8.2f}"
+        )
     lines += [f"note: {row['note']}" for row in rows if row["note"]]
-    lines.append(f"params at {'the image size shown' if image_size_given else 'the default image size'} and "
-                 f"{'the given' if num_classes_given else 'the default'} class count; GFLOPs for one image's forward "
-                 "pass (multiply-add = 2)")
+    lines.append(
+        f"params at {'the image size shown' if image_size_given else 'the default image size'} and "
+        f"{'the given' if num_classes_given else 'the default'} class count; GFLOPs for one image's forward "
+        "pass (multiply-add = 2)"
+    )
     return "\n".join(lines)
 
 
 def format_conversion(summary: dict[str, Any], to: str) -> str:
-    lines = [f"read {summary['input']} ({summary['kind']}): {summary['model']}",
-             f"wrote {summary['output']} ({to}); re-read and checked: max |logit difference| = "
-             f"{summary['max_abs_diff']:.2e} on a random batch"]
+    lines = [
+        f"read {summary['input']} ({summary['kind']}): {summary['model']}",
+        f"wrote {summary['output']} ({to}); re-read and checked: max |logit difference| = "
+        f"{summary['max_abs_diff']:.2e} on a random batch",
+    ]
     return "\n".join(lines + [f"note: {note}" for note in summary["notes"]])
 
 
 def format_info(info: dict[str, Any]) -> str:
     if info["kind"] == "variant":
-        lines = [f"{info['path']}: a variant of the table (no weights: `vitlab train --model {info['path']}` makes "
-                 f"some), {info['params_m']:.2f}M parameters, {info['gflops']:g} GFLOPs per image"]
+        lines = [
+            f"{info['path']}: a variant of the table (no weights: `vitlab train --model {info['path']}` makes "
+            f"some), {info['params_m']:.2f}M parameters, {info['gflops']:g} GFLOPs per image"
+        ]
     else:
         lines = [f"{info['path']}: {info['kind']} checkpoint, {info['params_m']:.2f}M parameters"]
     if "input_layout" in info:
         lines.append(f"  input {info['input']!r}: {info['input_layout']}; batch {info['batch_size'] or 'any'}")
-    lines += [f"  {key:<20} {value}" for key, value in info["config"].items()
-              if value is not None and key != "class_names"]
+    lines += [
+        f"  {key:<20} {value}" for key, value in info["config"].items() if value is not None and key != "class_names"
+    ]
     return "\n".join(lines)

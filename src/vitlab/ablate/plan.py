@@ -64,8 +64,9 @@ def load_ablations(path: str | Path) -> list[Ablation]:
     if path.is_dir() or path.suffix == ".json":
         return []  # a run folder or its train_config.json: a recipe
     if not path.is_file():
-        raise ConfigError(f"{path} does not exist; give an ablation file (configs/ablations/) or a recipe "
-                          "(configs/*.py)")
+        raise ConfigError(
+            f"{path} does not exist; give an ablation file (configs/ablations/) or a recipe (configs/*.py)"
+        )
     spec = importlib.util.spec_from_file_location(f"vitlab_ablation_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -76,8 +77,11 @@ def load_ablations(path: str | Path) -> list[Ablation]:
         raise ConfigError(f"ablation file {path} must define `ablations = [Ablation(...), ...]`")
     for ablation in found:
         if isinstance(ablation.recipe, str) and not Path(ablation.recipe).is_absolute():
-            ablation.recipe = str((path.parent / ablation.recipe).resolve()) if (
-                path.parent / ablation.recipe).exists() else ablation.recipe
+            ablation.recipe = (
+                str((path.parent / ablation.recipe).resolve())
+                if (path.parent / ablation.recipe).exists()
+                else ablation.recipe
+            )
     return found
 
 
@@ -114,10 +118,12 @@ def setting_path(axis: str) -> str:
     if top == "model_overrides" and axis.count(".") == 1 and axis.split(".")[1] in model_fields:
         return axis
     close = difflib.get_close_matches(axis, sorted(train_fields | model_fields), n=3)
-    raise ConfigError(f"--vary {axis}: unknown setting"
-                      + (f" (did you mean {', '.join(close)}?)" if close else "")
-                      + "; vary a training setting (lr, epochs, batch_size, ... see `vitlab train --help`) or a model "
-                        "setting (pos_embed, pos_embed_placement, classifier, depth, ...)")
+    raise ConfigError(
+        f"--vary {axis}: unknown setting"
+        + (f" (did you mean {', '.join(close)}?)" if close else "")
+        + "; vary a training setting (lr, epochs, batch_size, ... see `vitlab train --help`) or a model "
+        "setting (pos_embed, pos_embed_placement, classifier, depth, ...)"
+    )
 
 
 def typed_value(recipe: TrainConfig, axis: str, value: Any) -> Any:
@@ -160,8 +166,11 @@ def cell_key(config: TrainConfig) -> str:
     data = {k: v for k, v in config.to_dict().items() if k not in NOT_IDENTITY}
     if config.model in variant_names():
         defaults = variant_config(config.model).to_dict()
-        data["model_overrides"] = {k: v for k, v in config.model_overrides.items()
-                                   if json.dumps(defaults.get(k, object()), default=str) != json.dumps(v, default=str)}
+        data["model_overrides"] = {
+            k: v
+            for k, v in config.model_overrides.items()
+            if json.dumps(defaults.get(k, object()), default=str) != json.dumps(v, default=str)
+        }
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -175,9 +184,11 @@ def plan(ablation: Ablation) -> tuple[list[Cell], list[tuple[str, str]]]:
     recipe = base_recipe(ablation)
     if recipe.objective != "classification" or "objective" in ablation.vary:
         # Its tables and curves compare validation accuracy; a pre-training run chooses by a loss.
-        raise ConfigError("ablate compares classifiers by validation accuracy; a pre-training recipe (objective "
-                          f"{recipe.objective!r}) is compared by fine-tuning its encoders, as "
-                          "benchmarks/pretrain_mnist.py does")
+        raise ConfigError(
+            "ablate compares classifiers by validation accuracy; a pre-training recipe (objective "
+            f"{recipe.objective!r}) is compared by fine-tuning its encoders, as "
+            "benchmarks/pretrain_mnist.py does"
+        )
     axes = list(ablation.vary)
     for axis in axes:
         if not ablation.vary[axis]:
@@ -204,6 +215,7 @@ def plan(ablation: Ablation) -> tuple[list[Cell], list[tuple[str, str]]]:
     for axis in axes:
         for index, value in enumerate(ablation.vary[axis]):
             if index not in used[axis]:
-                raise ConfigError(f"--vary {axis}={format_value(value)} is not valid with this recipe: "
-                                  f"{reasons[(axis, index)]}")
+                raise ConfigError(
+                    f"--vary {axis}={format_value(value)} is not valid with this recipe: {reasons[(axis, index)]}"
+                )
     return cells, skipped

@@ -17,8 +17,22 @@ from typing import Any
 
 from vitlab.ablate.plan import Ablation, Cell, format_value
 
-COLUMNS = ("cell", "seed", "status", "val_top1", "best_val_top1", "best_epoch", "test_top1",
-           "best_checkpoint_test_top1", "epochs", "params", "train_count", "val_count", "wall_seconds", "run_dir")
+COLUMNS = (
+    "cell",
+    "seed",
+    "status",
+    "val_top1",
+    "best_val_top1",
+    "best_epoch",
+    "test_top1",
+    "best_checkpoint_test_top1",
+    "epochs",
+    "params",
+    "train_count",
+    "val_count",
+    "wall_seconds",
+    "run_dir",
+)
 
 
 def collect(tasks) -> list[dict[str, Any]]:
@@ -28,8 +42,14 @@ def collect(tasks) -> list[dict[str, Any]]:
     for task in tasks:
         summary = task.run.summary()
         status = "finished" if summary else ("stopped" if task.run.holds_run else "missing")
-        row: dict[str, Any] = {"cell": task.cell.name, "key": task.cell.key, "values": task.cell.values,
-                               "seed": task.seed, "status": status, "run_dir": str(task.run)}
+        row: dict[str, Any] = {
+            "cell": task.cell.name,
+            "key": task.cell.key,
+            "values": task.cell.values,
+            "seed": task.seed,
+            "status": status,
+            "run_dir": str(task.run),
+        }
         # The figure the run's objective chooses by (summary["selection"]; validation top-1 for classification
         # and for summaries written before it was recorded) is what the cells are compared on.
         selection = (summary or {}).get("selection", "val_top1")
@@ -55,15 +75,19 @@ def aggregate(cells: list[Cell], rows: list[dict[str, Any]]) -> list[dict[str, A
     out = []
     for cell in cells:
         done = [r for r in rows if r["key"] == cell.key and r["status"] == "finished"]
-        out.append({
-            "cell": cell.name, "values": cell.values, "seeds": len(done),
-            "seeds_planned": sum(1 for r in rows if r["key"] == cell.key),
-            "val_top1": mean_std([r["val_top1"] for r in done if r.get("val_top1") is not None]),
-            "test_top1": mean_std([r["test_top1"] for r in done]),
-            "best_val_top1": mean_std([r["best_val_top1"] for r in done if r.get("best_val_top1") is not None]),
-            "params": done[0]["params"] if done else None,
-            "seconds_per_run": statistics.fmean(r["wall_seconds"] for r in done) if done else None,
-        })
+        out.append(
+            {
+                "cell": cell.name,
+                "values": cell.values,
+                "seeds": len(done),
+                "seeds_planned": sum(1 for r in rows if r["key"] == cell.key),
+                "val_top1": mean_std([r["val_top1"] for r in done if r.get("val_top1") is not None]),
+                "test_top1": mean_std([r["test_top1"] for r in done]),
+                "best_val_top1": mean_std([r["best_val_top1"] for r in done if r.get("best_val_top1") is not None]),
+                "params": done[0]["params"] if done else None,
+                "seconds_per_run": statistics.fmean(r["wall_seconds"] for r in done) if done else None,
+            }
+        )
     return out
 
 
@@ -89,10 +113,16 @@ def table_rows(ablation: Ablation, summary: list[dict[str, Any]]) -> tuple[list[
     header = list(ablation.vary) + ["seeds", "val top-1 (%)", "test top-1 (%)", "params", "time/run"]
     body = []
     for cell in summary:
-        body.append([format_value(cell["values"][axis]) for axis in ablation.vary] + [
-            f"{cell['seeds']}/{cell['seeds_planned']}", percent(cell["val_top1"]), percent(cell["test_top1"]),
-            f"{cell['params'] / 1e3:.0f}k" if cell["params"] else "-",
-            duration(cell["seconds_per_run"]) if cell["seconds_per_run"] is not None else "-"])
+        body.append(
+            [format_value(cell["values"][axis]) for axis in ablation.vary]
+            + [
+                f"{cell['seeds']}/{cell['seeds_planned']}",
+                percent(cell["val_top1"]),
+                percent(cell["test_top1"]),
+                f"{cell['params'] / 1e3:.0f}k" if cell["params"] else "-",
+                duration(cell["seconds_per_run"]) if cell["seconds_per_run"] is not None else "-",
+            ]
+        )
     return header, body
 
 
@@ -124,8 +154,14 @@ def html_table(header: list[str], body: list[list[str]]) -> str:
     return f"<table><tr>{head}</tr>{rows}</table>"
 
 
-def write_results(ablation: Ablation, cells: list[Cell], skipped: list[tuple[str, str]], rows: list[dict[str, Any]],
-                  out: Path, command: str = "") -> dict[str, Any]:
+def write_results(
+    ablation: Ablation,
+    cells: list[Cell],
+    skipped: list[tuple[str, str]],
+    rows: list[dict[str, Any]],
+    out: Path,
+    command: str = "",
+) -> dict[str, Any]:
     """Write results.csv, results.json, table.md, curves.png and report.html into OUT/<ablation name>/ and return
     what was written with the table text."""
     from vitlab import plots
@@ -141,17 +177,32 @@ def write_results(ablation: Ablation, cells: list[Cell], skipped: list[tuple[str
     for row in rows:
         writer.writerow([format_value(row["values"][a]) for a in ablation.vary] + [row.get(c, "") for c in COLUMNS])
     atomic_write_bytes(folder / "results.csv", buffer.getvalue().encode())
-    atomic_write_bytes(folder / "results.json", json.dumps(
-        {"ablation": ablation.name, "title": ablation.title, "vary": ablation.vary, "seeds": ablation.seeds,
-         "command": command, "cells": summary, "runs": rows, "left_out": [list(s) for s in skipped]},
-        indent=1, default=str).encode())
+    atomic_write_bytes(
+        folder / "results.json",
+        json.dumps(
+            {
+                "ablation": ablation.name,
+                "title": ablation.title,
+                "vary": ablation.vary,
+                "seeds": ablation.seeds,
+                "command": command,
+                "cells": summary,
+                "runs": rows,
+                "left_out": [list(s) for s in skipped],
+            },
+            indent=1,
+            default=str,
+        ).encode(),
+    )
 
     header, body = table_rows(ablation, summary)
     text = markdown(header, body)
     best = best_on_validation(summary)
     if best is not None:
-        text += (f"\n\nBest on validation: {best['cell']} ({percent(best['val_top1'])}% validation, "
-                 f"{percent(best['test_top1'])}% test)")
+        text += (
+            f"\n\nBest on validation: {best['cell']} ({percent(best['val_top1'])}% validation, "
+            f"{percent(best['test_top1'])}% test)"
+        )
     grids = {metric: pivot(ablation, summary, metric) for metric in ("val_top1", "test_top1")}
     if grids["val_top1"]:
         text += "\n\nValidation top-1 (%):\n\n" + markdown(*grids["val_top1"])
@@ -160,28 +211,48 @@ def write_results(ablation: Ablation, cells: list[Cell], skipped: list[tuple[str
 
     curves = {cell.name: [r["val_curve"] for r in rows if r["key"] == cell.key and r["val_curve"]] for cell in cells}
     curves = {name: seeds for name, seeds in curves.items() if seeds}
-    picture = plots.plot_ablation_curves(curves, folder / "curves.png", ablation.title or ablation.name) if curves else None
+    picture = (
+        plots.plot_ablation_curves(curves, folder / "curves.png", ablation.title or ablation.name) if curves else None
+    )
     report = write_page(folder, ablation, summary, rows, skipped, header, body, grids, picture, command)
-    return {"name": ablation.name, "folder": str(folder), "table": text, "report": str(report), "cells": summary,
-            "runs": rows}
+    return {
+        "name": ablation.name,
+        "folder": str(folder),
+        "table": text,
+        "report": str(report),
+        "cells": summary,
+        "runs": rows,
+    }
 
 
-def write_page(folder: Path, ablation: Ablation, summary, rows, skipped, header, body, grids, picture,
-               command: str) -> Path:
+def write_page(
+    folder: Path, ablation: Ablation, summary, rows, skipped, header, body, grids, picture, command: str
+) -> Path:
     from vitlab.ablate.plan import base_recipe
     from vitlab.files import atomic_write_bytes
 
     done = sum(1 for r in rows if r["status"] == "finished")
     recipe = base_recipe(ablation).to_dict()
-    image = (f'<img alt="validation curves" src="data:image/png;base64,'
-             f'{base64.b64encode(picture.read_bytes()).decode()}">' if picture else "<p>No finished epochs yet.</p>")
+    image = (
+        f'<img alt="validation curves" src="data:image/png;base64,{base64.b64encode(picture.read_bytes()).decode()}">'
+        if picture
+        else "<p>No finished epochs yet.</p>"
+    )
     grid_html = ""
     if grids["val_top1"]:
-        grid_html = ("<h2>Validation top-1 (%) as a grid</h2>" + html_table(*grids["val_top1"])
-                     + "<h2>Test top-1 (%), reported only</h2>" + html_table(*grids["test_top1"]))
+        grid_html = (
+            "<h2>Validation top-1 (%) as a grid</h2>"
+            + html_table(*grids["val_top1"])
+            + "<h2>Test top-1 (%), reported only</h2>"
+            + html_table(*grids["test_top1"])
+        )
     best = best_on_validation(summary)
-    best_html = (f"<p>Best on validation: <b>{html.escape(best['cell'])}</b> ({percent(best['val_top1'])}% "
-                 f"validation, {percent(best['test_top1'])}% test).</p>" if best else "")
+    best_html = (
+        f"<p>Best on validation: <b>{html.escape(best['cell'])}</b> ({percent(best['val_top1'])}% "
+        f"validation, {percent(best['test_top1'])}% test).</p>"
+        if best
+        else ""
+    )
     left_out = "".join(f"<li>{html.escape(name)}: {html.escape(reason)}</li>" for name, reason in skipped)
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>vitlab ablation: {html.escape(ablation.title or ablation.name)}</title>
@@ -194,7 +265,7 @@ pre {{ background: #f6f6f6; padding: 0.5em; overflow-x: auto; font-size: 0.85em;
 </style></head><body>
 <h1>{html.escape(ablation.title or ablation.name)}</h1>
 <p>{html.escape(ablation.notes)}</p>
-<p>{done} of {len(rows)} runs finished ({len(summary)} cells x {len(ablation.seeds)} seeds: {', '.join(map(str, ablation.seeds))}).
+<p>{done} of {len(rows)} runs finished ({len(summary)} cells x {len(ablation.seeds)} seeds: {", ".join(map(str, ablation.seeds))}).
 Mean ± sample standard deviation over the seeds. Cells are compared on validation accuracy (images held out of the
 training set); each run's test accuracy is measured once, at its end, and reported, never used to choose.</p>
 {html_table(header, body)}
@@ -202,9 +273,9 @@ training set); each run's test accuracy is measured once, at its end, and report
 {grid_html}
 <h2>Validation accuracy per epoch</h2>
 {image}
-{'<h2>Combinations left out</h2><ul>' + left_out + '</ul>' if left_out else ''}
+{"<h2>Combinations left out</h2><ul>" + left_out + "</ul>" if left_out else ""}
 <h2>How this was run</h2>
-<pre>{html.escape(command or 'vitlab ablate')}</pre>
+<pre>{html.escape(command or "vitlab ablate")}</pre>
 <p>The recipe every cell starts from:</p>
 <pre>{html.escape(json.dumps(recipe, indent=1, default=str))}</pre>
 <p>Made by vitlab ablate. Ablations follow Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words", Appendix D.</p>
@@ -220,6 +291,7 @@ def format_results(outcome: dict[str, Any]) -> str:
     for result in outcome["results"]:
         lines += [f"{result['name']}:", result["table"], f"  report {result['report']}", ""]
     for failure in outcome["failed"]:
-        lines.append(f"failed: {failure['cell']} seed {failure['seed']} (exit {failure['exit_code']}), log "
-                     f"{failure['log']}")
+        lines.append(
+            f"failed: {failure['cell']} seed {failure['seed']} (exit {failure['exit_code']}), log {failure['log']}"
+        )
     return "\n".join(lines).rstrip()

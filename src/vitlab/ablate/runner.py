@@ -80,15 +80,23 @@ def launch(task: Task, threads: int) -> subprocess.Popen:
         config = task.cell.config.to_dict()
         config.update(seed=task.seed, threads=threads, progress=False)
         recipe.write_text(json.dumps(config, indent=1))
-        command = ["train", "--config", str(recipe), "--set", f"out_dir={task.run.path.parent}",
-                   "--set", f"run_name={task.run.path.name}"]
+        command = [
+            "train",
+            "--config",
+            str(recipe),
+            "--set",
+            f"out_dir={task.run.path.parent}",
+            "--set",
+            f"run_name={task.run.path.name}",
+        ]
     log = open(task.log, "a")
     log.write(f"$ vitlab {' '.join(command)}\n")
     log.flush()
     # Own process group: a Ctrl-C reaches the ablation, which then stops its runs with SIGTERM (they checkpoint
     # and leave), instead of every run seeing the interrupt at a different moment.
-    process = subprocess.Popen([sys.executable, "-m", "vitlab", *command], stdout=log, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vitlab", *command], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     log.close()
     return process
 
@@ -97,12 +105,17 @@ def write_cells(out: Path, cells: list[Cell]) -> None:
     for cell in cells:
         folder = cell_folder(out, cell)
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(folder / "cell.json", json.dumps(
-            {"values": cell.values, "name": cell.name, "recipe": cell.config.to_dict()}, indent=1, default=str).encode())
+        atomic_write_bytes(
+            folder / "cell.json",
+            json.dumps(
+                {"values": cell.values, "name": cell.name, "recipe": cell.config.to_dict()}, indent=1, default=str
+            ).encode(),
+        )
 
 
-def run_ablations(ablations: list[Ablation], out: str | Path, jobs: str | int = "auto", dry_run: bool = False,
-                  command: str = "") -> dict:
+def run_ablations(
+    ablations: list[Ablation], out: str | Path, jobs: str | int = "auto", dry_run: bool = False, command: str = ""
+) -> dict:
     """Run every missing (cell, seed) of the ablations under `out`, then write each one's results. Returns
     {"results": [per-ablation results], "failed": [...], "interrupted": bool}."""
     from vitlab.ablate.results import collect, duration, write_results
@@ -120,14 +133,18 @@ def run_ablations(ablations: list[Ablation], out: str | Path, jobs: str | int = 
     cores = available_cores()
     threads = max(1, cores // processes)
     for ablation, cells, skipped in plans:
-        print(f"{ablation.name}: {len(cells)} cells x {len(ablation.seeds)} seeds"
-              + (f" ({len(skipped)} combinations that cannot exist left out)" if skipped else ""))
+        print(
+            f"{ablation.name}: {len(cells)} cells x {len(ablation.seeds)} seeds"
+            + (f" ({len(skipped)} combinations that cannot exist left out)" if skipped else "")
+        )
         for name, reason in skipped:
             print(f"  left out {name}: {reason}")
     resumed = sum(1 for t in todo if t.run.holds_run)
-    print(f"{len(tasks)} runs under {out}: {len(done)} done, {len(todo)} to run"
-          + (f" ({resumed} resumed where they stopped)" if resumed else "")
-          + f"; {processes} process(es) of {threads} thread(s)")
+    print(
+        f"{len(tasks)} runs under {out}: {len(done)} done, {len(todo)} to run"
+        + (f" ({resumed} resumed where they stopped)" if resumed else "")
+        + f"; {processes} process(es) of {threads} thread(s)"
+    )
     if dry_run:
         return {"results": [], "failed": [], "interrupted": False, "dry_run": True}
     out.mkdir(parents=True, exist_ok=True)
@@ -142,6 +159,7 @@ def run_ablations(ablations: list[Ablation], out: str | Path, jobs: str | int = 
     def stop(signum, frame):
         stopped_by.append(signum)
         raise KeyboardInterrupt
+
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     running: dict[subprocess.Popen, tuple[Task, float]] = {}
     queue = list(todo)
@@ -162,17 +180,33 @@ def run_ablations(ablations: list[Ablation], out: str | Path, jobs: str | int = 
                 # Runs of one ablation take about as long as each other: the mean so far, `processes` at a time.
                 eta = f", about {duration(sum(durations) / len(durations) * left / processes)} left" if left else ""
                 if process.returncode == 0 and summary is not None:
-                    print(f"[{finished_count}/{len(tasks)}] {task.label}: validation "
-                          f"{100 * (summary['val_top1'] or 0):.2f}%, {durations[-1]:.0f} s{eta}", flush=True)
+                    print(
+                        f"[{finished_count}/{len(tasks)}] {task.label}: validation "
+                        f"{100 * (summary['val_top1'] or 0):.2f}%, {durations[-1]:.0f} s{eta}",
+                        flush=True,
+                    )
                 else:
-                    failed.append({"run": str(task.run), "cell": task.cell.name, "seed": task.seed,
-                                   "exit_code": process.returncode, "log": str(task.log)})
-                    print(f"[{finished_count}/{len(tasks)}] {task.label}: FAILED (exit {process.returncode}); "
-                          f"see {task.log}", file=sys.stderr, flush=True)
+                    failed.append(
+                        {
+                            "run": str(task.run),
+                            "cell": task.cell.name,
+                            "seed": task.seed,
+                            "exit_code": process.returncode,
+                            "log": str(task.log),
+                        }
+                    )
+                    print(
+                        f"[{finished_count}/{len(tasks)}] {task.label}: FAILED (exit {process.returncode}); "
+                        f"see {task.log}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     except KeyboardInterrupt:
         interrupted = True
-        print(f"\nstopping {len(running)} run(s): each saves its state; run the same command again to go on",
-              file=sys.stderr)
+        print(
+            f"\nstopping {len(running)} run(s): each saves its state; run the same command again to go on",
+            file=sys.stderr,
+        )
         for process in running:
             try:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -187,6 +221,9 @@ def run_ablations(ablations: list[Ablation], out: str | Path, jobs: str | int = 
     for ablation, cells, skipped in plans:
         rows = collect(tasks_of(out, cells, ablation.seeds))
         results.append(write_results(ablation, cells, skipped, rows, out, command))
-    return {"results": results, "failed": failed, "interrupted": interrupted,
-            "signal": stopped_by[0] if stopped_by else None}
-
+    return {
+        "results": results,
+        "failed": failed,
+        "interrupted": interrupted,
+        "signal": stopped_by[0] if stopped_by else None,
+    }

@@ -14,14 +14,18 @@ import torch
 def patch_distances(grid_size: tuple[int, int], patch_size: tuple[int, int]) -> torch.Tensor:
     """(N, N) Euclidean distances in pixels between the centres of the patches of a (rows, cols) grid."""
     rows, cols = grid_size
-    y, x = torch.meshgrid(torch.arange(rows, dtype=torch.float64) * patch_size[0],
-                          torch.arange(cols, dtype=torch.float64) * patch_size[1], indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(rows, dtype=torch.float64) * patch_size[0],
+        torch.arange(cols, dtype=torch.float64) * patch_size[1],
+        indexing="ij",
+    )
     centres = torch.stack([y.flatten(), x.flatten()], dim=1)  # (N, 2)
     return torch.cdist(centres, centres)
 
 
-def mean_attention_distance(attention: torch.Tensor, grid_size: tuple[int, int], patch_size: tuple[int, int],
-                            num_prefix_tokens: int = 1) -> torch.Tensor:
+def mean_attention_distance(
+    attention: torch.Tensor, grid_size: tuple[int, int], patch_size: tuple[int, int], num_prefix_tokens: int = 1
+) -> torch.Tensor:
     """Attention-weighted mean pixel distance between each query patch and the patches it attends to.
 
     attention: (B, heads, T, T) with T = prefix + rows * cols. Only patch queries and patch keys count; each

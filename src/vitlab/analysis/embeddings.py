@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 
-def position_embedding_similarity(pos_embed: torch.Tensor, grid_size: tuple[int, int],
-                                  num_prefix_tokens: int = 1) -> torch.Tensor:
+def position_embedding_similarity(
+    pos_embed: torch.Tensor, grid_size: tuple[int, int], num_prefix_tokens: int = 1
+) -> torch.Tensor:
     """Cosine similarity of every patch position's embedding with every other's.
 
     pos_embed: (1, prefix + rows * cols, D). Returns (rows, cols, rows, cols): entry [i, j] is the map of
@@ -30,7 +31,7 @@ def patch_embedding_pca(weight: torch.Tensor, num_components: int = 28) -> tuple
     filters = weight.detach().reshape(weight.shape[0], -1).double()  # (D, C * P_h * P_w)
     centred = filters - filters.mean(dim=0, keepdim=True)
     _, singular_values, right = torch.linalg.svd(centred, full_matrices=False)
-    variance = singular_values ** 2
+    variance = singular_values**2
     k = min(num_components, right.shape[0])
     ratios = variance[:k] / variance.sum().clamp_min(1e-30)
     return right[:k].reshape(k, *weight.shape[1:]), ratios

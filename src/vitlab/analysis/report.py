@@ -24,10 +24,19 @@ from vitlab.files import atomic_write_bytes
 from vitlab.runs import analysis_folder
 
 
-def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | None = None, data_dir: str | None = None,
-            num_shown: int = 8, num_distance_images: int = 256, num_components: int = 28,
-            batch_size: int = 64, image_size: int | tuple[int, int] | None = None,
-            num_heads: int | None = None, device: str | None = None) -> dict[str, Any]:
+def analyze(
+    checkpoint: str | Path,
+    images: Sequence[str],
+    out: str | Path | None = None,
+    data_dir: str | None = None,
+    num_shown: int = 8,
+    num_distance_images: int = 256,
+    num_components: int = 28,
+    batch_size: int = 64,
+    image_size: int | tuple[int, int] | None = None,
+    num_heads: int | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
     """Run every analysis and write the figures, numbers and report; returns a summary with the paths.
     image_size / num_heads: as for `load_model`. device: where the model runs (default: a GPU when there is one);
     always in fp32, since the analyses read the attention weights themselves."""
@@ -45,8 +54,14 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
 
     distance = AttentionDistance(grid, pixel_patch, config.num_prefix_tokens)
     unlabeled = ImageDataset(pictures, None, [], "analysed images", max_value=1.0)
-    for _ in run_batches(model, unlabeled, batch_size, forward=lambda module, images: module.forward_intermediates(
-            images, attention_layers="all", hidden_states=False, attention_callback=distance)):
+    for _ in run_batches(
+        model,
+        unlabeled,
+        batch_size,
+        forward=lambda module, images: module.forward_intermediates(
+            images, attention_layers="all", hidden_states=False, attention_callback=distance
+        ),
+    ):
         pass  # the callback gathers the distances
 
     shown = pictures[:num_shown]
@@ -59,8 +74,12 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
             cls_maps.append(class_token_attention(weights[:1], grid)[0])  # first image: (heads, rows, cols)
 
     with torch.no_grad():
-        out_shown = model.forward_intermediates(normalize(shown, config).to(target), attention_layers="all",
-                                                hidden_states=False, attention_callback=on_layer)
+        out_shown = model.forward_intermediates(
+            normalize(shown, config).to(target),
+            attention_layers="all",
+            hidden_states=False,
+            attention_callback=on_layer,
+        )
     rollout_maps = rollout_patch_maps(rollout.result, config).cpu()
     cls_maps = [maps.cpu() for maps in cls_maps]
     probabilities = out_shown["logits"].float().softmax(dim=-1).cpu() if config.num_classes else None
@@ -77,14 +96,17 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
 
     files: dict[str, Path] = {}
     distances = distance.result.cpu()  # (layers, heads)
-    files["attention_distance"] = plots.plot_attention_distance(distances, folder / "attention_distance.png",
-                                                                config.image_size)
+    files["attention_distance"] = plots.plot_attention_distance(
+        distances, folder / "attention_distance.png", config.image_size
+    )
     notes: list[str] = []
     positions = model.position_table()  # (P, prefix + N, D); None for "none" and "relative"
     positions = positions.detach().cpu() if positions is not None else None
     if positions is None:
-        notes.append(f"No position-similarity picture: a model with pos_embed {config.pos_embed!r} holds no table "
-                     "of absolute positions.")
+        notes.append(
+            f"No position-similarity picture: a model with pos_embed {config.pos_embed!r} holds no table "
+            "of absolute positions."
+        )
     else:
         if positions.shape[0] > 1:
             notes.append("Position similarity shows the first block's table (the model has one per block).")
@@ -94,14 +116,18 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
     if config.resnet_layers is None:  # a hybrid's 1x1 "patches" of ResNet features are not pictures
         components, ratios = patch_embedding_pca(model.patch_embed.proj.weight.detach().cpu(), num_components)
         files["filters"] = plots.plot_filter_components(components, ratios, folder / "filters.png")
-    captions = [f"{p['label'] or ''}{' -> ' + p['prediction'] if 'prediction' in p else ''}".strip(" ->") or p["image"]
-                for p in predictions]
+    captions = [
+        f"{p['label'] or ''}{' -> ' + p['prediction'] if 'prediction' in p else ''}".strip(" ->") or p["image"]
+        for p in predictions
+    ]
     title = "Attention rollout (class token)" if config.class_token else "Attention rollout (mean over patch tokens)"
     files["rollout"] = plots.plot_attention_overlays(shown, rollout_maps, folder / "rollout.png", captions, title)
     if cls_maps:
         files["class_token_attention"] = plots.plot_attention_grid(
-            torch.stack(cls_maps), folder / "class_token_attention.png",
-            f"Class-token attention per layer and head ({names[0]})")
+            torch.stack(cls_maps),
+            folder / "class_token_attention.png",
+            f"Class-token attention per layer and head ({names[0]})",
+        )
 
     reconstructions = Path(checkpoint) / "reconstructions.png"
     if reconstructions.is_file():  # an MAE run: what its decoder made of held-out images, at the end of training
@@ -113,12 +139,18 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
             for head in range(distances.shape[1]):
                 writer.writerow([layer + 1, head + 1, f"{float(distances[layer, head]):.4f}"])
     summary = {
-        "checkpoint": str(checkpoint), "device": str(target), "images_for_distance": len(pictures), "images_shown": len(shown),
-        "patch_size_pixels": list(pixel_patch), "grid_size": list(grid),
+        "checkpoint": str(checkpoint),
+        "device": str(target),
+        "images_for_distance": len(pictures),
+        "images_shown": len(shown),
+        "patch_size_pixels": list(pixel_patch),
+        "grid_size": list(grid),
         "mean_attention_distance": distances.tolist(),
         "mean_attention_distance_per_layer": distances.mean(dim=1).tolist(),
         "filter_explained_variance": ratios.tolist() if ratios is not None else None,
-        "predictions": predictions, "files": {k: str(v) for k, v in files.items()}, "skipped": skipped,
+        "predictions": predictions,
+        "files": {k: str(v) for k, v in files.items()},
+        "skipped": skipped,
         "notes": notes,
     }
     atomic_write_bytes(folder / "analysis.json", json.dumps(summary, indent=1).encode())
@@ -128,27 +160,38 @@ def analyze(checkpoint: str | Path, images: Sequence[str], out: str | Path | Non
 
 
 CAPTIONS = {
-    "filters": ("Patch-embedding filters (paper Figure 7, left)",
-                "Principal components of the linear projection's filters, each shown as a P x P x C image with the "
-                "share of variance it explains. Trained models show smooth, low-frequency basis functions."),
-    "position_similarity": ("Position-embedding similarity (Figure 7, centre)",
-                            "Tile (i, j) shows the cosine similarity of patch (i, j)'s position embedding with every "
-                            "position. Learned embeddings that encode the 2-D layout peak at their own position and "
-                            "resemble their row and column neighbours."),
-    "attention_distance": ("Mean attention distance (Figure 7, right)",
-                           "For every head, the attention-weighted mean distance in pixels between a query patch and "
-                           "the patches it attends to, averaged over the images. In the paper some heads attend "
-                           "globally from the first layer and the distance grows with depth."),
-    "rollout": ("Attention rollout (Figure 6)",
-                "Head-averaged attention, with the residual identity added, multiplied through all layers (Abnar "
-                "and Zuidema 2020): how much each patch flows into the class token, overlaid on the image."),
-    "reconstructions": ("MAE reconstructions (the pre-training run)",
-                        "Held-out images (left), what the encoder saw with the masked patches greyed out (middle), "
-                        "and the decoder's reconstruction with the visible patches pasted back (right), at the end "
-                        "of the self-supervised run (He et al. 2021, Figure 2)."),
-    "class_token_attention": ("Raw class-token attention",
-                              "The class token's attention to each patch, per layer (rows) and head (columns), for "
-                              "the first image."),
+    "filters": (
+        "Patch-embedding filters (paper Figure 7, left)",
+        "Principal components of the linear projection's filters, each shown as a P x P x C image with the "
+        "share of variance it explains. Trained models show smooth, low-frequency basis functions.",
+    ),
+    "position_similarity": (
+        "Position-embedding similarity (Figure 7, centre)",
+        "Tile (i, j) shows the cosine similarity of patch (i, j)'s position embedding with every "
+        "position. Learned embeddings that encode the 2-D layout peak at their own position and "
+        "resemble their row and column neighbours.",
+    ),
+    "attention_distance": (
+        "Mean attention distance (Figure 7, right)",
+        "For every head, the attention-weighted mean distance in pixels between a query patch and "
+        "the patches it attends to, averaged over the images. In the paper some heads attend "
+        "globally from the first layer and the distance grows with depth.",
+    ),
+    "rollout": (
+        "Attention rollout (Figure 6)",
+        "Head-averaged attention, with the residual identity added, multiplied through all layers (Abnar "
+        "and Zuidema 2020): how much each patch flows into the class token, overlaid on the image.",
+    ),
+    "reconstructions": (
+        "MAE reconstructions (the pre-training run)",
+        "Held-out images (left), what the encoder saw with the masked patches greyed out (middle), "
+        "and the decoder's reconstruction with the visible patches pasted back (right), at the end "
+        "of the self-supervised run (He et al. 2021, Figure 2).",
+    ),
+    "class_token_attention": (
+        "Raw class-token attention",
+        "The class token's attention to each patch, per layer (rows) and head (columns), for the first image.",
+    ),
 }
 
 
@@ -159,24 +202,36 @@ def embed_png(path: Path) -> str:
 def write_report(folder: Path, config, summary: dict[str, Any], files: dict[str, Path]) -> Path:
     """One HTML file with every figure embedded, so it can be mailed or opened anywhere."""
     sections = []
-    for key in ("reconstructions", "rollout", "attention_distance", "position_similarity", "filters",
-                "class_token_attention"):
+    for key in (
+        "reconstructions",
+        "rollout",
+        "attention_distance",
+        "position_similarity",
+        "filters",
+        "class_token_attention",
+    ):
         if key in files:
             heading, caption = CAPTIONS[key]
-            sections.append(f'<section><h2>{heading}</h2><img alt="{html.escape(heading)}" '
-                            f'src="{embed_png(files[key])}"><p>{caption}</p></section>')
+            sections.append(
+                f'<section><h2>{heading}</h2><img alt="{html.escape(heading)}" '
+                f'src="{embed_png(files[key])}"><p>{caption}</p></section>'
+            )
     per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
-    config_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-                          for k, v in config.to_dict().items() if v is not None and k != "class_names"
-                          and not (k == "distillation_head" and not config.distilled))  # DeiT's only
+    config_rows = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+        for k, v in config.to_dict().items()
+        if v is not None and k != "class_names" and not (k == "distillation_head" and not config.distilled)
+    )  # DeiT's only
     prediction_rows = "".join(
         f"<tr><td>{html.escape(p['image'])}</td><td>{html.escape(str(p['label'] or '-'))}</td>"
         f"<td>{html.escape(str(p.get('prediction', '-')))}</td>"
-        f"<td>{100 * p['probability']:.1f}%</td></tr>" if "probability" in p else
-        f"<tr><td>{html.escape(p['image'])}</td><td>{html.escape(str(p['label'] or '-'))}</td><td>-</td><td>-</td></tr>"
-        for p in summary["predictions"])
+        f"<td>{100 * p['probability']:.1f}%</td></tr>"
+        if "probability" in p
+        else f"<tr><td>{html.escape(p['image'])}</td><td>{html.escape(str(p['label'] or '-'))}</td><td>-</td><td>-</td></tr>"
+        for p in summary["predictions"]
+    )
     page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>vitlab analysis: {html.escape(summary['checkpoint'])}</title>
+<html lang="en"><head><meta charset="utf-8"><title>vitlab analysis: {html.escape(summary["checkpoint"])}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; max-width: 980px; margin: 2em auto; color: #222; }}
 img {{ max-width: 100%; border: 1px solid #ddd; }}
@@ -184,12 +239,12 @@ table {{ border-collapse: collapse; font-size: 0.9em; }} td, th {{ border: 1px s
 section {{ margin: 2em 0; }} p {{ max-width: 60em; }}
 </style></head><body>
 <h1>What this ViT looks at</h1>
-<p>Checkpoint <code>{html.escape(summary['checkpoint'])}</code>: {summary['images_for_distance']} images for the
-attention distances, {summary['images_shown']} shown. Patch grid {summary['grid_size'][0]} x {summary['grid_size'][1]},
-each patch {summary['patch_size_pixels'][0]} x {summary['patch_size_pixels'][1]} pixels. Mean attention distance per
+<p>Checkpoint <code>{html.escape(summary["checkpoint"])}</code>: {summary["images_for_distance"]} images for the
+attention distances, {summary["images_shown"]} shown. Patch grid {summary["grid_size"][0]} x {summary["grid_size"][1]},
+each patch {summary["patch_size_pixels"][0]} x {summary["patch_size_pixels"][1]} pixels. Mean attention distance per
 layer (pixels, averaged over heads): {per_layer}.</p>
-{''.join(f"<p>{html.escape(note)}</p>" for note in summary.get("notes", []))}
-{''.join(sections)}
+{"".join(f"<p>{html.escape(note)}</p>" for note in summary.get("notes", []))}
+{"".join(sections)}
 <section><h2>Predictions for the shown images</h2>
 <table><tr><th>image</th><th>label</th><th>prediction</th><th>probability</th></tr>{prediction_rows}</table></section>
 <section><h2>Model configuration</h2><table>{config_rows}</table></section>
@@ -203,9 +258,11 @@ layer (pixels, averaged over heads): {per_layer}.</p>
 
 def format_analysis(summary: dict[str, Any]) -> str:
     per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
-    lines = [f"analysed {summary['checkpoint']} on {summary['images_for_distance']} images"
-             + (f" ({len(summary['skipped'])} unreadable skipped)" if summary["skipped"] else ""),
-             f"  mean attention distance per layer (pixels): {per_layer}"]
+    lines = [
+        f"analysed {summary['checkpoint']} on {summary['images_for_distance']} images"
+        + (f" ({len(summary['skipped'])} unreadable skipped)" if summary["skipped"] else ""),
+        f"  mean attention distance per layer (pixels): {per_layer}",
+    ]
     lines += [f"  {name:<22} {path}" for name, path in summary["files"].items()]
     lines += [f"  note: {note}" for note in summary.get("notes", [])]
     lines.append(f"  report                 {summary['report']}")

@@ -33,8 +33,12 @@ class Step:
 
     def statistics(self) -> dict[str, float]:
         values = self.tensor.float()
-        return {"mean": values.mean().item(), "std": values.std().item() if values.numel() > 1 else 0.0,
-                "min": values.min().item(), "max": values.max().item()}
+        return {
+            "mean": values.mean().item(),
+            "std": values.std().item() if values.numel() > 1 else 0.0,
+            "min": values.min().item(),
+            "max": values.max().item(),
+        }
 
 
 def count(*modules: Any) -> int:
@@ -66,28 +70,50 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
         source = image
     patches = patchify(source, config.patch_size)
     ph, pw = config.patch_size
-    steps.append(Step(f"cut into {patches.shape[1]} patches of {ph}x{pw}x{source.shape[1]}, each flattened",
-                      "x_p^i", patches))
+    steps.append(
+        Step(f"cut into {patches.shape[1]} patches of {ph}x{pw}x{source.shape[1]}, each flattened", "x_p^i", patches)
+    )
     projected, layout = model.embed_patches(image)
     steps.append(Step("linear projection of every patch", "x_p^i E", projected, count(embed.proj)))
     tokens = model.prepend_prefix(projected)
-    names = [name for name, token in (("class", model.cls_token), ("distillation", model.dist_token),
-                                      ("register", model.reg_token)) if token is not None]
+    names = [
+        name
+        for name, token in (
+            ("class", model.cls_token),
+            ("distillation", model.dist_token),
+            ("register", model.reg_token),
+        )
+        if token is not None
+    ]
     if names:
         plural = "s" if len(names) > 1 or config.register_tokens > 1 else ""
-        steps.append(Step(f"prepend the {', '.join(names)} token{plural}", "[x_class; x_p^1 E; ...; x_p^N E]", tokens,
-                          count(model.cls_token, model.dist_token, model.reg_token)))
+        steps.append(
+            Step(
+                f"prepend the {', '.join(names)} token{plural}",
+                "[x_class; x_p^1 E; ...; x_p^N E]",
+                tokens,
+                count(model.cls_token, model.dist_token, model.reg_token),
+            )
+        )
     z0, context = model.start(projected, layout)
     later_positions = context.tables
     position_params = count(model.pos_embed, model.pos_embed_row, model.pos_embed_col)
     if config.num_position_tables and later_positions is None:
         what = {"learned": "learned", "learned_2d": "learned 2-D (row + column)", "sincos2d": "fixed 2-D sin-cos"}
-        steps.append(Step(f"add the {what.get(config.pos_embed, config.pos_embed)} position embedding",
-                          "z_0 = ... + E_pos   (eq. 1)", z0, position_params))
+        steps.append(
+            Step(
+                f"add the {what.get(config.pos_embed, config.pos_embed)} position embedding",
+                "z_0 = ... + E_pos   (eq. 1)",
+                z0,
+                position_params,
+            )
+        )
     else:
-        note = {"none": "no position embedding", "relative": "positions enter as relative offsets in every "
-                "attention", "rope": "positions turn the queries and keys of every attention (2-D rotary)"
-                }.get(config.pos_embed, "position tables are added before every block")
+        note = {
+            "none": "no position embedding",
+            "relative": "positions enter as relative offsets in every attention",
+            "rope": "positions turn the queries and keys of every attention (2-D rotary)",
+        }.get(config.pos_embed, "position tables are added before every block")
         steps.append(Step(f"z_0 ({note})", "z_0   (eq. 1)", z0, position_params))
     if config.pre_norm:
         steps[-1].notes.append("CLIP's pre-encoder LayerNorm (norm_pre) is applied here")
@@ -100,16 +126,30 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
         normed = block.norm1(x)
         steps.append(Step(norm_name, "LN(z_{l-1})", normed, count(block.norm1), index))
         attended = block.ls1(block.attn(normed, **context.attention.kwargs()))
-        steps.append(Step(f"multi-head self-attention ({config.num_heads} heads)", "MSA(LN(z_{l-1}))", attended,
-                          count(block.attn, block.ls1), index))
+        steps.append(
+            Step(
+                f"multi-head self-attention ({config.num_heads} heads)",
+                "MSA(LN(z_{l-1}))",
+                attended,
+                count(block.attn, block.ls1),
+                index,
+            )
+        )
         x = x + attended
         steps.append(Step("residual", "z'_l = MSA(LN(z_{l-1})) + z_{l-1}   (eq. 2)", x, 0, index))
         normed = block.norm2(x)
         steps.append(Step(norm_name, "LN(z'_l)", normed, count(block.norm2), index))
         transformed = block.ls2(block.mlp(normed))
-        steps.append(Step(f"MLP ({config.embed_dim} -> {config.mlp_dim} -> {config.embed_dim}, "
-                          f"{config.mlp_activation if config.mlp == 'mlp' else config.mlp})", "MLP(LN(z'_l))",
-                          transformed, count(block.mlp, block.ls2), index))
+        steps.append(
+            Step(
+                f"MLP ({config.embed_dim} -> {config.mlp_dim} -> {config.embed_dim}, "
+                f"{config.mlp_activation if config.mlp == 'mlp' else config.mlp})",
+                "MLP(LN(z'_l))",
+                transformed,
+                count(block.mlp, block.ls2),
+                index,
+            )
+        )
         x = x + transformed
         steps.append(Step("residual", "z_l = MLP(LN(z'_l)) + z'_l   (eq. 3)", x, 0, index))
         states.append(x)
@@ -118,14 +158,23 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
         steps.append(Step(f"final {norm_name}", "LN(z_L)", encoded, count(model.norm)))
     mixed = states if config.classifier == "layer_weighted" else None
     head_features = model.forward_head(encoded, pre_logits=True, hidden_states=mixed)
-    pooling = {"token": "the class token", "gap": "the mean of the patch tokens", "map": "attention pooling (MAP)",
-               "gem": "GeM pooling", "max": "max pooling"}.get(config.classifier, config.classifier)
+    pooling = {
+        "token": "the class token",
+        "gap": "the mean of the patch tokens",
+        "map": "attention pooling (MAP)",
+        "gem": "GeM pooling",
+        "max": "max pooling",
+    }.get(config.classifier, config.classifier)
     if config.distilled and config.distillation_head:
         pooling = "the class and distillation tokens"
-    steps.append(Step(f"pool: {pooling}" + (", then the pre-logits layer (Linear + tanh)"
-                                            if config.representation_size else ""),
-                      "y = LN(z_L^0)   (eq. 4)", head_features,
-                      count(model.fc_norm, model.attn_pool, model.gem_pool, model.layer_weights, model.pre_logits)))
+    steps.append(
+        Step(
+            f"pool: {pooling}" + (", then the pre-logits layer (Linear + tanh)" if config.representation_size else ""),
+            "y = LN(z_L^0)   (eq. 4)",
+            head_features,
+            count(model.fc_norm, model.attn_pool, model.gem_pool, model.layer_weights, model.pre_logits),
+        )
+    )
     output = model.forward_head(encoded, hidden_states=mixed)
     if config.num_classes:
         name = "CLIP's projection into the joint space" if config.projection else f"head: {config.num_classes} logits"
@@ -159,8 +208,9 @@ def format_trace(steps: list[Step], title: str, statistics: bool) -> str:
             lines.append(f"  {'':<4}{step.equation}")
         elif step.equation.startswith("z_l = "):  # one line per later block: its output z_l
             params = sum(s.params for s in steps if s.block == step.block)
-            lines.append(row(f"block {step.block + 1} of {blocks}: the same six steps -> z_{step.block + 1}", step,
-                             params))
+            lines.append(
+                row(f"block {step.block + 1} of {blocks}: the same six steps -> z_{step.block + 1}", step, params)
+            )
     total = sum(s.params for s in steps)
     lines.append(f"  parameters used on the way: {total:,}")
     return "\n".join(lines)

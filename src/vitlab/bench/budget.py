@@ -21,8 +21,9 @@ def deadline(seconds: float | None) -> Iterator[None]:
     """Interrupt the block with OverBudget after `seconds` (SIGALRM: the main thread of a Unix process; one long call
     into C++, such as a single matmul, ends before the interruption is seen). Elsewhere, or with None, the block
     runs to its end and the caller compares the time it took."""
-    usable = (seconds is not None and hasattr(signal, "setitimer")
-              and threading.current_thread() is threading.main_thread())
+    usable = (
+        seconds is not None and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    )
     if not usable:
         yield
         return
@@ -39,8 +40,9 @@ def deadline(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def rounds_within(budget_left: float, seconds_per_call: float, calls_per_sample: int, warmup_calls: int,
-                  repetitions: int) -> int:
+def rounds_within(
+    budget_left: float, seconds_per_call: float, calls_per_sample: int, warmup_calls: int, repetitions: int
+) -> int:
     """How many of `repetitions` timed rounds fit in what is left of a budget after the remaining warm-up calls;
     at least 1, since a path that finished a call within its budget gets a figure."""
     per_round = max(seconds_per_call * calls_per_sample, 1e-9)

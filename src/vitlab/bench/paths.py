@@ -50,8 +50,12 @@ def eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 def eager_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    return BenchPath("eager bf16", "bf16", lambda images: bf16(images.to(torch.bfloat16)).float(),
-                "bf16 weights and activations (oneDNN bf16 matmuls)")
+    return BenchPath(
+        "eager bf16",
+        "bf16",
+        lambda images: bf16(images.to(torch.bfloat16)).float(),
+        "bf16 weights and activations (oneDNN bf16 matmuls)",
+    )
 
 
 def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -74,14 +78,19 @@ def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Cal
 
 
 def compiled_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return BenchPath("compile fp32", "fp32", _compiled(model, sample, torch.float32),
-                "torch.compile, Inductor + freezing")
+    return BenchPath(
+        "compile fp32", "fp32", _compiled(model, sample, torch.float32), "torch.compile, Inductor + freezing"
+    )
 
 
 def compiled_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return BenchPath("compile bf16", "bf16", _compiled(model, sample, torch.bfloat16),
-                f"torch.compile of the bf16 model, Inductor + freezing; explicit attention up to "
-                f"{COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS} tokens")
+    return BenchPath(
+        "compile bf16",
+        "bf16",
+        _compiled(model, sample, torch.bfloat16),
+        f"torch.compile of the bf16 model, Inductor + freezing; explicit attention up to "
+        f"{COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS} tokens",
+    )
 
 
 def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool, static: bool = False) -> BenchPath:
@@ -103,9 +112,13 @@ def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool, static: bool = Fal
     export_onnx(model, path, dynamic_batch=False, batch_size=len(sample), int8=int8, calibration=calibration)
     runtime = OnnxClassifier(path, threads=torch.get_num_threads())
     name = ("onnxruntime static int8" if static else "onnxruntime int8") if int8 else "onnxruntime fp32"
-    note = ("static QDQ quantization: int8 weights, calibrated uint8 activations, attention matmuls included"
-            if static else "dynamic quantization: int8 weights per channel, uint8 activations" if int8
-            else "graph optimisations on")
+    note = (
+        "static QDQ quantization: int8 weights, calibrated uint8 activations, attention matmuls included"
+        if static
+        else "dynamic quantization: int8 weights per channel, uint8 activations"
+        if int8
+        else "graph optimisations on"
+    )
     return BenchPath(name, "int8" if int8 else "fp32", runtime, note, cleanup=[folder])
 
 
@@ -155,14 +168,22 @@ def _pt2e(model: nn.Module, sample: torch.Tensor, mixed_bf16: bool) -> Callable[
 
 
 def pt2e_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return BenchPath("pt2e int8", "int8", _pt2e(model, sample, mixed_bf16=False),
-                     "static int8 linear layers (torchao X86InductorQuantizer), Inductor + freezing; the rest in fp32 "
-                     "(what `vitlab export --format pt2e` files run)")
+    return BenchPath(
+        "pt2e int8",
+        "int8",
+        _pt2e(model, sample, mixed_bf16=False),
+        "static int8 linear layers (torchao X86InductorQuantizer), Inductor + freezing; the rest in fp32 "
+        "(what `vitlab export --format pt2e` files run)",
+    )
 
 
 def pt2e_int8_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return BenchPath("pt2e int8 + bf16", "int8", _pt2e(model, sample, mixed_bf16=True),
-                     "as pt2e int8, with attention, softmax, LayerNorm and GELU under bf16 autocast")
+    return BenchPath(
+        "pt2e int8 + bf16",
+        "int8",
+        _pt2e(model, sample, mixed_bf16=True),
+        "as pt2e int8, with attention, softmax, LayerNorm and GELU under bf16 autocast",
+    )
 
 
 class GreyAsRGB(nn.Module):
@@ -215,8 +236,9 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
 
 def transformers_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     reference, note, folder = transformers_reference(model, sample)
-    return BenchPath("transformers fp32", "fp32", lambda images: reference(pixel_values=images).logits, note,
-                cleanup=[folder])
+    return BenchPath(
+        "transformers fp32", "fp32", lambda images: reference(pixel_values=images).logits, note, cleanup=[folder]
+    )
 
 
 def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
@@ -249,12 +271,21 @@ def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     try:
         with torch.no_grad(), warnings.catch_warnings(), quiet_loggers("torch.onnx"):
             warnings.simplefilter("ignore")
-            program = torch.onnx.export(Logits(reference), (sample,), dynamo=True, input_names=["pixel_values"],
-                                        output_names=["logits"], external_data=False, verbose=False, report=False)
+            program = torch.onnx.export(
+                Logits(reference),
+                (sample,),
+                dynamo=True,
+                input_names=["pixel_values"],
+                output_names=["logits"],
+                external_data=False,
+                verbose=False,
+                report=False,
+            )
             program.save(str(path))
     except Exception as error:  # noqa: BLE001 - the exporter raises many types on models it cannot take
-        raise Unavailable(f"torch.onnx could not export transformers' model: {str(error).splitlines()[0][:200]}") \
-            from None
+        raise Unavailable(
+            f"torch.onnx could not export transformers' model: {str(error).splitlines()[0][:200]}"
+        ) from None
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = torch.get_num_threads()
@@ -264,9 +295,13 @@ def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     def run(images: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(session.run(None, {"pixel_values": images.numpy()})[0])
 
-    return BenchPath("transformers onnxruntime fp32", "fp32", run,
-                     f"{note}; exported by torch.onnx, ONNX Runtime {ort.__version__} with graph optimisations",
-                     cleanup=[hf_folder, folder])
+    return BenchPath(
+        "transformers onnxruntime fp32",
+        "fp32",
+        run,
+        f"{note}; exported by torch.onnx, ONNX Runtime {ort.__version__} with graph optimisations",
+        cleanup=[hf_folder, folder],
+    )
 
 
 INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
@@ -286,9 +321,15 @@ INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
 
 
 # ------------------------------------------------------------------------------------------------ training steps
-def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None = None, compile: bool = False,
-               num_classes: int | None = None, call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
-               attention: str | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+def train_step(
+    model: nn.Module,
+    sample: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    compile: bool = False,
+    num_classes: int | None = None,
+    call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
+    attention: str | None = None,
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """One optimisation step (forward, cross-entropy, backward, AdamW) on a copy of the model; returns the logits.
     Every path, transformers' too, steps the same optimizer (`vitlab train`'s fused AdamW), so the paths differ
     only in the model's forward and backward. attention: a vitlab model's kernel ("sdpa" / "explicit"); default
@@ -308,12 +349,18 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
         forward = torch.compile(forward)
     num_classes = max(1, num_classes or model.config.num_classes)
     labels = (torch.arange(len(sample)) % num_classes).to(sample.device)
-    training_step = TrainingStep(trained, Classification(num_classes), optimizer, env=DistEnv(device=sample.device),
-                                 precision="bf16" if dtype == torch.bfloat16 else "fp32", forward=forward)
+    training_step = TrainingStep(
+        trained,
+        Classification(num_classes),
+        optimizer,
+        env=DistEnv(device=sample.device),
+        precision="bf16" if dtype == torch.bfloat16 else "fp32",
+        forward=forward,
+    )
 
     @torch.enable_grad()
     def step(images: torch.Tensor) -> torch.Tensor:
-        batch_labels = labels[:len(images)]
+        batch_labels = labels[: len(images)]
         training_step(images, {"target": batch_labels, "label": batch_labels})
         return training_step.last_outputs
 
@@ -322,8 +369,12 @@ def train_step(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype | None
 
 def train_eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     kernel = "explicit" if train_step_kernel(model) == "explicit" else "SDPA"
-    return BenchPath("train eager fp32", "fp32", train_step(model, sample),
-                     f"forward + backward + fused AdamW, {kernel} attention (what vitlab train runs)")
+    return BenchPath(
+        "train eager fp32",
+        "fp32",
+        train_step(model, sample),
+        f"forward + backward + fused AdamW, {kernel} attention (what vitlab train runs)",
+    )
 
 
 def train_step_kernel(model: nn.Module) -> str:
@@ -337,13 +388,21 @@ def train_step_kernel(model: nn.Module) -> str:
 def train_eager_fp32_sdpa(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     if train_step_kernel(model) == "sdpa":
         raise Unavailable("vitlab train already uses SDPA attention for this model (see train eager fp32)")
-    return BenchPath("train eager fp32 sdpa", "fp32", train_step(model, sample, attention="sdpa"),
-                     "as train eager fp32, with the fused SDPA attention kernel instead")
+    return BenchPath(
+        "train eager fp32 sdpa",
+        "fp32",
+        train_step(model, sample, attention="sdpa"),
+        "as train eager fp32, with the fused SDPA attention kernel instead",
+    )
 
 
 def train_autocast_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return BenchPath("train autocast bf16", "bf16", train_step(model, sample, torch.bfloat16),
-                "torch.autocast bf16, fp32 master weights")
+    return BenchPath(
+        "train autocast bf16",
+        "bf16",
+        train_step(model, sample, torch.bfloat16),
+        "torch.autocast bf16, fp32 master weights",
+    )
 
 
 def train_compiled_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
@@ -359,8 +418,12 @@ def train_compiled_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 def train_transformers_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     reference, note, folder = transformers_reference(model, sample)
-    step = train_step(reference, sample, num_classes=model.config.num_classes,
-                      call=lambda module, images: module(pixel_values=images).logits)
+    step = train_step(
+        reference,
+        sample,
+        num_classes=model.config.num_classes,
+        call=lambda module, images: module(pixel_values=images).logits,
+    )
     return BenchPath("train transformers fp32", "fp32", step, note, cleanup=[folder])
 
 

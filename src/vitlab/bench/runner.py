@@ -25,8 +25,13 @@ def machine_info(device: torch.device | None = None) -> dict[str, Any]:
     """What the figures were measured on: the CPU and its matmul units, the GPU when the bench ran on one."""
     from vitlab.hardware import cpu_name, cpu_units
 
-    info = {"cpu": cpu_name(), "cpu_units": cpu_units().describe(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version()}
+    info = {
+        "cpu": cpu_name(),
+        "cpu_units": cpu_units().describe(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
     if device is not None and device.type == "cuda":
         info.update(device=str(device), gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
     try:
@@ -54,8 +59,9 @@ def bench_model(name: str | None, checkpoint: str | None, image_size: int | tupl
     return model.eval()
 
 
-def matmul_candidates(model: nn.Module, batch_size: int, precisions: set[str] | None = None,
-                      device: torch.device | None = None) -> dict[str, tuple[Any, float]]:
+def matmul_candidates(
+    model: nn.Module, batch_size: int, precisions: set[str] | None = None, device: torch.device | None = None
+) -> dict[str, tuple[Any, float]]:
     """A plain matmul of the shape of the model's MLP input layer, (B * T, D) @ (D, mlp_dim), in the precisions
     asked (default fp32, bf16 and int8; fp32 always): {name: (run, GFLOP per call)}. It is the biggest matmul of
     the model, so its speed is the peak a path of that precision can approach (int8 counts a multiply-add as 2
@@ -107,8 +113,9 @@ def onednn_int8_matmul(rows: int, inner: int, outer: int, generator: torch.Gener
         scales, zero_points = torch.full((outer,), 0.01), torch.zeros(outer, dtype=torch.long)
 
         def run() -> torch.Tensor:
-            return ops.qlinear_pointwise(activations, 0.02, 64, packed, scales, zero_points, None, 0.05, 128, None,
-                                         "none", [], "")
+            return ops.qlinear_pointwise(
+                activations, 0.02, 64, packed, scales, zero_points, None, 0.05, 128, None, "none", [], ""
+            )
 
         run()
     except (AttributeError, RuntimeError):  # no oneDNN build, or no int8 kernel for this CPU
@@ -125,8 +132,9 @@ PEAK_RECORDED_ABOVE_GFLOP = 1.0
 BF16_PATHS = {"eager-bf16", "compile-bf16", "pt2e-int8-bf16", "autocast-bf16"}
 
 
-def choose_paths(train: bool, quick: bool, device: torch.device, asked: list[str] | None
-                 ) -> tuple[list[str], dict[str, str]]:
+def choose_paths(
+    train: bool, quick: bool, device: torch.device, asked: list[str] | None
+) -> tuple[list[str], dict[str, str]]:
     """(paths to measure, {path: why it is left out}). Named paths are measured as named. Otherwise every path of
     the mode, less the bf16 ones on a CPU without bf16 units (emulated there: a bf16 matmul of B/16's MLP shape
     ran at 1 GFLOP/s against fp32's 121 on an AVX2 EPYC); `quick` keeps eager fp32, transformers and the paths
@@ -137,22 +145,29 @@ def choose_paths(train: bool, quick: bool, device: torch.device, asked: list[str
     if asked:
         unknown = [p for p in asked if p not in registry]
         if unknown:
-            raise UsageError(f"unknown {'training' if train else 'inference'} path(s) {', '.join(unknown)}; "
-                             f"choose from {', '.join(registry)}")
+            raise UsageError(
+                f"unknown {'training' if train else 'inference'} path(s) {', '.join(unknown)}; "
+                f"choose from {', '.join(registry)}"
+            )
         return list(dict.fromkeys(asked)), {}
     left_out: dict[str, str] = {}
     if device.type == "cuda":
         fastest = ["autocast-bf16", "compile-fp32"] if train else ["eager-bf16", "compile-bf16"]
-        chosen = [key for key in registry if key in fastest or key in ("eager-fp32", "transformers")] if quick \
+        chosen = (
+            [key for key in registry if key in fastest or key in ("eager-fp32", "transformers")]
+            if quick
             else list(registry)
+        )
         return chosen, left_out
     units = cpu_units()
     chosen = list(registry)
     if not units.bf16:
         for key in [key for key in chosen if key in BF16_PATHS]:
             chosen.remove(key)
-            left_out[key] = (f"not run: this CPU has no bf16 units ({units.describe()}), so bf16 is emulated and "
-                             f"far slower than fp32; name it in --paths to measure it anyway")
+            left_out[key] = (
+                f"not run: this CPU has no bf16 units ({units.describe()}), so bf16 is emulated and "
+                f"far slower than fp32; name it in --paths to measure it anyway"
+            )
     if quick:
         if train:
             fastest = ["autocast-bf16"] if units.bf16 else ["compile-fp32"]
@@ -219,16 +234,19 @@ def run_bench(
             raise UsageError(f"--threads must be at least 1, got {threads}")
         torch.set_num_threads(threads)
     if dataset is not None and checkpoint is None:
-        raise UsageError("accuracy needs a trained model: give --checkpoint with --dataset (random weights say "
-                         "nothing about accuracy)")
+        raise UsageError(
+            "accuracy needs a trained model: give --checkpoint with --dataset (random weights say "
+            "nothing about accuracy)"
+        )
     began = time.perf_counter()
     torch.manual_seed(0)
     model = bench_model(model_name, checkpoint, image_size).to(target)
     config = model.config
     _, gflops_forward = model_stats(config)
     gflops_per_image = 3 * gflops_forward if train else gflops_forward  # backward costs about twice the forward
-    sample = torch.randn(batch_size, config.in_chans, *config.image_size,
-                         generator=torch.Generator().manual_seed(0)).to(target)
+    sample = torch.randn(
+        batch_size, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0)
+    ).to(target)
 
     def synchronised(run: Callable[[], Any]) -> Callable[[], Any]:
         if target.type != "cuda":
@@ -276,20 +294,29 @@ def run_bench(
                 run()
                 candidates[name], per_call[name], spent[name] = run, time.perf_counter() - call_started, 0.0
             # What fits: each candidate's rounds within its own budget (and all of them within the table's limit).
-            inner = {name: max(1, math.ceil(min_sample_seconds / max(seconds, 1e-6))) if seconds < min_sample_seconds
-                     else 1 for name, seconds in per_call.items()}
-            rounds = {name: rounds_within(budget - spent[name], per_call[name], inner[name], max(warmup - 1, 0),
-                                          repetitions) for name in candidates}
+            inner = {
+                name: max(1, math.ceil(min_sample_seconds / max(seconds, 1e-6))) if seconds < min_sample_seconds else 1
+                for name, seconds in per_call.items()
+            }
+            rounds = {
+                name: rounds_within(budget - spent[name], per_call[name], inner[name], max(warmup - 1, 0), repetitions)
+                for name in candidates
+            }
             if total_seconds is not None:
                 left = total_seconds - (time.perf_counter() - began)
-                while max(rounds.values(), default=1) > 1 and sum(
-                        per_call[n] * (inner[n] * rounds[n] + max(warmup - 1, 0)) for n in candidates) > left:
+                while (
+                    max(rounds.values(), default=1) > 1
+                    and sum(per_call[n] * (inner[n] * rounds[n] + max(warmup - 1, 0)) for n in candidates) > left
+                ):
                     longest = max(rounds.values())
                     rounds = {name: min(count, longest - 1) for name, count in rounds.items()}
-            say(f"bench: timing {len(candidates)} paths and kernels, {warmup} warm-up calls and up to {repetitions} "
-                "rounds each")
-            timings = time_interleaved(candidates, repetitions, max(warmup - 1, 0), min_sample_seconds, show=show,
-                                       rounds=rounds, inner=inner)
+            say(
+                f"bench: timing {len(candidates)} paths and kernels, {warmup} warm-up calls and up to {repetitions} "
+                "rounds each"
+            )
+            timings = time_interleaved(
+                candidates, repetitions, max(warmup - 1, 0), min_sample_seconds, show=show, rounds=rounds, inner=inner
+            )
             expected = model(sample).float() if not train else None
             agreement = {}
             if expected is not None:
@@ -318,34 +345,49 @@ def run_bench(
         seconds = timings[key]["median"]
         gflops_per_second = gflops_per_image * batch_size / seconds
         row = {
-            "path": key, "name": path.name, "precision": path.precision, "note": path.note,
-            "seconds_per_batch": seconds, "images_per_second": batch_size / seconds,
+            "path": key,
+            "name": path.name,
+            "precision": path.precision,
+            "note": path.note,
+            "seconds_per_batch": seconds,
+            "images_per_second": batch_size / seconds,
             "gflops_per_second": gflops_per_second,
             "percent_of_peak": 100 * gflops_per_second / peaks[path.precision] if path.precision in peaks else None,
             "vs_eager_fp32": timings["eager-fp32"]["median"] / seconds if "eager-fp32" in built else None,
             "vs_reference": timings[reference_key]["median"] / seconds if reference_key else None,
-            "timing": timings[key], "rounds": timings[key]["samples"], "prepare_seconds": round(spent[key], 1),
-            **agreement.get(key, {}), **accuracy.get(key, {}),
+            "timing": timings[key],
+            "rounds": timings[key]["samples"],
+            "prepare_seconds": round(spent[key], 1),
+            **agreement.get(key, {}),
+            **accuracy.get(key, {}),
         }
         rows.append(row)
     fastest = max(rows, key=lambda row: row["images_per_second"]) if rows else None
     return {
         "mode": "training step" if train else "inference",
-        "model": checkpoint or model_name, "config": config.to_dict(),
-        "image_size": list(config.image_size), "batch_size": batch_size,
-        "gflops_per_image": gflops_per_image, "repetitions": repetitions, "warmup": warmup,
-        "budget_seconds": budget, "total_seconds": total_seconds, "quick": quick,
+        "model": checkpoint or model_name,
+        "config": config.to_dict(),
+        "image_size": list(config.image_size),
+        "batch_size": batch_size,
+        "gflops_per_image": gflops_per_image,
+        "repetitions": repetitions,
+        "warmup": warmup,
+        "budget_seconds": budget,
+        "total_seconds": total_seconds,
+        "quick": quick,
         "wall_seconds": round(time.perf_counter() - began, 1),
         "machine": machine_info(target),
         "peaks_gflops_per_second": peaks,
-        "paths": rows, "skipped": skipped,
+        "paths": rows,
+        "skipped": skipped,
         "fastest": fastest["path"] if fastest else None,
         "dataset": dataset,
     }
 
 
-def measure_accuracy(built: dict[str, BenchPath], model: nn.Module, dataset: str, data_dir: str | None,
-                     checkpoint: str, batch_size: int) -> dict[str, dict[str, float]]:
+def measure_accuracy(
+    built: dict[str, BenchPath], model: nn.Module, dataset: str, data_dir: str | None, checkpoint: str, batch_size: int
+) -> dict[str, dict[str, float]]:
     """Test-set top-1 of every path and its top-1 agreement with eager fp32. Batches keep the benchmark's size
     (the last one padded) so that fixed-batch graphs and compiled models see the shape they were built for."""
     from vitlab.data.preprocess import prepare
@@ -385,8 +427,9 @@ def machine_line(machine: dict[str, Any]) -> str:
     the bench ran on one."""
     gpu = f"{machine['gpu']} ({machine['device']}, CUDA {machine['cuda']}); host " if "gpu" in machine else ""
     units = f" ({machine['cpu_units']})" if machine.get("cpu_units") else ""
-    return (f"machine: {gpu}{machine['cpu']}{units}, {machine['threads']} threads, torch {machine['torch']}"
-            + (f", onnxruntime {machine['onnxruntime']}" if "onnxruntime" in machine else ""))
+    return f"machine: {gpu}{machine['cpu']}{units}, {machine['threads']} threads, torch {machine['torch']}" + (
+        f", onnxruntime {machine['onnxruntime']}" if "onnxruntime" in machine else ""
+    )
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -397,9 +440,13 @@ def format_table(result: dict[str, Any]) -> str:
         f"{'x'.join(map(str, result['image_size']))} images, batch {result['batch_size']}, "
         f"{result['gflops_per_image']:.3g} GFLOP per image{' (3 x forward)' if result['mode'] != 'inference' else ''}",
         machine_line(machine),
-        "peak (plain matmul of the MLP's shape" + (f" on {machine['gpu']}" if "gpu" in machine else "") + "): "
-        + ", ".join(f"{precision} {value:.0f} {'GOP/s' if precision == 'int8' else 'GFLOP/s'}"
-                    for precision, value in result["peaks_gflops_per_second"].items()),
+        "peak (plain matmul of the MLP's shape"
+        + (f" on {machine['gpu']}" if "gpu" in machine else "")
+        + "): "
+        + ", ".join(
+            f"{precision} {value:.0f} {'GOP/s' if precision == 'int8' else 'GFLOP/s'}"
+            for precision, value in result["peaks_gflops_per_second"].items()
+        ),
         f"median of up to {result['repetitions']} interleaved rounds after {result['warmup']} warm-up calls"
         + (f"; each path within a {result['budget_seconds']:.0f} s budget" if result.get("budget_seconds") else "")
         + (f", the table within {result['total_seconds']:.0f} s" if result.get("total_seconds") else ""),
@@ -407,31 +454,43 @@ def format_table(result: dict[str, Any]) -> str:
     ]
     has_accuracy = any("top1" in row for row in result["paths"])
     width = max([26] + [len(row["name"]) for row in result["paths"]] + [len(key) for key in result["skipped"]])
-    header = f"{'path':<{width}} {'images/s':>9} {'ms/batch':>9} {'GFLOP/s':>8} {'% peak':>7} {'vs eager':>9} {'vs ref':>7}"
+    header = (
+        f"{'path':<{width}} {'images/s':>9} {'ms/batch':>9} {'GFLOP/s':>8} {'% peak':>7} {'vs eager':>9} {'vs ref':>7}"
+    )
     if has_accuracy:
         header += f" {'top-1':>7} {'agree':>7}"
     lines += [header, "-" * len(header)]
     for row in result["paths"]:
         milliseconds = 1000 * row["seconds_per_batch"]  # batch-1 latencies of small models are below 1 ms
-        line = (f"{row['name']:<{width}} {row['images_per_second']:>9.1f} "
-                f"{milliseconds:>9.{1 if milliseconds >= 10 else 3}f} "
-                f"{row['gflops_per_second']:>8.1f} "
-                f"{'' if row['percent_of_peak'] is None else format(row['percent_of_peak'], '.0f') + '%':>7} "
-                f"{'' if row['vs_eager_fp32'] is None else format(row['vs_eager_fp32'], '.2f') + 'x':>9} "
-                f"{'' if row['vs_reference'] is None else format(row['vs_reference'], '.2f') + 'x':>7}")
+        line = (
+            f"{row['name']:<{width}} {row['images_per_second']:>9.1f} "
+            f"{milliseconds:>9.{1 if milliseconds >= 10 else 3}f} "
+            f"{row['gflops_per_second']:>8.1f} "
+            f"{'' if row['percent_of_peak'] is None else format(row['percent_of_peak'], '.0f') + '%':>7} "
+            f"{'' if row['vs_eager_fp32'] is None else format(row['vs_eager_fp32'], '.2f') + 'x':>9} "
+            f"{'' if row['vs_reference'] is None else format(row['vs_reference'], '.2f') + 'x':>7}"
+        )
         if has_accuracy:
-            line += (f" {100 * row.get('top1', float('nan')):>6.2f}%"
-                     f" {100 * row.get('agreement_with_eager_fp32', float('nan')):>6.2f}%")
+            line += (
+                f" {100 * row.get('top1', float('nan')):>6.2f}%"
+                f" {100 * row.get('agreement_with_eager_fp32', float('nan')):>6.2f}%"
+            )
         lines.append(line)
     for key, reason in result["skipped"].items():
         lines.append(f"{key:<{width}} skipped: {reason}")
-    short = [f"{row['name']} {row['rounds']} of {result['repetitions']}" for row in result["paths"]
-             if row.get("rounds", result["repetitions"]) < result["repetitions"]]
+    short = [
+        f"{row['name']} {row['rounds']} of {result['repetitions']}"
+        for row in result["paths"]
+        if row.get("rounds", result["repetitions"]) < result["repetitions"]
+    ]
     if short:
         lines += ["", "rounds cut to fit the budget: " + ", ".join(short)]
     if result["fastest"]:
         fastest = next(row for row in result["paths"] if row["path"] == result["fastest"])
-        lines += ["", f"fastest: {fastest['name']}"
-                  + (f", {fastest['vs_eager_fp32']:.2f}x eager fp32" if fastest["vs_eager_fp32"] else "")
-                  + (f", {fastest['vs_reference']:.2f}x transformers fp32" if fastest["vs_reference"] else "")]
+        lines += [
+            "",
+            f"fastest: {fastest['name']}"
+            + (f", {fastest['vs_eager_fp32']:.2f}x eager fp32" if fastest["vs_eager_fp32"] else "")
+            + (f", {fastest['vs_reference']:.2f}x transformers fp32" if fastest["vs_reference"] else ""),
+        ]
     return "\n".join(lines)

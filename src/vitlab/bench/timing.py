@@ -18,9 +18,15 @@ def calls_per_sample(run: Callable[[], Any], min_seconds: float) -> int:
     return max(1, int(min_seconds / max(elapsed, 1e-6)) + 1) if elapsed < min_seconds else 1
 
 
-def time_interleaved(candidates: dict[str, Callable[[], Any]], repetitions: int = 5, warmup: int = 2,
-                     min_sample_seconds: float = 0.2, show: bool = False, rounds: dict[str, int] | None = None,
-                     inner: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
+def time_interleaved(
+    candidates: dict[str, Callable[[], Any]],
+    repetitions: int = 5,
+    warmup: int = 2,
+    min_sample_seconds: float = 0.2,
+    show: bool = False,
+    rounds: dict[str, int] | None = None,
+    inner: dict[str, int] | None = None,
+) -> dict[str, dict[str, float]]:
     """Seconds per call of each candidate: {"median", "min", "max", "samples", "calls_per_sample"}.
 
     Each candidate is first called `warmup` times (compilation, allocator and thread-pool warm-up); then
@@ -57,6 +63,13 @@ def time_interleaved(candidates: dict[str, Callable[[], Any]], repetitions: int 
                 bar.update(1)
     if bar is not None:
         bar.close()
-    return {name: {"median": statistics.median(values), "min": min(values), "max": max(values),
-                   "samples": len(values), "calls_per_sample": inner[name]}
-            for name, values in samples.items()}
+    return {
+        name: {
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+            "samples": len(values),
+            "calls_per_sample": inner[name],
+        }
+        for name, values in samples.items()
+    }

@@ -97,39 +97,106 @@ HF_DINOV2_TYPES = ("dinov2", "dinov2_with_registers")
 # Checked in this order where key signatures decide; the signatures of rows that share a container exclude one
 # another, except vitlab's own files, which use timm's names and are told by their header first.
 FAMILIES: tuple[Family, ...] = (
-    Family("vitlab", "vitlab", kind="vitlab", origin="its own files", models=(), containers=("safetensors",),
-           matches=is_own_file, read_config=read_own_config, to_vitlab=same_names, from_vitlab=same_names,
-           header_format="vitlab"),
-    Family("jax", "official JAX ViT", kind="jax", origin="official JAX .npz", models=(VIT,), containers=("npz",),
-           matches=jax_npz.is_jax_layout, read_config=jax_npz.read_config, to_vitlab=jax_npz.jax_to_state_dict,
-           preprocessing={"official": jax_npz.PREPROCESSING}),
-    Family("timm", "timm ViT", kind="timm", origin="timm", models=(VIT, DEIT, MAE, DINO, DINOV2, CLIP, SIGLIP),
-           containers=TORCH_FILES, matches=timm.is_timm_layout, read_config=timm.read_config,
-           to_vitlab=same_names, from_vitlab=same_names, preprocessing=timm.TIMM_FAMILY_PREPROCESSING,
-           unbuilt=(("query-key norm", "attn.q_norm"), ("a SwiGLU MLP", "mlp.fc1_g"))),
-    Family("hf-vit", "Hugging Face ViT / DeiT / MAE / DINO", kind="hf", origin="Hugging Face",
-           models=(VIT, DEIT, MAE, DINO), containers=TORCH_FILES, matches=hf.is_hf_vit, read_config=hf.read_config,
-           to_vitlab=hf.hf_to_state_dict, from_vitlab=hf.state_dict_to_hf, model_types=HF_VIT_TYPES,
-           preprocessing=hf.default_preprocessing(HF_VIT_TYPES)),
-    Family("hf-dinov2", "Hugging Face DINOv2", kind="hf", origin="Hugging Face", models=(DINOV2,),
-           containers=TORCH_FILES, matches=hf.is_hf_dinov2, read_config=hf.read_config,
-           to_vitlab=hf.hf_to_state_dict, model_types=HF_DINOV2_TYPES,
-           preprocessing=hf.default_preprocessing(HF_DINOV2_TYPES)),
-    Family("hf-clip", "Hugging Face CLIP or SigLIP image tower", kind="hf", origin="Hugging Face",
-           models=(CLIP, SIGLIP), containers=TORCH_FILES, matches=hf_clip.is_clip_tower,
-           read_config=hf_clip.read_config, to_vitlab=hf_clip.clip_to_state_dict,
-           model_types=("clip", "clip_vision_model", "siglip", "siglip_vision_model"),
-           preprocessing=hf_clip.PROCESSOR_DEFAULTS),
+    Family(
+        "vitlab",
+        "vitlab",
+        kind="vitlab",
+        origin="its own files",
+        models=(),
+        containers=("safetensors",),
+        matches=is_own_file,
+        read_config=read_own_config,
+        to_vitlab=same_names,
+        from_vitlab=same_names,
+        header_format="vitlab",
+    ),
+    Family(
+        "jax",
+        "official JAX ViT",
+        kind="jax",
+        origin="official JAX .npz",
+        models=(VIT,),
+        containers=("npz",),
+        matches=jax_npz.is_jax_layout,
+        read_config=jax_npz.read_config,
+        to_vitlab=jax_npz.jax_to_state_dict,
+        preprocessing={"official": jax_npz.PREPROCESSING},
+    ),
+    Family(
+        "timm",
+        "timm ViT",
+        kind="timm",
+        origin="timm",
+        models=(VIT, DEIT, MAE, DINO, DINOV2, CLIP, SIGLIP),
+        containers=TORCH_FILES,
+        matches=timm.is_timm_layout,
+        read_config=timm.read_config,
+        to_vitlab=same_names,
+        from_vitlab=same_names,
+        preprocessing=timm.TIMM_FAMILY_PREPROCESSING,
+        unbuilt=(("query-key norm", "attn.q_norm"), ("a SwiGLU MLP", "mlp.fc1_g")),
+    ),
+    Family(
+        "hf-vit",
+        "Hugging Face ViT / DeiT / MAE / DINO",
+        kind="hf",
+        origin="Hugging Face",
+        models=(VIT, DEIT, MAE, DINO),
+        containers=TORCH_FILES,
+        matches=hf.is_hf_vit,
+        read_config=hf.read_config,
+        to_vitlab=hf.hf_to_state_dict,
+        from_vitlab=hf.state_dict_to_hf,
+        model_types=HF_VIT_TYPES,
+        preprocessing=hf.default_preprocessing(HF_VIT_TYPES),
+    ),
+    Family(
+        "hf-dinov2",
+        "Hugging Face DINOv2",
+        kind="hf",
+        origin="Hugging Face",
+        models=(DINOV2,),
+        containers=TORCH_FILES,
+        matches=hf.is_hf_dinov2,
+        read_config=hf.read_config,
+        to_vitlab=hf.hf_to_state_dict,
+        model_types=HF_DINOV2_TYPES,
+        preprocessing=hf.default_preprocessing(HF_DINOV2_TYPES),
+    ),
+    Family(
+        "hf-clip",
+        "Hugging Face CLIP or SigLIP image tower",
+        kind="hf",
+        origin="Hugging Face",
+        models=(CLIP, SIGLIP),
+        containers=TORCH_FILES,
+        matches=hf_clip.is_clip_tower,
+        read_config=hf_clip.read_config,
+        to_vitlab=hf_clip.clip_to_state_dict,
+        model_types=("clip", "clip_vision_model", "siglip", "siglip_vision_model"),
+        preprocessing=hf_clip.PROCESSOR_DEFAULTS,
+    ),
 )
 
 SIBLINGS: tuple[Sibling, ...] = (
-    Sibling("DINOv3", ("dinov3_vit",), "2-D rotary positions (and SwiGLU in its largest models)",
-            ("embeddings.patch_embeddings.weight", None)),
-    Sibling("SigLIP 2", ("siglip2_vision_model", "siglip2"),
-            "NaFlex inputs: a linear patch embedding over each image's own patch sequence",
-            ("embeddings.patch_embedding.weight", 2)),
-    Sibling("AIMv2", ("aimv2_vision_model", "aimv2"), "RMSNorm, SwiGLU and its attention-pooling head",
-            ("embeddings.rms_norm.weight", None)),
+    Sibling(
+        "DINOv3",
+        ("dinov3_vit",),
+        "2-D rotary positions (and SwiGLU in its largest models)",
+        ("embeddings.patch_embeddings.weight", None),
+    ),
+    Sibling(
+        "SigLIP 2",
+        ("siglip2_vision_model", "siglip2"),
+        "NaFlex inputs: a linear patch embedding over each image's own patch sequence",
+        ("embeddings.patch_embedding.weight", 2),
+    ),
+    Sibling(
+        "AIMv2",
+        ("aimv2_vision_model", "aimv2"),
+        "RMSNorm, SwiGLU and its attention-pooling head",
+        ("embeddings.rms_norm.weight", None),
+    ),
     Sibling("I-JEPA", ("ijepa",)),
 )
 
@@ -166,6 +233,7 @@ def hf_model_types() -> list[str]:
 def supported_families() -> str:
     """What vitlab loads, in words, for messages: the first model family with the layouts it comes in, the others,
     the image towers with theirs, and the layouts that carry any model (vitlab's own files)."""
+
     def origins(models: list[ModelFamily]) -> list[str]:
         return list(dict.fromkeys(row.origin for row in FAMILIES if set(row.models) & set(models)))
 
@@ -173,8 +241,7 @@ def supported_families() -> str:
     plain, towers = [m for m in models if not m.tower], [m for m in models if m.tower]
     text = f"{plain[0].title} ({', '.join(origins(plain[:1]))})" + "".join(f", {m.title}" for m in plain[1:])
     if towers:
-        text += (f", and {' and '.join(m.title for m in towers)} image towers "
-                 f"({' and '.join(origins(towers))} layouts)")
+        text += f", and {' and '.join(m.title for m in towers)} image towers ({' and '.join(origins(towers))} layouts)"
     return text + "".join(f" and {row.origin}" for row in FAMILIES if not row.models)
 
 
@@ -194,12 +261,16 @@ def family_of(weights: Weights) -> Family:
     for sibling in SIBLINGS:
         key = telltale_key(sibling, weights)
         if key is not None:
-            raise not_supported(sibling.model_types[0], weights.source, f"a {sibling.title} checkpoint (it has {key!r})")
+            raise not_supported(
+                sibling.model_types[0], weights.source, f"a {sibling.title} checkpoint (it has {key!r})"
+            )
     for row in readable:
         if row.matches(weights):
             return with_built_features(row, weights)
-    raise CheckpointError(f"{weights.source}: tensors named like {sorted(weights.tensors)[:3]} are no checkpoint "
-                          f"layout vitlab knows. vitlab loads {supported_families()}")
+    raise CheckpointError(
+        f"{weights.source}: tensors named like {sorted(weights.tensors)[:3]} are no checkpoint "
+        f"layout vitlab knows. vitlab loads {supported_families()}"
+    )
 
 
 def family_named_by(model_type: str, weights: Weights, readable: list[Family]) -> Family:
@@ -210,11 +281,16 @@ def family_named_by(model_type: str, weights: Weights, readable: list[Family]) -
         raise not_supported(model_type, weights.source, f"its config.json says model_type {model_type!r}")
     if row not in readable or not row.matches(weights):
         lookalike = next((other for other in readable if other.matches(weights)), None)
-        looks = f"they are a {lookalike.title} checkpoint's" if lookalike else \
-            f"tensors named like {sorted(weights.tensors)[:3]}"
-        raise CheckpointError(f"{weights.source}: its config.json says model_type {model_type!r} ({row.title}), but "
-                              f"its tensors are not that layout ({looks}); put the checkpoint's own config.json "
-                              "beside its weights")
+        looks = (
+            f"they are a {lookalike.title} checkpoint's"
+            if lookalike
+            else f"tensors named like {sorted(weights.tensors)[:3]}"
+        )
+        raise CheckpointError(
+            f"{weights.source}: its config.json says model_type {model_type!r} ({row.title}), but "
+            f"its tensors are not that layout ({looks}); put the checkpoint's own config.json "
+            "beside its weights"
+        )
     return with_built_features(row, weights)
 
 
@@ -222,10 +298,15 @@ def not_supported(name: str, source: str, what: str) -> CheckpointError:
     """The one message for a family no row reads: "family X is not supported (supported: ...)", with what a
     known sibling needs that vitlab's models do not build yet."""
     sibling = next((sibling for sibling in SIBLINGS if name in sibling.model_types), None)
-    needs = f"; {sibling.title} needs {sibling.needs}, which vitlab's models do not build yet" if sibling and \
-        sibling.needs else ""
-    return CheckpointError(f"{source}: {what}: family {name} is not supported (supported: "
-                           f"{', '.join(hf_model_types())}){needs}. vitlab loads {supported_families()}")
+    needs = (
+        f"; {sibling.title} needs {sibling.needs}, which vitlab's models do not build yet"
+        if sibling and sibling.needs
+        else ""
+    )
+    return CheckpointError(
+        f"{source}: {what}: family {name} is not supported (supported: "
+        f"{', '.join(hf_model_types())}){needs}. vitlab loads {supported_families()}"
+    )
 
 
 def telltale_key(sibling: Sibling, weights: Weights) -> str | None:
@@ -245,8 +326,10 @@ def with_built_features(row: Family, weights: Weights) -> Family:
     for feature, fragment in row.unbuilt:
         key = next((key for key in sorted(weights.tensors) if fragment in key), None)
         if key is not None:
-            raise CheckpointError(f"{weights.source}: a {row.title} checkpoint with {feature} (it has {key!r}), which "
-                                  f"vitlab's models do not build yet. vitlab loads {supported_families()}")
+            raise CheckpointError(
+                f"{weights.source}: a {row.title} checkpoint with {feature} (it has {key!r}), which "
+                f"vitlab's models do not build yet. vitlab loads {supported_families()}"
+            )
     return row
 
 
@@ -254,8 +337,10 @@ def refuse_other_architectures(weights: Weights) -> None:
     """One message naming a known non-ViT architecture (Swin, BEiT, ConvNeXt, open_clip, ResNet) and what loads."""
     found = recognise_architecture(set(weights.tensors))
     if found:
-        raise CheckpointError(f"{weights.source}: a {found[0]} checkpoint (it has {found[1]!r}), which vitlab does "
-                              f"not build. vitlab loads {supported_families()}")
+        raise CheckpointError(
+            f"{weights.source}: a {found[0]} checkpoint (it has {found[1]!r}), which vitlab does "
+            f"not build. vitlab loads {supported_families()}"
+        )
 
 
 def recognise_architecture(keys: set[str]) -> tuple[str, str] | None:

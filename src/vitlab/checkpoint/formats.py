@@ -62,13 +62,16 @@ def check_written_content(weights: Path) -> None:
     """Refuse a file vitlab wrote whose bytes have changed since (its SHA-256 is recorded beside it), naming it and
     what to do; a file with nothing recorded (from elsewhere, or an older vitlab) is read as it is."""
     if verify_checksum(weights) is False:
-        raise CheckpointError(f"{weights} is damaged: its content differs from what vitlab wrote (SHA-256 recorded in "
-                              f"{weights.parent / 'checksums.json'}); use another checkpoint of the run (e.g. "
-                              "checkpoints/best.safetensors), or train or export it again")
+        raise CheckpointError(
+            f"{weights} is damaged: its content differs from what vitlab wrote (SHA-256 recorded in "
+            f"{weights.parent / 'checksums.json'}); use another checkpoint of the run (e.g. "
+            "checkpoints/best.safetensors), or train or export it again"
+        )
 
 
-def read_checkpoint(path: str | Path, hints: dict[str, Any] | None = None,
-                    image_size: int | tuple[int, int] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
+def read_checkpoint(
+    path: str | Path, hints: dict[str, Any] | None = None, image_size: int | tuple[int, int] | None = None
+) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
     """(config, state dict in vitlab names, kind) of any supported checkpoint. `hints` (e.g. {"num_heads": 4})
     fill in what neither the file nor its sidecar says. `image_size`, the size the user asked for: where the
     position table is not square it is the checkpoint's own size (and is checked against the table's rows);
@@ -96,15 +99,27 @@ def with_imagenet_names(config: ViTConfig, spec: str | Path, sidecar: dict[str, 
     return config
 
 
-def read_weights(weights: Path, sidecar: dict[str, Any] | None, hints: dict[str, Any] | None = None,
-                 image_size: int | tuple[int, int] | None = None) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
+def read_weights(
+    weights: Path,
+    sidecar: dict[str, Any] | None,
+    hints: dict[str, Any] | None = None,
+    image_size: int | tuple[int, int] | None = None,
+) -> tuple[ViTConfig, dict[str, torch.Tensor], str]:
     """`read_checkpoint` of a resolved weights file and its sidecar JSON, before class names are filled in: the
     file read whole (`io.read_tensors`), its family told (`families.family_of`), then read by that family's row."""
     source = str(weights)
     container, tensors, metadata = read_tensors(weights)
     processor_path = weights.parent / PROCESSOR_FILE
-    found = Weights(source, container, tensors, metadata, sidecar=sidecar, hints=dict(hints or {}),
-                    processor=read_json(processor_path) if processor_path.is_file() else None, image_size=image_size)
+    found = Weights(
+        source,
+        container,
+        tensors,
+        metadata,
+        sidecar=sidecar,
+        hints=dict(hints or {}),
+        processor=read_json(processor_path) if processor_path.is_file() else None,
+        image_size=image_size,
+    )
     row = families.family_of(found)
     try:
         config = row.read_config(found)
@@ -115,8 +130,9 @@ def read_weights(weights: Path, sidecar: dict[str, Any] | None, hints: dict[str,
         # Known names with shapes that no ViT has (a crafted or damaged file): a missing tensor, a reshape or
         # split that does not fit. TypeError and AttributeError are not caught: in vitlab's own code they are
         # bugs, and reporting them as a damaged user file would hide them.
-        raise CheckpointError(f"{source}: tensors with the names of a ViT checkpoint but not its shapes "
-                              f"({type(error).__name__}: {error})") from None
+        raise CheckpointError(
+            f"{source}: tensors with the names of a ViT checkpoint but not its shapes ({type(error).__name__}: {error})"
+        ) from None
 
 
 def load_model(
@@ -169,16 +185,22 @@ def output_files(out: str | Path, to: str) -> list[Path]:
     out = Path(out)
     if to in ("vitlab", "timm"):
         if out.is_dir():
-            raise UsageError(f"{out} is a folder; --to {to} writes one file: give its name, e.g. "
-                             f"{out / ('model.safetensors' if to == 'vitlab' else 'model-timm.safetensors')}")
+            raise UsageError(
+                f"{out} is a folder; --to {to} writes one file: give its name, e.g. "
+                f"{out / ('model.safetensors' if to == 'vitlab' else 'model-timm.safetensors')}"
+            )
         if out.suffix != ".safetensors":
-            raise UsageError(f"--to {to} writes a safetensors file: name the output *.safetensors, not {out.name}"
-                             + (" (--to hf writes a folder)" if not out.suffix else ""))
+            raise UsageError(
+                f"--to {to} writes a safetensors file: name the output *.safetensors, not {out.name}"
+                + (" (--to hf writes a folder)" if not out.suffix else "")
+            )
         return [out] if to == "vitlab" else [out, out.with_suffix(".json")]
     if to == "hf":
         if out.suffix in (".safetensors", ".json", ".bin", ".pt", ".pth", ".npz", ".onnx") or out.is_file():
-            raise UsageError(f"--to hf writes a folder (model.safetensors, config.json, preprocessor_config.json); "
-                             f"{out} names a file: give a folder name")
+            raise UsageError(
+                f"--to hf writes a folder (model.safetensors, config.json, preprocessor_config.json); "
+                f"{out} names a file: give a folder name"
+            )
         return [out / name for name in HF_FILES]
     raise ConfigError(f"unknown export format {to!r}; choose vitlab, timm or hf")
 
@@ -196,8 +218,10 @@ def check_overwrite(input_path: str | Path, out: str | Path, to: str, force: boo
             raise UsageError(f"{target} is the checkpoint being converted; write the conversion somewhere else")
     existing = [str(target) for target in targets if target.exists()]
     if existing and not force:
-        raise UsageError(f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; choose another "
-                         "output or add --force to replace it")
+        raise UsageError(
+            f"{', '.join(existing)} already exist{'s' if len(existing) == 1 else ''}; choose another "
+            "output or add --force to replace it"
+        )
     return targets
 
 
@@ -211,14 +235,18 @@ def rgb_from_grey(model: VisionTransformer) -> VisionTransformer:
     weight = model.patch_embed.proj.weight.detach()  # (D, 1, P_h, P_w)
     luma = torch.tensor(LUMA_WEIGHTS, dtype=weight.dtype)[None, :, None, None]
     projection = rgb.patch_embed.proj
-    rgb.patch_embed.proj = torch.nn.Conv2d(3, projection.out_channels, projection.kernel_size, projection.stride,
-                                           bias=projection.bias is not None)
+    rgb.patch_embed.proj = torch.nn.Conv2d(
+        3, projection.out_channels, projection.kernel_size, projection.stride, bias=projection.bias is not None
+    )
     with torch.no_grad():
         rgb.patch_embed.proj.weight.copy_(weight * luma)
         if projection.bias is not None:
             rgb.patch_embed.proj.bias.copy_(projection.bias)
-    rgb.config = config.replace(in_chans=3, image_mean=tuple(config.image_mean) * (3 // len(config.image_mean)),
-                                image_std=tuple(config.image_std) * (3 // len(config.image_std)))
+    rgb.config = config.replace(
+        in_chans=3,
+        image_mean=tuple(config.image_mean) * (3 // len(config.image_mean)),
+        image_std=tuple(config.image_std) * (3 // len(config.image_std)),
+    )
     return rgb
 
 
@@ -242,7 +270,6 @@ def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitl
         out.mkdir(parents=True, exist_ok=True)
         save_state_dict(state, out / "model.safetensors", {"format": "pt"})
         atomic_write_bytes(out / "config.json", json.dumps(hf.hf_config_dict(model.config), indent=2).encode())
-        atomic_write_bytes(out / PROCESSOR_FILE,
-                           json.dumps(hf.hf_preprocessor_dict(model.config), indent=2).encode())
+        atomic_write_bytes(out / PROCESSOR_FILE, json.dumps(hf.hf_preprocessor_dict(model.config), indent=2).encode())
         return out
     raise ConfigError(f"unknown export format {to!r}; choose vitlab, timm or hf")

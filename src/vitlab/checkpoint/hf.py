@@ -94,14 +94,20 @@ def head_count(hf_config: dict[str, Any], embed_dim: int, source: str) -> int:
     """The head count from config.json, else the paper's for the width; an error naming what to add."""
     num_heads = hf_config.get("num_attention_heads") or HEADS_BY_WIDTH.get(embed_dim)
     if num_heads is None:
-        raise CheckpointError(f"{source}: no config.json beside the weights, and the head count of a width-"
-                              f"{embed_dim} model cannot be read from them; put the model's config.json beside it")
+        raise CheckpointError(
+            f"{source}: no config.json beside the weights, and the head count of a width-"
+            f"{embed_dim} model cannot be read from them; put the model's config.json beside it"
+        )
     return num_heads
 
 
-def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None, source: str,
-                   given_image_size: int | tuple[int, int] | None = None,
-                   processor: dict[str, Any] | None = None) -> ViTConfig:
+def config_from_hf(
+    state: dict[str, torch.Tensor],
+    hf_config: dict[str, Any] | None,
+    source: str,
+    given_image_size: int | tuple[int, int] | None = None,
+    processor: dict[str, Any] | None = None,
+) -> ViTConfig:
     """A ViTConfig from an HF `config.json` (if there is one), its `preprocessor_config.json` (if there is one;
     else the model type's processor defaults) and the weights' shapes."""
     state = strip_prefix(state)
@@ -113,9 +119,11 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
     distilled = "embeddings.distillation_token" in state
     dinov2 = is_dinov2(set(state))
     if dinov2 and state.get("classifier.weight") is not None and state["classifier.weight"].shape[1] != embed_dim:
-        raise CheckpointError(f"{source}: Dinov2ForImageClassification classifies the class token concatenated with "
-                              "the mean patch token, a head vitlab does not build; load its Dinov2Model encoder "
-                              "(features) and fine-tune or probe a head on them")
+        raise CheckpointError(
+            f"{source}: Dinov2ForImageClassification classifies the class token concatenated with "
+            "the mean patch token, a head vitlab does not build; load its Dinov2Model encoder "
+            "(features) and fine-tune or probe a head on them"
+        )
     registers = state["embeddings.register_tokens"].shape[1] if "embeddings.register_tokens" in state else 0
     image_size = hf_config.get("image_size")
     if image_size is None:
@@ -141,18 +149,30 @@ def config_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | N
             class_names = [str(label) for label in labels]
     fc1 = "encoder.layer.0.mlp.fc1.weight" if dinov2 else "encoder.layer.0.intermediate.dense.weight"
     return ViTConfig(
-        image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1], num_classes=num_classes,
-        embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=state[fc1].shape[0],
-        qkv_bias="encoder.layer.0.attention.attention.query.bias" in state, classifier="token",
-        representation_size=representation, mlp_activation="gelu" if activation == "gelu" else "gelu_tanh",
-        layer_norm_eps=hf_config.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12), class_names=class_names,
-        distilled=distilled, distillation_head=teacher_heads or not has_classifier,
+        image_size=image_size,
+        patch_size=tuple(proj.shape[2:]),
+        in_chans=proj.shape[1],
+        num_classes=num_classes,
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_dim=state[fc1].shape[0],
+        qkv_bias="encoder.layer.0.attention.attention.query.bias" in state,
+        classifier="token",
+        representation_size=representation,
+        mlp_activation="gelu" if activation == "gelu" else "gelu_tanh",
+        layer_norm_eps=hf_config.get("layer_norm_eps", 1e-6 if dinov2 else 1e-12),
+        class_names=class_names,
+        distilled=distilled,
+        distillation_head=teacher_heads or not has_classifier,
         # HF adds the class token's position before inserting the registers, which get none; vitlab folds that
         # row into the class token (hf_to_state_dict) and gives positions to the patch tokens only.
-        register_tokens=registers, prefix_positions=not registers,
+        register_tokens=registers,
+        prefix_positions=not registers,
         layer_scale=hf_config.get("layerscale_value", 1.0) if dinov2 else None,
-        **preprocessing_from_hf(processor, hf_config.get("model_type") or (
-            "dinov2" if dinov2 else "deit" if distilled else "vit"), source),
+        **preprocessing_from_hf(
+            processor, hf_config.get("model_type") or ("dinov2" if dinov2 else "deit" if distilled else "vit"), source
+        ),
     )
 
 
@@ -195,8 +215,9 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
     return out
 
 
-def hf_layer_to_block(take: Callable[[str], torch.Tensor], hf_layer: str, block: str, qkv_bias: bool,
-                      dinov2: bool = False) -> dict[str, torch.Tensor]:
+def hf_layer_to_block(
+    take: Callable[[str], torch.Tensor], hf_layer: str, block: str, qkv_bias: bool, dinov2: bool = False
+) -> dict[str, torch.Tensor]:
     """One HF Transformer layer (names under `hf_layer`, e.g. "encoder.layer.3.", read through `take`) -> vitlab's
     `Block` names under `block` ("blocks.3."), query/key/value fused into `attn.qkv`. MAE's decoder layers have
     the same layout, so `checkpoint/hf_mae.py` maps them with this too."""
@@ -215,8 +236,9 @@ def hf_layer_to_block(take: Callable[[str], torch.Tensor], hf_layer: str, block:
     return out
 
 
-def block_to_hf_layer(state: dict[str, torch.Tensor], block: str, hf_layer: str, qkv_bias: bool
-                      ) -> dict[str, torch.Tensor]:
+def block_to_hf_layer(
+    state: dict[str, torch.Tensor], block: str, hf_layer: str, qkv_bias: bool
+) -> dict[str, torch.Tensor]:
     """The inverse of `hf_layer_to_block` for ViT's layer layout: vitlab's `Block` under `block` -> HF names under
     `hf_layer`, the fused `attn.qkv` split into query, key and value."""
     out: dict[str, torch.Tensor] = {}
@@ -235,19 +257,27 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
     `hf_to_state_dict`)."""
     require_plain_blocks(config, "Hugging Face's ViT")
     if config.pre_norm or config.projection or config.classifier == "map":
-        raise CheckpointError("vitlab writes Hugging Face's ViT and DeiT layouts; a CLIP or SigLIP image tower (pre-encoder "
-                              "norm, output projection, attention pooling) is exported to timm or kept in vitlab's format")
+        raise CheckpointError(
+            "vitlab writes Hugging Face's ViT and DeiT layouts; a CLIP or SigLIP image tower (pre-encoder "
+            "norm, output projection, attention pooling) is exported to timm or kept in vitlab's format"
+        )
     if config.layer_scale is not None or config.register_tokens or not config.prefix_positions:
-        raise CheckpointError("vitlab writes Hugging Face's ViT and DeiT layouts, which have no LayerScale or "
-                              "register tokens; export a DINOv2-style model to timm or keep vitlab's format")
+        raise CheckpointError(
+            "vitlab writes Hugging Face's ViT and DeiT layouts, which have no LayerScale or "
+            "register tokens; export a DINOv2-style model to timm or keep vitlab's format"
+        )
     if config.resnet_layers is not None or not config.class_token or config.classifier != "token" or config.fc_norm:
-        raise CheckpointError(f"Hugging Face's ViT has a class-token head only: hybrids, fc_norm models and "
-                              f"{config.classifier!r} pooling cannot be exported to it; export to timm (gap, map) or "
-                              "keep vitlab's format")
+        raise CheckpointError(
+            f"Hugging Face's ViT has a class-token head only: hybrids, fc_norm models and "
+            f"{config.classifier!r} pooling cannot be exported to it; export to timm (gap, map) or "
+            "keep vitlab's format"
+        )
     if config.pos_embed != "learned" or config.pos_embed_placement != "input":
-        raise CheckpointError(f"Hugging Face's ViT has one learned 1-D position table at the input only, not "
-                              f"{config.pos_embed} at {config.pos_embed_placement!r}; export to timm (sin-cos) or keep "
-                              "vitlab's format")
+        raise CheckpointError(
+            f"Hugging Face's ViT has one learned 1-D position table at the input only, not "
+            f"{config.pos_embed} at {config.pos_embed_placement!r}; export to timm (sin-cos) or keep "
+            "vitlab's format"
+        )
     if config.representation_size and config.num_classes:
         raise CheckpointError("Hugging Face's ViTForImageClassification has no pre-logits layer; remove it first")
     out: dict[str, torch.Tensor] = {}
@@ -263,7 +293,10 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
         for hf_name, name in heads:
             out[f"{hf_name}.weight"], out[f"{hf_name}.bias"] = state[f"{name}.weight"], state[f"{name}.bias"]
     elif config.representation_size:
-        out["vit.pooler.dense.weight"], out["vit.pooler.dense.bias"] = state["pre_logits.fc.weight"], state["pre_logits.fc.bias"]
+        out["vit.pooler.dense.weight"], out["vit.pooler.dense.bias"] = (
+            state["pre_logits.fc.weight"],
+            state["pre_logits.fc.bias"],
+        )
     return {key: value.contiguous() for key, value in out.items()}
 
 
@@ -278,12 +311,20 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
         family, head = "ViT", "ForImageClassification"
     return {
         "architectures": [family + (head if config.num_classes else "Model")],
-        "model_type": family.lower(), "hidden_size": config.embed_dim, "num_hidden_layers": config.depth,
-        "num_attention_heads": config.num_heads, "intermediate_size": config.mlp_dim,
+        "model_type": family.lower(),
+        "hidden_size": config.embed_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.mlp_dim,
         "hidden_act": "gelu" if config.mlp_activation == "gelu" else "gelu_pytorch_tanh",
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "initializer_range": 0.02,
-        "layer_norm_eps": config.layer_norm_eps, "image_size": side_or_pair(config.image_size),
-        "patch_size": side_or_pair(config.patch_size), "num_channels": config.in_chans, "qkv_bias": config.qkv_bias,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "initializer_range": 0.02,
+        "layer_norm_eps": config.layer_norm_eps,
+        "image_size": side_or_pair(config.image_size),
+        "patch_size": side_or_pair(config.patch_size),
+        "num_channels": config.in_chans,
+        "qkv_bias": config.qkv_bias,
         "encoder_stride": config.patch_size[0],
         "id2label": {str(i): name for i, name in enumerate(names)},
         "label2id": {name: i for i, name in enumerate(names)},
@@ -306,10 +347,22 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
     "vit": {"size": {"height": 224, "width": 224}, "resample": 2, "do_center_crop": False},
     "vit_mae": {"size": {"height": 224, "width": 224}, "resample": 2, "do_center_crop": False},
-    "deit": {"size": {"height": 256, "width": 256}, "resample": 3, "do_center_crop": True,
-             "crop_size": {"height": 224, "width": 224}, "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
-    "dinov2": {"size": {"shortest_edge": 256}, "resample": 3, "do_center_crop": True,
-               "crop_size": {"height": 224, "width": 224}, "image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD},
+    "deit": {
+        "size": {"height": 256, "width": 256},
+        "resample": 3,
+        "do_center_crop": True,
+        "crop_size": {"height": 224, "width": 224},
+        "image_mean": IMAGENET_MEAN,
+        "image_std": IMAGENET_STD,
+    },
+    "dinov2": {
+        "size": {"shortest_edge": 256},
+        "resample": 3,
+        "do_center_crop": True,
+        "crop_size": {"height": 224, "width": 224},
+        "image_mean": IMAGENET_MEAN,
+        "image_std": IMAGENET_STD,
+    },
 }
 PROCESSOR_DEFAULTS["dinov2_with_registers"] = PROCESSOR_DEFAULTS["dinov2"]
 
@@ -320,8 +373,7 @@ def default_preprocessing(model_types: tuple[str, ...]) -> dict[str, dict[str, A
     return {model_type: preprocessing_from_hf(None, model_type, f"{model_type} defaults") for model_type in model_types}
 
 
-def preprocessing_from_hf(processor: dict[str, Any] | None, model_type: str | None, source: str
-                          ) -> dict[str, Any]:
+def preprocessing_from_hf(processor: dict[str, Any] | None, model_type: str | None, source: str) -> dict[str, Any]:
     """ViTConfig fields (preprocessing, image_mean, image_std) from an HF `preprocessor_config.json`, or from the
     defaults of the model type's image processor when there is none. HF's size {height, width} without a crop is
     a stretch; {shortest_edge} or a centre crop is vitlab's crop, with crop_fraction = crop side / resized side.
@@ -332,8 +384,11 @@ def preprocessing_from_hf(processor: dict[str, Any] | None, model_type: str | No
     resample = settings.get("resample", 2)
     resize = RESIZE_OF_PIL.get(resample)
     if resize is None:
-        warnings.warn(f"{source}: preprocessor_config.json asks for PIL resample filter {resample!r}; vitlab "
-                      "resizes bilinear (2) or bicubic (3) and takes bicubic", stacklevel=2)
+        warnings.warn(
+            f"{source}: preprocessor_config.json asks for PIL resample filter {resample!r}; vitlab "
+            "resizes bilinear (2) or bicubic (3) and takes bicubic",
+            stacklevel=2,
+        )
         resize = "bicubic"
     size = settings.get("size") or {}
     crop = settings.get("crop_size") or {}
@@ -348,7 +403,11 @@ def preprocessing_from_hf(processor: dict[str, Any] | None, model_type: str | No
         # vitlab's writer adds timm's crop_pct, which integer sizes cannot carry exactly (16 / 0.9 -> 17);
         # trusted when it gives the sizes written.
         written = settings.get("crop_pct")
-        if isinstance(written, (int, float)) and 0.1 <= written <= 1 and cropped_side(crop_side, written) == resized_side:
+        if (
+            isinstance(written, (int, float))
+            and 0.1 <= written <= 1
+            and cropped_side(crop_side, written) == resized_side
+        ):
             fraction = written
         contract = Preprocessing(mode="crop", resize=resize, crop_fraction=fraction)
     elif "shortest_edge" in size:
@@ -376,18 +435,27 @@ def hf_preprocessor_dict(config: ViTConfig) -> dict[str, Any]:
     mean, std = config.image_mean, config.image_std
     height, width = config.image_size
     if contract.mode == "crop":
-        resize = {"image_processor_type": "BitImageProcessor",
-                  "size": {"shortest_edge": max(cropped_side(height, contract.crop_fraction),
-                                                cropped_side(width, contract.crop_fraction))},
-                  "do_center_crop": True, "crop_size": {"height": height, "width": width},
-                  "crop_pct": contract.crop_fraction}  # timm's name; only vitlab reads it back
+        resize = {
+            "image_processor_type": "BitImageProcessor",
+            "size": {
+                "shortest_edge": max(
+                    cropped_side(height, contract.crop_fraction), cropped_side(width, contract.crop_fraction)
+                )
+            },
+            "do_center_crop": True,
+            "crop_size": {"height": height, "width": width},
+            "crop_pct": contract.crop_fraction,
+        }  # timm's name; only vitlab reads it back
     else:
         resize = {"image_processor_type": "ViTImageProcessor", "size": {"height": height, "width": width}}
     return {
         "image_processor_type": resize.pop("image_processor_type"),
         "do_convert_rgb": config.in_chans == 3,
-        "do_resize": True, **resize, "resample": PIL_RESAMPLE[contract.resize],
-        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_resize": True,
+        **resize,
+        "resample": PIL_RESAMPLE[contract.resize],
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
         "do_normalize": True,
         "image_mean": list(mean) * (config.in_chans if len(mean) == 1 else 1),
         "image_std": list(std) * (config.in_chans if len(std) == 1 else 1),

@@ -36,8 +36,13 @@ RENAMES = [
     ("post_layernorm.weight", "norm.weight"),
     ("post_layernorm.bias", "norm.bias"),
 ]
-LAYER_RENAMES = [("layer_norm1", "norm1"), ("self_attn.out_proj", "attn.proj"), ("layer_norm2", "norm2"),
-                 ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")]
+LAYER_RENAMES = [
+    ("layer_norm1", "norm1"),
+    ("self_attn.out_proj", "attn.proj"),
+    ("layer_norm2", "norm2"),
+    ("mlp.fc1", "mlp.fc1"),
+    ("mlp.fc2", "mlp.fc2"),
+]
 # A whole CLIPModel also holds the text tower and the temperature: not part of the image tower.
 TEXT_PARTS = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
 # SigLIP's attention-pooling head: (HF name inside "head.", vitlab name inside "attn_pool.").
@@ -46,16 +51,22 @@ MAP_RENAMES = [("attention.out_proj", "proj"), ("layernorm", "norm"), ("mlp.fc1"
 # resizes the shorter side to the input size, bicubic, then crops the centre, with OpenAI's statistics;
 # SiglipImageProcessor resizes to the input size, bicubic, no crop, into [-1, 1].
 PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
-    "clip": dict(image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711),
-                 preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0)),
+    "clip": dict(
+        image_mean=(0.48145466, 0.4578275, 0.40821073),
+        image_std=(0.26862954, 0.26130258, 0.27577711),
+        preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0),
+    ),
     "siglip": dict(image_mean=(0.5,), image_std=(0.5,), preprocessing=Preprocessing(mode="stretch", resize="bicubic")),
 }
 
 
 def is_clip_vision_state_dict(keys: set[str]) -> bool:
     """A CLIP or SigLIP image tower (the two share the encoder's names; SigLIP has no class embedding)."""
-    return any(key.startswith(("vision_model.", "embeddings.")) and key.endswith(
-        ("embeddings.class_embedding", "embeddings.patch_embedding.weight")) for key in keys)
+    return any(
+        key.startswith(("vision_model.", "embeddings."))
+        and key.endswith(("embeddings.class_embedding", "embeddings.patch_embedding.weight"))
+        for key in keys
+    )
 
 
 def is_clip_tower(weights: Weights) -> bool:
@@ -79,8 +90,12 @@ def vision_tower(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {key.removeprefix(PREFIX): value for key, value in state.items() if not key.startswith(TEXT_PARTS)}
 
 
-def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None, source: str,
-                     given_image_size: int | tuple[int, int] | None = None) -> ViTConfig:
+def config_from_clip(
+    state: dict[str, torch.Tensor],
+    hf_config: dict[str, Any] | None,
+    source: str,
+    given_image_size: int | tuple[int, int] | None = None,
+) -> ViTConfig:
     """A ViTConfig from a CLIP vision config.json (a whole CLIPModel's `vision_config` too) and the shapes."""
     state = vision_tower(state)
     hf_config = dict(hf_config or {})
@@ -96,28 +111,49 @@ def config_from_clip(state: dict[str, torch.Tensor], hf_config: dict[str, Any] |
         image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), 1, source, given_image_size)
     # The configs' defaults: CLIP QuickGELU (OpenAI's weights), SigLIP the tanh GELU.
     activation = hf_config.get("hidden_act", "gelu_pytorch_tanh" if siglip else "quick_gelu")
-    activations = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+    activations = {
+        "quick_gelu": "quick_gelu",
+        "gelu": "gelu",
+        "gelu_pytorch_tanh": "gelu_tanh",
+        "gelu_new": "gelu_tanh",
+    }
     if activation not in activations:
-        raise CheckpointError(f"{source}: hidden_act={activation!r} is not supported (vitlab has GELU, tanh GELU "
-                              "and QuickGELU)")
+        raise CheckpointError(
+            f"{source}: hidden_act={activation!r} is not supported (vitlab has GELU, tanh GELU and QuickGELU)"
+        )
     if siglip and "head.probe" not in state:
-        raise CheckpointError(f"{source}: a SigLIP image tower without its attention-pooling head "
-                              "(vision_use_head=False) is not supported")
+        raise CheckpointError(
+            f"{source}: a SigLIP image tower without its attention-pooling head "
+            "(vision_use_head=False) is not supported"
+        )
     projection = "visual_projection.weight" in state
     if siglip:  # no class token, attention pooling, the ViT's own norms and [-1, 1] inputs
-        family = dict(num_classes=0, classifier="map", class_token=False, layer_norm_eps=1e-6,
-                      **PROCESSOR_DEFAULTS["siglip"])
+        family = dict(
+            num_classes=0, classifier="map", class_token=False, layer_norm_eps=1e-6, **PROCESSOR_DEFAULTS["siglip"]
+        )
     else:  # pre-encoder norm, the image-text projection as the head, OpenAI's normalisation
-        family = dict(num_classes=state["visual_projection.weight"].shape[0] if projection else 0,
-                      classifier="token", pre_norm=True, projection=projection, layer_norm_eps=1e-5,
-                      **PROCESSOR_DEFAULTS["clip"])
+        family = dict(
+            num_classes=state["visual_projection.weight"].shape[0] if projection else 0,
+            classifier="token",
+            pre_norm=True,
+            projection=projection,
+            layer_norm_eps=1e-5,
+            **PROCESSOR_DEFAULTS["clip"],
+        )
     family["layer_norm_eps"] = hf_config.get("layer_norm_eps", family["layer_norm_eps"])
     for name in ("image_mean", "image_std"):
         family[name] = tuple(hf_config.get(name, family[name]))
     return ViTConfig(
-        image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=proj.shape[1], embed_dim=embed_dim,
-        depth=depth, num_heads=num_heads, mlp_dim=state["encoder.layers.0.mlp.fc1.weight"].shape[0],
-        qkv_bias="encoder.layers.0.self_attn.q_proj.bias" in state, mlp_activation=activations[activation], **family,
+        image_size=image_size,
+        patch_size=tuple(proj.shape[2:]),
+        in_chans=proj.shape[1],
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_dim=state["encoder.layers.0.mlp.fc1.weight"].shape[0],
+        qkv_bias="encoder.layers.0.self_attn.q_proj.bias" in state,
+        mlp_activation=activations[activation],
+        **family,
     )
 
 

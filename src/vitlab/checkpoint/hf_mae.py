@@ -48,9 +48,12 @@ SAVE_PRETRAINED_DECODER_LAYERS = "decoder.decoder_encoder.layer."  # transformer
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def mae_state_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] | None,
-                      source: str = "ViTMAEForPreTraining checkpoint", processor: dict[str, Any] | None = None
-                      ) -> tuple[ViTConfig, MAEConfig, dict[str, torch.Tensor]]:
+def mae_state_from_hf(
+    state: dict[str, torch.Tensor],
+    hf_config: dict[str, Any] | None,
+    source: str = "ViTMAEForPreTraining checkpoint",
+    processor: dict[str, Any] | None = None,
+) -> tuple[ViTConfig, MAEConfig, dict[str, torch.Tensor]]:
     """(encoder config, MAE config, state dict of a `MaskedAutoencoder`: "encoder.*" and the decoder's names) from
     the tensors of a `ViTMAEForPreTraining` file and its config.json (`hf_config`; missing fields take
     transformers' defaults, e.g. norm_pix_loss False) and preprocessor_config.json (`processor`, optional).
@@ -63,19 +66,25 @@ def mae_state_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] 
     state = {key.replace(SAVE_PRETRAINED_DECODER_LAYERS, DECODER_LAYERS, 1): value for key, value in state.items()}
     keys = set(state)
     if any(re.search(r"(^|\.)layers\.\d+\.attention\.q_proj\.", key) for key in keys):
-        raise CheckpointError(f"{source}: tensors named as transformers' modules in memory (state_dict() of "
-                              "transformers 5), not as its files; save the model with save_pretrained and load that "
-                              "folder")
+        raise CheckpointError(
+            f"{source}: tensors named as transformers' modules in memory (state_dict() of "
+            "transformers 5), not as its files; save the model with save_pretrained and load that "
+            "folder"
+        )
     if not hf.is_mae_pretraining(keys):
-        raise CheckpointError(f"{source}: no MAE decoder in it ('decoder.decoder_pred.weight'); an encoder-only "
-                              "checkpoint loads with vitlab.load_model")
+        raise CheckpointError(
+            f"{source}: no MAE decoder in it ('decoder.decoder_pred.weight'); an encoder-only "
+            "checkpoint loads with vitlab.load_model"
+        )
     encoder_config = hf.config_from_hf(state, hf_config, source, processor=processor)
     encoder_state = hf.hf_to_state_dict(state, encoder_config, source)
     if is_vitlab_sincos_table(encoder_state["pos_embed"], encoder_config):
         encoder_config = encoder_config.replace(pos_embed="sincos2d")
     if not encoder_config.qkv_bias:
-        raise CheckpointError(f"{source}: a model without query/key/value biases; vitlab's MAE decoder has them, "
-                              "as MAE's and transformers' defaults do")
+        raise CheckpointError(
+            f"{source}: a model without query/key/value biases; vitlab's MAE decoder has them, "
+            "as MAE's and transformers' defaults do"
+        )
 
     decoder = {key.removeprefix("decoder."): value for key, value in state.items() if key.startswith("decoder.")}
     picker = TensorPicker(decoder, source, "ViTMAEForPreTraining decoder")
@@ -85,17 +94,22 @@ def mae_state_from_hf(state: dict[str, torch.Tensor], hf_config: dict[str, Any] 
     prefix = DECODER_LAYERS.removeprefix("decoder.")
     depth = len({m.group(1) for key in decoder if (m := re.match(re.escape(prefix) + r"(\d+)\.", key))})
     if not depth:
-        raise CheckpointError(f"{source}: an MAE decoder without layers ('{DECODER_LAYERS}0.*'); not a complete "
-                              "ViTMAEForPreTraining checkpoint")
+        raise CheckpointError(
+            f"{source}: an MAE decoder without layers ('{DECODER_LAYERS}0.*'); not a complete "
+            "ViTMAEForPreTraining checkpoint"
+        )
     for layer in range(depth):
         out.update(hf.hf_layer_to_block(picker.take, f"{prefix}{layer}.", f"decoder_blocks.{layer}.", True))
     picker.check_all_taken()
     try:
         mae_config = MAEConfig(
-            mask_ratio=hf_config.get("mask_ratio", 0.75), decoder_dim=out["decoder_embed.weight"].shape[0],
-            decoder_depth=depth, decoder_heads=hf_config.get("decoder_num_attention_heads", 16),
+            mask_ratio=hf_config.get("mask_ratio", 0.75),
+            decoder_dim=out["decoder_embed.weight"].shape[0],
+            decoder_depth=depth,
+            decoder_heads=hf_config.get("decoder_num_attention_heads", 16),
             decoder_mlp_dim=out["decoder_blocks.0.mlp.fc1.weight"].shape[0],
-            norm_pix_loss=hf_config.get("norm_pix_loss", False))
+            norm_pix_loss=hf_config.get("norm_pix_loss", False),
+        )
     except ConfigError as error:
         raise CheckpointError(f"{source}: its config.json describes no MAE vitlab builds: {error}") from None
     return encoder_config, mae_config, out
@@ -106,8 +120,12 @@ def is_vitlab_sincos_table(table: torch.Tensor, config: ViTConfig) -> bool:
     `sincos_2d_pos_embed` of the grid."""
     if config.embed_dim % 4 or table.shape[1] != config.num_position_prefix + config.num_patches:
         return False
-    expected = torch.cat([torch.zeros(config.num_position_prefix, config.embed_dim),
-                          sincos_2d_pos_embed(config.grid_size, config.embed_dim)])
+    expected = torch.cat(
+        [
+            torch.zeros(config.num_position_prefix, config.embed_dim),
+            sincos_2d_pos_embed(config.grid_size, config.embed_dim),
+        ]
+    )
     return torch.allclose(table[0].float(), expected, rtol=0.0, atol=1e-6)
 
 
@@ -117,16 +135,22 @@ def load_mae(path: str | Path) -> MaskedAutoencoder:
     one."""
     folder = Path(path)
     if not folder.is_dir():
-        raise CheckpointError(f"{folder}: load_mae reads a transformers ViTMAEForPreTraining folder (config.json and "
-                              "model.safetensors or pytorch_model.bin); no such folder")
+        raise CheckpointError(
+            f"{folder}: load_mae reads a transformers ViTMAEForPreTraining folder (config.json and "
+            "model.safetensors or pytorch_model.bin); no such folder"
+        )
     config_path = folder / "config.json"
     if not config_path.is_file():
-        raise CheckpointError(f"{folder}: no config.json, which says the decoder's head count, the mask ratio and "
-                              "the loss; put the checkpoint's config.json beside its weights")
+        raise CheckpointError(
+            f"{folder}: no config.json, which says the decoder's head count, the mask ratio and "
+            "the loss; put the checkpoint's config.json beside its weights"
+        )
     hf_config = read_json(config_path)
     if hf_config.get("model_type") != "vit_mae":
-        raise CheckpointError(f"{config_path}: model_type {hf_config.get('model_type')!r}, not 'vit_mae'; other ViT "
-                              "checkpoints load with vitlab.load_model")
+        raise CheckpointError(
+            f"{config_path}: model_type {hf_config.get('model_type')!r}, not 'vit_mae'; other ViT "
+            "checkpoints load with vitlab.load_model"
+        )
     weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{folder}: none of {', '.join(WEIGHT_FILES)} in it")
@@ -142,8 +166,10 @@ def load_mae(path: str | Path) -> MaskedAutoencoder:
     except ConfigError as error:
         raise CheckpointError(f"{weights}: the checkpoint describes an invalid model: {error}") from None
     except (IndexError, KeyError, ValueError, RuntimeError) as error:
-        raise CheckpointError(f"{weights}: tensors with the names of a ViTMAEForPreTraining checkpoint but not its "
-                              f"shapes ({type(error).__name__}: {error})") from None
+        raise CheckpointError(
+            f"{weights}: tensors with the names of a ViTMAEForPreTraining checkpoint but not its "
+            f"shapes ({type(error).__name__}: {error})"
+        ) from None
     model = model.to_empty(device="cpu")
     load_state_dict_checked(model, mae_state, str(weights))
     return model.eval()
@@ -151,23 +177,33 @@ def load_mae(path: str | Path) -> MaskedAutoencoder:
 
 def check_hf_mae_layout(config: ViTConfig) -> None:
     """Refuse, naming it, what transformers' ViTMAEForPreTraining cannot hold."""
+
     def refuse(what: str) -> None:
-        raise CheckpointError(f"transformers' ViTMAEForPreTraining cannot hold {what}; keep the model in vitlab's "
-                              "format")
+        raise CheckpointError(
+            f"transformers' ViTMAEForPreTraining cannot hold {what}; keep the model in vitlab's format"
+        )
 
     if not config.class_token or config.distilled or config.register_tokens:
-        refuse("an encoder without exactly one prefix token, the class token (this one has "
-               f"class_token={config.class_token}, distilled={config.distilled}, "
-               f"register_tokens={config.register_tokens})")
+        refuse(
+            "an encoder without exactly one prefix token, the class token (this one has "
+            f"class_token={config.class_token}, distilled={config.distilled}, "
+            f"register_tokens={config.register_tokens})"
+        )
     if config.pos_embed not in ("learned", "sincos2d") or config.pos_embed_placement != "input":
-        refuse(f"pos_embed {config.pos_embed!r} at {config.pos_embed_placement!r}: it has one 1-D table added at the "
-               "input (learned or sin-cos)")
+        refuse(
+            f"pos_embed {config.pos_embed!r} at {config.pos_embed_placement!r}: it has one 1-D table added at the "
+            "input (learned or sin-cos)"
+        )
     if config.image_size[0] != config.image_size[1] or config.patch_size[0] != config.patch_size[1]:
-        refuse(f"{config.image_size[0]}x{config.image_size[1]} images in {config.patch_size[0]}x"
-               f"{config.patch_size[1]} patches: its loss takes square images and patches")
+        refuse(
+            f"{config.image_size[0]}x{config.image_size[1]} images in {config.patch_size[0]}x"
+            f"{config.patch_size[1]} patches: its loss takes square images and patches"
+        )
     if config.layer_scale is not None or config.pre_norm or config.fc_norm or config.resnet_layers is not None:
-        refuse("LayerScale, a pre-encoder norm, fc_norm or a ResNet stem: its encoder is the plain ViT with a "
-               "final norm on every token")
+        refuse(
+            "LayerScale, a pre-encoder norm, fc_norm or a ResNet stem: its encoder is the plain ViT with a "
+            "final norm on every token"
+        )
     if not config.qkv_bias:
         refuse("attention without query/key/value biases (its decoder takes the encoder's setting)")
     if config.mlp_activation not in ("gelu", "gelu_tanh"):
@@ -182,10 +218,13 @@ def save_mae_hf(mae: MaskedAutoencoder, folder: str | Path) -> Path:
     config, mae_config = mae.encoder.config, mae.config
     check_hf_mae_layout(config)
     # The layout as hf.py writes it: no head (never read in pre-training), a sin-cos table as the table it is.
-    encoder_config = config.replace(num_classes=0, class_names=None, representation_size=None, classifier="token",
-                                    pos_embed="learned")
+    encoder_config = config.replace(
+        num_classes=0, class_names=None, representation_size=None, classifier="token", pos_embed="learned"
+    )
     state = {name: tensor.detach() for name, tensor in mae.state_dict().items()}
-    encoder_state = {name.removeprefix("encoder."): tensor for name, tensor in state.items() if name.startswith("encoder.")}
+    encoder_state = {
+        name.removeprefix("encoder."): tensor for name, tensor in state.items() if name.startswith("encoder.")
+    }
     out = hf.state_dict_to_hf(encoder_state, encoder_config)
     for hf_name, name in DECODER_RENAMES:
         out["decoder." + hf_name] = state[name]
@@ -195,14 +234,21 @@ def save_mae_hf(mae: MaskedAutoencoder, folder: str | Path) -> Path:
     for key in ("id2label", "label2id", "encoder_stride"):
         hf_config.pop(key)
     hf_config.update(
-        architectures=["ViTMAEForPreTraining"], model_type="vit_mae",
-        decoder_hidden_size=mae_config.decoder_dim, decoder_num_hidden_layers=mae_config.decoder_depth,
-        decoder_num_attention_heads=mae_config.decoder_heads, decoder_intermediate_size=mae_config.decoder_mlp_dim,
-        mask_ratio=mae_config.mask_ratio, norm_pix_loss=mae_config.norm_pix_loss)
+        architectures=["ViTMAEForPreTraining"],
+        model_type="vit_mae",
+        decoder_hidden_size=mae_config.decoder_dim,
+        decoder_num_hidden_layers=mae_config.decoder_depth,
+        decoder_num_attention_heads=mae_config.decoder_heads,
+        decoder_intermediate_size=mae_config.decoder_mlp_dim,
+        mask_ratio=mae_config.mask_ratio,
+        norm_pix_loss=mae_config.norm_pix_loss,
+    )
     folder.mkdir(parents=True, exist_ok=True)
-    save_state_dict({name: tensor.contiguous() for name, tensor in out.items()}, folder / "model.safetensors",
-                    {"format": "pt"})
+    save_state_dict(
+        {name: tensor.contiguous() for name, tensor in out.items()}, folder / "model.safetensors", {"format": "pt"}
+    )
     atomic_write_bytes(folder / "config.json", json.dumps(hf_config, indent=2).encode())
-    atomic_write_bytes(folder / "preprocessor_config.json",
-                       json.dumps(hf.hf_preprocessor_dict(config), indent=2).encode())
+    atomic_write_bytes(
+        folder / "preprocessor_config.json", json.dumps(hf.hf_preprocessor_dict(config), indent=2).encode()
+    )
     return folder

@@ -51,8 +51,11 @@ def hub_settings() -> dict[str, Any]:
     cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not cache and os.environ.get("HF_HOME"):
         cache = os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
-    return dict(cache_dir=cache or None, endpoint=os.environ.get("HF_ENDPOINT", "").rstrip("/") or None,
-                local_files_only=hub_offline_mode() is not None)
+    return dict(
+        cache_dir=cache or None,
+        endpoint=os.environ.get("HF_ENDPOINT", "").rstrip("/") or None,
+        local_files_only=hub_offline_mode() is not None,
+    )
 
 
 def hub_checkpoint(repo: str, revision: str | None, name: str | None = None) -> Path:
@@ -76,9 +79,12 @@ def hub_checkpoint(repo: str, revision: str | None, name: str | None = None) -> 
         raise CheckpointError(
             f"{name}: its weights ({' or '.join(WEIGHT_FILES[:2])}) are not in the Hugging Face cache {cache}, and "
             f"{offline[0]}={offline[1]} forbids downloading them; run once with network access to cache them, or "
-            f"download the repository's config.json and weights into a folder and give the folder instead of the name")
-    raise CheckpointError(f"{name}: the repository has none of {', '.join(WEIGHT_FILES)}, so it is no checkpoint "
-                          f"vitlab reads.{did_you_mean(name)}")
+            f"download the repository's config.json and weights into a folder and give the folder instead of the name"
+        )
+    raise CheckpointError(
+        f"{name}: the repository has none of {', '.join(WEIGHT_FILES)}, so it is no checkpoint "
+        f"vitlab reads.{did_you_mean(name)}"
+    )
 
 
 @contextlib.contextmanager
@@ -112,21 +118,26 @@ def fetch_file(repo: str, file: str, revision: str | None, settings: dict[str, A
     try:
         path = Path(hf_hub_download(repo, file, revision=revision, **settings))
     except RepositoryNotFoundError:  # GatedRepoError is one too
-        raise CheckpointError(f"{name}: no repository {repo} on {endpoint}, or it is private or gated (log in with "
-                              f"`hf auth login` or set HF_TOKEN).{did_you_mean(name)}") from None
+        raise CheckpointError(
+            f"{name}: no repository {repo} on {endpoint}, or it is private or gated (log in with "
+            f"`hf auth login` or set HF_TOKEN).{did_you_mean(name)}"
+        ) from None
     except RevisionNotFoundError:
         raise CheckpointError(f"{name}: repository {repo} has no revision {revision!r}") from None
     except LocalEntryNotFoundError as error:
         if settings["local_files_only"] or status_of(error) == 404:
             return None  # offline and not cached, or a server that answers a missing file with a bare 404
-        raise CheckpointError(f"{name}: could not reach {endpoint} for {file} ({root_cause(error)}), and it is not "
-                              "in the cache; check the network or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use only "
-                              "cached files") from None
+        raise CheckpointError(
+            f"{name}: could not reach {endpoint} for {file} ({root_cause(error)}), and it is not "
+            "in the cache; check the network or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use only "
+            "cached files"
+        ) from None
     except EntryNotFoundError:
         return None
     except (HfHubHTTPError, OSError, ValueError) as error:
-        raise CheckpointError(f"{name}: downloading {file} from {endpoint} failed ({root_cause(error)}); run the "
-                              "command again to retry") from None
+        raise CheckpointError(
+            f"{name}: downloading {file} from {endpoint} failed ({root_cause(error)}); run the command again to retry"
+        ) from None
     verify_hub_file(path, repo, file, name)
     return path
 
@@ -170,6 +181,8 @@ def verify_hub_file(path: Path, repo: str, file: str, name: str) -> None:
         return  # an ETag of another form checks nothing
     blob.unlink(missing_ok=True)
     path.unlink(missing_ok=True)
-    raise CheckpointError(f"{name}: {file} from {repo} does not match the hash the hub publishes for it ({kind} "
-                          f"{etag[:16]}..., the download has {got[:16]}...); the file was deleted from the cache, run "
-                          "the command again to download it afresh")
+    raise CheckpointError(
+        f"{name}: {file} from {repo} does not match the hash the hub publishes for it ({kind} "
+        f"{etag[:16]}..., the download has {got[:16]}...); the file was deleted from the cache, run "
+        "the command again to download it afresh"
+    )

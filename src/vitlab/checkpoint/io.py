@@ -40,8 +40,12 @@ FORMAT_VERSION = "1"
 
 
 # ------------------------------------------------------------------------------------------------ writing
-def save_state_dict(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike,
-                    metadata: dict[str, str] | None = None, checksum: bool = False) -> None:
+def save_state_dict(
+    tensors: Mapping[str, torch.Tensor],
+    path: str | os.PathLike,
+    metadata: dict[str, str] | None = None,
+    checksum: bool = False,
+) -> None:
     """Save tensors as safetensors, atomically; with `checksum` (a run's checkpoints) its SHA-256 is recorded in the
     folder's checksums.json, which `read_checkpoint` checks the file against."""
     from safetensors.torch import save
@@ -54,8 +58,12 @@ def save_state_dict(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike
         atomic_write_bytes(path, data)
 
 
-def save_model(model: torch.nn.Module, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None,
-               checksum: bool = False) -> Path:
+def save_model(
+    model: torch.nn.Module,
+    path: str | os.PathLike,
+    extra_metadata: dict[str, str] | None = None,
+    checksum: bool = False,
+) -> Path:
     """Save a VisionTransformer to one safetensors file with its config inside; returns the path written."""
     path = Path(path)
     if path.is_dir():
@@ -98,7 +106,9 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
             metadata = handle.metadata() or {}
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     except Exception as error:  # safetensors raises its own SafetensorError and several builtins
-        raise CheckpointError(f"{path}: not a readable safetensors file ({error}); is it truncated or corrupt?") from None
+        raise CheckpointError(
+            f"{path}: not a readable safetensors file ({error}); is it truncated or corrupt?"
+        ) from None
     return tensors, metadata
 
 
@@ -117,8 +127,9 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
             ) from None
         raise CheckpointError(f"{path}: not a readable .npz archive ({error})") from None
     except Exception as error:  # noqa: BLE001 - zip, zlib and the .npy parser raise many types on bad bytes
-        raise CheckpointError(f"{path}: not a readable .npz archive ({type(error).__name__}: {error}); "
-                              "is it truncated or corrupt?") from None
+        raise CheckpointError(
+            f"{path}: not a readable .npz archive ({type(error).__name__}: {error}); is it truncated or corrupt?"
+        ) from None
 
 
 def read_torch_file(path: Path) -> dict[str, torch.Tensor]:
@@ -142,9 +153,11 @@ def read_torch_file(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a readable PyTorch file ({error}); is it truncated or corrupt?") from None
     if isinstance(loaded, dict) and {"model", "model_config", "optimizer", "train_config"} <= set(loaded):
         run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-        raise CheckpointError(f"{path} is a vitlab training state (model, optimizer and schedule, for resuming), not a "
-                              f"checkpoint to load: give the run folder {run} (its model.safetensors) instead, or "
-                              f"continue training with: vitlab train --resume {run}")
+        raise CheckpointError(
+            f"{path} is a vitlab training state (model, optimizer and schedule, for resuming), not a "
+            f"checkpoint to load: give the run folder {run} (its model.safetensors) instead, or "
+            f"continue training with: vitlab train --resume {run}"
+        )
     for wrapper in ("state_dict", "model", "model_state", "module"):
         if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
             loaded = loaded[wrapper]
@@ -178,7 +191,9 @@ class Weights:
     container: str  # "safetensors", "npz" or "torch-zip" (`sniff`)
     tensors: dict[str, Any]  # name -> torch tensor, or numpy array for .npz
     metadata: dict[str, str] = field(default_factory=dict)  # the safetensors header's metadata
-    sidecar: dict[str, Any] | None = None  # the JSON beside it: a config.json (transformers, timm hub) or timm arguments
+    sidecar: dict[str, Any] | None = (
+        None  # the JSON beside it: a config.json (transformers, timm hub) or timm arguments
+    )
     processor: dict[str, Any] | None = None  # preprocessor_config.json beside it (transformers' image processor)
     hints: dict[str, Any] = field(default_factory=dict)  # ViTConfig fields the caller gives (e.g. num_heads)
     image_size: int | tuple[int, int] | None = None  # the size the caller asked for (see `read_checkpoint`)
@@ -199,11 +214,20 @@ class Weights:
 def require_plain_blocks(config: ViTConfig, layout: str) -> None:
     """Refuse, before anything is written, to export a model whose blocks have parts `layout` (e.g. "Hugging Face's
     ViT") cannot hold: RMSNorm, SwiGLU or a query-key norm."""
-    parts = [name for name, used in (("RMSNorm", config.norm != "layernorm"), ("SwiGLU MLP", config.mlp != "mlp"),
-                                     ("query-key norm", config.qk_norm)) if used]
+    parts = [
+        name
+        for name, used in (
+            ("RMSNorm", config.norm != "layernorm"),
+            ("SwiGLU MLP", config.mlp != "mlp"),
+            ("query-key norm", config.qk_norm),
+        )
+        if used
+    ]
     if parts:
-        raise CheckpointError(f"{layout} has no {' or '.join(parts)}, which this model's blocks use, so nothing was "
-                              "written; keep vitlab's format: vitlab convert CHECKPOINT OUT.safetensors")
+        raise CheckpointError(
+            f"{layout} has no {' or '.join(parts)}, which this model's blocks use, so nothing was "
+            "written; keep vitlab's format: vitlab convert CHECKPOINT OUT.safetensors"
+        )
 
 
 def apply_hints(config: ViTConfig, hints: Mapping[str, Any]) -> ViTConfig:
@@ -232,17 +256,22 @@ def load_state_dict_checked(model: torch.nn.Module, state_dict: Mapping[str, tor
     missing = [name for name in expected if name not in state_dict]
     unexpected = [name for name in state_dict if name not in expected]
     if missing:
-        raise CheckpointError(f"{source}: missing tensor {missing[0]!r} (shape {tuple(expected[missing[0]].shape)})"
-                              + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        raise CheckpointError(
+            f"{source}: missing tensor {missing[0]!r} (shape {tuple(expected[missing[0]].shape)})"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
     if unexpected:
-        raise CheckpointError(f"{source}: unexpected tensor {unexpected[0]!r} (shape "
-                              f"{tuple(state_dict[unexpected[0]].shape)}) that this model has no place for"
-                              + (f", and {len(unexpected) - 1} more" if len(unexpected) > 1 else ""))
+        raise CheckpointError(
+            f"{source}: unexpected tensor {unexpected[0]!r} (shape "
+            f"{tuple(state_dict[unexpected[0]].shape)}) that this model has no place for"
+            + (f", and {len(unexpected) - 1} more" if len(unexpected) > 1 else "")
+        )
     for name, target in expected.items():
         tensor = state_dict[name]
         if tuple(tensor.shape) != tuple(target.shape):
-            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                  f"the model expects {tuple(target.shape)}")
+            raise CheckpointError(
+                f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(target.shape)}"
+            )
         if not (tensor.is_floating_point() or tensor.is_complex()):
             raise CheckpointError(f"{source}: tensor {name!r} has dtype {tensor.dtype}, expected floating point")
         if not torch.isfinite(tensor).all():
@@ -272,12 +301,19 @@ class TensorPicker:
         leftover = sorted(set(self.tensors) - self.taken)
         if leftover:
             first = self.tensors[leftover[0]]
-            raise CheckpointError(f"{self.source}: unexpected {self.noun} {leftover[0]!r} {tuple(first.shape)} that "
-                                  "vitlab has no place for" + (f" (and {len(leftover) - 1} more)" if len(leftover) > 1 else ""))
+            raise CheckpointError(
+                f"{self.source}: unexpected {self.noun} {leftover[0]!r} {tuple(first.shape)} that "
+                "vitlab has no place for" + (f" (and {len(leftover) - 1} more)" if len(leftover) > 1 else "")
+            )
 
 
-def image_size_from_positions(num_patch_rows: int, patch_size: tuple[int, int], stride: int, source: str,
-                              given: int | tuple[int, int] | list[int] | None = None) -> tuple[int, int]:
+def image_size_from_positions(
+    num_patch_rows: int,
+    patch_size: tuple[int, int],
+    stride: int,
+    source: str,
+    given: int | tuple[int, int] | list[int] | None = None,
+) -> tuple[int, int]:
     """The input size a checkpoint was made for, from its position table of `num_patch_rows` patch rows.
 
     A square table implies its size on its own (side * patch * stem stride per axis); a size the user gave is
@@ -287,17 +323,21 @@ def image_size_from_positions(num_patch_rows: int, patch_size: tuple[int, int], 
     if side * side == num_patch_rows:
         return side * patch_size[0] * stride, side * patch_size[1] * stride
     if given is None:
-        raise CheckpointError(f"{source}: {num_patch_rows} position rows are not a square grid, so the image size "
-                              "the model was made for cannot be read from the weights; give it (--image-size HxW, "
-                              "or image_size=(H, W) in Python)")
+        raise CheckpointError(
+            f"{source}: {num_patch_rows} position rows are not a square grid, so the image size "
+            "the model was made for cannot be read from the weights; give it (--image-size HxW, "
+            "or image_size=(H, W) in Python)"
+        )
     height, width = (given, given) if isinstance(given, int) else tuple(given)
     cell = (patch_size[0] * stride, patch_size[1] * stride)
     grid = (height // cell[0], width // cell[1])
     if height % cell[0] or width % cell[1] or grid[0] * grid[1] != num_patch_rows:
-        raise CheckpointError(f"{source}: image size {height}x{width} does not fit the checkpoint: in "
-                              f"{cell[0]}x{cell[1]}-pixel patches it is a {height / cell[0]:g}x{width / cell[1]:g} "
-                              f"grid, but the position table has {num_patch_rows} patch rows; give the size the "
-                              "checkpoint was made for")
+        raise CheckpointError(
+            f"{source}: image size {height}x{width} does not fit the checkpoint: in "
+            f"{cell[0]}x{cell[1]}-pixel patches it is a {height / cell[0]:g}x{width / cell[1]:g} "
+            f"grid, but the position table has {num_patch_rows} patch rows; give the size the "
+            "checkpoint was made for"
+        )
     return height, width
 
 
@@ -307,8 +347,10 @@ def config_from_metadata(metadata: Mapping[str, str], source: str) -> ViTConfig:
         raise CheckpointError(f"{source}: a vitlab checkpoint without its model config in the header")
     version = metadata.get("format_version", "1")
     if not version.isdigit() or int(version) > int(FORMAT_VERSION):
-        raise CheckpointError(f"{source}: written in vitlab checkpoint format {version!r}, newer than this vitlab "
-                              f"reads ({FORMAT_VERSION}); upgrade vitlab to load it")
+        raise CheckpointError(
+            f"{source}: written in vitlab checkpoint format {version!r}, newer than this vitlab "
+            f"reads ({FORMAT_VERSION}); upgrade vitlab to load it"
+        )
     try:
         return ViTConfig.from_json(metadata["config"])
     except ConfigError as error:

@@ -22,8 +22,9 @@ if TYPE_CHECKING:  # numpy and torch are imported where arrays are made: the fam
 ENCODER = "Transformer/encoderblock_{}/"
 # How the official code evaluates: vit_jax input_pipeline, tf.image.resize to (size, size) (bilinear, no crop),
 # then [-1, 1]; big_vision's eval pipelines resize the same way.
-PREPROCESSING: dict[str, Any] = dict(image_mean=(0.5,), image_std=(0.5,),
-                                     preprocessing=Preprocessing(mode="stretch", resize="bilinear"))
+PREPROCESSING: dict[str, Any] = dict(
+    image_mean=(0.5,), image_std=(0.5,), preprocessing=Preprocessing(mode="stretch", resize="bilinear")
+)
 
 
 def is_jax_checkpoint(keys: set[str]) -> bool:
@@ -44,8 +45,12 @@ def read_config(weights: Weights) -> ViTConfig:
     return apply_hints(config, weights.hints)
 
 
-def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str, Any] | None = None,
-                    given_image_size: int | tuple[int, int] | None = None) -> ViTConfig:
+def config_from_jax(
+    arrays: dict[str, np.ndarray],
+    source: str,
+    hints: dict[str, Any] | None = None,
+    given_image_size: int | tuple[int, int] | None = None,
+) -> ViTConfig:
     """Infer the model config from the arrays' names and shapes; `hints` (the official config dict, e.g. a
     sidecar JSON) settles what shapes cannot, such as a non-square image size."""
     hints = hints or {}
@@ -69,7 +74,8 @@ def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str,
         width_factor = root.shape[3] / 64
         stages = sorted({int(m.group(1)) for k in arrays if (m := re.match(r"block(\d+)/", k))})
         resnet_layers = tuple(
-            len({m.group(1) for k in arrays if (m := re.match(rf"block{s}/unit(\d+)/", k))}) for s in stages)
+            len({m.group(1) for k in arrays if (m := re.match(rf"block{s}/unit(\d+)/", k))}) for s in stages
+        )
     pos_rows = get("Transformer/posembed_input/pos_embedding").shape[1] - int(class_token)
     stride = stem_stride(resnet_layers)
     if "image_size" in hints:
@@ -79,11 +85,21 @@ def config_from_jax(arrays: dict[str, np.ndarray], source: str, hints: dict[str,
     representation = arrays["pre_logits/kernel"].shape[1] if "pre_logits/kernel" in arrays else None
     num_classes = arrays["head/kernel"].shape[1] if "head/kernel" in arrays else 0
     return ViTConfig(
-        image_size=image_size, patch_size=(kernel.shape[0], kernel.shape[1]), in_chans=in_chans,
-        num_classes=num_classes, embed_dim=kernel.shape[3], depth=depth, num_heads=query.shape[1],
-        mlp_dim=mlp_dim, classifier="token" if class_token else "gap", representation_size=representation,
-        mlp_activation="gelu_tanh", layer_norm_eps=1e-6, resnet_layers=resnet_layers,
-        resnet_width_factor=width_factor, **PREPROCESSING,
+        image_size=image_size,
+        patch_size=(kernel.shape[0], kernel.shape[1]),
+        in_chans=in_chans,
+        num_classes=num_classes,
+        embed_dim=kernel.shape[3],
+        depth=depth,
+        num_heads=query.shape[1],
+        mlp_dim=mlp_dim,
+        classifier="token" if class_token else "gap",
+        representation_size=representation,
+        mlp_activation="gelu_tanh",
+        layer_norm_eps=1e-6,
+        resnet_layers=resnet_layers,
+        resnet_width_factor=width_factor,
+        **PREPROCESSING,
     )
 
 
@@ -135,10 +151,12 @@ def jax_to_state_dict(arrays: dict[str, np.ndarray], config: ViTConfig, source: 
         norm(src + "LayerNorm_1", dst + "norm2")
         attn = src + "MultiHeadDotProductAttention_0/"
         # Fuse query, key and value: each kernel (D, heads, head_dim) -> (heads * head_dim, D) rows of qkv.
-        state[dst + "attn.qkv.weight"] = t(np.concatenate(
-            [take(attn + f"{part}/kernel").reshape(dim, -1).T for part in ("query", "key", "value")]))
-        state[dst + "attn.qkv.bias"] = t(np.concatenate(
-            [take(attn + f"{part}/bias").reshape(-1) for part in ("query", "key", "value")]))
+        state[dst + "attn.qkv.weight"] = t(
+            np.concatenate([take(attn + f"{part}/kernel").reshape(dim, -1).T for part in ("query", "key", "value")])
+        )
+        state[dst + "attn.qkv.bias"] = t(
+            np.concatenate([take(attn + f"{part}/bias").reshape(-1) for part in ("query", "key", "value")])
+        )
         state[dst + "attn.proj.weight"] = t(take(attn + "out/kernel").reshape(-1, dim).T)
         state[dst + "attn.proj.bias"] = t(take(attn + "out/bias"))
         dense(src + "MlpBlock_0/Dense_0", dst + "mlp.fc1")

@@ -64,12 +64,22 @@ def url_checkpoint(remote: Remote) -> Path:
             return cached
         final = folder / file_name
         if final.is_file():  # put there by hand: nothing to check it against without the network
-            warnings.warn(f"{final}: used as it is ({offline[0]}={offline[1]}); it was not checked against the hash "
-                          "its server publishes", stacklevel=2)
+            warnings.warn(
+                f"{final}: used as it is ({offline[0]}={offline[1]}); it was not checked against the hash "
+                "its server publishes",
+                stacklevel=2,
+            )
             return final
-        raise CheckpointError(f"{remote.name}: {file_name} is not in the cache and {offline[0]}={offline[1]} forbids "
-                              f"downloading it; put the file from {candidate_urls(wanted)[0]} at {final}, or give "
-                              "its local path instead of the name")
-    return download(wanted, folder, progress=sys.stderr.isatty(), error=CheckpointError,
-                    hint=f"Run the command again (a partial download resumes), or download "
-                         f"{candidate_urls(wanted)[0]} by hand and give its path (or put it at {folder / file_name})")
+        raise CheckpointError(
+            f"{remote.name}: {file_name} is not in the cache and {offline[0]}={offline[1]} forbids "
+            f"downloading it; put the file from {candidate_urls(wanted)[0]} at {final}, or give "
+            "its local path instead of the name"
+        )
+    return download(
+        wanted,
+        folder,
+        progress=sys.stderr.isatty(),
+        error=CheckpointError,
+        hint=f"Run the command again (a partial download resumes), or download "
+        f"{candidate_urls(wanted)[0]} by hand and give its path (or put it at {folder / file_name})",
+    )

@@ -59,9 +59,15 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
         match = re.match(r"vit_(tiny|small|base|large|huge)_", str(args["architecture"]))
         if match:
             hints["num_heads"] = MODEL_SIZES[TIMM_SIZE_NAMES[match.group(1)]]["num_heads"]
-    for timm_name, our_name in (("num_heads", "num_heads"), ("img_size", "image_size"), ("qkv_bias", "qkv_bias"),
-                                ("class_token", "class_token"), ("fc_norm", "fc_norm"), ("reg_tokens", "register_tokens"),
-                                ("init_values", "layer_scale")):
+    for timm_name, our_name in (
+        ("num_heads", "num_heads"),
+        ("img_size", "image_size"),
+        ("qkv_bias", "qkv_bias"),
+        ("class_token", "class_token"),
+        ("fc_norm", "fc_norm"),
+        ("reg_tokens", "register_tokens"),
+        ("init_values", "layer_scale"),
+    ):
         if args.get(timm_name) is not None:
             hints[our_name] = args[timm_name]
     if args.get("no_embed_class") is not None:
@@ -73,12 +79,15 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
     if "global_pool" in args:
         hints["classifier"] = {"token": "token", "avg": "gap", "map": "map"}.get(args["global_pool"], "")
         if not hints["classifier"]:
-            raise CheckpointError(f"timm global_pool={args['global_pool']!r} is not supported; vitlab has 'token', "
-                                  "'avg' and 'map'")
+            raise CheckpointError(
+                f"timm global_pool={args['global_pool']!r} is not supported; vitlab has 'token', 'avg' and 'map'"
+            )
     if args.get("act_layer") is not None:
         if args["act_layer"] not in ("gelu", "gelu_tanh", "quick_gelu"):
-            raise CheckpointError(f"timm act_layer={args['act_layer']!r} is not supported; vitlab has 'gelu', "
-                                  "'gelu_tanh' and 'quick_gelu'")
+            raise CheckpointError(
+                f"timm act_layer={args['act_layer']!r} is not supported; vitlab has 'gelu', "
+                "'gelu_tanh' and 'quick_gelu'"
+            )
         hints["mlp_activation"] = args["act_layer"]
     if args.get("label_names"):
         hints["class_names"] = list(args["label_names"])
@@ -89,8 +98,12 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
         hints["image_mean"], hints["image_std"] = tuple(pretrained["mean"]), tuple(pretrained["std"])
     if pretrained.get("interpolation") in ("bilinear", "bicubic") or pretrained.get("crop_pct") is not None:
         hints["preprocessing"] = Preprocessing(
-            mode="stretch" if pretrained.get("crop_mode") == "squash" else "crop", resize=pretrained.get("interpolation") if pretrained.get("interpolation") in (
-                "bilinear", "bicubic") else "bicubic", crop_fraction=1.0 if pretrained.get("crop_mode") == "squash" else pretrained.get("crop_pct") or 1.0)
+            mode="stretch" if pretrained.get("crop_mode") == "squash" else "crop",
+            resize=pretrained.get("interpolation")
+            if pretrained.get("interpolation") in ("bilinear", "bicubic")
+            else "bicubic",
+            crop_fraction=1.0 if pretrained.get("crop_mode") == "squash" else pretrained.get("crop_pct") or 1.0,
+        )
     return hints
 
 
@@ -99,17 +112,30 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
 # statistics, the shorter side to the input size and the centre (crop_pct 1.0); the AugReg ViTs (timm's default
 # vit_* weights) on [-1, 1] with a 0.9 crop. All bicubic.
 TIMM_FAMILY_PREPROCESSING: dict[str, dict[str, Any]] = {
-    "deit": dict(image_mean=(0.485, 0.456, 0.406), image_std=(0.229, 0.224, 0.225),
-                 preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.875)),
-    "clip": dict(image_mean=(0.48145466, 0.4578275, 0.40821073), image_std=(0.26862954, 0.26130258, 0.27577711),
-                 preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0)),
-    "augreg": dict(image_mean=(0.5,), image_std=(0.5,),
-                   preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.9)),
+    "deit": dict(
+        image_mean=(0.485, 0.456, 0.406),
+        image_std=(0.229, 0.224, 0.225),
+        preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.875),
+    ),
+    "clip": dict(
+        image_mean=(0.48145466, 0.4578275, 0.40821073),
+        image_std=(0.26862954, 0.26130258, 0.27577711),
+        preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0),
+    ),
+    "augreg": dict(
+        image_mean=(0.5,),
+        image_std=(0.5,),
+        preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.9),
+    ),
 }
 
 
-def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[str, Any] | None = None,
-                     given_image_size: int | tuple[int, int] | None = None) -> ViTConfig:
+def config_from_timm(
+    state: dict[str, torch.Tensor],
+    source: str,
+    hints: dict[str, Any] | None = None,
+    given_image_size: int | tuple[int, int] | None = None,
+) -> ViTConfig:
     """Infer a ViTConfig from a timm / vitlab state dict's names and shapes, completed by `hints`.
 
     Pooling follows timm's own rule: `fc_norm` exists exactly when the pool is an average (timm's `fc_norm=None`
@@ -132,38 +158,68 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
     if stem in state:
         in_chans = state[stem].shape[1]
         width_factor = state[stem].shape[0] / 64
-        stages = sorted({int(m.group(1)) for k in state if (m := re.match(r"patch_embed\.backbone\.stages\.(\d+)\.", k))})
-        resnet_layers = tuple(len({m.group(1) for k in state
-                                   if (m := re.match(rf"patch_embed\.backbone\.stages\.{s}\.blocks\.(\d+)\.", k))})
-                              for s in stages)
+        stages = sorted(
+            {int(m.group(1)) for k in state if (m := re.match(r"patch_embed\.backbone\.stages\.(\d+)\.", k))}
+        )
+        resnet_layers = tuple(
+            len(
+                {
+                    m.group(1)
+                    for k in state
+                    if (m := re.match(rf"patch_embed\.backbone\.stages\.{s}\.blocks\.(\d+)\.", k))
+                }
+            )
+            for s in stages
+        )
     num_heads = hints.pop("num_heads", None) or HEADS_BY_WIDTH.get(embed_dim)
     if num_heads is None:
         raise CheckpointError(
             f"{source}: the head count of a width-{embed_dim} model cannot be read from its weights; put a JSON of "
-            'its timm arguments beside it (e.g. {"num_heads": 4}) or pass --num-heads')
+            'its timm arguments beside it (e.g. {"num_heads": 4}) or pass --num-heads'
+        )
     stride = stem_stride(resnet_layers)
     prefix = int(class_token) + int(distilled) + register_tokens
     prefix_positions = hints.pop("prefix_positions", None)
     if prefix_positions is None:
-        prefix_positions = prefix_rows_in_table(state["pos_embed"].shape[1], prefix, tuple(proj.shape[2:]), stride,
-                                                hints.get("image_size") or given_image_size, source, register_tokens)
+        prefix_positions = prefix_rows_in_table(
+            state["pos_embed"].shape[1],
+            prefix,
+            tuple(proj.shape[2:]),
+            stride,
+            hints.get("image_size") or given_image_size,
+            source,
+            register_tokens,
+        )
     image_size = hints.pop("image_size", None)
     if image_size is None:
         rows = state["pos_embed"].shape[1] - (prefix if prefix_positions else 0)
         image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), stride, source, given_image_size)
     fields: dict[str, Any] = dict(
-        image_size=image_size, patch_size=tuple(proj.shape[2:]), in_chans=in_chans,
+        image_size=image_size,
+        patch_size=tuple(proj.shape[2:]),
+        in_chans=in_chans,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
-        embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_dim=mlp_dim,
-        qkv_bias="blocks.0.attn.qkv.bias" in state, class_token=class_token,
-        classifier="map" if "attn_pool.latent" in state else
-        "token" if class_token and "fc_norm.weight" not in state else "gap",
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_dim=mlp_dim,
+        qkv_bias="blocks.0.attn.qkv.bias" in state,
+        class_token=class_token,
+        classifier="map"
+        if "attn_pool.latent" in state
+        else "token"
+        if class_token and "fc_norm.weight" not in state
+        else "gap",
         fc_norm="fc_norm.weight" in state,
         representation_size=state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else None,
-        resnet_layers=resnet_layers, resnet_width_factor=width_factor, distilled=distilled,
-        register_tokens=register_tokens, prefix_positions=prefix_positions,
+        resnet_layers=resnet_layers,
+        resnet_width_factor=width_factor,
+        distilled=distilled,
+        register_tokens=register_tokens,
+        prefix_positions=prefix_positions,
         # timm's pre_norm models are CLIP towers, whose LayerNorms use eps 1e-5 (a state dict cannot say).
-        pre_norm="norm_pre.weight" in state, layer_norm_eps=1e-5 if "norm_pre.weight" in state else 1e-6,
+        pre_norm="norm_pre.weight" in state,
+        layer_norm_eps=1e-5 if "norm_pre.weight" in state else 1e-6,
         # timm's CLIP conversion writes the image-text projection as the head with an all-zero bias, which no
         # trained classifier has: with norm_pre, that head is CLIP's projection.
         projection="norm_pre.weight" in state and "head.bias" in state and not state["head.bias"].any(),
@@ -174,15 +230,24 @@ def config_from_timm(state: dict[str, torch.Tensor], source: str, hints: dict[st
     fields.update(TIMM_FAMILY_PREPROCESSING[family])
     fields.update(hints)
     if fields["pre_norm"] and "mlp_activation" not in hints:
-        warnings.warn(f"{source}: a CLIP-style tower (norm_pre) without its timm arguments: the weights cannot tell "
-                      "GELU (open_clip / LAION training) from QuickGELU (OpenAI's); assumed GELU, timm's default. For "
-                      'OpenAI weights put {"act_layer": "quick_gelu"} in a JSON beside the file', stacklevel=2)
+        warnings.warn(
+            f"{source}: a CLIP-style tower (norm_pre) without its timm arguments: the weights cannot tell "
+            "GELU (open_clip / LAION training) from QuickGELU (OpenAI's); assumed GELU, timm's default. For "
+            'OpenAI weights put {"act_layer": "quick_gelu"} in a JSON beside the file',
+            stacklevel=2,
+        )
     return ViTConfig(**fields)
 
 
-def prefix_rows_in_table(rows: int, prefix: int, patch_size: tuple[int, int], stride: int,
-                         image_size: int | tuple[int, int] | list[int] | None, source: str,
-                         register_tokens: int = 0) -> bool:
+def prefix_rows_in_table(
+    rows: int,
+    prefix: int,
+    patch_size: tuple[int, int],
+    stride: int,
+    image_size: int | tuple[int, int] | list[int] | None,
+    source: str,
+    register_tokens: int = 0,
+) -> bool:
     """Whether a timm position table has rows for the prefix tokens (timm's default) or for the patches only
     (`no_embed_class=True`). With the image size it was made for the row count says; otherwise a model without register
     tokens follows timm's default, and one with registers (timm builds those with no_embed_class) is read by
@@ -200,34 +265,52 @@ def prefix_rows_in_table(rows: int, prefix: int, patch_size: tuple[int, int], st
     with_prefix, patches_only = math.isqrt(rows - prefix) ** 2 == rows - prefix, math.isqrt(rows) ** 2 == rows
     if with_prefix != patches_only:
         return with_prefix
-    raise CheckpointError(f"{source}: a {rows}-row position table with {prefix} prefix tokens could be read either "
-                          "way (with or without rows for the prefix tokens); say which with no_embed_class in the "
-                          "sidecar JSON of timm arguments, or give --image-size")
+    raise CheckpointError(
+        f"{source}: a {rows}-row position table with {prefix} prefix tokens could be read either "
+        "way (with or without rows for the prefix tokens); say which with no_embed_class in the "
+        "sidecar JSON of timm arguments, or give --image-size"
+    )
 
 
 def timm_model_args(config: ViTConfig) -> dict[str, Any]:
     """timm `VisionTransformer(**args)` arguments that rebuild `config` (plain ViT only)."""
     require_plain_blocks(config, "timm's VisionTransformer, as vitlab writes its arguments,")
     if config.resnet_layers is not None:
-        raise CheckpointError("vitlab does not export hybrids to timm (timm builds them from a separate ResNetV2 "
-                              "backbone, which its constructor arguments cannot describe), so nothing was written; "
-                              "keep vitlab's format: vitlab convert CHECKPOINT OUT.safetensors")
-    if (config.pos_embed not in ("learned", "sincos2d") or config.pos_embed_placement != "input"
-            or config.classifier not in ("token", "gap", "map")):
+        raise CheckpointError(
+            "vitlab does not export hybrids to timm (timm builds them from a separate ResNetV2 "
+            "backbone, which its constructor arguments cannot describe), so nothing was written; "
+            "keep vitlab's format: vitlab convert CHECKPOINT OUT.safetensors"
+        )
+    if (
+        config.pos_embed not in ("learned", "sincos2d")
+        or config.pos_embed_placement != "input"
+        or config.classifier not in ("token", "gap", "map")
+    ):
         raise CheckpointError(
             f"timm's VisionTransformer has no {config.pos_embed} position embedding placed at "
             f"{config.pos_embed_placement!r} with {config.classifier!r} pooling (it has a 1-D table at the input and "
             "token, avg or map pooling), so nothing was written; keep vitlab's format: vitlab convert CHECKPOINT "
-            "OUT.safetensors")
+            "OUT.safetensors"
+        )
     if config.layer_norm_eps != (1e-5 if config.pre_norm else 1e-6) or config.pos_embed != "learned":
-        warnings.warn("timm's constructor arguments cannot express layer_norm_eps != 1e-6 or a fixed sin-cos "
-                      "position embedding; the weights file carries vitlab's exact config, but a model built in "
-                      "timm from these arguments will differ slightly", stacklevel=2)
+        warnings.warn(
+            "timm's constructor arguments cannot express layer_norm_eps != 1e-6 or a fixed sin-cos "
+            "position embedding; the weights file carries vitlab's exact config, but a model built in "
+            "timm from these arguments will differ slightly",
+            stacklevel=2,
+        )
     args: dict[str, Any] = dict(
-        img_size=list(config.image_size), patch_size=list(config.patch_size), in_chans=config.in_chans,
-        num_classes=config.num_classes, embed_dim=config.embed_dim, depth=config.depth,
-        num_heads=config.num_heads, mlp_ratio=config.mlp_dim / config.embed_dim, qkv_bias=config.qkv_bias,
-        class_token=config.class_token, global_pool={"token": "token", "gap": "avg", "map": "map"}[config.classifier],
+        img_size=list(config.image_size),
+        patch_size=list(config.patch_size),
+        in_chans=config.in_chans,
+        num_classes=config.num_classes,
+        embed_dim=config.embed_dim,
+        depth=config.depth,
+        num_heads=config.num_heads,
+        mlp_ratio=config.mlp_dim / config.embed_dim,
+        qkv_bias=config.qkv_bias,
+        class_token=config.class_token,
+        global_pool={"token": "token", "gap": "avg", "map": "map"}[config.classifier],
         fc_norm=config.fc_norm,
     )
     if config.mlp_activation in ("gelu_tanh", "quick_gelu"):
@@ -243,6 +326,9 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
     if config.layer_scale is not None:
         args["init_values"] = config.layer_scale
     if config.distilled:
-        warnings.warn("timm builds distilled (DeiT) models with timm.models.deit.VisionTransformerDistilled, "
-                      "whose arguments these are; VisionTransformer itself has no distillation token", stacklevel=2)
+        warnings.warn(
+            "timm builds distilled (DeiT) models with timm.models.deit.VisionTransformerDistilled, "
+            "whose arguments these are; VisionTransformer itself has no distillation token",
+            stacklevel=2,
+        )
     return args

@@ -43,12 +43,16 @@ class Preprocessing:
             raise ConfigError(f"preprocessing grey must be one of {', '.join(GREY_CONVERSIONS)}, got {self.grey!r}")
         fraction = self.crop_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.1 <= fraction <= 1:
-            raise ConfigError(f"preprocessing crop_fraction must be a number in [0.1, 1] (timm's crop_pct, e.g. "
-                              f"0.875), got {fraction!r}")
+            raise ConfigError(
+                f"preprocessing crop_fraction must be a number in [0.1, 1] (timm's crop_pct, e.g. "
+                f"0.875), got {fraction!r}"
+            )
         object.__setattr__(self, "crop_fraction", float(fraction))
         if self.mode == "stretch" and self.crop_fraction != 1.0:
-            raise ConfigError(f"crop_fraction {self.crop_fraction} means nothing when stretching; use mode 'crop' "
-                              "or crop_fraction 1.0")
+            raise ConfigError(
+                f"crop_fraction {self.crop_fraction} means nothing when stretching; use mode 'crop' "
+                "or crop_fraction 1.0"
+            )
 
     @classmethod
     def in_memory(cls) -> Preprocessing:
@@ -71,8 +75,9 @@ class Preprocessing:
     @classmethod
     def from_dict(cls, data: Any) -> Preprocessing:
         if not isinstance(data, dict):
-            raise ConfigError(f"model config field preprocessing must be an object such as {cls().to_dict()}, "
-                              f"got {data!r}")
+            raise ConfigError(
+                f"model config field preprocessing must be an object such as {cls().to_dict()}, got {data!r}"
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

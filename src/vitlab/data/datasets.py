@@ -68,8 +68,10 @@ class ImageDataset:
         bad = (self.labels < 0) | (self.labels >= len(self.class_names))
         if bad.any():
             index = int(bad.nonzero()[0, 0])
-            raise DataError(f"data set {self.name!r}: label {int(self.labels[index])} of image {index} is out of range "
-                            f"0..{len(self.class_names) - 1}; the files are corrupt or of another data set")
+            raise DataError(
+                f"data set {self.name!r}: label {int(self.labels[index])} of image {index} is out of range "
+                f"0..{len(self.class_names) - 1}; the files are corrupt or of another data set"
+            )
 
     def __len__(self) -> int:
         return len(self.images)
@@ -86,23 +88,34 @@ class ImageDataset:
     def channels(self) -> int:
         return int(self.images.shape[1])
 
-    def training_batches(self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0,
-                         world_size: int = 1) -> Iterator[Batch]:
+    def training_batches(
+        self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
+    ) -> Iterator[Batch]:
         """The rest of an epoch from `start_step`: this rank's shard of each global batch of a seeded order."""
         order = epoch_order(len(self), epoch_seed)
         shard = rank_shard(batch_size, rank, world_size)
         for step in range(start_step, steps_per_epoch(len(self), batch_size)):
-            rows = order[step * batch_size:(step + 1) * batch_size][shard]
-            yield Batch(self.images[rows], self.labels[rows] if self.labels is not None else None, rows,
-                        self.max_value, batch_size, shard)
+            rows = order[step * batch_size : (step + 1) * batch_size][shard]
+            yield Batch(
+                self.images[rows],
+                self.labels[rows] if self.labels is not None else None,
+                rows,
+                self.max_value,
+                batch_size,
+                shard,
+            )
 
     def evaluation_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
         """Every image once, in order: this rank's contiguous share, in batches of at most `batch_size`."""
         share = evaluation_share(len(self), rank, world_size)
         for first in range(share.start, share.stop, batch_size):
             rows = slice(first, min(first + batch_size, share.stop))
-            yield Batch(self.images[rows], self.labels[rows] if self.labels is not None else None,
-                        torch.arange(rows.start, rows.stop), self.max_value)
+            yield Batch(
+                self.images[rows],
+                self.labels[rows] if self.labels is not None else None,
+                torch.arange(rows.start, rows.stop),
+                self.max_value,
+            )
 
     def close(self) -> None:
         """Nothing to let go of: the images are tensors in this process."""
@@ -110,26 +123,44 @@ class ImageDataset:
     def fingerprint(self) -> dict[str, object]:
         """What a saved run records of its data: the count, and hashes of the labels and of the pixels."""
         labels = b"" if self.labels is None else self.labels.numpy().tobytes()
-        return {"count": len(self), "labels": digest(labels),
-                "content": digest(memoryview(self.images.contiguous().numpy()).cast("B"))}  # no copy
+        return {
+            "count": len(self),
+            "labels": digest(labels),
+            "content": digest(memoryview(self.images.contiguous().numpy()).cast("B")),
+        }  # no copy
 
     def select_classes(self, classes: list[int]) -> ImageDataset:
         """Only the images of `classes` (indices into class_names), relabelled 0..len(classes)-1 in that order."""
         for index in classes:
             if not 0 <= index < self.num_classes:
-                raise DataError(f"class {index} does not exist in {self.name}, which has classes 0..{self.num_classes - 1}")
+                raise DataError(
+                    f"class {index} does not exist in {self.name}, which has classes 0..{self.num_classes - 1}"
+                )
         if len(set(classes)) != len(classes):
             raise DataError(f"classes {classes} name a class twice")
         lookup = torch.full((self.num_classes,), -1, dtype=torch.int64)
         lookup[torch.tensor(classes)] = torch.arange(len(classes))
         keep = lookup[self.labels] >= 0
-        return ImageDataset(self.images[keep], lookup[self.labels[keep]], [self.class_names[i] for i in classes],
-                            f"{self.name}[{','.join(map(str, classes))}]", self.max_value, self.hflip,
-                            preprocessing=self.preprocessing)
+        return ImageDataset(
+            self.images[keep],
+            lookup[self.labels[keep]],
+            [self.class_names[i] for i in classes],
+            f"{self.name}[{','.join(map(str, classes))}]",
+            self.max_value,
+            self.hflip,
+            preprocessing=self.preprocessing,
+        )
 
     def subset(self, indices: torch.Tensor, name: str | None = None) -> ImageDataset:
-        return ImageDataset(self.images[indices], self.labels[indices], self.class_names, name or self.name,
-                            self.max_value, self.hflip, preprocessing=self.preprocessing)
+        return ImageDataset(
+            self.images[indices],
+            self.labels[indices],
+            self.class_names,
+            name or self.name,
+            self.max_value,
+            self.hflip,
+            preprocessing=self.preprocessing,
+        )
 
 
 # ------------------------------------------------------------------------------------------------ digits
@@ -143,7 +174,10 @@ def load_digits(split: str) -> ImageDataset:
 
 
 # ------------------------------------------------------------------------------------------------ IDX (MNIST)
-MNIST_MIRRORS = ("https://storage.googleapis.com/cvdf-datasets/mnist/", "https://ossci-datasets.s3.amazonaws.com/mnist/")
+MNIST_MIRRORS = (
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+)
 FASHION_MIRRORS = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",)
 # name: (sha256, bytes); from the published checksum lists of the data sets' distributors.
 MNIST_FILES = {
@@ -158,8 +192,18 @@ FASHION_FILES = {
     "t10k-images-idx3-ubyte.gz": ("346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073", 4422102),
     "t10k-labels-idx1-ubyte.gz": ("67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5", 5148),
 }
-FASHION_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                   "Ankle boot"]
+FASHION_CLASSES = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+]
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -173,12 +217,14 @@ def read_idx(path: Path) -> np.ndarray:
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise DataError(f"{path}: not an IDX file of unsigned bytes (bad magic number)")
     ndim = raw[3]
-    dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
+    dims = struct.unpack(f">{ndim}I", raw[4 : 4 + 4 * ndim])
     expected = int(np.prod(dims))
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != expected:
-        raise DataError(f"{path}: the header promises {expected} values of shape {dims} but the file holds {data.size}; "
-                        "it is truncated or corrupt")
+        raise DataError(
+            f"{path}: the header promises {expected} values of shape {dims} but the file holds {data.size}; "
+            "it is truncated or corrupt"
+        )
     return data.reshape(dims)
 
 
@@ -207,16 +253,29 @@ def load_idx_dataset(name: str, split: str, data_dir: Path | None, allow_downloa
     if images.ndim != 3 or labels.ndim != 1:
         raise DataError(f"{name}: expected images (N, H, W) and labels (N,), got {images.shape} and {labels.shape}")
     classes = [str(d) for d in range(10)] if name == "mnist" else FASHION_CLASSES
-    return ImageDataset(torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.astype(np.int64)),
-                        classes, name, hflip=name == "fashion-mnist")
+    return ImageDataset(
+        torch.from_numpy(images.copy()).unsqueeze(1),
+        torch.from_numpy(labels.astype(np.int64)),
+        classes,
+        name,
+        hflip=name == "fashion-mnist",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ CIFAR
 CIFAR_REMOTES = {
-    "cifar10": RemoteFile("cifar-10-python.tar.gz", "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
-                          170498071, ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",)),
-    "cifar100": RemoteFile("cifar-100-python.tar.gz", "85cd44d02ba6437773c5bbd22e183051d648de2e7d6b014e1ef29b855ba677a7",
-                           169001437, ("https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",)),
+    "cifar10": RemoteFile(
+        "cifar-10-python.tar.gz",
+        "6d958be074577803d12ecdefd02955f39262c83c16fe9348329d7fe0b5c001ce",
+        170498071,
+        ("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",),
+    ),
+    "cifar100": RemoteFile(
+        "cifar-100-python.tar.gz",
+        "85cd44d02ba6437773c5bbd22e183051d648de2e7d6b014e1ef29b855ba677a7",
+        169001437,
+        ("https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",),
+    ),
 }
 
 
@@ -232,8 +291,10 @@ class NumpyOnlyUnpickler(pickle.Unpickler):
     crafted file cannot run code."""
 
     ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
         ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes; a pure function
     }
 
@@ -257,8 +318,10 @@ def unpickle_numeric(data: bytes, source: str) -> dict:
     try:
         return NumpyOnlyUnpickler(io.BytesIO(data), encoding="bytes").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as error:
-        raise DataError(f"{source}: refused or unreadable ({error}); the CIFAR python files hold only arrays and "
-                        "lists, so this file is corrupt or not what it claims to be") from None
+        raise DataError(
+            f"{source}: refused or unreadable ({error}); the CIFAR python files hold only arrays and "
+            "lists, so this file is corrupt or not what it claims to be"
+        ) from None
 
 
 def load_cifar(name: str, split: str, data_dir: Path | None, allow_download: bool) -> ImageDataset:
@@ -288,8 +351,9 @@ def load_cifar(name: str, split: str, data_dir: Path | None, allow_download: boo
     except (tarfile.TarError, EOFError, OSError, KeyError) as error:
         raise DataError(f"{path}: not a readable {name} tarball ({error}); delete it and download it again") from None
     classes = [c.decode() if isinstance(c, bytes) else str(c) for c in meta[names_key]]
-    return ImageDataset(torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.int64), classes,
-                        name, hflip=True)
+    return ImageDataset(
+        torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.int64), classes, name, hflip=True
+    )
 
 
 # ------------------------------------------------------------------------------------------------ folder
@@ -303,8 +367,9 @@ def scan_folder(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     return index.class_names, [(Path(index.location(i)), int(index.labels[i])) for i in range(len(index))]
 
 
-def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3,
-                preprocessing: Preprocessing | None = None) -> ImageDataset:
+def load_folder(
+    root: Path, image_size: tuple[int, int], channels: int = 3, preprocessing: Preprocessing | None = None
+) -> ImageDataset:
     classes, samples = scan_folder(root)
     images, labels, skipped = [], [], []
     for path, label in samples:
@@ -314,29 +379,55 @@ def load_folder(root: Path, image_size: tuple[int, int], channels: int = 3,
         except DataError as error:
             skipped.append(str(error))
     if skipped:
-        warnings.warn(f"skipped {len(skipped)} of {len(samples)} unreadable images in {root}, e.g. {skipped[0]}",
-                      stacklevel=2)
+        warnings.warn(
+            f"skipped {len(skipped)} of {len(samples)} unreadable images in {root}, e.g. {skipped[0]}", stacklevel=2
+        )
     if len(skipped) > MAX_BAD_FRACTION * len(samples):
-        raise DataError(f"{len(skipped)} of {len(samples)} images in {root} are unreadable (more than "
-                        f"{MAX_BAD_FRACTION:.0%}); first: {skipped[0]}")
-    dataset = ImageDataset(torch.stack(images), torch.tensor(labels), classes, f"folder:{root.name}", hflip=True,
-                           preprocessing=preprocessing or Preprocessing.image_files())
+        raise DataError(
+            f"{len(skipped)} of {len(samples)} images in {root} are unreadable (more than "
+            f"{MAX_BAD_FRACTION:.0%}); first: {skipped[0]}"
+        )
+    dataset = ImageDataset(
+        torch.stack(images),
+        torch.tensor(labels),
+        classes,
+        f"folder:{root.name}",
+        hflip=True,
+        preprocessing=preprocessing or Preprocessing.image_files(),
+    )
     dataset.skipped = skipped
     return dataset
 
 
-def load_splits(name: str, data_dir: str | Path | None = None, val_size: float = 0.1, seed: int = 0,
-                image_size: int | tuple[int, int] | None = None, classes: list[int] | None = None,
-                allow_download: bool = True, max_train_images: int | None = None, channels: int = 3,
-                preprocessing: Preprocessing | None = None) -> Splits:
+def load_splits(
+    name: str,
+    data_dir: str | Path | None = None,
+    val_size: float = 0.1,
+    seed: int = 0,
+    image_size: int | tuple[int, int] | None = None,
+    classes: list[int] | None = None,
+    allow_download: bool = True,
+    max_train_images: int | None = None,
+    channels: int = 3,
+    preprocessing: Preprocessing | None = None,
+) -> Splits:
     """Train, validation and test splits of a data set. A data set with an official validation split (an image
     folder with train/, val/ and test/) keeps it; otherwise `val_size` images (a fraction below 1, or a count)
     are carved from the training split, stratified by class and fixed by `seed`. val_size 0: no validation.
     `max_train_images` then keeps a stratified subset of what is left for training (quick runs, tests).
     `preprocessing`: the contract image files are decoded under (default `Preprocessing.image_files()`)."""
+
     def load(split: str) -> ImageDataset:
-        return load_dataset(name, split, data_dir, allow_download, image_size=image_size, channels=channels,
-                            classes=classes, preprocessing=preprocessing)
+        return load_dataset(
+            name,
+            split,
+            data_dir,
+            allow_download,
+            image_size=image_size,
+            channels=channels,
+            classes=classes,
+            preprocessing=preprocessing,
+        )
 
     train, test = load("train"), load("test")
     validation, source = None, "none"
@@ -347,8 +438,10 @@ def load_splits(name: str, data_dir: str | Path | None = None, val_size: float =
     elif val_size > 0:
         kept, held = split_indices(train.labels, val_size, seed)
         if train.labels[kept].unique().numel() < train.num_classes:
-            raise DataError(f"a validation split of {val_size} leaves a class of {train.name} with no training "
-                            "image; use a smaller --set val_size")
+            raise DataError(
+                f"a validation split of {val_size} leaves a class of {train.name} with no training "
+                "image; use a smaller --set val_size"
+            )
         train, validation, source = train.subset(kept), train.subset(held, f"{train.name} validation"), "carved"
     if max_train_images is not None and max_train_images < len(train):
         # A different stream from the validation carving's, so the subset is not the carving's leftovers in order.
@@ -358,7 +451,7 @@ def load_splits(name: str, data_dir: str | Path | None = None, val_size: float =
 
 
 def test_carving(name: str, data_dir: str | Path | None) -> str:
-    """"official", or how `load_dataset` carves the test split of a folder that is one tree of class folders."""
+    """ "official", or how `load_dataset` carves the test split of a folder that is one tree of class folders."""
     if name != "folder" or data_dir is None:
         return "official"
     root = Path(data_dir).expanduser()
@@ -375,10 +468,18 @@ def has_official_validation(name: str, data_dir: str | Path | None) -> bool:
     return all((root / split).is_dir() for split in ("train", "val", "test"))
 
 
-def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = None, allow_download: bool = True,
-                 image_size: int | tuple[int, int] | None = None, channels: int = 3,
-                 test_fraction: float = 0.2, seed: int = 0, classes: list[int] | None = None,
-                 preprocessing: Preprocessing | None = None) -> ImageDataset:
+def load_dataset(
+    name: str,
+    split: str = "train",
+    data_dir: str | Path | None = None,
+    allow_download: bool = True,
+    image_size: int | tuple[int, int] | None = None,
+    channels: int = 3,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    classes: list[int] | None = None,
+    preprocessing: Preprocessing | None = None,
+) -> ImageDataset:
     """A data set split ("train", "test", or "val" where the data set has an official one) by name; see the
     module docstring for the names. `classes` keeps
     only those classes, relabelled in the order given (e.g. digits [5, 6, 7, 8, 9] become labels 0-4).
@@ -392,8 +493,17 @@ def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = 
     if split == "val" and not has_official_validation(name, data_dir):
         raise DataError(f"{name} has no official validation split; training carves one from its training images")
     if classes is not None:
-        return load_dataset(name, split, data_dir, allow_download, image_size, channels, test_fraction, seed,
-                            preprocessing=preprocessing).select_classes(list(classes))
+        return load_dataset(
+            name,
+            split,
+            data_dir,
+            allow_download,
+            image_size,
+            channels,
+            test_fraction,
+            seed,
+            preprocessing=preprocessing,
+        ).select_classes(list(classes))
     root = Path(data_dir).expanduser() if data_dir is not None else None
     if root is not None and not root.exists():
         raise DataError(f"--data-dir {root} does not exist")
@@ -423,9 +533,18 @@ def load_dataset(name: str, split: str = "train", data_dir: str | Path | None = 
 def open_splits(request: DataRequest) -> Splits:
     """The splits of a data set held in memory (the `SplitsOpener` of the array data sets and of image folders
     that fit): `load_splits` for the request."""
-    return load_splits(request.dataset, request.data_dir, request.val_size, request.seed, request.image_size,
-                       request.classes, request.allow_download, request.max_train_images, request.channels,
-                       request.preprocessing)
+    return load_splits(
+        request.dataset,
+        request.data_dir,
+        request.val_size,
+        request.seed,
+        request.image_size,
+        request.classes,
+        request.allow_download,
+        request.max_train_images,
+        request.channels,
+        request.preprocessing,
+    )
 
 
 def open_split(request: DataRequest, split: str) -> BatchSource | None:
@@ -433,5 +552,13 @@ def open_split(request: DataRequest, split: str) -> BatchSource | None:
     validation split is the one `open_splits` carves."""
     if split == "val" and not has_official_validation(request.dataset, request.data_dir):
         return open_splits(request.replace(max_train_images=None)).validation if request.val_size else None
-    return load_dataset(request.dataset, split, request.data_dir, request.allow_download, request.image_size,
-                        request.channels, classes=request.classes, preprocessing=request.preprocessing)
+    return load_dataset(
+        request.dataset,
+        split,
+        request.data_dir,
+        request.allow_download,
+        request.image_size,
+        request.channels,
+        classes=request.classes,
+        preprocessing=request.preprocessing,
+    )

@@ -39,8 +39,13 @@ def collect_images(inputs: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def read_image(path: Path | bytes, image_size: tuple[int, int], channels: int = 3,
-               name: str | None = None, preprocessing: Preprocessing | None = None) -> torch.Tensor:
+def read_image(
+    path: Path | bytes,
+    image_size: tuple[int, int],
+    channels: int = 3,
+    name: str | None = None,
+    preprocessing: Preprocessing | None = None,
+) -> torch.Tensor:
     """One image file (or its bytes, e.g. an upload; `name` is what messages call it) as uint8 (C, H, W) at
     `image_size`, under the preprocessing contract (default `Preprocessing.image_files()`: EXIF rotation applied,
     converted to RGB (or luma grey), the shorter side resized bicubic to fit and the centre cropped). Unreadable
@@ -53,4 +58,4 @@ def reason(error: Exception, path: Path | str) -> str:
     """What is wrong with a file, without the file's name in front (for lists that name it already: a predict row,
     a skipped file's entry), so a message never reads "broken.png: broken.png: ...")."""
     message, prefix = str(error), f"{path}: "
-    return message[len(prefix):] if message.startswith(prefix) else message
+    return message[len(prefix) :] if message.startswith(prefix) else message

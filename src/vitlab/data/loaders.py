@@ -98,8 +98,10 @@ def streaming_choice(request: DataRequest, processes: int = 1) -> tuple[bool | N
     decoded = count * request.channels * request.image_size[0] * request.image_size[1]
     free = available_memory() // max(1, processes)
     if decoded > MEMORY_SHARE * free:
-        return True, (f"its {count} images would take {decoded / 2**30:.1f} GiB decoded, more than "
-                      f"{MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free per process")
+        return True, (
+            f"its {count} images would take {decoded / 2**30:.1f} GiB decoded, more than "
+            f"{MEMORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free per process"
+        )
     return False, f"its {count} images take {decoded / 2**20:.0f} MiB decoded"
 
 
@@ -129,9 +131,15 @@ def open_split(request: DataRequest, split: str) -> BatchSource | None:
     return opener_for(request).open_split(request, split)
 
 
-def gather_images(spec: Sequence[str], config: InputSpec, data_dir: str | None, limit: int,
-                  skipped: list[dict[str, str]] | None = None, split: str = "test", shuffle_seed: int | None = None
-                  ) -> tuple[torch.Tensor, list[str] | None, list[str]]:
+def gather_images(
+    spec: Sequence[str],
+    config: InputSpec,
+    data_dir: str | None,
+    limit: int,
+    skipped: list[dict[str, str]] | None = None,
+    split: str = "test",
+    shuffle_seed: int | None = None,
+) -> tuple[torch.Tensor, list[str] | None, list[str]]:
     """([0, 1] images at the model's size (N, C, H, W), labels or None, names) from a data set name (its `split`:
     the first `limit` images, or a random `limit` of them with `shuffle_seed`: the first batch of an epoch in
     that seed's order) or from image files and folders. An unreadable file is left out and noted in `skipped`
@@ -142,13 +150,15 @@ def gather_images(spec: Sequence[str], config: InputSpec, data_dir: str | None, 
             raise DataError(f"{spec[0]} has no {split} split; use the train or test split")
         try:
             count = min(limit, len(data))
-            batches = (data.evaluation_batches(count) if shuffle_seed is None else
-                       data.training_batches(shuffle_seed, count))
+            batches = (
+                data.evaluation_batches(count) if shuffle_seed is None else data.training_batches(shuffle_seed, count)
+            )
             batch = next(iter(batches))
         finally:
             data.close()
-        images = to_unit_range(require_pixels(batch.images, "calibrating or checking an export"), batch.max_value,
-                               config)
+        images = to_unit_range(
+            require_pixels(batch.images, "calibrating or checking an export"), batch.max_value, config
+        )
         labels = None
         if batch.labels is not None and data.class_names:
             labels = [data.class_names[int(label)] for label in batch.labels]
@@ -159,13 +169,18 @@ def gather_images(spec: Sequence[str], config: InputSpec, data_dir: str | None, 
         if len(pixels) == limit:
             break
         try:
-            pixels.append(read_image(path, config.image_size, config.in_chans,
-                                     preprocessing=resolved_preprocessing(config, "files")))
+            pixels.append(
+                read_image(
+                    path, config.image_size, config.in_chans, preprocessing=resolved_preprocessing(config, "files")
+                )
+            )
             names.append(path.name)
         except DataError as error:
             if skipped is not None:
                 skipped.append({"path": str(path), "error": reason(error, path)})
     if not pixels:
-        raise DataError(f"none of {', '.join(spec)} holds a readable image"
-                        + (f" ({skipped[0]['path']}: {skipped[0]['error']})" if skipped else ""))
+        raise DataError(
+            f"none of {', '.join(spec)} holds a readable image"
+            + (f" ({skipped[0]['path']}: {skipped[0]['error']})" if skipped else "")
+        )
     return to_unit_range(torch.stack(pixels), 255.0, config), None, names

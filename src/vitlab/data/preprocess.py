@@ -62,8 +62,13 @@ def crop_box(resized: tuple[Any, Any], image_size: tuple[int, int]) -> tuple[Any
 PIL_KERNELS = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
 
 
-def decode_image(source: Path | str | bytes, image_size: tuple[int, int] | None, channels: int = 3,
-                 preprocessing: Preprocessing | None = None, name: str | None = None) -> torch.Tensor:
+def decode_image(
+    source: Path | str | bytes,
+    image_size: tuple[int, int] | None,
+    channels: int = 3,
+    preprocessing: Preprocessing | None = None,
+    name: str | None = None,
+) -> torch.Tensor:
     """One image file (or its bytes, e.g. an upload; `name` is what messages call it) as uint8 (C, H, W): EXIF
     rotation applied, converted to RGB or to grey (`preprocessing.grey`), then resized and cropped to
     `image_size` under the contract (`image_files()` when None). image_size None: at its own size, not resized
@@ -89,8 +94,10 @@ def decode_image(source: Path | str | bytes, image_size: tuple[int, int] | None,
         raise DataError(f"{label}: refused, too many pixels for a safe decode ({error})") from None
     except Exception as error:  # noqa: BLE001 - decoders raise many types on malformed files
         # Pillow names what it read ('/path/x.png', or a BytesIO's repr); the message names the file once, in front.
-        detail = str(error).replace(repr(source_file) if source_file is not source else repr(str(source)),
-                                    "the data" if source_file is not source else "the file")
+        detail = str(error).replace(
+            repr(source_file) if source_file is not source else repr(str(source)),
+            "the data" if source_file is not source else "the file",
+        )
         raise DataError(f"{label}: not a readable image ({type(error).__name__}: {detail})") from None
     array = array[:, :, None] if array.ndim == 2 else array
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
@@ -147,7 +154,7 @@ def resize_unit_images(images: torch.Tensor, image_size: tuple[int, int], contra
         images = images.clamp(0, 1)
     if contract.mode == "crop":
         top, left = crop_box((height, width), image_size)
-        images = images[..., top:top + image_size[0], left:left + image_size[1]]
+        images = images[..., top : top + image_size[0], left : left + image_size[1]]
     return images
 
 
@@ -162,8 +169,10 @@ def match_channels(images: torch.Tensor, channels: int, grey: str) -> torch.Tens
             return images.mean(dim=1, keepdim=True)
         weights = torch.tensor(LUMA_WEIGHTS, dtype=images.dtype, device=images.device).view(1, 3, 1, 1)
         return (images * weights).sum(dim=1, keepdim=True)
-    raise DataError(f"cannot turn {images.shape[1]}-channel images into the model's {channels} "
-                    "channels; give 1- or 3-channel images, or a model made for these")
+    raise DataError(
+        f"cannot turn {images.shape[1]}-channel images into the model's {channels} "
+        "channels; give 1- or 3-channel images, or a model made for these"
+    )
 
 
 def as_channel_images(patches: torch.Tensor, patch_pixels: int) -> torch.Tensor:
@@ -182,18 +191,22 @@ def on_patch_pixels(inputs: PatchInput, spec: InputSpec, function) -> PatchInput
     """A PatchInput of the spec's patch size with `function` (images (M, c, H, W) -> images) applied to its
     patches' pixels."""
     batch, patch_pixels = len(inputs), spec.patch_size[0] * spec.patch_size[1]
-    return inputs.map_patches(lambda patches: from_channel_images(
-        function(as_channel_images(patches, patch_pixels)), batch))
+    return inputs.map_patches(
+        lambda patches: from_channel_images(function(as_channel_images(patches, patch_pixels)), batch)
+    )
 
 
 @overload
-def to_unit_range(images: torch.Tensor, max_value: float, spec: InputSpec,
-                  preprocessing: Preprocessing | None = None) -> torch.Tensor: ...
+def to_unit_range(
+    images: torch.Tensor, max_value: float, spec: InputSpec, preprocessing: Preprocessing | None = None
+) -> torch.Tensor: ...
 @overload
-def to_unit_range(images: PatchInput, max_value: float, spec: InputSpec,
-                  preprocessing: Preprocessing | None = None) -> PatchInput: ...
-def to_unit_range(images: ModelInput, max_value: float, spec: InputSpec,
-                  preprocessing: Preprocessing | None = None) -> ModelInput:
+def to_unit_range(
+    images: PatchInput, max_value: float, spec: InputSpec, preprocessing: Preprocessing | None = None
+) -> PatchInput: ...
+def to_unit_range(
+    images: ModelInput, max_value: float, spec: InputSpec, preprocessing: Preprocessing | None = None
+) -> ModelInput:
     """uint8 / float images (B, C, H, W) with values in [0, max_value] -> float32 in [0, 1] at the model's image
     size and channel count, under `preprocessing` (default: the spec's contract, or for a config that records
     none, `Preprocessing.in_memory()`). Images already at the model's size are taken as prepared (stored arrays
@@ -201,8 +214,9 @@ def to_unit_range(images: ModelInput, max_value: float, spec: InputSpec,
     patch size, cut from images resized when they were cut) is scaled and given the model's channels."""
     contract = preprocessing or resolved_preprocessing(spec, "arrays")
     if isinstance(images, PatchInput):
-        return on_patch_pixels(images, spec, lambda pixels: match_channels(pixels.float() / max_value, spec.in_chans,
-                                                                           contract.grey))
+        return on_patch_pixels(
+            images, spec, lambda pixels: match_channels(pixels.float() / max_value, spec.in_chans, contract.grey)
+        )
     images = match_channels(images.float() / max_value, spec.in_chans, contract.grey)
     if tuple(images.shape[-2:]) != tuple(spec.image_size):
         images = resize_unit_images(images, tuple(spec.image_size), contract)
@@ -241,13 +255,16 @@ def denormalize(images: ModelInput, spec: InputSpec) -> ModelInput:
 
 
 @overload
-def prepare(images: torch.Tensor, max_value: float, spec: InputSpec,
-            preprocessing: Preprocessing | None = None) -> torch.Tensor: ...
+def prepare(
+    images: torch.Tensor, max_value: float, spec: InputSpec, preprocessing: Preprocessing | None = None
+) -> torch.Tensor: ...
 @overload
-def prepare(images: PatchInput, max_value: float, spec: InputSpec,
-            preprocessing: Preprocessing | None = None) -> PatchInput: ...
-def prepare(images: ModelInput, max_value: float, spec: InputSpec,
-            preprocessing: Preprocessing | None = None) -> ModelInput:
+def prepare(
+    images: PatchInput, max_value: float, spec: InputSpec, preprocessing: Preprocessing | None = None
+) -> PatchInput: ...
+def prepare(
+    images: ModelInput, max_value: float, spec: InputSpec, preprocessing: Preprocessing | None = None
+) -> ModelInput:
     """Stored pixels (images, or cut patches) -> model input, without augmentation (evaluation, prediction)."""
     return normalize(to_unit_range(images, max_value, spec, preprocessing), spec)
 
@@ -260,11 +277,13 @@ def describe_preprocessing(spec: InputSpec, source: str = "files") -> dict[str, 
         resize = f"stretched to {height}x{width} ({contract.resize}, aspect ratio not kept)"
     else:
         cover = f"{cropped_side(height, contract.crop_fraction)}x{cropped_side(width, contract.crop_fraction)}"
-        resize = (f"shorter side resized ({contract.resize}) to cover {cover}, then the centre {height}x{width} "
-                  f"cropped (crop fraction {contract.crop_fraction:g})")
+        resize = (
+            f"shorter side resized ({contract.resize}) to cover {cover}, then the centre {height}x{width} "
+            f"cropped (crop fraction {contract.crop_fraction:g})"
+        )
     return {
-        "decode": "EXIF rotation applied, converted to " + (
-            "RGB" if spec.in_chans == 3 else f"grey ({contract.grey} of the RGB channels)"),
+        "decode": "EXIF rotation applied, converted to "
+        + ("RGB" if spec.in_chans == 3 else f"grey ({contract.grey} of the RGB channels)"),
         "resize": resize,
         "scale": "pixels / 255",
         "normalize": {"mean": list(spec.image_mean), "std": list(spec.image_std)},

@@ -123,8 +123,9 @@ class BatchSource(Protocol):
         """Let go of what the source holds open (worker processes); it can still be read afterwards."""
         ...
 
-    def training_batches(self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0,
-                         world_size: int = 1) -> Iterator[Batch]: ...
+    def training_batches(
+        self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
+    ) -> Iterator[Batch]: ...
 
     def evaluation_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]: ...
 
@@ -163,12 +164,13 @@ def split_indices(labels: torch.Tensor, held_out: float, seed: int) -> tuple[tor
     total = len(labels)
     wanted = held_out * total if held_out < 1 else float(held_out)
     if not 0 < wanted < total:
-        raise DataError(f"cannot hold out {held_out} of {total} images; give a fraction in (0, 1) or a count "
-                        f"below {total}")
+        raise DataError(
+            f"cannot hold out {held_out} of {total} images; give a fraction in (0, 1) or a count below {total}"
+        )
     exact = [wanted * len(m) / total for m in members]
     counts = [int(share) for share in exact]
     by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True)
-    for index in by_remainder[:round(wanted) - sum(counts)]:
+    for index in by_remainder[: round(wanted) - sum(counts)]:
         counts[index] += 1
     generator = torch.Generator().manual_seed(seed)
     kept, held = [], []
@@ -205,8 +207,13 @@ class DataRequest:
         """A request whose image files are decoded as the model `config` (a ViTConfig) reads images: at its input
         size and channels, under its preprocessing contract (`resolved_preprocessing(config, "files")`)."""
         height, width = config.image_size
-        return cls(dataset, image_size=(height, width), channels=config.in_chans,
-                   preprocessing=resolved_preprocessing(config, "files"), **fields)
+        return cls(
+            dataset,
+            image_size=(height, width),
+            channels=config.in_chans,
+            preprocessing=resolved_preprocessing(config, "files"),
+            **fields,
+        )
 
     def replace(self, **changes: Any) -> DataRequest:
         return dataclasses.replace(self, **changes)
@@ -264,8 +271,14 @@ class ImageFiles:
     under a model's preprocessing contract; labels are None. A file that cannot be read is left out of the
     batches and its message kept in `errors` (by index), so the others are still used."""
 
-    def __init__(self, paths: Sequence[str | Path], image_size: tuple[int, int], channels: int = 3,
-                 preprocessing: Preprocessing | None = None, name: str = "images") -> None:
+    def __init__(
+        self,
+        paths: Sequence[str | Path],
+        image_size: tuple[int, int],
+        channels: int = 3,
+        preprocessing: Preprocessing | None = None,
+        name: str = "images",
+    ) -> None:
         self.paths = [Path(p) for p in paths]
         self.image_size = image_size
         self._channels = channels
@@ -311,14 +324,21 @@ class ImageFiles:
             if image is not None:
                 pending.append((index, image))
             if pending and (len(pending) == batch_size or position == len(share) - 1):
-                yield Batch(torch.stack([image for _, image in pending]), None,
-                            torch.tensor([i for i, _ in pending]), self.max_value)
+                yield Batch(
+                    torch.stack([image for _, image in pending]),
+                    None,
+                    torch.tensor([i for i, _ in pending]),
+                    self.max_value,
+                )
                 pending = []
 
-    def training_batches(self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0,
-                         world_size: int = 1) -> Iterator[Batch]:
-        raise NotImplementedError("image files named on a command line are for evaluation and prediction; "
-                                  "train on a data set (--dataset folder --data-dir PATH)")
+    def training_batches(
+        self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
+    ) -> Iterator[Batch]:
+        raise NotImplementedError(
+            "image files named on a command line are for evaluation and prediction; "
+            "train on a data set (--dataset folder --data-dir PATH)"
+        )
 
     def fingerprint(self) -> dict[str, object]:
         return {"count": len(self), "paths": digest(*(str(p) for p in self.paths))}

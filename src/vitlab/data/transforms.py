@@ -74,8 +74,14 @@ def warp(images: torch.Tensor, theta: torch.Tensor, which: torch.Tensor | None =
     return out
 
 
-def random_affine(images: torch.Tensor, draws: Draws, degrees: float = 0.0, scale: float = 0.0, shear: float = 0.0,
-                  translate: float = 0.0) -> torch.Tensor:
+def random_affine(
+    images: torch.Tensor,
+    draws: Draws,
+    degrees: float = 0.0,
+    scale: float = 0.0,
+    shear: float = 0.0,
+    translate: float = 0.0,
+) -> torch.Tensor:
     """Per image: rotation in [-degrees, degrees], zoom in [1 - scale, 1 + scale], shear factor in
     [-shear, shear] and a shift of up to `translate` of the image size, as one bilinear warp."""
     angle = draws.uniform(low=-1.0, high=1.0) * math.radians(degrees)
@@ -83,10 +89,13 @@ def random_affine(images: torch.Tensor, draws: Draws, degrees: float = 0.0, scal
     shear_x = draws.uniform(low=-1.0, high=1.0) * shear
     shift = draws.uniform(2, low=-1.0, high=1.0) * 2 * translate  # normalised coordinates span 2
     cos, sin = angle.cos() / zoom, angle.sin() / zoom  # sampling matrix: the inverse zoom
-    theta = torch.stack([
-        torch.stack([cos, -sin + shear_x, shift[:, 0]], dim=1),
-        torch.stack([sin, cos, shift[:, 1]], dim=1),
-    ], dim=1)
+    theta = torch.stack(
+        [
+            torch.stack([cos, -sin + shear_x, shift[:, 0]], dim=1),
+            torch.stack([sin, cos, shift[:, 1]], dim=1),
+        ],
+        dim=1,
+    )
     return warp(images, theta)
 
 
@@ -96,8 +105,9 @@ COLOUR_OPS = ("brightness", "contrast", "saturation", "sharpness", "solarize", "
 TRIVIAL_OPS = ("identity",) + GEOMETRIC_OPS + COLOUR_OPS
 
 
-def trivial_augment(images: torch.Tensor, draws: Draws, strength: float = 1.0,
-                    ops: tuple[str, ...] = TRIVIAL_OPS) -> torch.Tensor:
+def trivial_augment(
+    images: torch.Tensor, draws: Draws, strength: float = 1.0, ops: tuple[str, ...] = TRIVIAL_OPS
+) -> torch.Tensor:
     """One op per image, chosen uniformly from `ops`, with a uniform random magnitude in [0, strength] of the
     op's range and a random sign. Geometric ops are one batched affine warp; colour ops are masked blends."""
     batch, channels, height, width = images.shape
@@ -115,7 +125,9 @@ def trivial_augment(images: torch.Tensor, draws: Draws, strength: float = 1.0,
     theta[:, 1, 0], theta[:, 1, 1] = angle.sin(), angle.cos()
     theta[:, 0, 1] += torch.where(chosen.get("shear_x", none), signed * 0.3, torch.zeros(batch))
     theta[:, 1, 0] += torch.where(chosen.get("shear_y", none), signed * 0.3, torch.zeros(batch))
-    theta[:, 0, 2] = torch.where(chosen.get("translate_x", none), signed * 0.6, torch.zeros(batch))  # 0.6 = 30% of width
+    theta[:, 0, 2] = torch.where(
+        chosen.get("translate_x", none), signed * 0.6, torch.zeros(batch)
+    )  # 0.6 = 30% of width
     theta[:, 1, 2] = torch.where(chosen.get("translate_y", none), signed * 0.6, torch.zeros(batch))
     geometric = torch.zeros(batch, dtype=torch.bool)
     for name in GEOMETRIC_OPS:
@@ -154,8 +166,13 @@ def trivial_augment(images: torch.Tensor, draws: Draws, strength: float = 1.0,
     return out
 
 
-def random_erasing(images: torch.Tensor, draws: Draws, probability: float,
-                   area: tuple[float, float] = (0.02, 1 / 3), log_ratio: tuple[float, float] = (math.log(0.3), math.log(3.3))) -> torch.Tensor:
+def random_erasing(
+    images: torch.Tensor,
+    draws: Draws,
+    probability: float,
+    area: tuple[float, float] = (0.02, 1 / 3),
+    log_ratio: tuple[float, float] = (math.log(0.3), math.log(3.3)),
+) -> torch.Tensor:
     """Replace a random rectangle of each chosen image by Gaussian noise (timm's "pixel" mode, in [0, 1])."""
     if probability <= 0:
         return images
@@ -170,8 +187,13 @@ def random_erasing(images: torch.Tensor, draws: Draws, probability: float,
     noise = draws.uniform(channels, height, width)
     rows = torch.arange(height)[None, :, None]
     cols = torch.arange(width)[None, None, :]
-    inside = ((rows >= top[:, None, None]) & (rows < (top + box_h)[:, None, None]) &
-              (cols >= left[:, None, None]) & (cols < (left + box_w)[:, None, None]) & erase[:, None, None])
+    inside = (
+        (rows >= top[:, None, None])
+        & (rows < (top + box_h)[:, None, None])
+        & (cols >= left[:, None, None])
+        & (cols < (left + box_w)[:, None, None])
+        & erase[:, None, None]
+    )
     return torch.where(inside[:, None], noise, images)
 
 
@@ -182,8 +204,14 @@ def one_hot(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> t
     return targets
 
 
-def mix(images: torch.Tensor, targets: torch.Tensor, draws: Draws, mixup_alpha: float, cutmix_alpha: float,
-        probability: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def mix(
+    images: torch.Tensor,
+    targets: torch.Tensor,
+    draws: Draws,
+    mixup_alpha: float,
+    cutmix_alpha: float,
+    probability: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixup or CutMix (one of the enabled ones, chosen per batch) with the batch in reverse order as
     partners; the targets are mixed in the proportion of pixels (CutMix) or weight (Mixup). Under DDP `images`
     is this process's shard, so partners come from the shard (see the module docstring)."""
@@ -236,13 +264,28 @@ class AugmentConfig:
 
     def changes_batches(self) -> bool:
         """Whether the batch augmentation (`augment_batch`) does anything: any op on, or any mixing."""
-        return bool(self.crop_padding or self.hflip or self.affine_degrees or self.affine_scale or self.affine_shear
-                    or self.affine_translate or self.trivial_augment or self.random_erasing or self.mixup_alpha
-                    or self.cutmix_alpha)
+        return bool(
+            self.crop_padding
+            or self.hflip
+            or self.affine_degrees
+            or self.affine_scale
+            or self.affine_shear
+            or self.affine_translate
+            or self.trivial_augment
+            or self.random_erasing
+            or self.mixup_alpha
+            or self.cutmix_alpha
+        )
 
 
-def augment_batch(images: torch.Tensor, labels: torch.Tensor, num_classes: int, config: AugmentConfig,
-                  draws: Draws, label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def augment_batch(
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    config: AugmentConfig,
+    draws: Draws,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """images (B, C, H, W) in [0, 1], labels (B,) -> augmented images and soft targets (B, K)."""
     images = augment_images(images, config, draws)
     targets = one_hot(labels, num_classes, label_smoothing)
@@ -256,8 +299,9 @@ def augment_images(images: torch.Tensor, config: AugmentConfig, draws: Draws) ->
     if config.hflip:
         images = random_hflip(images, draws)
     if config.affine_degrees or config.affine_scale or config.affine_shear or config.affine_translate:
-        images = random_affine(images, draws, config.affine_degrees, config.affine_scale, config.affine_shear,
-                               config.affine_translate)
+        images = random_affine(
+            images, draws, config.affine_degrees, config.affine_scale, config.affine_shear, config.affine_translate
+        )
     if config.trivial_augment > 0:
         images = trivial_augment(images, draws, config.trivial_augment)
     return random_erasing(images, draws, config.random_erasing)

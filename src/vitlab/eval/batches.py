@@ -23,9 +23,15 @@ def call_model(module: nn.Module, inputs: ModelInput) -> torch.Tensor:
 
 
 @torch.no_grad()
-def run_batches(model: Any, source: BatchSource, batch_size: int = 256, env: DistEnv | None = None,
-                precision: str = "fp32", forward: Callable[[Any, ModelInput], Any] = call_model,
-                progress: str | None = None) -> Iterator[tuple[Batch, Any]]:
+def run_batches(
+    model: Any,
+    source: BatchSource,
+    batch_size: int = 256,
+    env: DistEnv | None = None,
+    precision: str = "fp32",
+    forward: Callable[[Any, ModelInput], Any] = call_model,
+    progress: str | None = None,
+) -> Iterator[tuple[Batch, Any]]:
     """(batch, outputs) for this rank's share of `source` (all of it on one process), in order.
 
     model: a VisionTransformer (possibly wrapped in DDP / torch.compile), evaluated in eval mode on its device

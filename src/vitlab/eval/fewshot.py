@@ -32,9 +32,13 @@ def extract_features(model, data: BatchSource, batch_size: int = 256) -> tuple[t
     pre-logits layer, i.e. the input of the head, with whatever pooling (class token or mean of patches) the
     checkpoint's head used. N counts the images read (a streamed file that cannot be read is left out)."""
     features, labels = [], []
-    for batch, outputs in run_batches(model, data, batch_size,
-                                      forward=lambda module, images: module.forward_pre_logits(images),
-                                      progress=f"features of {data.name}"):
+    for batch, outputs in run_batches(
+        model,
+        data,
+        batch_size,
+        forward=lambda module, images: module.forward_pre_logits(images),
+        progress=f"features of {data.name}",
+    ):
         features.append(outputs.double())
         labels.append(batch.labels)
     return torch.cat(features), torch.cat(labels)
@@ -45,10 +49,16 @@ def checkpoint_digest(path: str | Path) -> str:
     return sha256_of(weights)
 
 
-def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None = None,
-                    classes: list[int] | None = None, image_size: int | tuple[int, int] | None = None,
-                    folder: Path | None = None, check=None,
-                    num_heads: int | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[str]]]:
+def cached_features(
+    checkpoint: str | Path,
+    dataset: str,
+    data_dir: str | None = None,
+    classes: list[int] | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    folder: Path | None = None,
+    check=None,
+    num_heads: int | None = None,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[str]]]:
     """{"train": ..., "test": ...}: (features, labels, class names) of both splits, each from the cache when the
     same checkpoint and data were seen. The checkpoint is hashed once and, if any split is missing from the
     cache, loaded once. `check(labels, class_names)` may refuse the training split (raise) before any feature is
@@ -62,19 +72,24 @@ def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None =
         path = cache / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".npz")
         if path.exists():
             with np.load(path, allow_pickle=False) as cached:
-                results[split] = (torch.from_numpy(cached["features"]), torch.from_numpy(cached["labels"]),
-                                  [str(name) for name in cached["class_names"]])
+                results[split] = (
+                    torch.from_numpy(cached["features"]),
+                    torch.from_numpy(cached["labels"]),
+                    [str(name) for name in cached["class_names"]],
+                )
             if check is not None and split == "train":
                 check(results[split][1], results[split][2])
             continue
         model = model or checkpoints.load_model(checkpoint, image_size=image_size, num_heads=num_heads)
-        request = DataRequest.for_model(model.config, dataset, data_dir=data_dir, classes=classes, val_size=0,
-                                        workers=available_cores())
+        request = DataRequest.for_model(
+            model.config, dataset, data_dir=data_dir, classes=classes, val_size=0, workers=available_cores()
+        )
         data = open_split(request, split)
         try:
             if not data.class_names:
-                raise DataError(f"{data.name} has no labels; few-shot and linear-probe fit classes, so they need "
-                                "labelled images")
+                raise DataError(
+                    f"{data.name} has no labels; few-shot and linear-probe fit classes, so they need labelled images"
+                )
             if check is not None and split == "train":
                 check(data.labels, data.class_names)
             features, labels = extract_features(model, data)
@@ -82,8 +97,7 @@ def cached_features(checkpoint: str | Path, dataset: str, data_dir: str | None =
             data.close()  # a streamed split's worker processes
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(".tmp.npz")
-        np.savez(temporary, features=features.numpy(), labels=labels.numpy(),
-                 class_names=np.array(data.class_names))
+        np.savez(temporary, features=features.numpy(), labels=labels.numpy(), class_names=np.array(data.class_names))
         temporary.replace(path)
         results[split] = (features, labels, data.class_names)
     return results
@@ -115,12 +129,21 @@ def check_shots(labels: torch.Tensor, class_names: list[str], shots: list[int]) 
         raise DataError("the data set has a single class; a classifier on its features needs at least two")
     smallest = int(torch.bincount(labels, minlength=len(class_names)).min())
     if max(shots) > smallest:
-        raise DataError(f"{max(shots)} shots asked, but the smallest class has {smallest} training images; "
-                        f"use --shots up to {smallest}")
+        raise DataError(
+            f"{max(shots)} shots asked, but the smallest class has {smallest} training images; "
+            f"use --shots up to {smallest}"
+        )
 
 
-def fewshot_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor, test_features: torch.Tensor,
-                     test_labels: torch.Tensor, shots: list[int], seeds: int = 3, l2: float = 1.0) -> dict[int, dict]:
+def fewshot_accuracy(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_features: torch.Tensor,
+    test_labels: torch.Tensor,
+    shots: list[int],
+    seeds: int = 3,
+    l2: float = 1.0,
+) -> dict[int, dict]:
     """{k: {"mean": accuracy averaged over seeds, "per_seed": [...]}} for each shot count k."""
     num_classes = int(train_labels.max()) + 1
     check_shots(train_labels, [str(c) for c in range(num_classes)], shots)
@@ -129,9 +152,14 @@ def fewshot_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor, t
         accuracies = []
         for seed in range(seeds):
             generator = torch.Generator().manual_seed(seed)
-            chosen = torch.cat([
-                (train_labels == c).nonzero().flatten()[torch.randperm(int((train_labels == c).sum()), generator=generator)[:k]]
-                for c in range(num_classes)])
+            chosen = torch.cat(
+                [
+                    (train_labels == c)
+                    .nonzero()
+                    .flatten()[torch.randperm(int((train_labels == c).sum()), generator=generator)[:k]]
+                    for c in range(num_classes)
+                ]
+            )
             x_train, x_test = standardise(train_features[chosen], test_features)
             targets = 2 * torch.nn.functional.one_hot(train_labels[chosen], num_classes).double() - 1  # {-1, 1}^K
             weights = fit_least_squares(x_train, targets, l2)
@@ -140,8 +168,14 @@ def fewshot_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor, t
     return results
 
 
-def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor, test_features: torch.Tensor,
-                          test_labels: torch.Tensor, l2: float = 1e-3, steps: int = 200) -> dict[str, float]:
+def linear_probe_accuracy(
+    train_features: torch.Tensor,
+    train_labels: torch.Tensor,
+    test_features: torch.Tensor,
+    test_labels: torch.Tensor,
+    l2: float = 1e-3,
+    steps: int = 200,
+) -> dict[str, float]:
     """Multinomial logistic regression (L-BFGS, L2 penalty) on standardised frozen features."""
     x_train, x_test = standardise(train_features, test_features)
     num_classes = int(train_labels.max()) + 1
@@ -163,31 +197,68 @@ def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tens
     return {"train_top1": train_accuracy, "test_top1": test_accuracy}
 
 
-def run_fewshot(checkpoint: str | Path, dataset: str, shots: list[int], seeds: int = 3, l2: float = 1.0,
-                data_dir: str | None = None, classes: list[int] | None = None,
-                image_size: int | tuple[int, int] | None = None, num_heads: int | None = None) -> dict[str, Any]:
-    splits = cached_features(checkpoint, dataset, data_dir, classes, image_size,
-                             check=lambda labels, names: check_shots(labels, names, shots), num_heads=num_heads)
+def run_fewshot(
+    checkpoint: str | Path,
+    dataset: str,
+    shots: list[int],
+    seeds: int = 3,
+    l2: float = 1.0,
+    data_dir: str | None = None,
+    classes: list[int] | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    num_heads: int | None = None,
+) -> dict[str, Any]:
+    splits = cached_features(
+        checkpoint,
+        dataset,
+        data_dir,
+        classes,
+        image_size,
+        check=lambda labels, names: check_shots(labels, names, shots),
+        num_heads=num_heads,
+    )
     train, test = splits["train"], splits["test"]
     results = fewshot_accuracy(train[0], train[1], test[0], test[1], shots, seeds, l2)
-    return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "seeds": seeds, "l2": l2,
-            "feature_dim": int(train[0].shape[1]), "test_count": len(test[1]),
-            "shots": {str(k): v for k, v in results.items()}}
+    return {
+        "checkpoint": str(checkpoint),
+        "dataset": dataset,
+        "classes": classes,
+        "seeds": seeds,
+        "l2": l2,
+        "feature_dim": int(train[0].shape[1]),
+        "test_count": len(test[1]),
+        "shots": {str(k): v for k, v in results.items()},
+    }
 
 
-def run_linear_probe(checkpoint: str | Path, dataset: str, l2: float = 1e-3, data_dir: str | None = None,
-                     classes: list[int] | None = None, image_size: int | tuple[int, int] | None = None,
-                     num_heads: int | None = None) -> dict[str, Any]:
-    splits = cached_features(checkpoint, dataset, data_dir, classes, image_size,
-                             check=lambda labels, names: check_shots(labels, names, [1]), num_heads=num_heads)
+def run_linear_probe(
+    checkpoint: str | Path,
+    dataset: str,
+    l2: float = 1e-3,
+    data_dir: str | None = None,
+    classes: list[int] | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    num_heads: int | None = None,
+) -> dict[str, Any]:
+    splits = cached_features(
+        checkpoint,
+        dataset,
+        data_dir,
+        classes,
+        image_size,
+        check=lambda labels, names: check_shots(labels, names, [1]),
+        num_heads=num_heads,
+    )
     train, test = splits["train"], splits["test"]
     result = linear_probe_accuracy(train[0], train[1], test[0], test[1], l2)
     return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "l2": l2, **result}
 
 
 def format_fewshot(report: dict[str, Any]) -> str:
-    lines = [f"{report['checkpoint']} on {report['dataset']}: few-shot linear accuracy on {report['test_count']} test "
-             f"images, {report['feature_dim']}-d frozen features, mean of {report['seeds']} seeds"]
+    lines = [
+        f"{report['checkpoint']} on {report['dataset']}: few-shot linear accuracy on {report['test_count']} test "
+        f"images, {report['feature_dim']}-d frozen features, mean of {report['seeds']} seeds"
+    ]
     for shots, result in report["shots"].items():
         spread = ", ".join(f"{100 * a:.1f}" for a in result["per_seed"])
         lines.append(f"  {shots:>3}-shot  {100 * result['mean']:6.2f}%   (seeds: {spread})")
@@ -195,5 +266,7 @@ def format_fewshot(report: dict[str, Any]) -> str:
 
 
 def format_linear_probe(report: dict[str, Any]) -> str:
-    return (f"{report['checkpoint']} on {report['dataset']}: linear probe (logistic regression on frozen features) "
-            f"test top-1 {100 * report['test_top1']:.2f}%, train {100 * report['train_top1']:.2f}%")
+    return (
+        f"{report['checkpoint']} on {report['dataset']}: linear probe (logistic regression on frozen features) "
+        f"test top-1 {100 * report['test_top1']:.2f}%, train {100 * report['train_top1']:.2f}%"
+    )

@@ -23,16 +23,23 @@ from vitlab.hardware import Choice, choose_precision, resolve_device
 from vitlab.runs import onnx_output, pt2e_output
 
 
-def load_classifier(path: str | Path, backend: str | None = None, image_size: int | tuple[int, int] | None = None,
-                    num_heads: int | None = None, device: str | None = None):
+def load_classifier(
+    path: str | Path,
+    backend: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    num_heads: int | None = None,
+    device: str | None = None,
+):
     """A model to classify with: a VisionTransformer (backend torch) on `device` (default: a GPU when there is
     one), an `OnnxClassifier` (backend onnx) or a `Pt2eClassifier` (backend pt2e, compiled for this CPU as it
     loads), both on the CPU. With no backend (or "auto") a .onnx or .pt2e file picks its own; with onnx or pt2e
     a run folder (or a checkpoint file) means the file `vitlab export` wrote beside it."""
     # backend: (is `path` such a file, the file `vitlab export` writes beside a run, the command that writes it, what
     # it is called in messages).
-    exports = {"onnx": (Path(path).suffix.lower() == ".onnx", onnx_output, f"vitlab export {path}", "an ONNX export"),
-               "pt2e": (is_pt2e_file(path), pt2e_output, f"vitlab export {path} --format pt2e", "a pt2e export")}
+    exports = {
+        "onnx": (Path(path).suffix.lower() == ".onnx", onnx_output, f"vitlab export {path}", "an ONNX export"),
+        "pt2e": (is_pt2e_file(path), pt2e_output, f"vitlab export {path} --format pt2e", "a pt2e export"),
+    }
     given = next((name for name, (is_kind, *_) in exports.items() if is_kind), None)
     if backend in (None, "auto"):
         backend = given or "torch"
@@ -44,14 +51,17 @@ def load_classifier(path: str | Path, backend: str | None = None, image_size: in
     if device not in (None, "auto") and resolve_device(device).type != "cpu":
         raise UsageError(f"--device {device}: the {backend} backend runs on the CPU; use --backend torch for the GPU")
     if image_size is not None or num_heads is not None:
-        raise UsageError(f"{path}: the {backend} backend runs an export, whose input size was fixed when it was "
-                         "written; drop --image-size and --num-heads (export again with --image-size to change it)")
+        raise UsageError(
+            f"{path}: the {backend} backend runs an export, whose input size was fixed when it was "
+            "written; drop --image-size and --num-heads (export again with --image-size to change it)"
+        )
     _, default_output, command, called = exports[backend]
     if given is None:  # a run folder or checkpoint: the export written beside it
         exported = default_output(path)
         if not exported.is_file():
-            raise UsageError(f"--backend {backend} runs {called}, and {exported} does not exist; make it with: "
-                             f"{command}")
+            raise UsageError(
+                f"--backend {backend} runs {called}, and {exported} does not exist; make it with: {command}"
+            )
         path = exported
     path = Path(path)
     if backend == "pt2e":
@@ -69,24 +79,30 @@ def inference_precision(model, requested: str = "auto") -> Choice:
     if not isinstance(model, nn.Module):
         if hasattr(model, "choice"):  # a pt2e file: int8 linear layers, the rest as this CPU suits
             if requested != "auto":
-                raise UsageError(f"--precision {requested}: a pt2e file runs its linear layers in int8 and the rest "
-                                 "in bf16 where this CPU's bf16 matmuls pay, else fp32; leave --precision out")
+                raise UsageError(
+                    f"--precision {requested}: a pt2e file runs its linear layers in int8 and the rest "
+                    "in bf16 where this CPU's bf16 matmuls pay, else fp32; leave --precision out"
+                )
             return model.choice
         if requested not in ("auto", "fp32"):
-            raise UsageError(f"--precision {requested} is for the torch backend; an exported file runs as it was "
-                             "exported (export again for another precision)")
+            raise UsageError(
+                f"--precision {requested} is for the torch backend; an exported file runs as it was "
+                "exported (export again for another precision)"
+            )
         exported = "int8" if getattr(model, "metadata", {}).get("int8") else "fp32"
         return Choice(exported, "as the file was exported")
     if requested == "int8":
-        raise UsageError("--precision int8 is an export: `vitlab export CKPT --int8` (ONNX Runtime), then run the "
-                         ".onnx file")
+        raise UsageError(
+            "--precision int8 is an export: `vitlab export CKPT --int8` (ONNX Runtime), then run the .onnx file"
+        )
     device = next(model.parameters()).device
     return choose_precision(requested, device, model_size(model.config)[1], "inference")
 
 
 @torch.no_grad()
-def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int = 64,
-            precision: str = "fp32") -> list[dict[str, Any]]:
+def predict(
+    model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int = 64, precision: str = "fp32"
+) -> list[dict[str, Any]]:
     """One row per input image: {"path", "predictions": [{"label", "index", "probability"}, ...]}, or
     {"path", "error"} for a file that could not be read (the others are still predicted).
 
@@ -97,15 +113,17 @@ def predict(model, inputs: Iterable[str | Path], top_k: int = 5, batch_size: int
     require_head(config)
     names = config.class_names or [str(i) for i in range(config.num_classes)]
     top_k = min(top_k, config.num_classes)
-    files = ImageFiles(collect_images(inputs), config.image_size, config.in_chans,
-                       resolved_preprocessing(config, "files"))
+    files = ImageFiles(
+        collect_images(inputs), config.image_size, config.in_chans, resolved_preprocessing(config, "files")
+    )
     rows: list[dict[str, Any]] = [{"path": str(path)} for path in files.paths]  # in input order
     for batch, logits in run_batches(model, files, batch_size, precision=precision):
         probabilities = logits.float().softmax(dim=-1)
         values, indices = probabilities.topk(top_k, dim=-1)
         for index, vals, idxs in zip(batch.indices.tolist(), values, indices):
-            rows[index]["predictions"] = [{"label": names[i], "index": int(i), "probability": float(v)}
-                                          for v, i in zip(vals, idxs)]
+            rows[index]["predictions"] = [
+                {"label": names[i], "index": int(i), "probability": float(v)} for v, i in zip(vals, idxs)
+            ]
     for index, error in files.errors.items():
         rows[index]["error"] = error
     return rows

@@ -28,8 +28,9 @@ CHECK_DATASET = "digits"  # shipped with vitlab: any model can be checked on it,
 
 
 # ------------------------------------------------------------------------------------------------ images
-def calibration_pixels(config: ViTConfig, source: list[str], data_dir: str | None = None, count: int = 256
-                       ) -> torch.Tensor:
+def calibration_pixels(
+    config: ViTConfig, source: list[str], data_dir: str | None = None, count: int = 256
+) -> torch.Tensor:
     """uint8 pixels (N, C, H, W) at the model's size to calibrate static int8 on: a random `count` of a data set's
     training split (never its test split, which measures the result), or the given image files and folders."""
     images, _, _ = gather_images(source, config, data_dir, count, split="train", shuffle_seed=0)
@@ -41,9 +42,14 @@ def validation_pixels(config: ViTConfig, inputs: list[str] | None = None, count:
     given image files or folders, or else the first `count` test images of the shipped digits (any model can
     classify them, rightly or not; what is checked is that the export and PyTorch agree)."""
     if inputs:
-        return torch.stack([read_image(path, config.image_size, config.in_chans,
-                                       preprocessing=resolved_preprocessing(config, "files"))
-                            for path in collect_images(inputs)[:count]])
+        return torch.stack(
+            [
+                read_image(
+                    path, config.image_size, config.in_chans, preprocessing=resolved_preprocessing(config, "files")
+                )
+                for path in collect_images(inputs)[:count]
+            ]
+        )
     images, _, _ = gather_images([CHECK_DATASET], config, None, count, split="test")  # resized, channels matched
     return (images * 255).round().to(torch.uint8)
 
@@ -51,13 +57,19 @@ def validation_pixels(config: ViTConfig, inputs: list[str] | None = None, count:
 # ------------------------------------------------------------------------------------------------ checking
 def compare_logits(expected: torch.Tensor, got: torch.Tensor) -> dict[str, Any]:
     """An export's logits (B, K) against PyTorch's: max |difference|, top-1 agreement and the image count."""
-    return {"max_abs_diff": float((expected - got).abs().max()),
-            "top1_agreement": float((expected.argmax(1) == got.argmax(1)).float().mean()),
-            "images": int(expected.shape[0])}
+    return {
+        "max_abs_diff": float((expected - got).abs().max()),
+        "top1_agreement": float((expected.argmax(1) == got.argmax(1)).float().mean()),
+        "images": int(expected.shape[0]),
+    }
 
 
-def place_checked_export(out: str | Path, write: Callable[[Path], dict[str, Any]],
-                         check: Callable[[Path], dict[str, Any]], suffix: str = ".onnx") -> dict[str, Any]:
+def place_checked_export(
+    out: str | Path,
+    write: Callable[[Path], dict[str, Any]],
+    check: Callable[[Path], dict[str, Any]],
+    suffix: str = ".onnx",
+) -> dict[str, Any]:
     """Write an export beside `out` (`write(staged_path) -> summary`), check it (`check(staged_path) ->
     validation`, which raises to refuse it), then move it into place; into a run folder its SHA-256 is recorded
     first, so the run's checksums never miss a file it holds. Returns the summary with the validation and the
@@ -77,8 +89,7 @@ def place_checked_export(out: str | Path, write: Callable[[Path], dict[str, Any]
             record_checksum(path.parent, path.name, sha256_file(staged))
         os.replace(staged, path)
     worst = max(item["max_abs_diff"] for item in validation["checks"].values())
-    return {**summary, "path": str(path), "bytes": path.stat().st_size, "validation": validation,
-            "max_abs_diff": worst}
+    return {**summary, "path": str(path), "bytes": path.stat().st_size, "validation": validation, "max_abs_diff": worst}
 
 
 @contextlib.contextmanager
@@ -100,10 +111,14 @@ def quiet_loggers(*names: str) -> Iterator[None]:
 def check_lines(validation: dict[str, Any], against: str, images_given: bool) -> list[str]:
     """An export report's checks (`compare_logits` by name), one line each under a line that says what with."""
     images = next(iter(validation["checks"].values()))["images"]
-    return [f"checked against {against} on {images} real images ({'given' if images_given else 'shipped digits'}):",
-            *(f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
-              f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)"
-              for name, check in validation["checks"].items())]
+    return [
+        f"checked against {against} on {images} real images ({'given' if images_given else 'shipped digits'}):",
+        *(
+            f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
+            f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)"
+            for name, check in validation["checks"].items()
+        ),
+    ]
 
 
 def fastest_format_line(written: str) -> str:

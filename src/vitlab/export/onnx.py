@@ -49,8 +49,10 @@ def require_onnx(purpose: str = "ONNX export", packages: tuple[str, ...] = ONNX_
     """Raise one clear message when optional ONNX packages are missing (running a model needs only onnxruntime)."""
     missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:
-        raise UsageError(f"{purpose} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
-                         f"not installed; {INSTALL_HINT}")
+        raise UsageError(
+            f"{purpose} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+            f"not installed; {INSTALL_HINT}"
+        )
 
 
 def graph_preprocessing(config: ViTConfig) -> Preprocessing:
@@ -91,14 +93,21 @@ def input_contract(config: ViTConfig, preprocess: bool, dynamic_size: bool) -> s
     channels = {1: "grey", 3: "RGB"}.get(config.in_chans, f"{config.in_chans}-channel")
     if preprocess:
         resize = describe_preprocessing(config.replace(preprocessing=graph_preprocessing(config)))["resize"]
-        return (f"uint8 {channels} pixels (B, {config.in_chans}, H, W), any H and W; the graph resizes them: "
-                f"{resize}, antialiased, and normalises")
+        return (
+            f"uint8 {channels} pixels (B, {config.in_chans}, H, W), any H and W; the graph resizes them: "
+            f"{resize}, antialiased, and normalises"
+        )
     mean = ", ".join(f"{v:g}" for v in config.image_mean)
     std = ", ".join(f"{v:g}" for v in config.image_std)
-    size = ("sides multiples of {}x{}".format(*config.pixel_patch_size) if dynamic_size
-            else "{}x{}".format(*config.image_size))
-    return (f"float32 {channels} (B, {config.in_chans}, H, W) at {size}: pixels / 255, then (x - mean) / std per "
-            f"channel with mean ({mean}) and std ({std})")
+    size = (
+        "sides multiples of {}x{}".format(*config.pixel_patch_size)
+        if dynamic_size
+        else "{}x{}".format(*config.image_size)
+    )
+    return (
+        f"float32 {channels} (B, {config.in_chans}, H, W) at {size}: pixels / 255, then (x - mean) / std per "
+        f"channel with mean ({mean}) and std ({std})"
+    )
 
 
 def export_onnx(
@@ -148,9 +157,17 @@ def export_onnx(
     input_name = "pixels" if preprocess else "images"
     with torch.no_grad(), warnings.catch_warnings(), quiet_loggers("torch.onnx"):
         warnings.simplefilter("ignore")  # the exporter's deprecation notices are not the user's business
-        program = torch.onnx.export(module, (example,), dynamo=True, input_names=[input_name], output_names=["logits"],
-                                    dynamic_shapes=(dims,) if dims else None,
-                                    external_data=False, verbose=False, report=False)
+        program = torch.onnx.export(
+            module,
+            (example,),
+            dynamo=True,
+            input_names=[input_name],
+            output_names=["logits"],
+            dynamic_shapes=(dims,) if dims else None,
+            external_data=False,
+            verbose=False,
+            report=False,
+        )
     proto = program.model_proto
     # The exporter records shapes for the weights too; ONNX Runtime's quantizer re-infers them and trips over
     # the classifier's (a known mismatch); they carry nothing a runtime needs.
@@ -174,9 +191,11 @@ def export_onnx(
     if int8 and calibration is not None:
         inputs = calibration if preprocess else prepare(calibration, 255.0, config)
         if not dynamic_batch:  # whole batches of the graph's size
-            inputs = inputs[:max(batch_size, len(inputs) // batch_size * batch_size)]
+            inputs = inputs[: max(batch_size, len(inputs) // batch_size * batch_size)]
         step = batch_size if not dynamic_batch else 32
-        proto = quantize_static_int8(proto, input_name, [inputs[i:i + step].numpy() for i in range(0, len(inputs), step)])
+        proto = quantize_static_int8(
+            proto, input_name, [inputs[i : i + step].numpy() for i in range(0, len(inputs), step)]
+        )
     elif int8:
         proto = quantize_int8(proto)
     path = Path(out)
@@ -199,8 +218,14 @@ def quantize_int8(proto):
         source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
         write_model(proto, source)
         with quiet_loggers(""):  # the quantizer logs on the root logger
-            quantize_dynamic(source, target, weight_type=QuantType.QInt8, per_channel=True, reduce_range=True,
-                             op_types_to_quantize=["MatMul", "Gemm"])
+            quantize_dynamic(
+                source,
+                target,
+                weight_type=QuantType.QInt8,
+                per_channel=True,
+                reduce_range=True,
+                op_types_to_quantize=["MatMul", "Gemm"],
+            )
         return onnx.load_model(target)
 
 
@@ -230,9 +255,18 @@ def quantize_static_int8(proto, input_name: str, batches: list[np.ndarray]):
         source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
         write_model(proto, source)
         with quiet_loggers(""):
-            quantize_static(source, target, Batches(), quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=True,
-                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                            calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=["MatMul", "Gemm"])
+            quantize_static(
+                source,
+                target,
+                Batches(),
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                reduce_range=True,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=CalibrationMethod.MinMax,
+                op_types_to_quantize=["MatMul", "Gemm"],
+            )
         return onnx.load_model(target)
 
 
@@ -267,8 +301,10 @@ class OnnxClassifier:
             raise CheckpointError(f"{self.path}: ONNX Runtime cannot load it ({str(error).splitlines()[0]})") from None
         raw = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
         if raw is None:
-            raise CheckpointError(f"{self.path}: not written by `vitlab export` (no vitlab metadata); "
-                                  "export the checkpoint with `vitlab export CKPT --format onnx`")
+            raise CheckpointError(
+                f"{self.path}: not written by `vitlab export` (no vitlab metadata); "
+                "export the checkpoint with `vitlab export CKPT --format onnx`"
+            )
         self.metadata = json.loads(raw)
         self.config = ViTConfig.from_dict(self.metadata["config"])
         self.input_name = self.session.get_inputs()[0].name
@@ -284,9 +320,9 @@ class OnnxClassifier:
         # A graph with a fixed batch: run it chunk by chunk, the last one padded by repeating its last image.
         outputs = []
         for start in range(0, len(array), fixed):
-            chunk = array[start:start + fixed]
+            chunk = array[start : start + fixed]
             padded = np.concatenate([chunk, np.repeat(chunk[-1:], fixed - len(chunk), axis=0)])
-            outputs.append(self.session.run(None, {self.input_name: padded})[0][:len(chunk)])
+            outputs.append(self.session.run(None, {self.input_name: padded})[0][: len(chunk)])
         return torch.from_numpy(np.concatenate(outputs))
 
     def classify_unit(self, images: torch.Tensor) -> torch.Tensor:
@@ -311,10 +347,12 @@ def require_identity_at_input_size(config: ViTConfig, what: str) -> None:
     with a crop fraction below 1 zooms into any image, its own size included."""
     contract = graph_preprocessing(config)
     if contract.mode == "crop" and contract.crop_fraction < 1:
-        raise UsageError(f"{what} bakes in a centre crop of {contract.crop_fraction:g}, which would crop images "
-                         "that are already prepared at the input size a second time; feed the graph the decoded "
-                         "images at their own size (vitlab.data.preprocess.decode_image(..., image_size=None)), "
-                         "or export without --preprocess for vitlab predict and serve")
+        raise UsageError(
+            f"{what} bakes in a centre crop of {contract.crop_fraction:g}, which would crop images "
+            "that are already prepared at the input size a second time; feed the graph the decoded "
+            "images at their own size (vitlab.data.preprocess.decode_image(..., image_size=None)), "
+            "or export without --preprocess for vitlab predict and serve"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ checking
@@ -332,12 +370,16 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
     if runtime.preprocess:
         # The graph's own steps in PyTorch: it resizes even an image at the input size when its contract crops.
         def reference_of(images: torch.Tensor) -> torch.Tensor:
-            return model(normalize(resize_unit_images(images.float() / 255.0, config.image_size,
-                                                      graph_preprocessing(config)), config))
+            return model(
+                normalize(
+                    resize_unit_images(images.float() / 255.0, config.image_size, graph_preprocessing(config)), config
+                )
+            )
 
         def runtime_of(images: torch.Tensor) -> torch.Tensor:
             return runtime(images)
     else:
+
         def reference_of(images: torch.Tensor) -> torch.Tensor:
             return model(prepare(images, 255.0, config))
 
@@ -361,10 +403,19 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
     return {"int8": bool(runtime.metadata["int8"]), "checks": results}
 
 
-def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, dynamic_batch: bool = True,
-               dynamic_size: bool = False, int8: bool = False, batch_size: int = 1,
-               pixels: torch.Tensor | None = None, tolerance: float = 1e-4,
-               calibration: torch.Tensor | None = None) -> dict[str, Any]:
+def run_export(
+    model: nn.Module,
+    out: str | Path,
+    *,
+    preprocess: bool = False,
+    dynamic_batch: bool = True,
+    dynamic_size: bool = False,
+    int8: bool = False,
+    batch_size: int = 1,
+    pixels: torch.Tensor | None = None,
+    tolerance: float = 1e-4,
+    calibration: torch.Tensor | None = None,
+) -> dict[str, Any]:
     """`vitlab export`: export, check against PyTorch on real images (`pixels`, default `validation_pixels`), and
     only then move the file into place, so `out` is never a partial or unchecked model. An fp32 export whose
     logits differ from PyTorch's by more than `tolerance` is refused; for int8 the agreement is reported."""
@@ -376,13 +427,26 @@ def run_export(model: nn.Module, out: str | Path, *, preprocess: bool = False, d
         validation = validate_export(model, staged, pixels)
         worst = max(item["max_abs_diff"] for item in validation["checks"].values())
         if not int8 and not worst <= tolerance:
-            raise CheckpointError(f"the ONNX export's logits differ from PyTorch's by {worst:.2e} (> {tolerance:g}) "
-                                  f"on real images; nothing was written to {out}. Run with --debug and report it")
+            raise CheckpointError(
+                f"the ONNX export's logits differ from PyTorch's by {worst:.2e} (> {tolerance:g}) "
+                f"on real images; nothing was written to {out}. Run with --debug and report it"
+            )
         return validation
 
-    summary = place_checked_export(out, lambda staged: export_onnx(
-        model, staged, preprocess=preprocess, dynamic_batch=dynamic_batch, dynamic_size=dynamic_size, int8=int8,
-        batch_size=batch_size, calibration=calibration), check)
+    summary = place_checked_export(
+        out,
+        lambda staged: export_onnx(
+            model,
+            staged,
+            preprocess=preprocess,
+            dynamic_batch=dynamic_batch,
+            dynamic_size=dynamic_size,
+            int8=int8,
+            batch_size=batch_size,
+            calibration=calibration,
+        ),
+        check,
+    )
     return {**summary, "tolerance": tolerance}
 
 
@@ -390,11 +454,16 @@ def format_export(summary: dict[str, Any], images_given: bool) -> str:
     """`vitlab export`'s report: the file and its input contract, then each check against PyTorch."""
     kind = "fp32"
     if summary["int8"]:
-        kind = (f"int8 static, calibrated on {summary['calibration_images']} images"
-                if summary.get("quantization") == "static" else "int8 dynamic")
-    lines = [f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {kind}); "
-             f"input {summary['input']!r}: {summary['input_layout']}, batch {summary['batch_size'] or 'any'}",
-             *check_lines(summary["validation"], "PyTorch", images_given)]
+        kind = (
+            f"int8 static, calibrated on {summary['calibration_images']} images"
+            if summary.get("quantization") == "static"
+            else "int8 dynamic"
+        )
+    lines = [
+        f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {kind}); "
+        f"input {summary['input']!r}: {summary['input_layout']}, batch {summary['batch_size'] or 'any'}",
+        *check_lines(summary["validation"], "PyTorch", images_given),
+    ]
     if not summary["int8"]:
         lines.append(f"fp32 tolerance {summary['tolerance']:g}: passed")
     lines.append(fastest_format_line("onnx --int8" if summary["int8"] else "onnx"))

@@ -96,8 +96,11 @@ def prepared_for_this_cpu(model: nn.Module, example: torch.Tensor) -> nn.Module:
 
 def observer_state(prepared: nn.Module) -> dict[str, torch.Tensor]:
     """The statistics the observers gathered (histograms, ranges), by their names in the prepared graph."""
-    return {name: tensor.detach().clone().contiguous() for name, tensor in prepared.state_dict().items()
-            if name.startswith("activation_post_process_")}
+    return {
+        name: tensor.detach().clone().contiguous()
+        for name, tensor in prepared.state_dict().items()
+        if name.startswith("activation_post_process_")
+    }
 
 
 @torch.no_grad()
@@ -108,7 +111,7 @@ def calibrate(model: nn.Module, images: torch.Tensor, batch_size: int = 32) -> d
     with warnings.catch_warnings(), _quiet():
         warnings.simplefilter("ignore")
         for start in range(0, len(images), batch_size):
-            prepared(images[start:start + batch_size])
+            prepared(images[start : start + batch_size])
     return observer_state(prepared)
 
 
@@ -116,8 +119,10 @@ def rest_precision(config: ViTConfig, requested: str = "auto") -> Choice:
     """The precision of what stays in float (attention, LayerNorm, GELU): bf16 autocast where this CPU's bf16
     matmuls pay (`choose_precision`), else fp32; reported as "int8 + bf16" or "int8"."""
     if requested not in ("auto", "fp32", "bf16", "int8"):
-        raise UsageError(f"--precision {requested}: a pt2e file runs its linear layers in int8 and the rest in bf16 "
-                         "or fp32; use auto (this CPU decides), bf16 or fp32")
+        raise UsageError(
+            f"--precision {requested}: a pt2e file runs its linear layers in int8 and the rest in bf16 "
+            "or fp32; use auto (this CPU decides), bf16 or fp32"
+        )
     choice = choose_precision("fp32" if requested == "int8" else requested, "cpu", model_size(config)[1])
     if choice.value == "bf16":
         return Choice("int8+bf16", f"int8 linear layers; the rest in bf16: {choice.reason}")
@@ -128,8 +133,9 @@ class QuantizedModel:
     """A VisionTransformer as PT2E int8, compiled by Inductor for this CPU: call it with normalised images
     (B, C, H, W) for logits (B, K). `observers`: the statistics of a calibration (`calibrate`, or a saved file)."""
 
-    def __init__(self, model: nn.Module, observers: dict[str, torch.Tensor], precision: str = "auto",
-                 source: str = "the model") -> None:
+    def __init__(
+        self, model: nn.Module, observers: dict[str, torch.Tensor], precision: str = "auto", source: str = "the model"
+    ) -> None:
         with _quiet():
             from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
         import torch._inductor.config as inductor_config
@@ -139,9 +145,11 @@ class QuantizedModel:
         example = torch.zeros(2, self.config.in_chans, *self.config.image_size)
         prepared = prepared_for_this_cpu(model, example)
         expected = set(observer_state(prepared))
-        mismatch = (f"{source}: its quantization statistics do not fit the observers this torch {torch.__version__} "
-                    "places in the model; it was written by another version of torch or torchao: export it again "
-                    "with this one (vitlab export CKPT --format pt2e)")
+        mismatch = (
+            f"{source}: its quantization statistics do not fit the observers this torch {torch.__version__} "
+            "places in the model; it was written by another version of torch or torchao: export it again "
+            "with this one (vitlab export CKPT --format pt2e)"
+        )
         if set(observers) != expected:
             raise CheckpointError(mismatch)
         try:
@@ -174,20 +182,37 @@ class QuantizedModel:
 
 
 # ------------------------------------------------------------------------------------------------ the file
-def write_pt2e(model: nn.Module, observers: dict[str, torch.Tensor], out: str | Path,
-               provenance: dict[str, Any]) -> dict[str, Any]:
+def write_pt2e(
+    model: nn.Module, observers: dict[str, torch.Tensor], out: str | Path, provenance: dict[str, Any]
+) -> dict[str, Any]:
     """Write the fp32 weights and the observers' statistics as one safetensors file (not atomic: `run_export`
     stages and checks it). provenance: what the calibration saw, kept in the metadata."""
     from safetensors.torch import save_file
 
-    tensors = {MODEL_PREFIX + name: value.detach().float().contiguous() if value.is_floating_point()
-               else value.detach().contiguous() for name, value in model.state_dict().items()}
+    tensors = {
+        MODEL_PREFIX + name: value.detach().float().contiguous()
+        if value.is_floating_point()
+        else value.detach().contiguous()
+        for name, value in model.state_dict().items()
+    }
     tensors.update({OBSERVER_PREFIX + name: value for name, value in observers.items()})
-    details = {**provenance, "torch": torch.__version__, "torchao": _torchao_version(),
-               "exported_on": machine_key(),
-               "quantized": "linear layers: int8 weights per output channel, calibrated uint8 activations"}
-    save_file(tensors, str(out), metadata={"format": FORMAT, "format_version": str(FORMAT_VERSION),
-                                           "config": model.config.to_json(), "pt2e": json.dumps(details)})
+    details = {
+        **provenance,
+        "torch": torch.__version__,
+        "torchao": _torchao_version(),
+        "exported_on": machine_key(),
+        "quantized": "linear layers: int8 weights per output channel, calibrated uint8 activations",
+    }
+    save_file(
+        tensors,
+        str(out),
+        metadata={
+            "format": FORMAT,
+            "format_version": str(FORMAT_VERSION),
+            "config": model.config.to_json(),
+            "pt2e": json.dumps(details),
+        },
+    )
     return details
 
 
@@ -200,8 +225,9 @@ def _torchao_version() -> str:
         return "unknown"
 
 
-def read_pt2e(path: str | Path, tensors: bool = True
-              ) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+def read_pt2e(
+    path: str | Path, tensors: bool = True
+) -> tuple[ViTConfig, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """(config, fp32 state dict, observers' statistics, provenance) of a .pt2e file; safetensors only, nothing
     unpickled. tensors=False reads the header alone (the state dict and statistics come back empty)."""
     from safetensors import safe_open
@@ -214,17 +240,21 @@ def read_pt2e(path: str | Path, tensors: bool = True
             metadata = handle.metadata() or {}
             stored = {name: handle.get_tensor(name) for name in handle.keys()} if tensors else {}
     except Exception as error:  # noqa: BLE001 - safetensors raises its own types on damaged files
-        raise CheckpointError(f"{path}: not a readable pt2e file ({str(error).splitlines()[0][:160]}); export it "
-                              "again with vitlab export CKPT --format pt2e") from None
+        raise CheckpointError(
+            f"{path}: not a readable pt2e file ({str(error).splitlines()[0][:160]}); export it "
+            "again with vitlab export CKPT --format pt2e"
+        ) from None
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not written by `vitlab export --format pt2e` (no {FORMAT} metadata)")
     if int(metadata.get("format_version", 0)) > FORMAT_VERSION:
-        raise CheckpointError(f"{path}: written by a newer vitlab (pt2e format {metadata['format_version']}); "
-                              "upgrade vitlab to run it")
+        raise CheckpointError(
+            f"{path}: written by a newer vitlab (pt2e format {metadata['format_version']}); upgrade vitlab to run it"
+        )
     config = ViTConfig.from_json(metadata["config"])
-    state = {name[len(MODEL_PREFIX):]: value for name, value in stored.items() if name.startswith(MODEL_PREFIX)}
-    observers = {name[len(OBSERVER_PREFIX):]: value for name, value in stored.items()
-                 if name.startswith(OBSERVER_PREFIX)}
+    state = {name[len(MODEL_PREFIX) :]: value for name, value in stored.items() if name.startswith(MODEL_PREFIX)}
+    observers = {
+        name[len(OBSERVER_PREFIX) :]: value for name, value in stored.items() if name.startswith(OBSERVER_PREFIX)
+    }
     return config, state, observers, json.loads(metadata.get("pt2e", "{}"))
 
 
@@ -246,8 +276,9 @@ class Pt2eClassifier:
         try:
             self.model.load_state_dict(state)
         except RuntimeError as error:
-            raise CheckpointError(f"{self.path}: its weights do not fit its config ({str(error).splitlines()[0]})"
-                                  ) from None
+            raise CheckpointError(
+                f"{self.path}: its weights do not fit its config ({str(error).splitlines()[0]})"
+            ) from None
         self.model.eval()
         if threads:
             torch.set_num_threads(threads)
@@ -273,11 +304,18 @@ def export_pt2e(model: nn.Module, out: str | Path, calibration: torch.Tensor, so
     images = prepare(calibration, 255.0, model.config)
     started = time.perf_counter()
     observers = calibrate(model, images)
-    details = write_pt2e(model, observers, out, {"calibration_images": len(calibration),
-                                                 "calibration_source": source})
-    return {"path": str(out), "bytes": Path(out).stat().st_size, "format": "pt2e", "int8": True,
-            "quantization": "static", "calibration_images": len(calibration), "calibration_source": source,
-            "calibration_seconds": round(time.perf_counter() - started, 1), **details}
+    details = write_pt2e(model, observers, out, {"calibration_images": len(calibration), "calibration_source": source})
+    return {
+        "path": str(out),
+        "bytes": Path(out).stat().st_size,
+        "format": "pt2e",
+        "int8": True,
+        "quantization": "static",
+        "calibration_images": len(calibration),
+        "calibration_source": source,
+        "calibration_seconds": round(time.perf_counter() - started, 1),
+        **details,
+    }
 
 
 @torch.no_grad()
@@ -286,45 +324,66 @@ def validate_pt2e(model: nn.Module, path: str | Path, pixels: torch.Tensor) -> d
     the model's size): max |logit difference| and top-1 agreement, for the whole batch and for one image."""
     runtime = Pt2eClassifier(path)
     reference = copy.deepcopy(model).float().eval()(prepare(pixels, 255.0, model.config))
-    checks = {f"batch {len(pixels)}": compare_logits(reference, runtime.classify_pixels(pixels)),
-              "batch 1": compare_logits(reference[:1], runtime.classify_pixels(pixels[:1]))}
-    return {"int8": True, "checks": checks, "precision": runtime.choice.value,
-            "precision_reason": runtime.choice.reason, "compile_seconds": round(runtime.quantized.compile_seconds, 1)}
+    checks = {
+        f"batch {len(pixels)}": compare_logits(reference, runtime.classify_pixels(pixels)),
+        "batch 1": compare_logits(reference[:1], runtime.classify_pixels(pixels[:1])),
+    }
+    return {
+        "int8": True,
+        "checks": checks,
+        "precision": runtime.choice.value,
+        "precision_reason": runtime.choice.reason,
+        "compile_seconds": round(runtime.quantized.compile_seconds, 1),
+    }
 
 
-def run_pt2e_export(model: nn.Module, out: str | Path, calibration: torch.Tensor, source: str,
-                    pixels: torch.Tensor | None = None) -> dict[str, Any]:
+def run_pt2e_export(
+    model: nn.Module, out: str | Path, calibration: torch.Tensor, source: str, pixels: torch.Tensor | None = None
+) -> dict[str, Any]:
     """`vitlab export --format pt2e`: calibrate, write, rebuild the file as a user's machine will and compare it
     with the fp32 model on real images, and only then move it into place."""
     pixels = validation_pixels(model.config) if pixels is None else pixels
-    return place_checked_export(out, lambda staged: export_pt2e(model, staged, calibration, source),
-                                lambda staged: validate_pt2e(model, staged, pixels), suffix=SUFFIX)
+    return place_checked_export(
+        out,
+        lambda staged: export_pt2e(model, staged, calibration, source),
+        lambda staged: validate_pt2e(model, staged, pixels),
+        suffix=SUFFIX,
+    )
 
 
-def calibration_for(checkpoint: str | Path, config: ViTConfig, calibrate: list[str] | None, data_dir: str | None,
-                    count: int = 256) -> tuple[torch.Tensor, str]:
+def calibration_for(
+    checkpoint: str | Path, config: ViTConfig, calibrate: list[str] | None, data_dir: str | None, count: int = 256
+) -> tuple[torch.Tensor, str]:
     """(uint8 pixels (N, C, H, W) to calibrate on, what they are): the images or data set named by --calibrate,
     else a run folder's own training data; never a test split."""
     if calibrate:
         pixels = calibration_pixels(config, calibrate, data_dir, count)
-        return pixels, f"{len(pixels)} images of {' '.join(calibrate)} (a data set's training split, or the files given)"
+        return (
+            pixels,
+            f"{len(pixels)} images of {' '.join(calibrate)} (a data set's training split, or the files given)",
+        )
     recipe = RunFolder(checkpoint).recipe() if Path(checkpoint).exists() else None
     if recipe and recipe.get("dataset"):
         dataset = recipe["dataset"]
         pixels = calibration_pixels(config, [dataset], data_dir or recipe.get("data_dir"), count)
         return pixels, f"{len(pixels)} training images of {dataset} (the run's own data)"
-    raise UsageError(f"{checkpoint} is not a run folder, so vitlab does not know what images it sees; a pt2e file is "
-                     "static int8, calibrated on such images: give them with --calibrate DATASET_OR_IMAGES (a data "
-                     "set's training split, e.g. --calibrate cifar10, or image files and folders)")
+    raise UsageError(
+        f"{checkpoint} is not a run folder, so vitlab does not know what images it sees; a pt2e file is "
+        "static int8, calibrated on such images: give them with --calibrate DATASET_OR_IMAGES (a data "
+        "set's training split, e.g. --calibrate cifar10, or image files and folders)"
+    )
 
 
 def format_pt2e_export(summary: dict[str, Any], images_given: bool) -> str:
     """`vitlab export --format pt2e`'s report: the file, its calibration, each check against fp32, and the format
     fastest on this CPU."""
     validation = summary["validation"]
-    lines = [f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB: fp32 weights and calibrated activation "
-             f"ranges; int8 linear layers when run), calibrated on {summary['calibration_source']}",
-             f"runs here as {validation['precision']} ({validation['precision_reason']}), compiled for this CPU in "
-             f"{validation['compile_seconds']:.0f} s when loaded",
-             *check_lines(validation, "fp32 PyTorch", images_given), fastest_format_line("pt2e")]
+    lines = [
+        f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB: fp32 weights and calibrated activation "
+        f"ranges; int8 linear layers when run), calibrated on {summary['calibration_source']}",
+        f"runs here as {validation['precision']} ({validation['precision_reason']}), compiled for this CPU in "
+        f"{validation['compile_seconds']:.0f} s when loaded",
+        *check_lines(validation, "fp32 PyTorch", images_given),
+        fastest_format_line("pt2e"),
+    ]
     return "\n".join(lines)

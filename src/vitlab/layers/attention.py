@@ -45,21 +45,32 @@ class AttentionContext:
 
     def kwargs(self) -> dict:
         """The keywords of `Attention.forward` this context sets."""
-        return {"rope": self.rope, "attn_mask": self.attn_mask, "kernel": self.kernel,
-                "stretch_relative": self.stretch_relative}
+        return {
+            "rope": self.rope,
+            "attn_mask": self.attn_mask,
+            "kernel": self.kernel,
+            "stretch_relative": self.stretch_relative,
+        }
 
 
 PLAIN = AttentionContext()
 
 
 class Attention(nn.Module):
-    def __init__(self, embed_dim: int, num_heads: int, qkv_bias: bool = True, attention_dropout: float = 0.0,
-                 proj_dropout: float = 0.0, relative_tokens: int = 0, qk_norm_layer: NormFactory | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        attention_dropout: float = 0.0,
+        proj_dropout: float = 0.0,
+        relative_tokens: int = 0,
+        qk_norm_layer: NormFactory | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)  # rows: all queries, all keys, all values
         self.q_norm = qk_norm_layer(self.head_dim) if qk_norm_layer is not None else nn.Identity()
         self.k_norm = qk_norm_layer(self.head_dim) if qk_norm_layer is not None else nn.Identity()
@@ -67,12 +78,22 @@ class Attention(nn.Module):
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.proj_drop = nn.Dropout(proj_dropout)
         # Relative attention: a key per offset -(T-1) .. T-1 of a T-token sequence; None without.
-        self.rel_pos_keys = nn.Parameter(torch.zeros(2 * relative_tokens - 1, self.head_dim)) if relative_tokens else None
+        self.rel_pos_keys = (
+            nn.Parameter(torch.zeros(2 * relative_tokens - 1, self.head_dim)) if relative_tokens else None
+        )
         self.plain = qk_norm_layer is None and relative_tokens == 0  # nothing between projection and product
 
-    def forward(self, x: torch.Tensor, *, rope: RotaryTable | None = None, attn_mask: torch.Tensor | None = None,
-                kernel: str = "sdpa", stretch_relative: bool = False, return_weights: bool = False,
-                queries: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        rope: RotaryTable | None = None,
+        attn_mask: torch.Tensor | None = None,
+        kernel: str = "sdpa",
+        stretch_relative: bool = False,
+        return_weights: bool = False,
+        queries: int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> (B, T, D); with return_weights also the attention weights (B, heads, T, T).
         rope: turn the patch tokens' queries and keys (2-D rotary positions). attn_mask (B, 1, 1, T) bool: keys a
         query may read (False: padding). kernel: "sdpa" or "explicit". stretch_relative: relative attention's
@@ -85,8 +106,16 @@ class Attention(nn.Module):
         batch, tokens, dim = x.shape
         if queries is not None and self.rel_pos_keys is not None:
             raise ValueError("relative attention needs every query's offsets; call it with queries=None")
-        if (queries is None and kernel == "explicit" and not return_weights and self.plain and rope is None
-                and attn_mask is None and torch.is_grad_enabled() and not (self.training and self.attn_drop.p > 0)):
+        if (
+            queries is None
+            and kernel == "explicit"
+            and not return_weights
+            and self.plain
+            and rope is None
+            and attn_mask is None
+            and torch.is_grad_enabled()
+            and not (self.training and self.attn_drop.p > 0)
+        ):
             # Training short sequences: the same products with a backward that copies less (explicit_attention.py).
             return self.proj_drop(self.proj(explicit_attention(self.qkv(x), self.num_heads, self.scale)))
         qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)

@@ -12,8 +12,9 @@ from vitlab.layers.mlp import Mlp
 
 
 class AttentionPool(nn.Module):
-    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, activation: str = "gelu",
-                 layer_norm_eps: float = 1e-6) -> None:
+    def __init__(
+        self, embed_dim: int, num_heads: int, mlp_dim: int, activation: str = "gelu", layer_norm_eps: float = 1e-6
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads

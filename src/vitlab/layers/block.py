@@ -19,17 +19,36 @@ DEFAULT_NORM: NormFactory = functools.partial(nn.LayerNorm, eps=1e-6)  # the off
 
 
 class Block(nn.Module):
-    def __init__(self, embed_dim: int, num_heads: int, mlp_dim: int, *, qkv_bias: bool = True,
-                 qk_norm: bool = False, norm_layer: NormFactory = DEFAULT_NORM, mlp_layer: MlpFactory = Mlp,
-                 dropout: float = 0.0, attention_dropout: float = 0.0, drop_path: float = 0.0,
-                 layer_scale: float | None = None, relative_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        mlp_dim: int,
+        *,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        norm_layer: NormFactory = DEFAULT_NORM,
+        mlp_layer: MlpFactory = Mlp,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        layer_scale: float | None = None,
+        relative_tokens: int = 0,
+    ) -> None:
         """norm_layer: width -> normalisation layer (also the query-key norm's, per head, with qk_norm).
         mlp_layer: (width, hidden width, dropout=) -> MLP. layer_scale: LayerScale's initial value, None for none.
         relative_tokens: the sequence length of relative attention's offset table (0: no relative attention)."""
         super().__init__()
         self.norm1 = norm_layer(embed_dim)
-        self.attn = Attention(embed_dim, num_heads, qkv_bias, attention_dropout, dropout, relative_tokens,
-                              qk_norm_layer=norm_layer if qk_norm else None)
+        self.attn = Attention(
+            embed_dim,
+            num_heads,
+            qkv_bias,
+            attention_dropout,
+            dropout,
+            relative_tokens,
+            qk_norm_layer=norm_layer if qk_norm else None,
+        )
         self.norm2 = norm_layer(embed_dim)
         self.mlp = mlp_layer(embed_dim, mlp_dim, dropout=dropout)
         self.drop_path = DropPath(drop_path)
@@ -41,8 +60,14 @@ class Block(nn.Module):
         """MSA(LN(x)) for this call's context; `options`: Attention.forward's return_weights / queries."""
         return self.attn(self.norm1(x), **context.kwargs(), **options)
 
-    def forward(self, x: torch.Tensor, context: AttentionContext = PLAIN, *, return_attention: bool = False,
-                queries: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: AttentionContext = PLAIN,
+        *,
+        return_attention: bool = False,
+        queries: int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> (B, T, D); with return_attention also this block's weights (B, heads, T, T). context:
         what this forward pass tells the attention (rotation, padding mask, kernel). queries: the output of the
         first `queries` tokens only, (B, queries, D), which need every token as keys and values but nothing else of

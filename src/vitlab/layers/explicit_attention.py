@@ -23,11 +23,15 @@ class _ExplicitAttention(torch.autograd.Function):
         dim = width // 3
         head_dim = dim // num_heads
         # (B, T, 3, heads, head_dim) -> (3, B * heads, T, head_dim): q, k and v each contiguous per head.
-        heads = qkv.view(batch, tokens, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).reshape(
-            3, batch * num_heads, tokens, head_dim)
+        heads = (
+            qkv.view(batch, tokens, 3, num_heads, head_dim)
+            .permute(2, 0, 3, 1, 4)
+            .reshape(3, batch * num_heads, tokens, head_dim)
+        )
         q, k, v = heads[0], heads[1], heads[2]
-        logits = torch.baddbmm(qkv.new_empty(batch * num_heads, tokens, tokens), q, k.transpose(1, 2), beta=0,
-                               alpha=scale)  # (B * heads, T, T), the scale folded into the product
+        logits = torch.baddbmm(
+            qkv.new_empty(batch * num_heads, tokens, tokens), q, k.transpose(1, 2), beta=0, alpha=scale
+        )  # (B * heads, T, T), the scale folded into the product
         weights = logits.softmax(dim=-1)
         out = torch.bmm(weights, v)  # (B * heads, T, head_dim)
         ctx.save_for_backward(heads, weights)
@@ -41,16 +45,20 @@ class _ExplicitAttention(torch.autograd.Function):
         q, k, v = heads[0], heads[1], heads[2]
         batch = grad_out.shape[0]
         num_heads = batch_heads // batch
-        grad = grad_out.reshape(batch, tokens, num_heads, head_dim).transpose(1, 2).reshape(
-            batch_heads, tokens, head_dim)
+        grad = (
+            grad_out.reshape(batch, tokens, num_heads, head_dim).transpose(1, 2).reshape(batch_heads, tokens, head_dim)
+        )
         grads = torch.empty_like(heads)  # dq, dk, dv side by side, as q, k and v came
         torch.bmm(weights.transpose(1, 2), grad, out=grads[2])
         grad_weights = torch.bmm(grad, v.transpose(1, 2))
         grad_logits = torch._softmax_backward_data(grad_weights, weights, -1, weights.dtype)
         torch.baddbmm(grads[0], grad_logits, k, beta=0, alpha=ctx.scale, out=grads[0])
         torch.baddbmm(grads[1], grad_logits.transpose(1, 2), q, beta=0, alpha=ctx.scale, out=grads[1])
-        grad_qkv = grads.view(3, batch, num_heads, tokens, head_dim).permute(1, 3, 0, 2, 4).reshape(
-            batch, tokens, 3 * num_heads * head_dim)
+        grad_qkv = (
+            grads.view(3, batch, num_heads, tokens, head_dim)
+            .permute(1, 3, 0, 2, 4)
+            .reshape(batch, tokens, 3 * num_heads * head_dim)
+        )
         return grad_qkv, None, None
 
 

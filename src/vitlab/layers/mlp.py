@@ -28,8 +28,11 @@ class Mlp(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(embed_dim, hidden_dim)
         # The official JAX code uses Flax's default GELU, the tanh approximation; timm and HF use the exact one.
-        self.act = QuickGELU() if activation == "quick_gelu" else nn.GELU(
-            approximate="tanh" if activation == "gelu_tanh" else "none")
+        self.act = (
+            QuickGELU()
+            if activation == "quick_gelu"
+            else nn.GELU(approximate="tanh" if activation == "gelu_tanh" else "none")
+        )
         self.drop1 = nn.Dropout(dropout)
         self.fc2 = nn.Linear(hidden_dim, embed_dim)
         self.drop2 = nn.Dropout(dropout)

@@ -45,8 +45,9 @@ def cut_patches(images: torch.Tensor, patch_size: int | tuple[int, int]) -> Patc
     patch_h, patch_w = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
     patches = patchify(images, (patch_h, patch_w))
     rows, cols = images.shape[-2] // patch_h, images.shape[-1] // patch_w
-    y, x = torch.meshgrid(torch.arange(rows, device=images.device), torch.arange(cols, device=images.device),
-                          indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(rows, device=images.device), torch.arange(cols, device=images.device), indexing="ij"
+    )
     coords = torch.stack([y.flatten(), x.flatten()], dim=-1)[None].expand(images.shape[0], -1, -1)
     valid = torch.ones(patches.shape[:2], dtype=torch.bool, device=images.device)
     return PatchInput(patches, coords, valid)

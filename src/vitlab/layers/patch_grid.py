@@ -16,14 +16,17 @@ def patch_grid(image_size: tuple[int, int], patch_size: tuple[int, int], stride:
     grid = []
     for axis, image, patch in zip(("height", "width"), image_size, patch_size):
         if image % stride:
-            raise ConfigError(f"image {axis} {image} is not a multiple of the ResNet stem's stride {stride}; "
-                              f"use an image size such as {max(stride, image // stride * stride)}")
+            raise ConfigError(
+                f"image {axis} {image} is not a multiple of the ResNet stem's stride {stride}; "
+                f"use an image size such as {max(stride, image // stride * stride)}"
+            )
         image //= stride
         if image % patch:
             suggestion = max(patch, round(image / patch) * patch) * stride
             raise ConfigError(
                 f"patch size {patch} does not divide image {axis} {image * stride}"
                 + (f" (feature map {image} after the stem)" if stride > 1 else "")
-                + f"; use an image size of {suggestion} or a patch size that divides {image}")
+                + f"; use an image size of {suggestion} or a patch size that divides {image}"
+            )
         grid.append(image // patch)
     return grid[0], grid[1]

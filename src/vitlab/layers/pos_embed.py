@@ -24,8 +24,9 @@ def sincos_2d_pos_embed(grid_size: tuple[int, int], embed_dim: int, temperature:
     if embed_dim % 4:
         raise ConfigError(f"the sin-cos position embedding needs embed_dim divisible by 4, got {embed_dim}")
     rows, cols = grid_size
-    y, x = torch.meshgrid(torch.arange(rows, dtype=torch.float32), torch.arange(cols, dtype=torch.float32),
-                          indexing="ij")
+    y, x = torch.meshgrid(
+        torch.arange(rows, dtype=torch.float32), torch.arange(cols, dtype=torch.float32), indexing="ij"
+    )
     quarter = embed_dim // 4
     omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float32) / quarter)
     y_angles = y.flatten()[:, None] * omega[None, :]  # (N, D/4)
@@ -65,8 +66,9 @@ def resample_pos_embed(
     return torch.cat([prefix, interpolate_patch_positions(patch_rows, old_grid, new_grid, mode)], dim=1)
 
 
-def interpolate_patch_positions(patch_rows: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple, mode: str = "bilinear"
-                                ) -> torch.Tensor:
+def interpolate_patch_positions(
+    patch_rows: torch.Tensor, old_grid: tuple[int, int], new_grid: tuple, mode: str = "bilinear"
+) -> torch.Tensor:
     """(P, old_rows * old_cols, D) -> (P, new_rows * new_cols, D) by 2-D interpolation, with no branch on the sizes,
     so it also traces with symbolic grid sizes (ONNX export with a dynamic image size). To the same grid it is
     exact: with align_corners=False every sample falls on a source point with weight 1.

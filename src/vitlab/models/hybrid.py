@@ -85,7 +85,7 @@ class ResNetStem(nn.Module):
         self.stem = Stem(in_chans, width)
         stages, channels = [], width
         for index, num_units in enumerate(stage_units):
-            stage_width = width * 2 ** index
+            stage_width = width * 2**index
             stages.append(ResNetStage(channels, stage_width, num_units, stride=1 if index == 0 else 2))
             channels = 4 * stage_width
         self.stages = nn.Sequential(*stages)

@@ -63,23 +63,32 @@ class MAEConfig:
             return isinstance(value, int) and not isinstance(value, bool)
 
         ratio = self.mask_ratio
-        if not (isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio)
-                and 0 < ratio < 1):
-            raise ConfigError(f"mask_ratio must be a number in (0, 1), the fraction of patches removed, got "
-                              f"{ratio!r}; MAE's is 0.75")
-        for name, limit in (("decoder_dim", 1 << 16), ("decoder_depth", 1024), ("decoder_heads", 1 << 16),
-                            ("decoder_mlp_dim", 1 << 18)):
+        if not (
+            isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and math.isfinite(ratio) and 0 < ratio < 1
+        ):
+            raise ConfigError(
+                f"mask_ratio must be a number in (0, 1), the fraction of patches removed, got {ratio!r}; MAE's is 0.75"
+            )
+        for name, limit in (
+            ("decoder_dim", 1 << 16),
+            ("decoder_depth", 1024),
+            ("decoder_heads", 1 << 16),
+            ("decoder_mlp_dim", 1 << 18),
+        ):
             value = getattr(self, name)
             if not is_int(value) or not 0 < value <= limit:
                 raise ConfigError(f"MAE config field {name} must be a whole number in 1..{limit}, got {value!r}")
         if not isinstance(self.norm_pix_loss, bool):
             raise ConfigError(f"MAE config field norm_pix_loss must be true or false, got {self.norm_pix_loss!r}")
         if self.decoder_dim % self.decoder_heads:
-            raise ConfigError(f"decoder_dim {self.decoder_dim} does not divide by decoder_heads "
-                              f"{self.decoder_heads}; pick a head count that divides it")
+            raise ConfigError(
+                f"decoder_dim {self.decoder_dim} does not divide by decoder_heads "
+                f"{self.decoder_heads}; pick a head count that divides it"
+            )
         if self.decoder_dim % 4:
-            raise ConfigError(f"the decoder's sin-cos position table needs decoder_dim divisible by 4, got "
-                              f"{self.decoder_dim}")
+            raise ConfigError(
+                f"the decoder's sin-cos position table needs decoder_dim divisible by 4, got {self.decoder_dim}"
+            )
         self.mask_ratio = float(ratio)
 
     def to_dict(self) -> dict[str, Any]:
@@ -104,13 +113,17 @@ def check_maskable(config: ViTConfig) -> None:
     """Refuse, with a UsageError that says why and what to use, an encoder whose patch tokens cannot be dropped
     after the stem: relative attention, or the ResNet hybrid."""
     if config.pos_embed == "relative":
-        raise UsageError("MAE cannot mask an encoder with relative position attention: its offsets index the full "
-                         "token sequence, and the visible patches are a shuffled subset of it; use pos_embed "
-                         "'sincos2d' (MAE's) or 'learned'")
+        raise UsageError(
+            "MAE cannot mask an encoder with relative position attention: its offsets index the full "
+            "token sequence, and the visible patches are a shuffled subset of it; use pos_embed "
+            "'sincos2d' (MAE's) or 'learned'"
+        )
     if config.resnet_layers is not None:
-        raise UsageError("MAE cannot mask the ResNet hybrid: its convolutional stem sees the neighbouring pixels, so "
-                         "a visible patch's token carries what the masked patches next to it hold, and the "
-                         "reconstruction task leaks; pre-train a plain ViT (resnet_layers None)")
+        raise UsageError(
+            "MAE cannot mask the ResNet hybrid: its convolutional stem sees the neighbouring pixels, so "
+            "a visible patch's token carries what the masked patches next to it hold, and the "
+            "reconstruction task leaks; pre-train a plain ViT (resnet_layers None)"
+        )
 
 
 def kept_patches(num_patches: int, mask_ratio: float) -> int:
@@ -135,7 +148,7 @@ def decoder_position_table(grid_size: tuple[int, int], dim: int, num_prefix_toke
     """The decoder's fixed table (prefix + rows * cols, dim): zero rows for the prefix tokens (as MAE's class
     row), then sin-cos in MAE's layout [sin x, cos x, sin y, cos y] (vitlab's y-first table, halves swapped)."""
     table = sincos_2d_pos_embed(grid_size, dim)
-    table = torch.cat([table[:, dim // 2:], table[:, :dim // 2]], dim=1)
+    table = torch.cat([table[:, dim // 2 :], table[:, : dim // 2]], dim=1)
     return torch.cat([table.new_zeros(num_prefix_tokens, dim), table], dim=0)
 
 
@@ -151,14 +164,18 @@ class MaskedAutoencoder(nn.Module):
         check_maskable(encoder_config)
         num_patches = encoder_config.num_patches
         if kept_patches(num_patches, config.mask_ratio) < 1:
-            raise ConfigError(f"mask_ratio {config.mask_ratio} keeps int({num_patches} x {1 - config.mask_ratio:g}) = "
-                              f"0 of the encoder's {num_patches} patches; use a ratio of at most "
-                              f"{1 - 1 / num_patches:g}")
+            raise ConfigError(
+                f"mask_ratio {config.mask_ratio} keeps int({num_patches} x {1 - config.mask_ratio:g}) = "
+                f"0 of the encoder's {num_patches} patches; use a ratio of at most "
+                f"{1 - 1 / num_patches:g}"
+            )
         patch_height, patch_width = encoder_config.patch_size
         pixels_per_patch = patch_height * patch_width * encoder_config.in_chans
         if config.norm_pix_loss and pixels_per_patch < 2:
-            raise ConfigError("norm_pix_loss normalises each patch by its own mean and std, which a patch of one "
-                              "value does not have; use norm_pix_loss False or a larger patch")
+            raise ConfigError(
+                "norm_pix_loss normalises each patch by its own mean and std, which a patch of one "
+                "value does not have; use norm_pix_loss False or a larger patch"
+            )
         self.encoder = encoder
         self.config = config
         dim, decoder_dim, prefix = encoder_config.embed_dim, config.decoder_dim, encoder_config.num_prefix_tokens
@@ -168,9 +185,13 @@ class MaskedAutoencoder(nn.Module):
         self.decoder_pos_embed = nn.Parameter(torch.zeros(1, prefix + num_patches, decoder_dim), requires_grad=False)
         # The decoder's blocks take the encoder's activation and LayerNorm epsilon, as transformers' do.
         self.decoder_blocks = nn.ModuleList(
-            Block(decoder_dim, config.decoder_heads, config.decoder_mlp_dim,
-                  norm_layer=norm_factory("layernorm", encoder_config.layer_norm_eps),
-                  mlp_layer=mlp_factory("mlp", encoder_config.mlp_activation))
+            Block(
+                decoder_dim,
+                config.decoder_heads,
+                config.decoder_mlp_dim,
+                norm_layer=norm_factory("layernorm", encoder_config.layer_norm_eps),
+                mlp_layer=mlp_factory("mlp", encoder_config.mlp_activation),
+            )
             for _ in range(config.decoder_depth)
         )
         self.decoder_norm = nn.LayerNorm(decoder_dim, eps=encoder_config.layer_norm_eps)
@@ -203,9 +224,9 @@ class MaskedAutoencoder(nn.Module):
         return self.encoder.no_weight_decay() | {"mask_token"}
 
     # ----------------------------------------------------------------------------------------- forward
-    def forward_encoder(self, images: torch.Tensor, noise: torch.Tensor | None = None,
-                        generator: torch.Generator | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_encoder(
+        self, images: torch.Tensor, noise: torch.Tensor | None = None, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """images (B, C, H, W) -> (latent (B, prefix + keep, D) after the encoder's final norm, mask (B, N),
         ids_restore (B, N)). `noise` (B, N) decides which patches are kept (the smallest); without it uniform noise
         is drawn, from `generator` if given. Only the prefix tokens and the kept patches go through the blocks."""
@@ -218,8 +239,10 @@ class MaskedAutoencoder(nn.Module):
         if noise is None:
             noise = torch.rand(batch, num_patches, device=tokens.device, generator=generator)
         elif tuple(noise.shape) != (batch, num_patches):
-            raise UsageError(f"noise must have shape (batch, patches) = ({batch}, {num_patches}), one value per "
-                             f"patch, got {tuple(noise.shape)}")
+            raise UsageError(
+                f"noise must have shape (batch, patches) = ({batch}, {num_patches}), one value per "
+                f"patch, got {tuple(noise.shape)}"
+            )
         ids_keep, mask, ids_restore = random_masking(noise.to(tokens.device), self.config.mask_ratio)
         visible = torch.cat([tokens[:, :prefix], gather_tokens(patches, ids_keep)], dim=1)  # (B, prefix + keep, D)
         # The blocks see the kept patches' own coordinates: tables added before every block and rotary positions
@@ -232,9 +255,11 @@ class MaskedAutoencoder(nn.Module):
         prefix = self.num_prefix_tokens
         num_patches = ids_restore.shape[1]
         if prefix + num_patches != self.decoder_pos_embed.shape[1]:
-            raise UsageError(f"the decoder is made for {self.decoder_pos_embed.shape[1] - prefix} patches "
-                             f"({self.encoder.config.image_size[0]}x{self.encoder.config.image_size[1]} images), "
-                             f"got {num_patches}; give images of the encoder's size")
+            raise UsageError(
+                f"the decoder is made for {self.decoder_pos_embed.shape[1] - prefix} patches "
+                f"({self.encoder.config.image_size[0]}x{self.encoder.config.image_size[1]} images), "
+                f"got {num_patches}; give images of the encoder's size"
+            )
         x = self.decoder_embed(latent)  # (B, prefix + keep, Dd)
         batch, dim = x.shape[0], x.shape[-1]
         mask_tokens = self.mask_token.expand(batch, num_patches + prefix - x.shape[1], dim)
@@ -245,8 +270,9 @@ class MaskedAutoencoder(nn.Module):
             x = block(x)
         return self.decoder_pred(self.decoder_norm(x))[:, prefix:]  # the prefix tokens predict nothing
 
-    def forward(self, images: torch.Tensor, noise: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> MAEOutput:
+    def forward(
+        self, images: torch.Tensor, noise: torch.Tensor | None = None, generator: torch.Generator | None = None
+    ) -> MAEOutput:
         """images (B, C, H, W) -> MAEOutput(loss, pred, mask, ids_restore); `noise`, `generator`: see
         `forward_encoder`."""
         latent, mask, ids_restore = self.forward_encoder(images, noise, generator)
@@ -259,9 +285,16 @@ class MaskedAutoencoder(nn.Module):
         (row, column, channel) order: MAE's and transformers' `nchpwq -> nhwpqc`."""
         patch_height, patch_width = self.encoder.config.patch_size
         channels = self.encoder.config.in_chans
-        if images.ndim != 4 or images.shape[1] != channels or images.shape[2] % patch_height or images.shape[3] % patch_width:
-            raise UsageError(f"patchify takes images (B, {channels}, H, W) with H a multiple of {patch_height} and W "
-                             f"of {patch_width}, got {tuple(images.shape)}")
+        if (
+            images.ndim != 4
+            or images.shape[1] != channels
+            or images.shape[2] % patch_height
+            or images.shape[3] % patch_width
+        ):
+            raise UsageError(
+                f"patchify takes images (B, {channels}, H, W) with H a multiple of {patch_height} and W "
+                f"of {patch_width}, got {tuple(images.shape)}"
+            )
         return patchify(images, (patch_height, patch_width))  # the paper's x_p order is MAE's too
 
     def unpatchify(self, patches: torch.Tensor, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
@@ -272,9 +305,11 @@ class MaskedAutoencoder(nn.Module):
         rows, cols = grid_size or self.encoder.config.grid_size
         batch, num_patches, values = patches.shape
         if num_patches != rows * cols or values != patch_height * patch_width * channels:
-            raise UsageError(f"unpatchify expects (B, {rows * cols}, {patch_height * patch_width * channels}) for a "
-                             f"{rows}x{cols} grid of {patch_height}x{patch_width}x{channels} patches, got "
-                             f"{tuple(patches.shape)}; give grid_size=(rows, cols) for another grid")
+            raise UsageError(
+                f"unpatchify expects (B, {rows * cols}, {patch_height * patch_width * channels}) for a "
+                f"{rows}x{cols} grid of {patch_height}x{patch_width}x{channels} patches, got "
+                f"{tuple(patches.shape)}; give grid_size=(rows, cols) for another grid"
+            )
         return unpatchify(patches, (patch_height, patch_width), (rows, cols))
 
     def patch_statistics(self, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,8 +327,9 @@ class MaskedAutoencoder(nn.Module):
         per_patch = ((pred - target) ** 2).mean(dim=-1)  # (B, N)
         return (per_patch * mask).sum() / mask.sum()
 
-    def reconstruction(self, images: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def reconstruction(
+        self, images: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(masked images: the removed patches set to 0, reconstructed images, pasted: the reconstruction with the
         visible patches from the original), each (B, C, H, W) in the input's pixel space: with norm_pix_loss the
         prediction is mapped back with each patch's own mean and std of the original. For pictures, as the
@@ -302,8 +338,14 @@ class MaskedAutoencoder(nn.Module):
         if self.config.norm_pix_loss:
             mean, std = self.patch_statistics(target)
             pred = pred * std + mean
-        grid = (images.shape[2] // self.encoder.config.patch_size[0], images.shape[3] // self.encoder.config.patch_size[1])
+        grid = (
+            images.shape[2] // self.encoder.config.patch_size[0],
+            images.shape[3] // self.encoder.config.patch_size[1],
+        )
         removed = mask[..., None].to(target.dtype)  # (B, N, 1)
         masked = target * (1 - removed)
-        return (self.unpatchify(masked, grid), self.unpatchify(pred, grid),
-                self.unpatchify(masked + pred * removed, grid))
+        return (
+            self.unpatchify(masked, grid),
+            self.unpatchify(pred, grid),
+            self.unpatchify(masked + pred * removed, grid),
+        )

@@ -42,15 +42,17 @@ DOWNSIZED_CELLS = 4  # the paper's "4x4 downsized version of the 16x16 patch"
 def check_corruptible(config: ViTConfig) -> None:
     """Refuse a model whose tokens see beyond their own patch (the ResNet hybrid), with what to use instead."""
     if config.resnet_layers is not None:
-        raise UsageError("masked pre-training needs tokens that see only their own patch; the ResNet hybrid's "
-                         "convolutional stem mixes neighbouring pixels into every token, so a masked patch would "
-                         "still be seen. Pre-train a plain ViT (e.g. --model S/16)")
+        raise UsageError(
+            "masked pre-training needs tokens that see only their own patch; the ResNet hybrid's "
+            "convolutional stem mixes neighbouring pixels into every token, so a masked patch would "
+            "still be seen. Pre-train a plain ViT (e.g. --model S/16)"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ targets
 def colour_levels(values: torch.Tensor, bits: int) -> torch.Tensor:
     """Values in [0, 1] -> integer levels 0 .. 2^bits - 1 (equal-width bins; 1.0 falls in the top one)."""
-    levels = 2 ** bits
+    levels = 2**bits
     return (values * levels).floor().clamp(0, levels - 1).long()
 
 
@@ -58,7 +60,7 @@ def colour_class(levels: torch.Tensor, bits: int) -> torch.Tensor:
     """Per-channel levels (..., C) -> one class per colour (...): r * 2^(2 bits) + g * 2^bits + b for RGB."""
     index = torch.zeros(levels.shape[:-1], dtype=torch.long, device=levels.device)
     for channel in range(levels.shape[-1]):
-        index = index * 2 ** bits + levels[..., channel]
+        index = index * 2**bits + levels[..., channel]
     return index
 
 
@@ -104,8 +106,14 @@ class Corruption:
         return self.kind != UNCHANGED
 
 
-def draw_corruption(batch: int, patches: int, ratio: float, shares: Sequence[float],
-                    generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> Corruption:
+def draw_corruption(
+    batch: int,
+    patches: int,
+    ratio: float,
+    shares: Sequence[float],
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> Corruption:
     """Which patches are corrupted and how. Each image gets exactly round(ratio * N) corrupted patches (at least
     one), chosen uniformly; each of them independently becomes [mask], another patch or stays, with `shares`.
     With a generator the draws are made on the CPU from it (deterministic evaluation), else on `device` from the
@@ -123,8 +131,9 @@ def draw_corruption(batch: int, patches: int, ratio: float, shares: Sequence[flo
     return Corruption(kind.to(device))
 
 
-def apply_corruption(tokens: torch.Tensor, corruption: Corruption, mask_token: torch.Tensor,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+def apply_corruption(
+    tokens: torch.Tensor, corruption: Corruption, mask_token: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Patch embeddings (B, N, D) with the corruption applied: [mask] (1, 1, D) where MASK_TOKEN, a patch
     embedding drawn uniformly from the whole batch where OTHER_PATCH."""
     batch, count, dim = tokens.shape
@@ -146,8 +155,9 @@ class MPPOutput:
 class MaskedPatchPredictor(nn.Module):
     """A ViT encoder with the [mask] embedding and the prediction head of masked patch prediction."""
 
-    def __init__(self, encoder: VisionTransformer, outputs: int, ratio: float = 0.5,
-                 shares: Sequence[float] = (0.8, 0.1, 0.1)) -> None:
+    def __init__(
+        self, encoder: VisionTransformer, outputs: int, ratio: float = 0.5, shares: Sequence[float] = (0.8, 0.1, 0.1)
+    ) -> None:
         super().__init__()
         check_corruptible(encoder.config)
         self.encoder = encoder
@@ -165,8 +175,9 @@ class MaskedPatchPredictor(nn.Module):
         encoder = self.encoder
         patches, layout = encoder.embed_patches(images)  # (B, N, D)
         prefix = encoder.config.num_prefix_tokens
-        corruption = draw_corruption(patches.shape[0], patches.shape[1], self.ratio, self.shares, generator,
-                                     patches.device)
+        corruption = draw_corruption(
+            patches.shape[0], patches.shape[1], self.ratio, self.shares, generator, patches.device
+        )
         patches = apply_corruption(patches, corruption, self.mask_token, generator)
         stem, context = encoder.start(patches, layout)  # positions after the corruption: a masked patch keeps its own
         encoded, _ = encoder.run_blocks(stem, context)

@@ -74,9 +74,14 @@ class VisionTransformer(nn.Module):
         backbone = None
         if config.resnet_layers is not None:
             backbone = ResNetStem(config.in_chans, config.resnet_layers, config.resnet_width_factor)
-        self.patch_embed = PatchEmbed(config.patch_size, config.in_chans, dim, backbone,
-                                      backbone.out_channels if backbone is not None else None,
-                                      bias=not config.pre_norm)
+        self.patch_embed = PatchEmbed(
+            config.patch_size,
+            config.in_chans,
+            dim,
+            backbone,
+            backbone.out_channels if backbone is not None else None,
+            bias=not config.pre_norm,
+        )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.register_tokens, dim)) if config.register_tokens else None
@@ -94,24 +99,36 @@ class VisionTransformer(nn.Module):
         drop_rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
         mlp_layer = mlp_factory(config.mlp, config.mlp_activation)
         self.blocks = nn.ModuleList(
-            Block(dim, config.num_heads, config.mlp_dim, qkv_bias=config.qkv_bias, qk_norm=config.qk_norm,
-                  norm_layer=norm_layer, mlp_layer=mlp_layer, dropout=config.dropout,
-                  attention_dropout=config.attention_dropout, drop_path=rate, layer_scale=config.layer_scale,
-                  relative_tokens=self.positions.relative_tokens(self))
+            Block(
+                dim,
+                config.num_heads,
+                config.mlp_dim,
+                qkv_bias=config.qkv_bias,
+                qk_norm=config.qk_norm,
+                norm_layer=norm_layer,
+                mlp_layer=mlp_layer,
+                dropout=config.dropout,
+                attention_dropout=config.attention_dropout,
+                drop_path=rate,
+                layer_scale=config.layer_scale,
+                relative_tokens=self.positions.relative_tokens(self),
+            )
             for rate in drop_rates
         )
         # With fc_norm (timm's "avg" models) the final norm moves from every token to the pooled vector.
         self.norm = nn.Identity() if config.fc_norm else norm_layer(dim)
         self.fc_norm = norm_layer(dim) if config.fc_norm else nn.Identity()
-        self.attn_pool = AttentionPool(dim, config.num_heads, config.mlp_dim, config.mlp_activation,
-                                       config.layer_norm_eps) if config.classifier == "map" else None
+        self.attn_pool = (
+            AttentionPool(dim, config.num_heads, config.mlp_dim, config.mlp_activation, config.layer_norm_eps)
+            if config.classifier == "map"
+            else None
+        )
         self.gem_pool = GeneralizedMeanPool() if config.classifier == "gem" else None
         # layer_weighted: one logit per block; softmax(layer_weights) mixes the blocks' pooled outputs.
         self.layer_weights = nn.Parameter(torch.zeros(config.depth)) if config.classifier == "layer_weighted" else None
         self.pre_logits: nn.Module = nn.Identity()
         if config.representation_size:
-            self.pre_logits = nn.Sequential(OrderedDict(
-                fc=nn.Linear(dim, config.representation_size), act=nn.Tanh()))
+            self.pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(dim, config.representation_size), act=nn.Tanh()))
         head_in = config.representation_size or dim
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else nn.Identity()
         self.head_dist = nn.Linear(dim, config.num_classes) if config.has_distillation_head else None
@@ -199,8 +216,13 @@ class VisionTransformer(nn.Module):
             raise UsageError(
                 f"the model takes {self.config.in_chans}-channel images (B, {self.config.in_chans}, H, W), got "
                 f"{tuple(images.shape)} ({channels} channels); convert them ("
-                + ("grey: average the RGB channels" if self.config.in_chans == 1 else
-                   "RGB: repeat a grey channel" if self.config.in_chans == 3 else "to the channels it was trained on")
+                + (
+                    "grey: average the RGB channels"
+                    if self.config.in_chans == 1
+                    else "RGB: repeat a grey channel"
+                    if self.config.in_chans == 3
+                    else "to the channels it was trained on"
+                )
                 + "), as vitlab's data loading does"
             )
         if wrong_size:
@@ -217,13 +239,17 @@ class VisionTransformer(nn.Module):
         """Already-cut patches (B, N, P_h * P_w * C) -> (their embeddings (B, N, D), their layout)."""
         config = self.config
         if self.patch_embed.backbone is not None:
-            raise UsageError("the ResNet hybrid cuts its patches from the stem's feature map: give it images "
-                             "(B, C, H, W), not already-cut patches")
+            raise UsageError(
+                "the ResNet hybrid cuts its patches from the stem's feature map: give it images "
+                "(B, C, H, W), not already-cut patches"
+            )
         values = config.patch_size[0] * config.patch_size[1] * config.in_chans
         if inputs.patches.shape[-1] != values:
-            raise UsageError(f"the model takes patches of {config.patch_size[0]}x{config.patch_size[1]}x"
-                             f"{config.in_chans} = {values} values, got {inputs.patches.shape[-1]} per patch; cut "
-                             "them with the model's patch size and channels (layers.patch_embed.cut_patches)")
+            raise UsageError(
+                f"the model takes patches of {config.patch_size[0]}x{config.patch_size[1]}x"
+                f"{config.in_chans} = {values} values, got {inputs.patches.shape[-1]} per patch; cut "
+                "them with the model's patch size and channels (layers.patch_embed.cut_patches)"
+            )
         return self.patch_embed.embed_patches(inputs.patches), PatchLayout.of_patches(inputs.coords, inputs.valid)
 
     def start(self, tokens: torch.Tensor, layout: PatchLayout) -> tuple[torch.Tensor, EncoderContext]:
@@ -239,8 +265,11 @@ class VisionTransformer(nn.Module):
 
     def prepend_prefix(self, tokens: torch.Tensor) -> torch.Tensor:
         """Patch tokens (B, N, D) -> [x_class; x_dist or registers; patches] (B, prefix + N, D)."""
-        prefix_tokens = [token.expand(tokens.shape[0], -1, -1)
-                         for token in (self.cls_token, self.dist_token, self.reg_token) if token is not None]
+        prefix_tokens = [
+            token.expand(tokens.shape[0], -1, -1)
+            for token in (self.cls_token, self.dist_token, self.reg_token)
+            if token is not None
+        ]
         return torch.cat(prefix_tokens + [tokens], dim=1) if prefix_tokens else tokens
 
     def block_context(self, layout: PatchLayout, batch: int) -> EncoderContext:
@@ -253,8 +282,12 @@ class VisionTransformer(nn.Module):
         attn_mask = None
         if layout.valid is not None:
             attn_mask = with_prefix(layout.valid, self.config.num_prefix_tokens)[:, None, None, :]  # (B, 1, 1, T)
-        attention = AttentionContext(self.positions.rotary(self, layout, batch), attn_mask, self.attention_kernel,
-                                     self.positions.stretches_relative(layout))
+        attention = AttentionContext(
+            self.positions.rotary(self, layout, batch),
+            attn_mask,
+            self.attention_kernel,
+            self.positions.stretches_relative(layout),
+        )
         return EncoderContext(tables, attention, layout.valid)
 
     def add_positions(self, tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -265,9 +298,13 @@ class VisionTransformer(nn.Module):
         prefix = self.config.num_prefix_tokens
         return torch.cat([tokens[:, :prefix], tokens[:, prefix:] + table], dim=-2)
 
-    def encode(self, inputs: ModelInput, attention_layers: set[int] = frozenset(),
-               on_attention: AttentionCallback | None = None, keep_states: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], EncoderContext]:
+    def encode(
+        self,
+        inputs: ModelInput,
+        attention_layers: set[int] = frozenset(),
+        on_attention: AttentionCallback | None = None,
+        keep_states: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], EncoderContext]:
         """Eqs. 1-3: inputs -> (z_0, z_L before the final norm, the output of every block if keep_states, else [],
         the blocks' context). Blocks in `attention_layers` take the explicit-softmax path and hand their weights to
         `on_attention`."""
@@ -275,9 +312,15 @@ class VisionTransformer(nn.Module):
         x, states = self.run_blocks(stem, context, attention_layers, on_attention, keep_states)
         return stem, x, states, context
 
-    def run_blocks(self, x: torch.Tensor, context: EncoderContext | None = None,
-                   attention_layers: set[int] = frozenset(), on_attention: AttentionCallback | None = None,
-                   keep_states: bool = False, last_queries: int | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def run_blocks(
+        self,
+        x: torch.Tensor,
+        context: EncoderContext | None = None,
+        attention_layers: set[int] = frozenset(),
+        on_attention: AttentionCallback | None = None,
+        keep_states: bool = False,
+        last_queries: int | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Eqs. 2-3: z_0 (B, T, D) -> (z_L before the final norm, every block's output if keep_states, else []).
         context: from `start` or `block_context` (None: no positions, padding or kernel beyond the defaults). MAE
         runs the blocks on the visible tokens only (any T, their own context). last_queries: the last block
@@ -317,8 +360,9 @@ class VisionTransformer(nn.Module):
         """inputs -> encoder output (B, prefix + N, D), after the final norm."""
         return self.norm(self.encode(inputs)[1])
 
-    def pool(self, tokens: torch.Tensor, hidden_states: list[torch.Tensor] | None = None,
-             valid: torch.Tensor | None = None) -> torch.Tensor:
+    def pool(
+        self, tokens: torch.Tensor, hidden_states: list[torch.Tensor] | None = None, valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, T, D) -> (B, D): the class token, the mean of the patch tokens (paper Appendix D.3), attention
         pooling of every token (SigLIP's MAP head), GeM or max over the patch tokens, or, for "layer_weighted",
         the learned mix of every block's output (`hidden_states`, before the final norm, which is applied here).
@@ -339,8 +383,10 @@ class VisionTransformer(nn.Module):
                 return patch_tokens.amax(dim=1)
             return patch_tokens.masked_fill(~valid[..., None], float("-inf")).amax(dim=1)
         if hidden_states is None or len(hidden_states) != len(self.blocks):
-            raise UsageError("layer-weighted pooling mixes every block's output: call the model itself, "
-                             "forward_pre_logits or forward_intermediates(hidden_states=True), not forward_head alone")
+            raise UsageError(
+                "layer-weighted pooling mixes every block's output: call the model itself, "
+                "forward_pre_logits or forward_intermediates(hidden_states=True), not forward_head alone"
+            )
         per_block = []
         for state in hidden_states:
             state = self.norm(state)
@@ -348,9 +394,13 @@ class VisionTransformer(nn.Module):
         mix = self.layer_weights.softmax(dim=0)  # (L,)
         return (torch.stack(per_block, dim=1) * mix[None, :, None]).sum(dim=1)  # (B, L, D) -> (B, D)
 
-    def forward_head(self, tokens: torch.Tensor, pre_logits: bool = False,
-                     hidden_states: list[torch.Tensor] | None = None, valid: torch.Tensor | None = None
-                     ) -> torch.Tensor:
+    def forward_head(
+        self,
+        tokens: torch.Tensor,
+        pre_logits: bool = False,
+        hidden_states: list[torch.Tensor] | None = None,
+        valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Encoder output (B, T, D) -> logits (B, K); with pre_logits=True the features fed to the head (for a
         distilled model with its distillation head: the mean of the class and distillation tokens, as timm's).
         `hidden_states`: every block's output, which layer-weighted pooling needs; `valid`: see `pool`."""
@@ -404,18 +454,24 @@ class VisionTransformer(nn.Module):
             wanted = set() if attention_layers is None else {self.layer_index(i) for i in attention_layers}
         attentions: list[torch.Tensor] = []
         stem, x, states, context = self.encode(
-            inputs, wanted, attention_callback or (lambda _, weights: attentions.append(weights)),
-            keep_states=hidden_states or self.config.classifier == "layer_weighted")
+            inputs,
+            wanted,
+            attention_callback or (lambda _, weights: attentions.append(weights)),
+            keep_states=hidden_states or self.config.classifier == "layer_weighted",
+        )
         out: dict[str, torch.Tensor | list[torch.Tensor]] = {"stem": stem}
         if hidden_states:
             out["hidden_states"] = states
         if wanted and attention_callback is None:
             out["attentions"] = attentions
         out["encoder"] = self.norm(x)
-        out["pre_logits"] = self.forward_head(out["encoder"], pre_logits=True, hidden_states=states or None,
-                                              valid=context.valid)
+        out["pre_logits"] = self.forward_head(
+            out["encoder"], pre_logits=True, hidden_states=states or None, valid=context.valid
+        )
         # Only DeiT's two heads need the tokens again; every other head reads the pooled features (pooling once).
-        out["logits"] = self.forward_head(out["encoder"]) if self.head_dist is not None else self.head(out["pre_logits"])
+        out["logits"] = (
+            self.forward_head(out["encoder"]) if self.head_dist is not None else self.head(out["pre_logits"])
+        )
         return out
 
     def layer_index(self, index: int) -> int:
@@ -423,8 +479,9 @@ class VisionTransformer(nn.Module):
         once wrapped silently: 12 became 0 on a 12-block model)."""
         depth = len(self.blocks)
         if not -depth <= int(index) < depth:
-            raise UsageError(f"layer {index} is out of range for a {depth}-block model; use 0..{depth - 1} or "
-                             f"-{depth}..-1")
+            raise UsageError(
+                f"layer {index} is out of range for a {depth}-block model; use 0..{depth - 1} or -{depth}..-1"
+            )
         return int(index) % depth
 
     # ----------------------------------------------------------------------------------------- resolution
@@ -446,7 +503,7 @@ class VisionTransformer(nn.Module):
         self.config = new_config
 
     def set_attention_kernel(self, kernel: str) -> None:
-        """"sdpa" (default: PyTorch's fused scaled_dot_product_attention) or "explicit" (softmax(q k^T / sqrt(d)) v
+        """ "sdpa" (default: PyTorch's fused scaled_dot_product_attention) or "explicit" (softmax(q k^T / sqrt(d)) v
         as three ops; faster under torch.compile for short sequences, see layers/attention.py). Same results. The
         kernel goes to every block with each call (`block_context`)."""
         if kernel not in KERNELS:
@@ -455,9 +512,16 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip besides norms and biases."""
-        return {"pos_embed", "pos_embed_row", "pos_embed_col", "rel_pos_keys", "cls_token", "dist_token", "reg_token",
-                "latent"}
-
+        return {
+            "pos_embed",
+            "pos_embed_row",
+            "pos_embed_col",
+            "rel_pos_keys",
+            "cls_token",
+            "dist_token",
+            "reg_token",
+            "latent",
+        }
 
 
 def with_prefix(valid: torch.Tensor, prefix: int) -> torch.Tensor:

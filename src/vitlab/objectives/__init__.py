@@ -80,5 +80,13 @@ def __getattr__(name: str) -> Any:  # `from vitlab.objectives import Classificat
     raise AttributeError(name)
 
 
-__all__ = ["Objective", "NonFiniteLoss", "OBJECTIVES", "ObjectiveRow", "build_objective", "objective_names",
-           "pretraining_methods", "Classification"]
+__all__ = [
+    "Objective",
+    "NonFiniteLoss",
+    "OBJECTIVES",
+    "ObjectiveRow",
+    "build_objective",
+    "objective_names",
+    "pretraining_methods",
+    "Classification",
+]

@@ -161,8 +161,9 @@ class Objective(ABC):
             text += f"  val loss {row['val_loss']:.4f}"
         return text
 
-    def after_epoch(self, model: VisionTransformer, epoch: int, run_dir: Path, validation: BatchSource | None
-                    ) -> list[str]:
+    def after_epoch(
+        self, model: VisionTransformer, epoch: int, run_dir: Path, validation: BatchSource | None
+    ) -> list[str]:
         """Rank 0, after each epoch: pictures the objective writes at chosen epochs; returns their file names."""
         return []
 
@@ -172,14 +173,16 @@ class Objective(ABC):
         (default), or the objective's module around it."""
         return contextlib.nullcontext(model)
 
-    def evaluate(self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv,
-                 precision: str) -> dict[str, Any]:
+    def evaluate(
+        self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv, precision: str
+    ) -> dict[str, Any]:
         """Figures of `model` on all of `source`: the loss and `figure_names` (means over the images, each batch
         measured with draws from a generator seeded by its first image) and the count."""
         device = next(model.parameters()).device
         sums = torch.zeros(1 + len(self.figure_names), dtype=torch.float64)
         count = torch.zeros(1, dtype=torch.float64)
         with self.evaluated_module(model) as module:
+
             def forward(encoder: nn.Module, inputs: ModelInput) -> Any:
                 return inputs  # the module runs below, where the batch's images (for the targets) are at hand
 
@@ -197,8 +200,9 @@ class Objective(ABC):
         result.update({name: sums[1 + i].item() / total for i, name in enumerate(self.figure_names)})
         return result
 
-    def measure(self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor],
-                generator: torch.Generator) -> list[float]:
+    def measure(
+        self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor], generator: torch.Generator
+    ) -> list[float]:
         """[loss, *figure_names] of one batch (random draws, such as masks, from `generator`). Default: the loss."""
         return [self.loss(self.forward(module, inputs), targets)[0].item()]
 
@@ -211,20 +215,29 @@ class Objective(ABC):
         return f"{self.description} {self.selection} {value:.4f}"
 
     # ------------------------------------------------------------------------------------- the end of a run
-    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Splits
-                  ) -> tuple[dict[str, Any], list[str], list[str]]:
+    def summarize(
+        self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Splits
+    ) -> tuple[dict[str, Any], list[str], list[str]]:
         """(the summary's figures, its text lines after the validation line, the pictures written into run_dir)
         from the end-of-run measurements {"test", "val", "best_test"} (each an `evaluate` result, or None), the
         best checkpoint's epoch and the run's splits (what end-of-run pictures are drawn from)."""
         final, best_test, val = results["test"], results["best_test"], results["val"]
-        figures = {"val_loss": val["loss"] if val else None, "test_loss": final["loss"], "test_count": final["count"],
-                   "best_checkpoint_test_loss": best_test["loss"] if best_test else None}
+        figures = {
+            "val_loss": val["loss"] if val else None,
+            "test_loss": final["loss"],
+            "test_count": final["count"],
+            "best_checkpoint_test_loss": best_test["loss"] if best_test else None,
+        }
         figures.update({f"test_{name}": final[name] for name in self.figure_names})
         extra = "".join(f"  {name.replace('_top1', '')} top-1 {100 * final[name]:.2f}%" for name in self.figure_names)
-        lines = [f"  test         final model: {self.description} loss {final['loss']:.4f}{extra}  "
-                 f"({final['count']} images, measured once, at the end)"]
+        lines = [
+            f"  test         final model: {self.description} loss {final['loss']:.4f}{extra}  "
+            f"({final['count']} images, measured once, at the end)"
+        ]
         if best_test is not None:
-            lines.append(f"               best-validation checkpoint (epoch {best_epoch}): loss {best_test['loss']:.4f}")
+            lines.append(
+                f"               best-validation checkpoint (epoch {best_epoch}): loss {best_test['loss']:.4f}"
+            )
         return figures, lines, []
 
 
@@ -234,12 +247,27 @@ def refuse_batch_augmentation(augment: AugmentConfig | None) -> None:
     off, when any of it is on."""
     if augment is None or not augment.changes_batches():
         return
-    active = [name for name in ("crop_padding", "hflip", "affine_degrees", "affine_scale", "affine_shear",
-                                "affine_translate", "trivial_augment", "random_erasing", "mixup_alpha", "cutmix_alpha")
-              if getattr(augment, name)]
-    raise ConfigError("batch augmentation works on whole images of one size, and this data gives cut patches (each "
-                      "image at its own aspect ratio); turn it off for this run: "
-                      + " ".join(f"--set augment.{name}={'false' if name == 'hflip' else 0}" for name in active))
+    active = [
+        name
+        for name in (
+            "crop_padding",
+            "hflip",
+            "affine_degrees",
+            "affine_scale",
+            "affine_shear",
+            "affine_translate",
+            "trivial_augment",
+            "random_erasing",
+            "mixup_alpha",
+            "cutmix_alpha",
+        )
+        if getattr(augment, name)
+    ]
+    raise ConfigError(
+        "batch augmentation works on whole images of one size, and this data gives cut patches (each "
+        "image at its own aspect ratio); turn it off for this run: "
+        + " ".join(f"--set augment.{name}={'false' if name == 'hflip' else 0}" for name in active)
+    )
 
 
 def is_better(objective: Objective, value: float, best: float | None) -> bool:

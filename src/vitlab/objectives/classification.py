@@ -36,9 +36,11 @@ class Classification(Objective):
         from vitlab.errors import DataError
 
         if not source.class_names:
-            raise DataError(f"{source.name} has no labels; a classifier needs labelled images (a label column in the "
-                            "manifest, class sub-folders, or a ClassLabel feature); to learn from unlabeled images, "
-                            "pre-train: vitlab pretrain --method mae")
+            raise DataError(
+                f"{source.name} has no labels; a classifier needs labelled images (a label column in the "
+                "manifest, class sub-folders, or a ClassLabel feature); to learn from unlabeled images, "
+                "pre-train: vitlab pretrain --method mae"
+            )
         if len(source.class_names) < 2:
             raise DataError(f"{source.name} has a single class; a classifier needs at least two")
 
@@ -65,8 +67,9 @@ class Classification(Objective):
         else:
             augment = self.batch_augment(batch)
             assert augment is not None  # a classifier always has its augmentation settings
-            images, targets = augment_batch(images, batch.labels, self.num_classes, augment, draws,
-                                            self.label_smoothing)
+            images, targets = augment_batch(
+                images, batch.labels, self.num_classes, augment, draws, self.label_smoothing
+            )
         return normalize(images, spec), {"target": targets, "label": batch.labels}
 
     def loss(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,8 +85,9 @@ class Classification(Objective):
         loss_sum, correct, count = sums
         return {"loss": f"{loss_sum / count:.4f}", "train": f"{100 * correct / count:.1f}%"}
 
-    def evaluate(self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv,
-                 precision: str) -> dict[str, Any]:
+    def evaluate(
+        self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv, precision: str
+    ) -> dict[str, Any]:
         from vitlab.eval.classify import evaluate
 
         return evaluate(model, source, batch_size, env, precision)
@@ -95,26 +99,37 @@ class Classification(Objective):
         """The selection figure as the summary says it."""
         return f"top-1 {100 * value:.2f}%"
 
-    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
-                  ) -> tuple[dict[str, Any], list[str], list[str]]:
+    def summarize(
+        self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
+    ) -> tuple[dict[str, Any], list[str], list[str]]:
         """(the summary's figures, its text lines after the validation line, the pictures written into run_dir)
         from the end-of-run measurements {"test", "val", "best_test"}."""
         from vitlab import plots
 
         final, best_test, val = results["test"], results["best_test"], results["val"]
-        plots.plot_confusion(final["confusion"], final["class_names"], run_dir / "confusion.png",
-                             title=f"{dataset} test set: {100 * final['top1']:.2f}% top-1")
+        plots.plot_confusion(
+            final["confusion"],
+            final["class_names"],
+            run_dir / "confusion.png",
+            title=f"{dataset} test set: {100 * final['top1']:.2f}% top-1",
+        )
         figures = {
             "val_top1": val["top1"] if val else None,
-            "test_top1": final["top1"], "test_top5": final["top5"], "test_loss": final["loss"],
-            "test_count": final["count"], "best_checkpoint_test_top1": best_test["top1"] if best_test else None,
+            "test_top1": final["top1"],
+            "test_top5": final["top5"],
+            "test_loss": final["loss"],
+            "test_count": final["count"],
+            "best_checkpoint_test_top1": best_test["top1"] if best_test else None,
             "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
         }
         worst = sorted(figures["per_class_top1"].items(), key=lambda item: item[1])[:3]
-        lines = [f"  test         final model: top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  "
-                 f"loss {final['loss']:.4f}  ({final['count']} images, measured once, at the end)"]
+        lines = [
+            f"  test         final model: top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  "
+            f"loss {final['loss']:.4f}  ({final['count']} images, measured once, at the end)"
+        ]
         if best_test is not None:
-            lines.append(f"               best-validation checkpoint (epoch {best_epoch}): top-1 "
-                         f"{100 * best_test['top1']:.2f}%")
+            lines.append(
+                f"               best-validation checkpoint (epoch {best_epoch}): top-1 {100 * best_test['top1']:.2f}%"
+            )
         lines.append("  weakest      " + ", ".join(f"{name}: {100 * acc:.1f}%" for name, acc in worst))
         return figures, lines, ["confusion.png"]

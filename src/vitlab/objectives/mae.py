@@ -39,15 +39,28 @@ class MaskedAutoencoding(MaskedPretraining):
         decoder = self.pretrained_decoder()
         if decoder is not None:  # the checkpoint's decoder shape wins over the recipe's
             settings.decoder_dim, settings.decoder_depth = decoder.config.decoder_dim, decoder.config.decoder_depth
-            settings.decoder_heads, settings.decoder_mlp_dim = decoder.config.decoder_heads, decoder.config.decoder_mlp_dim
+            settings.decoder_heads, settings.decoder_mlp_dim = (
+                decoder.config.decoder_heads,
+                decoder.config.decoder_mlp_dim,
+            )
         dim, depth, heads, mlp_dim = settings.decoder_shape(model.config.embed_dim, model.config.num_heads)
         self.decoder = dict(dim=dim, depth=depth, heads=heads, mlp_dim=mlp_dim)
-        module = MaskedAutoencoder(model, MAEConfig(
-            mask_ratio=settings.ratio("mae"), decoder_dim=dim, decoder_depth=depth, decoder_heads=heads,
-            decoder_mlp_dim=mlp_dim, norm_pix_loss=settings.norm_pix_loss))
+        module = MaskedAutoencoder(
+            model,
+            MAEConfig(
+                mask_ratio=settings.ratio("mae"),
+                decoder_dim=dim,
+                decoder_depth=depth,
+                decoder_heads=heads,
+                decoder_mlp_dim=mlp_dim,
+                norm_pix_loss=settings.norm_pix_loss,
+            ),
+        )
         if decoder is not None:
-            module.load_state_dict({name: value for name, value in decoder.state_dict().items()
-                                    if not name.startswith("encoder.")}, strict=False)
+            module.load_state_dict(
+                {name: value for name, value in decoder.state_dict().items() if not name.startswith("encoder.")},
+                strict=False,
+            )
         return module
 
     def pretrained_decoder(self) -> MaskedAutoencoder | None:
@@ -78,8 +91,9 @@ class MaskedAutoencoding(MaskedPretraining):
         grid = self.module.encoder.config.grid_size
         return torch.rand(len(inputs), grid[0] * grid[1], generator=generator).to(inputs.device)
 
-    def measure(self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor],
-                generator: torch.Generator) -> list[float]:
+    def measure(
+        self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor], generator: torch.Generator
+    ) -> list[float]:
         return [module(inputs, noise=self.noise(inputs, generator)).loss.item()]
 
     @torch.no_grad()
@@ -97,19 +111,22 @@ class MaskedAutoencoding(MaskedPretraining):
             masked, _, pasted = module.reconstruction(inputs, output.pred, output.mask)
         spec = model.config
         columns = [denormalize(images, spec).clamp(0, 1).cpu() for images in (inputs, masked, pasted)]
-        plots.plot_reconstructions(columns, ["original", f"masked {100 * self.settings.ratio('mae'):.0f}%",
-                                             "reconstruction + visible"],
-                                   path, title=f"MAE reconstructions of validation images ({when})")
+        plots.plot_reconstructions(
+            columns,
+            ["original", f"masked {100 * self.settings.ratio('mae'):.0f}%", "reconstruction + visible"],
+            path,
+            title=f"MAE reconstructions of validation images ({when})",
+        )
         return path.name
 
-    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
-                  ) -> tuple[dict[str, Any], list[str], list[str]]:
+    def summarize(
+        self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
+    ) -> tuple[dict[str, Any], list[str], list[str]]:
         from vitlab.errors import CheckpointError
 
         figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch, splits)
         settings = self.settings
-        figures.update(mask_ratio=settings.ratio("mae"), norm_pix_loss=settings.norm_pix_loss,
-                       decoder=self.decoder)
+        figures.update(mask_ratio=settings.ratio("mae"), norm_pix_loss=settings.norm_pix_loss, decoder=self.decoder)
         source = splits.validation or splits.test  # held-out images: the validation split where there is one
         if source is not None and settings.grid_images:
             pictures.append(self.picture(self.module.encoder, source, run_dir / RECONSTRUCTIONS, "end of training"))
@@ -117,8 +134,10 @@ class MaskedAutoencoding(MaskedPretraining):
             from vitlab.checkpoint.hf_mae import save_mae_hf
 
             save_mae_hf(self.module, run_dir / HF_LAYOUT_FOLDER)
-            lines.append(f"  MAE          encoder + decoder in transformers' ViTMAEForPreTraining layout: "
-                         f"{run_dir / HF_LAYOUT_FOLDER}")
+            lines.append(
+                f"  MAE          encoder + decoder in transformers' ViTMAEForPreTraining layout: "
+                f"{run_dir / HF_LAYOUT_FOLDER}"
+            )
             figures["hf_layout"] = str(run_dir / HF_LAYOUT_FOLDER)
         except CheckpointError as error:
             lines.append(f"  MAE          not written in transformers' layout: {error}")

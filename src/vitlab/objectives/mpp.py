@@ -35,8 +35,12 @@ class MaskedPatchPrediction(MaskedPretraining):
         self.patch_size, self.channels = config.patch_size, config.in_chans
         self.num_colours = 2 ** (settings.colour_bits * config.in_chans)
         cells = min(mpp.DOWNSIZED_CELLS, config.patch_size[0]) * min(mpp.DOWNSIZED_CELLS, config.patch_size[1])
-        outputs = {"colour": self.num_colours, "downsized": cells * self.num_colours, "mean_l2": config.in_chans,
-                   "patch_l2": config.in_chans * config.patch_size[0] * config.patch_size[1]}[settings.mpp_target]
+        outputs = {
+            "colour": self.num_colours,
+            "downsized": cells * self.num_colours,
+            "mean_l2": config.in_chans,
+            "patch_l2": config.in_chans * config.patch_size[0] * config.patch_size[1],
+        }[settings.mpp_target]
         return mpp.MaskedPatchPredictor(model, outputs, settings.ratio("mpp"), tuple(settings.mpp_corruption))
 
     def targets(self, unit_images: ModelInput, spec: Any) -> dict[str, torch.Tensor]:
@@ -63,8 +67,9 @@ class MaskedPatchPrediction(MaskedPretraining):
         else:
             loss = F.mse_loss(predictions, target.float())
             correct = torch.zeros((), device=loss.device)
-        return loss, torch.stack([correct.detach().double(), torch.tensor(float(len(target)), dtype=torch.float64,
-                                                                         device=loss.device)]).cpu()
+        return loss, torch.stack(
+            [correct.detach().double(), torch.tensor(float(len(target)), dtype=torch.float64, device=loss.device)]
+        ).cpu()
 
     def epoch_figures(self, sums: list[float]) -> dict[str, float]:
         figures = {"train_loss": sums[0] / sums[-1]}
@@ -78,14 +83,19 @@ class MaskedPatchPrediction(MaskedPretraining):
             text += f"  val colour {100 * row['val_colour_top1']:5.2f}%"
         return text
 
-    def measure(self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor],
-                generator: torch.Generator) -> list[float]:
+    def measure(
+        self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor], generator: torch.Generator
+    ) -> list[float]:
         loss, (correct, predicted) = self.loss(module(inputs, generator), targets)
         return [loss.item()] + ([correct.item() / max(predicted.item(), 1.0)] if self.classifies else [])
 
-    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
-                  ) -> tuple[dict[str, Any], list[str], list[str]]:
+    def summarize(
+        self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
+    ) -> tuple[dict[str, Any], list[str], list[str]]:
         figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch, splits)
-        figures.update(target=self.settings.mpp_target, mask_ratio=self.settings.ratio("mpp"),
-                       corruption=list(self.settings.mpp_corruption))
+        figures.update(
+            target=self.settings.mpp_target,
+            mask_ratio=self.settings.ratio("mpp"),
+            corruption=list(self.settings.mpp_corruption),
+        )
         return figures, lines, pictures

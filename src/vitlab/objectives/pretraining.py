@@ -26,8 +26,7 @@ from vitlab.objectives.settings import PretrainConfig
 
 # Parts of an encoder that pre-training never reaches (the head and what pools for it): frozen while it
 # pre-trains, so that DDP does not wait for their gradients and they stay at their initialisation.
-UNUSED_IN_PRETRAINING = ("head.", "head_dist.", "pre_logits.", "fc_norm.", "attn_pool.", "layer_weights",
-                         "gem_pool.")
+UNUSED_IN_PRETRAINING = ("head.", "head_dist.", "pre_logits.", "fc_norm.", "attn_pool.", "layer_weights", "gem_pool.")
 
 
 class MaskedPretraining(Objective):
@@ -72,9 +71,11 @@ class MaskedPretraining(Objective):
         if missing or unexpected:
             from vitlab.errors import CheckpointError
 
-            raise CheckpointError(f"the saved {self.name} parameters do not fit this run's objective (missing "
-                                  f"{missing[:3]}, unexpected {unexpected[:3]}); was the recipe's pretrain group "
-                                  "changed?")
+            raise CheckpointError(
+                f"the saved {self.name} parameters do not fit this run's objective (missing "
+                f"{missing[:3]}, unexpected {unexpected[:3]}); was the recipe's pretrain group "
+                "changed?"
+            )
 
     @contextlib.contextmanager
     def evaluated_module(self, model: VisionTransformer) -> Iterator[Any]:
@@ -90,26 +91,30 @@ class MaskedPretraining(Objective):
             self.module.train(modes[0])
             model.train(modes[1])
 
-    def measure(self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor],
-                generator: torch.Generator) -> list[float]:
+    def measure(
+        self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor], generator: torch.Generator
+    ) -> list[float]:
         """[loss, *figure_names] of one batch, with the masks drawn from `generator`."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------- pictures and summary
-    def after_epoch(self, model: VisionTransformer, epoch: int, run_dir: Path, validation: BatchSource | None
-                    ) -> list[str]:
+    def after_epoch(
+        self, model: VisionTransformer, epoch: int, run_dir: Path, validation: BatchSource | None
+    ) -> list[str]:
         if epoch in self.settings.grid_epochs and validation is not None and self.settings.grid_images:
-            return [self.picture(model, validation, run_dir / f"reconstructions-epoch{epoch}.png",
-                                 f"epoch {epoch}")]
+            return [self.picture(model, validation, run_dir / f"reconstructions-epoch{epoch}.png", f"epoch {epoch}")]
         return []
 
     def picture(self, model: VisionTransformer, source: BatchSource, path: Path, when: str) -> str:
         """A picture of what the objective sees and predicts on the first images of `source`; its file name."""
         return ""
 
-    def summarize(self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
-                  ) -> tuple[dict[str, Any], list[str], list[str]]:
+    def summarize(
+        self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
+    ) -> tuple[dict[str, Any], list[str], list[str]]:
         figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch, splits)
-        lines.append("  encoder      model.safetensors has no head: fine-tune it (vitlab finetune --from RUN), "
-                     "probe it (vitlab fewshot / linear-probe RUN) or look inside (vitlab analyze RUN)")
+        lines.append(
+            "  encoder      model.safetensors has no head: fine-tune it (vitlab finetune --from RUN), "
+            "probe it (vitlab fewshot / linear-probe RUN) or look inside (vitlab analyze RUN)"
+        )
         return {"method": self.name, **figures}, lines, pictures

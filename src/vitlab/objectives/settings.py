@@ -10,7 +10,7 @@ from vitlab.errors import ConfigError
 # What masked patch prediction predicts for each corrupted patch (Appendix B.1.2 and its ablations):
 MPP_TARGETS = {
     "colour": "the patch's mean colour at `colour_bits` bits per channel: 512 classes for RGB at 3 bits, 8 for "
-              "grey (the paper's choice)",
+    "grey (the paper's choice)",
     "downsized": "a 4x4 downsized patch, each cell's colour one of those classes (the paper's option 2)",
     "mean_l2": "L2 regression on the mean colour (an ablation)",
     "patch_l2": "L2 regression on the whole patch's pixels (the paper's option 3: 'slightly worse')",
@@ -41,20 +41,33 @@ class PretrainConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.mask_ratio is None or 0 < self.mask_ratio < 1,
-             f"pretrain.mask_ratio must be in (0, 1), got {self.mask_ratio}"),
-            (self.mpp_target in MPP_TARGETS,
-             f"pretrain.mpp_target must be one of {', '.join(MPP_TARGETS)}, got {self.mpp_target!r}"),
-            (isinstance(self.colour_bits, int) and 1 <= self.colour_bits <= 4,
-             f"pretrain.colour_bits must be 1 to 4, got {self.colour_bits}"),
-            (len(self.mpp_corruption) == 3 and min(self.mpp_corruption) >= 0
-             and abs(sum(self.mpp_corruption) - 1) < 1e-6,
-             f"pretrain.mpp_corruption must be three shares (mask token, other patch, unchanged) summing to 1, "
-             f"got {self.mpp_corruption}"),
-            (all(value is None or (isinstance(value, int) and value > 0) for value in
-                 (self.decoder_dim, self.decoder_depth, self.decoder_heads, self.decoder_mlp_dim)),
-             "pretrain.decoder_dim, decoder_depth, decoder_heads and decoder_mlp_dim must be positive whole numbers "
-             "(or none: chosen from the encoder)"),
+            (
+                self.mask_ratio is None or 0 < self.mask_ratio < 1,
+                f"pretrain.mask_ratio must be in (0, 1), got {self.mask_ratio}",
+            ),
+            (
+                self.mpp_target in MPP_TARGETS,
+                f"pretrain.mpp_target must be one of {', '.join(MPP_TARGETS)}, got {self.mpp_target!r}",
+            ),
+            (
+                isinstance(self.colour_bits, int) and 1 <= self.colour_bits <= 4,
+                f"pretrain.colour_bits must be 1 to 4, got {self.colour_bits}",
+            ),
+            (
+                len(self.mpp_corruption) == 3
+                and min(self.mpp_corruption) >= 0
+                and abs(sum(self.mpp_corruption) - 1) < 1e-6,
+                f"pretrain.mpp_corruption must be three shares (mask token, other patch, unchanged) summing to 1, "
+                f"got {self.mpp_corruption}",
+            ),
+            (
+                all(
+                    value is None or (isinstance(value, int) and value > 0)
+                    for value in (self.decoder_dim, self.decoder_depth, self.decoder_heads, self.decoder_mlp_dim)
+                ),
+                "pretrain.decoder_dim, decoder_depth, decoder_heads and decoder_mlp_dim must be positive whole numbers "
+                "(or none: chosen from the encoder)",
+            ),
             (self.grid_images >= 0, f"pretrain.grid_images must be >= 0, got {self.grid_images}"),
         ]
         for ok, message in checks:

@@ -53,16 +53,28 @@ class Metrics:
 
         disable_created_metrics()  # the *_created timestamps only add noise to a scrape
         self.registry = CollectorRegistry()
-        self.requests = Counter("vitlab_requests", "HTTP requests by path and status", ["path", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("vitlab_request_seconds", "time from request to response, by path", ["path"],
-                                 registry=self.registry,
-                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.batch_size = Histogram("vitlab_batch_size", "images per model call (dynamic batching)",
-                                    registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
-        self.inference = Histogram("vitlab_inference_seconds", "time of one batched model call",
-                                   registry=self.registry,
-                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self.requests = Counter(
+            "vitlab_requests", "HTTP requests by path and status", ["path", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "vitlab_request_seconds",
+            "time from request to response, by path",
+            ["path"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.batch_size = Histogram(
+            "vitlab_batch_size",
+            "images per model call (dynamic batching)",
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+        )
+        self.inference = Histogram(
+            "vitlab_inference_seconds",
+            "time of one batched model call",
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
 
     def record_batch(self, size: int, seconds: float) -> None:
         self.batch_size.observe(size)
@@ -104,19 +116,26 @@ async def read_upload(request, max_bytes: int) -> tuple[bytes, str]:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     multipart = content_type == "multipart/form-data"
     if not multipart and not content_type.startswith(IMAGE_TYPES):
-        raise Problem(415, f"content type {content_type or '(none)'!r} is not an image: send the image bytes "
-                           "(Content-Type image/png, image/jpeg, ... or application/octet-stream) or a "
-                           "multipart/form-data upload with the image in a field named 'file'")
+        raise Problem(
+            415,
+            f"content type {content_type or '(none)'!r} is not an image: send the image bytes "
+            "(Content-Type image/png, image/jpeg, ... or application/octet-stream) or a "
+            "multipart/form-data upload with the image in a field named 'file'",
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise Problem(413, f"the body is {int(declared)} bytes, over this server's limit of {max_bytes} "
-                           "(--max-body-mb); send a smaller image")
+        raise Problem(
+            413,
+            f"the body is {int(declared)} bytes, over this server's limit of {max_bytes} "
+            "(--max-body-mb); send a smaller image",
+        )
     chunks, size = [], 0
     async for chunk in request.stream():  # a client that leaves raises ClientDisconnect: the endpoint's 499
         size += len(chunk)
         if size > max_bytes:
-            raise Problem(413, f"the body is over this server's limit of {max_bytes} bytes (--max-body-mb); "
-                               "send a smaller image")
+            raise Problem(
+                413, f"the body is over this server's limit of {max_bytes} bytes (--max-body-mb); send a smaller image"
+            )
         chunks.append(chunk)
     body = b"".join(chunks)
     if not body:
@@ -160,8 +179,12 @@ def render_overlay(pixels, heat) -> bytes:
         return out.getvalue()
     values = heat.numpy().astype(np.float32)
     values = (values - values.min()) / max(float(values.max() - values.min()), 1e-12)
-    levels = np.asarray(Image.fromarray((values * 255).astype(np.uint8)).resize(size, Image.Resampling.BILINEAR),
-                        dtype=np.float32) / 255
+    levels = (
+        np.asarray(
+            Image.fromarray((values * 255).astype(np.uint8)).resize(size, Image.Resampling.BILINEAR), dtype=np.float32
+        )
+        / 255
+    )
     # A black-red-yellow-white ramp ("hot"): readable over grey and colour images alike.
     ramp = np.stack([np.clip(3 * levels, 0, 1), np.clip(3 * levels - 1, 0, 1), np.clip(3 * levels - 2, 0, 1)], -1)
     blended = 0.45 * np.asarray(base, dtype=np.float32) + 0.55 * ramp * 255
@@ -170,8 +193,9 @@ def render_overlay(pixels, heat) -> bytes:
     return out.getvalue()
 
 
-def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, max_body_bytes: int = 10 << 20,
-               top_k: int = 5):
+def create_app(
+    engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, max_body_bytes: int = 10 << 20, top_k: int = 5
+):
     """The Starlette application serving `engine`."""
     from starlette.applications import Starlette
     from starlette.requests import ClientDisconnect
@@ -195,8 +219,14 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        batcher = DynamicBatcher(run_batch, max_batch, max_wait_ms, inference_thread, metrics.record_batch,
-                                 more_coming=lambda: arriving[0] > 0)
+        batcher = DynamicBatcher(
+            run_batch,
+            max_batch,
+            max_wait_ms,
+            inference_thread,
+            metrics.record_batch,
+            more_coming=lambda: arriving[0] > 0,
+        )
         batcher.start()
         batcher_holder["batcher"] = batcher
         yield
@@ -217,7 +247,8 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
                 return read_image(data, config.image_size, config.in_chans, name=name, preprocessing=contract)
             # Decoding a large photo takes tens of milliseconds: off the event loop, beside the inference thread.
             return await asyncio.get_running_loop().run_in_executor(
-                None, lambda: read_image(data, config.image_size, config.in_chans, name=name, preprocessing=contract))
+                None, lambda: read_image(data, config.image_size, config.in_chans, name=name, preprocessing=contract)
+            )
         except DataError as error:
             raise Problem(422, str(error)) from None
 
@@ -232,6 +263,7 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
             except Exception as error:  # noqa: BLE001 - a bug of ours: say so, log it, keep serving
                 logger.exception("error while answering %s", request.url.path)
                 return problem(500, f"internal error ({type(error).__name__}); the server log has the traceback")
+
         return endpoint
 
     async def home(request):
@@ -249,12 +281,16 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
             arriving[0] -= 1
         probabilities = await batcher_holder["batcher"].submit(pixels)
         values, indices = probabilities.topk(min(int(k), len(engine.class_names)))
-        return JSONResponse({
-            "model": engine.name,
-            "predictions": [{"label": engine.class_names[int(i)], "index": int(i), "probability": float(v)}
-                            for v, i in zip(values, indices)],
-            "latency_ms": round(1000 * (time.perf_counter() - started), 3),
-        })
+        return JSONResponse(
+            {
+                "model": engine.name,
+                "predictions": [
+                    {"label": engine.class_names[int(i)], "index": int(i), "probability": float(v)}
+                    for v, i in zip(values, indices)
+                ],
+                "latency_ms": round(1000 * (time.perf_counter() - started), 3),
+            }
+        )
 
     async def explain(request):
         started = time.perf_counter()
@@ -266,14 +302,23 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
             png = await asyncio.get_running_loop().run_in_executor(None, render_overlay, pixels, None)
             return Response(png, media_type="image/png")
         if engine.explainer is None:
-            raise Problem(501, "explaining needs the attention weights of the PyTorch model; serve the checkpoint "
-                               "or run folder the .onnx file was exported from")
+            raise Problem(
+                501,
+                "explaining needs the attention weights of the PyTorch model; serve the checkpoint "
+                "or run folder the .onnx file was exported from",
+            )
         pixels = await decode(request)
         loop = asyncio.get_running_loop()
         heat = await loop.run_in_executor(inference_thread, engine.explain, pixels)
         if fmt == "json":
-            return JSONResponse({"model": engine.name, "grid": list(heat.shape), "map": heat.tolist(),
-                                 "latency_ms": round(1000 * (time.perf_counter() - started), 3)})
+            return JSONResponse(
+                {
+                    "model": engine.name,
+                    "grid": list(heat.shape),
+                    "map": heat.tolist(),
+                    "latency_ms": round(1000 * (time.perf_counter() - started), 3),
+                }
+            )
         png = await loop.run_in_executor(None, render_overlay, pixels, heat)
         return Response(png, media_type="image/png")
 
@@ -294,9 +339,12 @@ def create_app(engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, ma
         return problem(status, message)
 
     routes = [
-        Route("/", home), Route("/v1/predict", guarded(predict), methods=["POST"]),
-        Route("/v1/explain", guarded(explain), methods=["POST"]), Route("/v1/model", model_info),
-        Route("/health", health), Route("/metrics", prometheus),
+        Route("/", home),
+        Route("/v1/predict", guarded(predict), methods=["POST"]),
+        Route("/v1/explain", guarded(explain), methods=["POST"]),
+        Route("/v1/model", model_info),
+        Route("/health", health),
+        Route("/metrics", prometheus),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: not_found, 405: not_found})
     app.state.metrics = metrics

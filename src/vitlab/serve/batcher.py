@@ -18,10 +18,15 @@ from typing import Any
 
 
 class DynamicBatcher:
-    def __init__(self, run_batch: Callable[[Sequence[Any]], Sequence[Any]], max_batch: int, max_wait_ms: float,
-                 executor: concurrent.futures.Executor,
-                 on_batch: Callable[[int, float], None] | None = None,
-                 more_coming: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        run_batch: Callable[[Sequence[Any]], Sequence[Any]],
+        max_batch: int,
+        max_wait_ms: float,
+        executor: concurrent.futures.Executor,
+        on_batch: Callable[[int, float], None] | None = None,
+        more_coming: Callable[[], bool] | None = None,
+    ) -> None:
         """run_batch(items) -> one result per item, called on `executor`; on_batch(size, seconds) after each;
         more_coming() -> whether requests not yet submitted are under way (None: always wait the full time)."""
         if max_batch < 1 or max_wait_ms < 0:

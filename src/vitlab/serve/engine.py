@@ -40,8 +40,14 @@ def serving_threads(config) -> int:
 
 
 class Engine:
-    def __init__(self, source: str | Path, backend: str | None = None, precision: str = "auto",
-                 threads: int | None = None, device: str | None = None) -> None:
+    def __init__(
+        self,
+        source: str | Path,
+        backend: str | None = None,
+        precision: str = "auto",
+        threads: int | None = None,
+        device: str | None = None,
+    ) -> None:
         from vitlab.checkpoint import load_model
         from vitlab.eval.classify import require_head
         from vitlab.export.pt2e import is_pt2e_file
@@ -58,8 +64,10 @@ class Engine:
         self._temporary = None
         if backend in ("onnx", "pt2e"):
             if device not in (None, "auto") and resolve_device(device).type != "cpu":
-                raise UsageError(f"--device {device}: the {backend} backend runs on the CPU; serve the checkpoint "
-                                 "with --backend torch to use the GPU")
+                raise UsageError(
+                    f"--device {device}: the {backend} backend runs on the CPU; serve the checkpoint "
+                    "with --backend torch to use the GPU"
+                )
             self.device = torch.device("cpu")
         else:
             self.device = resolve_device(device)
@@ -101,8 +109,11 @@ class Engine:
                 # fp32 on an AMX Xeon, 1.8x against 1.4x and 1.77x against 1.70x in two runs on an AVX2 EPYC
                 # (BENCHMARKS.md).
                 self.backend = backend = "onnx"
-                self.choice = Choice("int8", f"{self.choice.reason}; served by ONNX Runtime, whose int8 kernels "
-                                             "ran faster than PyTorch's on every CPU measured")
+                self.choice = Choice(
+                    "int8",
+                    f"{self.choice.reason}; served by ONNX Runtime, whose int8 kernels "
+                    "ran faster than PyTorch's on every CPU measured",
+                )
             self.runner = self._prepare(model, backend, self.precision, threads)
         require_head(self.config, str(source))
         self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]
@@ -110,8 +121,9 @@ class Engine:
 
         self.name = display_name(source)
 
-    def _serve_pt2e(self, source: str | Path, is_pt2e: bool, is_onnx: bool, precision: str, threads: int | None
-                    ) -> None:
+    def _serve_pt2e(
+        self, source: str | Path, is_pt2e: bool, is_onnx: bool, precision: str, threads: int | None
+    ) -> None:
         """A pt2e file (or a run folder's model-int8.pt2e), compiled for this CPU now, before the first request;
         its fp32 weights explain."""
         from vitlab.export.pt2e import Pt2eClassifier
@@ -120,12 +132,16 @@ class Engine:
         if is_onnx:
             raise UsageError(f"{source} is an ONNX export; serve it with --backend onnx (or leave --backend out)")
         if precision != "auto":
-            raise UsageError(f"--precision {precision}: a pt2e file runs its linear layers in int8 and the rest in "
-                             "bf16 where this CPU's bf16 matmuls pay, else fp32; leave --precision out")
+            raise UsageError(
+                f"--precision {precision}: a pt2e file runs its linear layers in int8 and the rest in "
+                "bf16 where this CPU's bf16 matmuls pay, else fp32; leave --precision out"
+            )
         path = Path(source) if is_pt2e else pt2e_output(source)
         if not path.is_file():
-            raise UsageError(f"--backend pt2e serves a pt2e export, and {path} does not exist; make it with: "
-                             f"vitlab export {source} --format pt2e")
+            raise UsageError(
+                f"--backend pt2e serves a pt2e export, and {path} does not exist; make it with: "
+                f"vitlab export {source} --format pt2e"
+            )
         from vitlab.export.pt2e import read_pt2e
 
         threads = threads or serving_threads(read_pt2e(path, tensors=False)[0])  # set before compiling
@@ -141,8 +157,10 @@ class Engine:
         from vitlab.counts import model_size
 
         if requested == "int8" and self.device.type != "cpu":
-            raise UsageError(f"int8 serving runs on the CPU (PyTorch dynamic quantization); on {self.device} use "
-                             "--precision bf16 or fp32")
+            raise UsageError(
+                f"int8 serving runs on the CPU (PyTorch dynamic quantization); on {self.device} use "
+                "--precision bf16 or fp32"
+            )
         choice = choose_precision(requested, self.device, model_size(self.config)[1], "serve")
         if self.backend == "onnx" and choice.value == "bf16":
             return Choice("fp32", f"{choice.reason}, but ONNX Runtime serves fp32 or int8")
@@ -170,8 +188,9 @@ class Engine:
         if precision == "int8":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # deprecated in favour of torchao, which is not a dependency
-                return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear},
-                                                              dtype=torch.qint8).eval()
+                return torch.ao.quantization.quantize_dynamic(
+                    copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8
+                ).eval()
         return model
 
     @torch.no_grad()
@@ -195,12 +214,17 @@ class Engine:
         from vitlab.data.preprocess import prepare
 
         if self.explainer is None:
-            raise UsageError("explaining needs the attention weights of the PyTorch model; serve the checkpoint or "
-                             "run folder the .onnx file was exported from")
+            raise UsageError(
+                "explaining needs the attention weights of the PyTorch model; serve the checkpoint or "
+                "run folder the .onnx file was exported from"
+            )
         rollout = Rollout()
-        self.explainer.forward_intermediates(prepare(pixels[None], 255.0, self.config).to(self.device),
-                                             attention_layers="all",
-                                             hidden_states=False, attention_callback=rollout)
+        self.explainer.forward_intermediates(
+            prepare(pixels[None], 255.0, self.config).to(self.device),
+            attention_layers="all",
+            hidden_states=False,
+            attention_callback=rollout,
+        )
         flow = rollout_patch_maps(rollout.result, self.config)[0]
         return (flow / flow.sum().clamp_min(1e-12)).cpu()
 
@@ -210,9 +234,15 @@ class Engine:
 
         config = self.config
         return {
-            "name": self.name, "source": self.source, "backend": self.backend, "precision": self.precision,
-            "precision_reason": self.choice.reason, "device": str(self.device),
-            "classes": self.class_names, "input_size": list(config.image_size), "channels": config.in_chans,
+            "name": self.name,
+            "source": self.source,
+            "backend": self.backend,
+            "precision": self.precision,
+            "precision_reason": self.choice.reason,
+            "device": str(self.device),
+            "classes": self.class_names,
+            "input_size": list(config.image_size),
+            "channels": config.in_chans,
             "preprocessing": describe_preprocessing(config, "files"),  # what decoding an upload does
             "explain": self.explainer is not None,
             "config": config.to_dict(),

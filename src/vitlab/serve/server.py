@@ -20,11 +20,16 @@ GRACEFUL_SECONDS = 30
 def require_serve_packages() -> None:
     import importlib.util
 
-    missing = [name for name in ("starlette", "uvicorn", "multipart", "prometheus_client")
-               if importlib.util.find_spec(name) is None]
+    missing = [
+        name
+        for name in ("starlette", "uvicorn", "multipart", "prometheus_client")
+        if importlib.util.find_spec(name) is None
+    ]
     if missing:
-        raise UsageError(f"vitlab serve needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
-                         f"not installed; {INSTALL_HINT}")
+        raise UsageError(
+            f"vitlab serve needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+            f"not installed; {INSTALL_HINT}"
+        )
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -45,9 +50,21 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(source: str | Path, *, host: str = "127.0.0.1", port: int = 8000, backend: str | None = None,
-          precision: str = "auto", device: str | None = None, max_batch: int = 32, max_wait_ms: float = 5.0, max_body_mb: float = 10.0,
-          threads: int | None = None, top_k: int = 5, access_log: bool = False) -> int:
+def serve(
+    source: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    backend: str | None = None,
+    precision: str = "auto",
+    device: str | None = None,
+    max_batch: int = 32,
+    max_wait_ms: float = 5.0,
+    max_body_mb: float = 10.0,
+    threads: int | None = None,
+    top_k: int = 5,
+    access_log: bool = False,
+) -> int:
     require_serve_packages()
     import uvicorn
 
@@ -55,17 +72,22 @@ def serve(source: str | Path, *, host: str = "127.0.0.1", port: int = 8000, back
     from vitlab.serve.engine import Engine
 
     engine = Engine(source, backend, precision, threads, device)
-    app = create_app(engine, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                     max_body_bytes=int(max_body_mb * (1 << 20)), top_k=top_k)
+    app = create_app(
+        engine, max_batch=max_batch, max_wait_ms=max_wait_ms, max_body_bytes=int(max_body_mb * (1 << 20)), top_k=top_k
+    )
     sock = bind(host, port)
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    print(f"serving {engine.name} ({engine.backend} {engine.precision} on {engine.device}, {len(engine.class_names)} classes, "
-          f"{'x'.join(map(str, engine.config.image_size))} input) on http://{shown}:{bound_port}/  "
-          f"(page at /, API at /v1/predict, /v1/explain, /v1/model, /metrics; dynamic batching up to {max_batch} "
-          f"images or {max_wait_ms:g} ms)\nprecision: {engine.precision} ({engine.choice.reason})", flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=access_log, lifespan="on",
-                            timeout_graceful_shutdown=GRACEFUL_SECONDS)
+    print(
+        f"serving {engine.name} ({engine.backend} {engine.precision} on {engine.device}, {len(engine.class_names)} classes, "
+        f"{'x'.join(map(str, engine.config.image_size))} input) on http://{shown}:{bound_port}/  "
+        f"(page at /, API at /v1/predict, /v1/explain, /v1/model, /metrics; dynamic batching up to {max_batch} "
+        f"images or {max_wait_ms:g} ms)\nprecision: {engine.precision} ({engine.choice.reason})",
+        flush=True,
+    )
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=access_log, lifespan="on", timeout_graceful_shutdown=GRACEFUL_SECONDS
+    )
     server = uvicorn.Server(config)
     # uvicorn drains on SIGTERM, then raises the signal again under the handler it found, so that the process
     # ends as the signal's default would (killed, status 143). A SIGTERM stop that finished every request is a

@@ -70,8 +70,15 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     trained = objective.attach(model)
     trained.to(env.device)
     wrapped = wrap_for_training(trained, config, env)
-    optimizer = build_optimizer(trained, config.optimizer, config.lr, config.weight_decay, config.momentum,
-                                config.layer_decay, config.adam_betas)
+    optimizer = build_optimizer(
+        trained,
+        config.optimizer,
+        config.lr,
+        config.weight_decay,
+        config.momentum,
+        config.layer_decay,
+        config.adam_betas,
+    )
     warmup_steps, notes = fit_schedule(config, len(splits.train), steps_per_epoch)
     if state is None:  # a resumed run was told at its start
         for note in notes:
@@ -92,11 +99,39 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         run.rewrite_metrics(history)
     eval_model = ema_model(model, ema, env)
     precision = training_precision(config, model, env)
-    step = TrainingStep(wrapped, objective, optimizer, scheduler, ema, model, env, config.grad_accum,
-                        config.grad_clip, precision.value, forward=objective.forward)
-    session = Session(config, run, env, splits, model, wrapped, optimizer, scheduler, ema, eval_model, position,
-                      history, steps_per_epoch, objective, step, data_fingerprint, precision,
-                      writer=run.tensorboard_writer() if config.tensorboard and env.is_main else None)
+    step = TrainingStep(
+        wrapped,
+        objective,
+        optimizer,
+        scheduler,
+        ema,
+        model,
+        env,
+        config.grad_accum,
+        config.grad_clip,
+        precision.value,
+        forward=objective.forward,
+    )
+    session = Session(
+        config,
+        run,
+        env,
+        splits,
+        model,
+        wrapped,
+        optimizer,
+        scheduler,
+        ema,
+        eval_model,
+        position,
+        history,
+        steps_per_epoch,
+        objective,
+        step,
+        data_fingerprint,
+        precision,
+        writer=run.tensorboard_writer() if config.tensorboard and env.is_main else None,
+    )
     if env.is_main:
         announce(session, resumed=state is not None)
     return session
@@ -107,8 +142,9 @@ def new_run_folder(config: TrainConfig, env: DistEnv) -> RunFolder:
     already is refused."""
     run = RunFolder(Path(config.out_dir) / broadcast_object(config.run_name or default_run_name(config.dataset), env))
     if env.is_main and run.holds_run:
-        raise ConfigError(f"run folder {run} already holds a run; resume it with --resume {run} "
-                          "or choose another --set run_name=...")
+        raise ConfigError(
+            f"run folder {run} already holds a run; resume it with --resume {run} or choose another --set run_name=..."
+        )
     return run
 
 
@@ -116,8 +152,9 @@ def wrap_for_training(trained: nn.Module, config: TrainConfig, env: DistEnv) -> 
     """What runs the steps: `trained` itself, in DDP under torchrun, compiled when the recipe asks."""
     wrapped: nn.Module = trained
     if env.enabled:
-        wrapped = nn.parallel.DistributedDataParallel(trained, device_ids=[env.device] if env.device.type == "cuda"
-                                                      else None)
+        wrapped = nn.parallel.DistributedDataParallel(
+            trained, device_ids=[env.device] if env.device.type == "cuda" else None
+        )
     if config.compile:
         wrapped = torch.compile(wrapped)
     return wrapped
@@ -151,12 +188,16 @@ def check_batching(config: TrainConfig, env: DistEnv, train_images: int) -> int:
     if config.batch_size % env.world_size:
         raise ConfigError(f"batch_size {config.batch_size} does not divide over {env.world_size} processes")
     if (config.batch_size // env.world_size) % config.grad_accum:
-        raise ConfigError(f"the per-process batch {config.batch_size // env.world_size} does not divide into "
-                          f"{config.grad_accum} micro-batches")
+        raise ConfigError(
+            f"the per-process batch {config.batch_size // env.world_size} does not divide into "
+            f"{config.grad_accum} micro-batches"
+        )
     steps_per_epoch = whole_batches(train_images, config.batch_size)
     if steps_per_epoch == 0:
-        raise ConfigError(f"batch_size {config.batch_size} is larger than the {train_images} training images; "
-                          f"use --set batch_size={suggested_batch_size(train_images)}")
+        raise ConfigError(
+            f"batch_size {config.batch_size} is larger than the {train_images} training images; "
+            f"use --set batch_size={suggested_batch_size(train_images)}"
+        )
     return steps_per_epoch
 
 

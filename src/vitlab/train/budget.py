@@ -49,8 +49,10 @@ def fit_to_budget(session: Session, clock: RunClock) -> None:
     total_steps = epochs * session.steps_per_epoch
     warmup_steps = fitted_warmup_steps(round(config.warmup_epochs * session.steps_per_epoch), total_steps)
     set_schedule_length(session.optimizer, session.scheduler, warmup_steps, total_steps, config.min_lr / config.lr)
-    session.budget_note = (f"{config.budget}: {epochs} of the recipe's {planned} epochs fit ({epoch_seconds:.1f} s "
-                           f"an epoch here); the cosine schedule was refitted to end at epoch {epochs}")
+    session.budget_note = (
+        f"{config.budget}: {epochs} of the recipe's {planned} epochs fit ({epoch_seconds:.1f} s "
+        f"an epoch here); the cosine schedule was refitted to end at epoch {epochs}"
+    )
     if env.is_main:
         session.run.write_recipe(config.to_dict())
     say_note(f"budget {session.budget_note}", env)

@@ -59,8 +59,11 @@ class TrainConfig:
     drop_path: float = 0.0
     dropout: float = 0.0
     ema_decay: float = 0.0  # exponential moving average of the weights; 0 = off
-    augment: AugmentConfig = field(default_factory=lambda: AugmentConfig(
-        affine_degrees=10, affine_scale=0.1, affine_shear=0.1, affine_translate=0.125))
+    augment: AugmentConfig = field(
+        default_factory=lambda: AugmentConfig(
+            affine_degrees=10, affine_scale=0.1, affine_shear=0.1, affine_translate=0.125
+        )
+    )
     # Running.
     # auto: bf16 autocast where this machine's bf16 matmuls beat fp32 (AMX or AVX512-BF16 units, a GPU with
     # bf16) and the model is large enough to gain, else fp32 (`vitlab.hardware.choose_precision`); fp32 or bf16
@@ -102,33 +105,61 @@ class TrainConfig:
             (lambda: self.epochs > 0, lambda: f"epochs must be positive, got {self.epochs}"),
             (lambda: self.batch_size > 0, lambda: f"batch_size must be positive, got {self.batch_size}"),
             (lambda: self.grad_accum > 0, lambda: f"grad_accum must be positive, got {self.grad_accum}"),
-            (lambda: self.batch_size % self.grad_accum == 0,
-             lambda: f"batch_size {self.batch_size} does not divide into grad_accum {self.grad_accum} micro-batches"),
+            (
+                lambda: self.batch_size % self.grad_accum == 0,
+                lambda: f"batch_size {self.batch_size} does not divide into grad_accum {self.grad_accum} micro-batches",
+            ),
             (lambda: self.lr > 0, lambda: f"lr must be positive, got {self.lr}"),
-            (lambda: self.val_size >= 0 and (self.val_size < 1 or float(self.val_size).is_integer()),
-             lambda: f"val_size must be 0, a fraction in (0, 1) or a whole number of images, got {self.val_size}"),
-            (lambda: self.optimizer in ("adamw", "sgd"), lambda: f"optimizer must be adamw or sgd, got {self.optimizer!r}"),
-            (lambda: self.precision in ("auto", "fp32", "bf16"),
-             lambda: f"precision must be auto, fp32 or bf16, got {self.precision!r}"),
-            (lambda: self.budget is None or budget_seconds(self.budget) is not None,
-             lambda: f"budget must be a duration such as 20m, 1h30m, 900s or a number of seconds, got "
-                     f"{self.budget!r}"),
-            (lambda: self.attention in ("auto", "sdpa", "explicit"),
-             lambda: f"attention must be auto, sdpa or explicit, got {self.attention!r}"),
+            (
+                lambda: self.val_size >= 0 and (self.val_size < 1 or float(self.val_size).is_integer()),
+                lambda: f"val_size must be 0, a fraction in (0, 1) or a whole number of images, got {self.val_size}",
+            ),
+            (
+                lambda: self.optimizer in ("adamw", "sgd"),
+                lambda: f"optimizer must be adamw or sgd, got {self.optimizer!r}",
+            ),
+            (
+                lambda: self.precision in ("auto", "fp32", "bf16"),
+                lambda: f"precision must be auto, fp32 or bf16, got {self.precision!r}",
+            ),
+            (
+                lambda: self.budget is None or budget_seconds(self.budget) is not None,
+                lambda: (
+                    f"budget must be a duration such as 20m, 1h30m, 900s or a number of seconds, got {self.budget!r}"
+                ),
+            ),
+            (
+                lambda: self.attention in ("auto", "sdpa", "explicit"),
+                lambda: f"attention must be auto, sdpa or explicit, got {self.attention!r}",
+            ),
             (lambda: 0 <= self.ema_decay < 1, lambda: f"ema_decay must be in [0, 1), got {self.ema_decay}"),
-            (lambda: 0 <= self.label_smoothing < 1, lambda: f"label_smoothing must be in [0, 1), got {self.label_smoothing}"),
+            (
+                lambda: 0 <= self.label_smoothing < 1,
+                lambda: f"label_smoothing must be in [0, 1), got {self.label_smoothing}",
+            ),
             (lambda: 0 < self.layer_decay <= 1, lambda: f"layer_decay must be in (0, 1], got {self.layer_decay}"),
             (lambda: self.freeze_blocks >= 0, lambda: f"freeze_blocks must be >= 0, got {self.freeze_blocks}"),
             (lambda: self.log_every_steps >= 0, lambda: f"log_every_steps must be >= 0, got {self.log_every_steps}"),
-            (lambda: self.resample_mode in ("bilinear", "bicubic"), lambda: "resample_mode must be bilinear or bicubic"),
-            (lambda: self.augment.crop in ("inception", "resize_small_crop", None),
-             lambda: f"augment.crop must be inception, resize_small_crop or none, got {self.augment.crop!r}"),
-            (lambda: 0 < self.augment.crop_min_area <= 1,
-             lambda: f"augment.crop_min_area must be in (0, 1], got {self.augment.crop_min_area}"),
-            (lambda: len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
-             lambda: f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}"),
-            (lambda: self.objective in objective_names(),
-             lambda: f"objective must be one of {', '.join(objective_names())}, got {self.objective!r}"),
+            (
+                lambda: self.resample_mode in ("bilinear", "bicubic"),
+                lambda: "resample_mode must be bilinear or bicubic",
+            ),
+            (
+                lambda: self.augment.crop in ("inception", "resize_small_crop", None),
+                lambda: f"augment.crop must be inception, resize_small_crop or none, got {self.augment.crop!r}",
+            ),
+            (
+                lambda: 0 < self.augment.crop_min_area <= 1,
+                lambda: f"augment.crop_min_area must be in (0, 1], got {self.augment.crop_min_area}",
+            ),
+            (
+                lambda: len(self.adam_betas) == 2 and all(0 <= b < 1 for b in self.adam_betas),
+                lambda: f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}",
+            ),
+            (
+                lambda: self.objective in objective_names(),
+                lambda: f"objective must be one of {', '.join(objective_names())}, got {self.objective!r}",
+            ),
         ]
         for ok, message in checks:
             if not ok():
@@ -147,14 +178,21 @@ class TrainConfig:
         if isinstance(self.image_size, str):
             size = parse_image_size(self.image_size)
             self.image_size = size if isinstance(size, int) else list(size)
+
         def whole(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 
         rules = [
-            ("data_dir", lambda v: isinstance(v, str)), ("init_from", lambda v: isinstance(v, str)),
+            ("data_dir", lambda v: isinstance(v, str)),
+            ("init_from", lambda v: isinstance(v, str)),
             ("run_name", lambda v: isinstance(v, str) and "/" not in v and v not in (".", "..")),
-            ("image_size", lambda v: (whole(v) and v > 0) or (isinstance(v, (list, tuple)) and len(v) == 2
-                                                               and all(whole(x) and x > 0 for x in v))),
+            (
+                "image_size",
+                lambda v: (
+                    (whole(v) and v > 0)
+                    or (isinstance(v, (list, tuple)) and len(v) == 2 and all(whole(x) and x > 0 for x in v))
+                ),
+            ),
             ("threads", lambda v: whole(v) and v > 0),
             ("workers", lambda v: whole(v) and v >= 0),
             ("stream", lambda v: isinstance(v, bool)),
@@ -176,7 +214,7 @@ class TrainConfig:
 
 
 def budget_seconds(budget: str | float | None) -> float | None:
-    """"20m" -> 1200.0, "1h30m" -> 5400.0, "90s" / "90" / 90 -> 90.0; None for None or text that is not a
+    """ "20m" -> 1200.0, "1h30m" -> 5400.0, "90s" / "90" / 90 -> 90.0; None for None or text that is not a
     positive duration."""
     if budget is None or isinstance(budget, bool):
         return None
@@ -201,9 +239,19 @@ def finetune_config(**changes: Any) -> TrainConfig:
     label smoothing or stochastic depth; light augmentation, as the paper's: image files get its transfer crop
     (big_vision `resize_small(448)|random_crop(384)|flip_lr`, at any input size), arrays a padded random crop."""
     fields: dict[str, Any] = dict(
-        optimizer="sgd", momentum=0.9, lr=0.01, min_lr=0.0, weight_decay=0.0, grad_clip=1.0, warmup_epochs=1.0,
-        label_smoothing=0.0, drop_path=0.0, epochs=20, batch_size=64,
-        augment=AugmentConfig(crop_padding=1, crop="resize_small_crop", hflip=True))
+        optimizer="sgd",
+        momentum=0.9,
+        lr=0.01,
+        min_lr=0.0,
+        weight_decay=0.0,
+        grad_clip=1.0,
+        warmup_epochs=1.0,
+        label_smoothing=0.0,
+        drop_path=0.0,
+        epochs=20,
+        batch_size=64,
+        augment=AugmentConfig(crop_padding=1, crop="resize_small_crop", hflip=True),
+    )
     fields.update(changes)
     return TrainConfig(**fields)
 
@@ -214,9 +262,20 @@ def pretrain_config(method: str, **changes: Any) -> TrainConfig:
     flips, no label-based mixing), the objective named by `method` with its own mask ratio (`pretrain.*`). The
     validation split (carved as for training) chooses by the objective's loss."""
     fields: dict[str, Any] = dict(
-        objective=method, optimizer="adamw", adam_betas=[0.9, 0.95], lr=1.5e-3, min_lr=1e-6, weight_decay=0.05,
-        warmup_epochs=5.0, label_smoothing=0.0, grad_clip=0.0, drop_path=0.0, epochs=100, batch_size=128,
-        augment=AugmentConfig(crop_padding=1, hflip=True, crop="inception", crop_min_area=0.2))
+        objective=method,
+        optimizer="adamw",
+        adam_betas=[0.9, 0.95],
+        lr=1.5e-3,
+        min_lr=1e-6,
+        weight_decay=0.05,
+        warmup_epochs=5.0,
+        label_smoothing=0.0,
+        grad_clip=0.0,
+        drop_path=0.0,
+        epochs=100,
+        batch_size=128,
+        augment=AugmentConfig(crop_padding=1, hflip=True, crop="inception", crop_min_area=0.2),
+    )
     fields.update(changes)
     return TrainConfig(**fields)
 
@@ -285,8 +344,9 @@ def load_recipe(path: str | Path) -> TrainConfig:
     if path.is_dir() and (path / "train_config.json").is_file():
         path = path / "train_config.json"
     if not path.is_file():
-        raise ConfigError(f"recipe {path} does not exist; the recipes are in configs/, and a run's is "
-                          "RUN/train_config.json")
+        raise ConfigError(
+            f"recipe {path} does not exist; the recipes are in configs/, and a run's is RUN/train_config.json"
+        )
     if path.suffix == ".json":
         import json
 
@@ -298,8 +358,9 @@ def load_recipe(path: str | Path) -> TrainConfig:
             raise ConfigError(f"recipe {path} must hold a JSON object of TrainConfig fields")
         return TrainConfig.from_dict({**data, "run_name": None})
     if path.suffix != ".py":
-        raise ConfigError(f"recipe {path} is neither a Python recipe (.py, like configs/mnist.py) nor a run's "
-                          "train_config.json")
+        raise ConfigError(
+            f"recipe {path} is neither a Python recipe (.py, like configs/mnist.py) nor a run's train_config.json"
+        )
     spec = importlib.util.spec_from_file_location(f"vitlab_recipe_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:

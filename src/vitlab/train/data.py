@@ -17,8 +17,9 @@ from vitlab.train.config import TrainConfig
 from vitlab.train.setup import default_workers
 
 
-def choose_streaming(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
-                     pretrained: tuple[ViTConfig, Any] | None) -> bool | None:
+def choose_streaming(
+    config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None
+) -> bool | None:
     """Whether the run's image files are streamed (None: data that are arrays, always in memory), as
     `vitlab.data.loaders.streaming_choice` decides. Decided once, by rank 0, and given to every rank (each rank
     deciding from its own free memory could split them between the two paths); the caller records it in the
@@ -32,21 +33,25 @@ def choose_streaming(config: TrainConfig, env: DistEnv, state: dict[str, Any] | 
         decision = streaming_choice(request, int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
     stream, why = broadcast_object(decision, env)
     if stream and env.is_main:
-        print(f"note: streaming {config.dataset} {config.data_dir} through {request.workers} worker process(es) "
-              f"per training process ({why})")
+        print(
+            f"note: streaming {config.dataset} {config.data_dir} through {request.workers} worker process(es) "
+            f"per training process ({why})"
+        )
     return stream
 
 
-def training_splits(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
-                    pretrained: tuple[ViTConfig, Any] | None) -> Splits:
+def training_splits(
+    config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None
+) -> Splits:
     """The run's data: in memory (the array data sets, and image folders that fit), or streamed from their files
     through worker processes (manifests, tar shards, Hugging Face datasets, and folders too large to hold), as
     `config.stream` says (`choose_streaming`)."""
     return open_splits(data_request(config, env, state, pretrained))
 
 
-def data_request(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None,
-                 pretrained: tuple[ViTConfig, Any] | None) -> DataRequest:
+def data_request(
+    config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None
+) -> DataRequest:
     """What the recipe asks of its data set: its splits (carved by val_size and seed, classes, max_train_images),
     image files decoded at the model's input size and channels under its contract, the training crop when
     streamed, and the decoding processes (`--set workers`, else this process's share of the cores)."""
@@ -54,11 +59,20 @@ def data_request(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None
     if size is not None:
         size = (size, size) if isinstance(size, int) else tuple(size)
     return DataRequest(
-        config.dataset, config.data_dir, image_size=size, channels=channels_of(config, state, pretrained),
-        preprocessing=file_preprocessing(state, pretrained), classes=config.classes, val_size=config.val_size,
-        seed=config.seed, max_train_images=config.max_train_images, stream=config.stream, augment=config.augment,
+        config.dataset,
+        config.data_dir,
+        image_size=size,
+        channels=channels_of(config, state, pretrained),
+        preprocessing=file_preprocessing(state, pretrained),
+        classes=config.classes,
+        val_size=config.val_size,
+        seed=config.seed,
+        max_train_images=config.max_train_images,
+        stream=config.stream,
+        augment=config.augment,
         workers=config.workers if config.workers is not None else default_workers(env),
-        pin_memory=env.device.type == "cuda")
+        pin_memory=env.device.type == "cuda",
+    )
 
 
 def channels_of(config: TrainConfig, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> int:
@@ -84,8 +98,9 @@ def file_preprocessing(state: dict[str, Any] | None, pretrained: tuple[ViTConfig
     return recorded or Preprocessing.image_files()
 
 
-def model_input_size(config: TrainConfig, state: dict[str, Any] | None,
-                     pretrained: tuple[ViTConfig, Any] | None) -> tuple[int, int] | None:
+def model_input_size(
+    config: TrainConfig, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None
+) -> tuple[int, int] | None:
     """The image size the run's model takes: the saved model's on resume, else --image-size, else the
     checkpoint's (fine-tuning) or the variant's. None when the variant is unknown (build_model then says so)."""
     if state is not None:

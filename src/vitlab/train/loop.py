@@ -45,8 +45,9 @@ class TrainingError(VitlabError):
     """Training cannot go on (e.g. the loss became NaN); the last good checkpoint is kept."""
 
 
-def train(config: TrainConfig, resume: str | Path | None = None, use_previous: bool = False,
-          epochs: int | None = None) -> dict[str, Any]:
+def train(
+    config: TrainConfig, resume: str | Path | None = None, use_previous: bool = False, epochs: int | None = None
+) -> dict[str, Any]:
     """Train a recipe (or resume a run folder) to the end; returns the summary (also written to the run).
     epochs: with `resume`, a new length for the run (e.g. to extend a finished one); the learning rate then
     follows the schedule of a run of that length from where the run stands."""
@@ -78,9 +79,17 @@ def resume(run_dir: str | Path, use_previous: bool = False, epochs: int | None =
     return train(TrainConfig(), resume=run_dir, use_previous=use_previous, epochs=epochs)
 
 
-def train_one_epoch(step: TrainingStep, objective: Objective, batches: Iterable[Batch], steps_per_epoch: int,
-                    env: DistEnv, position: Position, epoch_seed: int, stop: StopFlag | None = None,
-                    on_step: Callable[[Position, list[float], float], None] | None = None) -> bool:
+def train_one_epoch(
+    step: TrainingStep,
+    objective: Objective,
+    batches: Iterable[Batch],
+    steps_per_epoch: int,
+    env: DistEnv,
+    position: Position,
+    epoch_seed: int,
+    stop: StopFlag | None = None,
+    on_step: Callable[[Position, list[float], float], None] | None = None,
+) -> bool:
     """Run the rest of one epoch from `position` (the batches must start at its step); returns False if a stop was
     requested (the position is then consistent and can be saved). `step` holds the model, optimizer, schedule and
     EMA; `objective` turns each batch into inputs and targets. After each step `on_step(position, epoch sums,
@@ -128,31 +137,42 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
             epoch_started = time.perf_counter()
             seconds_before = position.train_seconds
             epoch_seed = config.seed * 1_000_003 + epoch
-            batches = session.splits.train.training_batches(epoch_seed, config.batch_size, position.step_in_epoch,
-                                                            env.rank, env.world_size)
+            batches = session.splits.train.training_batches(
+                epoch_seed, config.batch_size, position.step_in_epoch, env.rank, env.world_size
+            )
             try:
-                finished = train_one_epoch(session.step, session.objective, batches, steps, env, position,
-                                           epoch_seed, stop, progress)
+                finished = train_one_epoch(
+                    session.step, session.objective, batches, steps, env, position, epoch_seed, stop, progress
+                )
             except NonFiniteLoss as error:
                 raise TrainingError(
                     f"the loss became {error.value} at epoch {error.epoch}, step {error.step}; the last good "
                     f"checkpoint is kept. Lower the learning rate (--set lr={config.lr / 3:.2g})"
-                    + (", or train in fp32 (--set precision=fp32; bf16 autocast is on)"
-                       if session.precision.value == "bf16" else "")) from None
+                    + (
+                        ", or train in fp32 (--set precision=fp32; bf16 autocast is on)"
+                        if session.precision.value == "bf16"
+                        else ""
+                    )
+                ) from None
             progress.close()
             if not finished:
                 position.elapsed_seconds = clock.elapsed()
                 session.save_state()
-                return stopped(session, f"at epoch {epoch + 1}, step {position.step_in_epoch}", epoch,
-                               position.step_in_epoch, stop)
+                return stopped(
+                    session, f"at epoch {epoch + 1}, step {position.step_in_epoch}", epoch, position.step_in_epoch, stop
+                )
             row, improved = end_epoch(session, epoch, epoch_started, seconds_before, clock)
             session.epoch_timings.append((row["epoch_seconds"], row["images_per_second"]))
             fit_to_budget(session, clock)
             if env.is_main:
                 every = max(1, config.epochs // 25)
                 if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
-                    print(epoch_line(row, config.epochs, clock.remaining(position.global_step), improved,
-                                     session.objective), flush=True)
+                    print(
+                        epoch_line(
+                            row, config.epochs, clock.remaining(position.global_step), improved, session.objective
+                        ),
+                        flush=True,
+                    )
             if any_rank(stop.requested, env) and epoch + 1 < config.epochs:
                 return stopped(session, f"after epoch {epoch + 1}", epoch + 1, 0, stop)
     session.elapsed_seconds = clock.elapsed()
@@ -163,41 +183,49 @@ def stopped(session: Session, where: str, epoch: int, step: int, stop: StopFlag)
     """The 'interrupted' summary of a run stopped (its state saved) at `epoch`, `step`; rank 0 says how to resume."""
     if session.env.is_main:
         print(stop_line(where, session.objective, session.run))
-    return {"status": "interrupted", "run_dir": str(session.run), "epoch": epoch, "step": step,
-            "signal": stop.signal}
+    return {"status": "interrupted", "run_dir": str(session.run), "epoch": epoch, "step": step, "signal": stop.signal}
 
 
-def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before: float,
-              clock: RunClock) -> tuple[dict[str, Any], bool]:
+def end_epoch(
+    session: Session, epoch: int, epoch_started: float, seconds_before: float, clock: RunClock
+) -> tuple[dict[str, Any], bool]:
     """Validate (and test, if asked to show it), record the epoch's row, keep the best checkpoint by the
     objective's validation figure, save the training state. Returns the row and whether it is the best so far."""
     config, env, position, splits = session.config, session.env, session.position, session.splits
     objective = session.objective
     if session.ema is not None:
         session.ema.copy_to(session.eval_model)
-    row = dict(epoch=epoch + 1, step=position.global_step, lr=peak_lr(session.scheduler),
-               **objective.epoch_figures(position.epoch_sums))
+    row = dict(
+        epoch=epoch + 1,
+        step=position.global_step,
+        lr=peak_lr(session.scheduler),
+        **objective.epoch_figures(position.epoch_sums),
+    )
     validation = None
     if splits.validation is not None:
-        validation = objective.evaluate(session.evaluated, splits.validation, config.eval_batch_size, env,
-                                        session.precision.value)
+        validation = objective.evaluate(
+            session.evaluated, splits.validation, config.eval_batch_size, env, session.precision.value
+        )
         row.update({f"val_{name}": value for name, value in objective.row_figures(validation).items()})
     if config.test_every_epoch:  # shown to the user; nothing below reads it
-        test = objective.evaluate(session.evaluated, splits.test, config.eval_batch_size, env,
-                                  session.precision.value)
+        test = objective.evaluate(session.evaluated, splits.test, config.eval_batch_size, env, session.precision.value)
         row.update({f"test_{name}": value for name, value in objective.row_figures(test).items()})
     skipped = unreadable_files(splits)
     if skipped:
         row["skipped_files"] = len(skipped)
     position.elapsed_seconds = clock.elapsed()
     count = objective.sums_count(position.epoch_sums)
-    row.update(images_per_second=count / max(position.train_seconds - seconds_before, 1e-9),
-               epoch_seconds=time.perf_counter() - epoch_started, elapsed_seconds=position.elapsed_seconds)
+    row.update(
+        images_per_second=count / max(position.train_seconds - seconds_before, 1e-9),
+        epoch_seconds=time.perf_counter() - epoch_started,
+        elapsed_seconds=position.elapsed_seconds,
+    )
     session.history.append(row)
     position.epoch, position.step_in_epoch = epoch + 1, 0
     position.epoch_sums = objective.empty_sums()
-    improved = validation is not None and is_better(objective, validation[objective.selection],
-                                                    position.best_value if position.best_epoch > 0 else None)
+    improved = validation is not None and is_better(
+        objective, validation[objective.selection], position.best_value if position.best_epoch > 0 else None
+    )
     if improved:
         position.best_value, position.best_epoch = validation[objective.selection], epoch + 1
         position.best_elapsed_seconds = position.elapsed_seconds
@@ -215,8 +243,9 @@ def end_epoch(session: Session, epoch: int, epoch_started: float, seconds_before
                 if extra:  # the objective's own parameters of the best epoch (a decoder), for its test figures
                     save_state_dict(extra, session.run / BEST_OBJECTIVE, checksum=True)
             except OSError as error:
-                raise CheckpointError(f"could not save {best} ({error.strerror or error}); the previous best is "
-                                      "intact") from None
+                raise CheckpointError(
+                    f"could not save {best} ({error.strerror or error}); the previous best is intact"
+                ) from None
         objective.after_epoch(session.evaluated, epoch + 1, session.run.path, splits.validation)
     session.save_state()
     return row, improved

@@ -30,16 +30,27 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0, layer_d
             continue
         decays = not (parameter.ndim <= 1 or name in skip or name.split(".")[-1] in skip)
         depth_id = layer_id(name, depth) if layer_decay < 1 else depth + 1
-        group = groups.setdefault((depth_id, decays), {
-            "params": [], "weight_decay": weight_decay if decays else 0.0,
-            "lr": lr * layer_decay ** (depth + 1 - depth_id)})
+        group = groups.setdefault(
+            (depth_id, decays),
+            {
+                "params": [],
+                "weight_decay": weight_decay if decays else 0.0,
+                "lr": lr * layer_decay ** (depth + 1 - depth_id),
+            },
+        )
         group["params"].append(parameter)
     return [groups[key] for key in sorted(groups, key=lambda k: (k[0], not k[1]))]
 
 
-def build_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, momentum: float = 0.9,
-                    layer_decay: float = 1.0, betas: tuple[float, float] | list[float] = (0.9, 0.999)
-                    ) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    momentum: float = 0.9,
+    layer_decay: float = 1.0,
+    betas: tuple[float, float] | list[float] = (0.9, 0.999),
+) -> torch.optim.Optimizer:
     groups = param_groups(model, weight_decay, lr, layer_decay)
     # The fused kernels update every tensor in one pass (CPU and CUDA); on the CPU PyTorch otherwise loops over
     # the tensors one by one. Devices without fused kernels fall back to the default implementation.

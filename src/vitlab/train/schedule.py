@@ -25,16 +25,19 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
 def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, min_ratio: float):
     """A per-step scheduler following `warmup_cosine` (min_ratio: the last rate over the peak one)."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps, min_ratio))
+        optimizer, lambda step: warmup_cosine(step, warmup_steps, total_steps, min_ratio)
+    )
 
 
-def set_schedule_length(optimizer: torch.optim.Optimizer, scheduler, warmup_steps: int, total_steps: int,
-                        min_ratio: float) -> None:
+def set_schedule_length(
+    optimizer: torch.optim.Optimizer, scheduler, warmup_steps: int, total_steps: int, min_ratio: float
+) -> None:
     """Refit a `build_scheduler` schedule to a new total length from the step it stands at: the cosine now ends
     at `total_steps`, and the rate of the next step follows the new curve (a run extended on resume, or shortened
     to fit a time budget)."""
-    scheduler.lr_lambdas = [lambda step: warmup_cosine(step, warmup_steps, total_steps, min_ratio)
-                            for _ in optimizer.param_groups]
+    scheduler.lr_lambdas = [
+        lambda step: warmup_cosine(step, warmup_steps, total_steps, min_ratio) for _ in optimizer.param_groups
+    ]
     follow_schedule(optimizer, scheduler)
 
 
@@ -81,17 +84,22 @@ def fit_schedule(config: TrainConfig, train_images: int, steps_per_epoch: int) -
     notes = []
     shortened = fitted_warmup_steps(warmup, total)
     if shortened != warmup:
-        notes.append(f"the {config.warmup_epochs:g}-epoch warm-up is {'longer than' if warmup >= total else 'most of'} "
-                     f"this {config.epochs}-epoch run, so the learning rate would {'never reach' if warmup >= total else 'barely reach'} "
-                     f"its peak; it is shortened to {shortened} steps ({shortened / steps_per_epoch:.2g} epochs)")
+        notes.append(
+            f"the {config.warmup_epochs:g}-epoch warm-up is {'longer than' if warmup >= total else 'most of'} "
+            f"this {config.epochs}-epoch run, so the learning rate would {'never reach' if warmup >= total else 'barely reach'} "
+            f"its peak; it is shortened to {shortened} steps ({shortened / steps_per_epoch:.2g} epochs)"
+        )
     dropped = train_images - steps_per_epoch * config.batch_size
     if steps_per_epoch < FEW_STEPS_PER_EPOCH or total < MIN_TOTAL_STEPS:
         suggestion = suggested_batch_size(train_images)
-        notes.append(f"{train_images} training images at batch {config.batch_size} make {steps_per_epoch} optimizer "
-                     f"step(s) per epoch, {total} in all" + (f", and {dropped} images are left out of each epoch"
-                                                             if dropped else "")
-                     + f"; a ViT needs far more steps to learn: use a smaller batch (--set batch_size={suggestion}) "
-                     "or more epochs" if suggestion < config.batch_size else
-                     f"{train_images} training images at batch {config.batch_size} make {total} optimizer steps in "
-                     "all; a ViT needs far more to learn: train for more epochs")
+        notes.append(
+            f"{train_images} training images at batch {config.batch_size} make {steps_per_epoch} optimizer "
+            f"step(s) per epoch, {total} in all"
+            + (f", and {dropped} images are left out of each epoch" if dropped else "")
+            + f"; a ViT needs far more steps to learn: use a smaller batch (--set batch_size={suggestion}) "
+            "or more epochs"
+            if suggestion < config.batch_size
+            else f"{train_images} training images at batch {config.batch_size} make {total} optimizer steps in "
+            "all; a ViT needs far more to learn: train for more epochs"
+        )
     return shortened, notes

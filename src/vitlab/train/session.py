@@ -61,7 +61,20 @@ class Session:
         if self.env.device.type == "cuda":
             cuda_states = gather_rng_states(self.env, torch.cuda.get_rng_state(self.env.device))
         if self.env.is_main:
-            save_training_state(training_state(self.model, self.optimizer, self.scheduler, self.ema, self.position,
-                                               self.config, rng_states, self.data_fingerprint, self.steps_per_epoch,
-                                               self.env.world_size, cuda_states, self.objective.extra_state()),
-                                self.run)
+            save_training_state(
+                training_state(
+                    self.model,
+                    self.optimizer,
+                    self.scheduler,
+                    self.ema,
+                    self.position,
+                    self.config,
+                    rng_states,
+                    self.data_fingerprint,
+                    self.steps_per_epoch,
+                    self.env.world_size,
+                    cuda_states,
+                    self.objective.extra_state(),
+                ),
+                self.run,
+            )

@@ -18,8 +18,12 @@ from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_ind
 from vitlab.train.config import TrainConfig
 
 
-def build_model(config: TrainConfig, data: BatchSource, pretrained: tuple[Any, Any] | None = None,
-                head: dict[str, Any] | None = None) -> VisionTransformer:
+def build_model(
+    config: TrainConfig,
+    data: BatchSource,
+    pretrained: tuple[Any, Any] | None = None,
+    head: dict[str, Any] | None = None,
+) -> VisionTransformer:
     """A fresh model of the recipe's variant shaped for the data (classes, channels), or with `init_from`
     the pre-trained model prepared for fine-tuning (`pretrained`: its (config, state) when already read).
     head: the fields the objective takes from the data (`Objective.model_fields`; default: the data's classes),
@@ -28,18 +32,29 @@ def build_model(config: TrainConfig, data: BatchSource, pretrained: tuple[Any, A
     if config.init_from:
         return build_finetune_model(config, data, pretrained, head)
     if config.model not in variant_names():
-        raise ConfigError(f"unknown model {config.model!r}; choose a variant from `vitlab models` "
-                          "(fine-tuning from a checkpoint is `vitlab finetune`)")
-    fields: dict[str, Any] = dict(**head, in_chans=data.channels, drop_path=config.drop_path, dropout=config.dropout,
-                                  preprocessing=data.preprocessing)
+        raise ConfigError(
+            f"unknown model {config.model!r}; choose a variant from `vitlab models` "
+            "(fine-tuning from a checkpoint is `vitlab finetune`)"
+        )
+    fields: dict[str, Any] = dict(
+        **head,
+        in_chans=data.channels,
+        drop_path=config.drop_path,
+        dropout=config.dropout,
+        preprocessing=data.preprocessing,
+    )
     if config.image_size is not None:
         fields["image_size"] = config.image_size
     fields.update(config.model_overrides)
     return create_model(config.model, **fields)
 
 
-def build_finetune_model(config: TrainConfig, data: BatchSource, pretrained: tuple[Any, Any] | None = None,
-                         head: dict[str, Any] | None = None) -> VisionTransformer:
+def build_finetune_model(
+    config: TrainConfig,
+    data: BatchSource,
+    pretrained: tuple[Any, Any] | None = None,
+    head: dict[str, Any] | None = None,
+) -> VisionTransformer:
     """The paper's transfer set-up (section 3.2): load any checkpoint, drop its head and pre-logits layer, attach
     a zero-initialised D x K head, and for a new image size keep the patch size and resample the position
     embedding to the new grid (2-D interpolation, class-token row kept)."""
@@ -47,8 +62,11 @@ def build_finetune_model(config: TrainConfig, data: BatchSource, pretrained: tup
 
     pretrained_config, state = pretrained or read_checkpoint(config.init_from, image_size=config.image_size)[:2]
     # The model records how its training data became input (mean/std stay the checkpoint's).
-    model = model_from_state(pretrained_config.replace(drop_path=config.drop_path, dropout=config.dropout,
-                                                       preprocessing=data.preprocessing), state, config.init_from)
+    model = model_from_state(
+        pretrained_config.replace(drop_path=config.drop_path, dropout=config.dropout, preprocessing=data.preprocessing),
+        state,
+        config.init_from,
+    )
     if model.config.representation_size:
         model.remove_representation()
     head = head if head is not None else {"num_classes": data.num_classes, "class_names": data.class_names}
@@ -57,7 +75,9 @@ def build_finetune_model(config: TrainConfig, data: BatchSource, pretrained: tup
         try:
             model.set_image_size(config.image_size, config.resample_mode)
         except ConfigError as error:
-            raise ConfigError(f"{config.init_from} cannot be fine-tuned at image size {config.image_size}: {error}") from None
+            raise ConfigError(
+                f"{config.init_from} cannot be fine-tuned at image size {config.image_size}: {error}"
+            ) from None
     return model
 
 

@@ -74,53 +74,84 @@ class Position:
 STATE_SCHEMA_VERSION = 2
 
 
-def training_state(model, optimizer, scheduler, ema, position: Position, config, rng_states: torch.Tensor,
-                   data_fingerprint: dict[str, Any], steps_per_epoch: int, world_size: int,
-                   cuda_rng_states: torch.Tensor | None = None,
-                   objective_state: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+def training_state(
+    model,
+    optimizer,
+    scheduler,
+    ema,
+    position: Position,
+    config,
+    rng_states: torch.Tensor,
+    data_fingerprint: dict[str, Any],
+    steps_per_epoch: int,
+    world_size: int,
+    cuda_rng_states: torch.Tensor | None = None,
+    objective_state: dict[str, torch.Tensor] | None = None,
+) -> dict[str, Any]:
     """Everything a resumed run needs; rng_states holds every rank's global RNG state (gather_rng_states), and
     cuda_rng_states every rank's CUDA generator state on a GPU run; objective_state the objective's own
     parameters (a pre-training decoder or head: `Objective.extra_state`)."""
     return {
         "schema_version": STATE_SCHEMA_VERSION,
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "ema": ema.state if ema else None, **position.to_state(),
-        "torch_rng_state": rng_states[0], "rank_rng_states": rng_states, "cuda_rng_states": cuda_rng_states,
-        "model_config": model.config.to_json(), "train_config": json.dumps(config.to_dict()),
-        "data_fingerprint": json.dumps(data_fingerprint, sort_keys=True), "steps_per_epoch": steps_per_epoch,
-        "world_size": world_size, "objective_state": objective_state or {},
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "ema": ema.state if ema else None,
+        **position.to_state(),
+        "torch_rng_state": rng_states[0],
+        "rank_rng_states": rng_states,
+        "cuda_rng_states": cuda_rng_states,
+        "model_config": model.config.to_json(),
+        "train_config": json.dumps(config.to_dict()),
+        "data_fingerprint": json.dumps(data_fingerprint, sort_keys=True),
+        "steps_per_epoch": steps_per_epoch,
+        "world_size": world_size,
+        "objective_state": objective_state or {},
     }
 
 
-def check_resumable(state: dict[str, Any], data_fingerprint: dict[str, Any], steps_per_epoch: int, world_size: int,
-                    run: Any) -> list[str]:
+def check_resumable(
+    state: dict[str, Any], data_fingerprint: dict[str, Any], steps_per_epoch: int, world_size: int, run: Any
+) -> list[str]:
     """Compare what a saved state says of its run with the run about to resume it. A change that makes the resumed
     run another run (other data, other batching) is refused with what changed and what to do; one that only loses
     bit-exactness (another number of processes, an older state that cannot be checked) is returned as notes."""
     version = int(state.get("schema_version", 1))
     if version > STATE_SCHEMA_VERSION:
-        raise CheckpointError(f"{run}'s training state has schema {version}, newer than this vitlab reads "
-                              f"({STATE_SCHEMA_VERSION}); resume it with the vitlab that wrote it, or upgrade")
+        raise CheckpointError(
+            f"{run}'s training state has schema {version}, newer than this vitlab reads "
+            f"({STATE_SCHEMA_VERSION}); resume it with the vitlab that wrote it, or upgrade"
+        )
     if version < 2:
-        return [f"{run}'s training state was written by an older vitlab (schema {version}): it records neither the "
-                "data, the steps per epoch nor the number of processes, so none of them can be checked; the run "
-                "resumes as saved, and is exact only if they are unchanged"]
+        return [
+            f"{run}'s training state was written by an older vitlab (schema {version}): it records neither the "
+            "data, the steps per epoch nor the number of processes, so none of them can be checked; the run "
+            "resumes as saved, and is exact only if they are unchanged"
+        ]
     saved = json.loads(state["data_fingerprint"])
     if saved != data_fingerprint:
-        changed = ", ".join(f"{key} {saved.get(key)} -> {data_fingerprint.get(key)}"
-                            for key in sorted(set(saved) | set(data_fingerprint))
-                            if saved.get(key) != data_fingerprint.get(key))
-        raise ConfigError(f"the training data differ from those {run} was trained on ({changed}); resume with the "
-                          "same data (--data-dir, --set classes/max_train_images/val_size/seed as saved), or start "
-                          "a new run from its weights: vitlab finetune --from " + str(run))
+        changed = ", ".join(
+            f"{key} {saved.get(key)} -> {data_fingerprint.get(key)}"
+            for key in sorted(set(saved) | set(data_fingerprint))
+            if saved.get(key) != data_fingerprint.get(key)
+        )
+        raise ConfigError(
+            f"the training data differ from those {run} was trained on ({changed}); resume with the "
+            "same data (--data-dir, --set classes/max_train_images/val_size/seed as saved), or start "
+            "a new run from its weights: vitlab finetune --from " + str(run)
+        )
     if state["steps_per_epoch"] != steps_per_epoch:
-        raise ConfigError(f"{run} was saved at {state['steps_per_epoch']} steps per epoch, this resume makes "
-                          f"{steps_per_epoch}; resume with the saved batch size")
+        raise ConfigError(
+            f"{run} was saved at {state['steps_per_epoch']} steps per epoch, this resume makes "
+            f"{steps_per_epoch}; resume with the saved batch size"
+        )
     notes = []
     if state["world_size"] != world_size:
-        notes.append(f"{run} was saved by {state['world_size']} process(es) and resumes on {world_size}: the data "
-                     "order and rank 0's random stream continue, the other ranks' streams are re-seeded, so the "
-                     "run is no longer bit-identical to an uninterrupted one")
+        notes.append(
+            f"{run} was saved by {state['world_size']} process(es) and resumes on {world_size}: the data "
+            "order and rank 0's random stream continue, the other ranks' streams are re-seeded, so the "
+            "run is no longer bit-identical to an uninterrupted one"
+        )
     return notes
 
 
@@ -140,8 +171,10 @@ def save_training_state(state: dict[str, Any], run: RunFolder) -> Path:
         os.replace(pending, last)
     except OSError as error:
         kept = last if last.exists() else previous
-        raise CheckpointError(f"could not save the training state in {folder} ({error.strerror or error}); "
-                              f"the last good checkpoint {kept} is intact") from None
+        raise CheckpointError(
+            f"could not save the training state in {folder} ({error.strerror or error}); "
+            f"the last good checkpoint {kept} is intact"
+        ) from None
     return last
 
 
@@ -159,8 +192,10 @@ def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> 
     if not run.path.is_dir():
         raise MissingPathError(f"cannot resume {run}: no such run folder (runs are under runs/ by default)")
     if not (run.checkpoints / "last.pt").exists() and not (run.checkpoints / "previous.pt").exists():
-        raise MissingPathError(f"cannot resume {run}: it holds no training state (checkpoints/last.pt); is it a run "
-                               "folder that `vitlab train`, `finetune` or `pretrain` made?")
+        raise MissingPathError(
+            f"cannot resume {run}: it holds no training state (checkpoints/last.pt); is it a run "
+            "folder that `vitlab train`, `finetune` or `pretrain` made?"
+        )
     folder = run.checkpoints
     last_missing = not (folder / "last.pt").exists() and (folder / "previous.pt").exists()
     # A missing last.pt with a previous.pt means a stop between the two renames of a save: previous.pt is then
@@ -173,20 +208,26 @@ def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> 
             continue
         if verify_checksum(path, STATE_CHECKSUM_KEY) is False:
             # Bytes changed inside a tensor load without any error: only the digest recorded at writing tells.
-            problems.append(f"{path} is damaged: its content differs from what this run wrote (SHA-256 recorded in "
-                            f"{path.parent / 'checksums.json'})")
+            problems.append(
+                f"{path} is damaged: its content differs from what this run wrote (SHA-256 recorded in "
+                f"{path.parent / 'checksums.json'})"
+            )
             continue
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # unreadable: truncated, corrupt or refused
             problems.append(f"{path} is unreadable ({type(error).__name__}: {first_sentence(str(error))})")
-    hint = "" if allow_previous or last_missing or not (folder / "previous.pt").exists() else \
-        "; the previous checkpoint exists: add --use-previous to resume from it"
+    hint = (
+        ""
+        if allow_previous or last_missing or not (folder / "previous.pt").exists()
+        else "; the previous checkpoint exists: add --use-previous to resume from it"
+    )
     raise CheckpointError(f"cannot resume {run}: " + "; ".join(problems) + hint)
 
 
-def read_resumable(run_dir: Path, allow_previous: bool = False, new_epochs: int | None = None
-                   ) -> tuple[dict[str, Any], TrainConfig]:
+def read_resumable(
+    run_dir: Path, allow_previous: bool = False, new_epochs: int | None = None
+) -> tuple[dict[str, Any], TrainConfig]:
     """(the run's newest readable state, the recipe it was saved with at `new_epochs` if given); a run with
     nothing left to train is refused with what to do."""
     state = load_training_state(run_dir, allow_previous=allow_previous)
@@ -200,8 +241,10 @@ def refuse_finished(state: dict[str, Any], run_dir: Path, config: TrainConfig) -
     after its last state was saved but before its summary resumes into `finish`, which writes it.)"""
     summary = RunFolder(run_dir).summary()
     if state["epoch"] >= config.epochs and summary is not None and summary.get("status") == "finished":
-        raise ConfigError(f"{run_dir} has finished its {config.epochs} epochs; nothing to resume. To train it "
-                          f"longer, add --epochs N (more than {config.epochs}); to start again, train a new run")
+        raise ConfigError(
+            f"{run_dir} has finished its {config.epochs} epochs; nothing to resume. To train it "
+            f"longer, add --epochs N (more than {config.epochs}); to start again, train a new run"
+        )
 
 
 def resumed_config(state: dict[str, Any], run_dir: Path, new_epochs: int | None) -> TrainConfig:
@@ -210,8 +253,10 @@ def resumed_config(state: dict[str, Any], run_dir: Path, new_epochs: int | None)
     if new_epochs is not None and new_epochs != config.epochs:
         done = state["epoch"] + (1 if state["step_in_epoch"] else 0)
         if new_epochs < done:
-            raise ConfigError(f"{run_dir} has already trained {done} epochs; --epochs must be at least that "
-                              f"to extend it (the recipe's length is {config.epochs})")
+            raise ConfigError(
+                f"{run_dir} has already trained {done} epochs; --epochs must be at least that "
+                f"to extend it (the recipe's length is {config.epochs})"
+            )
         config.epochs = new_epochs
     return config
 
@@ -223,9 +268,17 @@ def restored_model(state: dict[str, Any]) -> VisionTransformer:
     return model
 
 
-def restore(state: dict[str, Any], optimizer: torch.optim.Optimizer, scheduler: Any, ema: EMA | None,
-            objective: Objective, config: TrainConfig, env: DistEnv, run: RunFolder, steps_per_epoch: int
-            ) -> Position:
+def restore(
+    state: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    ema: EMA | None,
+    objective: Objective,
+    config: TrainConfig,
+    env: DistEnv,
+    run: RunFolder,
+    steps_per_epoch: int,
+) -> Position:
     """Optimizer, schedule, EMA, the objective's own parameters (attached already) and this rank's RNG stream as
     saved; returns the position where the run stands."""
     if state.get("objective_state"):
@@ -237,9 +290,11 @@ def restore(state: dict[str, Any], optimizer: torch.optim.Optimizer, scheduler: 
         previous_lr = optimizer.param_groups[-1]["lr"]
         follow_schedule(optimizer, scheduler)
         if env.is_main:
-            print(f"extending {run} from {saved_epochs} to {config.epochs} epochs: the learning rate now follows "
-                  f"a {config.epochs}-epoch schedule, {previous_lr:.2e} -> {optimizer.param_groups[-1]['lr']:.2e} "
-                  f"at step {scheduler.last_epoch} of {config.epochs * steps_per_epoch}")
+            print(
+                f"extending {run} from {saved_epochs} to {config.epochs} epochs: the learning rate now follows "
+                f"a {config.epochs}-epoch schedule, {previous_lr:.2e} -> {optimizer.param_groups[-1]['lr']:.2e} "
+                f"at step {scheduler.last_epoch} of {config.epochs * steps_per_epoch}"
+            )
     if ema is not None and state["ema"] is not None:
         ema.state = {k: v.to(env.device) for k, v in state["ema"].items()}
     position = Position.from_state(state)
@@ -256,6 +311,8 @@ def restore(state: dict[str, Any], optimizer: torch.optim.Optimizer, scheduler: 
         if cuda_states is not None and len(cuda_states) == env.world_size:
             torch.cuda.set_rng_state(cuda_states[env.rank].clone(), env.device)
         elif env.is_main:
-            print("note: the saved state holds no CUDA random state for these processes (saved on a CPU, or by "
-                  "another number of GPUs): dropout and stochastic depth on the GPU continue from a fresh stream")
+            print(
+                "note: the saved state holds no CUDA random state for these processes (saved on a CPU, or by "
+                "another number of GPUs): dropout and stochastic depth on the GPU continue from a fresh stream"
+            )
     return position

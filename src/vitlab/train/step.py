@@ -59,8 +59,13 @@ class TrainingStep:
             extras = extras.detach().cpu()
             extra_sums = extras if extra_sums is None else extra_sums + extras
             self.last_outputs = outputs.detach() if isinstance(outputs, torch.Tensor) else None
-        sums = torch.cat([torch.tensor([loss_sum.item() * self.grad_accum], dtype=torch.float64), extra_sums,
-                          torch.tensor([len(inputs)], dtype=torch.float64)])
+        sums = torch.cat(
+            [
+                torch.tensor([loss_sum.item() * self.grad_accum], dtype=torch.float64),
+                extra_sums,
+                torch.tensor([len(inputs)], dtype=torch.float64),
+            ]
+        )
         all_reduce_sum(sums, self.env)
         if not math.isfinite(sums[0].item()):
             raise NonFiniteLoss(sums[0].item())

@@ -33,21 +33,30 @@ def announce(session: Session, resumed: bool) -> None:
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     what = session.objective.job(config.init_from or config.model, fine_tuning=bool(config.init_from))
-    validation = "no validation" if splits.validation is None else (
-        f"{len(splits.validation)} validation ({splits.validation_source}"
-        + (f", seed {config.seed})" if splits.validation_source == "carved" else ")"))
+    validation = (
+        "no validation"
+        if splits.validation is None
+        else (
+            f"{len(splits.validation)} validation ({splits.validation_source}"
+            + (f", seed {config.seed})" if splits.validation_source == "carved" else ")")
+        )
+    )
     test = f"{len(splits.test)} test" + (f" ({splits.test_source})" if splits.test_source != "official" else "")
-    print(f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
-          f"{len(splits.train)} train / {validation} / {test} images, {config.epochs} epochs of "
-          f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
-          f"{session.env.device.type}; run folder {session.run}")
+    print(
+        f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
+        f"{len(splits.train)} train / {validation} / {test} images, {config.epochs} epochs of "
+        f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
+        f"{session.env.device.type}; run folder {session.run}"
+    )
     print(f"precision: {describe_precision(session.precision)}")
     adaptation = data_adaptation(splits.train, model.config)
     if adaptation and not resumed:
         print(f"note: {adaptation}")
     if resumed:
-        print(f"resuming at epoch {session.position.epoch + 1}, step {session.position.step_in_epoch} of "
-              f"{session.steps_per_epoch}")
+        print(
+            f"resuming at epoch {session.position.epoch + 1}, step {session.position.step_in_epoch} of "
+            f"{session.steps_per_epoch}"
+        )
 
 
 def data_adaptation(data: BatchSource, config: ViTConfig) -> str | None:
@@ -60,8 +69,13 @@ def data_adaptation(data: BatchSource, config: ViTConfig) -> str | None:
     if stored is not None and stored != size:
         changes.append(f"resized to {size[0]}x{size[1]}")
     if data.channels != channels:
-        changes.append("repeated to 3 channels" if data.channels == 1 and channels == 3 else
-                       "converted to grey" if channels == 1 else f"converted to {channels} channels")
+        changes.append(
+            "repeated to 3 channels"
+            if data.channels == 1 and channels == 3
+            else "converted to grey"
+            if channels == 1
+            else f"converted to {channels} channels"
+        )
     if not changes:
         return None
     shape = f"{stored[0]}x{stored[1]} " if stored is not None else ""
@@ -78,16 +92,26 @@ class EpochProgress:
 
         config, env, position, steps = session.config, session.env, session.position, session.steps_per_epoch
         self.objective, self.scheduler, self.clock = session.objective, session.scheduler, clock
-        self.bar = tqdm(total=steps, initial=position.step_in_epoch, desc=f"epoch {epoch + 1}/{config.epochs}",
-                        leave=False, dynamic_ncols=True,
-                        # None: tqdm shows the bar only on a terminal, so logs get the epoch lines alone.
-                        disable=None if env.is_main and config.progress else True)
+        self.bar = tqdm(
+            total=steps,
+            initial=position.step_in_epoch,
+            desc=f"epoch {epoch + 1}/{config.epochs}",
+            leave=False,
+            dynamic_ncols=True,
+            # None: tqdm shows the bar only on a terminal, so logs get the epoch lines alone.
+            disable=None if env.is_main and config.progress else True,
+        )
         self.log_lines = None
         if self.bar.disable and env.is_main and config.progress:  # no terminal, no bar: lines in the log instead
             every = config.log_every_steps or (-(-steps // 4) if steps >= 40 else 0)
             if every:
-                self.log_lines = LogLines(steps, f"epoch {epoch + 1:>3}/{config.epochs}", every,
-                                          done=position.step_in_epoch, left_label="epoch")
+                self.log_lines = LogLines(
+                    steps,
+                    f"epoch {epoch + 1:>3}/{config.epochs}",
+                    every,
+                    done=position.step_in_epoch,
+                    left_label="epoch",
+                )
 
     def __call__(self, position: Position, sums: list[float], images_per_second: float) -> None:
         figures = self.objective.progress_figures(sums)
@@ -108,8 +132,9 @@ def stop_line(where: str, objective: Objective, run: RunFolder) -> str:
     return f"stopped {where}; state saved. Resume with: vitlab {objective.command} --resume {run}"
 
 
-def epoch_line(row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool,
-               objective: Objective) -> str:
+def epoch_line(
+    row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool, objective: Objective
+) -> str:
     """One line per epoch: the objective's training and validation figures (validation chooses; a classifier's
     test accuracy only when asked for, labelled as not used), speed and time left."""
     text = f"epoch {row['epoch']:>3}/{epochs}  {objective.epoch_text(row)}"
@@ -144,19 +169,33 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
     model_path = save_model(model, run / MODEL, checksum=True)
     plots.plot_training_curves(history, run_dir / "curves.png")
     throughput = sum(r["images_per_second"] * r["epoch_seconds"] for r in history) / max(
-        sum(r["epoch_seconds"] for r in history), 1e-9)
+        sum(r["epoch_seconds"] for r in history), 1e-9
+    )
     has_best = position.best_epoch > 0
     selection = f"val_{objective.selection}"
     figures, lines_after, pictures = objective.summarize(results, run_dir, config.dataset, position.best_epoch, splits)
     summary = {
-        "status": "finished", "run_dir": str(run_dir), "model_path": str(model_path), "dataset": config.dataset,
-        "model": config.model, "objective": objective.name, "selection": selection,
-        "params": sum(p.numel() for p in model.parameters()), "epochs": config.epochs,
-        "processes": env.world_size, "replica_max_abs_diff": replica_diff, "seed": config.seed,
-        "device": env.device.type, "precision": session.precision.value, "precision_reason": session.precision.reason,
-        "wall_seconds": round(wall_seconds, 2), "train_seconds": round(position.train_seconds, 2),
-        "train_images_per_second": round(throughput, 1), "train_count": len(splits.train),
-        "validation": splits.validation_source, "val_count": len(splits.validation) if splits.validation else 0,
+        "status": "finished",
+        "run_dir": str(run_dir),
+        "model_path": str(model_path),
+        "dataset": config.dataset,
+        "model": config.model,
+        "objective": objective.name,
+        "selection": selection,
+        "params": sum(p.numel() for p in model.parameters()),
+        "epochs": config.epochs,
+        "processes": env.world_size,
+        "replica_max_abs_diff": replica_diff,
+        "seed": config.seed,
+        "device": env.device.type,
+        "precision": session.precision.value,
+        "precision_reason": session.precision.reason,
+        "wall_seconds": round(wall_seconds, 2),
+        "train_seconds": round(position.train_seconds, 2),
+        "train_images_per_second": round(throughput, 1),
+        "train_count": len(splits.train),
+        "validation": splits.validation_source,
+        "val_count": len(splits.validation) if splits.validation else 0,
         f"best_{selection}": position.best_value if has_best else None,
         "best_epoch": position.best_epoch if has_best else None,
         "seconds_to_best": round(position.best_elapsed_seconds, 2) if has_best else None,
@@ -175,9 +214,11 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         lines.append(f"  budget       {session.budget_note}")
         summary["budget"] = session.budget_note
     if has_best:
-        lines.append(f"  validation   best {objective.describe(position.best_value)} at epoch {position.best_epoch}, "
-                     f"reached after {format_duration(position.best_elapsed_seconds)} ({summary['val_count']} "
-                     f"{splits.validation_source} images; chooses the best checkpoint)")
+        lines.append(
+            f"  validation   best {objective.describe(position.best_value)} at epoch {position.best_epoch}, "
+            f"reached after {format_duration(position.best_elapsed_seconds)} ({summary['val_count']} "
+            f"{splits.validation_source} images; chooses the best checkpoint)"
+        )
     else:
         lines.append("  validation   none (val_size 0): no best checkpoint is chosen")
     lines += lines_after
@@ -187,8 +228,10 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         atomic_write_bytes(run_dir / "skipped.txt", "".join(line + "\n" for line in skipped).encode())
         lines.append(f"  skipped      {len(skipped)} unreadable files (listed in skipped.txt), e.g. {skipped[0]}")
         pictures = [*pictures, "skipped.txt"]
-    lines.append(f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png"
-                 + "".join(f", {name}" for name in pictures))
+    lines.append(
+        f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png"
+        + "".join(f", {name}" for name in pictures)
+    )
     text = "\n".join(lines)
     run.write_summary(summary, text)
     print(text)

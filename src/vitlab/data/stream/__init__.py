@@ -13,5 +13,13 @@ from vitlab.data.stream.manifest import index_manifest
 from vitlab.data.stream.open import index_from_spec, open_index
 from vitlab.data.stream.shards import expand_shard_pattern, index_tar_shards
 
-__all__ = ["SampleIndex", "index_folder", "index_manifest", "index_tar_shards", "index_hf", "open_index",
-           "index_from_spec", "expand_shard_pattern"]
+__all__ = [
+    "SampleIndex",
+    "index_folder",
+    "index_manifest",
+    "index_tar_shards",
+    "index_hf",
+    "open_index",
+    "index_from_spec",
+    "expand_shard_pattern",
+]

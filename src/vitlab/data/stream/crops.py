@@ -79,8 +79,9 @@ def inception_box(width: int, height: int, rng: np.random.Generator, crop: Train
     return (width - box_width) // 2, (height - box_height) // 2, box_width, box_height
 
 
-def small_side_box(width: int, height: int, size: tuple[int, int], resize_small: int, rng: np.random.Generator
-                   ) -> tuple[float, float, float, float]:
+def small_side_box(
+    width: int, height: int, size: tuple[int, int], resize_small: int, rng: np.random.Generator
+) -> tuple[float, float, float, float]:
     """(left, top, box width, box height) of the original image that `resize the shorter side to resize_small,
     then a random crop of size` keeps (sub-pixel: Pillow resizes from a float box)."""
     scale = resize_small / min(width, height)
@@ -88,8 +89,14 @@ def small_side_box(width: int, height: int, size: tuple[int, int], resize_small:
     return rng.uniform(0, width - box_width), rng.uniform(0, height - box_height), box_width, box_height
 
 
-def crop_image(data: bytes, size: tuple[int, int], channels: int, crop: TrainCrop, rng: np.random.Generator,
-               flip_allowed: bool = True) -> np.ndarray:
+def crop_image(
+    data: bytes,
+    size: tuple[int, int],
+    channels: int,
+    crop: TrainCrop,
+    rng: np.random.Generator,
+    flip_allowed: bool = True,
+) -> np.ndarray:
     """Encoded image bytes -> uint8 (H, W, C) at `size` after the training crop and flip. Raises what Pillow
     raises on a bad file (the loader turns that into a skipped sample)."""
     from PIL import Image, ImageOps

@@ -26,28 +26,40 @@ def index_folder(root: str | Path, split: str | None = None) -> SampleIndex:
     if split is not None:
         if not (root / split).is_dir():
             found = [s for s in SPLITS if (root / s).is_dir()]
-            raise DataError(f"data folder {root} has no {split}/ split"
-                            + (f"; it has {', '.join(s + '/' for s in found)}" if found else
-                               "; without a split, leave split out and give the folder of class sub-folders"))
+            raise DataError(
+                f"data folder {root} has no {split}/ split"
+                + (
+                    f"; it has {', '.join(s + '/' for s in found)}"
+                    if found
+                    else "; without a split, leave split out and give the folder of class sub-folders"
+                )
+            )
         root, name = root / split, f"{name}/{split}"
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
     if not classes:
-        raise DataError(f"data folder {root} has no class sub-folders; put each class's images in a sub-folder "
-                        f"named after the class ({root}/cat/1.jpg, {root}/dog/2.jpg, ...)")
+        raise DataError(
+            f"data folder {root} has no class sub-folders; put each class's images in a sub-folder "
+            f"named after the class ({root}/cat/1.jpg, {root}/dog/2.jpg, ...)"
+        )
     if split is None and "train" in classes and ("val" in classes or "test" in classes):
-        raise DataError(f"data folder {root} holds {', '.join(c + '/' for c in classes if c in SPLITS)} splits, "
-                        "not classes; pass split='train' (or 'val', 'test')")
+        raise DataError(
+            f"data folder {root} holds {', '.join(c + '/' for c in classes if c in SPLITS)} splits, "
+            "not classes; pass split='train' (or 'val', 'test')"
+        )
     paths: list[str] = []
     labels: list[int] = []
     for label, class_name in enumerate(classes):
         files = image_files_below(root / class_name)
         if not files:
-            raise DataError(f"class folder {root / class_name} holds no images "
-                            f"({', '.join(sorted(IMAGE_EXTENSIONS))}); add images or remove the folder")
+            raise DataError(
+                f"class folder {root / class_name} holds no images "
+                f"({', '.join(sorted(IMAGE_EXTENSIONS))}); add images or remove the folder"
+            )
         paths.extend(os.path.join(class_name, *parts) for parts in files)
         labels.extend([label] * len(files))
-    return SampleIndex(name, classes, np.asarray(labels, dtype=np.int64),
-                       FileStore(str(root), PackedStrings.from_strings(paths)))
+    return SampleIndex(
+        name, classes, np.asarray(labels, dtype=np.int64), FileStore(str(root), PackedStrings.from_strings(paths))
+    )
 
 
 def image_files_below(folder: Path) -> list[tuple[str, ...]]:

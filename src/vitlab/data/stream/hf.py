@@ -22,13 +22,15 @@ def import_datasets():
     try:
         import datasets
     except ImportError:
-        raise DataError("reading Hugging Face data sets needs the `datasets` library: pip install 'vitlab[hf]'") \
-            from None
+        raise DataError(
+            "reading Hugging Face data sets needs the `datasets` library: pip install 'vitlab[hf]'"
+        ) from None
     return datasets
 
 
-def index_hf(path_or_name: str | Path, split: str = "train", image_column: str | None = None,
-             label_column: str | None = None) -> SampleIndex:
+def index_hf(
+    path_or_name: str | Path, split: str = "train", image_column: str | None = None, label_column: str | None = None
+) -> SampleIndex:
     """The rows of a HF dataset: a folder written by `save_to_disk` (a DatasetDict's `split`), a `.parquet` file
     or a folder of them, or a hub name loaded through `datasets.load_dataset` (cached by `datasets`).
 
@@ -43,13 +45,19 @@ def index_hf(path_or_name: str | Path, split: str = "train", image_column: str |
     try:
         images = dataset.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))
     except (ValueError, TypeError) as error:
-        raise DataError(f"{path_or_name}: column {image_column!r} is not images ({error}); pass image_column= "
-                        "naming the column of images or image paths") from None
+        raise DataError(
+            f"{path_or_name}: column {image_column!r} is not images ({error}); pass image_column= "
+            "naming the column of images or image paths"
+        ) from None
     class_names, labels = read_labels(datasets, dataset, label_column, path_or_name)
     if len(images) == 0:
         raise DataError(f"{path_or_name} ({split}) has no rows")
-    return SampleIndex(f"hf:{path_or_name}", class_names, labels,
-                       HFStore(f"hf:{path_or_name}", images, image_column, np.arange(len(images), dtype=np.int64)))
+    return SampleIndex(
+        f"hf:{path_or_name}",
+        class_names,
+        labels,
+        HFStore(f"hf:{path_or_name}", images, image_column, np.arange(len(images), dtype=np.int64)),
+    )
 
 
 def load(datasets, source: str, split: str):
@@ -73,16 +81,19 @@ def load(datasets, source: str, split: str):
     except DataError:
         raise
     except Exception as error:  # the library's own: not found, offline, bad split, unreadable files
-        raise DataError(f"cannot load the Hugging Face dataset {source!r} (split {split!r}): "
-                        f"{type(error).__name__}: {error}") from None
+        raise DataError(
+            f"cannot load the Hugging Face dataset {source!r} (split {split!r}): {type(error).__name__}: {error}"
+        ) from None
 
 
 def find_image_column(datasets, dataset, source) -> str:
     columns = [name for name, feature in dataset.features.items() if isinstance(feature, datasets.Image)]
     if len(columns) != 1:
         described = ", ".join(f"{name} ({type(feature).__name__})" for name, feature in dataset.features.items())
-        raise DataError(f"{source}: {'no column' if not columns else 'more than one column'} of datasets.Image "
-                        f"type among {described}; pass image_column= naming the images")
+        raise DataError(
+            f"{source}: {'no column' if not columns else 'more than one column'} of datasets.Image "
+            f"type among {described}; pass image_column= naming the images"
+        )
     return columns[0]
 
 
@@ -109,8 +120,9 @@ def read_labels(datasets, dataset, label_column: str | None, source) -> tuple[li
         return labels_from_integers(values.tolist())
     if values.dtype.kind in "UO":
         return labels_from_names([str(v) for v in values])
-    raise DataError(f"{source}: column {label_column!r} ({feature}) is not labels; name a ClassLabel, integer or "
-                    "string column")
+    raise DataError(
+        f"{source}: column {label_column!r} ({feature}) is not labels; name a ClassLabel, integer or string column"
+    )
 
 
 class HFStore:
@@ -142,8 +154,9 @@ class HFStore:
             with open(os.path.expanduser(path), "rb") as file:
                 return file.read()
         except OSError as error:
-            raise DataError(f"{self.location(i)}: cannot read its image file {path} "
-                            f"({error.strerror or error})") from None
+            raise DataError(
+                f"{self.location(i)}: cannot read its image file {path} ({error.strerror or error})"
+            ) from None
 
     def locations_digest(self) -> str:
         # The dataset's own fingerprint (content and transforms, as `datasets` tracks them) and the rows taken.

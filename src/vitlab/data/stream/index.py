@@ -42,7 +42,7 @@ class PackedStrings:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> str:
-        return os.fsdecode(self.data[self.offsets[i]:self.offsets[i + 1]].tobytes())
+        return os.fsdecode(self.data[self.offsets[i] : self.offsets[i + 1]].tobytes())
 
     def take(self, indices: np.ndarray) -> PackedStrings:
         """The strings at `indices` (any order, repeats allowed), packed anew."""
@@ -96,8 +96,10 @@ class FileStore:
             with open(path, "rb") as file:
                 return file.read()
         except OSError as error:
-            raise DataError(f"{path}: cannot read the image ({error.strerror or error}); the file was moved or "
-                            "deleted after the index was built, or the manifest names a file that is not there") from None
+            raise DataError(
+                f"{path}: cannot read the image ({error.strerror or error}); the file was moved or "
+                "deleted after the index was built, or the manifest names a file that is not there"
+            ) from None
 
     def locations_digest(self) -> str:
         # Relative paths only: the same files under another mount point are the same data.
@@ -126,8 +128,10 @@ class SampleIndex:
             raise DataError(f"index {self.name!r}: {len(self.store)} samples but {len(self.labels)} labels")
         if self.class_names is not None and len(self.labels) and self.labels.max() >= len(self.class_names):
             index = int(np.argmax(self.labels >= len(self.class_names)))
-            raise DataError(f"index {self.name!r}: label {int(self.labels[index])} of {self.location(index)} is "
-                            f"out of range 0..{len(self.class_names) - 1} ({len(self.class_names)} class names)")
+            raise DataError(
+                f"index {self.name!r}: label {int(self.labels[index])} of {self.location(index)} is "
+                f"out of range 0..{len(self.class_names) - 1} ({len(self.class_names)} class names)"
+            )
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -146,8 +150,11 @@ class SampleIndex:
         member names and sizes; a HF dataset's own fingerprint and rows) and a hash of the labels and class
         names."""
         names = "\n".join(self.class_names) if self.class_names is not None else ""
-        return {"count": len(self), "locations": self.store.locations_digest(),
-                "labels": digest(self.labels.tobytes(), names)}
+        return {
+            "count": len(self),
+            "locations": self.store.locations_digest(),
+            "labels": digest(self.labels.tobytes(), names),
+        }
 
     def subset(self, indices: np.ndarray, name: str | None = None) -> SampleIndex:
         """The samples at `indices` (int array, or a bool mask of length N), e.g. a train/val carving."""

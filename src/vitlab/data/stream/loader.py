@@ -46,8 +46,16 @@ class Request:
 class SampleReader(torch.utils.data.Dataset):
     """The per-sample work done in a worker: read the bytes, decode, crop, to uint8 (C, H, W)."""
 
-    def __init__(self, index: Any, image_size: tuple[int, int], channels: int, crop: TrainCrop | None,
-                 contract: Preprocessing, seed: int, flips_allowed: bool) -> None:
+    def __init__(
+        self,
+        index: Any,
+        image_size: tuple[int, int],
+        channels: int,
+        crop: TrainCrop | None,
+        contract: Preprocessing,
+        seed: int,
+        flips_allowed: bool,
+    ) -> None:
         self.index = index
         self.image_size = image_size
         self.channels = channels
@@ -68,10 +76,15 @@ class SampleReader(torch.utils.data.Dataset):
     def decode(self, position: int, epoch_seed: int) -> torch.Tensor:
         data = self.index.read_bytes(position)
         if epoch_seed < 0 or self.crop is None:  # evaluation, or training without a per-image crop
-            return decode_image(data, self.image_size, self.channels, self.contract,
-                                name=self.index.location(position))
-        array = crop_image(data, self.image_size, self.channels, self.crop,
-                           sample_rng(self.seed, epoch_seed, position), self.flips_allowed)
+            return decode_image(data, self.image_size, self.channels, self.contract, name=self.index.location(position))
+        array = crop_image(
+            data,
+            self.image_size,
+            self.channels,
+            self.crop,
+            sample_rng(self.seed, epoch_seed, position),
+            self.flips_allowed,
+        )
         return torch.from_numpy(array).permute(2, 0, 1)
 
     def __getitem__(self, request: Request) -> tuple[torch.Tensor | None, int, int, list[tuple[str, str]]]:
@@ -102,9 +115,20 @@ def collate(samples: list[tuple[torch.Tensor | None, int, int, list[tuple[str, s
 class StreamingSource:
     """A batch source over a sample index, decoded in `workers` processes (0: in this process)."""
 
-    def __init__(self, index: Any, image_size: tuple[int, int], channels: int = 3, crop: TrainCrop | None = None,
-                 contract: Preprocessing | None = None, seed: int = 0, workers: int = 0, hflip: bool = True,
-                 prefetch: int = 4, pin_memory: bool = False, max_bad_fraction: float = MAX_BAD_FRACTION) -> None:
+    def __init__(
+        self,
+        index: Any,
+        image_size: tuple[int, int],
+        channels: int = 3,
+        crop: TrainCrop | None = None,
+        contract: Preprocessing | None = None,
+        seed: int = 0,
+        workers: int = 0,
+        hflip: bool = True,
+        prefetch: int = 4,
+        pin_memory: bool = False,
+        max_bad_fraction: float = MAX_BAD_FRACTION,
+    ) -> None:
         self.index = index
         self.name = index.name
         self.class_names = index.class_names
@@ -149,8 +173,9 @@ class StreamingSource:
         part.index = self.index.subset(np.asarray(indices, dtype=np.int64), name)
         part.name = part.index.name
         part.skipped, part._seen_skipped = [], set()
-        part.reader = SampleReader(part.index, self.image_size, self._channels, self.crop, self.preprocessing,
-                                   self.seed, self.hflip)
+        part.reader = SampleReader(
+            part.index, self.image_size, self._channels, self.crop, self.preprocessing, self.seed, self.hflip
+        )
         part._loaders = {}
         return part
 
@@ -167,11 +192,20 @@ class StreamingSource:
             # Its own generator: a DataLoader draws its workers' base seed from the global RNG each time a pass
             # starts, which would shift dropout and stochastic depth between a resumed run and an uninterrupted one
             # (the workers need no torch randomness: crops are seeded per image).
-            self._loaders[purpose] = (sampler, DataLoader(
-                self.reader, batch_sampler=sampler, collate_fn=collate, num_workers=self.workers,
-                prefetch_factor=self.prefetch if self.workers else None, pin_memory=self.pin_memory,
-                persistent_workers=self.workers > 0, generator=torch.Generator().manual_seed(self.seed),
-                timeout=BATCH_TIMEOUT_SECONDS if self.workers else 0))
+            self._loaders[purpose] = (
+                sampler,
+                DataLoader(
+                    self.reader,
+                    batch_sampler=sampler,
+                    collate_fn=collate,
+                    num_workers=self.workers,
+                    prefetch_factor=self.prefetch if self.workers else None,
+                    pin_memory=self.pin_memory,
+                    persistent_workers=self.workers > 0,
+                    generator=torch.Generator().manual_seed(self.seed),
+                    timeout=BATCH_TIMEOUT_SECONDS if self.workers else 0,
+                ),
+            )
         requests, loader = self._loaders[purpose]
         requests.plan, requests.batches = plan, batches
         return loader
@@ -185,26 +219,38 @@ class StreamingSource:
                 loader._iterator = None
         self._loaders.clear()
 
-    def training_batches(self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0,
-                         world_size: int = 1) -> Iterator[Batch]:
+    def training_batches(
+        self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
+    ) -> Iterator[Batch]:
         order = epoch_order(len(self), epoch_seed)  # a tensor: 8 bytes an image, no Python object per image
         shard = rank_shard(batch_size, rank, world_size)
         steps = range(start_step, steps_per_epoch(len(self), batch_size))
 
         def plan() -> Iterator[list[Request]]:  # made as the loader asks, a batch at a time
             for step in steps:
-                rows = order[step * batch_size:(step + 1) * batch_size][shard].tolist()
+                rows = order[step * batch_size : (step + 1) * batch_size][shard].tolist()
                 after = step * batch_size + shard.start
-                yield [Request(row, epoch_seed, self.replacements(order, after + offset))
-                       for offset, row in enumerate(rows)]
+                yield [
+                    Request(row, epoch_seed, self.replacements(order, after + offset))
+                    for offset, row in enumerate(rows)
+                ]
 
         for batch in self.watched(self.loader("train", plan, len(steps))):
             self.record(batch)
             if batch["missing"]:  # every stand-in unreadable too: the shard would lose rows and its random draws
-                raise DataError(f"{batch['missing']} image(s) of a batch of {self.name} and the next "
-                                f"{REPLACEMENT_TRIES - 1} in the order are unreadable: {batch['skipped'][0][1]}")
-            yield Batch(batch["images"], batch["labels"], batch["indices"], self.max_value, batch_size, shard,
-                        per_image_augmented=self.crop is not None)
+                raise DataError(
+                    f"{batch['missing']} image(s) of a batch of {self.name} and the next "
+                    f"{REPLACEMENT_TRIES - 1} in the order are unreadable: {batch['skipped'][0][1]}"
+                )
+            yield Batch(
+                batch["images"],
+                batch["labels"],
+                batch["indices"],
+                self.max_value,
+                batch_size,
+                shard,
+                per_image_augmented=self.crop is not None,
+            )
 
     def replacements(self, order: torch.Tensor, position: int) -> tuple[int, ...]:
         """The images that stand in for the one at `position` of the epoch's order if it cannot be read: the ones
@@ -236,9 +282,11 @@ class StreamingSource:
                 raise
             reading = [self.index.location(int(i)) for i in (self.reader.reading or []) if i >= 0]
             cause = text.splitlines()[0].rstrip(".")
-            raise DataError(f"a data-loading worker of {self.name} failed ({cause}) while the workers were reading "
-                            f"{', '.join(reading) or 'no file yet'}; a file that crashes the decoder can be found "
-                            "with --set workers=0, which reads in this process and names it") from None
+            raise DataError(
+                f"a data-loading worker of {self.name} failed ({cause}) while the workers were reading "
+                f"{', '.join(reading) or 'no file yet'}; a file that crashes the decoder can be found "
+                "with --set workers=0, which reads in this process and names it"
+            ) from None
 
     def record(self, batch: dict[str, Any]) -> None:
         """Note the batch's unreadable files; stop when there are too many, or when no stand-in could be read."""
@@ -247,9 +295,11 @@ class StreamingSource:
                 self._seen_skipped.add(location)
                 self.skipped.append(message)
         if len(self.skipped) > self.max_bad_fraction * len(self):
-            raise DataError(f"{len(self.skipped)} files of {self.name} are unreadable, more than "
-                            f"{self.max_bad_fraction:.0%} of its {len(self)}: the data are damaged (first: "
-                            f"{self.skipped[0]}); repair or remove them")
+            raise DataError(
+                f"{len(self.skipped)} files of {self.name} are unreadable, more than "
+                f"{self.max_bad_fraction:.0%} of its {len(self)}: the data are damaged (first: "
+                f"{self.skipped[0]}); repair or remove them"
+            )
 
 
 class PassRequests:

@@ -37,16 +37,19 @@ def index_manifest(path: str | Path, root: str | Path | None = None) -> SampleIn
         if labelled is None:
             labelled = label is not None
         if labelled and label is None:
-            raise DataError(f"{path}, line {line}: no label for {file!r} while the manifest's first row has one; "
-                            "give every row a label, or none")
+            raise DataError(
+                f"{path}, line {line}: no label for {file!r} while the manifest's first row has one; "
+                "give every row a label, or none"
+            )
         paths.append(file)
         raw_labels.append((line, label))
     if not paths:
         raise DataError(f"manifest {path} lists no images; add one row per image file")
     class_names, labels = parse_labels(path, raw_labels) if labelled else (None, np.full(len(paths), -1, np.int64))
     base = Path(root).expanduser() if root is not None else path.parent
-    return SampleIndex(f"manifest:{path.name}", class_names, labels,
-                       FileStore(str(base), PackedStrings.from_strings(paths)))
+    return SampleIndex(
+        f"manifest:{path.name}", class_names, labels, FileStore(str(base), PackedStrings.from_strings(paths))
+    )
 
 
 def read_csv(path: Path) -> Iterator[tuple[int, str, str | None]]:
@@ -55,8 +58,10 @@ def read_csv(path: Path) -> Iterator[tuple[int, str, str | None]]:
         reader = csv.DictReader(file)
         columns = reader.fieldnames or []
         if "path" not in columns:
-            raise DataError(f"{path}: the first line must be a header naming a 'path' column (and optionally "
-                            f"'label'); found {columns}")
+            raise DataError(
+                f"{path}: the first line must be a header naming a 'path' column (and optionally "
+                f"'label'); found {columns}"
+            )
         has_label = "label" in columns
         for row in reader:
             file_path = (row.get("path") or "").strip()
@@ -64,8 +69,10 @@ def read_csv(path: Path) -> Iterator[tuple[int, str, str | None]]:
                 raise DataError(f"{path}, line {reader.line_num}: empty path; every row needs the image file's path")
             label = (row.get("label") or "").strip() if has_label else None
             if has_label and not label:
-                raise DataError(f"{path}, line {reader.line_num}: no label for {file_path!r}; give every row a "
-                                "label, or drop the label column for unlabeled data")
+                raise DataError(
+                    f"{path}, line {reader.line_num}: no label for {file_path!r}; give every row a "
+                    "label, or drop the label column for unlabeled data"
+                )
             yield reader.line_num, file_path, label
 
 
@@ -78,11 +85,15 @@ def read_json_lines(path: Path) -> Iterator[tuple[int, str, object | None]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
-                raise DataError(f"{path}, line {line_number}: not JSON ({error.msg}); each line must be an object "
-                                'like {"path": "cat/1.jpg", "label": "cat"}') from None
+                raise DataError(
+                    f"{path}, line {line_number}: not JSON ({error.msg}); each line must be an object "
+                    'like {"path": "cat/1.jpg", "label": "cat"}'
+                ) from None
             if not isinstance(row, dict) or not isinstance(row.get("path"), str) or not row["path"]:
-                raise DataError(f"{path}, line {line_number}: expected an object with a non-empty \"path\" string, "
-                                f"got {line.strip()[:80]}")
+                raise DataError(
+                    f'{path}, line {line_number}: expected an object with a non-empty "path" string, '
+                    f"got {line.strip()[:80]}"
+                )
             yield line_number, row["path"], row.get("label")
 
 
@@ -95,8 +106,10 @@ def parse_labels(path: Path, rows: list[tuple[int, object]]) -> tuple[list[str],
         if isinstance(label, str) and INTEGER.fullmatch(label):
             label = int(label)
         if isinstance(label, bool) or not isinstance(label, int):
-            raise DataError(f"{path}, line {line}: label {label!r} is neither a class name nor a class index like "
-                            "the others; use class names (strings) throughout, or class indices (integers)")
+            raise DataError(
+                f"{path}, line {line}: label {label!r} is neither a class name nor a class index like "
+                "the others; use class names (strings) throughout, or class indices (integers)"
+            )
         if label < 0:
             raise DataError(f"{path}, line {line}: label {label} is negative; class indices count from 0")
         integers.append(label)

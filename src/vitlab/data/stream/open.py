@@ -16,8 +16,9 @@ from vitlab.errors import DataError
 MANIFEST_SUFFIXES = (".csv",) + JSON_LINES_SUFFIXES
 
 
-def open_index(source: str | Path | Sequence[str | Path], split: str | None = None,
-               root: str | Path | None = None) -> SampleIndex:
+def open_index(
+    source: str | Path | Sequence[str | Path], split: str | None = None, root: str | Path | None = None
+) -> SampleIndex:
     """A sample index of `source`, in any of these spellings:
 
     - `hf:NAME`: a Hugging Face hub dataset (or `hf:PATH`, a saved one), split `split` (default "train");
@@ -42,9 +43,11 @@ def open_index(source: str | Path | Sequence[str | Path], split: str | None = No
         return index_hf(path, split or "train")
     if path.is_dir():
         return index_folder(path, split)
-    raise DataError(f"{text}: no such file or folder; give a folder of class sub-folders, a .csv or .jsonl "
-                    "manifest, .tar shards (a pattern like train-{000..015}.tar), a .parquet file, a saved "
-                    "Hugging Face dataset, or hf:NAME")
+    raise DataError(
+        f"{text}: no such file or folder; give a folder of class sub-folders, a .csv or .jsonl "
+        "manifest, .tar shards (a pattern like train-{000..015}.tar), a .parquet file, a saved "
+        "Hugging Face dataset, or hf:NAME"
+    )
 
 
 def index_from_spec(spec: str, data_dir: str | Path | None = None, split: str | None = None) -> SampleIndex:

@@ -46,7 +46,7 @@ def expand_shard_pattern(pattern: str) -> list[str]:
             raise DataError(f"shard pattern {pattern!r}: the range {{{body}}} is empty; write {{low..high}}")
     else:
         choices = body.split(",")
-    head, tail = pattern[:match.start()], pattern[match.end():]
+    head, tail = pattern[: match.start()], pattern[match.end() :]
     return [path for choice in choices for path in expand_shard_pattern(head + choice + tail)]
 
 
@@ -65,8 +65,10 @@ def index_tar_shards(paths_or_pattern: str | Path | Sequence[str | Path]) -> Sam
         raise DataError(f"no tar shards match {pattern!r}")
     missing = [p for p in shard_paths if not os.path.isfile(p)]
     if missing:
-        raise DataError(f"tar shard {missing[0]} does not exist ({len(missing)} of {len(shard_paths)} missing); "
-                        "check the path or the pattern's range")
+        raise DataError(
+            f"tar shard {missing[0]} does not exist ({len(missing)} of {len(shard_paths)} missing); "
+            "check the path or the pattern's range"
+        )
     shard_ids, offsets, sizes, members, labels = [], [], [], [], []
     for shard_id, shard_path in enumerate(shard_paths):
         for member, offset, size, label in list_samples(shard_path):
@@ -78,11 +80,17 @@ def index_tar_shards(paths_or_pattern: str | Path | Sequence[str | Path]) -> Sam
     labelled = [label is not None for label in labels]
     if any(labelled) and not all(labelled):
         position = labelled.index(False)
-        raise DataError(f"{shard_paths[shard_ids[position]]}:{members[position]} has no cls member while other "
-                        "samples have one; give every sample a label, or none")
-    store = TarStore([os.path.abspath(p) for p in shard_paths], np.asarray(shard_ids, dtype=np.int32),
-                     np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64),
-                     PackedStrings.from_strings(members))
+        raise DataError(
+            f"{shard_paths[shard_ids[position]]}:{members[position]} has no cls member while other "
+            "samples have one; give every sample a label, or none"
+        )
+    store = TarStore(
+        [os.path.abspath(p) for p in shard_paths],
+        np.asarray(shard_ids, dtype=np.int32),
+        np.asarray(offsets, dtype=np.int64),
+        np.asarray(sizes, dtype=np.int64),
+        PackedStrings.from_strings(members),
+    )
     if not all(labelled):
         return SampleIndex(name, None, np.full(len(store), -1, dtype=np.int64), store)
     label_array = np.asarray(labels, dtype=np.int64)
@@ -91,8 +99,10 @@ def index_tar_shards(paths_or_pattern: str | Path | Sequence[str | Path]) -> Sam
         class_names = [str(i) for i in range(int(label_array.max()) + 1)]
     elif label_array.max() >= len(class_names):
         position = int(np.argmax(label_array >= len(class_names)))
-        raise DataError(f"{store.location(position)}: label {labels[position]} is unknown: the class list beside "
-                        f"the shards names {len(class_names)} classes (0..{len(class_names) - 1})")
+        raise DataError(
+            f"{store.location(position)}: label {labels[position]} is unknown: the class list beside "
+            f"the shards names {len(class_names)} classes (0..{len(class_names) - 1})"
+        )
     return SampleIndex(name, class_names, label_array, store)
 
 
@@ -112,22 +122,28 @@ def list_samples(shard_path: str) -> list[tuple[str, int, int, int | None]]:
                 dot = member.name.find(".", slash + 1)
                 if dot < 0:
                     continue
-                key, suffix = member.name[:dot], member.name[dot + 1:].lower()
+                key, suffix = member.name[:dot], member.name[dot + 1 :].lower()
                 if suffix in IMAGE_SUFFIXES:
                     if key in images:
-                        raise DataError(f"{shard_path}: sample {key!r} has two images ({images[key][0]}, "
-                                        f"{member.name}); vitlab reads one image per sample")
+                        raise DataError(
+                            f"{shard_path}: sample {key!r} has two images ({images[key][0]}, "
+                            f"{member.name}); vitlab reads one image per sample"
+                        )
                     images[key] = (member.name, member.offset_data, member.size)
                 elif suffix in LABEL_SUFFIXES:
                     labels[key] = parse_label(shard_path, member.name, archive.extractfile(member).read())
     except tarfile.ReadError as error:
-        raise DataError(f"{shard_path}: not an uncompressed tar file ({error}); shards are read by seeking, so "
-                        "they must be plain .tar (decompress a .tar.gz with gunzip)") from None
+        raise DataError(
+            f"{shard_path}: not an uncompressed tar file ({error}); shards are read by seeking, so "
+            "they must be plain .tar (decompress a .tar.gz with gunzip)"
+        ) from None
     except (tarfile.TarError, OSError, EOFError) as error:
         raise DataError(f"{shard_path}: cannot list the shard ({error}); it is truncated or corrupt") from None
     if not images:
-        raise DataError(f"tar shard {shard_path} holds no images (members named KEY.jpg, KEY.png, ...: "
-                        f"{', '.join(sorted(IMAGE_SUFFIXES))}); is it a WebDataset-style shard?")
+        raise DataError(
+            f"tar shard {shard_path} holds no images (members named KEY.jpg, KEY.png, ...: "
+            f"{', '.join(sorted(IMAGE_SUFFIXES))}); is it a WebDataset-style shard?"
+        )
     return [(member, offset, size, labels.get(key)) for key, (member, offset, size) in images.items()]
 
 
@@ -165,8 +181,14 @@ class TarStore:
     (for messages). Reads with os.pread on one file per shard, opened lazily in each process (a descriptor
     inherited through fork is dropped, not shared: the pid is recorded) and not pickled."""
 
-    def __init__(self, shard_paths: list[str], shard_ids: np.ndarray, offsets: np.ndarray, sizes: np.ndarray,
-                 members: PackedStrings) -> None:
+    def __init__(
+        self,
+        shard_paths: list[str],
+        shard_ids: np.ndarray,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        members: PackedStrings,
+    ) -> None:
         self.shard_paths = shard_paths  # few: one per shard
         self.shard_ids = shard_ids  # int32 (N,)
         self.offsets = offsets  # int64 (N,): the image's first byte in its shard
@@ -188,8 +210,10 @@ class TarStore:
         except OSError as error:
             raise DataError(f"{self.location(i)}: cannot read ({error.strerror or error})") from None
         if len(data) != size:
-            raise DataError(f"{self.location(i)}: the shard ends {size - len(data)} bytes early; it changed or was "
-                            "truncated after indexing")
+            raise DataError(
+                f"{self.location(i)}: the shard ends {size - len(data)} bytes early; it changed or was "
+                "truncated after indexing"
+            )
         return data
 
     def _descriptor(self, shard: int) -> int:
@@ -209,12 +233,22 @@ class TarStore:
     def locations_digest(self) -> str:
         # Shard file names, not their folders: the same shards elsewhere are the same data.
         names = "\n".join(os.path.basename(p) for p in self.shard_paths)
-        return digest(names, self.shard_ids.tobytes(), self.sizes.tobytes(), self.members.data.tobytes(),
-                      self.members.offsets.tobytes())
+        return digest(
+            names,
+            self.shard_ids.tobytes(),
+            self.sizes.tobytes(),
+            self.members.data.tobytes(),
+            self.members.offsets.tobytes(),
+        )
 
     def take(self, indices: np.ndarray) -> TarStore:
-        return TarStore(self.shard_paths, self.shard_ids[indices], self.offsets[indices], self.sizes[indices],
-                        self.members.take(indices))
+        return TarStore(
+            self.shard_paths,
+            self.shard_ids[indices],
+            self.offsets[indices],
+            self.sizes[indices],
+            self.members.take(indices),
+        )
 
     @property
     def nbytes(self) -> int:

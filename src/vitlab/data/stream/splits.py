@@ -30,8 +30,10 @@ TEST_FRACTION = 0.2  # a single tree gives this share of its images to the test 
 def index_data(dataset: str, data_dir: str | Path | None, split: str | None = None):
     """The sample index of a streamed data set (or of one split of a folder with train/ val/ test/ trees)."""
     if data_dir is None:
-        raise DataError(f"the {dataset} data set needs --data-dir (a folder, a manifest file, tar shards, or for hf "
-                        "a saved dataset or a hub name)")
+        raise DataError(
+            f"the {dataset} data set needs --data-dir (a folder, a manifest file, tar shards, or for hf "
+            "a saved dataset or a hub name)"
+        )
     if dataset == "folder":
         return index_from_spec("folder", data_dir, split)
     if dataset == "hf" and not Path(str(data_dir)).expanduser().exists():
@@ -64,10 +66,20 @@ def keep_classes(index, classes: list[int]):
     return dataclasses.replace(kept, labels=lookup[kept.labels], class_names=[names[i] for i in classes])
 
 
-def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, seed: int,
-                  image_size: tuple[int, int], channels: int = 3, classes: list[int] | None = None,
-                  max_train_images: int | None = None, preprocessing: Preprocessing | None = None,
-                  augment: AugmentConfig | None = None, workers: int = 0, pin_memory: bool = False) -> Splits:
+def stream_splits(
+    dataset: str,
+    data_dir: str | Path | None,
+    val_size: float,
+    seed: int,
+    image_size: tuple[int, int],
+    channels: int = 3,
+    classes: list[int] | None = None,
+    max_train_images: int | None = None,
+    preprocessing: Preprocessing | None = None,
+    augment: AugmentConfig | None = None,
+    workers: int = 0,
+    pin_memory: bool = False,
+) -> Splits:
     """Train, validation and test splits of streamed image files; see the module docstring. The training split
     crops per image (`augment.crop`); validation and test read images under the model's contract."""
     augment = augment or AugmentConfig()
@@ -93,8 +105,10 @@ def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, se
         kept, held = split_indices(labels_of(train), val_size, seed)
         classes_left = np.unique(train.labels[kept.numpy()])
         if train.class_names and len(classes_left[classes_left >= 0]) < len(train.class_names):
-            raise DataError(f"a validation split of {val_size} leaves a class of {train.name} with no training "
-                            "image; use a smaller --set val_size")
+            raise DataError(
+                f"a validation split of {val_size} leaves a class of {train.name} with no training "
+                "image; use a smaller --set val_size"
+            )
         train, validation = train.subset(kept.numpy()), train.subset(held.numpy(), f"{train.name} validation")
         source = "carved"
     if max_train_images is not None and max_train_images < len(train):
@@ -102,15 +116,27 @@ def stream_splits(dataset: str, data_dir: str | Path | None, val_size: float, se
         train = train.subset(chosen.numpy())
     crop = None  # --set augment.crop=none: training images read as for evaluation, then the batch augmentation
     if augment.crop is not None:
-        crop = TrainCrop(augment.crop, min_area=augment.crop_min_area, resize_small=augment.resize_small,
-                         hflip=augment.hflip, resample=contract.resize, grey=contract.grey)
+        crop = TrainCrop(
+            augment.crop,
+            min_area=augment.crop_min_area,
+            resize_small=augment.resize_small,
+            hflip=augment.hflip,
+            resample=contract.resize,
+            grey=contract.grey,
+        )
 
     def source_of(index, train_crop: TrainCrop | None) -> StreamingSource:
-        return StreamingSource(index, image_size, channels, train_crop, contract, seed, workers,
-                               hflip=augment.hflip, pin_memory=pin_memory)
+        return StreamingSource(
+            index, image_size, channels, train_crop, contract, seed, workers, hflip=augment.hflip, pin_memory=pin_memory
+        )
 
-    return Splits(source_of(train, crop), source_of(validation, None) if validation is not None else None,
-                  source_of(test, None), source, test_source)
+    return Splits(
+        source_of(train, crop),
+        source_of(validation, None) if validation is not None else None,
+        source_of(test, None),
+        source,
+        test_source,
+    )
 
 
 def training_image_count(request: DataRequest) -> int:
@@ -123,11 +149,24 @@ def training_image_count(request: DataRequest) -> int:
 def open_splits(request: DataRequest) -> Splits:
     """The splits of streamed image files for the request (`stream_splits`)."""
     if request.image_size is None:
-        raise DataError(f"streamed {request.dataset} images are decoded at the model's input size, which is not "
-                        "known here; give the model's --image-size")
-    return stream_splits(request.dataset, request.data_dir, request.val_size, request.seed, request.image_size,
-                         request.channels, request.classes, request.max_train_images, request.preprocessing,
-                         request.augment or AugmentConfig(crop=None), request.workers, request.pin_memory)
+        raise DataError(
+            f"streamed {request.dataset} images are decoded at the model's input size, which is not "
+            "known here; give the model's --image-size"
+        )
+    return stream_splits(
+        request.dataset,
+        request.data_dir,
+        request.val_size,
+        request.seed,
+        request.image_size,
+        request.channels,
+        request.classes,
+        request.max_train_images,
+        request.preprocessing,
+        request.augment or AugmentConfig(crop=None),
+        request.workers,
+        request.pin_memory,
+    )
 
 
 def open_split(request: DataRequest, split: str) -> BatchSource | None:

@@ -37,7 +37,7 @@ class AbsoluteTable(PositionKind):
         for grid in torch.unique(grids, dim=0).tolist():  # one table per distinct grid (one, except for NaFlex)
             full = self.table(model, tuple(grid) if layout.resample or layout.sample_grids is not None else None)
             rows, cols = grid
-            index = (coords[..., 0].clamp(0, rows - 1) * cols + coords[..., 1].clamp(0, cols - 1))  # (B, N)
+            index = coords[..., 0].clamp(0, rows - 1) * cols + coords[..., 1].clamp(0, cols - 1)  # (B, N)
             patch_rows = full[:, prefix:][:, index]  # (P, B, N, D); padding tokens read some row, unused
             sampled = torch.cat([full[:, None, :prefix].expand(-1, batch, -1, -1), patch_rows], dim=2)
             if gathered is None:
@@ -84,8 +84,12 @@ class LearnedTable(AbsoluteTable):
     @torch.no_grad()
     def resample(self, model: PositionedModel, new_config, mode: str = "bilinear") -> None:
         table = stored(model.pos_embed)
-        model.pos_embed = replaced(table, resample_pos_embed(table.data, new_config.grid_size, model.config.grid_size,
-                                                             model.config.num_position_prefix, mode))
+        model.pos_embed = replaced(
+            table,
+            resample_pos_embed(
+                table.data, new_config.grid_size, model.config.grid_size, model.config.num_position_prefix, mode
+            ),
+        )
 
 
 class SinCosTable(AbsoluteTable):
@@ -115,8 +119,12 @@ class AxialTable(AbsoluteTable):
 
     def create(self, model: PositionedModel) -> None:
         config = model.config
-        tables, prefix, (rows, cols), dim = (config.num_position_tables, config.num_position_prefix,
-                                             config.grid_size, config.embed_dim)
+        tables, prefix, (rows, cols), dim = (
+            config.num_position_tables,
+            config.num_position_prefix,
+            config.grid_size,
+            config.embed_dim,
+        )
         if prefix:
             model.pos_embed = nn.Parameter(torch.zeros(tables, prefix, dim))
         model.pos_embed_row = nn.Parameter(torch.zeros(tables, rows, dim // 2))
@@ -130,8 +138,13 @@ class AxialTable(AbsoluteTable):
 
     def table(self, model: PositionedModel, grid: tuple | None = None) -> torch.Tensor:
         rows, cols = grid if grid is not None else model.config.grid_size
-        return self.prefixed(model, axial_pos_embed(interpolate_1d_positions(stored(model.pos_embed_row), rows),
-                                                    interpolate_1d_positions(stored(model.pos_embed_col), cols)))
+        return self.prefixed(
+            model,
+            axial_pos_embed(
+                interpolate_1d_positions(stored(model.pos_embed_row), rows),
+                interpolate_1d_positions(stored(model.pos_embed_col), cols),
+            ),
+        )
 
     @torch.no_grad()
     def resample(self, model: PositionedModel, new_config, mode: str = "bilinear") -> None:

@@ -48,7 +48,7 @@ class PositionedModel(Protocol):
 
 class PositionKind:
     """No positional information (and the defaults every kind inherits). A kind holds no state: it reads the
-model's config and parameters, so it follows every change of them (`set_image_size`, a new head)."""
+    model's config and parameters, so it follows every change of them (`set_image_size`, a new head)."""
 
     def relative_tokens(self, model: PositionedModel) -> int:
         """The length of the offset table every block's attention holds (relative attention); 0 for none."""
