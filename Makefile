@@ -22,4 +22,10 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
 
-.PHONY: install demo test
+# Lint and format (ruff) and the seams' types (mypy on tests/protocols.py and the protocols); .ci/run runs it.
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+.PHONY: install demo test lint
