@@ -13,6 +13,10 @@ import functools
 import os
 from dataclasses import dataclass
 
+from vitlab.download import cache_dir
+from vitlab.errors import UsageError
+from vitlab.files import atomic_write_bytes
+
 
 def available_cores() -> int:
     """The number of cores this process may run on: its CPU affinity where the OS keeps one (Linux: `taskset`,
@@ -128,8 +132,6 @@ def cpu_units() -> CpuUnits:
     """The units of this CPU, from PyTorch's own probe (`torch.cpu.get_capabilities`, the CPUID bits its kernels
     dispatch on), else /proc/cpuinfo's flags. VITLAB_CPU_UNITS="avx2,vnni" (names from CPU_UNIT_NAMES, or "none")
     simulates another CPU: what `auto` would choose there, and the tests of those choices."""
-    from vitlab.errors import UsageError
-
     simulated = os.environ.get("VITLAB_CPU_UNITS")
     if simulated is not None:
         names = {name.strip().lower() for name in simulated.split(",") if name.strip()} - {"none"}
@@ -190,8 +192,6 @@ def resolve_device(requested: str | None = None):
     """The torch.device a command runs on: "auto" (or None) takes the GPU when PyTorch sees one, else the CPU;
     "cpu", "cuda", "cuda:N" as said, refused in one line when there is no such GPU."""
     import torch
-
-    from vitlab.errors import UsageError
 
     text = (requested or "auto").strip().lower()
     if text == "auto":
@@ -333,8 +333,6 @@ def fastest_export_format() -> Choice:
 
 # ---------------------------------------------------------------------------------- measured peaks, per CPU
 def _peaks_file():
-    from vitlab.download import cache_dir
-
     return cache_dir() / "machine" / "peaks.json"
 
 
@@ -373,8 +371,6 @@ def measured_peaks() -> dict[str, float]:
 def record_peaks(peaks: dict[str, float]) -> None:
     """Keep the peaks `vitlab bench` measured on this CPU, for `auto` on CPUs whose flags do not tell."""
     import json
-
-    from vitlab.files import atomic_write_bytes
 
     path = _peaks_file()
     try:

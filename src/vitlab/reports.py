@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.config import variant_config, variant_names
+from vitlab.config import to_pair, variant_config, variant_names
+from vitlab.counts import model_size
 
 
 def models_table(
@@ -13,9 +14,6 @@ def models_table(
 ) -> list[dict[str, Any]]:
     """One row per variant: its shape, parameter count (millions) and GFLOPs per image. A variant whose patch does
     not divide the asked image size is shown at the nearest size below that it takes, with a note saying so."""
-    from vitlab.config import to_pair
-    from vitlab.counts import model_size
-
     asked = to_pair(image_size, "image size") if image_size is not None else None
     rows = []
     for name in variant_names():
@@ -117,7 +115,7 @@ def trace_model(
         what, statistics = source, True
     model.eval()
     if image is not None:
-        from vitlab.data.images import read_image
+        from vitlab.data.images import read_image  # torch: not imported for `vitlab models`
 
         pixels = read_image(Path(image), model.config.image_size, model.config.in_chans)[None]
         inputs, described = prepare(pixels, 255.0, model.config), image
@@ -129,8 +127,6 @@ def trace_model(
 
 def variant_info(name: str, image_size: int | tuple[int, int] | None = None) -> dict[str, Any]:
     """What a variant of the table is: its config (at `image_size`, else its own), parameters and GFLOPs per image."""
-    from vitlab.counts import model_size
-
     config = variant_config(name, **({"image_size": image_size} if image_size is not None else {}))
     params, gflops = model_size(config)
     return dict(path=name, kind="variant", params_m=params / 1e6, gflops=round(gflops, 3), config=config.to_dict())
@@ -138,7 +134,6 @@ def variant_info(name: str, image_size: int | tuple[int, int] | None = None) -> 
 
 def onnx_info(path: str | Path) -> dict[str, Any]:
     """What an ONNX export by `vitlab export` holds: its config and input contract, from the metadata it carries."""
-    from vitlab.counts import model_size
     from vitlab.export.onnx import OnnxClassifier
 
     runtime = OnnxClassifier(path, threads=1)

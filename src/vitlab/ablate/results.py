@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.ablate.plan import Ablation, Cell, format_value
+from vitlab.files import atomic_write_bytes
 
 COLUMNS = (
     "cell",
@@ -165,7 +166,6 @@ def write_results(
     """Write results.csv, results.json, table.md, curves.png and report.html into OUT/<ablation name>/ and return
     what was written with the table text."""
     from vitlab import plots
-    from vitlab.files import atomic_write_bytes
 
     folder = out / ablation.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -229,7 +229,6 @@ def write_page(
     folder: Path, ablation: Ablation, summary, rows, skipped, header, body, grids, picture, command: str
 ) -> Path:
     from vitlab.ablate.plan import base_recipe
-    from vitlab.files import atomic_write_bytes
 
     done = sum(1 for r in rows if r["status"] == "finished")
     recipe = base_recipe(ablation).to_dict()

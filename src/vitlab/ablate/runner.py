@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitlab.ablate.plan import Ablation, Cell, plan
+from vitlab.config import variant_config, variant_names
+from vitlab.counts import model_size
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import PARALLEL_TRAINING_BELOW_GFLOPS, available_cores
 from vitlab.runs import RunFolder
@@ -55,8 +57,6 @@ def choose_jobs(jobs: str | int, cells: list[Cell]) -> int:
     cores = available_cores()
     if jobs != "auto":
         return max(1, min(int(jobs), cores * 4))
-    from vitlab.config import variant_config, variant_names
-    from vitlab.counts import model_size
 
     largest = 0.0
     for cell in cells:

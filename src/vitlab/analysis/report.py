@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from vitlab import plots
 from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_attention, rollout_patch_maps
 from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
 from vitlab.checkpoint import load_model
@@ -21,6 +22,7 @@ from vitlab.data.loaders import gather_images
 from vitlab.data.preprocess import normalize
 from vitlab.eval.batches import run_batches
 from vitlab.files import atomic_write_bytes
+from vitlab.hardware import resolve_device
 from vitlab.runs import analysis_folder
 
 
@@ -40,8 +42,6 @@ def analyze(
     """Run every analysis and write the figures, numbers and report; returns a summary with the paths.
     image_size / num_heads: as for `load_model`. device: where the model runs (default: a GPU when there is one);
     always in fp32, since the analyses read the attention weights themselves."""
-    from vitlab.hardware import resolve_device
-
     target = resolve_device(device)
     model = load_model(checkpoint, image_size=image_size, num_heads=num_heads).to(target)
     config = model.config
@@ -91,8 +91,6 @@ def analyze(
             p, k = probabilities[index].max(dim=0)
             row.update(prediction=class_names[int(k)], probability=float(p))
         predictions.append(row)
-
-    from vitlab import plots
 
     files: dict[str, Path] = {}
     distances = distance.result.cpu()  # (layers, heads)

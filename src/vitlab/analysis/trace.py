@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.data.datasets import load_dataset
+from vitlab.data.preprocess import prepare
 from vitlab.layers.patch_embed import patchify
 
 
@@ -219,8 +221,5 @@ def format_trace(steps: list[Step], title: str, statistics: bool) -> str:
 def example_image(config, seed: int = 0) -> tuple[torch.Tensor, str]:
     """A shipped digit (the digits test split's first image) at the model's size and channels, normalised; what a
     student can look at without any file."""
-    from vitlab.data.datasets import load_dataset
-    from vitlab.data.preprocess import prepare
-
     digits = load_dataset("digits", "test")
     return prepare(digits.images[:1], digits.max_value, config), "the first digits test image"

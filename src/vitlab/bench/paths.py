@@ -22,7 +22,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.checkpoint.formats import export_checkpoint
+from vitlab.data.preprocess import denormalize
+from vitlab.distributed import DistEnv
+from vitlab.errors import UsageError, VitlabError
+from vitlab.eval.batches import call_model
+from vitlab.export.checks import quiet_loggers
+from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
+from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
 from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
+from vitlab.objectives import Classification
+from vitlab.train.config import TrainConfig
+from vitlab.train.optim import build_optimizer
+from vitlab.train.setup import training_attention_kernel
+from vitlab.train.step import TrainingStep
 
 
 class Unavailable(Exception):
@@ -94,9 +107,6 @@ def compiled_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 
 def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool, static: bool = False) -> BenchPath:
-    from vitlab.errors import UsageError
-    from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
-
     require_cpu(sample, "ONNX Runtime")
     try:
         require_onnx("the ONNX Runtime paths")
@@ -106,8 +116,6 @@ def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool, static: bool = Fal
     path = Path(folder.name) / "model.onnx"
     calibration = None
     if static:  # the benchmark's own batch back as pixels: enough to calibrate for speed (accuracy: --dataset)
-        from vitlab.data.preprocess import denormalize
-
         calibration = (denormalize(sample.float(), model.config) * 255).round().clamp(0, 255).to(torch.uint8)
     export_onnx(model, path, dynamic_batch=False, batch_size=len(sample), int8=int8, calibration=calibration)
     runtime = OnnxClassifier(path, threads=torch.get_num_threads())
@@ -153,9 +161,6 @@ def _pt2e(model: nn.Module, sample: torch.Tensor, mixed_bf16: bool) -> Callable[
     `mixed_bf16` the float rest (attention products, softmax, LayerNorm, GELU) runs under bf16 autocast, which
     on a CPU with AMX takes the fp32 flash-attention kernel, a third of the int8 model's time, off the critical
     path. Calibration uses the benchmark's own batch, which is enough for speed; accuracy comes from `--dataset`."""
-    from vitlab.errors import UsageError
-    from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
-
     require_cpu(sample, "PT2E int8 (oneDNN's int8 kernels)")
     try:
         require_torchao("the pt2e paths")
@@ -204,8 +209,6 @@ class GreyAsRGB(nn.Module):
 def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.Module, str, object]:
     """transformers' ViTForImageClassification with the same weights, through vitlab's HF export and
     `from_pretrained`, its logits checked against vitlab's: (model, description, temporary folder to keep)."""
-    from vitlab.export.checks import quiet_loggers
-
     try:
         # transformers imports torchao where it is installed, which logs that its CUDA kernels cannot load on a
         # CPU build and makes torch warn about its enums: nothing the user can act on, and it breaks the table.
@@ -213,8 +216,6 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
             import transformers
     except ImportError:
         raise Unavailable("transformers is not installed (pip install transformers)") from None
-    from vitlab.checkpoint.formats import export_checkpoint
-    from vitlab.errors import VitlabError
 
     folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-hf-")
     try:
@@ -245,10 +246,6 @@ def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     """transformers' own model exported to ONNX (torch.onnx, as Optimum-style exports do) and run by ONNX Runtime
     with all graph optimisations, at the benchmark's fixed batch as vitlab's ONNX paths: the route a transformers
     user takes to a faster CPU model, so vitlab's paths are compared with it too."""
-    from vitlab.errors import UsageError
-    from vitlab.export.checks import quiet_loggers
-    from vitlab.export.onnx import require_onnx
-
     require_cpu(sample, "ONNX Runtime")
     try:
         require_onnx("the ONNX Runtime paths")
@@ -334,12 +331,6 @@ def train_step(
     Every path, transformers' too, steps the same optimizer (`vitlab train`'s fused AdamW), so the paths differ
     only in the model's forward and backward. attention: a vitlab model's kernel ("sdpa" / "explicit"); default
     the one `vitlab train` chooses. Runs under torch.enable_grad, whatever the caller's mode."""
-    from vitlab.distributed import DistEnv
-    from vitlab.eval.batches import call_model
-    from vitlab.objectives import Classification
-    from vitlab.train.optim import build_optimizer
-    from vitlab.train.step import TrainingStep
-
     trained = copy.deepcopy(model).train()
     if hasattr(trained, "set_attention_kernel"):  # a vitlab model (not transformers')
         trained.set_attention_kernel(attention or train_step_kernel(trained))
@@ -379,9 +370,6 @@ def train_eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 def train_step_kernel(model: nn.Module) -> str:
     """The attention kernel `vitlab train` chooses for this model with the default recipe settings."""
-    from vitlab.train.config import TrainConfig
-    from vitlab.train.setup import training_attention_kernel
-
     return training_attention_kernel(TrainConfig(), model, next(model.parameters()).device)
 
 

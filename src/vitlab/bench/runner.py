@@ -16,15 +16,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.bench.budget import OverBudget, deadline, rounds_within
 from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, BenchPath, Unavailable
 from vitlab.bench.timing import time_interleaved
+from vitlab.checkpoint import load_model
+from vitlab.data.preprocess import prepare
 from vitlab.errors import UsageError
+from vitlab.eval.runner import evaluation_data
+from vitlab.hardware import cpu_name, cpu_units, record_peaks, resolve_device
+from vitlab.models import create_model, model_stats
+from vitlab.runs import RunFolder
 
 
 def machine_info(device: torch.device | None = None) -> dict[str, Any]:
     """What the figures were measured on: the CPU and its matmul units, the GPU when the bench ran on one."""
-    from vitlab.hardware import cpu_name, cpu_units
-
     info = {
         "cpu": cpu_name(),
         "cpu_units": cpu_units().describe(),
@@ -46,9 +51,6 @@ def machine_info(device: torch.device | None = None) -> dict[str, Any]:
 def bench_model(name: str | None, checkpoint: str | None, image_size: int | tuple[int, int] | None) -> nn.Module:
     """The model to measure: a checkpoint as trained, or a named variant with random weights (its head too, so
     the logits and their argmax are not all equal)."""
-    from vitlab.checkpoint import load_model
-    from vitlab.models import create_model
-
     if checkpoint is not None:
         return load_model(checkpoint, image_size=image_size).eval()
     overrides = {"image_size": image_size} if image_size is not None else {}
@@ -139,8 +141,6 @@ def choose_paths(
     the mode, less the bf16 ones on a CPU without bf16 units (emulated there: a bf16 matmul of B/16's MLP shape
     ran at 1 GFLOP/s against fp32's 121 on an AVX2 EPYC); `quick` keeps eager fp32, transformers and the paths
     that are fastest on a CPU with these units (or on a GPU)."""
-    from vitlab.hardware import cpu_units
-
     registry = TRAIN_PATHS if train else INFERENCE_PATHS
     if asked:
         unknown = [p for p in asked if p not in registry]
@@ -212,9 +212,6 @@ def run_bench(
     reported, with what it did in time. quick: the fastest paths for this machine, 3 rounds after 1 warm-up
     call, within `total_seconds` (default QUICK_TOTAL_SECONDS) for preparing and timing them all.
     show: say on stderr what happens while it happens (each path as it is built, the timing rounds)."""
-    from vitlab.bench.budget import OverBudget, deadline, rounds_within
-    from vitlab.hardware import cpu_units, resolve_device
-    from vitlab.models import model_stats
 
     def say(text: str) -> None:
         if show:
@@ -336,8 +333,6 @@ def run_bench(
     flops_per_call = next(iter(matmuls.values()))[1]
     # Not under VITLAB_CPU_UNITS: peaks measured here would be filed under the simulated CPU's units.
     if target.type == "cpu" and not cpu_units().simulated and flops_per_call >= PEAK_RECORDED_ABOVE_GFLOP:
-        from vitlab.hardware import record_peaks
-
         record_peaks(peaks)  # what `auto` precision reads on a CPU whose flags do not tell
     rows = []
     reference_key = "transformers" if "transformers" in built else None
@@ -390,10 +385,6 @@ def measure_accuracy(
 ) -> dict[str, dict[str, float]]:
     """Test-set top-1 of every path and its top-1 agreement with eager fp32. Batches keep the benchmark's size
     (the last one padded) so that fixed-batch graphs and compiled models see the shape they were built for."""
-    from vitlab.data.preprocess import prepare
-    from vitlab.eval.runner import evaluation_data
-    from vitlab.runs import RunFolder
-
     classes = (RunFolder(checkpoint).recipe() or {}).get("classes")
     config = model.config
     data = evaluation_data(config, dataset, "test", data_dir, classes)

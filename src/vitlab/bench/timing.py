@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from vitlab.progress import progress
+
 
 def calls_per_sample(run: Callable[[], Any], min_seconds: float) -> int:
     """How many back-to-back calls make one timed sample last at least `min_seconds` (1 for slow calls): tiny
@@ -39,8 +41,6 @@ def time_interleaved(
     rounds = {name: min(repetitions, (rounds or {}).get(name, repetitions)) for name in names}
     bar = None
     if show:
-        from vitlab.progress import progress
-
         bar = progress(len(names) + sum(rounds.values()), "timing (warm-up, then rounds)", unit="path", min_total=1)
     for name in names:
         for _ in range(warmup):

@@ -9,10 +9,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from vitlab import plots
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import Batch, BatchSource
 from vitlab.data.transforms import AugmentConfig, Draws, augment_batch, one_hot
 from vitlab.distributed import DistEnv
+from vitlab.errors import DataError
+from vitlab.eval.classify import evaluate
 from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective, refuse_batch_augmentation
@@ -33,8 +36,6 @@ class Classification(Objective):
         self.label_smoothing = label_smoothing
 
     def check_data(self, source: BatchSource) -> None:
-        from vitlab.errors import DataError
-
         if not source.class_names:
             raise DataError(
                 f"{source.name} has no labels; a classifier needs labelled images (a label column in the "
@@ -57,8 +58,6 @@ class Classification(Objective):
 
     def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[ModelInput, dict[str, torch.Tensor]]:
         if batch.labels is None:
-            from vitlab.errors import DataError
-
             raise DataError("classification needs labelled images; this data source has no labels")
         images = to_unit_range(batch.images, batch.max_value, spec)
         if isinstance(images, PatchInput):  # no batch augmentation of cut patches: the labels as they are
@@ -88,8 +87,6 @@ class Classification(Objective):
     def evaluate(
         self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv, precision: str
     ) -> dict[str, Any]:
-        from vitlab.eval.classify import evaluate
-
         return evaluate(model, source, batch_size, env, precision)
 
     def row_figures(self, result: dict[str, Any]) -> dict[str, float]:
@@ -104,8 +101,6 @@ class Classification(Objective):
     ) -> tuple[dict[str, Any], list[str], list[str]]:
         """(the summary's figures, its text lines after the validation line, the pictures written into run_dir)
         from the end-of-run measurements {"test", "val", "best_test"}."""
-        from vitlab import plots
-
         final, best_test, val = results["test"], results["best_test"], results["val"]
         plots.plot_confusion(
             final["confusion"],

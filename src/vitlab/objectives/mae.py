@@ -12,8 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab import plots
+from vitlab.checkpoint.hf_mae import load_mae, save_mae_hf
+from vitlab.checkpoint.resolve import resolve_checkpoint
 from vitlab.data.preprocess import denormalize, prepare
 from vitlab.data.source import BatchSource
+from vitlab.errors import CheckpointError
 from vitlab.model_input import ModelInput, require_pixels
 from vitlab.models.mae import MAEConfig, MaskedAutoencoder, check_maskable
 from vitlab.models.vit import VisionTransformer
@@ -68,8 +72,6 @@ class MaskedAutoencoding(MaskedPretraining):
         encoder is the run's model already), or None for any other start."""
         import json
 
-        from vitlab.checkpoint.resolve import resolve_checkpoint
-
         if not self.init_from:
             return None
         path = resolve_checkpoint(self.init_from)  # a path, or a name's files (hf-hub:facebook/vit-mae-base)
@@ -77,7 +79,6 @@ class MaskedAutoencoding(MaskedPretraining):
         config = folder / "config.json"
         if not config.is_file() or json.loads(config.read_text()).get("model_type") != "vit_mae":
             return None
-        from vitlab.checkpoint.hf_mae import load_mae
 
         return load_mae(folder)
 
@@ -100,8 +101,6 @@ class MaskedAutoencoding(MaskedPretraining):
     def picture(self, model: VisionTransformer, source: BatchSource, path: Path, when: str) -> str:
         """Rows of validation images: the original, what the encoder saw (masked patches grey), the decoder's
         reconstruction with the visible patches pasted back."""
-        from vitlab import plots
-
         batch = next(iter(source.evaluation_batches(self.settings.grid_images)))
         device = next(model.parameters()).device
         pixels = require_pixels(batch.images, "MAE (its decoder reconstructs whole images of the encoder's size)")
@@ -122,8 +121,6 @@ class MaskedAutoencoding(MaskedPretraining):
     def summarize(
         self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
     ) -> tuple[dict[str, Any], list[str], list[str]]:
-        from vitlab.errors import CheckpointError
-
         figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch, splits)
         settings = self.settings
         figures.update(mask_ratio=settings.ratio("mae"), norm_pix_loss=settings.norm_pix_loss, decoder=self.decoder)
@@ -131,8 +128,6 @@ class MaskedAutoencoding(MaskedPretraining):
         if source is not None and settings.grid_images:
             pictures.append(self.picture(self.module.encoder, source, run_dir / RECONSTRUCTIONS, "end of training"))
         try:
-            from vitlab.checkpoint.hf_mae import save_mae_hf
-
             save_mae_hf(self.module, run_dir / HF_LAYOUT_FOLDER)
             lines.append(
                 f"  MAE          encoder + decoder in transformers' ViTMAEForPreTraining layout: "

@@ -19,6 +19,7 @@ from torch import nn
 
 from vitlab.data.source import BatchSource
 from vitlab.data.transforms import AugmentConfig
+from vitlab.errors import CheckpointError
 from vitlab.model_input import ModelInput
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective
@@ -69,8 +70,6 @@ class MaskedPretraining(Objective):
         missing, unexpected = self.module.load_state_dict(state, strict=False)
         missing = [name for name in missing if not name.startswith("encoder.")]
         if missing or unexpected:
-            from vitlab.errors import CheckpointError
-
             raise CheckpointError(
                 f"the saved {self.name} parameters do not fit this run's objective (missing "
                 f"{missing[:3]}, unexpected {unexpected[:3]}); was the recipe's pretrain group "

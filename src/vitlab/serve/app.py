@@ -24,6 +24,8 @@ import time
 from importlib import resources
 from typing import Any
 
+from vitlab.data.contract import resolved_preprocessing
+from vitlab.data.images import read_image
 from vitlab.errors import DataError
 from vitlab.serve.batcher import DynamicBatcher
 from vitlab.serve.engine import Engine
@@ -237,9 +239,6 @@ def create_app(
         return JSONResponse({"error": message, "status": status}, status_code=status)
 
     async def decode(request):
-        from vitlab.data.contract import resolved_preprocessing
-        from vitlab.data.images import read_image
-
         contract = resolved_preprocessing(config, "files")
         data, name = await read_upload(request, max_body_bytes)
         try:

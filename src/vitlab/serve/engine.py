@@ -18,8 +18,24 @@ from typing import Any
 
 import torch
 
+from vitlab.analysis.attention import Rollout, rollout_patch_maps
+from vitlab.checkpoint import load_model
+from vitlab.counts import model_size
+from vitlab.data.contract import resolved_preprocessing
+from vitlab.data.preprocess import describe_preprocessing, prepare
 from vitlab.errors import UsageError
-from vitlab.hardware import PRECISIONS, SERVE_ONE_THREAD_BELOW_GFLOPS, Choice, available_cores, choose_precision
+from vitlab.eval.classify import require_head
+from vitlab.export.onnx import OnnxClassifier, export_onnx, require_identity_at_input_size, require_onnx
+from vitlab.export.pt2e import Pt2eClassifier, is_pt2e_file, read_pt2e
+from vitlab.hardware import (
+    PRECISIONS,
+    SERVE_ONE_THREAD_BELOW_GFLOPS,
+    Choice,
+    available_cores,
+    choose_precision,
+    resolve_device,
+)
+from vitlab.runs import display_name, pt2e_output
 
 BACKENDS = ("torch", "onnx", "pt2e")
 
@@ -34,8 +50,6 @@ def serving_threads(config) -> int:
     """Intra-op threads to serve a model of this config with: 1 for a tiny one (under
     SERVE_ONE_THREAD_BELOW_GFLOPS per image, where a second thread only takes the core the HTTP handling needs),
     else every core this process may use."""
-    from vitlab.counts import model_size
-
     return 1 if model_size(config)[1] < SERVE_ONE_THREAD_BELOW_GFLOPS else available_cores()
 
 
@@ -48,11 +62,6 @@ class Engine:
         threads: int | None = None,
         device: str | None = None,
     ) -> None:
-        from vitlab.checkpoint import load_model
-        from vitlab.eval.classify import require_head
-        from vitlab.export.pt2e import is_pt2e_file
-        from vitlab.hardware import resolve_device
-
         is_onnx = Path(source).suffix.lower() == ".onnx"  # else a checkpoint path or a pre-trained name
         is_pt2e = is_pt2e_file(source)
         auto_backend = backend in (None, "auto")
@@ -79,7 +88,6 @@ class Engine:
                 raise UsageError(f"{source} is an ONNX export; serve it with --backend onnx (or leave --backend out)")
             if precision == "bf16":
                 raise UsageError("ONNX Runtime runs the export as it was written (fp32 or int8); drop --precision bf16")
-            from vitlab.export.onnx import OnnxClassifier
 
             # The thread count depends on the model, whose config is only known once the session has read it.
             self.runner = OnnxClassifier(source, threads=threads or available_cores())
@@ -91,8 +99,6 @@ class Engine:
             self.precision = "int8" if self.runner.metadata.get("int8") else "fp32"
             self.choice = Choice(self.precision, "as the file was exported")
             if self.runner.preprocess:  # uploads are decoded under the contract before the graph sees them
-                from vitlab.export.onnx import require_identity_at_input_size
-
                 require_identity_at_input_size(self.config, str(source))
         else:
             if is_pt2e:
@@ -117,7 +123,6 @@ class Engine:
             self.runner = self._prepare(model, backend, self.precision, threads)
         require_head(self.config, str(source))
         self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]
-        from vitlab.runs import display_name
 
         self.name = display_name(source)
 
@@ -126,9 +131,6 @@ class Engine:
     ) -> None:
         """A pt2e file (or a run folder's model-int8.pt2e), compiled for this CPU now, before the first request;
         its fp32 weights explain."""
-        from vitlab.export.pt2e import Pt2eClassifier
-        from vitlab.runs import pt2e_output
-
         if is_onnx:
             raise UsageError(f"{source} is an ONNX export; serve it with --backend onnx (or leave --backend out)")
         if precision != "auto":
@@ -142,7 +144,6 @@ class Engine:
                 f"--backend pt2e serves a pt2e export, and {path} does not exist; make it with: "
                 f"vitlab export {source} --format pt2e"
             )
-        from vitlab.export.pt2e import read_pt2e
 
         threads = threads or serving_threads(read_pt2e(path, tensors=False)[0])  # set before compiling
         torch.set_num_threads(threads)
@@ -154,8 +155,6 @@ class Engine:
     def _choose_precision(self, requested: str) -> Choice:
         """auto: what pays on this device for this model (`choose_precision`, purpose "serve"), within what the
         backend can run: ONNX Runtime serves fp32 or int8, int8 weights are a CPU path."""
-        from vitlab.counts import model_size
-
         if requested == "int8" and self.device.type != "cpu":
             raise UsageError(
                 f"int8 serving runs on the CPU (PyTorch dynamic quantization); on {self.device} use "
@@ -170,14 +169,12 @@ class Engine:
         if backend == "onnx":
             if precision == "bf16":
                 raise UsageError("the ONNX Runtime backend serves fp32 or int8; use --backend torch for bf16")
-            from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
 
             require_onnx("the onnx backend")
             self._temporary = tempfile.TemporaryDirectory(prefix="vitlab-serve-")
             path = Path(self._temporary.name) / "model.onnx"
             # Uploads are decoded at the input size under the contract first; the graph's own resize is then a
             # no-op, except for a crop fraction below 1, which it would apply twice: such a graph gets none.
-            from vitlab.data.contract import resolved_preprocessing
 
             contract = resolved_preprocessing(model.config, "arrays")
             preprocess = not (contract.mode == "crop" and contract.crop_fraction < 1)
@@ -199,8 +196,6 @@ class Engine:
         if self.backend in ("onnx", "pt2e"):
             logits = self.runner.classify_pixels(pixels)
         else:
-            from vitlab.data.preprocess import prepare
-
             images = prepare(pixels, 255.0, self.config).to(self.device)
             if self.precision == "bf16":
                 images = images.to(torch.bfloat16)
@@ -210,9 +205,6 @@ class Engine:
     @torch.no_grad()
     def explain(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 pixels (C, H, W) of one image -> its attention-rollout map (rows, cols), summing to 1."""
-        from vitlab.analysis.attention import Rollout, rollout_patch_maps
-        from vitlab.data.preprocess import prepare
-
         if self.explainer is None:
             raise UsageError(
                 "explaining needs the attention weights of the PyTorch model; serve the checkpoint or "
@@ -230,8 +222,6 @@ class Engine:
 
     def describe(self) -> dict[str, Any]:
         """`GET /v1/model`: what is served and what input it takes."""
-        from vitlab.data.preprocess import describe_preprocessing
-
         config = self.config
         return {
             "name": self.name,

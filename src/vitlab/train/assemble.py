@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.checkpoint.formats import read_checkpoint
+from vitlab.counts import model_size
 from vitlab.data.source import steps_per_epoch as whole_batches
 from vitlab.distributed import DistEnv, broadcast_object, fetch_once
 from vitlab.errors import ConfigError
@@ -43,8 +45,6 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         config.model = str(config.init_from)
     pretrained = None
     if state is None and config.init_from:
-        from vitlab.checkpoint.formats import read_checkpoint
-
         # A pre-trained name is downloaded by one process per machine; the others then find it in the cache.
         pretrained = fetch_once(lambda: read_checkpoint(config.init_from, image_size=config.image_size)[:2], env)
     # Image files are decoded at the size the model takes (its variant's, its checkpoint's or --image-size), as
@@ -178,8 +178,6 @@ def training_precision(config: TrainConfig, model: VisionTransformer, env: DistE
     """The recipe's precision on this machine: "auto" becomes bf16 autocast where bf16 matmuls pay here (see
     `vitlab.hardware.choose_precision`), else fp32. Every process decides from rank 0's answer, so a job spread
     over unlike machines still runs one precision."""
-    from vitlab.counts import model_size
-
     return broadcast_object(choose_precision(config.precision, env.device, model_size(model.config)[1], "train"), env)
 
 

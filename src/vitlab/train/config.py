@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitlab.config import checked_fields
+from vitlab.config import checked_fields, parse_classes, parse_image_size
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import ConfigError
 from vitlab.objectives import objective_names
@@ -169,8 +169,6 @@ class TrainConfig:
     def check_optional_fields(self) -> None:
         """Fields whose default is None accept any type through --set; check them here, not deep in training.
         The command line's text forms are accepted too: classes "5-9" or "1,3,5", image_size "48x32"."""
-        from vitlab.config import parse_classes, parse_image_size
-
         if isinstance(self.classes, str):
             self.classes = parse_classes(self.classes)
         elif isinstance(self.classes, tuple):  # --set classes=1,3 reads as a Python tuple

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.checkpoint.io import save_model, save_state_dict
+from vitlab.checkpoint.formats import load_model
+from vitlab.checkpoint.io import read_safetensors, save_model, save_state_dict
 from vitlab.data.source import Batch, BatchSource
 from vitlab.data.transforms import Draws
 from vitlab.distributed import DistEnv, any_rank, cleanup, init_distributed, replica_difference, synchronize
@@ -280,9 +281,6 @@ def final_results(session: Session, best_path: Path) -> dict[str, Any]:
     if position.best_epoch == config.epochs:
         results["best_test"] = results["test"]
     elif position.best_epoch > 0:
-        from vitlab.checkpoint.formats import load_model
-        from vitlab.checkpoint.io import read_safetensors
-
         best = load_model(best_path).to(next(final_model.parameters()).device)
         final_extra = {name: value.detach().clone() for name, value in session.objective.extra_state().items()}
         extra_path = session.run / BEST_OBJECTIVE

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from vitlab.checkpoint.formats import model_from_state, read_checkpoint
 from vitlab.config import variant_names
 from vitlab.data.source import BatchSource
 from vitlab.distributed import DistEnv
@@ -58,8 +59,6 @@ def build_finetune_model(
     """The paper's transfer set-up (section 3.2): load any checkpoint, drop its head and pre-logits layer, attach
     a zero-initialised D x K head, and for a new image size keep the patch size and resample the position
     embedding to the new grid (2-D interpolation, class-token row kept)."""
-    from vitlab.checkpoint.formats import model_from_state, read_checkpoint
-
     pretrained_config, state = pretrained or read_checkpoint(config.init_from, image_size=config.image_size)[:2]
     # The model records how its training data became input (mean/std stay the checkpoint's).
     model = model_from_state(
