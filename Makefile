@@ -20,7 +20,7 @@ demo: $(BIN)/.installed
 	$(BIN)/vitlab train --set run_name=demo
 
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # Lint and format (ruff) and the seams' types (mypy on tests/protocols.py and the protocols); .ci/run runs it.
 lint: $(BIN)/.installed

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,28 @@ def reference_io(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         images = io["input_nchw"] if "input_nchw" in io.files else io["input_nhwc"].transpose(0, 3, 1, 2)
         expected = io["logits"] if "logits" in io.files else io["features"]
         return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(expected)
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (`make test` runs two workers on two cores) each worker keeps to a core of its own:
+    what it runs, and the processes it starts, then see one core (`hardware.available_cores`) and start one
+    thread each, instead of two workers' threads fighting over both cores."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:
+        index = int(worker.removeprefix("gw"))
+        os.sched_setaffinity(0, {cores[index % len(cores)]})
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Test files that hold a test marked slow (tens of seconds) first, each file's tests kept together and in
+    order (so a module fixture is built once): under pytest-xdist the long ones then start early and the many
+    short ones fill the workers in around them, instead of one long test running alone at the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 @pytest.fixture(autouse=True)

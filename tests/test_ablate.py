@@ -94,6 +94,7 @@ def test_jobs_auto_runs_small_models_one_per_core_and_large_ones_alone():
     assert choose_jobs("auto", small) == cores and choose_jobs("auto", large) == 1 and choose_jobs(3, small) == 3
 
 
+@pytest.mark.slow
 def test_an_ablation_writes_tables_curves_and_a_page_and_a_rerun_redoes_nothing(tmp_path, capsys):
     out = tmp_path / "abl"
     args = ["ablate", "--vary", "classifier=token,gap", "--seeds", "2", "--out", str(out), "--jobs", "2", *QUICK]
@@ -135,6 +136,7 @@ def test_an_ablation_writes_tables_curves_and_a_page_and_a_rerun_redoes_nothing(
     assert {d: (Path(d) / "model.safetensors").stat().st_mtime_ns for d in model_files} == model_files
 
 
+@pytest.mark.slow
 def test_a_stopped_ablation_resumes_only_what_is_missing(tmp_path):
     """Ctrl-C while the second run trains: the finished run is kept, the stopped one resumes from its state."""
     out = tmp_path / "abl"
@@ -152,7 +154,7 @@ def test_a_stopped_ablation_resumes_only_what_is_missing(tmp_path):
         "--out",
         str(out),
         "--set",
-        "epochs=30",
+        "epochs=8",  # seed 1 saves its first state after epoch 1 and runs ~4 s more: time enough to be stopped
     ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cell = next(iter((out / "cells").glob("*")), None)
@@ -178,7 +180,7 @@ def test_a_stopped_ablation_resumes_only_what_is_missing(tmp_path):
     assert "1 done, 1 to run (1 resumed where they stopped)" in rerun.stdout
     assert (cell / "seed0" / "model.safetensors").stat().st_mtime_ns == finished_model
     log = (cell / "seed1.log").read_text()
-    assert "--resume" in log and json.loads((cell / "seed1" / "summary.json").read_text())["epochs"] == 30
+    assert "--resume" in log and json.loads((cell / "seed1" / "summary.json").read_text())["epochs"] == 8
 
 
 def test_an_ablation_file_runs_its_studies_and_refuses_vary(tmp_path, capsys):

@@ -115,7 +115,7 @@ def test_streaming_accumulators_match_the_stored_attention():
     assert class_token_attention(stored[0], (4, 6)).shape == (5, 4, 4, 6)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def digits_model(tmp_path_factory):
     from vitlab.train.config import TrainConfig
     from vitlab.train.loop import train

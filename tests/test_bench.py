@@ -58,7 +58,7 @@ def test_calls_are_batched_into_samples_long_enough_to_time():
     assert len(calls) == 1 + 3 * timing["quick"]["calls_per_sample"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def trained_checkpoint(tmp_path_factory):
     """A tiny model fitted for a few steps on digits, so its predictions are not constant."""
     torch.manual_seed(0)
@@ -212,6 +212,7 @@ def test_temporary_folders_are_removed_when_a_path_fails_mid_run(tmp_path, monke
     assert list(tmp_path.iterdir()) == []  # the ONNX path's export folder went too
 
 
+@pytest.mark.slow
 def test_pt2e_static_int8_agrees_with_fp32_on_a_trained_model(trained_checkpoint):
     from vitlab.hardware import cpu_units
 

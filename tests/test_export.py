@@ -35,7 +35,7 @@ SMALL = ViTConfig(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def model():
     torch.manual_seed(1)
     model = create_model(SMALL).eval()
@@ -45,7 +45,7 @@ def model():
     return model
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def trained():
     """SMALL fitted for a few steps on digits: int8 is judged on a model whose classes mean something (random
     weights leave most images near a tie, which any rounding flips)."""
@@ -67,7 +67,7 @@ def trained():
     return model.eval()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def pixels():
     return export.validation_pixels(SMALL)  # 32 real (digits) images at the model's size, uint8
 

@@ -82,7 +82,7 @@ class Inputs:
         return seen
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def images(tmp_path_factory):
     root = tmp_path_factory.mktemp("photos")
     return root, write_images(root / "train"), write_images(root / "test")

@@ -156,6 +156,7 @@ def test_pretraining_learns_from_unlabeled_files(tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_a_short_pretraining_then_fine_tuning_beats_an_untrained_start_on_digits(tmp_path):
     """MAE on digits' 1,294 training images (labels unused) for 40 epochs, then the same fine-tuning (60 epochs)
     on 100 labelled images from the pre-trained encoder and from a fresh one; the same seeds, measured on the

@@ -9,6 +9,8 @@ import torch
 from PIL import Image
 
 pytest.importorskip("torchao", reason="the pt2e format needs torchao (pip install -e '.[int8]')")
+# Every test here reads one trained run (20 s to train): under pytest-xdist they run on one worker, trained once.
+pytestmark = pytest.mark.xdist_group("pt2e")
 
 from vitlab.checkpoint import load_model  # noqa: E402
 from vitlab.cli import main  # noqa: E402
@@ -19,9 +21,9 @@ from vitlab.export import pt2e  # noqa: E402
 AMX = "avx2,avx512,vnni,avx512_bf16,amx"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def digits_run(tmp_path_factory):
-    """A digits run trained long enough that its classes mean something (about 20 s, 96% test accuracy; after
+    """A digits run trained long enough that its classes mean something (about 8 s, 92% test accuracy; after
     15 epochs of the recipe's augmented batches of 128 it had 57%, and its near-ties were no test of int8)."""
     from vitlab.data.transforms import AugmentConfig
     from vitlab.train.config import TrainConfig
@@ -29,10 +31,10 @@ def digits_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("runs")
     config = TrainConfig(
-        epochs=25,
+        epochs=12,
         warmup_epochs=1,
         batch_size=32,
-        lr=2e-3,
+        lr=3e-3,
         augment=AugmentConfig(),
         run_name="digits",
         out_dir=str(out),
@@ -42,7 +44,7 @@ def digits_run(tmp_path_factory):
     return out / "digits"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def exported(digits_run, tmp_path_factory):
     """`vitlab export RUN --format pt2e`, calibrated on the run's own training data; (file, printed report)."""
     import contextlib
@@ -54,6 +56,7 @@ def exported(digits_run, tmp_path_factory):
     return digits_run / "model-int8.pt2e", printed.getvalue()
 
 
+@pytest.mark.slow
 def test_the_file_holds_weights_and_observer_statistics_and_nothing_to_unpickle(exported, digits_run):
     path, report = exported
     assert path.is_file()
@@ -74,6 +77,7 @@ def test_the_file_holds_weights_and_observer_statistics_and_nothing_to_unpickle(
     assert "model-int8.pt2e" in checksums  # recorded before it replaced anything, as every file of a run
 
 
+@pytest.mark.slow
 def test_eval_predict_and_serve_run_the_file_and_agree_with_fp32(exported, digits_run, tmp_path, capsys):
     from vitlab.eval.predict import load_classifier
     from vitlab.serve.engine import Engine

@@ -136,6 +136,8 @@ def as_run_here(command: str) -> list[str] | None:
         args += ["--set", "epochs=1"]
     if "--resume" in args and "--epochs" in args:  # extend the 2-epoch demo run by one epoch
         args[args.index("--epochs") + 1] = "3"
+    if args[:1] == ["ablate"] and "--seeds" in args:  # one seed: the crossing of axes is what runs
+        args[args.index("--seeds") + 1] = "1"
     return args
 
 

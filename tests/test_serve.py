@@ -95,7 +95,7 @@ def png(array):
     return out.getvalue()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def digit_files(tmp_path_factory):
     """40 different real digits (the shipped test split, 0-16 grey levels scaled to 0-255) as PNG bytes."""
     from vitlab.data.datasets import load_dataset
@@ -111,7 +111,7 @@ def digit_files(tmp_path_factory):
     return files
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def server(tiny_run):
     running = Server(tiny_run, "--max-wait-ms", 20, "--max-body-mb", 0.1)
     yield running

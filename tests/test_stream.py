@@ -136,6 +136,7 @@ def stream_config(tmp_path, root, **changes):
     return micro_config(tmp_path, **fields)
 
 
+@pytest.mark.slow
 def test_a_streamed_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
     root = write_photos(tmp_path / "photos")
     straight = train(stream_config(tmp_path, root, run_name="straight"))

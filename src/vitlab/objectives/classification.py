@@ -15,7 +15,7 @@ from vitlab.data.source import Batch, BatchSource
 from vitlab.data.transforms import AugmentConfig, Draws, augment_batch, one_hot
 from vitlab.distributed import DistEnv
 from vitlab.errors import DataError
-from vitlab.eval.classify import evaluate
+from vitlab.eval import classify
 from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective, refuse_batch_augmentation
@@ -87,7 +87,7 @@ class Classification(Objective):
     def evaluate(
         self, model: VisionTransformer, source: BatchSource, batch_size: int, env: DistEnv, precision: str
     ) -> dict[str, Any]:
-        return evaluate(model, source, batch_size, env, precision)
+        return classify.evaluate(model, source, batch_size, env, precision)
 
     def row_figures(self, result: dict[str, Any]) -> dict[str, float]:
         return {"loss": result["loss"], "top1": result["top1"], "top5": result["top5"]}
