@@ -44,6 +44,9 @@ def reference_io(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(expected)
 
 
+MACHINE_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
 def pytest_configure(config) -> None:
     """Under pytest-xdist (`make test` runs two workers on two cores) each worker keeps to a core of its own:
     what it runs, and the processes it starts, then see one core (`hardware.available_cores`) and start one
@@ -51,7 +54,7 @@ def pytest_configure(config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None or not hasattr(os, "sched_setaffinity"):
         return
-    cores = sorted(os.sched_getaffinity(0))
+    cores = MACHINE_CORES
     if len(cores) >= 2:
         index = int(worker.removeprefix("gw"))
         os.sched_setaffinity(0, {cores[index % len(cores)]})
@@ -64,6 +67,21 @@ def pytest_collection_modifyitems(config, items) -> None:
     short ones fill the workers in around them, instead of one long test running alone at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_files)
+
+
+@pytest.fixture
+def all_cores():
+    """For a test whose processes run side by side (torchrun's ranks): every core of the machine while it runs, as
+    outside pytest-xdist, rather than its worker's one core shared by all of them."""
+    if not hasattr(os, "sched_setaffinity") or not MACHINE_CORES:
+        yield
+        return
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(MACHINE_CORES))
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, own)
 
 
 @pytest.fixture(autouse=True)

@@ -97,10 +97,18 @@ def test_jobs_auto_runs_small_models_one_per_core_and_large_ones_alone():
 @pytest.mark.slow
 def test_an_ablation_writes_tables_curves_and_a_page_and_a_rerun_redoes_nothing(tmp_path, capsys):
     out = tmp_path / "abl"
-    args = ["ablate", "--vary", "classifier=token,gap", "--seeds", "2", "--out", str(out), "--jobs", "2", *QUICK]
+    first = ["ablate", "--vary", "classifier=token,gap", "--seeds", "1", "--out", str(out), "--jobs", "2", *QUICK]
+    assert main(first) == 0
+    assert "2 runs under" in (printed := capsys.readouterr().out) and "2 to run" in printed
+    runs = [out / "cells" / cell / "seed0" for cell in sorted(p.name for p in (out / "cells").iterdir())]
+    model_files = {run: (run / "model.safetensors").stat().st_mtime_ns for run in runs}
+    assert main(first) == 0  # the same command again: nothing to run
+    assert "2 done, 0 to run" in capsys.readouterr().out
+    # More seeds later: only the new ones run, the finished ones are kept as they are.
+    args = ["ablate", "--vary", "classifier=token,gap", "--seeds", "0,1", "--out", str(out), "--jobs", "2", *QUICK]
     assert main(args) == 0
-    printed = capsys.readouterr().out
-    assert "4 runs under" in printed and "4 to run" in printed
+    assert "4 runs under" in (printed := capsys.readouterr().out) and "2 done, 2 to run" in printed
+    assert {run: (run / "model.safetensors").stat().st_mtime_ns for run in runs} == model_files
     folder = out / "ablation"
     rows = list(csv.DictReader((folder / "results.csv").open()))
     assert [(r["classifier"], r["seed"], r["status"]) for r in rows] == [
@@ -120,20 +128,10 @@ def test_an_ablation_writes_tables_curves_and_a_page_and_a_rerun_redoes_nothing(
     assert f"Best on validation: classifier={best} (" in table
     page = (folder / "report.html").read_text()
     assert "data:image/png;base64," in page and 'src="http' not in page and "never used to choose" in page
-    assert "<pre>vitlab ablate --vary classifier=token,gap --seeds 2" in page  # the command as typed
+    assert "<pre>vitlab ablate --vary classifier=token,gap --seeds 0,1" in page  # the command as typed
     assert (folder / "curves.png").stat().st_size > 0
     data = json.loads((folder / "results.json").read_text())
     assert [c["seeds"] for c in data["cells"]] == [2, 2] and len(data["runs"][0]["val_curve"]) == 2
-
-    model_files = {r["run_dir"]: (Path(r["run_dir"]) / "model.safetensors").stat().st_mtime_ns for r in rows}
-    assert main(args) == 0
-    assert "4 done, 0 to run" in capsys.readouterr().out
-    assert {d: (Path(d) / "model.safetensors").stat().st_mtime_ns for d in model_files} == model_files
-    # More seeds later: only the new ones run.
-    more = ["ablate", "--vary", "classifier=token,gap", "--seeds", "0,1,2", "--out", str(out), "--jobs", "2", *QUICK]
-    assert main(more) == 0
-    assert "6 runs under" in (printed := capsys.readouterr().out) and "4 done, 2 to run" in printed
-    assert {d: (Path(d) / "model.safetensors").stat().st_mtime_ns for d in model_files} == model_files
 
 
 @pytest.mark.slow

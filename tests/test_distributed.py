@@ -83,7 +83,7 @@ def one_and_two_processes(tmp_path, args: list[str]) -> tuple[dict, dict, subpro
 # its full size lr = 4e-3, so the bound there is a tenth of one step.
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer, tolerance", [("sgd", 1e-5), ("adamw", 4e-4)])
-def test_two_processes_match_one(tmp_path, optimizer, tolerance):
+def test_two_processes_match_one(all_cores, tmp_path, optimizer, tolerance):
     """Two processes train the weights one does. Flips are asked for, and digits refuse them: they are turned off
     on every rank, not only on rank 0 (where the note is printed), or the ranks would draw other augmentations."""
     one, two, double = one_and_two_processes(
@@ -102,7 +102,7 @@ def test_two_processes_match_one(tmp_path, optimizer, tolerance):
 
 
 @pytest.mark.slow
-def test_a_stopped_two_process_run_resumes_exactly(tmp_path):
+def test_a_stopped_two_process_run_resumes_exactly(all_cores, tmp_path):
     """SIGTERM to both workers mid-run, then `torchrun ... train --resume`: the weights equal those of an
     uninterrupted 2-process run bit for bit, with stochastic depth drawing from every rank's RNG."""
     import signal
@@ -193,7 +193,7 @@ def test_fetch_once_fails_on_every_process_when_the_first_one_fails(monkeypatch)
 
 
 @pytest.mark.slow
-def test_two_processes_streaming_a_folder_match_one(tmp_path):
+def test_two_processes_streaming_a_folder_match_one(all_cores, tmp_path):
     """Streamed image files under torchrun: the choice is made once, each rank decodes only its share of every
     batch in its own workers, and the weights match a single-process run."""
     import numpy as np

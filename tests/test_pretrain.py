@@ -205,7 +205,7 @@ def test_pretrain_cli_needs_a_method_and_refuses_a_supervised_recipe(tmp_path):
 
 
 @pytest.mark.slow
-def test_pretraining_runs_under_torchrun(tmp_path):
+def test_pretraining_runs_under_torchrun(all_cores, tmp_path):
     """Two processes: each masks its own shard of every batch; the gradients (decoder included) are averaged,
     so both replicas end identical, and validation sums over both shares."""
     args = [
