@@ -2,13 +2,15 @@
 weights and calibrated observer statistics, which predict, eval and serve rebuild and compile for the CPU they run
 on, agreeing with fp32 on a trained digits model."""
 
+import importlib.util
 import json
 
 import pytest
 import torch
 from PIL import Image
 
-pytest.importorskip("torchao", reason="the pt2e format needs torchao (pip install -e '.[int8]')")
+if importlib.util.find_spec("torchao") is None:  # asked without importing it: torchao takes a second to import
+    pytest.skip("the pt2e format needs torchao (pip install -e '.[int8]')", allow_module_level=True)
 # Every test here reads one trained run (20 s to train): under pytest-xdist they run on one worker, trained once.
 pytestmark = pytest.mark.xdist_group("pt2e")
 

@@ -31,9 +31,23 @@ def write_photos(root, per_class=24, classes=("cats", "dogs"), size=(40, 30), se
     return root
 
 
+OPENED: list[StreamingSource] = []  # the sources a test made, closed when it ends (see close_sources)
+
+
+@pytest.fixture(autouse=True)
+def close_sources():
+    """Each test's streaming sources stop their worker processes when it ends, as vitlab's commands do; left to
+    the garbage collector, a later test would wait out torch's 5 s join of every worker at collection."""
+    yield
+    while OPENED:
+        OPENED.pop().close()
+
+
 def source(root, workers=0, crop=None):
     crop = crop if crop is not None else TrainCrop()
-    return StreamingSource(index_from_spec("folder", root), (16, 16), 3, crop, seed=3, workers=workers)
+    data = StreamingSource(index_from_spec("folder", root), (16, 16), 3, crop, seed=3, workers=workers)
+    OPENED.append(data)
+    return data
 
 
 def epoch(data, **kwargs):
@@ -109,12 +123,14 @@ def test_unreadable_files_are_replaced_counted_and_listed(tmp_path):
     (root / "dogs" / "007.jpg").write_bytes((root / "dogs" / "008.jpg").read_bytes()[:200])  # truncated
     (root / "dogs" / "009.jpg").write_text("not an image")
     data = StreamingSource(index_from_spec("folder", root), (16, 16), 3, TrainCrop(), workers=2, max_bad_fraction=0.05)
+    OPENED.append(data)
     batches = list(data.training_batches(epoch_seed=1, batch_size=16))
     assert all(len(b) == 16 for b in batches)  # every batch keeps its size
     assert sorted(
         s.split(":")[0].rsplit("/", 2)[-2] + "/" + s.split(":")[0].rsplit("/", 1)[-1] for s in data.skipped
     ) == ["cats/005.jpg", "dogs/007.jpg", "dogs/009.jpg"]
     strict = StreamingSource(index_from_spec("folder", root), (16, 16), 3, TrainCrop(), max_bad_fraction=0.02)
+    OPENED.append(strict)
     with pytest.raises(DataError, match="unreadable, more than 2% .* the data are damaged"):
         list(strict.training_batches(epoch_seed=1, batch_size=16))
 
