@@ -34,6 +34,7 @@ class FakeServer:
         self.bucket: dict[str, bytes] = {}
         self.cut_after: dict[str, int] = {}
         self.corrupt: set[str] = set()
+        self.gated: dict[str, str] = {}  # repo -> the token that opens it (the hub answers 401 GatedRepo without)
         self.requests: list[tuple[str, str, str | None]] = []
         self.plain = False
         outer = self
@@ -64,6 +65,9 @@ class FakeServer:
             repo, revision, file = hub.groups()
             if repo not in self.repos:
                 return self.error(handler, 401, {"X-Error-Code": "RepoNotFound"})
+            if repo in self.gated and handler.headers.get("Authorization") != f"Bearer {self.gated[repo]}":
+                message = f"Access to model {repo} is restricted. You must have access to it and be authenticated."
+                return self.error(handler, 401, {"X-Error-Code": "GatedRepo", "X-Error-Message": message})
             commit = self.commit(repo)
             if revision not in ("main", commit):
                 return self.error(handler, 404, {"X-Error-Code": "RevisionNotFound"})

@@ -24,6 +24,25 @@ from vitlab.errors import CheckpointError
 from vitlab.models.registry import create_model
 from vitlab.pretrained import catalogue_families
 
+TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=48, num_classes=0)
+TINY_FAMILY_CONFIGS = {
+    "dinov3": ViTConfig(
+        **TINY, family="dinov3", pos_embed="rope", register_tokens=2, layer_scale=1.0, key_bias=False, mlp="swiglu"
+    ),
+    "aimv2": ViTConfig(
+        **TINY,
+        family="aimv2",
+        classifier="probe",
+        class_token=False,
+        norm="rmsnorm",
+        mlp="swiglu",
+        patch_norm=True,
+        qkv_bias=False,
+        proj_bias=False,
+        mlp_bias=False,
+    ),
+}
+
 
 def write_folder(folder: Path, tensors: dict[str, torch.Tensor], config: dict | None) -> Path:
     """A transformers-style folder: model.safetensors and, when given, config.json."""
@@ -55,59 +74,44 @@ def siglip2_tensors() -> dict[str, torch.Tensor]:
     }
 
 
-# ------------------------------------------------------------------------------ families vitlab does not build
+# ------------------------------------------------------------------------------ the 2025 families' rows
 @pytest.mark.parametrize("with_config", [True, False], ids=["config.json", "tensors alone"])
-def test_an_hf_dinov3_folder_is_refused_by_family_name(tmp_path, with_config):
-    folder = write_folder(tmp_path / "dinov3", dinov3_tensors(), {"model_type": "dinov3_vit"} if with_config else None)
-    with pytest.raises(
-        CheckpointError,
-        match=r"family dinov3_vit is not supported \(supported: vit, deit, vit_mae, "
-        r"dinov2, .*\); DINOv3 needs 2-D rotary positions",
-    ) as refused:
-        load_model(folder)
-    assert "names of a ViT checkpoint but not its shapes" not in str(refused.value)
+def test_an_hf_dinov3_folder_is_told_as_dinov3_by_config_or_by_its_tensors(with_config):
+    sidecar = {"model_type": "dinov3_vit"} if with_config else None
+    assert family_of(Weights("d", "safetensors", dinov3_tensors(), sidecar=sidecar)).name == "hf-dinov3"
 
 
 @pytest.mark.parametrize("with_config", [True, False], ids=["config.json", "tensors alone"])
-def test_a_siglip2_naflex_tower_is_refused_not_read_with_an_empty_patch_size(tmp_path, with_config):
-    config = {"model_type": "siglip2_vision_model", "patch_size": 4, "hidden_size": 8} if with_config else None
-    folder = write_folder(tmp_path / "siglip2", siglip2_tensors(), config)
-    with pytest.raises(
-        CheckpointError,
-        match=r"family siglip2_vision_model is not supported \(supported: .*siglip"
-        r"_vision_model\); SigLIP 2 needs NaFlex inputs",
-    ):
-        read_checkpoint(folder)
+def test_a_siglip2_naflex_tower_is_told_by_its_linear_patch_embedding_not_read_as_siglip(with_config):
+    sidecar = {"model_type": "siglip2_vision_model", "patch_size": 4} if with_config else None
+    assert family_of(Weights("s", "safetensors", siglip2_tensors(), sidecar=sidecar)).name == "hf-siglip2"
 
 
-@pytest.mark.parametrize("model_type", ["siglip2", "aimv2_vision_model", "ijepa", "swinv2"])
+@pytest.mark.parametrize("model_type", ["ijepa", "swinv2", "vjepa2"])
 def test_any_model_type_the_table_lacks_gets_the_same_one_message(tmp_path, model_type):
     state = load_file(FIXTURES / "hf_vit" / "model.safetensors")  # tensors vitlab could read: the config decides
     folder = write_folder(tmp_path / model_type, state, {"model_type": model_type})
     with pytest.raises(
         CheckpointError,
         match=f"its config.json says model_type '{model_type}': family {model_type} "
-        r"is not supported \(supported: vit, ",
+        r"is not supported \(supported: .*vit, deit, ",
     ):
         read_checkpoint(folder)
 
 
-@pytest.mark.parametrize(
-    "key, feature", [("blocks.0.attn.q_norm.weight", "query-key norm"), ("blocks.0.mlp.fc1_g.weight", "a SwiGLU MLP")]
-)
-def test_a_timm_state_dict_with_a_feature_vitlab_does_not_build_names_it(tmp_path, key, feature):
-    state = {
-        "patch_embed.proj.weight": torch.zeros(8, 3, 4, 4),
-        "blocks.0.attn.qkv.weight": torch.zeros(24, 8),
-        key: torch.ones(8),
-    }
-    save_file(state, tmp_path / "w.safetensors")
-    with pytest.raises(
-        CheckpointError,
-        match=f"a timm ViT checkpoint with {feature} \\(it has '{key}'\\), which "
-        "vitlab's models do not build yet. vitlab loads the paper's ViT",
-    ):
-        load_model(tmp_path / "w.safetensors")
+def test_a_timm_state_dict_with_query_key_norm_and_swiglu_loads_with_both(tmp_path):
+    """Once refused as unbuilt (issue 34), now built (issue 35): the names decide the config fields."""
+    config = ViTConfig(**{**TINY, "num_classes": 3}, qk_norm=True, mlp="swiglu")
+    model = create_model(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    save_file(model.state_dict(), tmp_path / "w.safetensors")
+    loaded = load_model(tmp_path / "w.safetensors", num_heads=4, image_size=16)
+    assert loaded.config.qk_norm and loaded.config.mlp == "swiglu"
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images), model(images))
 
 
 # ------------------------------------------------------------------------------ the sidecar decides first
@@ -251,6 +255,9 @@ def test_every_row_states_its_processor_defaults_and_a_file_without_its_own_gets
 def test_every_row_that_writes_its_layout_converts_to_it_and_back(name):
     row = families.family(name)
     config, state, _ = read_checkpoint(FIXTURES / "hf_vit")
+    if row.config_family is not None:  # a model in that family's arithmetic
+        config = TINY_FAMILY_CONFIGS[row.config_family]
+        state = create_model(config).state_dict()
     written = row.from_vitlab(state, config)
     if row.kind == "hf":
         assert set(written) != set(state)  # transformers' names, not vitlab's

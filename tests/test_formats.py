@@ -240,7 +240,6 @@ def test_deit_layouts_read_the_distillation_token_and_heads(weights, teacher_hea
         (["patch_embed.proj.weight", "blocks.0.attn.relative_position_bias_table", "blocks.0.attn.qkv.weight"], "BEiT"),
         (["stages.0.blocks.0.conv_dw.weight"], "ConvNeXt"),
         (["visual.class_embedding", "visual.conv1.weight"], "open_clip CLIP"),
-        (["patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.q_norm.weight"], "query-key norm"),
         (["foo.bar"], "no checkpoint layout vitlab knows"),
     ],
 )
@@ -249,7 +248,9 @@ def test_other_architectures_get_one_message_naming_them_and_what_loads(tmp_path
 
     save_file({key: torch.zeros(2) for key in keys}, tmp_path / "w.safetensors")
     with pytest.raises(
-        CheckpointError, match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO, DINOv2, and CLIP and SigLIP"
+        CheckpointError,
+        match=f"{named}.*vitlab loads the paper's ViT .*DeiT, MAE, DINO, DINOv2, DINOv3, and CLIP, SigLIP, SigLIP 2 and "
+        "AIMv2 image towers",
     ):
         load_model(tmp_path / "w.safetensors")
 

@@ -77,10 +77,11 @@ def parse_classes(text: str) -> list[int]:
 # (models/positions.POSITION_KINDS, layers/norm.NORM_LAYERS, layers/mlp.MLP_LAYERS), kept equal by tests/test_config.py.
 POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d", "rope")
 PLACEMENTS = ("input", "every_block", "every_block_shared")
-CLASSIFIERS = ("token", "gap", "map", "gem", "max", "layer_weighted")
+CLASSIFIERS = ("token", "gap", "map", "probe", "gem", "max", "layer_weighted")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("mlp", "swiglu")
 MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
+POSITION_RESAMPLING = ("bilinear", "bicubic", "bilinear_antialias")
 
 
 def is_whole(value: Any) -> bool:
@@ -148,7 +149,8 @@ class ViTConfig:
     # "token": the class token; "gap": mean of the patch tokens; "map": multi-head attention pooling with a learned
     # probe (SigLIP, big_vision); "gem": generalised mean of the patch tokens with a learned exponent p (Radenovic
     # et al. 2018); "max": per-channel maximum over the patch tokens; "layer_weighted": a learned softmax-weighted
-    # mix of every block's output, each pooled by the class token if there is one, else by the mean.
+    # mix of every block's output, each pooled by the class token if there is one, else by the mean; "probe":
+    # AIMv2's head, a learned query (not projected) attending to every token, then a linear map.
     classifier: str = "token"
     class_token: bool | None = None  # prepend a class token; None means "only if classifier == 'token'"
     fc_norm: bool = False  # timm's placement: LayerNorm after pooling instead of on every token before it
@@ -189,8 +191,27 @@ class ViTConfig:
     # "quick_gelu" (CLIP's OpenAI weights).
     mlp_activation: str = "gelu"
     qk_norm: bool = False  # normalise queries and keys per head (with the `norm` kind) before their dot product
+    # The biases of the projections, each on its own (the paper's block has them all). key_bias: the keys' part of
+    # the fused qkv projection (DINOv3 has none: its slice is held at zero and never trained; without rotary
+    # positions or qk_norm a key bias changes nothing anyway, softmax being blind to a per-query constant);
+    # proj_bias: the attention's output projection; mlp_bias: the MLP's linear layers (AIMv2 has none of them).
+    key_bias: bool = True
+    proj_bias: bool = True
+    mlp_bias: bool = True
+    patch_norm: bool = False  # a norm of the `norm` kind on the embedded patches, before positions (AIMv2's)
     layer_norm_eps: float = 1e-6  # 1e-6 in the official code and timm, 1e-12 in Hugging Face
     rope_theta: float = 100.0  # pos_embed "rope": the base of the rotary frequencies (DINOv3's 100)
+    # pos_embed "rope", training only: DINOv3's augmentations of the patch coordinates, one draw per batch. Shift
+    # both axes by U(-s, s); jitter each axis by a factor exp(U(-log j, log j)); rescale both by exp(U(-log r,
+    # log r)). None: off. DINOv3's released models train with rescale 2 and the others off (transformers'
+    # DINOv3ViTConfig defaults); an evaluating model never augments.
+    rope_shift: float | None = None
+    rope_jitter: float | None = None
+    rope_rescale: float | None = None
+    # How a learned table is resampled to another grid (fine-tuning at a new size, a dynamic size, each image's own
+    # grid of a NaFlex batch): "bilinear", "bicubic", or "bilinear_antialias" (SigLIP 2's, which shrinks a table
+    # by averaging rather than sampling).
+    pos_resample: str = "bilinear"
     dropout: float = 0.0  # after the position embedding, the attention projection and in the MLP
     attention_dropout: float = 0.0  # on the attention weights
     drop_path: float = 0.0  # stochastic depth: the rate of the last block, rising linearly from 0 at the first
@@ -208,6 +229,10 @@ class ViTConfig:
     preprocessing: Preprocessing | None = None
     # Optional metadata: names of the classes, in head order, so predictions can print labels.
     class_names: list[str] | None = None
+    # The checkpoint family whose arithmetic the model follows, where it is one vitlab reads and writes back in
+    # that family's own layout ("dinov3", "siglip2", "aimv2"); None: the paper's ViT and the families whose layout
+    # the other fields tell (checkpoint/families.py).
+    family: str | None = None
     name: str | None = field(default=None, compare=False)  # variant the config came from, for display only
 
     def check_types(self) -> None:
@@ -224,6 +249,17 @@ class ViTConfig:
         for name in ("dropout", "attention_dropout", "drop_path"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"model config field {name} must be in [0, 1), got {getattr(self, name)!r}")
+        if self.pos_resample not in POSITION_RESAMPLING:
+            raise ConfigError(
+                f"pos_resample must be one of {', '.join(POSITION_RESAMPLING)}, got {self.pos_resample!r}"
+            )
+        if self.rope_shift is not None and self.rope_shift < 0:
+            raise ConfigError(f"rope_shift is the half-width of a uniform shift: >= 0, got {self.rope_shift!r}")
+        for name in ("rope_jitter", "rope_rescale"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(
+                    f"{name} is the largest factor of a log-uniform draw: >= 1 (1: off), got {getattr(self, name)!r}"
+                )
         for name in ("layer_norm_eps", "resnet_width_factor", "rope_theta"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model config field {name} must be positive, got {getattr(self, name)!r}")

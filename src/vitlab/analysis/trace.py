@@ -164,6 +164,7 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
         "token": "the class token",
         "gap": "the mean of the patch tokens",
         "map": "attention pooling (MAP)",
+        "probe": "attention pooling from a learned query (AIMv2)",
         "gem": "GeM pooling",
         "max": "max pooling",
     }.get(config.classifier, config.classifier)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from vitlab.checkpoint import hf, hf_clip, jax_npz, timm
+from vitlab.checkpoint import hf, hf_aimv2, hf_clip, hf_dinov3, hf_siglip2, jax_npz, timm, timm_eva
 from vitlab.checkpoint.io import Weights, is_own_file, read_own_config, same_names
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
@@ -68,6 +68,10 @@ class Family:
     preprocessing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # variant -> processor defaults
     # (what, tensor-name fragment) of features its files can have that vitlab's models do not build yet.
     unbuilt: tuple[tuple[str, str], ...] = ()
+    # The `ViTConfig.family` of the models it reads and, with `hf_config` (config -> config.json), writes back:
+    # `vitlab export --to hf` takes the row of the model's family.
+    config_family: str | None = None
+    hf_config: Callable[[ViTConfig], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,11 @@ DINO = ModelFamily("dino", "DINO")
 DINOV2 = ModelFamily("dinov2", "DINOv2")
 CLIP = ModelFamily("clip", "CLIP", tower=True)
 SIGLIP = ModelFamily("siglip", "SigLIP", tower=True)
+DINOV3 = ModelFamily("dinov3", "DINOv3")
+AIMV2 = ModelFamily("aimv2", "AIMv2", tower=True)
+SIGLIP2 = ModelFamily("siglip2", "SigLIP 2", tower=True)
+# How lists name the model families: by age, each image tower after the encoders.
+MODEL_ORDER = (VIT, DEIT, MAE, DINO, DINOV2, DINOV3, CLIP, SIGLIP, SIGLIP2, AIMV2)
 
 TORCH_FILES = ("safetensors", "torch-zip")
 HF_VIT_TYPES = ("vit", "deit", "vit_mae")
@@ -123,18 +132,47 @@ FAMILIES: tuple[Family, ...] = (
         preprocessing={"official": jax_npz.PREPROCESSING},
     ),
     Family(
+        "timm-dinov3",
+        "timm DINOv3 (EVA layout)",
+        kind="timm",
+        origin="timm",
+        models=(DINOV3,),
+        containers=TORCH_FILES,
+        matches=timm_eva.is_timm_dinov3,
+        read_config=timm_eva.read_config,
+        to_vitlab=timm_eva.eva_to_state_dict,
+        from_vitlab=timm_eva.state_dict_to_eva,
+        preprocessing={"dinov3": timm_eva.PREPROCESSING},
+        config_family="dinov3",
+    ),
+    Family(
         "timm",
         "timm ViT",
         kind="timm",
         origin="timm",
-        models=(VIT, DEIT, MAE, DINO, DINOV2, CLIP, SIGLIP),
+        models=(VIT, DEIT, MAE, DINO, DINOV2, CLIP, SIGLIP, SIGLIP2, AIMV2),
         containers=TORCH_FILES,
         matches=timm.is_timm_layout,
         read_config=timm.read_config,
         to_vitlab=same_names,
         from_vitlab=same_names,
         preprocessing=timm.TIMM_FAMILY_PREPROCESSING,
-        unbuilt=(("query-key norm", "attn.q_norm"), ("a SwiGLU MLP", "mlp.fc1_g")),
+    ),
+    Family(
+        "hf-dinov3",
+        "Hugging Face DINOv3",
+        kind="hf",
+        origin="Hugging Face",
+        models=(DINOV3,),
+        containers=TORCH_FILES,
+        matches=hf_dinov3.is_hf_dinov3,
+        read_config=hf_dinov3.read_config,
+        to_vitlab=hf_dinov3.hf_to_state_dict,
+        from_vitlab=hf_dinov3.state_dict_to_hf,
+        model_types=(hf_dinov3.MODEL_TYPE,),
+        preprocessing=hf.default_preprocessing((hf_dinov3.MODEL_TYPE,)),
+        config_family="dinov3",
+        hf_config=hf_dinov3.hf_config_dict,
     ),
     Family(
         "hf-vit",
@@ -164,6 +202,36 @@ FAMILIES: tuple[Family, ...] = (
         preprocessing=hf.default_preprocessing(HF_DINOV2_TYPES),
     ),
     Family(
+        "hf-aimv2",
+        "Hugging Face AIMv2 image tower",
+        kind="hf",
+        origin="Hugging Face",
+        models=(AIMV2,),
+        containers=TORCH_FILES,
+        matches=hf_aimv2.is_hf_aimv2,
+        read_config=hf_aimv2.read_config,
+        to_vitlab=hf_aimv2.hf_to_state_dict,
+        from_vitlab=hf_aimv2.state_dict_to_hf,
+        model_types=hf_aimv2.MODEL_TYPES,
+        preprocessing=hf.default_preprocessing(("aimv2",)),
+        config_family="aimv2",
+        hf_config=hf_aimv2.hf_config_dict,
+    ),
+    Family(
+        "hf-siglip2",
+        "Hugging Face SigLIP 2 (NaFlex) image tower",
+        kind="hf",
+        origin="Hugging Face",
+        models=(SIGLIP2,),
+        containers=TORCH_FILES,
+        matches=hf_siglip2.is_siglip2_tower,
+        read_config=hf_siglip2.read_config,
+        to_vitlab=hf_siglip2.siglip2_to_state_dict,
+        model_types=hf_siglip2.MODEL_TYPES,
+        preprocessing={"siglip2": hf_siglip2.PROCESSOR_DEFAULTS},
+        config_family="siglip2",
+    ),
+    Family(
         "hf-clip",
         "Hugging Face CLIP or SigLIP image tower",
         kind="hf",
@@ -178,27 +246,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
 )
 
-SIBLINGS: tuple[Sibling, ...] = (
-    Sibling(
-        "DINOv3",
-        ("dinov3_vit",),
-        "2-D rotary positions (and SwiGLU in its largest models)",
-        ("embeddings.patch_embeddings.weight", None),
-    ),
-    Sibling(
-        "SigLIP 2",
-        ("siglip2_vision_model", "siglip2"),
-        "NaFlex inputs: a linear patch embedding over each image's own patch sequence",
-        ("embeddings.patch_embedding.weight", 2),
-    ),
-    Sibling(
-        "AIMv2",
-        ("aimv2_vision_model", "aimv2"),
-        "RMSNorm, SwiGLU and its attention-pooling head",
-        ("embeddings.rms_norm.weight", None),
-    ),
-    Sibling("I-JEPA", ("ijepa",)),
-)
+SIBLINGS: tuple[Sibling, ...] = (Sibling("I-JEPA", ("ijepa",)),)
 
 # (architecture, a tensor name or name fragment only it has), checked in order: the first match names it.
 ARCHITECTURE_SIGNATURES = [
@@ -222,7 +270,8 @@ def family(name: str) -> Family:
 
 def model_families() -> list[ModelFamily]:
     """The model families vitlab reads checkpoints of, in the table's order (`vitlab pretrained --family`)."""
-    return list(dict.fromkeys(model for row in FAMILIES for model in row.models))
+    found = dict.fromkeys(model for row in FAMILIES for model in row.models)
+    return sorted(found, key=lambda model: MODEL_ORDER.index(model) if model in MODEL_ORDER else len(MODEL_ORDER))
 
 
 def hf_model_types() -> list[str]:
@@ -241,8 +290,23 @@ def supported_families() -> str:
     plain, towers = [m for m in models if not m.tower], [m for m in models if m.tower]
     text = f"{plain[0].title} ({', '.join(origins(plain[:1]))})" + "".join(f", {m.title}" for m in plain[1:])
     if towers:
-        text += f", and {' and '.join(m.title for m in towers)} image towers ({' and '.join(origins(towers))} layouts)"
+        titles = [m.title for m in towers]
+        named = titles[0] if len(titles) == 1 else ", ".join(titles[:-1]) + " and " + titles[-1]
+        text += f", and {named} image towers ({' and '.join(origins(towers))} layouts)"
     return text + "".join(f" and {row.origin}" for row in FAMILIES if not row.models)
+
+
+def hf_writer(config: ViTConfig) -> Family:
+    """The row that writes `config`'s model as a transformers folder: its family's, else the paper's ViT's."""
+    for row in FAMILIES:
+        if row.kind == "hf" and row.config_family == config.family and row.from_vitlab is not None:
+            return row
+    if config.family is not None:
+        raise CheckpointError(
+            f"vitlab does not write {config.family} models in transformers' layout yet; export them as "
+            "vitlab's own file (--to vitlab)"
+        )
+    return family("hf-vit")
 
 
 # ------------------------------------------------------------------------------------------ telling a file

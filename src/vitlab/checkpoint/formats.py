@@ -266,10 +266,12 @@ def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitl
     if to == "hf":
         if model.config.in_chans == 1:
             model = rgb_from_grey(model)
-        state = hf.state_dict_to_hf(model.state_dict(), model.config)
+        writer = families.hf_writer(model.config)
+        state = writer.from_vitlab(model.state_dict(), model.config)
+        config_json = (writer.hf_config or hf.hf_config_dict)(model.config)
         out.mkdir(parents=True, exist_ok=True)
         save_state_dict(state, out / "model.safetensors", {"format": "pt"})
-        atomic_write_bytes(out / "config.json", json.dumps(hf.hf_config_dict(model.config), indent=2).encode())
+        atomic_write_bytes(out / "config.json", json.dumps(config_json, indent=2).encode())
         atomic_write_bytes(out / PROCESSOR_FILE, json.dumps(hf.hf_preprocessor_dict(model.config), indent=2).encode())
         return out
     raise ConfigError(f"unknown export format {to!r}; choose vitlab, timm or hf")

@@ -365,6 +365,23 @@ PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 PROCESSOR_DEFAULTS["dinov2_with_registers"] = PROCESSOR_DEFAULTS["dinov2"]
+# DINOv3ViTImageProcessor stretches to 224x224, bilinear, ImageNet statistics; AIMv2 ships CLIPImageProcessor's
+# settings (shorter side 224, bicubic, centre crop 224, OpenAI's statistics).
+PROCESSOR_DEFAULTS["dinov3_vit"] = {
+    "size": {"height": 224, "width": 224},
+    "resample": 2,
+    "do_center_crop": False,
+    "image_mean": IMAGENET_MEAN,
+    "image_std": IMAGENET_STD,
+}
+PROCESSOR_DEFAULTS["aimv2"] = {
+    "size": {"shortest_edge": 224},
+    "resample": 3,
+    "do_center_crop": True,
+    "crop_size": {"height": 224, "width": 224},
+    "image_mean": (0.48145466, 0.4578275, 0.40821073),
+    "image_std": (0.26862954, 0.26130258, 0.27577711),
+}
 
 
 def default_preprocessing(model_types: tuple[str, ...]) -> dict[str, dict[str, Any]]:

@@ -71,7 +71,11 @@ def is_clip_vision_state_dict(keys: set[str]) -> bool:
 
 def is_clip_tower(weights: Weights) -> bool:
     """Key signature of transformers' CLIP and SigLIP image towers, alone or in a whole image-text model."""
-    return is_clip_vision_state_dict(set(weights.tensors))
+    patch = weights.tensors.get("vision_model.embeddings.patch_embedding.weight")
+    if patch is None:
+        patch = weights.tensors.get("embeddings.patch_embedding.weight")
+    linear_patches = patch is not None and len(patch.shape) == 2  # SigLIP 2's NaFlex tower (hf_siglip2.py)
+    return is_clip_vision_state_dict(set(weights.tensors)) and not linear_patches
 
 
 def read_config(weights: Weights) -> ViTConfig:

@@ -108,6 +108,7 @@ def fetch_file(repo: str, file: str, revision: str | None, settings: dict[str, A
     from huggingface_hub import hf_hub_download
     from huggingface_hub.utils import (
         EntryNotFoundError,
+        GatedRepoError,
         HfHubHTTPError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
@@ -117,7 +118,17 @@ def fetch_file(repo: str, file: str, revision: str | None, settings: dict[str, A
     endpoint = settings["endpoint"] or "the Hugging Face hub"
     try:
         path = Path(hf_hub_download(repo, file, revision=revision, **settings))
-    except RepositoryNotFoundError:  # GatedRepoError is one too
+    except GatedRepoError:  # DINOv3's repositories: the licence is accepted per account on the model page
+        token = (
+            "HF_TOKEN is set, but that account has not been granted access"
+            if os.environ.get("HF_TOKEN")
+            else ("then set HF_TOKEN to a token of that account (or log in with `hf auth login`)")
+        )
+        raise CheckpointError(
+            f"{name}: {repo} on {endpoint} is gated (HTTP 401/403): accept its licence on the model page, "
+            f"https://huggingface.co/{repo}, while logged in to the hub; {token}"
+        ) from None
+    except RepositoryNotFoundError:
         raise CheckpointError(
             f"{name}: no repository {repo} on {endpoint}, or it is private or gated (log in with "
             f"`hf auth login` or set HF_TOKEN).{did_you_mean(name)}"

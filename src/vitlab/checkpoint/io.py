@@ -220,6 +220,13 @@ def require_plain_blocks(config: ViTConfig, layout: str) -> None:
             ("RMSNorm", config.norm != "layernorm"),
             ("SwiGLU MLP", config.mlp != "mlp"),
             ("query-key norm", config.qk_norm),
+            (
+                "projection without a key, output or MLP bias",
+                not (config.key_bias and config.proj_bias and config.mlp_bias),
+            ),
+            ("norm on the embedded patches", config.patch_norm),
+            ("rotary positions", config.pos_embed == "rope"),
+            ("attention-probe head", config.classifier == "probe"),
         )
         if used
     ]

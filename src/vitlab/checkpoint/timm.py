@@ -149,7 +149,9 @@ def config_from_timm(
     proj = state["patch_embed.proj.weight"]  # (D, C, P_h, P_w)
     embed_dim = proj.shape[0]
     depth = len({m.group(1) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))})
-    mlp_dim = state["blocks.0.mlp.fc1.weight"].shape[0]
+    gated = "blocks.0.mlp.fc1_g.weight" in state  # SwiGLU (AIMv2)
+    mlp_dim = state["blocks.0.mlp.fc1_g.weight" if gated else "blocks.0.mlp.fc1.weight"].shape[0]
+    rms = "blocks.0.norm1.weight" in state and "blocks.0.norm1.bias" not in state  # timm's RmsNorm has no bias
     class_token = "cls_token" in state
     distilled = "dist_token" in state  # timm's VisionTransformerDistilled (DeiT): dist_token and head_dist
     register_tokens = state["reg_token"].shape[1] if "reg_token" in state else 0  # DINOv2 with registers
@@ -219,14 +221,23 @@ def config_from_timm(
         prefix_positions=prefix_positions,
         # timm's pre_norm models are CLIP towers, whose LayerNorms use eps 1e-5 (a state dict cannot say).
         pre_norm="norm_pre.weight" in state,
-        layer_norm_eps=1e-5 if "norm_pre.weight" in state else 1e-6,
+        # CLIP towers and AIMv2 (RMSNorm) use eps 1e-5; the others timm's 1e-6 (a state dict cannot say).
+        layer_norm_eps=1e-5 if "norm_pre.weight" in state or rms else 1e-6,
+        norm="rmsnorm" if rms else "layernorm",
+        mlp="swiglu" if gated else "mlp",
+        qk_norm="blocks.0.attn.q_norm.weight" in state,
+        proj_bias="blocks.0.attn.proj.weight" not in state or "blocks.0.attn.proj.bias" in state,
+        mlp_bias="blocks.0.mlp.fc2.bias" in state,
+        patch_norm="patch_embed.norm.weight" in state,
         # timm's CLIP conversion writes the image-text projection as the head with an all-zero bias, which no
         # trained classifier has: with norm_pre, that head is CLIP's projection.
         projection="norm_pre.weight" in state and "head.bias" in state and not state["head.bias"].any(),
         layer_scale=hints.pop("layer_scale", None) or (1e-5 if "blocks.0.ls1.gamma" in state else None),
         distillation_head=distilled and ("head_dist.weight" in state or "head.weight" not in state),
     )
-    family = hints.pop("family", None) or ("deit" if distilled else "clip" if fields["pre_norm"] else "augreg")
+    # AIMv2 (RMSNorm on the patches too) is evaluated on OpenAI's CLIP statistics, as CLIP towers are.
+    clip_like = fields["pre_norm"] or (rms and fields["patch_norm"])
+    family = hints.pop("family", None) or ("deit" if distilled else "clip" if clip_like else "augreg")
     fields.update(TIMM_FAMILY_PREPROCESSING[family])
     fields.update(hints)
     if fields["pre_norm"] and "mlp_activation" not in hints:

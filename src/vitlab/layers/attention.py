@@ -66,22 +66,47 @@ class Attention(nn.Module):
         proj_dropout: float = 0.0,
         relative_tokens: int = 0,
         qk_norm_layer: NormFactory | None = None,
+        key_bias: bool = True,
+        proj_bias: bool = True,
     ) -> None:
+        """qkv_bias: biases of the fused projection; key_bias False (DINOv3) keeps the keys' third of it at zero
+        (see `hold_key_bias_at_zero`). proj_bias: the output projection's bias."""
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)  # rows: all queries, all keys, all values
+        self.key_bias = key_bias or not qkv_bias
+        if not self.key_bias:
+            self.hold_key_bias_at_zero()
         self.q_norm = qk_norm_layer(self.head_dim) if qk_norm_layer is not None else nn.Identity()
         self.k_norm = qk_norm_layer(self.head_dim) if qk_norm_layer is not None else nn.Identity()
         self.attn_drop = nn.Dropout(attention_dropout)
-        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.proj = nn.Linear(embed_dim, embed_dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_dropout)
         # Relative attention: a key per offset -(T-1) .. T-1 of a T-token sequence; None without.
         self.rel_pos_keys = (
             nn.Parameter(torch.zeros(2 * relative_tokens - 1, self.head_dim)) if relative_tokens else None
         )
         self.plain = qk_norm_layer is None and relative_tokens == 0  # nothing between projection and product
+
+    @torch.no_grad()
+    def zero_key_bias(self) -> None:
+        """Set the keys' third of the fused bias to zero (after an initialisation or a load wrote it)."""
+        if not self.key_bias:
+            dim = self.qkv.out_features // 3
+            self.qkv.bias[dim : 2 * dim] = 0
+
+    def hold_key_bias_at_zero(self) -> None:
+        """A model without a key bias (DINOv3) keeps timm's one fused `qkv` Linear, with the keys' third of its bias
+        zero and its gradient masked to zero, so no optimiser step moves it (Adam's moments of a zero gradient stay
+        zero; decoupled weight decay scales zero to zero). Every path that takes the Linear as it is (the fused
+        kernels, int8 quantization, export) then computes the family's arithmetic, and no extra op runs."""
+        dim = self.qkv.out_features // 3
+        mask = torch.ones(3 * dim)
+        mask[dim : 2 * dim] = 0
+        self.qkv.bias.register_hook(lambda grad: grad * mask.to(grad))
+        self.zero_key_bias()
 
     def forward(
         self,

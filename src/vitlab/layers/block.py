@@ -34,10 +34,13 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         layer_scale: float | None = None,
         relative_tokens: int = 0,
+        key_bias: bool = True,
+        proj_bias: bool = True,
     ) -> None:
         """norm_layer: width -> normalisation layer (also the query-key norm's, per head, with qk_norm).
         mlp_layer: (width, hidden width, dropout=) -> MLP. layer_scale: LayerScale's initial value, None for none.
-        relative_tokens: the sequence length of relative attention's offset table (0: no relative attention)."""
+        relative_tokens: the sequence length of relative attention's offset table (0: no relative attention).
+        key_bias, proj_bias: the attention's key bias and output projection bias (`Attention`)."""
         super().__init__()
         self.norm1 = norm_layer(embed_dim)
         self.attn = Attention(
@@ -48,6 +51,8 @@ class Block(nn.Module):
             dropout,
             relative_tokens,
             qk_norm_layer=norm_layer if qk_norm else None,
+            key_bias=key_bias,
+            proj_bias=proj_bias,
         )
         self.norm2 = norm_layer(embed_dim)
         self.mlp = mlp_layer(embed_dim, mlp_dim, dropout=dropout)

@@ -24,9 +24,11 @@ MlpFactory = Callable[..., nn.Module]  # (embed_dim, hidden_dim, dropout=...) ->
 
 
 class Mlp(nn.Module):
-    def __init__(self, embed_dim: int, hidden_dim: int, activation: str = "gelu", dropout: float = 0.0) -> None:
+    def __init__(
+        self, embed_dim: int, hidden_dim: int, activation: str = "gelu", dropout: float = 0.0, bias: bool = True
+    ) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(embed_dim, hidden_dim)
+        self.fc1 = nn.Linear(embed_dim, hidden_dim, bias=bias)
         # The official JAX code uses Flax's default GELU, the tanh approximation; timm and HF use the exact one.
         self.act = (
             QuickGELU()
@@ -34,7 +36,7 @@ class Mlp(nn.Module):
             else nn.GELU(approximate="tanh" if activation == "gelu_tanh" else "none")
         )
         self.drop1 = nn.Dropout(dropout)
-        self.fc2 = nn.Linear(hidden_dim, embed_dim)
+        self.fc2 = nn.Linear(hidden_dim, embed_dim, bias=bias)
         self.drop2 = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,13 +68,13 @@ class SwiGLU(nn.Module):
     Its hidden width is `hidden_dim` (a SwiGLU model usually states a width of about 2/3 of 4D, so that its
     three matrices cost what the plain MLP's two do)."""
 
-    def __init__(self, embed_dim: int, hidden_dim: int, dropout: float = 0.0) -> None:
+    def __init__(self, embed_dim: int, hidden_dim: int, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        self.fc1_g = nn.Linear(embed_dim, hidden_dim)
-        self.fc1_x = nn.Linear(embed_dim, hidden_dim)
+        self.fc1_g = nn.Linear(embed_dim, hidden_dim, bias=bias)
+        self.fc1_x = nn.Linear(embed_dim, hidden_dim, bias=bias)
         self.act = nn.SiLU()
         self.drop1 = nn.Dropout(dropout)
-        self.fc2 = nn.Linear(hidden_dim, embed_dim)
+        self.fc2 = nn.Linear(hidden_dim, embed_dim, bias=bias)
         self.drop2 = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,8 +86,9 @@ class SwiGLU(nn.Module):
 MLP_LAYERS: dict[str, type[nn.Module]] = {"mlp": Mlp, "swiglu": SwiGLU}
 
 
-def mlp_factory(kind: str, activation: str = "gelu") -> MlpFactory:
-    """The MLP factory of `kind` ("mlp" with `activation`, or "swiglu", whose gate is SiLU by definition)."""
+def mlp_factory(kind: str, activation: str = "gelu", bias: bool = True) -> MlpFactory:
+    """The MLP factory of `kind` ("mlp" with `activation`, or "swiglu", whose gate is SiLU by definition), its
+    linear layers with or without biases."""
     if kind == "mlp":
-        return functools.partial(Mlp, activation=activation)
-    return MLP_LAYERS[kind]
+        return functools.partial(Mlp, activation=activation, bias=bias)
+    return functools.partial(MLP_LAYERS[kind], bias=bias)

@@ -7,6 +7,8 @@ fast way to compute it; `patchify` is the same cut written out, for data code an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -65,16 +67,19 @@ class PatchEmbed(nn.Module):
         backbone: nn.Module | None = None,
         backbone_channels: int | None = None,
         bias: bool = True,
+        norm_layer: Callable[[int], nn.Module] | None = None,
     ) -> None:
+        """norm_layer: width -> a norm applied to every embedded patch (AIMv2's; timm's `patch_embed.norm`)."""
         super().__init__()
         self.patch_size = patch_size
         self.backbone = backbone
         proj_in = backbone_channels if backbone is not None else in_chans
         self.proj = nn.Conv2d(proj_in, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
+        self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> tokens (B, N, D), patches in row-major order."""
-        return self.project(images).flatten(2).transpose(1, 2)  # (B, rows * cols, D)
+        return self.norm(self.project(images).flatten(2).transpose(1, 2))  # (B, rows * cols, D)
 
     def project(self, images: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) -> the projected patches on their grid (B, D, rows, cols)."""
@@ -87,7 +92,7 @@ class PatchEmbed(nn.Module):
         convolution, written as the paper's x_p E + b (equal to float rounding)."""
         weight = self.proj.weight  # (D, C, P_h, P_w)
         matrix = weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1)  # (D, P_h * P_w * C)
-        return torch.nn.functional.linear(patches, matrix, self.proj.bias)
+        return self.norm(torch.nn.functional.linear(patches, matrix, self.proj.bias))
 
     def linear_weight(self) -> torch.Tensor:
         """The projection E as a (P_h * P_w * C, D) matrix acting on `patchify` output."""

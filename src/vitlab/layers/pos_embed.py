@@ -76,7 +76,15 @@ def interpolate_patch_positions(
     tables, dim = patch_rows.shape[0], patch_rows.shape[-1]
     grid = patch_rows.reshape(tables, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)  # (P, D, rows, cols)
     # Interpolate in float32: bicubic is not implemented for every low-precision dtype.
-    grid = F.interpolate(grid.float(), size=(new_grid[0], new_grid[1]), mode=mode, align_corners=False)
+    # "bilinear_antialias" (SigLIP 2's): bilinear that widens its kernel when shrinking, so every source row counts.
+    antialias = mode == "bilinear_antialias"
+    grid = F.interpolate(
+        grid.float(),
+        size=(new_grid[0], new_grid[1]),
+        mode="bilinear" if antialias else mode,
+        align_corners=False,
+        antialias=antialias,
+    )
     return grid.permute(0, 2, 3, 1).reshape(tables, -1, dim).to(patch_rows.dtype)  # (P, new_rows * new_cols, D)
 
 

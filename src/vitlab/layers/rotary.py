@@ -30,6 +30,23 @@ def normalized_centres(coords: torch.Tensor, grids: torch.Tensor) -> torch.Tenso
     return 2.0 * (coords.float() + 0.5) / grids[:, None, :].float() - 1.0
 
 
+def augment_centres(
+    centres: torch.Tensor, shift: float | None = None, jitter: float | None = None, rescale: float | None = None
+) -> torch.Tensor:
+    """DINOv3's training-time augmentation of normalised patch centres (B, N, 2), one draw for the batch: a shift
+    of both axes by U(-shift, shift) each, a stretch of each axis by exp(U(-log jitter, log jitter)), a zoom of
+    both by exp(U(-log rescale, log rescale)). The model then cannot rely on absolute coordinates, only on the
+    layout of patches (and sees grids larger and smaller than the training one)."""
+    if shift is not None:
+        centres = centres + torch.empty(2, device=centres.device).uniform_(-shift, shift)
+    if jitter is not None:
+        centres = centres * torch.empty(2, device=centres.device).uniform_(-math.log(jitter), math.log(jitter)).exp()
+    if rescale is not None:
+        spread = math.log(rescale)
+        centres = centres * torch.empty(1, device=centres.device).uniform_(-spread, spread).exp()
+    return centres
+
+
 def rotary_angles(centres: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
     """centres (B, N, 2) in [-1, 1] -> angles (B, N, head_dim): [rows; cols] angles, the whole repeated twice, so
     that `rotate_half` pairs channel i with i + head_dim / 2 at the same frequency and axis."""

@@ -32,6 +32,7 @@ from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
 from vitlab.layers.attention import KERNELS, AttentionContext
 from vitlab.layers.attention_pool import AttentionPool
+from vitlab.layers.attention_probe import AttentionProbe
 from vitlab.layers.block import Block
 from vitlab.layers.mlp import mlp_factory
 from vitlab.layers.norm import norm_factory
@@ -81,6 +82,7 @@ class VisionTransformer(nn.Module):
             backbone,
             backbone.out_channels if backbone is not None else None,
             bias=not config.pre_norm,
+            norm_layer=norm_layer if config.patch_norm else None,
         )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, dim)) if config.distilled else None
@@ -97,7 +99,7 @@ class VisionTransformer(nn.Module):
 
         # Stochastic depth rises linearly with depth, from 0 at the first block to `drop_path` at the last.
         drop_rates = [config.drop_path * i / max(config.depth - 1, 1) for i in range(config.depth)]
-        mlp_layer = mlp_factory(config.mlp, config.mlp_activation)
+        mlp_layer = mlp_factory(config.mlp, config.mlp_activation, config.mlp_bias)
         self.blocks = nn.ModuleList(
             Block(
                 dim,
@@ -112,17 +114,21 @@ class VisionTransformer(nn.Module):
                 drop_path=rate,
                 layer_scale=config.layer_scale,
                 relative_tokens=self.positions.relative_tokens(self),
+                key_bias=config.key_bias,
+                proj_bias=config.proj_bias,
             )
             for rate in drop_rates
         )
         # With fc_norm (timm's "avg" models) the final norm moves from every token to the pooled vector.
         self.norm = nn.Identity() if config.fc_norm else norm_layer(dim)
         self.fc_norm = norm_layer(dim) if config.fc_norm else nn.Identity()
-        self.attn_pool = (
-            AttentionPool(dim, config.num_heads, config.mlp_dim, config.mlp_activation, config.layer_norm_eps)
-            if config.classifier == "map"
-            else None
-        )
+        self.attn_pool: AttentionPool | AttentionProbe | None = None
+        if config.classifier == "map":
+            self.attn_pool = AttentionPool(
+                dim, config.num_heads, config.mlp_dim, config.mlp_activation, config.layer_norm_eps
+            )
+        elif config.classifier == "probe":  # AIMv2: its key and value biases follow the blocks' qkv_bias
+            self.attn_pool = AttentionProbe(dim, config.num_heads, kv_bias=config.qkv_bias)
         self.gem_pool = GeneralizedMeanPool() if config.classifier == "gem" else None
         # layer_weighted: one logit per block; softmax(layer_weights) mixes the blocks' pooled outputs.
         self.layer_weights = nn.Parameter(torch.zeros(config.depth)) if config.classifier == "layer_weighted" else None
@@ -153,6 +159,8 @@ class VisionTransformer(nn.Module):
         nn.init.trunc_normal_(proj.weight, std=math.sqrt(1.0 / fan_in))
         if proj.bias is not None:
             nn.init.zeros_(proj.bias)
+        for block in self.blocks:
+            block.attn.zero_key_bias()  # a model without key bias (DINOv3) holds it at zero
         self.positions.initialise(self)  # N(0, 0.02) for learned tables and offset keys; sin-cos computed
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
@@ -233,7 +241,7 @@ class VisionTransformer(nn.Module):
             )
         patches = self.patch_embed.project(images)  # (B, D, rows, cols)
         layout = PatchLayout(tuple(patches.shape[-2:]), resample=self.dynamic_image_size)
-        return patches.flatten(2).transpose(1, 2), layout  # (B, N, D)
+        return self.patch_embed.norm(patches.flatten(2).transpose(1, 2)), layout  # (B, N, D)
 
     def embed_cut_patches(self, inputs: PatchInput) -> tuple[torch.Tensor, PatchLayout]:
         """Already-cut patches (B, N, P_h * P_w * C) -> (their embeddings (B, N, D), their layout)."""
@@ -374,7 +382,7 @@ class VisionTransformer(nn.Module):
             return tokens[:, 0]
         if classifier == "gap":
             return token_mean(patch_tokens, valid)
-        if classifier == "map":
+        if classifier in ("map", "probe"):
             return self.attn_pool(tokens, None if valid is None else with_prefix(valid, prefix))
         if classifier == "gem":
             return self.gem_pool(patch_tokens, valid)

@@ -79,7 +79,8 @@ class LearnedTable(AbsoluteTable):
             return stored(model.pos_embed)  # stored for this grid
         prefix = model.config.num_position_prefix
         patch_rows = stored(model.pos_embed)[:, prefix:]
-        return self.prefixed(model, interpolate_patch_positions(patch_rows, model.config.grid_size, grid))
+        resized = interpolate_patch_positions(patch_rows, model.config.grid_size, grid, model.config.pos_resample)
+        return self.prefixed(model, resized)
 
     @torch.no_grad()
     def resample(self, model: PositionedModel, new_config, mode: str = "bilinear") -> None:

@@ -39,6 +39,7 @@ class PositionedModel(Protocol):
     attention) and the patch embedding (whose device the positions are made on)."""
 
     config: ViTConfig
+    training: bool  # rotary positions augment coordinates in training only
     pos_embed: nn.Parameter | None
     pos_embed_row: nn.Parameter | None
     pos_embed_col: nn.Parameter | None

@@ -1,0 +1,211 @@
+"""Hugging Face AIMv2 image towers (`Aimv2VisionModel`, model_type "aimv2_vision_model", and the vision half of a
+whole `Aimv2Model`, "aimv2"), both ways.
+
+AIMv2 (Fini et al. 2025) is a pre-norm ViT without a class token whose parts differ from the paper's, each a
+ViTConfig field: RMSNorm everywhere (norm "rmsnorm"), also on the embedded patches before the position table is
+added (`patch_norm`), a SwiGLU MLP, no biases in the attention or the MLP (qkv_bias, proj_bias, mlp_bias False),
+and a head that pools with one unprojected learned query (classifier "probe", layers/attention_probe.py). The
+pooled output is that head's; the encoder output is the final RMSNorm of every patch token.
+
+HF's names -> vitlab's: embeddings.patch_embed -> patch_embed.proj, embeddings.rms_norm -> patch_embed.norm,
+embeddings.position_embedding (N, D) -> pos_embed (1, N, D), encoder.layers.N.rms_norm{1,2} -> blocks.N.norm{1,2},
+attention.{q,k,v}_proj -> attn.qkv, attention.out_proj -> attn.proj, ffn.{gate,up,down}_proj ->
+mlp.{fc1_g, fc1_x, fc2}, rms_norm -> norm, head.cls_token -> attn_pool.latent, head.{k,v}_proj -> attn_pool.kv,
+head.output_proj -> attn_pool.proj. The "native" variants (`is_native`: a fixed sin-cos table laid out
+[sin_w, cos_w, sin_h, cos_h]) are refused by name: vitlab's sin-cos table puts rows first.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from vitlab.checkpoint.hf import head_count, preprocessing_from_hf
+from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions
+from vitlab.config import ViTConfig
+from vitlab.errors import CheckpointError
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
+    import torch
+
+MODEL_TYPES = ("aimv2_vision_model", "aimv2")
+PREFIX = "vision_model."
+TEXT_PARTS = ("text_model.", "text_projection.", "visual_projection.", "logit_scale")
+LAYER = re.compile(r"encoder\.layers\.(\d+)\.")
+LAYER_PARTS = [
+    ("rms_norm1", "norm1"),
+    ("rms_norm2", "norm2"),
+    ("ffn.gate_proj", "mlp.fc1_g"),
+    ("ffn.up_proj", "mlp.fc1_x"),
+    ("ffn.down_proj", "mlp.fc2"),
+    ("attention.out_proj", "attn.proj"),
+]
+TOP_PARTS = [
+    ("embeddings.patch_embed", "patch_embed.proj"),
+    ("embeddings.rms_norm", "patch_embed.norm"),
+    ("rms_norm", "norm"),
+    ("head.output_proj", "attn_pool.proj"),
+]
+
+
+def vision_tower(state: dict[str, Any]) -> dict[str, Any]:
+    """The image tower's tensors without the "vision_model." prefix of a whole Aimv2Model (its text half set aside)."""
+    return {key.removeprefix(PREFIX): value for key, value in state.items() if not key.startswith(TEXT_PARTS)}
+
+
+def is_hf_aimv2(weights: Weights) -> bool:
+    """Key signature: the RMSNorm of AIMv2's embeddings and its encoder's feed-forward names."""
+    keys = set(vision_tower(weights.tensors))
+    return "embeddings.rms_norm.weight" in keys and "encoder.layers.0.ffn.gate_proj.weight" in keys
+
+
+def read_config(weights: Weights) -> ViTConfig:
+    """The ViTConfig of an AIMv2 image tower: config.json (a whole model's `vision_config` too), then the shapes."""
+    state, source = vision_tower(weights.tensors), weights.source
+    hf_config = dict(weights.hf_config or {})
+    hf_config = {**hf_config, **hf_config.get("vision_config", {})}
+    if hf_config.get("is_native") or "embeddings.position_embedding.weight" not in state:
+        raise CheckpointError(
+            f"{source}: a native-resolution AIMv2 (fixed sin-cos positions laid out columns first) is not "
+            "supported yet; the fixed-size AIMv2 models (learned positions) load"
+        )
+    if "head.cls_token" not in state:
+        raise CheckpointError(f"{source}: an AIMv2 image tower without its attention-pooling head is not supported")
+    if hf_config.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{source}: AIMv2 hidden_act={hf_config['hidden_act']!r}; vitlab's SwiGLU is SiLU")
+    proj = state["embeddings.patch_embed.weight"]
+    patch_size = tuple(proj.shape[2:])
+    rows = state["embeddings.position_embedding.weight"].shape[0]
+    image_size = hf_config.get("image_size") or image_size_from_positions(
+        rows, patch_size, 1, source, weights.image_size
+    )
+    embed_dim = proj.shape[0]
+    qkv_bias = "encoder.layers.0.attention.q_proj.bias" in state
+    config = ViTConfig(
+        family="aimv2",
+        image_size=image_size,
+        patch_size=patch_size,
+        in_chans=proj.shape[1],
+        embed_dim=embed_dim,
+        depth=len({m.group(1) for key in state if (m := LAYER.match(key))}),
+        num_heads=head_count(hf_config, embed_dim, source),
+        mlp_dim=state["encoder.layers.0.ffn.gate_proj.weight"].shape[0],
+        num_classes=0,
+        classifier="probe",
+        class_token=False,
+        norm="rmsnorm",
+        mlp="swiglu",
+        patch_norm=True,
+        qkv_bias=qkv_bias,
+        proj_bias="encoder.layers.0.attention.out_proj.bias" in state,
+        mlp_bias="encoder.layers.0.ffn.gate_proj.bias" in state,
+        layer_norm_eps=float(hf_config.get("rms_norm_eps", 1e-5)),
+        **preprocessing_from_hf(weights.processor, "aimv2", source),
+    )
+    return apply_hints(config, weights.hints)
+
+
+def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
+    """HF AIMv2 names -> vitlab's, fusing queries, keys and values (and the head's keys and values)."""
+    import torch
+
+    state = vision_tower(state)
+    picker = TensorPicker(state, source, "Hugging Face AIMv2 image tower")
+    take = picker.take
+    out = {}
+    for hf_name, name in TOP_PARTS:
+        out[name + ".weight"] = take(hf_name + ".weight")
+        if hf_name + ".bias" in state:
+            out[name + ".bias"] = take(hf_name + ".bias")
+    out["pos_embed"] = take("embeddings.position_embedding.weight")[None]
+    picker.skip([key for key in state if key.endswith("position_ids")])  # buffers of 0..N in some files
+    out["attn_pool.latent"] = take("head.cls_token")
+    out["attn_pool.kv.weight"] = torch.cat([take("head.k_proj.weight"), take("head.v_proj.weight")])
+    if config.qkv_bias:
+        out["attn_pool.kv.bias"] = torch.cat([take("head.k_proj.bias"), take("head.v_proj.bias")])
+    for layer in range(config.depth):
+        hf, block = f"encoder.layers.{layer}.", f"blocks.{layer}."
+        for hf_name, name in LAYER_PARTS:
+            out[block + name + ".weight"] = take(hf + hf_name + ".weight")
+            if hf + hf_name + ".bias" in state:
+                out[block + name + ".bias"] = take(hf + hf_name + ".bias")
+        parts = [hf + f"attention.{part}_proj" for part in ("q", "k", "v")]
+        out[block + "attn.qkv.weight"] = torch.cat([take(part + ".weight") for part in parts])
+        if config.qkv_bias:
+            out[block + "attn.qkv.bias"] = torch.cat([take(part + ".bias") for part in parts])
+    picker.check_all_taken()
+    return out
+
+
+def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+    """vitlab names -> HF `Aimv2VisionModel`'s (the inverse of `hf_to_state_dict`)."""
+    require_aimv2_shape(config)
+    out = {}
+    for hf_name, name in TOP_PARTS:
+        for kind in ("weight", "bias"):
+            if f"{name}.{kind}" in state:
+                out[f"{hf_name}.{kind}"] = state[f"{name}.{kind}"]
+    out["embeddings.position_embedding.weight"] = state["pos_embed"][0]
+    dim = config.embed_dim
+    out["head.cls_token"] = state["attn_pool.latent"]
+    for index, part in enumerate(("k", "v")):
+        out[f"head.{part}_proj.weight"] = state["attn_pool.kv.weight"][index * dim : (index + 1) * dim]
+        if "attn_pool.kv.bias" in state:
+            out[f"head.{part}_proj.bias"] = state["attn_pool.kv.bias"][index * dim : (index + 1) * dim]
+    for layer in range(config.depth):
+        hf, block = f"encoder.layers.{layer}.", f"blocks.{layer}."
+        for hf_name, name in LAYER_PARTS:
+            for kind in ("weight", "bias"):
+                if f"{block}{name}.{kind}" in state:
+                    out[f"{hf}{hf_name}.{kind}"] = state[f"{block}{name}.{kind}"]
+        for index, part in enumerate(("q", "k", "v")):
+            out[hf + f"attention.{part}_proj.weight"] = state[block + "attn.qkv.weight"][
+                index * dim : (index + 1) * dim
+            ]
+            if block + "attn.qkv.bias" in state:
+                out[hf + f"attention.{part}_proj.bias"] = state[block + "attn.qkv.bias"][
+                    index * dim : (index + 1) * dim
+                ]
+    return out
+
+
+def require_aimv2_shape(config: ViTConfig) -> None:
+    """One message for a model that AIMv2's layout cannot hold (HF's config has one bias switch for all)."""
+    same_biases = config.qkv_bias == config.proj_bias and config.key_bias and not config.mlp_bias
+    problems = [
+        what
+        for what, bad in (
+            ("no class token and the 'probe' head", config.class_token or config.classifier != "probe"),
+            ("RMSNorm, also on the patches", config.norm != "rmsnorm" or not config.patch_norm),
+            ("SwiGLU", config.mlp != "swiglu"),
+            ("a learned position table", config.pos_embed != "learned"),
+            ("no head after the pooling (num_classes 0)", config.num_classes != 0),
+            ("one bias switch for attention and none in the MLP", not same_biases),
+        )
+        if bad
+    ]
+    if problems:
+        raise CheckpointError(
+            "an AIMv2 checkpoint needs " + ", ".join(problems) + "; export this model as vitlab's own file"
+        )
+
+
+def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
+    """The config.json of `Aimv2VisionModel` for a vitlab model in AIMv2's arithmetic."""
+    return {
+        "model_type": "aimv2_vision_model",
+        "architectures": ["Aimv2VisionModel"],
+        "image_size": config.image_size[0],
+        "patch_size": config.patch_size[0],
+        "num_channels": config.in_chans,
+        "hidden_size": config.embed_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.mlp_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": config.layer_norm_eps,
+        "qkv_bias": config.qkv_bias,
+        "mlp_bias": config.mlp_bias,
+        "use_head": True,
+        "is_native": False,
+    }

@@ -1,0 +1,114 @@
+"""Hugging Face SigLIP 2 image towers (`Siglip2VisionModel`, model_type "siglip2_vision_model", and the vision half
+of a whole `Siglip2Model`, "siglip2"): the NaFlex models, on the way in.
+
+SigLIP 2's NaFlex tower is SigLIP's (hf_clip.py: no class token, tanh GELU, post-norm on every token, MAP head)
+with two changes. Its patch embedding is a Linear over patches flattened pixel by pixel with the channels
+innermost, which is `patchify`'s layout, so the same numbers as a (D, C, P, P) convolution: the weight is folded
+into vitlab's `patch_embed.proj`. And its learned table of a square grid (`num_patches` rows) is resized to each
+image's own grid, bilinear with antialiasing (vitlab's pos_resample "bilinear_antialias"); with a `PatchInput`
+(patches, their coordinates, a valid mask) vitlab runs each image at its own aspect ratio as SigLIP 2 does, and
+with pixels at the table's size the table is used as it is. The fixed-size SigLIP 2 checkpoints are SigLIP models
+(model_type "siglip") and load through hf_clip.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from vitlab.checkpoint import hf_clip
+from vitlab.checkpoint.io import Weights, apply_hints
+from vitlab.config import ViTConfig
+from vitlab.data.contract import Preprocessing
+from vitlab.errors import CheckpointError
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
+    import torch
+
+    from vitlab.model_input import PatchInput
+
+MODEL_TYPES = ("siglip2_vision_model", "siglip2")
+PATCH_WEIGHT = "embeddings.patch_embedding.weight"
+# Siglip2ImageProcessor: bilinear, into [-1, 1]; its aspect-preserving resize to a patch budget is the NaFlex
+# input path (vitlab's images are stretched to the table's square size until then).
+PROCESSOR_DEFAULTS: dict[str, Any] = dict(
+    image_mean=(0.5,), image_std=(0.5,), preprocessing=Preprocessing(mode="stretch", resize="bilinear")
+)
+
+
+def is_siglip2_tower(weights: Weights) -> bool:
+    """Key signature: a SigLIP image tower whose patch embedding is a Linear (2-D weight), not a convolution."""
+    tower = hf_clip.vision_tower(weights.tensors)
+    return PATCH_WEIGHT in tower and len(tower[PATCH_WEIGHT].shape) == 2 and "embeddings.class_embedding" not in tower
+
+
+def patch_size_of(weights: Weights) -> int:
+    """P from config.json, else from the Linear's input width P * P * C with three channels."""
+    hf_config = dict(weights.hf_config or {})
+    hf_config = {**hf_config, **hf_config.get("vision_config", {})}
+    tower = hf_clip.vision_tower(weights.tensors)
+    channels = hf_config.get("num_channels", 3)
+    patch = hf_config.get("patch_size") or math.isqrt(tower[PATCH_WEIGHT].shape[1] // channels)
+    if patch * patch * channels != tower[PATCH_WEIGHT].shape[1]:
+        raise CheckpointError(
+            f"{weights.source}: a patch embedding of width {tower[PATCH_WEIGHT].shape[1]} is not "
+            f"{patch}x{patch}x{channels} patches; put the model's config.json beside it"
+        )
+    return patch
+
+
+def as_convolution(state: dict[str, Any], patch: int) -> dict[str, Any]:
+    """The tower's tensors with the Linear patch embedding (D, P * P * C) as the convolution (D, C, P, P) it is."""
+    out = dict(state)
+    for key, value in state.items():
+        if key.endswith(PATCH_WEIGHT) and len(value.shape) == 2:
+            dim, width = value.shape
+            out[key] = value.reshape(dim, patch, patch, width // (patch * patch)).permute(0, 3, 1, 2)
+    return out
+
+
+def read_config(weights: Weights) -> ViTConfig:
+    """SigLIP's config of the tower (hf_clip), made SigLIP 2's: its table resampling and processor."""
+    patch = patch_size_of(weights)
+    hf_config = dict(weights.hf_config or {})
+    hf_config = {**hf_config, **hf_config.get("vision_config", {})}
+    side = math.isqrt(int(hf_config.get("num_patches", 0)) or hf_clip_rows(weights))
+    hf_config["image_size"] = side * patch
+    for key in ("image_mean", "image_std"):
+        if weights.processor and key in weights.processor:
+            hf_config[key] = weights.processor[key]
+    config = hf_clip.config_from_clip(as_convolution(weights.tensors, patch), hf_config, weights.source)
+    config = config.replace(family="siglip2", pos_resample="bilinear_antialias", **PROCESSOR_DEFAULTS)
+    if weights.processor:
+        config = config.replace(
+            image_mean=tuple(weights.processor.get("image_mean", config.image_mean)),
+            image_std=tuple(weights.processor.get("image_std", config.image_std)),
+        )
+    return apply_hints(config, weights.hints)
+
+
+def hf_clip_rows(weights: Weights) -> int:
+    return hf_clip.vision_tower(weights.tensors)["embeddings.position_embedding.weight"].shape[0]
+
+
+def siglip2_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
+    """HF SigLIP 2 names -> vitlab's: SigLIP's (hf_clip), the patch Linear folded into the convolution."""
+    return hf_clip.clip_to_state_dict(as_convolution(state, config.patch_size[0]), config, source)
+
+
+def patch_input_from_processor(
+    pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor, spatial_shapes: torch.Tensor
+) -> PatchInput:
+    """What `Siglip2ImageProcessor` returns -> the `PatchInput` vitlab's models take: its patches are already in
+    `patchify`'s layout (pixel by pixel, channels innermost); each image's (rows, cols) gives its patches'
+    coordinates in row-major order, padding at the end (coordinate (0, 0), masked)."""
+    import torch
+
+    from vitlab.model_input import PatchInput
+
+    batch, length = pixel_values.shape[:2]
+    index = torch.arange(length, device=pixel_values.device)[None].expand(batch, -1)
+    cols = spatial_shapes[:, 1:2].clamp(min=1)
+    valid = pixel_attention_mask.bool()
+    coords = torch.stack([index // cols, index % cols], dim=-1).masked_fill(~valid[..., None], 0)
+    return PatchInput(pixel_values, coords, valid)

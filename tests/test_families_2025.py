@@ -1,0 +1,235 @@
+"""The 2025 backbones (issue 35): DINOv3, AIMv2 and SigLIP 2 NaFlex load by content from transformers' and timm's
+layouts with the reference code's outputs, and go back out in transformers' layout.
+
+The transformers fixtures (tests/fixtures/hf_dinov3*, hf_aimv2_vision, hf_siglip2_vision) were written by
+transformers itself (tools/make_hf_fixtures.py). timm cannot be installed here (it needs torchvision), so the timm
+files below are built in this test from timm's published key names and shapes (timm/models/eva.py and
+vision_transformer.py, read at commit aa4b5850), with the weights of a transformers fixture mapped by this test's
+own table, independent of vitlab's converters: equal outputs then check both mappings at once."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import FIXTURES
+from vitlab import load_model, read_checkpoint
+from vitlab.checkpoint.formats import export_checkpoint
+from vitlab.checkpoint.hf_siglip2 import patch_input_from_processor
+from vitlab.errors import CheckpointError
+
+TOLERANCE = 1e-4
+
+
+def reference(name: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / f"{name}.io.npz", allow_pickle=False) as io:
+        return dict(io)
+
+
+def outputs(model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(last hidden state after the final norm, pooled output) of a vitlab model."""
+    with torch.no_grad():
+        out = model.forward_intermediates(inputs, attention_layers=None, hidden_states=False)
+    return out["encoder"], out["pre_logits"]
+
+
+def assert_close(actual: torch.Tensor, expected: np.ndarray) -> None:
+    torch.testing.assert_close(actual, torch.from_numpy(expected), atol=TOLERANCE, rtol=0)
+
+
+# ------------------------------------------------------------------------------ transformers' layouts
+@pytest.mark.parametrize("name", ["hf_dinov3", "hf_dinov3_swiglu", "hf_aimv2_vision", "hf_siglip2_vision"])
+def test_a_transformers_checkpoint_gives_its_hidden_states_and_pooled_output(name):
+    io = reference(name)
+    model = load_model(FIXTURES / name)
+    assert model.config.family == {"hf_a": "aimv2", "hf_s": "siglip2"}.get(name[:4], "dinov3")
+    hidden, pooled = outputs(model, torch.from_numpy(io["input_nchw"]))
+    assert_close(hidden, io["last_hidden_state"])
+    assert_close(pooled, io["features"])
+
+
+def test_dinov3_rotary_positions_follow_a_non_square_grid_with_nothing_resampled():
+    io = reference("hf_dinov3_swiglu")  # patch 8: 40x64 is a 5x8 grid, the model made for 32x32
+    model = load_model(FIXTURES / "hf_dinov3_swiglu")
+    assert model.config.mlp == "swiglu" and not model.config.key_bias and model.pos_embed is None
+    model.dynamic_image_size = True
+    hidden, pooled = outputs(model, torch.from_numpy(io["input_wide"]))
+    assert hidden.shape[1] == 1 + 2 + 5 * 8
+    assert_close(hidden, io["last_hidden_state_wide"])
+    assert_close(pooled, io["features_wide"])
+
+
+def test_siglip2_naflex_runs_each_image_at_its_own_aspect_ratio_in_one_padded_batch():
+    io = reference("hf_siglip2_vision")
+    model = load_model(FIXTURES / "hf_siglip2_vision")
+    assert model.config.pos_resample == "bilinear_antialias"
+    batch = patch_input_from_processor(
+        torch.from_numpy(io["naflex_pixel_values"]),
+        torch.from_numpy(io["naflex_pixel_attention_mask"]),
+        torch.from_numpy(io["naflex_spatial_shapes"]),
+    )
+    hidden, pooled = outputs(model, batch)
+    valid = torch.from_numpy(io["naflex_pixel_attention_mask"]).bool()
+    assert_close(hidden[valid], io["naflex_last_hidden_state"][valid.numpy()])  # padding tokens are not compared
+    assert_close(pooled, io["naflex_features"])
+
+
+def test_a_whole_model_folder_and_model_type_alone_choose_the_same_rows():
+    for name, row in [("hf_dinov3", "hf-dinov3"), ("hf_aimv2_vision", "hf-aimv2"), ("hf_siglip2_vision", "hf-siglip2")]:
+        config, _, kind = read_checkpoint(FIXTURES / name)
+        assert kind == "hf" and config.family is not None, row
+
+
+@pytest.mark.parametrize("name", ["hf_dinov3", "hf_dinov3_swiglu", "hf_aimv2_vision"])
+def test_vitlab_writes_them_back_in_transformers_layout_and_transformers_loads_them_equal(tmp_path, name):
+    transformers = pytest.importorskip("transformers")
+    io = reference(name)
+    model = load_model(FIXTURES / name)
+    export_checkpoint(model, tmp_path / "out", to="hf")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    reference_class = {"dinov3_vit": transformers.DINOv3ViTModel, "aimv2_vision_model": transformers.Aimv2VisionModel}
+    reloaded = reference_class[written["model_type"]].from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        output = reloaded(pixel_values=torch.from_numpy(io["input_nchw"]))
+    assert_close(output.last_hidden_state, io["last_hidden_state"])
+    assert_close(output.pooler_output, io["features"])
+
+
+def test_a_model_in_no_family_layout_is_refused_by_the_family_writer(tmp_path):
+    model = load_model(FIXTURES / "hf_siglip2_vision")
+    with pytest.raises(CheckpointError, match="does not write siglip2 models in transformers' layout"):
+        export_checkpoint(model, tmp_path / "out", to="hf")
+    plain = load_model(FIXTURES / "hf_vit")
+    with pytest.raises(CheckpointError, match="a DINOv3 checkpoint needs rotary positions"):
+        from vitlab.checkpoint.hf_dinov3 import state_dict_to_hf
+
+        state_dict_to_hf(plain.state_dict(), plain.config.replace(family="dinov3"))
+
+
+# ------------------------------------------------------------------------------ timm's layouts
+def timm_dinov3_from_hf(hf: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
+    """The transformers DINOv3 fixture's weights under timm's EVA names (eva.py, `vit_*_patch16_dinov3_qkvb`):
+    fused qkv weight, q_bias and v_bias (the zero key bias is a buffer timm does not save), gamma_1/gamma_2."""
+    out = {
+        "cls_token": hf["embeddings.cls_token"],
+        "reg_token": hf["embeddings.register_tokens"],
+        "patch_embed.proj.weight": hf["embeddings.patch_embeddings.weight"],
+        "patch_embed.proj.bias": hf["embeddings.patch_embeddings.bias"],
+        "norm.weight": hf["norm.weight"],
+        "norm.bias": hf["norm.bias"],
+    }
+    for i in range(depth):
+        layer, block = f"layer.{i}.", f"blocks.{i}."
+        out[block + "attn.qkv.weight"] = torch.cat([hf[layer + f"attention.{p}_proj.weight"] for p in ("q", "k", "v")])
+        out[block + "attn.q_bias"] = hf[layer + "attention.q_proj.bias"]
+        out[block + "attn.v_bias"] = hf[layer + "attention.v_proj.bias"]
+        out[block + "attn.proj.weight"] = hf[layer + "attention.o_proj.weight"]
+        out[block + "attn.proj.bias"] = hf[layer + "attention.o_proj.bias"]
+        out[block + "gamma_1"] = hf[layer + "layer_scale1.lambda1"]
+        out[block + "gamma_2"] = hf[layer + "layer_scale2.lambda1"]
+        for part in ("norm1", "norm2"):
+            for kind in ("weight", "bias"):
+                out[f"{block}{part}.{kind}"] = hf[f"{layer}{part}.{kind}"]
+        mlp = (
+            [("gate_proj", "fc1_g"), ("up_proj", "fc1_x"), ("down_proj", "fc2")]
+            if layer + "mlp.gate_proj.weight" in hf
+            else [("up_proj", "fc1"), ("down_proj", "fc2")]
+        )
+        for theirs, timm_name in mlp:
+            for kind in ("weight", "bias"):
+                out[f"{block}mlp.{timm_name}.{kind}"] = hf[f"{layer}mlp.{theirs}.{kind}"]
+    return out
+
+
+@pytest.mark.parametrize("name", ["hf_dinov3", "hf_dinov3_swiglu"])
+def test_a_timm_dinov3_file_gives_the_reference_outputs(tmp_path, name):
+    io = reference(name)
+    hf = load_file(FIXTURES / name / "model.safetensors")
+    depth = json.loads((FIXTURES / name / "config.json").read_text())["num_hidden_layers"]
+    save_file(timm_dinov3_from_hf(hf, depth), tmp_path / "dinov3.safetensors")
+    # timm's DINOv3 heads are 64 wide; this 32-wide fixture has 4 heads of 8, which a file cannot say.
+    model = load_model(tmp_path / "dinov3.safetensors", num_heads=4)
+    assert read_checkpoint(tmp_path / "dinov3.safetensors", {"num_heads": 4})[2] == "timm"
+    assert model.config.pos_embed == "rope" and model.config.register_tokens == 2
+    model.config = model.config.replace(image_size=io["input_nchw"].shape[-1])  # timm's default input is 256
+    hidden, pooled = outputs(model, torch.from_numpy(io["input_nchw"]))
+    assert_close(hidden, io["last_hidden_state"])
+    assert_close(pooled, io["features"])
+
+
+def test_vitlab_writes_dinov3_back_in_timm_eva_names(tmp_path):
+    from vitlab.checkpoint.families import family
+
+    model = load_model(FIXTURES / "hf_dinov3")
+    written = family("timm-dinov3").from_vitlab(model.state_dict(), model.config)
+    hf = load_file(FIXTURES / "hf_dinov3" / "model.safetensors")
+    expected = timm_dinov3_from_hf(hf, model.config.depth)
+    assert set(written) == set(expected)
+    assert all(torch.equal(written[key], expected[key]) for key in expected)
+
+
+def timm_aimv2_from_hf(hf: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
+    """The transformers AIMv2 fixture's encoder under timm's names (vision_transformer.py, `aimv2_*`): RmsNorm
+    norms with weights only, `patch_embed.norm`, SwiGLU `fc1_g`/`fc1_x`/`fc2`, no biases; timm's AIMv2 has no
+    attention-pooling head (it averages the tokens), so the head's tensors are left out."""
+    out = {
+        "patch_embed.proj.weight": hf["embeddings.patch_embed.weight"],
+        "patch_embed.proj.bias": hf["embeddings.patch_embed.bias"],
+        "patch_embed.norm.weight": hf["embeddings.rms_norm.weight"],
+        "pos_embed": hf["embeddings.position_embedding.weight"][None],
+        "norm.weight": hf["rms_norm.weight"],
+    }
+    for i in range(depth):
+        layer, block = f"encoder.layers.{i}.", f"blocks.{i}."
+        out[block + "norm1.weight"] = hf[layer + "rms_norm1.weight"]
+        out[block + "norm2.weight"] = hf[layer + "rms_norm2.weight"]
+        out[block + "attn.qkv.weight"] = torch.cat([hf[layer + f"attention.{p}_proj.weight"] for p in ("q", "k", "v")])
+        out[block + "attn.proj.weight"] = hf[layer + "attention.out_proj.weight"]
+        for theirs, timm_name in [("gate_proj", "fc1_g"), ("up_proj", "fc1_x"), ("down_proj", "fc2")]:
+            out[f"{block}mlp.{timm_name}.weight"] = hf[f"{layer}ffn.{theirs}.weight"]
+    return out
+
+
+def test_a_timm_aimv2_file_gives_the_reference_hidden_states_and_timm_average(tmp_path):
+    io = reference("hf_aimv2_vision")
+    hf = load_file(FIXTURES / "hf_aimv2_vision" / "model.safetensors")
+    save_file(timm_aimv2_from_hf(hf, 2), tmp_path / "aimv2.safetensors")
+    model = load_model(tmp_path / "aimv2.safetensors", num_heads=4)
+    config = model.config
+    assert (config.norm, config.mlp, config.patch_norm, config.qkv_bias, config.proj_bias, config.mlp_bias) == (
+        "rmsnorm",
+        "swiglu",
+        True,
+        False,
+        False,
+        False,
+    )
+    assert config.layer_norm_eps == 1e-5 and config.classifier == "gap" and not config.class_token
+    hidden, pooled = outputs(model, torch.from_numpy(io["input_nchw"]))
+    assert_close(hidden, io["last_hidden_state"])
+    assert_close(pooled, io["last_hidden_state"].mean(axis=1))  # timm's AIMv2 pools by the mean
+
+
+def test_a_timm_siglip2_file_is_siglip_layout():
+    """timm's `vit_*_siglip*.v2_webli` models are SigLIP's timm layout (the existing `timm_siglip` fixture): the
+    same names and MAP head, so they load as that fixture does."""
+    config, _, kind = read_checkpoint(FIXTURES / "timm_siglip.safetensors")
+    assert kind == "timm" and config.classifier == "map" and not config.class_token
+
+
+# ------------------------------------------------------------------------------ training-time rope augmentation
+def test_rope_coordinate_augmentation_acts_in_training_only():
+    model = load_model(FIXTURES / "hf_dinov3")
+    assert model.config.rope_rescale == 2.0  # DINOv3's released configuration
+    images = torch.from_numpy(reference("hf_dinov3")["input_nchw"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        evaluated = [outputs(model, images)[0] for _ in range(2)]
+        model.train()
+        trained = [model.forward_features(images) for _ in range(2)]
+    assert torch.equal(evaluated[0], evaluated[1])
+    assert not torch.allclose(trained[0], trained[1])  # a new rescale drawn per batch
