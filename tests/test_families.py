@@ -27,6 +27,10 @@ FAMILIES = [
     ("CLIP image tower, timm QuickGELU", "timm_clip_quickgelu.safetensors", False, "projection"),
     ("SigLIP image tower, HF", "hf_siglip_vision", False, None),
     ("SigLIP image tower, timm", "timm_siglip.safetensors", False, None),
+    ("DINOv3, HF DINOv3ViTModel", "hf_dinov3", False, "register_tokens"),
+    ("DINOv3 with SwiGLU, HF", "hf_dinov3_swiglu", False, "layer_scale"),
+    ("AIMv2 image tower, HF", "hf_aimv2_vision", False, "patch_norm"),
+    ("SigLIP 2 NaFlex image tower, HF", "hf_siglip2_vision", False, "family"),
 ]
 
 

@@ -24,7 +24,7 @@ from vitlab.cli import main
 from vitlab.data.imagenet import imagenet1k_class_names, says_imagenet1k
 from vitlab.download import crc32c, published_digests
 from vitlab.errors import CheckpointError, UsageError
-from vitlab.pretrained import is_checkpoint_name, name_stem, parse_name, pretrained_table
+from vitlab.pretrained import TOP1_OF, is_checkpoint_name, name_stem, parse_name, pretrained_table, table_row
 
 
 @pytest.fixture
@@ -167,6 +167,21 @@ def test_every_reference_checkpoint_loads_by_name_as_from_its_files(server):
         with torch.no_grad():
             assert by_name.config == from_files.config, name
             assert torch.equal(by_name.forward_features(images), from_files.forward_features(images)), name
+
+
+def test_a_gated_repository_says_to_accept_the_licence_and_set_hf_token(server, monkeypatch):
+    """DINOv3's hub repositories are gated: without a token of an account that accepted the licence the hub
+    answers 401 GatedRepo; the message says what to do, and with the token the same name loads."""
+    repo = "facebook/dinov3-vits16-pretrain-lvd1689m"
+    server.repos[repo] = folder_files(FIXTURES / "hf_dinov3")
+    server.gated[repo] = "hf_accepted"
+    with pytest.raises(CheckpointError) as refused:
+        load_model("hf-hub:" + repo)
+    message = str(refused.value)
+    assert f"{repo} on {server.url} is gated (HTTP 401/403): accept its licence on the model page" in message
+    assert f"https://huggingface.co/{repo}" in message and "set HF_TOKEN" in message
+    monkeypatch.setenv("HF_TOKEN", "hf_accepted")
+    assert same_logits(load_model("hf-hub:" + repo), load_model(FIXTURES / "hf_dinov3"))
 
 
 def test_bucket_names_urls_and_the_mirror_load_the_official_npz(tmp_path, server):
@@ -437,8 +452,23 @@ def test_the_pretrained_table_lists_real_checkpoints(capsys):
     for variant in ("B/16", "L/16", "B/32", "L/32"):
         assert f"imagenet21k:{variant}" in names and f"imagenet21k:{variant}-in1k-384" in names
     for row in pretrained_table():
-        assert row["family"] in ("vit", "deit", "dino", "dinov2", "mae", "clip", "siglip") and row["verified"]
+        assert (
+            row["family"] in ("vit", "deit", "dino", "dinov2", "mae", "clip", "siglip", "dinov3", "siglip2", "aimv2")
+            and row["verified"]
+        )
         assert row["size_mib"] > 0 and row["licence"] and (row["top1"] is None or row["top1_source"])
+        assert row["top1_of"] is None or row["top1_of"] in TOP1_OF
+    for size in ("s16", "s16plus", "b16", "l16", "h16plus", "7b16"):  # issue 35: DINOv3 S/16 to 7B/16, gated
+        row = table_row(f"hf-hub:facebook/dinov3-vit{size}-pretrain-lvd1689m")
+        assert row["gated"] and row["licence"] == "DINOv3 License"
+    for name in (
+        "google/siglip2-base-patch16-224",
+        "google/siglip2-base-patch16-512",
+        "google/siglip2-so400m-patch14-384",
+    ):
+        assert table_row("hf-hub:" + name)["family"] == "siglip2"
+    assert table_row("hf-hub:google/siglip2-base-patch16-naflex")["layout"] == "siglip2 naflex"
+    assert table_row("hf-hub:apple/aimv2-large-patch14-224")["top1_of"] == "attentive probe"
     assert main(["pretrained", "--family", "dinov2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {row["family"] for row in rows} == {"dinov2"} and len(rows) == 6

@@ -55,4 +55,17 @@ def test_the_cli_traces_a_variant_and_a_checkpoint_with_activation_statistics(ca
     assert "parameters used on the way: 86,567,656" in out
     assert main(["info", str(FIXTURES / "hf_dinov2"), "--trace"]) == 0
     out = capsys.readouterr().out
-    assert "mean     std" in out and "prepend the class token" in out and "LayerScale" not in out
+    assert "mean     std" in out and "prepend the class token" in out
+    assert "note: scaled per channel by LayerScale's learned gamma" in out  # DINOv2's ls1 / ls2
+
+
+def test_the_trace_shows_the_rotary_step_with_its_equation_and_the_patch_norm(capsys):
+    assert main(["info", str(FIXTURES / "hf_dinov3"), "--trace"]) == 0
+    out = capsys.readouterr().out
+    assert "block 1: 2-D rotary positions: turn the patch tokens' queries and keys (theta 100; the 3 prefix" in out
+    assert "q' = q cos(a) + rotate_half(q) sin(a),  a(r, c) = 2 pi [y f; x f; y f; x f]" in out
+    assert "block 2 of 2: the same seven steps" in out
+    assert main(["info", str(FIXTURES / "hf_aimv2_vision"), "--trace"]) == 0
+    out = capsys.readouterr().out
+    assert "note: then a RMSNorm of every projected patch" in out or "of every projected patch" in out
+    assert "pool: attention pooling from a learned query (AIMv2)" in out

@@ -95,6 +95,8 @@ TOP1_OF = {
     "its fine-tune": "fine-tuned",
     "linear probe": "linear probe",
     "zero-shot": "zero-shot",
+    "attentive probe": "attentive probe",
+    "k-NN": "k-NN",
 }
 
 

@@ -76,7 +76,9 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
         Step(f"cut into {patches.shape[1]} patches of {ph}x{pw}x{source.shape[1]}, each flattened", "x_p^i", patches)
     )
     projected, layout = model.embed_patches(image)
-    steps.append(Step("linear projection of every patch", "x_p^i E", projected, count(embed.proj)))
+    steps.append(Step("linear projection of every patch", "x_p^i E", projected, count(embed.proj, embed.norm)))
+    if config.patch_norm:
+        steps[-1].notes.append(f"then a {norm_name} of every projected patch (AIMv2's patch_embed.norm)")
     tokens = model.prepend_prefix(projected)
     names = [
         name
@@ -127,6 +129,22 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
             steps.append(Step("add the position table", "z + E_pos^l", x, block=index))
         normed = block.norm1(x)
         steps.append(Step(norm_name, "LN(z_{l-1})", normed, count(block.norm1), index))
+        rope = context.attention.rope
+        if rope is not None and index == 0:  # the same turn in every block; shown once, on the queries
+            queries = block.attn.qkv(normed)[..., : config.embed_dim]
+            queries = block.attn.q_norm(queries.reshape(*queries.shape[:2], config.num_heads, config.head_dim))
+            turned = rope.rotate(queries.transpose(1, 2)).transpose(1, 2).flatten(2)
+            steps.append(
+                Step(
+                    f"2-D rotary positions: turn the patch tokens' queries and keys (theta {config.rope_theta:g}; "
+                    f"the {prefix} prefix token{'s' if prefix != 1 else ''} unturned)",
+                    "q' = q cos(a) + rotate_half(q) sin(a),  a(r, c) = 2 pi [y f; x f; y f; x f],  "
+                    "f_i = theta^(-4i/d_head),  (y, x) = patch centre in [-1, 1]",
+                    turned,
+                    0,
+                    index,
+                )
+            )
         attended = block.ls1(block.attn(normed, **context.attention.kwargs()))
         steps.append(
             Step(
@@ -137,6 +155,8 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
                 index,
             )
         )
+        if not isinstance(block.ls1, nn.Identity) and index == 0:
+            steps[-1].notes.append("scaled per channel by LayerScale's learned gamma (ls1; the MLP's by ls2)")
         x = x + attended
         steps.append(Step("residual", "z'_l = MSA(LN(z_{l-1})) + z_{l-1}   (eq. 2)", x, 0, index))
         normed = block.norm2(x)
@@ -201,6 +221,9 @@ def format_trace(steps: list[Step], title: str, statistics: bool) -> str:
         return text
 
     blocks = max((s.block for s in steps if s.block is not None), default=-1) + 1
+    words = {6: "six", 7: "seven", 8: "eight"}
+    first_block = sum(s.block == 0 for s in steps)
+    first_block = words.get(first_block, str(first_block))
     for step in steps:
         if step.block is None:
             lines.append(row(step.name, step, step.params))
@@ -209,10 +232,15 @@ def format_trace(steps: list[Step], title: str, statistics: bool) -> str:
         elif step.block == 0:
             lines.append(row(f"block 1: {step.name}", step, step.params))
             lines.append(f"  {'':<4}{step.equation}")
+            lines += [f"  {'':<4}note: {note}" for note in step.notes]
         elif step.equation.startswith("z_l = "):  # one line per later block: its output z_l
             params = sum(s.params for s in steps if s.block == step.block)
             lines.append(
-                row(f"block {step.block + 1} of {blocks}: the same six steps -> z_{step.block + 1}", step, params)
+                row(
+                    f"block {step.block + 1} of {blocks}: the same {first_block} steps -> z_{step.block + 1}",
+                    step,
+                    params,
+                )
             )
     total = sum(s.params for s in steps)
     lines.append(f"  parameters used on the way: {total:,}")
