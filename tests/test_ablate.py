@@ -24,7 +24,7 @@ QUICK = ["--set", "epochs=2", "--set", "warmup_epochs=1"]
 @pytest.mark.parametrize(
     "vary,message",
     [
-        (["pos_embd=none,learned"], "unknown setting (did you mean pos_embed?)"),
+        (["pos_embd=none,learned"], "unknown setting (did you mean pos_embed, pos_resample?)"),
         (["pos_embed=none,rotary3d"], "pos_embed=rotary3d is not valid with this recipe: pos_embed must be one of"),
         (["lr=1e-3,-1"], "lr=-1 is not valid with this recipe: lr must be positive"),
         (["depth=two"], "depth=two is not valid"),

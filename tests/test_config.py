@@ -11,7 +11,15 @@ def test_variant_table_decodes_paper_names():
     assert variant_config("L/32").depth == 24 and variant_config("H/14").embed_dim == 1280
     hybrid = variant_config("R50+B/16")
     assert hybrid.resnet_layers == (3, 4, 9) and hybrid.patch_size == (1, 1) and hybrid.grid_size == (14, 14)
-    assert len(variant_names()) == 5 * 4 + 3 + 3
+    assert len(variant_names()) == 5 * 4 + 3 + 3 + 5  # + the 2025 backbones' architectures
+
+
+def test_the_2025_presets_build_each_familys_arithmetic():
+    dinov3 = variant_config("dinov3-B/16")
+    assert (dinov3.pos_embed, dinov3.register_tokens, dinov3.key_bias, dinov3.num_classes) == ("rope", 4, False, 0)
+    aimv2 = variant_config("aimv2-L/14")
+    assert (aimv2.num_heads, aimv2.head_dim, aimv2.classifier, aimv2.norm) == (8, 128, "probe", "rmsnorm")
+    assert variant_config("siglip2-B/16").pos_resample == "bilinear_antialias"
 
 
 def test_unknown_variant_lists_the_known_ones():

@@ -22,6 +22,24 @@ def test_formula_equals_the_traced_count_for_every_variant(name):
         ("R26+S/32", dict(image_size=(64, 96), resnet_width_factor=0.5, in_chans=1)),
         ("S/16", dict(classifier="gap", representation_size=128, num_classes=7, qkv_bias=False)),
         ("digits-8", dict(image_size=(8, 12), num_classes=0)),
+        # the 2025 parts together, at a non-square size
+        (
+            "digits-8",
+            dict(
+                image_size=(8, 12),
+                pos_embed="rope",
+                register_tokens=2,
+                layer_scale=0.1,
+                norm="rmsnorm",
+                mlp="swiglu",
+                patch_norm=True,
+                proj_bias=False,
+                mlp_bias=False,
+                classifier="probe",
+                class_token=True,
+            ),
+        ),
+        ("digits-8", dict(classifier="map", class_token=False, key_bias=False, qkv_bias=True, num_classes=3)),
     ],
 )
 def test_formula_equals_the_traced_count_for_other_shapes(name, changes):
@@ -31,7 +49,7 @@ def test_formula_equals_the_traced_count_for_other_shapes(name, changes):
 
 
 def test_formula_refuses_what_it_does_not_cover():
-    config = variant_config("Ti/16", classifier="map")
+    config = variant_config("Ti/16", classifier="gem")
     assert not formula_covers(config)
     with pytest.raises(ValueError, match="model_stats"):
         parameters_and_flops(config)

@@ -233,3 +233,86 @@ def test_rope_coordinate_augmentation_acts_in_training_only():
         trained = [model.forward_features(images) for _ in range(2)]
     assert torch.equal(evaluated[0], evaluated[1])
     assert not torch.allclose(trained[0], trained[1])  # a new rescale drawn per batch
+
+
+def test_dinov3_key_bias_stays_zero_through_training_after_loading():
+    """No key bias (DINOv3): the keys' third of the fused bias is zero after loading and no optimiser step moves
+    it, while the query and value biases train."""
+    model = load_model(FIXTURES / "hf_dinov3").train()
+    bias = model.blocks[0].attn.qkv.bias
+    dim = model.config.embed_dim
+    before = bias.detach().clone()
+    assert not before[dim : 2 * dim].any()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    images = torch.from_numpy(reference("hf_dinov3")["input_nchw"])
+    for _ in range(2):
+        optimizer.zero_grad()
+        model.forward_features(images).square().mean().backward()
+        optimizer.step()
+    assert not bias[dim : 2 * dim].any()
+    assert not torch.equal(bias[:dim], before[:dim]) and not torch.equal(bias[2 * dim :], before[2 * dim :])
+
+
+def test_dinov3_exports_to_onnx_with_a_dynamic_size_its_rotary_tables_computed_in_the_graph(tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from vitlab.cli import main
+
+    assert main(["export", str(FIXTURES / "hf_dinov3_swiglu"), "-o", str(tmp_path / "m.onnx"), "--dynamic-size"]) == 0
+    io = reference("hf_dinov3_swiglu")
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"))
+    for images, expected in ((io["input_nchw"], io["features"]), (io["input_wide"], io["features_wide"])):
+        (pooled,) = session.run(None, {session.get_inputs()[0].name: images})
+        np.testing.assert_allclose(pooled, expected, atol=TOLERANCE, rtol=0)  # 32x32, then the 5x8 grid
+
+
+@pytest.mark.slow
+def test_a_fine_tuned_dinov3_is_served(tmp_path):
+    """A backbone is refused by `serve` (features, not classes: issue 36 serves embeddings); fine-tuned, it serves
+    predictions as `vitlab predict` gives them."""
+    from test_serve import Server, png
+    from vitlab.cli import main
+
+    args = ["finetune", "--from", str(FIXTURES / "hf_dinov3"), "--dataset", "digits", "--epochs", "1"]
+    assert main([*args, "--out-dir", str(tmp_path), "--set", "run_name=ft", "--set", "progress=false"]) == 0
+    server = Server(tmp_path / "ft")
+    try:
+        status, _, body = server.post_image(png(np.full((16, 16), 128, dtype=np.uint8)))
+    finally:
+        server.stop()
+    assert status == 200 and len(json.loads(body)["predictions"]) > 0
+
+
+def test_dinov3_exported_to_timm_is_the_eva_layout_and_reads_back_equal(tmp_path):
+    from vitlab.cli import main
+
+    out = tmp_path / "dinov3-timm.safetensors"
+    assert main(["convert", str(FIXTURES / "hf_dinov3"), str(out), "--to", "timm"]) == 0
+    written = load_file(out)
+    assert "blocks.0.gamma_1" in written and "blocks.0.attn.q_bias" in written and "blocks.0.ls1.gamma" not in written
+    args = json.loads(out.with_suffix(".json").read_text())
+    assert args["rope_type"] == "dinov3" and args["num_reg_tokens"] == 2 and args["global_pool"] == "token"
+    io = reference("hf_dinov3")
+    hidden, pooled = outputs(load_model(out), torch.from_numpy(io["input_nchw"]))
+    assert_close(hidden, io["last_hidden_state"])
+
+
+def test_the_image_tower_of_a_whole_siglip2_model_loads_with_its_text_half_set_aside(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, patch_size=4)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=99)
+    whole = transformers.Siglip2Model(
+        transformers.Siglip2Config(vision_config={**vision, "num_patches": 16}, text_config=text)
+    ).eval()
+    whole.save_pretrained(tmp_path / "siglip2")
+    model = load_model(tmp_path / "siglip2")
+    assert model.config.family == "siglip2" and model.config.image_size == (16, 16)
+    images = torch.randn(2, 3, 16, 16)
+    patches = images.reshape(2, 3, 4, 4, 4, 4).permute(0, 2, 4, 3, 5, 1).reshape(2, 16, -1)
+    with torch.no_grad():
+        expected = whole.vision_model(
+            pixel_values=patches,
+            pixel_attention_mask=torch.ones(2, 16, dtype=torch.long),
+            spatial_shapes=torch.tensor([[4, 4]] * 2),
+        ).pooler_output
+    torch.testing.assert_close(outputs(model, images)[1], expected, atol=TOLERANCE, rtol=0)

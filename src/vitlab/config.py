@@ -487,10 +487,56 @@ SMALL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The 2025 backbones' architectures at the paper's sizes (random weights: for `bench`, `models`, training from
+# scratch; their trained weights load by name, `vitlab pretrained`). DINOv3: rotary positions, 4 registers,
+# LayerScale, no key bias, LayerNorm eps 1e-5, the class token as output. AIMv2: RMSNorm (also on the patches),
+# SwiGLU, no biases, the attention-probe head, 128-wide heads. SigLIP 2: SigLIP's tower, antialiased table resizing.
+DINOV3 = dict(
+    family="dinov3",
+    pos_embed="rope",
+    register_tokens=4,
+    layer_scale=1.0,
+    key_bias=False,
+    layer_norm_eps=1e-5,
+    rope_rescale=2.0,
+    num_classes=0,
+    image_mean=(0.485, 0.456, 0.406),
+    image_std=(0.229, 0.224, 0.225),
+)
+AIMV2 = dict(
+    family="aimv2",
+    classifier="probe",
+    class_token=False,
+    norm="rmsnorm",
+    mlp="swiglu",
+    patch_norm=True,
+    qkv_bias=False,
+    proj_bias=False,
+    mlp_bias=False,
+    layer_norm_eps=1e-5,
+    num_classes=0,
+    image_mean=(0.48145466, 0.4578275, 0.40821073),
+    image_std=(0.26862954, 0.26130258, 0.27577711),
+)
+SIGLIP2 = dict(
+    family="siglip2",
+    classifier="map",
+    class_token=False,
+    mlp_activation="gelu_tanh",
+    pos_resample="bilinear_antialias",
+    num_classes=0,
+)
+FAMILY_PRESETS: dict[str, dict[str, Any]] = {
+    **{f"dinov3-{size}/16": dict(MODEL_SIZES[size], **DINOV3, patch_size=16) for size in ("S", "B", "L")},
+    "aimv2-L/14": dict(embed_dim=1024, depth=24, num_heads=8, mlp_dim=2816, patch_size=14, **AIMV2),
+    "siglip2-B/16": dict(MODEL_SIZES["B"], patch_size=16, **SIGLIP2),
+}
+
+
 def variant_names() -> list[str]:
     """Every name `variant_config` accepts, in table order."""
     names = [f"{size}/{patch}" for size in MODEL_SIZES for patch in PATCH_SIZES]
-    return names + list(HYBRIDS) + list(SMALL_PRESETS)
+    return names + list(HYBRIDS) + list(SMALL_PRESETS) + list(FAMILY_PRESETS)
 
 
 def variant_config(name: str, **overrides: Any) -> ViTConfig:
@@ -502,6 +548,8 @@ def variant_config(name: str, **overrides: Any) -> ViTConfig:
         fields = dict(SMALL_PRESETS[name])
     elif name in HYBRIDS:
         fields = dict(HYBRIDS[name], patch_size=1, image_size=224)
+    elif name in FAMILY_PRESETS:
+        fields = dict(FAMILY_PRESETS[name], image_size=224)
     else:
         size, _, patch = name.partition("/")
         if size not in MODEL_SIZES or not patch.isdigit():

@@ -15,21 +15,20 @@ from vitlab.config import ViTConfig
 
 
 def formula_covers(config: ViTConfig) -> bool:
-    """The formula knows the paper's models (token or GAP pooling, representation layer, hybrid stem); the
-    other families' extras (attention pooling, distillation and register tokens, LayerScale, CLIP's
-    projection, RMSNorm, SwiGLU, query-key norm, rotary positions) are left to the exact count."""
+    """The formula knows the paper's models (token or GAP pooling, representation layer, hybrid stem) and the
+    2025 backbones' parts (register tokens, LayerScale, rotary positions, RMSNorm, SwiGLU, the biases each on its
+    own, the patch norm, MAP and AIMv2's probe heads); the rest (distillation, CLIP's pre-norm and projection,
+    query-key norm, relative and 2-D learned positions, every-block tables, GeM, max and layer-weighted pooling)
+    is left to the exact count."""
     return (
-        config.classifier in ("token", "gap")
-        and config.pos_embed in ("learned", "sincos2d")
+        config.classifier in ("token", "gap", "map", "probe")
+        and config.pos_embed in ("learned", "sincos2d", "rope")
         and config.pos_embed_placement == "input"
         and not config.distilled
-        and not config.register_tokens
-        and config.layer_scale is None
         and not config.pre_norm
         and not config.projection
-        and config.norm == "layernorm"
-        and config.mlp == "mlp"
         and not config.qk_norm
+        and not config.fc_norm
     )
 
 
@@ -96,17 +95,29 @@ def parameters_and_flops(config: ViTConfig) -> tuple[int, float]:
     if config.resnet_layers is not None:
         params, flops, in_chans = resnet_stem_counts(config)
     patches, tokens = config.num_patches, config.num_tokens
+    norm = dim if config.norm == "rmsnorm" else 2 * dim  # RMSNorm has a scale only
     # Eq. 1: the patch projection (a convolution with stride P, i.e. one matrix product per patch), tokens.
-    params += in_chans * patch_h * patch_w * dim + dim
+    params += in_chans * patch_h * patch_w * dim + dim + (norm if config.patch_norm else 0)
     flops += 2 * in_chans * patch_h * patch_w * dim * patches
-    params += config.num_prefix_tokens * dim + (config.num_position_prefix + patches) * dim
-    # Eqs. 2-3, per block: two LayerNorms, qkv and output projections, the two MLP layers; attention's two
-    # products (Q K^T and A V) cost 2 * tokens^2 * dim each.
-    block_params = 4 * dim + 3 * dim * dim + (3 * dim if config.qkv_bias else 0) + dim * dim + dim
-    block_params += dim * mlp + mlp + mlp * dim + dim
-    block_flops = 2 * tokens * (3 * dim * dim + dim * dim + 2 * dim * mlp) + 4 * tokens * tokens * dim
-    params += config.depth * block_params + 2 * dim  # and the final LayerNorm (or fc_norm)
+    params += config.num_prefix_tokens * dim
+    if config.pos_embed != "rope":  # rotary positions have no table
+        params += (config.num_position_prefix + patches) * dim
+    # Eqs. 2-3, per block: two norms, qkv and output projections, the MLP (two matrices, or SwiGLU's three);
+    # attention's two products (Q K^T and A V) cost 2 * tokens^2 * dim each.
+    mlp_matrices = 3 if config.mlp == "swiglu" else 2
+    block_params = 2 * norm + 3 * dim * dim + (3 * dim if config.qkv_bias else 0) + dim * dim
+    block_params += dim if config.proj_bias else 0
+    block_params += mlp_matrices * dim * mlp + ((mlp_matrices - 1) * mlp + dim if config.mlp_bias else 0)
+    block_params += 2 * dim if config.layer_scale is not None else 0
+    block_flops = 2 * tokens * (3 * dim * dim + dim * dim + mlp_matrices * dim * mlp) + 4 * tokens * tokens * dim
+    params += config.depth * block_params + norm  # and the final norm
     flops += config.depth * block_flops
+    if config.classifier == "map":  # a probe's projected query, keys and values of every token, one MLP
+        params += dim + 4 * dim * dim + 4 * dim + 2 * dim + 2 * dim * mlp + mlp + dim
+        flops += 2 * dim * dim + 2 * tokens * dim * 2 * dim + 4 * tokens * dim + 2 * dim * dim + 4 * dim * mlp
+    elif config.classifier == "probe":  # AIMv2: an unprojected query, keys and values, the output map
+        params += dim + 2 * dim * dim + (2 * dim if config.qkv_bias else 0) + dim * dim + dim
+        flops += 2 * tokens * dim * 2 * dim + 4 * tokens * dim + 2 * dim * dim
     head_in = dim
     if config.representation_size:
         params += dim * config.representation_size + config.representation_size

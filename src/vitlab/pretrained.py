@@ -114,7 +114,7 @@ def format_pretrained_table(rows: list[dict[str, Any]]) -> str:
             TOP1_OF.get(row["top1_of"], ""),
             ("~" if row["size_source"].startswith("estimate") else "") + size_text(row["size_mib"]),
             row["licence"].split(" ")[0],
-            "hub" if row["source"] == row["name"] else row["source"],
+            ("hub" if row["source"] == row["name"] else row["source"]) + (", gated" if row.get("gated") else ""),
         )
         for row in rows
     ]
@@ -124,6 +124,11 @@ def format_pretrained_table(rows: list[dict[str, Any]]) -> str:
         "top-1: ImageNet-1k % as reported, of the checkpoint itself, of its fine-tune, of a linear probe on "
         "its features or zero-shot; ~: size estimated from the parameter count. --json says where each figure "
         "comes from, docs/pretrained.md how each row was checked."
+        + (
+            " gated: accept the licence on the repository's model page while logged in, then set HF_TOKEN."
+            if any(row.get("gated") for row in rows)
+            else ""
+        )
     )
     return "\n".join(text)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -223,16 +224,35 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     except VitlabError as error:
         raise Unavailable(f"transformers cannot express this model: {error}") from None
     transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar would break the table
+    class_name = REFERENCE_CLASSES.get(model.config.family, "ViTForImageClassification")
     with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):  # where torchao loads
         warnings.simplefilter("ignore")
-        reference = GreyAsRGB(transformers.ViTForImageClassification.from_pretrained(folder.name)).eval()
+        loaded = getattr(transformers, class_name).from_pretrained(folder.name).eval()
+    reference = GreyAsRGB(loaded if class_name.endswith("Classification") else PooledAsLogits(loaded))
     reference = reference.to(sample.device)
     with torch.no_grad():
         difference = float((reference(pixel_values=sample).logits - model(sample)).abs().max())
     if difference > 1e-3:
         raise Unavailable(f"transformers' logits differ from vitlab's by {difference:.1e}; not a fair reference")
-    note = f"ViTForImageClassification {transformers.__version__}, attention {reference.config._attn_implementation}"
+    note = f"{class_name} {transformers.__version__}, attention {loaded.config._attn_implementation}"
     return reference, note, folder
+
+
+# transformers' class of each family vitlab writes back (ViTForImageClassification otherwise): for a backbone its
+# pooled output is what vitlab's model gives (no head).
+REFERENCE_CLASSES = {"dinov3": "DINOv3ViTModel", "aimv2": "Aimv2VisionModel"}
+
+
+class PooledAsLogits(nn.Module):
+    """A transformers backbone whose pooled output stands for the logits (`.logits`), as a classifier's would."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+
+    def forward(self, pixel_values: torch.Tensor, **kwargs) -> object:
+        return types.SimpleNamespace(logits=self.inner(pixel_values=pixel_values, **kwargs).pooler_output)
 
 
 def transformers_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vitlab import runs
-from vitlab.checkpoint import families, hf, timm
+from vitlab.checkpoint import families, hf, timm, timm_eva
 from vitlab.checkpoint.hub import WEIGHT_FILES
 from vitlab.checkpoint.io import Weights, load_state_dict_checked, read_json, read_tensors, save_model, save_state_dict
 from vitlab.checkpoint.resolve import resolve_checkpoint
@@ -168,8 +168,9 @@ def model_from_state(
             model = create_model(config)
     except (ValueError, RuntimeError, TypeError) as error:
         raise CheckpointError(f"{source}: its config does not build a model ({error})") from None
-    model = model.to_empty(device="cpu")
-    load_state_dict_checked(model, state, source)
+    # The model takes the read tensors themselves: loading holds the file's tensors and the converted ones (the
+    # fused qkv, new), never a third copy in freshly allocated parameters.
+    load_state_dict_checked(model, state, source, assign=True)
     if image_size is not None and config.replace(image_size=image_size).image_size != config.image_size:
         model.set_image_size(image_size, resample_mode)
     return model.to(device).eval()
@@ -258,9 +259,13 @@ def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitl
     if to == "vitlab":
         return save_model(model, out)
     if to == "timm":
-        args = timm.timm_model_args(model.config)
         weights = out if out.suffix == ".safetensors" else out.with_suffix(".safetensors")
-        save_state_dict(model.state_dict(), weights, {"format": "pt", "vitlab_config": model.config.to_json()})
+        state = model.state_dict()
+        if model.config.family == "dinov3":  # timm's EVA layout (timm_eva.py)
+            args, state = timm_eva.eva_model_args(model.config), timm_eva.state_dict_to_eva(state, model.config)
+        else:
+            args = timm.timm_model_args(model.config)
+        save_state_dict(state, weights, {"format": "pt", "vitlab_config": model.config.to_json()})
         atomic_write_bytes(weights.with_suffix(".json"), json.dumps(args, indent=1).encode())
         return weights
     if to == "hf":

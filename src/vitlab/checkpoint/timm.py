@@ -63,7 +63,9 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
         # AIMv2's 128-wide heads (L 1024 -> 8, H 1536 -> 12, 1B 2048 -> 16, 3B 3072 -> 24).
         named = re.match(r"(?:vit_(so400m)|aimv2_(large|huge|1b|3b))_", str(args["architecture"]))
         if named:
-            hints["num_heads"] = {"so400m": 16, "large": 8, "huge": 12, "1b": 16, "3b": 24}[named.group(1) or named.group(2)]
+            hints["num_heads"] = {"so400m": 16, "large": 8, "huge": 12, "1b": 16, "3b": 24}[
+                named.group(1) or named.group(2)
+            ]
     for timm_name, our_name in (
         ("num_heads", "num_heads"),
         ("img_size", "image_size"),

@@ -120,3 +120,31 @@ def state_dict_to_eva(state: dict[str, torch.Tensor], config: ViTConfig) -> dict
             continue
         out[re.sub(r"\.ls([12])\.gamma$", r".gamma_\1", key)] = value
     return out
+
+
+def eva_model_args(config: ViTConfig) -> dict[str, Any]:
+    """timm `Eva(**args)` arguments that rebuild a DINOv3 `config` (timm's `vit_*_patch16_dinov3*` model_args),
+    pooling by the class token as DINOv3 does (timm's pretrained configs average)."""
+    return dict(
+        img_size=list(config.image_size),
+        patch_size=list(config.patch_size),
+        in_chans=config.in_chans,
+        num_classes=config.num_classes,
+        embed_dim=config.embed_dim,
+        depth=config.depth,
+        num_heads=config.num_heads,
+        mlp_ratio=config.mlp_dim / config.embed_dim,
+        swiglu_mlp=config.mlp == "swiglu",
+        qkv_bias=config.qkv_bias,
+        init_values=config.layer_scale,
+        num_reg_tokens=config.register_tokens,
+        use_abs_pos_emb=False,
+        use_rot_pos_emb=True,
+        rope_type="dinov3",
+        rope_temperature=config.rope_theta,
+        rope_rotate_half=True,
+        use_fc_norm=False,
+        global_pool="token",
+        dynamic_img_size=True,
+        norm_layer_eps=config.layer_norm_eps,  # timm builds partial(LayerNorm, eps=1e-5); stated for the reader
+    )

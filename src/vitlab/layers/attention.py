@@ -70,15 +70,14 @@ class Attention(nn.Module):
         proj_bias: bool = True,
     ) -> None:
         """qkv_bias: biases of the fused projection; key_bias False (DINOv3) keeps the keys' third of it at zero
-        (see `hold_key_bias_at_zero`). proj_bias: the output projection's bias."""
+        (see `project_qkv`). proj_bias: the output projection's bias."""
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.scale = self.head_dim**-0.5
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)  # rows: all queries, all keys, all values
-        self.key_bias = key_bias or not qkv_bias
-        if not self.key_bias:
-            self.hold_key_bias_at_zero()
+        self.key_bias = key_bias or not qkv_bias  # False: the keys' third of the bias is held at zero
+        self.zero_key_bias()
         self.q_norm = qk_norm_layer(self.head_dim) if qk_norm_layer is not None else nn.Identity()
         self.k_norm = qk_norm_layer(self.head_dim) if qk_norm_layer is not None else nn.Identity()
         self.attn_drop = nn.Dropout(attention_dropout)
@@ -92,21 +91,23 @@ class Attention(nn.Module):
 
     @torch.no_grad()
     def zero_key_bias(self) -> None:
-        """Set the keys' third of the fused bias to zero (after an initialisation or a load wrote it)."""
+        """Set the keys' third of the fused bias to zero (after an initialisation wrote it)."""
         if not self.key_bias:
             dim = self.qkv.out_features // 3
             self.qkv.bias[dim : 2 * dim] = 0
 
-    def hold_key_bias_at_zero(self) -> None:
-        """A model without a key bias (DINOv3) keeps timm's one fused `qkv` Linear, with the keys' third of its bias
-        zero and its gradient masked to zero, so no optimiser step moves it (Adam's moments of a zero gradient stay
-        zero; decoupled weight decay scales zero to zero). Every path that takes the Linear as it is (the fused
-        kernels, int8 quantization, export) then computes the family's arithmetic, and no extra op runs."""
-        dim = self.qkv.out_features // 3
-        mask = torch.ones(3 * dim)
-        mask[dim : 2 * dim] = 0
-        self.qkv.bias.register_hook(lambda grad: grad * mask.to(grad))
-        self.zero_key_bias()
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused projection x W_qkv + b. A model without a key bias (DINOv3) keeps timm's one `qkv` Linear with
+        the keys' third of its bias at zero: where gradients flow, that third is replaced by a constant zero, so no
+        optimiser step can move it (and weight decay scales zero to zero); elsewhere the Linear runs as it is, so
+        int8 quantization and export see a plain Linear. Nothing is stored for it (no hook, no buffer), so loading
+        by assignment and copies keep the rule."""
+        if self.key_bias or not torch.is_grad_enabled():
+            return self.qkv(x)
+        bias = self.qkv.bias
+        dim = bias.shape[0] // 3
+        held = torch.cat([bias[:dim], torch.zeros_like(bias[dim : 2 * dim]), bias[2 * dim :]])
+        return F.linear(x, self.qkv.weight, held)
 
     def forward(
         self,
@@ -136,6 +137,7 @@ class Attention(nn.Module):
             and kernel == "explicit"
             and not return_weights
             and self.plain
+            and self.key_bias
             and rope is None
             and attn_mask is None
             and torch.is_grad_enabled()
@@ -143,7 +145,7 @@ class Attention(nn.Module):
         ):
             # Training short sequences: the same products with a backward that copies less (explicit_attention.py).
             return self.proj_drop(self.proj(explicit_attention(self.qkv(x), self.num_heads, self.scale)))
-        qkv = self.qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
+        qkv = self.project_qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, head_dim)
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
