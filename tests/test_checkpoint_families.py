@@ -26,6 +26,14 @@ from vitlab.pretrained import catalogue_families
 
 TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=48, num_classes=0)
 TINY_FAMILY_CONFIGS = {
+    "siglip2": ViTConfig(
+        **TINY,
+        family="siglip2",
+        classifier="map",
+        class_token=False,
+        mlp_activation="gelu_tanh",
+        pos_resample="bilinear_antialias",
+    ),
     "dinov3": ViTConfig(
         **TINY, family="dinov3", pos_embed="rope", register_tokens=2, layer_scale=1.0, key_bias=False, mlp="swiglu"
     ),

@@ -21,6 +21,7 @@ from vitlab import load_model, read_checkpoint
 from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.checkpoint.hf_siglip2 import patch_input_from_processor
 from vitlab.errors import CheckpointError
+from vitlab.layers.patch_embed import patchify
 
 TOLERANCE = 1e-4
 
@@ -84,24 +85,37 @@ def test_a_whole_model_folder_and_model_type_alone_choose_the_same_rows():
         assert kind == "hf" and config.family is not None, row
 
 
-@pytest.mark.parametrize("name", ["hf_dinov3", "hf_dinov3_swiglu", "hf_aimv2_vision"])
+@pytest.mark.parametrize("name", ["hf_dinov3", "hf_dinov3_swiglu", "hf_aimv2_vision", "hf_siglip2_vision"])
 def test_vitlab_writes_them_back_in_transformers_layout_and_transformers_loads_them_equal(tmp_path, name):
     transformers = pytest.importorskip("transformers")
     io = reference(name)
     model = load_model(FIXTURES / name)
     export_checkpoint(model, tmp_path / "out", to="hf")
     written = json.loads((tmp_path / "out" / "config.json").read_text())
-    reference_class = {"dinov3_vit": transformers.DINOv3ViTModel, "aimv2_vision_model": transformers.Aimv2VisionModel}
+    reference_class = {
+        "dinov3_vit": transformers.DINOv3ViTModel,
+        "aimv2_vision_model": transformers.Aimv2VisionModel,
+        "siglip2_vision_model": transformers.Siglip2VisionModel,
+    }
     reloaded = reference_class[written["model_type"]].from_pretrained(tmp_path / "out").eval()
+    images = torch.from_numpy(io["input_nchw"])
     with torch.no_grad():
-        output = reloaded(pixel_values=torch.from_numpy(io["input_nchw"]))
+        if written["model_type"] == "siglip2_vision_model":  # NaFlex takes cut patches: the 4x4 grid, all valid
+            output = reloaded(
+                pixel_values=patchify(images, 4),
+                pixel_attention_mask=torch.ones(2, 16, dtype=torch.long),
+                spatial_shapes=torch.tensor([[4, 4]] * 2),
+            )
+        else:
+            output = reloaded(pixel_values=images)
     assert_close(output.last_hidden_state, io["last_hidden_state"])
     assert_close(output.pooler_output, io["features"])
 
 
 def test_a_model_in_no_family_layout_is_refused_by_the_family_writer(tmp_path):
-    model = load_model(FIXTURES / "hf_siglip2_vision")
-    with pytest.raises(CheckpointError, match="does not write siglip2 models in transformers' layout"):
+    model = load_model(FIXTURES / "hf_vit")
+    model.config = model.config.replace(family="pe")
+    with pytest.raises(CheckpointError, match="does not write pe models in transformers' layout"):
         export_checkpoint(model, tmp_path / "out", to="hf")
     plain = load_model(FIXTURES / "hf_vit")
     with pytest.raises(CheckpointError, match="a DINOv3 checkpoint needs rotary positions"):
@@ -316,3 +330,19 @@ def test_the_image_tower_of_a_whole_siglip2_model_loads_with_its_text_half_set_a
             spatial_shapes=torch.tensor([[4, 4]] * 2),
         ).pooler_output
     torch.testing.assert_close(outputs(model, images)[1], expected, atol=TOLERANCE, rtol=0)
+
+
+def test_dinov3_fine_tunes_at_a_higher_resolution_with_layer_wise_decay_and_nothing_to_resample(tmp_path):
+    from vitlab.cli import main
+    from vitlab.train.optim import param_groups
+
+    source = load_model(FIXTURES / "hf_dinov3")
+    groups = param_groups(source, weight_decay=0.05, lr=1.0, layer_decay=0.5)
+    rates = {round(group["lr"], 6) for group in groups}
+    assert rates == {0.125, 0.25, 0.5, 1.0}  # embeddings (patches, class and register tokens), 2 blocks, head
+    args = ["finetune", "--from", str(FIXTURES / "hf_dinov3"), "--dataset", "digits", "--classes", "0-4"]
+    args += ["--image-size", "32", "--epochs", "1", "--out-dir", str(tmp_path)]
+    assert main([*args, "--set", "run_name=ft", "--set", "layer_decay=0.75", "--set", "progress=false"]) == 0
+    tuned = load_model(tmp_path / "ft")
+    assert tuned.config.image_size == (32, 32) and tuned.pos_embed is None and tuned.head.out_features == 5
+    assert tuned.config.family == "dinov3" and tuned.config.register_tokens == 2

@@ -32,6 +32,7 @@ from vitlab.export.checks import quiet_loggers
 from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
 from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
 from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
+from vitlab.layers.patch_embed import patchify
 from vitlab.objectives import Classification
 from vitlab.train.config import TrainConfig
 from vitlab.train.optim import build_optimizer
@@ -240,7 +241,7 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
 
 # transformers' class of each family vitlab writes back (ViTForImageClassification otherwise): for a backbone its
 # pooled output is what vitlab's model gives (no head).
-REFERENCE_CLASSES = {"dinov3": "DINOv3ViTModel", "aimv2": "Aimv2VisionModel"}
+REFERENCE_CLASSES = {"dinov3": "DINOv3ViTModel", "aimv2": "Aimv2VisionModel", "siglip2": "Siglip2VisionModel"}
 
 
 class PooledAsLogits(nn.Module):
@@ -252,6 +253,14 @@ class PooledAsLogits(nn.Module):
         self.config = inner.config
 
     def forward(self, pixel_values: torch.Tensor, **kwargs) -> object:
+        if type(self.inner).__name__ == "Siglip2VisionModel":  # NaFlex takes cut patches: every one, all valid
+            patch = self.config.patch_size
+            grid = pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch
+            kwargs.update(
+                pixel_attention_mask=torch.ones(len(pixel_values), grid[0] * grid[1], dtype=torch.long),
+                spatial_shapes=torch.tensor([grid] * len(pixel_values)),
+            )
+            pixel_values = patchify(pixel_values, patch)
         return types.SimpleNamespace(logits=self.inner(pixel_values=pixel_values, **kwargs).pooler_output)
 
 

@@ -227,9 +227,11 @@ FAMILIES: tuple[Family, ...] = (
         matches=hf_siglip2.is_siglip2_tower,
         read_config=hf_siglip2.read_config,
         to_vitlab=hf_siglip2.siglip2_to_state_dict,
+        from_vitlab=hf_siglip2.state_dict_to_siglip2,
         model_types=hf_siglip2.MODEL_TYPES,
         preprocessing={"siglip2": hf_siglip2.PROCESSOR_DEFAULTS},
         config_family="siglip2",
+        hf_config=hf_siglip2.hf_config_dict,
     ),
     Family(
         "hf-clip",

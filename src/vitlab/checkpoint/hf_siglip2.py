@@ -112,3 +112,80 @@ def patch_input_from_processor(
     valid = pixel_attention_mask.bool()
     coords = torch.stack([index // cols, index % cols], dim=-1).masked_fill(~valid[..., None], 0)
     return PatchInput(pixel_values, coords, valid)
+
+
+def state_dict_to_siglip2(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+    """vitlab names -> HF `Siglip2VisionModel`'s (the inverse of `siglip2_to_state_dict`): the convolution unfolded
+    into the Linear over `patchify`'s layout, queries, keys and values split, the MAP head as SigLIP's."""
+    require_siglip2_shape(config)
+    dim = config.embed_dim
+    weight = state["patch_embed.proj.weight"]  # (D, C, P, P)
+    out = {
+        "embeddings.patch_embedding.weight": weight.permute(0, 2, 3, 1).reshape(dim, -1),
+        "embeddings.patch_embedding.bias": state["patch_embed.proj.bias"],
+        "embeddings.position_embedding.weight": state["pos_embed"][0],
+        "post_layernorm.weight": state["norm.weight"],
+        "post_layernorm.bias": state["norm.bias"],
+        "head.probe": state["attn_pool.latent"],
+        "head.attention.in_proj_weight": torch_cat([state["attn_pool.q.weight"], state["attn_pool.kv.weight"]]),
+        "head.attention.in_proj_bias": torch_cat([state["attn_pool.q.bias"], state["attn_pool.kv.bias"]]),
+    }
+    for hf_name, name in hf_clip.MAP_RENAMES:
+        for kind in ("weight", "bias"):
+            out[f"head.{hf_name}.{kind}"] = state[f"attn_pool.{name}.{kind}"]
+    for layer in range(config.depth):
+        hf, block = f"encoder.layers.{layer}.", f"blocks.{layer}."
+        for hf_name, name in hf_clip.LAYER_RENAMES:
+            for kind in ("weight", "bias"):
+                out[f"{hf}{hf_name}.{kind}"] = state[f"{block}{name}.{kind}"]
+        for index, part in enumerate(("q", "k", "v")):
+            rows = slice(index * dim, (index + 1) * dim)
+            out[f"{hf}self_attn.{part}_proj.weight"] = state[block + "attn.qkv.weight"][rows]
+            out[f"{hf}self_attn.{part}_proj.bias"] = state[block + "attn.qkv.bias"][rows]
+    return {hf_clip.PREFIX + key: value for key, value in out.items()}
+
+
+def torch_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    import torch
+
+    return torch.cat(tensors)
+
+
+def require_siglip2_shape(config: ViTConfig) -> None:
+    """One message for a model that SigLIP 2's layout cannot hold."""
+    rows, cols = config.grid_size
+    problems = [
+        what
+        for what, bad in (
+            ("no class token and the MAP head", config.class_token or config.classifier != "map"),
+            ("a learned table of a square grid", config.pos_embed != "learned" or rows != cols),
+            ("LayerNorm and the plain MLP", config.norm != "layernorm" or config.mlp != "mlp" or config.qk_norm),
+            ("every bias", not (config.qkv_bias and config.key_bias and config.proj_bias and config.mlp_bias)),
+            ("no head after the pooling (num_classes 0)", config.num_classes != 0),
+            ("no patch norm", config.patch_norm),
+        )
+        if bad
+    ]
+    if problems:
+        raise CheckpointError(
+            "a SigLIP 2 checkpoint needs " + ", ".join(problems) + "; export this model as vitlab's own file"
+        )
+
+
+def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
+    """The config.json of `Siglip2VisionModel` for a vitlab model in SigLIP 2's arithmetic."""
+    activations = {"gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu", "quick_gelu": "quick_gelu"}
+    return {
+        "model_type": "siglip2_vision_model",
+        "architectures": ["Siglip2VisionModel"],
+        "hidden_size": config.embed_dim,
+        "intermediate_size": config.mlp_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "num_channels": config.in_chans,
+        "patch_size": config.patch_size[0],
+        "num_patches": config.num_patches,
+        "hidden_act": activations[config.mlp_activation],
+        "layer_norm_eps": config.layer_norm_eps,
+        "vision_use_head": True,
+    }
