@@ -26,6 +26,16 @@ from vitlab.pretrained import catalogue_families
 
 TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=48, num_classes=0)
 TINY_FAMILY_CONFIGS = {
+    "pe": ViTConfig(
+        **TINY,
+        family="pe",
+        pre_norm=True,
+        rotary="pe",
+        rope_theta=10000.0,
+        classifier="map",
+        pool_heads=2,
+        layer_scale=0.1,
+    ),
     "siglip2": ViTConfig(
         **TINY,
         family="siglip2",

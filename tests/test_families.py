@@ -31,6 +31,7 @@ FAMILIES = [
     ("DINOv3 with SwiGLU, HF", "hf_dinov3_swiglu", False, "layer_scale"),
     ("AIMv2 image tower, HF", "hf_aimv2_vision", False, "patch_norm"),
     ("SigLIP 2 NaFlex image tower, HF", "hf_siglip2_vision", False, "family"),
+    ("Perception Encoder core, timm", "timm_pe_core.safetensors", False, "rotary"),
 ]
 
 

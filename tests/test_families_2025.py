@@ -346,3 +346,134 @@ def test_dinov3_fine_tunes_at_a_higher_resolution_with_layer_wise_decay_and_noth
     tuned = load_model(tmp_path / "ft")
     assert tuned.config.image_size == (32, 32) and tuned.pos_embed is None and tuned.head.out_features == 5
     assert tuned.config.family == "dinov3" and tuned.config.register_tokens == 2
+
+
+# ------------------------------------------------------------------------------ Perception Encoder, timm's layout
+def perception_encoder_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A tiny PE core (timm `Eva`, attn_type "rope"): width 32, 4 heads, 2 blocks, patch 4 on 16x16, a class
+    token, a learned table with its row, the pre-encoder norm, a bias-free patch projection, the attention pool
+    (2 heads, MLP 4x) and a 16-wide projection head; random values, as timm's names and shapes are."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=0.1):
+        return torch.randn(*shape, generator=generator) * scale
+
+    def norm(prefix):
+        return {prefix + ".weight": 1 + rand(32), prefix + ".bias": rand(32)}
+
+    state = {
+        "cls_token": rand(1, 1, 32),
+        "pos_embed": rand(1, 17, 32),
+        "patch_embed.proj.weight": rand(32, 3, 4, 4),
+        **norm("norm_pre"),
+        **norm("norm"),
+        "attn_pool.latent": rand(1, 1, 32),
+        "attn_pool.q.weight": rand(32, 32),
+        "attn_pool.q.bias": rand(32),
+        "attn_pool.kv.weight": rand(64, 32),
+        "attn_pool.kv.bias": rand(64),
+        "attn_pool.proj.weight": rand(32, 32),
+        "attn_pool.proj.bias": rand(32),
+        **norm("attn_pool.norm"),
+        "attn_pool.mlp.fc1.weight": rand(128, 32),
+        "attn_pool.mlp.fc1.bias": rand(128),
+        "attn_pool.mlp.fc2.weight": rand(32, 128),
+        "attn_pool.mlp.fc2.bias": rand(32),
+        "head.weight": rand(16, 32),
+        "head.bias": torch.zeros(16),
+    }
+    for i in range(2):
+        block = f"blocks.{i}."
+        state.update({**norm(block + "norm1"), **norm(block + "norm2")})
+        state.update(
+            {
+                block + "attn.qkv.weight": rand(96, 32, scale=0.3),
+                block + "attn.qkv.bias": rand(96),
+                block + "attn.proj.weight": rand(32, 32),
+                block + "attn.proj.bias": rand(32),
+                block + "mlp.fc1.weight": rand(64, 32),
+                block + "mlp.fc1.bias": rand(64),
+                block + "mlp.fc2.weight": rand(32, 64),
+                block + "mlp.fc2.bias": rand(32),
+            }
+        )
+    return state
+
+
+def timm_pe_forward(state: dict[str, torch.Tensor], images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """timm's Eva forward for PE core, transcribed from eva.py, pos_embed_sincos.py (RotaryEmbeddingCat,
+    interleaved pairs, grid_indexing "xy", grid_offset 1, temperature 10000) and attention_pool.py at commit
+    aa4b5850, written apart from vitlab's code: (features after the final norm, the projected pooled output)."""
+    import torch.nn.functional as F
+
+    def layer_norm(x, prefix):
+        return F.layer_norm(x, (32,), state[prefix + ".weight"], state[prefix + ".bias"], eps=1e-5)
+
+    batch = len(images)
+    x = F.conv2d(images, state["patch_embed.proj.weight"], stride=4).flatten(2).transpose(1, 2)  # (B, 16, 32)
+    x = torch.cat([state["cls_token"].expand(batch, -1, -1), x], dim=1) + state["pos_embed"]
+    x = layer_norm(x, "norm_pre")
+    head_dim = 8
+    bands = 1.0 / (10000 ** (torch.arange(0, head_dim // 4) / (head_dim // 4)))
+    t = [torch.arange(4, dtype=torch.float32) + 1, torch.arange(4, dtype=torch.float32) + 1]  # (W, H) + offset
+    grid = torch.stack(torch.meshgrid(t, indexing="xy"), dim=-1)  # (H, W, 2): [..., 0] column, [..., 1] row
+    position = grid.unsqueeze(-1) * bands
+    sin = position.sin().reshape(16, -1).repeat_interleave(2, -1)
+    cos = position.cos().reshape(16, -1).repeat_interleave(2, -1)
+
+    def rope(t):
+        turned = torch.stack([-t[..., 1::2], t[..., ::2]], -1).reshape(t.shape)
+        return torch.cat([t[:, :, :1], t[:, :, 1:] * cos + turned[:, :, 1:] * sin], dim=2)
+
+    for i in range(2):
+        block = f"blocks.{i}."
+        qkv = F.linear(layer_norm(x, block + "norm1"), state[block + "attn.qkv.weight"], state[block + "attn.qkv.bias"])
+        q, k, v = qkv.reshape(batch, 17, 3, 4, head_dim).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(rope(q), rope(k), v).transpose(1, 2).reshape(batch, 17, 32)
+        x = x + F.linear(attended, state[block + "attn.proj.weight"], state[block + "attn.proj.bias"])
+        hidden = F.gelu(
+            F.linear(layer_norm(x, block + "norm2"), state[block + "mlp.fc1.weight"], state[block + "mlp.fc1.bias"])
+        )
+        x = x + F.linear(hidden, state[block + "mlp.fc2.weight"], state[block + "mlp.fc2.bias"])
+    x = layer_norm(x, "norm")
+    q = F.linear(state["attn_pool.latent"], state["attn_pool.q.weight"], state["attn_pool.q.bias"])
+    q = q.reshape(1, 1, 2, 16).transpose(1, 2).expand(batch, -1, -1, -1)
+    kv = F.linear(x, state["attn_pool.kv.weight"], state["attn_pool.kv.bias"]).reshape(batch, 17, 2, 2, 16)
+    k, v = kv.permute(2, 0, 3, 1, 4)
+    pooled = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, 1, 32)
+    pooled = F.linear(pooled, state["attn_pool.proj.weight"], state["attn_pool.proj.bias"])
+    hidden = F.gelu(
+        F.linear(
+            layer_norm(pooled, "attn_pool.norm"), state["attn_pool.mlp.fc1.weight"], state["attn_pool.mlp.fc1.bias"]
+        )
+    )
+    pooled = pooled + F.linear(hidden, state["attn_pool.mlp.fc2.weight"], state["attn_pool.mlp.fc2.bias"])
+    return x, F.linear(pooled[:, 0], state["head.weight"], state["head.bias"])
+
+
+def test_a_timm_perception_encoder_gives_timms_outputs(tmp_path):
+    state = perception_encoder_state()
+    save_file(state, tmp_path / "pe.safetensors")
+    args = {"architecture": "vit_pe_core_tiny_patch16_384", "model_args": {"num_heads": 4, "attn_pool_num_heads": 2}}
+    (tmp_path / "pe.json").write_text(json.dumps(args))
+    model = load_model(tmp_path / "pe.safetensors")
+    config = model.config
+    assert (config.family, config.rotary, config.rope_theta, config.pool_heads, config.num_classes) == (
+        "pe",
+        "pe",
+        10000.0,
+        2,
+        16,
+    )
+    images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    expected_hidden, expected_embedding = timm_pe_forward(state, images)
+    with torch.no_grad():
+        out = model.forward_intermediates(images, attention_layers=None, hidden_states=False)
+    torch.testing.assert_close(out["encoder"], expected_hidden, atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(out["logits"], expected_embedding, atol=TOLERANCE, rtol=0)
+    # The same file without its JSON is told from a CLIP tower by its attention pool.
+    (tmp_path / "pe.json").unlink()
+    assert read_checkpoint(tmp_path / "pe.safetensors", {"num_heads": 4})[0].family == "pe"
+    clip = load_file(FIXTURES / "timm_clip_quickgelu.safetensors")
+    save_file(clip, tmp_path / "clip.safetensors")
+    assert read_checkpoint(tmp_path / "clip.safetensors", {"num_heads": 4})[0].family != "pe"

@@ -208,6 +208,16 @@ class ViTConfig:
     rope_shift: float | None = None
     rope_jitter: float | None = None
     rope_rescale: float | None = None
+    # Rotary positions besides a position table (Perception Encoder's): "pe" turns every block's queries and keys
+    # by each patch's integer (column, row) + 1 (+ 0 without a class token), rescaled to the model's own grid at
+    # other sizes, in interleaved channel pairs (timm's RotaryEmbeddingCat); rope_theta is then 10000. None: only
+    # what pos_embed says (pos_embed "rope" is DINOv3's rotation, with no table).
+    rotary: str | None = None
+    # The MAP head's own head count and MLP width where they differ from the blocks' (Perception Encoder: 8 heads);
+    # None: the blocks'.
+    pool_heads: int | None = None
+    pool_mlp_dim: int | None = None
+    final_norm: bool = True  # the norm after the last block (Perception Encoder's lang and spatial models have none)
     # How a learned table is resampled to another grid (fine-tuning at a new size, a dynamic size, each image's own
     # grid of a NaFlex batch): "bilinear", "bicubic", or "bilinear_antialias" (SigLIP 2's, which shrinks a table
     # by averaging rather than sampling).
@@ -249,6 +259,12 @@ class ViTConfig:
         for name in ("dropout", "attention_dropout", "drop_path"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"model config field {name} must be in [0, 1), got {getattr(self, name)!r}")
+        if self.rotary not in (None, "pe"):
+            raise ConfigError(f"rotary must be 'pe' or null, got {self.rotary!r}")
+        if self.rotary is not None and self.pos_embed in ("rope", "relative"):
+            raise ConfigError(f"rotary {self.rotary!r} goes with a position table, not pos_embed {self.pos_embed!r}")
+        if self.pool_heads is not None and self.embed_dim % self.pool_heads:
+            raise ConfigError(f"embed_dim {self.embed_dim} does not divide by pool_heads {self.pool_heads}")
         if self.pos_resample not in POSITION_RESAMPLING:
             raise ConfigError(
                 f"pos_resample must be one of {', '.join(POSITION_RESAMPLING)}, got {self.pos_resample!r}"

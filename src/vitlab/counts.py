@@ -29,6 +29,8 @@ def formula_covers(config: ViTConfig) -> bool:
         and not config.projection
         and not config.qk_norm
         and not config.fc_norm
+        and config.final_norm
+        and config.pool_mlp_dim is None
     )
 
 

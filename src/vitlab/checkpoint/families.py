@@ -96,8 +96,9 @@ SIGLIP = ModelFamily("siglip", "SigLIP", tower=True)
 DINOV3 = ModelFamily("dinov3", "DINOv3")
 AIMV2 = ModelFamily("aimv2", "AIMv2", tower=True)
 SIGLIP2 = ModelFamily("siglip2", "SigLIP 2", tower=True)
+PE = ModelFamily("pe", "Perception Encoder", tower=True)
 # How lists name the model families: by age, each image tower after the encoders.
-MODEL_ORDER = (VIT, DEIT, MAE, DINO, DINOV2, DINOV3, CLIP, SIGLIP, SIGLIP2, AIMV2)
+MODEL_ORDER = (VIT, DEIT, MAE, DINO, DINOV2, DINOV3, CLIP, SIGLIP, SIGLIP2, AIMV2, PE)
 
 TORCH_FILES = ("safetensors", "torch-zip")
 HF_VIT_TYPES = ("vit", "deit", "vit_mae")
@@ -144,6 +145,20 @@ FAMILIES: tuple[Family, ...] = (
         from_vitlab=timm_eva.state_dict_to_eva,
         preprocessing={"dinov3": timm_eva.PREPROCESSING},
         config_family="dinov3",
+    ),
+    Family(
+        "timm-pe",
+        "timm Perception Encoder (EVA layout)",
+        kind="timm",
+        origin="timm",
+        models=(PE,),
+        containers=TORCH_FILES,
+        matches=timm_eva.is_timm_pe,
+        read_config=timm_eva.read_pe_config,
+        to_vitlab=timm_eva.pe_to_state_dict,
+        from_vitlab=timm_eva.state_dict_to_pe,
+        preprocessing={"pe": timm_eva.PE_PREPROCESSING},
+        config_family="pe",
     ),
     Family(
         "timm",

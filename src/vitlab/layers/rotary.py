@@ -55,6 +55,20 @@ def rotary_angles(centres: torch.Tensor, head_dim: int, theta: float) -> torch.T
     return angles.flatten(-2).tile(2)  # (B, N, head_dim)
 
 
+def interleaved_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """Perception Encoder's form (timm's RotaryEmbeddingCat): positions (B, N, 2) as (x, y), unnormalised ->
+    angles (B, N, head_dim): [x f_0, x f_0, x f_1, x f_1, ..., y f_0, y f_0, ...], each angle on a channel pair
+    (2i, 2i + 1), no factor 2 pi."""
+    frequencies = rotary_frequencies(head_dim, theta, positions.device)
+    angles = positions.float()[..., None] * frequencies  # (B, N, 2, head_dim / 4)
+    return angles.flatten(-2).repeat_interleave(2, dim=-1)
+
+
+def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """[x0, x1, x2, x3, ...] -> [-x1, x0, -x3, x2, ...]: each adjacent channel pair turned by 90 degrees."""
+    return torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).reshape(x.shape)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """[x1; x2] -> [-x2; x1] along the last axis."""
     first, second = x.chunk(2, dim=-1)
@@ -69,15 +83,16 @@ class RotaryTable:
     cos: torch.Tensor
     sin: torch.Tensor
     num_prefix_tokens: int
+    interleaved: bool = False  # channel pairs (2i, 2i + 1), Perception Encoder's; else (i, i + head_dim / 2)
 
     @classmethod
-    def from_angles(cls, angles: torch.Tensor, num_prefix_tokens: int) -> RotaryTable:
-        return cls(angles.cos()[:, None], angles.sin()[:, None], num_prefix_tokens)
+    def from_angles(cls, angles: torch.Tensor, num_prefix_tokens: int, interleaved: bool = False) -> RotaryTable:
+        return cls(angles.cos()[:, None], angles.sin()[:, None], num_prefix_tokens, interleaved)
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """Queries or keys (B, heads, prefix + N, head_dim) -> the same with the patch tokens turned."""
         prefix = self.num_prefix_tokens
         patches = x[..., prefix:, :]
         cos, sin = self.cos.to(x.dtype), self.sin.to(x.dtype)
-        turned = patches * cos + rotate_half(patches) * sin
+        turned = patches * cos + (rotate_pairs if self.interleaved else rotate_half)(patches) * sin
         return torch.cat([x[..., :prefix, :], turned], dim=-2) if prefix else turned

@@ -42,6 +42,7 @@ from vitlab.layers.pooling import GeneralizedMeanPool, token_mean
 from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models.hybrid import ResNetStem
 from vitlab.models.positions import position_kind
+from vitlab.models.positions.rotary import PERCEPTION_ROTARY
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
 # Parameters of eq. 1 and what sits between it and the first block (CLIP's pre-encoder norm): frozen with the
@@ -120,12 +121,16 @@ class VisionTransformer(nn.Module):
             for rate in drop_rates
         )
         # With fc_norm (timm's "avg" models) the final norm moves from every token to the pooled vector.
-        self.norm = nn.Identity() if config.fc_norm else norm_layer(dim)
+        self.norm = nn.Identity() if config.fc_norm or not config.final_norm else norm_layer(dim)
         self.fc_norm = norm_layer(dim) if config.fc_norm else nn.Identity()
         self.attn_pool: AttentionPool | AttentionProbe | None = None
         if config.classifier == "map":
             self.attn_pool = AttentionPool(
-                dim, config.num_heads, config.mlp_dim, config.mlp_activation, config.layer_norm_eps
+                dim,
+                config.pool_heads or config.num_heads,
+                config.pool_mlp_dim or config.mlp_dim,
+                config.mlp_activation,
+                config.layer_norm_eps,
             )
         elif config.classifier == "probe":  # AIMv2: its key and value biases follow the blocks' qkv_bias
             self.attn_pool = AttentionProbe(dim, config.num_heads, kv_bias=config.qkv_bias)
@@ -290,8 +295,11 @@ class VisionTransformer(nn.Module):
         attn_mask = None
         if layout.valid is not None:
             attn_mask = with_prefix(layout.valid, self.config.num_prefix_tokens)[:, None, None, :]  # (B, 1, 1, T)
+        rope = self.positions.rotary(self, layout, batch)
+        if self.config.rotary == "pe":  # Perception Encoder: a table and rotary positions both
+            rope = PERCEPTION_ROTARY.rotary(self, layout, batch)
         attention = AttentionContext(
-            self.positions.rotary(self, layout, batch),
+            rope,
             attn_mask,
             self.attention_kernel,
             self.positions.stretches_relative(layout),

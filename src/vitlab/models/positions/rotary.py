@@ -7,7 +7,13 @@ from __future__ import annotations
 import torch
 
 from vitlab.layers.patch_layout import PatchLayout
-from vitlab.layers.rotary import RotaryTable, augment_centres, normalized_centres, rotary_angles
+from vitlab.layers.rotary import (
+    RotaryTable,
+    augment_centres,
+    interleaved_angles,
+    normalized_centres,
+    rotary_angles,
+)
 from vitlab.models.positions.base import PositionedModel, PositionKind
 
 
@@ -24,3 +30,25 @@ class Rotary2D(PositionKind):
             centres = augment_centres(centres, config.rope_shift, config.rope_jitter, config.rope_rescale)
         angles = rotary_angles(centres, config.head_dim, config.rope_theta)
         return RotaryTable.from_angles(angles, model.config.num_prefix_tokens)
+
+
+class PerceptionRotary:
+    """Perception Encoder's rotary positions (config.rotary "pe"), turned besides its learned table: each patch's
+    integer (column, row), plus 1 when a class token sits at 0, rescaled to the model's own grid when the input's
+    differs (timm's ref_feat_shape), in interleaved channel pairs."""
+
+    def rotary(self, model: PositionedModel, layout: PatchLayout, batch: int) -> RotaryTable:
+        device = model.patch_embed.proj.weight.device
+        config = model.config
+        if layout.coords is None:
+            coords, grids = layout.full_coords(device), torch.tensor([list(layout.grid)], device=device)
+        else:
+            coords, grids = layout.coords, layout.grids(batch, device)
+        own = torch.tensor(config.grid_size, device=device, dtype=torch.float32)
+        offset = 1.0 if config.class_token else 0.0
+        positions = (coords.float() + offset) * own / grids[:, None, :].float()  # (B, N, 2) rows, cols
+        angles = interleaved_angles(positions.flip(-1), config.head_dim, config.rope_theta)  # (x, y)
+        return RotaryTable.from_angles(angles, config.num_prefix_tokens, interleaved=True)
+
+
+PERCEPTION_ROTARY = PerceptionRotary()
