@@ -19,13 +19,13 @@ from vitlab.checkpoint import families, formats
 from vitlab.checkpoint.families import Family, family_of, hf_model_types, model_families, supported_families
 from vitlab.checkpoint.io import Weights
 from vitlab.cli import main
-from vitlab.config import ViTConfig
+from vitlab.config import AIMV2, DINOV3, SIGLIP2, ViTConfig
 from vitlab.errors import CheckpointError
 from vitlab.models.registry import create_model
 from vitlab.pretrained import catalogue_families
 
 TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=48, num_classes=0)
-TINY_FAMILY_CONFIGS = {
+TINY_FAMILY_CONFIGS = {  # each family's arithmetic (config.py's presets) at a tiny size
     "pe": ViTConfig(
         **TINY,
         family="pe",
@@ -36,29 +36,10 @@ TINY_FAMILY_CONFIGS = {
         pool_heads=2,
         layer_scale=0.1,
     ),
-    "siglip2": ViTConfig(
-        **TINY,
-        family="siglip2",
-        classifier="map",
-        class_token=False,
-        mlp_activation="gelu_tanh",
-        pos_resample="bilinear_antialias",
-    ),
-    "dinov3": ViTConfig(
-        **TINY, family="dinov3", pos_embed="rope", register_tokens=2, layer_scale=1.0, key_bias=False, mlp="swiglu"
-    ),
-    "aimv2": ViTConfig(
-        **TINY,
-        family="aimv2",
-        classifier="probe",
-        class_token=False,
-        norm="rmsnorm",
-        mlp="swiglu",
-        patch_norm=True,
-        qkv_bias=False,
-        proj_bias=False,
-        mlp_bias=False,
-    ),
+    **{
+        name: ViTConfig(**{**fields, **TINY})
+        for name, fields in (("siglip2", SIGLIP2), ("dinov3", DINOV3), ("aimv2", AIMV2))
+    },
 }
 
 

@@ -21,7 +21,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from vitlab.checkpoint.hf import head_count, preprocessing_from_hf
-from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions
+from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_layout
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
 
@@ -172,22 +172,17 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
 def require_aimv2_shape(config: ViTConfig) -> None:
     """One message for a model that AIMv2's layout cannot hold (HF's config has one bias switch for all)."""
     same_biases = config.qkv_bias == config.proj_bias and config.key_bias and not config.mlp_bias
-    problems = [
-        what
-        for what, bad in (
+    require_layout(
+        "an AIMv2 checkpoint",
+        (
             ("no class token and the 'probe' head", config.class_token or config.classifier != "probe"),
             ("RMSNorm, also on the patches", config.norm != "rmsnorm" or not config.patch_norm),
             ("SwiGLU", config.mlp != "swiglu"),
             ("a learned position table", config.pos_embed != "learned"),
             ("no head after the pooling (num_classes 0)", config.num_classes != 0),
             ("one bias switch for attention and none in the MLP", not same_biases),
-        )
-        if bad
-    ]
-    if problems:
-        raise CheckpointError(
-            "an AIMv2 checkpoint needs " + ", ".join(problems) + "; export this model as vitlab's own file"
-        )
+        ),
+    )
 
 
 def hf_config_dict(config: ViTConfig) -> dict[str, Any]:

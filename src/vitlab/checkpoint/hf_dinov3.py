@@ -19,7 +19,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from vitlab.checkpoint.hf import head_count, preprocessing_from_hf
-from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints
+from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, require_layout
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
 
@@ -173,9 +173,9 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
 
 def require_dinov3_shape(config: ViTConfig) -> None:
     """One message for a model that DINOv3's layout cannot hold."""
-    problems = [
-        what
-        for what, bad in (
+    require_layout(
+        "a DINOv3 checkpoint",
+        (
             ("rotary positions (pos_embed 'rope')", config.pos_embed != "rope"),
             ("the class token as its output", config.classifier != "token"),
             ("LayerNorm", config.norm != "layernorm"),
@@ -183,13 +183,9 @@ def require_dinov3_shape(config: ViTConfig) -> None:
             ("no query-key norm", config.qk_norm),
             ("no patch norm", config.patch_norm),
             ("the plain MLP with exact GELU, or SwiGLU", config.mlp == "mlp" and config.mlp_activation != "gelu"),
-        )
-        if bad
-    ]
-    if problems:
-        raise CheckpointError(
-            "a DINOv3 checkpoint needs " + ", ".join(problems) + "; export this model as vitlab's own file or timm"
-        )
+        ),
+        "export this model as vitlab's own file or timm",
+    )
 
 
 def hf_config_dict(config: ViTConfig) -> dict[str, Any]:

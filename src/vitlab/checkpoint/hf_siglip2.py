@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from vitlab.checkpoint import hf_clip
-from vitlab.checkpoint.io import Weights, apply_hints
+from vitlab.checkpoint.io import Weights, apply_hints, require_layout
 from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
@@ -154,22 +154,17 @@ def torch_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
 def require_siglip2_shape(config: ViTConfig) -> None:
     """One message for a model that SigLIP 2's layout cannot hold."""
     rows, cols = config.grid_size
-    problems = [
-        what
-        for what, bad in (
+    require_layout(
+        "a SigLIP 2 checkpoint",
+        (
             ("no class token and the MAP head", config.class_token or config.classifier != "map"),
             ("a learned table of a square grid", config.pos_embed != "learned" or rows != cols),
             ("LayerNorm and the plain MLP", config.norm != "layernorm" or config.mlp != "mlp" or config.qk_norm),
             ("every bias", not (config.qkv_bias and config.key_bias and config.proj_bias and config.mlp_bias)),
             ("no head after the pooling (num_classes 0)", config.num_classes != 0),
             ("no patch norm", config.patch_norm),
-        )
-        if bad
-    ]
-    if problems:
-        raise CheckpointError(
-            "a SigLIP 2 checkpoint needs " + ", ".join(problems) + "; export this model as vitlab's own file"
-        )
+        ),
+    )
 
 
 def hf_config_dict(config: ViTConfig) -> dict[str, Any]:

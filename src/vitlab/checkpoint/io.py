@@ -278,6 +278,16 @@ def require_plain_blocks(config: ViTConfig, layout: str) -> None:
         )
 
 
+def require_layout(
+    layout: str, checks: Iterable[tuple[str, bool]], instead: str = "export this model as vitlab's own file"
+) -> None:
+    """Refuse, in one message, to write a model into a family's layout (e.g. "a DINOv3 checkpoint") that cannot
+    hold it: `checks` are (what the layout needs, whether this model lacks it)."""
+    problems = [what for what, lacking in checks if lacking]
+    if problems:
+        raise CheckpointError(f"{layout} needs " + ", ".join(problems) + f"; {instead}")
+
+
 def apply_hints(config: ViTConfig, hints: Mapping[str, Any]) -> ViTConfig:
     """`config` with the fields the caller gave (`Weights.hints`) put in."""
     return config.replace(**hints) if hints else config
