@@ -169,6 +169,26 @@ def test_every_reference_checkpoint_loads_by_name_as_from_its_files(server):
             assert torch.equal(by_name.forward_features(images), from_files.forward_features(images)), name
 
 
+def test_a_name_of_each_2025_family_loads_what_its_files_give(server):
+    """DINOv3, AIMv2, SigLIP 2 (transformers' layouts) and Perception Encoder (timm's, its hub config.json naming
+    the architecture) served as hub repositories, each loaded by name."""
+    for repo, fixture in (
+        ("facebook/dinov3-vitb16-pretrain-lvd1689m", "hf_dinov3"),
+        ("apple/aimv2-large-patch14-224", "hf_aimv2_vision"),
+        ("google/siglip2-base-patch16-naflex", "hf_siglip2_vision"),
+    ):
+        server.repos[repo] = folder_files(FIXTURES / fixture)
+        assert same_logits(load_model("hf-hub:" + repo), load_model(FIXTURES / fixture)), repo
+    args = json.loads((FIXTURES / "timm_pe_core.json").read_text())
+    server.repos["timm/vit_pe_core_large_patch14_336.fb"] = {
+        "config.json": json.dumps({"architecture": args["architecture"], "model_args": args["model_args"]}).encode(),
+        "model.safetensors": (FIXTURES / "timm_pe_core.safetensors").read_bytes(),
+    }
+    by_name = load_model("hf-hub:timm/vit_pe_core_large_patch14_336.fb")
+    assert by_name.config.family == "pe"
+    assert same_logits(by_name, load_model(FIXTURES / "timm_pe_core.safetensors"))
+
+
 def test_a_gated_repository_says_to_accept_the_licence_and_set_hf_token(server, monkeypatch):
     """DINOv3's hub repositories are gated: without a token of an account that accepted the licence the hub
     answers 401 GatedRepo; the message says what to do, and with the token the same name loads."""
