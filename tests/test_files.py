@@ -19,3 +19,13 @@ def test_failed_atomic_write_keeps_the_previous_file(tmp_path, monkeypatch):
         atomic_write_bytes(target, b"new and bigger")
     assert target.read_bytes() == b"good"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.bin"]
+
+
+def test_recording_a_checksum_leaves_no_lock_file_in_the_folder(tmp_path):
+    """Issue 38: an empty `.checksums.json.lock` stayed in every run folder; the lock is now the folder's own."""
+    from vitlab.files import read_checksums, record_checksum
+
+    record_checksum(tmp_path, "model.safetensors", "a" * 64)
+    record_checksum(tmp_path, "model.safetensors", "b" * 64)
+    assert read_checksums(tmp_path)["model.safetensors"][-1] == "b" * 64
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checksums.json"]

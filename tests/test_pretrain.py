@@ -121,6 +121,28 @@ def test_mae_pretraining_continues_from_transformers_layout_with_its_decoder(tmp
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+def test_mae_continues_with_the_checkpoints_mask_ratio_and_loss_unless_the_recipe_sets_them(tmp_path, capsys):
+    """Issue 38: `--from` an MAE checkpoint trained at mask ratio 0.6 with the raw-pixel loss continued at the
+    recipe's 0.75 and normalised loss, and re-exported 0.75. The checkpoint's now decide what the recipe leaves
+    open; an explicit setting still wins; the first line says which came from the checkpoint."""
+    import json
+
+    train(pretrain_micro(tmp_path, "mae", epochs=1, pretrain=PretrainConfig(mask_ratio=0.6, norm_pix_loss=False)))
+    source = tmp_path / "mae" / "mae"
+    assert json.loads((source / "config.json").read_text())["mask_ratio"] == 0.6
+    capsys.readouterr()
+    continued = pretrain_micro(tmp_path, "mae", epochs=1, init_from=str(source), run_name="continued")
+    summary = train(continued)
+    written = json.loads((tmp_path / "continued" / "mae" / "config.json").read_text())
+    assert (written["mask_ratio"], written["norm_pix_loss"]) == (0.6, False)
+    assert summary["mask_ratio"] == 0.6 and summary["norm_pix_loss"] is False
+    assert "(mask ratio 0.6, raw-pixel loss, decoder from the checkpoint)" in capsys.readouterr().out
+    overridden = pretrain_micro(
+        tmp_path, "mae", epochs=1, init_from=str(source), run_name="overridden", pretrain=PretrainConfig(mask_ratio=0.5)
+    )
+    assert train(overridden)["mask_ratio"] == 0.5
+
+
 def test_pretraining_learns_from_unlabeled_files(tmp_path):
     root = write_photos(tmp_path / "photos", per_class=24)
     files = sorted(root.rglob("*.jpg"))

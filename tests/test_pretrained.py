@@ -325,6 +325,32 @@ def test_offline_a_warm_cache_needs_no_network_and_a_cold_one_says_what_is_missi
     assert server.requests == []
 
 
+def test_without_network_a_hub_name_answers_from_the_cache_or_fails_in_seconds_with_one_line(server, monkeypatch):
+    """Issue 38: no network took 24.7 s of huggingface_hub's retries and six retry lines. A hub that takes no
+    connection is now found in one connect: a cached repository loads, an uncached one fails at once."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    server.repos["org/vit-tiny"] = hf_vit_repo()
+    online = load_model("hf-hub:org/vit-tiny")
+    with socket.socket() as probe:  # a port nothing listens on: connections are refused, as with no network
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", closed)
+    assert same_logits(load_model("hf-hub:org/vit-tiny"), online)
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "vitlab", "info", "hf-hub:org/other"], capture_output=True, text=True, timeout=60
+    )
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0 and elapsed < 5 + 3  # 5 s, and the interpreter's start-up
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Retry" not in result.stderr, result.stderr
+    assert f"{closed} cannot be reached" in lines[0] and "not in the Hugging Face cache" in lines[0]
+
+
 # ------------------------------------------------------------------------------------------------ names
 def test_a_wrong_name_gets_a_did_you_mean(server):
     with pytest.raises(UsageError, match="augreg:B/61: no pre-trained checkpoint.*Did you mean augreg:B/16"):

@@ -56,6 +56,8 @@ def test_the_cli_traces_a_variant_and_a_checkpoint_with_activation_statistics(ca
     assert main(["info", str(FIXTURES / "hf_dinov2"), "--trace"]) == 0
     out = capsys.readouterr().out
     assert "mean     std" in out and "prepend the class token" in out
+    header, rule = out.splitlines()[1:3]
+    assert len(rule) == len(header.rstrip()) and set(rule.strip()) == {"-"}  # the rule runs under every column
     assert "note: scaled per channel by LayerScale's learned gamma" in out  # DINOv2's ls1 / ls2
 
 

@@ -411,7 +411,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     model = load_classifier(args.checkpoint, args.backend, args.image_size, args.num_heads, args.device)
     choice = inference_precision(model, args.precision)
     if args.precision == "auto" and choice.value != "fp32":  # said where auto leaves fp32; on stderr, so the
-        print(f"vitlab predict: {choice.value} autocast ({choice.reason})", file=sys.stderr)  # rows stay clean
+        how = "bf16 autocast" if choice.value == "bf16" else choice.value  # an ONNX or pt2e file is int8 as saved
+        print(f"vitlab predict: {how} ({choice.reason})", file=sys.stderr)  # on stderr: the rows stay clean
     rows = predict(model, args.inputs, top_k=args.top_k, precision=choice.value)
     print(format_predictions(rows, args.format))
     failed = sum("error" in row for row in rows)

@@ -95,13 +95,18 @@ def record_checksum(folder: str | os.PathLike, key: str, digest: str) -> None:
         fcntl = None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f".{CHECKSUMS}.lock", "a") as lock:
+    # The lock is taken on the folder itself (flock works on a directory's descriptor), so no lock file is left
+    # behind in the run folder.
+    handle = os.open(folder, os.O_RDONLY)
+    try:
         if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         table = read_checksums(folder)
         digests = [d for d in table.get(key, []) if d != digest] + [digest]
         table[key] = digests[-KEPT_DIGESTS:]
         atomic_write_bytes(folder / CHECKSUMS, json.dumps(table, indent=1, sort_keys=True).encode())
+    finally:
+        os.close(handle)
 
 
 def read_checksums(folder: str | os.PathLike) -> dict[str, list[str]]:

@@ -210,8 +210,10 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
 def format_trace(steps: list[Step], title: str, statistics: bool) -> str:
     """The walk as text: every step outside the blocks and of the first block, one line per later block."""
     lines = [title]
-    header = f"  {'step':<58} {'shape':<18} {'params':>10}"
-    lines += [header + ("   mean     std      min      max" if statistics else ""), "  " + "-" * (len(header) - 2)]
+    header = f"  {'step':<58} {'shape':<18} {'params':>10}" + (
+        "   mean     std      min      max" if statistics else ""
+    )
+    lines += [header, "  " + "-" * (len(header) - 2)]  # the rule runs under every column
 
     def row(label: str, step: Step, params: int) -> str:
         text = f"  {label:<58} {str(tuple(step.tensor.shape)):<18} {params:>10,}"

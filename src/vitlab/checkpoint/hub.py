@@ -24,6 +24,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,10 @@ def hub_checkpoint(repo: str, revision: str | None, name: str | None = None) -> 
     checked against the hub's hash."""
     name = name or f"{HUB}{repo}"
     settings = hub_settings()
+    unreachable = None if settings["local_files_only"] else unreachable_reason(settings["endpoint"])
+    if unreachable:
+        # huggingface_hub would retry for ~25 s, printing a line per retry; the cache answers at once instead.
+        settings["local_files_only"] = True
     with hub_offline(settings["local_files_only"]):
         for file in SIDECARS:
             fetch_file(repo, file, revision, settings, name)
@@ -72,6 +79,12 @@ def hub_checkpoint(repo: str, revision: str | None, name: str | None = None) -> 
             if path is not None:
                 return path
     offline = hub_offline_mode()
+    if unreachable:
+        raise CheckpointError(
+            f"{name}: {settings['endpoint'] or 'the Hugging Face hub'} cannot be reached ({unreachable}), and the "
+            "repository is not in the Hugging Face cache; check the network (or HF_ENDPOINT, or a proxy), or give "
+            "a local folder with the repository's config.json and weights instead of the name"
+        )
     if offline:
         import huggingface_hub.constants
 
@@ -85,6 +98,23 @@ def hub_checkpoint(repo: str, revision: str | None, name: str | None = None) -> 
         f"{name}: the repository has none of {', '.join(WEIGHT_FILES)}, so it is no checkpoint "
         f"vitlab reads.{did_you_mean(name)}"
     )
+
+
+def unreachable_reason(endpoint: str | None, timeout: float = 3.0) -> str | None:
+    """Why the hub (or the proxy in front of it) takes no connection within `timeout` seconds, or None when it
+    does: one TCP connect, so that a machine without network fails in seconds with one line."""
+    target = urllib.parse.urlsplit(endpoint or "https://huggingface.co")
+    host, port = target.hostname, target.port or (443 if target.scheme == "https" else 80)
+    if not urllib.request.proxy_bypass(host or ""):
+        proxy = urllib.request.getproxies().get(target.scheme)
+        if proxy:
+            parsed = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+            host, port = parsed.hostname, parsed.port or 80
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as error:
+        return str(error) or type(error).__name__
 
 
 @contextlib.contextmanager

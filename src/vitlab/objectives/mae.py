@@ -37,10 +37,24 @@ class MaskedAutoencoding(MaskedPretraining):
         super().__init__(settings, augment)
         self.init_from = init_from  # a checkpoint to continue pre-training from; its decoder too, where it has one
 
+    def job(self, source: str, fine_tuning: bool) -> str:
+        """The first line's words, with what continuing from an MAE checkpoint took from it (the rest: the recipe)."""
+        taken = getattr(self, "from_checkpoint", [])
+        return super().job(source, fine_tuning) + (f" ({', '.join(taken)} from the checkpoint)" if taken else "")
+
     def build_module(self, model: VisionTransformer) -> nn.Module:
         check_maskable(model.config)
         settings = self.settings
         decoder = self.pretrained_decoder()
+        self.from_checkpoint = []  # the settings the checkpoint decided, for the run's first line
+        if decoder is not None:  # what the recipe leaves open (None) continues as the checkpoint was trained
+            if settings.mask_ratio is None:
+                settings.mask_ratio = decoder.config.mask_ratio
+                self.from_checkpoint.append(f"mask ratio {settings.mask_ratio:g}")
+            if settings.norm_pix_loss is None:
+                settings.norm_pix_loss = decoder.config.norm_pix_loss
+                self.from_checkpoint.append(f"{'normalised' if settings.norm_pix_loss else 'raw'}-pixel loss")
+            self.from_checkpoint.append("decoder")
         if decoder is not None:  # the checkpoint's decoder shape wins over the recipe's
             settings.decoder_dim, settings.decoder_depth = decoder.config.decoder_dim, decoder.config.decoder_depth
             settings.decoder_heads, settings.decoder_mlp_dim = (
@@ -57,7 +71,7 @@ class MaskedAutoencoding(MaskedPretraining):
                 decoder_depth=depth,
                 decoder_heads=heads,
                 decoder_mlp_dim=mlp_dim,
-                norm_pix_loss=settings.norm_pix_loss,
+                norm_pix_loss=settings.normalises_pixels(),
             ),
         )
         if decoder is not None:
@@ -123,7 +137,9 @@ class MaskedAutoencoding(MaskedPretraining):
     ) -> tuple[dict[str, Any], list[str], list[str]]:
         figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch, splits)
         settings = self.settings
-        figures.update(mask_ratio=settings.ratio("mae"), norm_pix_loss=settings.norm_pix_loss, decoder=self.decoder)
+        figures.update(
+            mask_ratio=settings.ratio("mae"), norm_pix_loss=settings.normalises_pixels(), decoder=self.decoder
+        )
         source = splits.validation or splits.test  # held-out images: the validation split where there is one
         if source is not None and settings.grid_images:
             pictures.append(self.picture(self.module.encoder, source, run_dir / RECONSTRUCTIONS, "end of training"))

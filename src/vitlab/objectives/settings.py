@@ -34,7 +34,9 @@ class PretrainConfig:
     decoder_depth: int | None = None
     decoder_heads: int | None = None
     decoder_mlp_dim: int | None = None
-    norm_pix_loss: bool = True  # targets normalised per patch (mean 0, variance 1): MAE's better representation
+    # Targets normalised per patch (mean 0, variance 1): MAE's better representation. None: MAE's default (on), or,
+    # continuing from an MAE checkpoint (`--from`), the checkpoint's; as the mask ratio, which None leaves to it too.
+    norm_pix_loss: bool | None = None
     # The picture of validation images (original, masked, reconstructed): at the end, and after these epochs.
     grid_images: int = 8
     grid_epochs: list[int] = field(default_factory=list)
@@ -83,6 +85,10 @@ class PretrainConfig:
         if dim % heads:
             raise ConfigError(f"pretrain.decoder_heads {heads} does not divide decoder_dim {dim}; set both")
         return shape
+
+    def normalises_pixels(self) -> bool:
+        """Whether MAE's targets are normalised per patch: the recipe's choice, else MAE's default (on)."""
+        return self.norm_pix_loss if self.norm_pix_loss is not None else True
 
     def ratio(self, method: str) -> float:
         """The mask ratio a method uses: the recipe's, else the method's own."""

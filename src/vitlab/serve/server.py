@@ -91,12 +91,18 @@ def serve(
     server = uvicorn.Server(config)
     # uvicorn drains on SIGTERM, then raises the signal again under the handler it found, so that the process
     # ends as the signal's default would (killed, status 143). A SIGTERM stop that finished every request is a
-    # clean stop: give uvicorn a handler that ignores the repeat, and exit 0. Ctrl-C keeps Python's handler
-    # (KeyboardInterrupt: exit 130).
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    # clean stop: give uvicorn a handler that ignores the repeat, and exit 0. Ctrl-C is the same stop, asked from
+    # a terminal: uvicorn drains on it too, and it ends the same way (it once ended in a bare "interrupted", 130).
+    stopped_by = []
+    previous = {
+        number: signal.signal(number, lambda signum, frame: stopped_by.append(signum))
+        for number in (signal.SIGTERM, signal.SIGINT)
+    }
     try:
         server.run(sockets=[sock])
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    print("vitlab serve: stopped; every request in flight was answered", file=sys.stderr, flush=True)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    how = "Ctrl-C" if signal.SIGINT in stopped_by else "SIGTERM" if stopped_by else "a stop"
+    print(f"vitlab serve: stopped by {how}; every request in flight was answered", file=sys.stderr, flush=True)
     return 0

@@ -87,7 +87,8 @@ def fit_schedule(config: TrainConfig, train_images: int, steps_per_epoch: int) -
         notes.append(
             f"the {config.warmup_epochs:g}-epoch warm-up is {'longer than' if warmup >= total else 'most of'} "
             f"this {config.epochs}-epoch run, so the learning rate would {'never reach' if warmup >= total else 'barely reach'} "
-            f"its peak; it is shortened to {shortened} steps ({shortened / steps_per_epoch:.2g} epochs)"
+            f"its peak; it is shortened to {shortened} step{'s' if shortened != 1 else ''} "
+            f"({shortened / steps_per_epoch:.2g} epochs)"
         )
     dropped = train_images - steps_per_epoch * config.batch_size
     if steps_per_epoch < FEW_STEPS_PER_EPOCH or total < MIN_TOTAL_STEPS:
