@@ -201,6 +201,27 @@ def test_a_streamed_run_reports_skipped_files(tmp_path):
     assert rows[-1]["skipped_files"] == 1
 
 
+def test_bad_files_held_in_memory_and_streamed_are_reported_the_same_way(tmp_path):
+    """Issue 38: a folder held in memory printed a raw UserWarning and wrote no skipped.txt; now both paths list
+    the same files with the same human reasons, in skipped.txt, the summary and the epoch rows."""
+    root = tmp_path / "photos"
+    write_photos(root / "train", per_class=40)
+    write_photos(root / "test", per_class=10, seed=1)
+    (root / "train" / "cats" / "011.jpg").write_bytes(b"")
+    (root / "train" / "dogs" / "012.jpg").write_bytes(b"this is text")
+    listed = {}
+    for stream in (False, True):
+        run = f"stream-{stream}"
+        summary = train(stream_config(tmp_path, root, epochs=1, ema_decay=0.0, stream=stream, run_name=run))
+        assert summary["skipped_files"] == 2, stream
+        listed[stream] = sorted((tmp_path / run / "skipped.txt").read_text().splitlines())
+        rows = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        assert rows[-1]["skipped_files"] == 2
+    assert listed[False] == listed[True]
+    assert listed[False][0].endswith("011.jpg: not a readable image: empty file (0 bytes)")
+    assert listed[False][1].endswith("012.jpg: not a readable image: no image format recognised")
+
+
 def test_memory_does_not_grow_with_the_number_of_files(tmp_path):
     """A streamed source holds compact arrays: what it holds after reading an epoch's first batches is about the
     files' path bytes per file, not their decoded pixels (16 x 16 x 3 = 768 bytes each here) or Python objects.

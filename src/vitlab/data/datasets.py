@@ -15,7 +15,6 @@ import io
 import pickle
 import struct
 import tarfile
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +148,7 @@ class ImageDataset:
             self.max_value,
             self.hflip,
             preprocessing=self.preprocessing,
+            skipped=self.skipped,  # the folder's unreadable files stay reported, whichever classes are kept
         )
 
     def subset(self, indices: torch.Tensor, name: str | None = None) -> ImageDataset:
@@ -160,6 +160,7 @@ class ImageDataset:
             self.max_value,
             self.hflip,
             preprocessing=self.preprocessing,
+            skipped=self.skipped,  # carved parts report the folder's unreadable files (listed once: summary.py)
         )
 
 
@@ -376,12 +377,8 @@ def load_folder(
         try:
             images.append(read_image(path, image_size, channels, preprocessing=preprocessing))
             labels.append(label)
-        except DataError as error:
+        except DataError as error:  # "location: why", as the streamed path lists them (skipped.txt, the summary)
             skipped.append(str(error))
-    if skipped:
-        warnings.warn(
-            f"skipped {len(skipped)} of {len(samples)} unreadable images in {root}, e.g. {skipped[0]}", stacklevel=2
-        )
     if len(skipped) > MAX_BAD_FRACTION * len(samples):
         raise DataError(
             f"{len(skipped)} of {len(samples)} images in {root} are unreadable (more than "

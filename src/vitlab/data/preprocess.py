@@ -9,6 +9,8 @@ on [0, 1] images.
 from __future__ import annotations
 
 import io
+import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Protocol, overload
@@ -62,6 +64,29 @@ def crop_box(resized: tuple[Any, Any], image_size: tuple[int, int]) -> tuple[Any
 PIL_KERNELS = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
 
 
+def why_unreadable(error: Exception, source: Any) -> str:
+    """Why an image file could not be read, in words (never a decoder's object repr): "empty file (0 bytes)", "no
+    image format recognised", "truncated", or the decoder's own words for anything else."""
+    from PIL import UnidentifiedImageError
+
+    size = len(source) if isinstance(source, (bytes, bytearray)) else None
+    if size is None and isinstance(source, (str, os.PathLike)):
+        try:
+            size = os.path.getsize(source)
+        except OSError:
+            return "it cannot be opened (it vanished, or is not a file)"
+    if size == 0:
+        return "empty file (0 bytes)"
+    if isinstance(error, UnidentifiedImageError):
+        return "no image format recognised"
+    text = str(error)
+    if "truncated" in text or "broken data stream" in text or isinstance(error, EOFError):
+        return "truncated (the file ends before the image does)"
+    # Pillow may name what it read (a path, or a BytesIO's repr): keep its words, not the name.
+    text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>|'[^']*'", "the file", text)
+    return text or type(error).__name__
+
+
 def decode_image(
     source: Path | str | bytes,
     image_size: tuple[int, int] | None,
@@ -90,15 +115,12 @@ def decode_image(
                 if image_size is not None:
                     image = resize_pil(image, image_size, contract)
                 array = np.asarray(image, dtype=np.uint8)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-        raise DataError(f"{label}: refused, too many pixels for a safe decode ({error})") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise DataError(
+            f"{label}: refused, too many pixels for a safe decode (over {Image.MAX_IMAGE_PIXELS:,}; a decompression bomb?)"
+        ) from None
     except Exception as error:  # noqa: BLE001 - decoders raise many types on malformed files
-        # Pillow names what it read ('/path/x.png', or a BytesIO's repr); the message names the file once, in front.
-        detail = str(error).replace(
-            repr(source_file) if source_file is not source else repr(str(source)),
-            "the data" if source_file is not source else "the file",
-        )
-        raise DataError(f"{label}: not a readable image ({type(error).__name__}: {detail})") from None
+        raise DataError(f"{label}: not a readable image: {why_unreadable(error, source)}") from None
     array = array[:, :, None] if array.ndim == 2 else array
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
 

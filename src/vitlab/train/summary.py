@@ -148,7 +148,7 @@ def epoch_line(
 
 def unreadable_files(splits: Splits) -> list[str]:
     """Every file of the run's data that could not be read so far (each with its message), over the splits."""
-    return [message for part in splits.parts() for message in part.skipped]
+    return list(dict.fromkeys(message for part in splits.parts() for message in part.skipped))
 
 
 def describe_precision(choice: Choice) -> str:
