@@ -39,6 +39,7 @@ class LogLines:
         self.stream = stream or sys.stdout
         self.done = done
         self.started, self.done_at_start = time.perf_counter(), done
+        self.paced_from: tuple[float, int] | None = None
 
     def update(self, count: int = 1, tail: str = "", **fields: Any) -> None:
         """Count `count` steps; on a reporting step print `fields` and then `tail` (e.g. the whole run's time left)."""
@@ -47,7 +48,13 @@ class LogLines:
             return
         seconds = time.perf_counter() - self.started
         rate = (self.done - self.done_at_start) / max(seconds, 1e-9)
-        left = (self.total - self.done) / rate if rate > 0 else None
+        # The time left comes from the pace since the first report: the steps before it carry the warm-up.
+        if self.paced_from is None:
+            self.paced_from, left = (time.perf_counter(), self.done), None
+        else:
+            since, first = self.paced_from
+            pace = (self.done - first) / max(time.perf_counter() - since, 1e-9)
+            left = (self.total - self.done) / pace if pace > 0 else None
         extra = "".join(f"  {key} {value}" for key, value in fields.items())
         left_text = f"{self.left_label} {format_duration(left)} left".strip()
         print(

@@ -50,15 +50,28 @@ class RunClock:
         self.elapsed_before = elapsed_before
         self.steps_at_start = steps_done
         self.total_steps = total_steps
+        self.paced_from: tuple[float, int] | None = None  # (time, steps done) once the warm-up steps are over
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.perf_counter() - self.started
 
+    # Steps of this session left out of the pace: the first ones carry one-off costs (kernel selection, compiling,
+    # the allocator's first requests, the first batches' decoding), which once made a one-minute run's first epoch
+    # print "34m59s left".
+    WARMUP_STEPS = 3
+
     def remaining(self, steps_done: int) -> float | None:
+        """Seconds left at this session's pace since its warm-up steps; None (shown "?") until that pace exists."""
         done_here = steps_done - self.steps_at_start
-        if done_here <= 0:
+        if done_here < self.WARMUP_STEPS:
             return None
-        return (time.perf_counter() - self.started) / done_here * (self.total_steps - steps_done)
+        if self.paced_from is None:
+            self.paced_from = (time.perf_counter(), steps_done)
+            return None
+        started, first = self.paced_from
+        if steps_done <= first:
+            return None
+        return (time.perf_counter() - started) / (steps_done - first) * (self.total_steps - steps_done)
 
 
 def seconds_since_launch() -> float:
