@@ -256,6 +256,9 @@ def finish(session: Session) -> dict[str, Any]:
     """The end of a run: the test split measured once (final model and best-validation checkpoint), the final
     model, pictures and summaries written."""
     env = session.env
+    # Training is over: its streaming workers go before the test split's start (the run's memory peaked with the
+    # training, validation and test workers all alive at the end; issue 38).
+    session.splits.train.close()
     results = final_results(session, session.run / BEST)
     replica_diff = replica_difference(session.model, env)
     summary = {"status": "finished", "run_dir": str(session.run), "replica_max_abs_diff": replica_diff}
