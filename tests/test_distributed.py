@@ -230,3 +230,40 @@ def test_two_processes_streaming_a_folder_match_one(all_cores, tmp_path):
     one, two, double = one_and_two_processes(tmp_path, args)
     assert double.stdout.count("note: streaming folder") == 1
     assert max((two[name] - one[name]).abs().max().item() for name in one) < 1e-5
+
+
+@pytest.mark.slow
+def test_unreadable_files_are_counted_over_every_rank_and_the_limit_stops_them_together(all_cores, tmp_path):
+    """Issue 38: under torchrun the 10% limit and `skipped_files` counted rank 0's share only, and a rank that
+    stopped on them raised while the others waited. Now every rank's count is summed each step and all decide
+    together; the summary lists every rank's files."""
+    import numpy as np
+    from PIL import Image
+
+    def folder(root, bad):
+        generator = np.random.default_rng(0)
+        for name in ("cats", "dogs"):
+            (root / name).mkdir(parents=True)
+            for index in range(50):
+                path = root / name / f"{index:03d}.jpg"
+                if index < bad:
+                    path.write_bytes(b"")  # empty: unreadable
+                else:
+                    Image.fromarray(generator.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(path)
+
+    def run(root, name):
+        args = ["--dataset", "folder", "--data-dir", str(root), "--set", "stream=true", "--set", "workers=0"]
+        args += ["--set", "epochs=2", "--set", "batch_size=16", "--set", "progress=false", "--set", f"run_name={name}"]
+        args += ["--set", f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}", "--out-dir", str(tmp_path)]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+        return subprocess.run([*command, "vitlab", "train", *args], capture_output=True, text=True, timeout=300)
+
+    folder(tmp_path / "few", bad=3)  # 6 of 100: under the limit
+    finished = run(tmp_path / "few", "few")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    listed = (tmp_path / "few" / "skipped.txt").read_text().splitlines()
+    assert len(listed) == 6 and all("empty file (0 bytes)" in line for line in listed)  # both ranks' shares
+    folder(tmp_path / "many", bad=12)  # 24 of 100: over it
+    stopped = run(tmp_path / "many", "many")
+    assert stopped.returncode != 0
+    assert stopped.stderr.count("are unreadable, more than 10%") == 2, stopped.stderr[-3000:]  # each rank, one line

@@ -62,6 +62,25 @@ def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return tensor
 
 
+def step_consensus(flag: bool, count: int, env: DistEnv) -> tuple[bool, int]:
+    """In one collective: whether `flag` is true on any process, and the sum of `count` over them (the stop flag
+    and the unreadable files met, after every training step)."""
+    if not env.enabled:
+        return flag, count
+    tensor = torch.tensor([int(flag), count], dtype=torch.int64, device=env.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return bool(tensor[0].item()), int(tensor[1].item())
+
+
+def gather_lists(items: list[str], env: DistEnv) -> list[str]:
+    """Every process's `items`, in rank order, each once (the unreadable files each rank met)."""
+    if not env.enabled:
+        return items
+    gathered: list[list[str] | None] = [None] * env.world_size
+    dist.all_gather_object(gathered, items)
+    return list(dict.fromkeys(item for part in gathered for item in (part or [])))
+
+
 def any_rank(flag: bool, env: DistEnv) -> bool:
     """True on every process if `flag` is true on any (a signal may reach only some ranks)."""
     if not env.enabled:

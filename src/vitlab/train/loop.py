@@ -27,7 +27,16 @@ from vitlab.checkpoint.formats import load_model
 from vitlab.checkpoint.io import read_safetensors, save_model, save_state_dict
 from vitlab.data.source import Batch, BatchSource
 from vitlab.data.transforms import Draws
-from vitlab.distributed import DistEnv, any_rank, cleanup, init_distributed, replica_difference, synchronize
+from vitlab.distributed import (
+    DistEnv,
+    any_rank,
+    cleanup,
+    gather_lists,
+    init_distributed,
+    replica_difference,
+    step_consensus,
+    synchronize,
+)
 from vitlab.errors import CheckpointError, VitlabError
 from vitlab.objectives.base import NonFiniteLoss, Objective, is_better
 from vitlab.runs import BEST, BEST_OBJECTIVE
@@ -90,11 +99,14 @@ def train_one_epoch(
     epoch_seed: int,
     stop: StopFlag | None = None,
     on_step: Callable[[Position, list[float], float], None] | None = None,
+    unreadable: Any = None,
 ) -> bool:
     """Run the rest of one epoch from `position` (the batches must start at its step); returns False if a stop was
     requested (the position is then consistent and can be saved). `step` holds the model, optimizer, schedule and
     EMA; `objective` turns each batch into inputs and targets. After each step `on_step(position, epoch sums,
-    images per second)` reports progress. A non-finite loss raises NonFiniteLoss with `epoch` and `step` set."""
+    images per second)` reports progress. `unreadable`: a streamed training source whose limit of unreadable files
+    is decided here on every rank's sum (under DDP). A non-finite loss raises NonFiniteLoss with `epoch` and `step`
+    set."""
     augment_rng = torch.Generator()
     if position.augment_state is not None:
         augment_rng.set_state(position.augment_state)
@@ -103,6 +115,7 @@ def train_one_epoch(
     spec = (step.model or step.wrapped).config
     step.wrapped.train()
     sums = torch.tensor(position.epoch_sums, dtype=torch.float64)
+    unreadable_synced = 0  # this rank's unreadable files already counted in a union (below)
     for index, batch in enumerate(batches, start=position.step_in_epoch):
         started = time.perf_counter()
         inputs, targets = objective.training_inputs(batch, spec, Draws(augment_rng, batch.global_size, batch.shard))
@@ -118,7 +131,15 @@ def train_one_epoch(
         position.epoch_sums = sums.tolist()
         if on_step is not None:
             on_step(position, position.epoch_sums, len(batch) * env.world_size / seconds)
-        if any_rank(stop is not None and stop.requested, env) and index + 1 < steps_per_epoch:
+        new_unreadable = len(unreadable.skipped) - unreadable_synced if unreadable is not None else 0
+        stopping, new_anywhere = step_consensus(stop is not None and stop.requested, new_unreadable, env)
+        if unreadable is not None and new_anywhere:
+            # Some rank met a new unreadable file (rare): every rank takes the union of the ranks' lists (a stand-in
+            # read for a bad file may be read by two ranks) and decides on its size, together.
+            union = gather_lists(unreadable.skipped, env)
+            unreadable_synced = len(unreadable.skipped)
+            unreadable.refuse_if_too_many(len(union))
+        if stopping and index + 1 < steps_per_epoch:
             position.augment_state = augment_rng.get_state()
             return False
     position.augment_state = None
@@ -141,9 +162,24 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
             batches = session.splits.train.training_batches(
                 epoch_seed, config.batch_size, position.step_in_epoch, env.rank, env.world_size
             )
+            # Under DDP a streamed source's limit of unreadable files is decided on every rank's sum, each step.
+            unreadable = (
+                session.splits.train if env.enabled and hasattr(session.splits.train, "limit_by_caller") else None
+            )
+            if unreadable is not None:
+                unreadable.limit_by_caller = True
             try:
                 finished = train_one_epoch(
-                    session.step, session.objective, batches, steps, env, position, epoch_seed, stop, progress
+                    session.step,
+                    session.objective,
+                    batches,
+                    steps,
+                    env,
+                    position,
+                    epoch_seed,
+                    stop,
+                    progress,
+                    unreadable,
                 )
             except NonFiniteLoss as error:
                 raise TrainingError(
@@ -211,7 +247,7 @@ def end_epoch(
     if config.test_every_epoch:  # shown to the user; nothing below reads it
         test = objective.evaluate(session.evaluated, splits.test, config.eval_batch_size, env, session.precision.value)
         row.update({f"test_{name}": value for name, value in objective.row_figures(test).items()})
-    skipped = unreadable_files(splits)
+    skipped = gather_lists(unreadable_files(splits), env)  # every rank's share
     if skipped:
         row["skipped_files"] = len(skipped)
     position.elapsed_seconds = clock.elapsed()
@@ -259,6 +295,7 @@ def finish(session: Session) -> dict[str, Any]:
     # Training is over: its streaming workers go before the test split's start (the run's memory peaked with the
     # training, validation and test workers all alive at the end; issue 38).
     session.splits.train.close()
+    session.unreadable = gather_lists(unreadable_files(session.splits), env)  # every rank's, for the summary
     results = final_results(session, session.run / BEST)
     replica_diff = replica_difference(session.model, env)
     summary = {"status": "finished", "run_dir": str(session.run), "replica_max_abs_diff": replica_diff}

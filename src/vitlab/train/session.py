@@ -48,6 +48,7 @@ class Session:
     epoch_timings: list = field(default_factory=list)  # (seconds, images/s) of each epoch of this sitting
     budget_planned_epochs: int = 0  # the recipe's epochs before the budget shortened the run
     budget_note: str = ""  # how the run was fitted to its wall-time budget, when it had to be
+    unreadable: list[str] | None = None  # every rank's unreadable files at the end (None: this process's)
 
     @property
     def evaluated(self) -> VisionTransformer:

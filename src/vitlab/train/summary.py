@@ -222,7 +222,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
     else:
         lines.append("  validation   none (val_size 0): no best checkpoint is chosen")
     lines += lines_after
-    skipped = unreadable_files(splits)
+    skipped = session.unreadable if session.unreadable is not None else unreadable_files(splits)
     summary["skipped_files"] = len(skipped)
     if skipped:
         atomic_write_bytes(run_dir / "skipped.txt", "".join(line + "\n" for line in skipped).encode())

@@ -144,6 +144,9 @@ class StreamingSource:
         self.pin_memory = pin_memory
         self.max_bad_fraction = max_bad_fraction
         self.skipped: list[str] = []  # every unreadable file met ("location: why"), in the order met, each once
+        # Under DDP the training loop sums the ranks' counts after each step and calls `refuse_if_too_many` on every
+        # rank at once (one rank stopping alone left the others waiting in a collective).
+        self.limit_by_caller = False
         self._seen_skipped: set[str] = set()
         self.reader = SampleReader(index, self.image_size, channels, self.crop, self.preprocessing, seed, hflip)
         self._loaders: dict[str, tuple[PassRequests, DataLoader]] = {}
@@ -294,11 +297,17 @@ class StreamingSource:
             if location not in self._seen_skipped:
                 self._seen_skipped.add(location)
                 self.skipped.append(message)
-        if len(self.skipped) > self.max_bad_fraction * len(self):
+        if not self.limit_by_caller:
+            self.refuse_if_too_many(len(self.skipped))
+
+    def refuse_if_too_many(self, count: int) -> None:
+        """Stop (DataError) when `count` unreadable files, this process's or (under DDP) every rank's summed by the
+        training loop, are over `max_bad_fraction` of the data; every rank decides on the same count, together."""
+        if count > self.max_bad_fraction * len(self):
+            first = self.skipped[0] if self.skipped else "listed by another process"
             raise DataError(
-                f"{len(self.skipped)} files of {self.name} are unreadable, more than "
-                f"{self.max_bad_fraction:.0%} of its {len(self)}: the data are damaged (first: "
-                f"{self.skipped[0]}); repair or remove them"
+                f"{count} files of {self.name} are unreadable, more than {self.max_bad_fraction:.0%} of its "
+                f"{len(self)}: the data are damaged (first: {first}); repair or remove them"
             )
 
 
