@@ -62,14 +62,13 @@ def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return tensor
 
 
-def step_consensus(flag: bool, count: int, env: DistEnv) -> tuple[bool, int]:
-    """In one collective: whether `flag` is true on any process, and the sum of `count` over them (the stop flag
-    and the unreadable files met, after every training step)."""
+def sum_over_ranks(count: int, env: DistEnv) -> int:
+    """`count` summed over every process (the unreadable files met since the last union, after each step)."""
     if not env.enabled:
-        return flag, count
-    tensor = torch.tensor([int(flag), count], dtype=torch.int64, device=env.device)
+        return count
+    tensor = torch.tensor([count], dtype=torch.int64, device=env.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return bool(tensor[0].item()), int(tensor[1].item())
+    return int(tensor.item())
 
 
 def gather_lists(items: list[str], env: DistEnv) -> list[str]:

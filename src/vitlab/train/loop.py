@@ -34,7 +34,7 @@ from vitlab.distributed import (
     gather_lists,
     init_distributed,
     replica_difference,
-    step_consensus,
+    sum_over_ranks,
     synchronize,
 )
 from vitlab.errors import CheckpointError, VitlabError
@@ -131,15 +131,13 @@ def train_one_epoch(
         position.epoch_sums = sums.tolist()
         if on_step is not None:
             on_step(position, position.epoch_sums, len(batch) * env.world_size / seconds)
-        new_unreadable = len(unreadable.skipped) - unreadable_synced if unreadable is not None else 0
-        stopping, new_anywhere = step_consensus(stop is not None and stop.requested, new_unreadable, env)
-        if unreadable is not None and new_anywhere:
+        if unreadable is not None and sum_over_ranks(len(unreadable.skipped) - unreadable_synced, env):
             # Some rank met a new unreadable file (rare): every rank takes the union of the ranks' lists (a stand-in
             # read for a bad file may be read by two ranks) and decides on its size, together.
             union = gather_lists(unreadable.skipped, env)
             unreadable_synced = len(unreadable.skipped)
             unreadable.refuse_if_too_many(len(union))
-        if stopping and index + 1 < steps_per_epoch:
+        if any_rank(stop is not None and stop.requested, env) and index + 1 < steps_per_epoch:
             position.augment_state = augment_rng.get_state()
             return False
     position.augment_state = None
