@@ -477,3 +477,32 @@ def test_a_timm_perception_encoder_gives_timms_outputs(tmp_path):
     clip = load_file(FIXTURES / "timm_clip_quickgelu.safetensors")
     save_file(clip, tmp_path / "clip.safetensors")
     assert read_checkpoint(tmp_path / "clip.safetensors", {"num_heads": 4})[0].family != "pe"
+
+
+def test_a_native_resolution_aimv2_computes_its_columns_first_sin_cos_table_for_each_grid(tmp_path):
+    """AIMv2's native models (`is_native`) store no table: a fixed sin-cos one laid out [sin_w, cos_w, sin_h, cos_h]
+    made for each image's grid (vitlab's sincos_order "columns_first"); written back, transformers reloads it."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, patch_size=4)
+    reference_model = transformers.Aimv2VisionModel(
+        transformers.Aimv2VisionConfig(**shape, image_size=16, is_native=True)
+    )
+    with torch.no_grad():
+        for parameter in reference_model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    reference_model.eval().save_pretrained(tmp_path / "native")
+    model = load_model(tmp_path / "native")
+    assert (model.config.pos_embed, model.config.sincos_order) == ("sincos2d", "columns_first")
+    model.dynamic_image_size = True
+    export_checkpoint(model, tmp_path / "back", to="hf")
+    reloaded = transformers.Aimv2VisionModel.from_pretrained(tmp_path / "back").eval()
+    for size in ((16, 16), (12, 20)):  # its own grid, and a non-square one
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            expected = reference_model(pixel_values=images)
+            again = reloaded(pixel_values=images)
+        hidden, pooled = outputs(model, images)
+        for theirs in (expected, again):
+            torch.testing.assert_close(hidden, theirs.last_hidden_state, atol=TOLERANCE, rtol=0)
+            torch.testing.assert_close(pooled, theirs.pooler_output, atol=TOLERANCE, rtol=0)

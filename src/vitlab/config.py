@@ -218,6 +218,9 @@ class ViTConfig:
     pool_heads: int | None = None
     pool_mlp_dim: int | None = None
     final_norm: bool = True  # the norm after the last block (Perception Encoder's lang and spatial models have none)
+    # The fixed sin-cos table's layout: "rows_first" [sin y, cos y, sin x, cos x] (MoCo v3, big_vision, MAE as
+    # transformers has it) or "columns_first" [sin x, cos x, sin y, cos y] (AIMv2's native-resolution models).
+    sincos_order: str = "rows_first"
     # How a learned table is resampled to another grid (fine-tuning at a new size, a dynamic size, each image's own
     # grid of a NaFlex batch): "bilinear", "bicubic", or "bilinear_antialias" (SigLIP 2's, which shrinks a table
     # by averaging rather than sampling).
@@ -259,6 +262,8 @@ class ViTConfig:
         for name in ("dropout", "attention_dropout", "drop_path"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"model config field {name} must be in [0, 1), got {getattr(self, name)!r}")
+        if self.sincos_order not in ("rows_first", "columns_first"):
+            raise ConfigError(f"sincos_order must be 'rows_first' or 'columns_first', got {self.sincos_order!r}")
         if self.rotary not in (None, "pe"):
             raise ConfigError(f"rotary must be 'pe' or null, got {self.rotary!r}")
         if self.rotary is not None and self.pos_embed in ("rope", "relative"):

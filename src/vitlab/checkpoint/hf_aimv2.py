@@ -11,8 +11,9 @@ HF's names -> vitlab's: embeddings.patch_embed -> patch_embed.proj, embeddings.r
 embeddings.position_embedding (N, D) -> pos_embed (1, N, D), encoder.layers.N.rms_norm{1,2} -> blocks.N.norm{1,2},
 attention.{q,k,v}_proj -> attn.qkv, attention.out_proj -> attn.proj, ffn.{gate,up,down}_proj ->
 mlp.{fc1_g, fc1_x, fc2}, rms_norm -> norm, head.cls_token -> attn_pool.latent, head.{k,v}_proj -> attn_pool.kv,
-head.output_proj -> attn_pool.proj. The "native" variants (`is_native`: a fixed sin-cos table laid out
-[sin_w, cos_w, sin_h, cos_h]) are refused by name: vitlab's sin-cos table puts rows first.
+head.output_proj -> attn_pool.proj. The native-resolution models (`is_native`) have no table in their files: a
+fixed sin-cos table laid out [sin_w, cos_w, sin_h, cos_h] is made for each image's grid (vitlab's pos_embed
+"sincos2d" with sincos_order "columns_first").
 """
 
 from __future__ import annotations
@@ -64,21 +65,20 @@ def read_config(weights: Weights) -> ViTConfig:
     state, source = vision_tower(weights.tensors), weights.source
     hf_config = dict(weights.hf_config or {})
     hf_config = {**hf_config, **hf_config.get("vision_config", {})}
-    if hf_config.get("is_native") or "embeddings.position_embedding.weight" not in state:
-        raise CheckpointError(
-            f"{source}: a native-resolution AIMv2 (fixed sin-cos positions laid out columns first) is not "
-            "supported yet; the fixed-size AIMv2 models (learned positions) load"
-        )
+    native = bool(hf_config.get("is_native")) or "embeddings.position_embedding.weight" not in state
     if "head.cls_token" not in state:
         raise CheckpointError(f"{source}: an AIMv2 image tower without its attention-pooling head is not supported")
     if hf_config.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{source}: AIMv2 hidden_act={hf_config['hidden_act']!r}; vitlab's SwiGLU is SiLU")
     proj = state["embeddings.patch_embed.weight"]
     patch_size = tuple(proj.shape[2:])
-    rows = state["embeddings.position_embedding.weight"].shape[0]
-    image_size = hf_config.get("image_size") or image_size_from_positions(
-        rows, patch_size, 1, source, weights.image_size
-    )
+    if native:  # a fixed sin-cos table made for each image's grid: the size is config.json's (or the default)
+        image_size = hf_config.get("image_size", 224)
+    else:
+        rows = state["embeddings.position_embedding.weight"].shape[0]
+        image_size = hf_config.get("image_size") or image_size_from_positions(
+            rows, patch_size, 1, source, weights.image_size
+        )
     embed_dim = proj.shape[0]
     qkv_bias = "encoder.layers.0.attention.q_proj.bias" in state
     config = ViTConfig(
@@ -96,6 +96,8 @@ def read_config(weights: Weights) -> ViTConfig:
         norm="rmsnorm",
         mlp="swiglu",
         patch_norm=True,
+        pos_embed="sincos2d" if native else "learned",
+        sincos_order="columns_first",
         qkv_bias=qkv_bias,
         proj_bias="encoder.layers.0.attention.out_proj.bias" in state,
         mlp_bias="encoder.layers.0.ffn.gate_proj.bias" in state,
@@ -117,7 +119,13 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
         out[name + ".weight"] = take(hf_name + ".weight")
         if hf_name + ".bias" in state:
             out[name + ".bias"] = take(hf_name + ".bias")
-    out["pos_embed"] = take("embeddings.position_embedding.weight")[None]
+    if config.pos_embed == "sincos2d":  # native: the table is computed, for the model's own grid
+        from vitlab.layers.pos_embed import sincos_2d_pos_embed  # torch: not at import (families.py says why)
+
+        rows = sincos_2d_pos_embed(config.grid_size, config.embed_dim)
+        out["pos_embed"] = torch.cat(rows.chunk(2, dim=-1)[::-1], dim=-1)[None]
+    else:
+        out["pos_embed"] = take("embeddings.position_embedding.weight")[None]
     picker.skip([key for key in state if key.endswith("position_ids")])  # buffers of 0..N in some files
     out["attn_pool.latent"] = take("head.cls_token")
     out["attn_pool.kv.weight"] = torch.cat([take("head.k_proj.weight"), take("head.v_proj.weight")])
@@ -145,7 +153,8 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
         for kind in ("weight", "bias"):
             if f"{name}.{kind}" in state:
                 out[f"{hf_name}.{kind}"] = state[f"{name}.{kind}"]
-    out["embeddings.position_embedding.weight"] = state["pos_embed"][0]
+    if config.pos_embed == "learned":  # native models compute theirs
+        out["embeddings.position_embedding.weight"] = state["pos_embed"][0]
     dim = config.embed_dim
     out["head.cls_token"] = state["attn_pool.latent"]
     for index, part in enumerate(("k", "v")):
@@ -178,7 +187,13 @@ def require_aimv2_shape(config: ViTConfig) -> None:
             ("no class token and the 'probe' head", config.class_token or config.classifier != "probe"),
             ("RMSNorm, also on the patches", config.norm != "rmsnorm" or not config.patch_norm),
             ("SwiGLU", config.mlp != "swiglu"),
-            ("a learned position table", config.pos_embed != "learned"),
+            (
+                "a learned table, or the native models' columns-first sin-cos",
+                not (
+                    config.pos_embed == "learned"
+                    or (config.pos_embed == "sincos2d" and config.sincos_order == "columns_first")
+                ),
+            ),
             ("no head after the pooling (num_classes 0)", config.num_classes != 0),
             ("one bias switch for attention and none in the MLP", not same_biases),
         ),
@@ -202,5 +217,5 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
         "qkv_bias": config.qkv_bias,
         "mlp_bias": config.mlp_bias,
         "use_head": True,
-        "is_native": False,
+        "is_native": config.pos_embed == "sincos2d",
     }

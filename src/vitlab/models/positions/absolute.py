@@ -107,7 +107,10 @@ class SinCosTable(AbsoluteTable):
     def table(self, model: PositionedModel, grid: tuple | None = None) -> torch.Tensor:
         if grid is None:
             return stored(model.pos_embed)  # stored for this grid
-        return self.prefixed(model, sincos_2d_pos_embed(grid, model.config.embed_dim)[None].to(stored(model.pos_embed)))
+        rows = sincos_2d_pos_embed(grid, model.config.embed_dim)
+        if model.config.sincos_order == "columns_first":  # AIMv2's native models: the column half first
+            rows = torch.cat(rows.chunk(2, dim=-1)[::-1], dim=-1)
+        return self.prefixed(model, rows[None].to(stored(model.pos_embed)))
 
     @torch.no_grad()
     def resample(self, model: PositionedModel, new_config, mode: str = "bilinear") -> None:
