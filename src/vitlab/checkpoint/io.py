@@ -420,6 +420,16 @@ def config_from_metadata(metadata: Mapping[str, str], source: str) -> ViTConfig:
         raise CheckpointError(f"{source}: {error}") from None
 
 
+def exported_config(weights: Weights) -> ViTConfig | None:
+    """The exact config vitlab's timm export writes into the header ("vitlab_config": timm's arguments cannot say
+    everything), with the caller's hints; None for a file written elsewhere."""
+    if "vitlab_config" not in weights.metadata:
+        return None
+    return apply_hints(
+        config_from_metadata({"config": weights.metadata["vitlab_config"]}, weights.source), weights.hints
+    )
+
+
 def is_own_file(weights: Weights) -> bool:
     """Whether a file is one of vitlab's own: its safetensors header says so."""
     return weights.metadata.get("format") == FORMAT_NAME

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from vitlab.checkpoint.io import (
     Weights,
-    apply_hints,
-    config_from_metadata,
+    exported_config,
     image_size_from_positions,
     require_plain_blocks,
 )
@@ -43,10 +42,9 @@ def is_timm_layout(weights: Weights) -> bool:
 def read_config(weights: Weights) -> ViTConfig:
     """The config of a timm state dict: the exact one that vitlab's timm export writes into the header, else
     `config_from_timm` of the names and shapes, completed by the timm JSON beside it and the caller's hints."""
-    if "vitlab_config" in weights.metadata:
-        # A timm export by vitlab: the exact config rides along (timm's arguments cannot say everything).
-        config = config_from_metadata({"config": weights.metadata["vitlab_config"]}, weights.source)
-        return apply_hints(config, weights.hints)
+    exported = exported_config(weights)
+    if exported is not None:
+        return exported
     sidecar_hints = hints_from_timm_json(weights.sidecar) if weights.sidecar else {}
     return config_from_timm(weights.tensors, weights.source, {**sidecar_hints, **weights.hints}, weights.image_size)
 
@@ -290,6 +288,21 @@ def prefix_rows_in_table(
     )
 
 
+def shape_args(config: ViTConfig) -> dict[str, Any]:
+    """The constructor arguments every timm ViT class (VisionTransformer, Eva) takes for a config's shape."""
+    return dict(
+        img_size=list(config.image_size),
+        patch_size=list(config.patch_size),
+        in_chans=config.in_chans,
+        num_classes=config.num_classes,
+        embed_dim=config.embed_dim,
+        depth=config.depth,
+        num_heads=config.num_heads,
+        mlp_ratio=config.mlp_dim / config.embed_dim,
+        qkv_bias=config.qkv_bias,
+    )
+
+
 def timm_model_args(config: ViTConfig) -> dict[str, Any]:
     """timm `VisionTransformer(**args)` arguments that rebuild `config` (plain ViT only)."""
     require_plain_blocks(config, "timm's VisionTransformer, as vitlab writes its arguments,")
@@ -318,15 +331,7 @@ def timm_model_args(config: ViTConfig) -> dict[str, Any]:
             stacklevel=2,
         )
     args: dict[str, Any] = dict(
-        img_size=list(config.image_size),
-        patch_size=list(config.patch_size),
-        in_chans=config.in_chans,
-        num_classes=config.num_classes,
-        embed_dim=config.embed_dim,
-        depth=config.depth,
-        num_heads=config.num_heads,
-        mlp_ratio=config.mlp_dim / config.embed_dim,
-        qkv_bias=config.qkv_bias,
+        shape_args(config),
         class_token=config.class_token,
         global_pool={"token": "token", "gap": "avg", "map": "map"}[config.classifier],
         fc_norm=config.fc_norm,

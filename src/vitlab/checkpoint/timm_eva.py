@@ -20,7 +20,8 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
-from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, config_from_metadata
+from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, exported_config
+from vitlab.checkpoint.timm import shape_args
 from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
@@ -48,10 +49,9 @@ def is_timm_dinov3(weights: Weights) -> bool:
 
 def read_config(weights: Weights) -> ViTConfig:
     """DINOv3's config from the shapes (or the exact one vitlab's own timm export put in the header)."""
-    if "vitlab_config" in weights.metadata:
-        return apply_hints(
-            config_from_metadata({"config": weights.metadata["vitlab_config"]}, weights.source), weights.hints
-        )
+    exported = exported_config(weights)
+    if exported is not None:
+        return exported
     state, source = weights.tensors, weights.source
     proj = state["patch_embed.proj.weight"]
     dim = proj.shape[0]
@@ -127,16 +127,8 @@ def eva_model_args(config: ViTConfig) -> dict[str, Any]:
     """timm `Eva(**args)` arguments that rebuild a DINOv3 `config` (timm's `vit_*_patch16_dinov3*` model_args),
     pooling by the class token as DINOv3 does (timm's pretrained configs average)."""
     return dict(
-        img_size=list(config.image_size),
-        patch_size=list(config.patch_size),
-        in_chans=config.in_chans,
-        num_classes=config.num_classes,
-        embed_dim=config.embed_dim,
-        depth=config.depth,
-        num_heads=config.num_heads,
-        mlp_ratio=config.mlp_dim / config.embed_dim,
+        shape_args(config),
         swiglu_mlp=config.mlp == "swiglu",
-        qkv_bias=config.qkv_bias,
         init_values=config.layer_scale,
         num_reg_tokens=config.register_tokens,
         use_abs_pos_emb=False,
@@ -181,10 +173,9 @@ def is_timm_pe(weights: Weights) -> bool:
 
 def read_pe_config(weights: Weights) -> ViTConfig:
     """Perception Encoder's config from the shapes and, where it has one, the JSON of timm arguments beside it."""
-    if "vitlab_config" in weights.metadata:
-        return apply_hints(
-            config_from_metadata({"config": weights.metadata["vitlab_config"]}, weights.source), weights.hints
-        )
+    exported = exported_config(weights)
+    if exported is not None:
+        return exported
     state, source = weights.tensors, weights.source
     args = dict((weights.sidecar or {}).get("model_args", {}), **(weights.sidecar or {}))
     hints = dict(weights.hints)

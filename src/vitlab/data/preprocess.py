@@ -8,10 +8,12 @@ on [0, 1] images.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, overload
 
@@ -64,6 +66,25 @@ def crop_box(resized: tuple[Any, Any], image_size: tuple[int, int]) -> tuple[Any
 PIL_KERNELS = {"bilinear": "BILINEAR", "bicubic": "BICUBIC"}
 
 
+@contextlib.contextmanager
+def decoding(source: Any, label: str | None = None) -> Iterator[None]:
+    """Decode an image file inside: whatever the decoder raises becomes one DataError in words (`why_unreadable`),
+    and an image over Pillow's pixel limit is refused; `label` (the file's name) goes in front where given. The one
+    rule for every path that decodes image files (`decode_image`, the streamed training crops)."""
+    from PIL import Image
+
+    prefix = f"{label}: " if label else ""
+    try:
+        yield
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise DataError(
+            f"{prefix}refused, too many pixels for a safe decode (over {Image.MAX_IMAGE_PIXELS:,}; "
+            "a decompression bomb?)"
+        ) from None
+    except Exception as error:  # noqa: BLE001 - decoders raise many types on malformed files
+        raise DataError(f"{prefix}not a readable image: {why_unreadable(error, source)}") from None
+
+
 def why_unreadable(error: Exception, source: Any) -> str:
     """Why an image file could not be read, in words (never a decoder's object repr): "empty file (0 bytes)", "no
     image format recognised", "truncated", or the decoder's own words for anything else."""
@@ -107,20 +128,13 @@ def decode_image(
     contract = preprocessing or Preprocessing.image_files()
     source_file = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
     label = name or (source if not isinstance(source, (bytes, bytearray)) else "the image")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(source_file) as image:
-                image = convert_mode(ImageOps.exif_transpose(image), channels, contract.grey)
-                if image_size is not None:
-                    image = resize_pil(image, image_size, contract)
-                array = np.asarray(image, dtype=np.uint8)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise DataError(
-            f"{label}: refused, too many pixels for a safe decode (over {Image.MAX_IMAGE_PIXELS:,}; a decompression bomb?)"
-        ) from None
-    except Exception as error:  # noqa: BLE001 - decoders raise many types on malformed files
-        raise DataError(f"{label}: not a readable image: {why_unreadable(error, source)}") from None
+    with decoding(source, label), warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with Image.open(source_file) as image:
+            image = convert_mode(ImageOps.exif_transpose(image), channels, contract.grey)
+            if image_size is not None:
+                image = resize_pil(image, image_size, contract)
+            array = np.asarray(image, dtype=np.uint8)
     array = array[:, :, None] if array.ndim == 2 else array
     return torch.from_numpy(array.copy()).permute(2, 0, 1)
 

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vitlab.data.preprocess import convert_mode, why_unreadable
-from vitlab.errors import DataError
+from vitlab.data.preprocess import convert_mode, decoding
 
 CROPS = ("inception", "resize_small_crop")
 
@@ -100,30 +99,9 @@ def crop_image(
 ) -> np.ndarray:
     """Encoded image bytes -> uint8 (H, W, C) at `size` after the training crop and flip. A bad file is a
     DataError in the words `decode_image` uses (the loader turns it into a skipped sample)."""
-    from PIL import Image
-
-    try:
-        return crop_decoded(data, size, channels, crop, rng, flip_allowed)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise DataError(
-            f"refused, too many pixels for a safe decode (over {Image.MAX_IMAGE_PIXELS:,}; a decompression bomb?)"
-        ) from None
-    except Exception as error:  # noqa: BLE001 - decoders raise many types on malformed files
-        raise DataError(f"not a readable image: {why_unreadable(error, data)}") from None
-
-
-def crop_decoded(
-    data: bytes,
-    size: tuple[int, int],
-    channels: int,
-    crop: TrainCrop,
-    rng: np.random.Generator,
-    flip_allowed: bool = True,
-) -> np.ndarray:
-    """`crop_image`'s work, raising what Pillow raises."""
     from PIL import Image, ImageOps
 
-    with warnings.catch_warnings(), Image.open(io.BytesIO(data)) as image:
+    with decoding(data), warnings.catch_warnings(), Image.open(io.BytesIO(data)) as image:
         # Pillow only warns between 1x and 2x its pixel limit; a decompression bomb is refused here as
         # everywhere else vitlab decodes (`decode_image`).
         warnings.simplefilter("error", Image.DecompressionBombWarning)
