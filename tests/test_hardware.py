@@ -168,3 +168,45 @@ def test_freed_memory_is_kept_for_reuse_unless_asked_not_to(monkeypatch):
     monkeypatch.delenv("LD_PRELOAD")
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert keep_freed_memory() is True
+
+
+def test_a_worker_gives_blocks_of_a_megabyte_back_where_training_keeps_them():
+    """After `return_freed_memory` a 2 MB block gets its own mapping (returned to the kernel when freed); under the
+    training process's `keep_freed_memory` it comes from the heap, which keeps it. Run in a child process: the
+    settings are process-wide. glibc's mallinfo2 counts mapped blocks (hblkhd)."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc's malloc settings only")
+    child = """
+import ctypes
+from vitlab.hardware import keep_freed_memory, return_freed_memory
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+
+def mapped_by_a_block():
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(2 << 20)
+    mapped = libc.mallinfo2().hblkhd - before
+    libc.free(ctypes.c_void_p(block))
+    return mapped
+
+assert keep_freed_memory()
+kept = mapped_by_a_block()
+assert return_freed_memory()
+print(kept, mapped_by_a_block())
+"""
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=False)
+    if "mallinfo2" in result.stderr:  # glibc before 2.33
+        pytest.skip("this glibc has no mallinfo2")
+    assert result.returncode == 0, result.stderr
+    kept, returned = map(int, result.stdout.split())
+    assert kept == 0 and returned >= 2 << 20

@@ -249,6 +249,46 @@ def test_memory_does_not_grow_with_the_number_of_files(tmp_path):
     assert per_file < 100, per_file  # the paths here are ~40 bytes, plus an offset and a label
 
 
+def test_validation_and_test_share_one_pool_forked_with_the_training_workers(tmp_path):
+    """Two evaluation splits, one pool of workers, started when training starts (before the training process grows):
+    four workers in all, and each split read through the shared pool as through workers of its own."""
+    import multiprocessing
+
+    root = write_photos(tmp_path / "photos", per_class=20)
+    alone = stream_splits("folder", root, 0.2, 0, (16, 16))
+    shared = stream_splits("folder", root, 0.2, 0, (16, 16), augment=None, workers=2)
+    OPENED.extend([*alone.parts(), *shared.parts()])
+    assert shared.validation.evaluation_pool is shared.test.evaluation_pool is not None
+    before = set(multiprocessing.active_children())
+    next(iter(shared.train.training_batches(epoch_seed=0, batch_size=8)))
+    forked = set(multiprocessing.active_children()) - before
+    assert len(forked) == 4  # two training workers and the two evaluation workers, forked together
+    for part in ("validation", "test"):
+        expected, got = getattr(alone, part).evaluation_batches(5), getattr(shared, part).evaluation_batches(5)
+        for a, b in zip(expected, got, strict=True):
+            assert torch.equal(a.images, b.images) and torch.equal(a.labels, b.labels)
+            assert torch.equal(a.indices, b.indices)
+    assert set(multiprocessing.active_children()) - before == forked  # no pool forked for a split of its own
+
+
+def test_each_worker_sets_the_allocator_to_give_freed_memory_back(tmp_path, monkeypatch):
+    """The allocator setting that keeps a worker's memory flat over an epoch (`hardware.return_freed_memory`) runs
+    in every worker process, not in the training process."""
+    import os
+
+    from vitlab.data.stream import loader
+
+    def mark() -> bool:
+        (tmp_path / f"worker-{os.getpid()}").touch()
+        return True
+
+    monkeypatch.setattr(loader, "return_freed_memory", mark)
+    data = source(write_photos(tmp_path / "photos", per_class=4), workers=2)
+    list(data.evaluation_batches(2))
+    marked = {path.name for path in tmp_path.glob("worker-*")}
+    assert len(marked) == 2 and f"worker-{os.getpid()}" not in marked
+
+
 def test_a_worker_that_dies_is_reported_with_the_file_it_was_reading(tmp_path, monkeypatch):
     import os
     import signal

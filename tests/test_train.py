@@ -139,12 +139,21 @@ def test_corrupt_last_checkpoint_names_the_previous_one(tmp_path):
         (dict(model_overrides=dict(MICRO, patch_size=3)), "patch size 3 does not divide image height 8"),
         (dict(model="Z/16"), "unknown model 'Z/16'; choose a variant from `vitlab models`"),
         (dict(batch_size=128, grad_accum=3), "does not divide into grad_accum 3"),
+        (dict(eval_batch_size=0), "eval_batch_size=0 is not valid"),
     ],
 )
 def test_options_that_do_not_fit(tmp_path, changes, message):
     with pytest.raises(ConfigError, match=message):
         train(micro_config(tmp_path, **changes))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_evaluation_reads_in_the_training_steps_batch_unless_told():
+    """An inference batch no larger than a training step's per process and micro-step keeps the run's memory peak in
+    training, not in the test pass at its end (issue 38)."""
+    assert TrainConfig(batch_size=128).evaluation_batch(processes=1) == 128
+    assert TrainConfig(batch_size=4096, grad_accum=8).evaluation_batch(processes=4) == 128
+    assert TrainConfig(batch_size=128, eval_batch_size=500).evaluation_batch(processes=2) == 500
 
 
 def test_existing_run_folder_is_not_overwritten(tmp_path):

@@ -85,7 +85,11 @@ class TrainConfig:
     # processes per training process (default: the cores this process may use).
     stream: bool | None = None
     workers: int | None = None
-    eval_batch_size: int = 512
+    # Images per evaluation batch and process. None: the training step's batch per process (batch_size / grad_accum
+    # / processes): an inference batch holds a fraction of what a training step of that size does, so a run's memory
+    # peaks in training, never in the test pass at its end (with 512, a streamed Ti/16 run's test pass held 45% more
+    # than its training; BENCHMARKS.md, "Streaming memory over a whole epoch").
+    eval_batch_size: int | None = None
     out_dir: str = "runs"
     run_name: str | None = None  # default: <dataset>-<time>
     tensorboard: bool = False
@@ -192,6 +196,7 @@ class TrainConfig:
                 ),
             ),
             ("threads", lambda v: whole(v) and v > 0),
+            ("eval_batch_size", lambda v: whole(v) and v > 0),
             ("workers", lambda v: whole(v) and v >= 0),
             ("stream", lambda v: isinstance(v, bool)),
             ("max_train_images", lambda v: whole(v) and v > 0),
@@ -202,6 +207,12 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not valid(value):
                 raise ConfigError(f"{name}={value!r} is not valid; see `vitlab train --help` and the recipe files")
+
+    def evaluation_batch(self, processes: int) -> int:
+        """Images per evaluation batch in each of `processes` (see `eval_batch_size`)."""
+        if self.eval_batch_size is not None:
+            return self.eval_batch_size
+        return max(1, self.batch_size // self.grad_accum // processes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

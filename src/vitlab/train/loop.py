@@ -239,11 +239,13 @@ def end_epoch(
     validation = None
     if splits.validation is not None:
         validation = objective.evaluate(
-            session.evaluated, splits.validation, config.eval_batch_size, env, session.precision.value
+            session.evaluated, splits.validation, config.evaluation_batch(env.world_size), env, session.precision.value
         )
         row.update({f"val_{name}": value for name, value in objective.row_figures(validation).items()})
     if config.test_every_epoch:  # shown to the user; nothing below reads it
-        test = objective.evaluate(session.evaluated, splits.test, config.eval_batch_size, env, session.precision.value)
+        test = objective.evaluate(
+            session.evaluated, splits.test, config.evaluation_batch(env.world_size), env, session.precision.value
+        )
         row.update({f"test_{name}": value for name, value in objective.row_figures(test).items()})
     skipped = gather_lists(unreadable_files(splits), env)  # every rank's share
     if skipped:
@@ -311,7 +313,9 @@ def final_results(session: Session, best_path: Path) -> dict[str, Any]:
     final_model = session.evaluated
 
     def measure(model: nn.Module, data: BatchSource) -> dict[str, Any]:
-        return session.objective.evaluate(model, data, config.eval_batch_size, env, session.precision.value)
+        return session.objective.evaluate(
+            model, data, config.evaluation_batch(env.world_size), env, session.precision.value
+        )
 
     results: dict[str, Any] = {"test": measure(final_model, splits.test), "val": None, "best_test": None}
     if splits.validation is not None:

@@ -29,6 +29,7 @@ from vitlab.data.preprocess import decode_image
 from vitlab.data.source import Batch, epoch_order, evaluation_share, rank_shard, steps_per_epoch
 from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
 from vitlab.errors import DataError
+from vitlab.hardware import return_freed_memory
 
 REPLACEMENT_TRIES = 16  # readable images looked for after a bad one before the batch is given up
 BATCH_TIMEOUT_SECONDS = 600  # a worker that delivers nothing for this long is taken as hung (a stalled disk, say)
@@ -41,6 +42,7 @@ class Request:
     index: int
     epoch_seed: int = -1  # -1: evaluation (the contract's resize and centre crop, no randomness)
     replacements: tuple[int, ...] = ()  # training: the images to try, in order, if this one is unreadable
+    source: int = 0  # which of a pool's readers (`DecodePool`): validation and test share one pool
 
 
 class SampleReader(torch.utils.data.Dataset):
@@ -63,15 +65,9 @@ class SampleReader(torch.utils.data.Dataset):
         self.contract = contract
         self.seed = seed
         self.flips_allowed = flips_allowed
-        self.reading = None  # shared memory: the sample each worker is on, so a worker's death can name its file
 
     def __len__(self) -> int:
         return len(self.index)
-
-    def note_reading(self, position: int) -> None:
-        info = torch.utils.data.get_worker_info()
-        if info is not None and self.reading is not None:
-            self.reading[info.id] = position
 
     def decode(self, position: int, epoch_seed: int) -> torch.Tensor:
         data = self.index.read_bytes(position)
@@ -89,9 +85,14 @@ class SampleReader(torch.utils.data.Dataset):
 
     def __getitem__(self, request: Request) -> tuple[torch.Tensor | None, int, int, list[tuple[str, str]]]:
         """(image or None, label, the index used, (location, message) of each file that could not be read)."""
+        return self.read(request, lambda position: None)
+
+    def read(
+        self, request: Request, note_reading: Callable[[int], None]
+    ) -> tuple[torch.Tensor | None, int, int, list[tuple[str, str]]]:
         skipped = []
         for position in (request.index, *request.replacements):
-            self.note_reading(position)
+            note_reading(position)
             try:
                 image = self.decode(position, request.epoch_seed)
                 return image, int(self.index.labels[position]), position, skipped
@@ -149,7 +150,10 @@ class StreamingSource:
         self.limit_by_caller = False
         self._seen_skipped: set[str] = set()
         self.reader = SampleReader(index, self.image_size, channels, self.crop, self.preprocessing, seed, hflip)
-        self._loaders: dict[str, tuple[PassRequests, DataLoader]] = {}
+        self._pools: dict[str, DecodePool] = {}  # "train", "eval": this source's own workers
+        self.evaluation_pool: DecodePool | None = None  # evaluation workers shared with other splits, if any
+        self.evaluation_slot = 0  # this source's reader in that pool
+        self.started_with: list[DecodePool] = []  # other pools forked when this one's training workers are
 
     def __len__(self) -> int:
         return len(self.index)
@@ -179,48 +183,29 @@ class StreamingSource:
         part.reader = SampleReader(
             part.index, self.image_size, self._channels, self.crop, self.preprocessing, self.seed, self.hflip
         )
-        part._loaders = {}
+        part._pools, part.evaluation_pool, part.evaluation_slot, part.started_with = {}, None, 0, []
         return part
 
-    def loader(self, purpose: str, plan: Callable[[], Iterator[list[Request]]], batches: int) -> DataLoader:
-        """The loader for "train" or "eval", made once: its workers persist across epochs (a fork per worker per
-        epoch is seconds on a large index), and each pass hands it that pass's plan (`batches` lists of requests,
-        made as they are asked for)."""
-        if purpose not in self._loaders:
-            if self.workers and self.reader.reading is None:
-                import multiprocessing
-
-                self.reader.reading = multiprocessing.Array("q", [-1] * self.workers, lock=False)
-            sampler = PassRequests()
-            # Its own generator: a DataLoader draws its workers' base seed from the global RNG each time a pass
-            # starts, which would shift dropout and stochastic depth between a resumed run and an uninterrupted one
-            # (the workers need no torch randomness: crops are seeded per image).
-            self._loaders[purpose] = (
-                sampler,
-                DataLoader(
-                    self.reader,
-                    batch_sampler=sampler,
-                    collate_fn=collate,
-                    num_workers=self.workers,
-                    prefetch_factor=self.prefetch if self.workers else None,
-                    pin_memory=self.pin_memory,
-                    persistent_workers=self.workers > 0,
-                    generator=torch.Generator().manual_seed(self.seed),
-                    timeout=BATCH_TIMEOUT_SECONDS if self.workers else 0,
-                ),
-            )
-        requests, loader = self._loaders[purpose]
-        requests.plan, requests.batches = plan, batches
-        return loader
+    def pool(self, purpose: str) -> tuple[DecodePool, int]:
+        """The workers for "train" or "eval" passes and this source's slot among their readers."""
+        if purpose == "eval" and self.evaluation_pool is not None:
+            return self.evaluation_pool, self.evaluation_slot
+        if purpose not in self._pools:
+            if purpose == "train":
+                for other in self.started_with:
+                    other.start()
+            self._pools[purpose] = DecodePool(self.workers, self.prefetch, self.pin_memory, self.seed)
+            self._pools[purpose].add(self.reader)
+        return self._pools[purpose], 0
 
     def close(self) -> None:
-        """Stop the persistent workers now (they also stop when the source is collected, or the process ends)."""
-        for _, loader in self._loaders.values():
-            iterator = getattr(loader, "_iterator", None)  # the persistent pass DataLoader keeps
-            if iterator is not None:
-                iterator._shutdown_workers()
-                loader._iterator = None
-        self._loaders.clear()
+        """Stop the workers now (they also stop when the source is collected, or the process ends); a pool shared
+        with another split stops for both, and starts again if that one is read."""
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        if self.evaluation_pool is not None:
+            self.evaluation_pool.close()
 
     def training_batches(
         self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
@@ -238,7 +223,8 @@ class StreamingSource:
                     for offset, row in enumerate(rows)
                 ]
 
-        for batch in self.watched(self.loader("train", plan, len(steps))):
+        pool, _ = self.pool("train")
+        for batch in self.watched(pool, pool.loader(plan, len(steps))):
             self.record(batch)
             if batch["missing"]:  # every stand-in unreadable too: the shard would lose rows and its random draws
                 raise DataError(
@@ -264,17 +250,18 @@ class StreamingSource:
     def evaluation_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
         share = evaluation_share(len(self), rank, world_size)
         firsts = range(share.start, share.stop, batch_size)
+        pool, slot = self.pool("eval")
 
         def plan() -> Iterator[list[Request]]:
             for first in firsts:
-                yield [Request(i) for i in range(first, min(first + batch_size, share.stop))]
+                yield [Request(i, source=slot) for i in range(first, min(first + batch_size, share.stop))]
 
-        for batch in self.watched(self.loader("eval", plan, len(firsts))):
+        for batch in self.watched(pool, pool.loader(plan, len(firsts))):
             self.record(batch)
             if batch["images"] is not None:  # an unreadable image is left out of evaluation (and counted)
                 yield Batch(batch["images"], batch["labels"], batch["indices"], self.max_value)
 
-    def watched(self, loader: DataLoader) -> Iterator[dict[str, Any]]:
+    def watched(self, pool: DecodePool, loader: DataLoader) -> Iterator[dict[str, Any]]:
         """The loader's batches; a worker that dies or hangs becomes one DataError naming the files the workers
         were reading, instead of a traceback from inside the DataLoader (or a wait forever)."""
         try:
@@ -283,7 +270,7 @@ class StreamingSource:
             text = str(error)
             if "DataLoader worker" not in text and "timed out" not in text:
                 raise
-            reading = [self.index.location(int(i)) for i in (self.reader.reading or []) if i >= 0]
+            reading = pool.reading()
             cause = text.splitlines()[0].rstrip(".")
             raise DataError(
                 f"a data-loading worker of {self.name} failed ({cause}) while the workers were reading "
@@ -309,6 +296,108 @@ class StreamingSource:
                 f"{count} files of {self.name} are unreadable, more than {self.max_bad_fraction:.0%} of its "
                 f"{len(self)}: the data are damaged (first: {first}); repair or remove them"
             )
+
+
+class ReaderSet(torch.utils.data.Dataset):
+    """The readers a pool's workers serve, each request naming its reader (`Request.source`)."""
+
+    def __init__(self, readers: list[SampleReader], reading: Any) -> None:
+        self.readers = readers
+        self.reading = reading  # shared memory: (reader, sample) each worker is on, to name the file if it dies
+
+    def __len__(self) -> int:
+        return sum(len(reader) for reader in self.readers)
+
+    def __getitem__(self, request: Request) -> tuple[torch.Tensor | None, int, int, list[tuple[str, str]]]:
+        return self.readers[request.source].read(request, lambda position: self.note(request.source, position))
+
+    def note(self, source: int, position: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and self.reading is not None:
+            self.reading[2 * info.id], self.reading[2 * info.id + 1] = source, position
+
+
+class DecodePool:
+    """Worker processes decoding for one or more sources, made once: they persist across epochs (a fork per worker
+    per epoch is seconds on a large index), and each pass hands them that pass's plan (`batches` lists of
+    requests, made as they are asked for). Validation and test share one pool: two pools held four processes at the
+    end of a run where two do the same work, one pass after the other (issue 38)."""
+
+    def __init__(self, workers: int, prefetch: int, pin_memory: bool, seed: int) -> None:
+        self.workers, self.prefetch, self.pin_memory, self.seed = workers, prefetch, pin_memory, seed
+        self.readers: list[SampleReader] = []
+        self.requests = PassRequests()
+        self._loader: DataLoader | None = None
+        self._reading: Any = None
+
+    def add(self, reader: SampleReader) -> int:
+        """Serve `reader` too; its requests name the slot returned. Only before the workers start."""
+        if self._loader is not None:
+            raise RuntimeError("a decode pool takes its readers before its workers start")
+        self.readers.append(reader)
+        return len(self.readers) - 1
+
+    def loader(self, plan: Callable[[], Iterator[list[Request]]], batches: int) -> DataLoader:
+        if self._loader is None:
+            if self.workers:
+                import multiprocessing
+
+                self._reading = multiprocessing.Array("q", [-1] * (2 * self.workers), lock=False)
+            # Its own generator: a DataLoader draws its workers' base seed from the global RNG each time a pass
+            # starts, which would shift dropout and stochastic depth between a resumed run and an uninterrupted one
+            # (the workers need no torch randomness: crops are seeded per image).
+            self._loader = DataLoader(
+                ReaderSet(self.readers, self._reading),
+                batch_sampler=self.requests,
+                collate_fn=collate,
+                num_workers=self.workers,
+                prefetch_factor=self.prefetch if self.workers else None,
+                pin_memory=self.pin_memory,
+                persistent_workers=self.workers > 0,
+                generator=torch.Generator().manual_seed(self.seed),
+                timeout=BATCH_TIMEOUT_SECONDS if self.workers else 0,
+                worker_init_fn=start_worker,
+            )
+        self.requests.plan, self.requests.batches = plan, batches
+        return self._loader
+
+    def start(self) -> None:
+        """Fork the workers now (a pass with no batches), while the process forking them is small: a worker
+        forked late, from a process that has grown, keeps its copy of every page the parent writes afterwards."""
+        if self.workers and self._loader is None:
+            for _ in self.loader(lambda: iter(()), 0):
+                pass
+
+    def reading(self) -> list[str]:
+        """The files the workers are reading now."""
+        pairs = list(zip(self._reading[::2], self._reading[1::2])) if self._reading is not None else []
+        return [self.readers[source].index.location(int(position)) for source, position in pairs if position >= 0]
+
+    def close(self) -> None:
+        """Stop the workers now (they also stop when the pool is collected, or the process ends); a later pass
+        starts new ones."""
+        iterator = getattr(self._loader, "_iterator", None)  # the persistent pass DataLoader keeps
+        if iterator is not None:
+            iterator._shutdown_workers()
+        self._loader = None
+
+
+def start_worker(worker_id: int) -> None:
+    """Each worker gives its decoded images' memory back when done with them: with the allocator settings of the
+    training process (`vitlab.hardware`), which a forked worker inherits, it grew with every batch."""
+    return_freed_memory()
+
+
+def share_evaluation_workers(sources: list[StreamingSource | None], starts_with: StreamingSource) -> None:
+    """One pool of workers for the evaluation passes of `sources` (validation and test), forked with the training
+    workers of `starts_with`, while the training process is still small."""
+    present = [source for source in sources if source is not None and source.workers]
+    if present:
+        first = present[0]
+        pool = DecodePool(first.workers, first.prefetch, first.pin_memory, first.seed)
+        for source in present:
+            source.evaluation_pool, source.evaluation_slot = pool, pool.add(source.reader)
+        starts_with.started_with.append(pool)
 
 
 class PassRequests:

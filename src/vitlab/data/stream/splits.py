@@ -19,7 +19,7 @@ import torch
 from vitlab.data.contract import Preprocessing
 from vitlab.data.source import BatchSource, DataRequest, Splits, split_indices
 from vitlab.data.stream.crops import TrainCrop
-from vitlab.data.stream.loader import StreamingSource
+from vitlab.data.stream.loader import StreamingSource, share_evaluation_workers
 from vitlab.data.stream.open import index_from_spec
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import DataError
@@ -130,13 +130,11 @@ def stream_splits(
             index, image_size, channels, train_crop, contract, seed, workers, hflip=augment.hflip, pin_memory=pin_memory
         )
 
-    return Splits(
-        source_of(train, crop),
-        source_of(validation, None) if validation is not None else None,
-        source_of(test, None),
-        source,
-        test_source,
-    )
+    training = source_of(train, crop)
+    evaluated = source_of(validation, None) if validation is not None else None
+    tested = source_of(test, None)
+    share_evaluation_workers([evaluated, tested], starts_with=training)
+    return Splits(training, evaluated, tested, source, test_source)
 
 
 def training_image_count(request: DataRequest) -> int:
