@@ -380,6 +380,56 @@ def cmd_linear_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_embed(args: argparse.Namespace) -> int:
+    from vitlab.eval.retrieval import format_embed, run_embed
+
+    report = run_embed(
+        args.checkpoint,
+        args.data,
+        args.out,
+        dataset=args.dataset,
+        data_dir=args.data_dir,
+        split=args.split,
+        pool=args.pool,
+        dtype=args.dtype,
+        batch_size=args.batch_size,
+        precision=args.precision,
+        workers=args.workers,
+    )
+    print(json.dumps(report, indent=1) if args.json else format_embed(report))
+    return 0
+
+
+def cmd_knn(args: argparse.Namespace) -> int:
+    from vitlab.eval.retrieval import format_knn, run_knn
+
+    report = run_knn(
+        args.checkpoint,
+        args.dataset,
+        args.data_dir,
+        train_file=args.train,
+        test_file=args.test,
+        ks=tuple(args.k),
+        temperature=args.temperature,
+    )
+    print(json.dumps(report, indent=1) if args.json else format_knn(report))
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from vitlab.eval.retrieval import format_duplicates, format_search, run_duplicates, run_search
+
+    if args.duplicates is not None:
+        pairs = run_duplicates(args.index, args.duplicates)
+        print(json.dumps(pairs, indent=1) if args.json else format_duplicates(pairs, args.duplicates))
+        return 0
+    if not args.queries:
+        raise UsageError("give query images (or an embedding file of queries), or --duplicates THRESHOLD")
+    rows = run_search(args.index, args.queries, args.k)
+    print(json.dumps(rows, indent=1) if args.json else format_search(rows))
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from vitlab.eval.runner import format_evaluation, run_evaluation
 
@@ -886,6 +936,56 @@ def build_parser() -> ArgumentParser:
             p.add_argument("--l2", type=float, default=1e-3, help="L2 penalty (default 1e-3)")
             p.set_defaults(func=cmd_linear_probe)
         p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    p = subcommand("embed", help="write a frozen feature of every image of a data set to a Parquet file")
+    p.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    p.add_argument(
+        "data",
+        nargs="?",
+        help="a folder (of class sub-folders, or of images), a .csv/.jsonl manifest, .tar shards, a .parquet or "
+        "saved Hugging Face dataset, or hf:NAME; or leave it out and give --dataset",
+    )
+    p.add_argument("-o", "--out", required=True, help="the Parquet file to write (a killed run continues into it)")
+    p.add_argument("--dataset", help="a data set by name instead of DATA (digits, mnist, cifar10, ...)")
+    p.add_argument("--data-dir", help="with --dataset: where its files are")
+    p.add_argument("--split", choices=("train", "val", "test"), default="train", help="with --dataset (default train)")
+    p.add_argument(
+        "--pool",
+        choices=("model", "cls", "mean"),
+        default="model",
+        help="model: the input of the model's head (its own pooling; default); cls: the class token; mean: the "
+        "mean of the patch tokens (both after the final norm)",
+    )
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="stored vector type")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help=INFERENCE_PRECISION_HELP)
+    p.add_argument("--workers", type=int, help="decoding processes for streamed data (default: the cores)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_embed)
+
+    p = subcommand("knn", help="k-NN accuracy of frozen features (DINO's weighted votes, k=10 and 20)")
+    p.add_argument("checkpoint", nargs="?", help=CHECKPOINT_HELP + " (or give --train and --test files)")
+    p.add_argument("--dataset", help="data set whose train split votes and test split is measured")
+    p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
+    p.add_argument("--train", help="an embedding file (`vitlab embed`) of the training images")
+    p.add_argument("--test", help="an embedding file of the test images")
+    p.add_argument("-k", type=positive_int, nargs="+", default=[10, 20], help="neighbours (default 10 20)")
+    p.add_argument("--temperature", type=float, default=0.07, help="vote weight exp(similarity / T) (default 0.07)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_knn)
+
+    p = subcommand("search", help="the most similar images of an embedding file, or its near-duplicates")
+    p.add_argument("index", help="an embedding file written by `vitlab embed`")
+    p.add_argument("queries", nargs="*", help="query images or folders (embedded as the index was), or one .parquet")
+    p.add_argument("-k", type=positive_int, default=5, help="matches per query (default 5)")
+    p.add_argument(
+        "--duplicates",
+        type=float,
+        metavar="THRESHOLD",
+        help="list every pair of the index at this cosine similarity or more",
+    )
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_search)
 
     p = subcommand("eval", help="evaluate a run, checkpoint or ONNX export on a data set")
     p.add_argument("checkpoint", help=CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`")

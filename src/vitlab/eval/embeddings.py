@@ -1,0 +1,293 @@
+"""Frozen features as a product: `vitlab embed` writes one vector per image of a data set to a Parquet file, which
+`vitlab knn` and `vitlab search` read (`vitlab.eval.neighbours`).
+
+The file: one row per readable image, columns `path` (where the image came from), `label` (its class index, null
+when the data have none) and `vector` (a fixed-size list of float32, or float16 on request), in the data's order;
+the file's metadata (key "vitlab") records the model (its spec and the sha256 of its weights), the pooling, the
+preprocessing contract the images were read under, the class names and the data's name and size, so a search can
+embed its query images as the index's images were.
+
+A run writes parts (`FILE.parts/part-<first>-<stop>.parquet`, each atomically, every `part_rows` images) and joins
+them into FILE at the end, so a run that is killed continues where its last part ended when started again with
+the same command: nothing written is computed again. A part folder written with other settings is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitlab.data.source import BatchSource, ImageFiles
+from vitlab.errors import DataError, UsageError
+from vitlab.eval.batches import run_batches
+
+POOLS = ("model", "cls", "mean")  # the head's own input; the class token; the mean of the patch tokens
+DTYPES = ("float32", "float16")
+METADATA_KEY = b"vitlab"
+PART_ROWS = 4096
+
+
+def pyarrow_modules():
+    """pyarrow and pyarrow.parquet, or one line that says how to install them."""
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        raise UsageError(
+            "embedding files are Parquet, written and read through pyarrow: pip install 'vitlab[embed]'"
+        ) from None
+    return pyarrow, pyarrow.parquet
+
+
+def pooled_features(model: Any, inputs: Any, pool: str) -> torch.Tensor:
+    """(B, D) features of a batch: "model" the input of the model's head (its own pooling, after the final norm and
+    the representation layer), "cls" the class token and "mean" the mean of the patch tokens, after the final
+    norm."""
+    if pool == "model":
+        return model.forward_pre_logits(inputs)
+    tokens = model.forward_features(inputs)
+    if pool == "cls":
+        if not model.config.class_token:
+            raise UsageError(f"--pool cls: {model.config.name or 'this model'} has no class token; use mean or model")
+        return tokens[:, 0]
+    return tokens[:, model.config.num_prefix_tokens :].mean(dim=1)
+
+
+@dataclass
+class Embeddings:
+    """An embedding file read back: vectors (N, D) float32, labels (N,) int64 (-1: none), paths, metadata."""
+
+    vectors: np.ndarray
+    labels: np.ndarray
+    paths: list[str]
+    meta: dict[str, Any]
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return self.meta.get("class_names")
+
+
+def read_embeddings(path: str | Path) -> Embeddings:
+    """An embedding file written by `vitlab embed` (or any Parquet file with `path`, `label` and `vector`)."""
+    _, parquet = pyarrow_modules()
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such embedding file; write one with `vitlab embed MODEL DATA -o {path}`")
+    try:
+        table = parquet.read_table(path)
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds for a file that is not Parquet
+        raise DataError(f"{path} is not a readable Parquet file ({error}); write it with `vitlab embed`") from None
+    missing = [column for column in ("path", "vector") if column not in table.column_names]
+    if missing:
+        raise DataError(f"{path} has no {' or '.join(missing)} column: it is not an embedding file of `vitlab embed`")
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    meta = json.loads(raw) if raw else {}
+    column = table.column("vector").combine_chunks()
+    dim = column.type.list_size if hasattr(column.type, "list_size") else len(column[0]) if len(column) else 0
+    vectors = column.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
+    if "label" in table.column_names:
+        labels = table.column("label").to_numpy(zero_copy_only=False)
+        labels = np.where(np.isnan(labels.astype(np.float64)), -1, labels).astype(np.int64)
+    else:
+        labels = np.full(len(vectors), -1, dtype=np.int64)
+    return Embeddings(vectors, labels, [str(p) for p in table.column("path").to_pylist()], meta)
+
+
+def locations(source: BatchSource, positions: list[int]) -> list[str]:
+    """Where each image came from: its file (streamed sources, image files), else `<data set>/<position>`."""
+    index = getattr(source, "index", None)
+    if index is not None and hasattr(index, "location"):
+        return [index.location(i) for i in positions]
+    if isinstance(source, ImageFiles):
+        return [str(source.paths[i]) for i in positions]
+    return [f"{source.name}/{i}" for i in positions]
+
+
+def from_position(source: BatchSource, start: int) -> BatchSource:
+    """The images of `source` from position `start` on, in order (where a killed run continues)."""
+    if start == 0:
+        return source
+    if isinstance(source, ImageFiles):
+        return ImageFiles(source.paths[start:], source.image_size, source.channels, source.preprocessing, source.name)
+    subset = getattr(source, "subset", None)
+    if subset is None:
+        raise UsageError(f"{source.name} cannot be continued part-way; delete the .parts folder to start over")
+    return subset(torch.arange(start, len(source)), source.name)
+
+
+class PartWriter:
+    """The parts of one embedding run (see the module docstring)."""
+
+    def __init__(self, out: Path, meta: dict[str, Any]) -> None:
+        self.out = out
+        self.folder = out.with_name(out.name + ".parts")
+        self.meta = meta
+
+    def resume_position(self) -> int:
+        """Where the run continues: the end of the last part written with the same settings (0: a new run)."""
+        settings = self.folder / "settings.json"
+        if not self.folder.is_dir():
+            self.folder.mkdir(parents=True)
+        if settings.is_file():
+            before = json.loads(settings.read_text())
+            if before != self.meta:
+                changed = sorted(key for key in set(before) | set(self.meta) if before.get(key) != self.meta.get(key))
+                raise UsageError(
+                    f"{self.folder} holds part of an embedding with other settings ({', '.join(changed)} differ); "
+                    f"delete it to start over, or write to another file"
+                )
+        else:
+            temporary = settings.with_suffix(".tmp")
+            temporary.write_text(json.dumps(self.meta, indent=1, sort_keys=True))
+            temporary.replace(settings)
+        stops = [int(part.stem.split("-")[2]) for part in self.parts()]
+        return max(stops, default=0)
+
+    def parts(self) -> list[Path]:
+        return sorted(self.folder.glob("part-*-*.parquet"))
+
+    def write(self, first: int, stop: int, paths: list[str], labels: list[int | None], vectors: np.ndarray) -> None:
+        pyarrow, parquet = pyarrow_modules()
+        value_type = pyarrow.float16() if self.meta["dtype"] == "float16" else pyarrow.float32()
+        flat = pyarrow.array(vectors.reshape(-1).astype(self.meta["dtype"]), type=value_type)
+        table = pyarrow.table(
+            {
+                "path": pyarrow.array(paths, type=pyarrow.string()),
+                "label": pyarrow.array(labels, type=pyarrow.int64()),
+                "vector": pyarrow.FixedSizeListArray.from_arrays(flat, vectors.shape[1]),
+            }
+        )
+        part = self.folder / f"part-{first:012d}-{stop:012d}.parquet"
+        temporary = part.with_suffix(".tmp")
+        parquet.write_table(table, temporary)
+        temporary.replace(part)
+
+    def join(self, counts: dict[str, int]) -> None:
+        """FILE from the parts, a row group at a time (memory flat in the number of images), with the metadata;
+        then the parts go."""
+        pyarrow, parquet = pyarrow_modules()
+        parts = self.parts()
+        meta = dict(self.meta, **counts)
+        temporary = self.out.with_name(self.out.name + ".tmp")
+        writer = None
+        try:
+            for part in parts:
+                table = parquet.read_table(part)
+                if writer is None:
+                    schema = table.schema.with_metadata({METADATA_KEY: json.dumps(meta).encode()})
+                    writer = parquet.ParquetWriter(temporary, schema)
+                writer.write_table(table.replace_schema_metadata(writer.schema.metadata))
+            if writer is None:
+                raise DataError(f"no image of {meta['data']} could be read; nothing to write to {self.out}")
+        finally:
+            if writer is not None:
+                writer.close()
+        temporary.replace(self.out)
+        shutil.rmtree(self.folder)
+
+
+@torch.no_grad()
+def embed(
+    model: Any,
+    source: BatchSource,
+    out: str | Path,
+    *,
+    model_spec: str,
+    weights_digest: str,
+    pool: str = "model",
+    dtype: str = "float32",
+    batch_size: int = 256,
+    precision: str = "fp32",
+    part_rows: int = PART_ROWS,
+) -> dict[str, Any]:
+    """Write the embedding file `out` of every image of `source` (see the module docstring); returns a summary:
+    the images embedded, those unreadable, the vector size, where the run started (0 unless it continued)."""
+    if pool not in POOLS:
+        raise UsageError(f"--pool {pool}: choose one of {', '.join(POOLS)}")
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
+    pyarrow_modules()  # before any image is read
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    contract = getattr(source, "preprocessing", None)
+    meta = {
+        "model": model_spec,
+        "weights_sha256": weights_digest,
+        "pool": pool,
+        "dtype": dtype,
+        "batch_size": batch_size,
+        "precision": precision,
+        "image_size": list(model.config.image_size),
+        "preprocessing": contract.to_dict() if contract is not None and hasattr(contract, "to_dict") else None,
+        "data": source.name,
+        "images": len(source),
+        "class_names": list(source.class_names) if source.class_names else None,
+    }
+    parts = PartWriter(out, meta)
+    start = parts.resume_position()
+    remaining = from_position(source, start)
+    paths: list[str] = []
+    labels: list[int | None] = []
+    vectors: list[np.ndarray] = []
+    first, stop = start, start
+
+    def flush() -> None:
+        nonlocal first
+        if vectors:
+            parts.write(first, stop, paths, labels, np.concatenate(vectors))
+            paths.clear()
+            labels.clear()
+            vectors.clear()
+        first = stop
+
+    label = f"embedding {source.name}" if start == 0 else f"embedding {source.name} from image {start}"
+    forward = lambda module, inputs: pooled_features(module, inputs, pool)  # noqa: E731
+    try:
+        if start < len(source):
+            for batch, features in run_batches(
+                model, remaining, batch_size, precision=precision, forward=forward, progress=label
+            ):
+                positions = (batch.indices + start).tolist()
+                paths.extend(locations(source, positions))
+                labels.extend(
+                    [int(v) if v >= 0 else None for v in batch.labels.tolist()]
+                    if batch.labels is not None
+                    else [None] * len(positions)
+                )
+                vectors.append(features.float().cpu().numpy())
+                stop = positions[-1] + 1
+                if sum(len(v) for v in vectors) >= part_rows:
+                    flush()
+            stop = len(source)
+            flush()
+    finally:
+        remaining.close()
+    unreadable = list(getattr(remaining, "skipped", []) or [])
+    rows = sum(parquet_rows(part) for part in parts.parts())
+    parts.join({"rows": rows})
+    return {
+        "file": str(out),
+        "rows": rows,
+        "images": len(source),
+        "unreadable": unreadable,
+        "dim": int(read_dim(out)),
+        "started_at": start,
+        "pool": pool,
+        "dtype": dtype,
+    }
+
+
+def parquet_rows(path: Path) -> int:
+    _, parquet = pyarrow_modules()
+    return parquet.ParquetFile(path).metadata.num_rows
+
+
+def read_dim(path: Path) -> int:
+    _, parquet = pyarrow_modules()
+    return parquet.ParquetFile(path).schema_arrow.field("vector").type.list_size

@@ -1,0 +1,250 @@
+"""The frozen-feature commands: `vitlab embed` (a data set's vectors into a Parquet file), `vitlab knn` (DINO's
+k-NN accuracy, from a model and a data set or from two embedding files) and `vitlab search` (the most similar
+images of an embedding file, and its near-duplicates)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitlab import checkpoint as checkpoints
+from vitlab.data.contract import Preprocessing, resolved_preprocessing
+from vitlab.data.images import IMAGE_EXTENSIONS, collect_images
+from vitlab.data.loaders import open_split
+from vitlab.data.source import BatchSource, DataRequest, ImageFiles
+from vitlab.errors import DataError, UsageError
+from vitlab.eval.embeddings import embed, pooled_features, read_embeddings
+from vitlab.eval.fewshot import cached_features, checkpoint_digest
+from vitlab.eval.neighbours import KNN_K, KNN_TEMPERATURE, knn_accuracy, near_duplicates, nearest
+from vitlab.hardware import available_cores
+
+
+def model_spec(spec: str | Path) -> str:
+    """How the embedding file names its model: a local path made absolute (a search may run elsewhere), a
+    catalogue or hub name as given."""
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if path.exists() else str(spec)
+
+
+def open_data(
+    model: Any, data: str | None, dataset: str | None, data_dir: str | None, split: str, workers: int
+) -> BatchSource:
+    """The images to embed: a data set by name (`--dataset`, one split), or DATA: a folder of class sub-folders,
+    a manifest, tar shards or a Hugging Face dataset (streamed through worker processes), or a folder of image
+    files without classes (read in this process)."""
+    config = model.config
+    if dataset is not None:
+        request = DataRequest.for_model(config, dataset, data_dir=data_dir, val_size=0, workers=workers)
+        source = open_split(request, split)
+        if source is None:
+            raise DataError(f"{dataset} has no {split} split")
+        if not hasattr(source, "index"):  # images held in memory are named by data set, split and position
+            source.name = f"{dataset}:{split}"
+        return source
+    if data is None:
+        raise UsageError("give the images to embed: DATA (a folder, manifest, tar shards, hf:NAME) or --dataset NAME")
+    path = Path(data).expanduser()
+    flat = path.is_dir() and not any(entry.is_dir() for entry in path.iterdir())
+    if flat or (path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS):
+        files = collect_images([path])
+        if not files:
+            raise DataError(f"{path} holds no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+        return ImageFiles(files, config.image_size, config.in_chans, resolved_preprocessing(config, "files"), path.name)
+    from vitlab.data.stream.loader import StreamingSource
+    from vitlab.data.stream.open import open_index
+
+    return StreamingSource(
+        open_index(data),
+        config.image_size,
+        config.in_chans,
+        contract=resolved_preprocessing(config, "files"),
+        workers=workers,
+    )
+
+
+def run_embed(
+    checkpoint: str,
+    data: str | None,
+    out: str,
+    *,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    split: str = "train",
+    pool: str = "model",
+    dtype: str = "float32",
+    batch_size: int = 256,
+    precision: str = "auto",
+    workers: int | None = None,
+) -> dict[str, Any]:
+    from vitlab.eval.predict import inference_precision
+
+    model = checkpoints.load_model(checkpoint)
+    chosen = inference_precision(model, precision)
+    source = open_data(model, data, dataset, data_dir, split, available_cores() if workers is None else workers)
+    return embed(
+        model,
+        source,
+        out,
+        model_spec=model_spec(checkpoint),
+        weights_digest=checkpoint_digest(checkpoint),
+        pool=pool,
+        dtype=dtype,
+        batch_size=batch_size,
+        precision=chosen.value,
+    )
+
+
+def format_embed(report: dict[str, Any]) -> str:
+    lines = [
+        f"wrote {report['file']}: {report['rows']} vectors of {report['dim']} ({report['dtype']}, pool "
+        f"{report['pool']}) of {report['images']} images"
+        + (f", continuing from image {report['started_at']}" if report["started_at"] else "")
+    ]
+    if report["unreadable"]:
+        lines.append(f"  {len(report['unreadable'])} unreadable, left out: {report['unreadable'][0]}, ...")
+    return "\n".join(lines)
+
+
+def labelled(embeddings: Any, role: str, path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    labels = torch.from_numpy(embeddings.labels)
+    if (labels < 0).any():
+        raise DataError(f"{path} ({role}) has images without a label; k-NN accuracy needs labelled images")
+    return torch.from_numpy(embeddings.vectors), labels
+
+
+def run_knn(
+    checkpoint: str | None = None,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    train_file: str | None = None,
+    test_file: str | None = None,
+    ks: tuple[int, ...] = KNN_K,
+    temperature: float = KNN_TEMPERATURE,
+) -> dict[str, Any]:
+    """DINO's k-NN accuracy: the test split's images classified by the votes of their nearest training images."""
+    if train_file is not None or test_file is not None:
+        if train_file is None or test_file is None:
+            raise UsageError("give both --train FILE and --test FILE (embedding files of `vitlab embed`)")
+        train, test = read_embeddings(train_file), read_embeddings(test_file)
+        for key in ("weights_sha256", "pool"):
+            if train.meta.get(key) != test.meta.get(key):
+                raise DataError(
+                    f"{train_file} and {test_file} hold vectors of different {key.replace('_', ' ')}s; "
+                    "embed both splits with the same model and --pool"
+                )
+        bank, bank_labels = labelled(train, "train", train_file)
+        queries, query_labels = labelled(test, "test", test_file)
+        class_names = train.class_names or test.class_names
+        source = f"{train_file} / {test_file}"
+    else:
+        if checkpoint is None or dataset is None:
+            raise UsageError("give a model and --dataset, or --train FILE --test FILE")
+        splits = cached_features(checkpoint, dataset, data_dir)
+        bank, bank_labels, class_names = splits["train"]
+        queries, query_labels, _ = splits["test"]
+        source = f"{checkpoint} on {dataset}"
+    num_classes = len(class_names) if class_names else int(max(bank_labels.max(), query_labels.max())) + 1
+    results = knn_accuracy(bank, bank_labels, queries, query_labels, num_classes, ks, temperature)
+    return {
+        "source": source,
+        "train_count": len(bank),
+        "test_count": len(queries),
+        "dim": int(bank.shape[1]),
+        "temperature": temperature,
+        "k": {str(k): value for k, value in results.items()},
+    }
+
+
+def format_knn(report: dict[str, Any]) -> str:
+    lines = [
+        f"{report['source']}: k-NN accuracy of {report['test_count']} test images among {report['train_count']} "
+        f"training images ({report['dim']}-d, cosine similarity, votes weighted exp(s/{report['temperature']}))"
+    ]
+    for k, value in report["k"].items():
+        lines.append(f"  k={k:<3} top-1 {value['top1']:.2%}  top-5 {value['top5']:.2%}")
+    return "\n".join(lines)
+
+
+@torch.no_grad()
+def query_vectors(index: Any, index_path: str, images: list[str]) -> tuple[torch.Tensor, list[str]]:
+    """The query images embedded as the index's images were: its model (checked against the weights it
+    recorded), pooling, input size and preprocessing contract."""
+    meta = index.meta
+    if not meta.get("model"):
+        raise DataError(f"{index_path} does not name the model that wrote it; give the queries as an embedding file")
+    model = checkpoints.load_model(meta["model"])
+    if checkpoint_digest(meta["model"]) != meta.get("weights_sha256"):
+        raise DataError(
+            f"{meta['model']} is not the checkpoint {index_path} was written with (its weights changed); "
+            "embed the collection again"
+        )
+    contract = Preprocessing.from_dict(meta["preprocessing"]) if meta.get("preprocessing") else None
+    files = ImageFiles(collect_images(images), tuple(meta["image_size"]), model.config.in_chans, contract)
+    from vitlab.eval.batches import run_batches
+
+    vectors, names = [], []
+    for batch, features in run_batches(
+        model, files, 64, forward=lambda module, inputs: pooled_features(module, inputs, meta.get("pool", "model"))
+    ):
+        vectors.append(features.float())
+        names.extend(str(files.paths[i]) for i in batch.indices.tolist())
+    if files.errors:
+        raise DataError(files.skipped[0])
+    return torch.cat(vectors), names
+
+
+def run_search(index_path: str, queries: list[str], k: int = 5) -> list[dict[str, Any]]:
+    """For each query (an image, or each row of an embedding file): its k most similar images of the index."""
+    index = read_embeddings(index_path)
+    if len(queries) == 1 and queries[0].endswith(".parquet"):
+        other = read_embeddings(queries[0])
+        if other.meta.get("weights_sha256") != index.meta.get("weights_sha256"):
+            raise DataError(f"{queries[0]} and {index_path} hold vectors of different models; embed both with one")
+        vectors, names = torch.from_numpy(other.vectors), other.paths
+    else:
+        vectors, names = query_vectors(index, index_path, queries)
+    similarity, found = nearest(torch.from_numpy(index.vectors), vectors, k)
+    class_names = index.class_names
+    rows = []
+    for name, scores, indices in zip(names, similarity.tolist(), found.tolist()):
+        matches = []
+        for score, i in zip(scores, indices):
+            label = int(index.labels[i])
+            matches.append(
+                {
+                    "path": index.paths[i],
+                    "similarity": score,
+                    "label": (class_names[label] if class_names else label) if label >= 0 else None,
+                }
+            )
+        rows.append({"query": name, "matches": matches})
+    return rows
+
+
+def format_search(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for row in rows:
+        lines.append(row["query"])
+        for rank, match in enumerate(row["matches"], 1):
+            label = f"  ({match['label']})" if match["label"] is not None else ""
+            lines.append(f"  {rank:>2}. {match['similarity']:.4f}  {match['path']}{label}")
+    return "\n".join(lines)
+
+
+def run_duplicates(index_path: str, threshold: float) -> list[dict[str, Any]]:
+    """Every pair of the index's images at or above `threshold` cosine similarity."""
+    if not -1 <= threshold <= 1:
+        raise UsageError(f"--duplicates {threshold}: a cosine similarity, in [-1, 1] (e.g. 0.95)")
+    index = read_embeddings(index_path)
+    return [
+        {"first": index.paths[i], "second": index.paths[j], "similarity": score}
+        for i, j, score in near_duplicates(torch.from_numpy(index.vectors), threshold)
+    ]
+
+
+def format_duplicates(pairs: list[dict[str, Any]], threshold: float) -> str:
+    lines = [f"{len(pairs)} pair(s) at cosine similarity >= {threshold}"]
+    lines.extend(f"  {pair['similarity']:.4f}  {pair['first']}  {pair['second']}" for pair in pairs)
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""`vitlab embed` (`vitlab.eval.embeddings`) and the commands that read its files (`vitlab.eval.retrieval`):
+vectors equal to the model's own features, a killed run that continues to the same file, k-NN and search."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import FIXTURES
+from test_stream import write_photos
+from vitlab.checkpoint import load_model
+from vitlab.cli import main
+from vitlab.data.stream.loader import StreamingSource
+from vitlab.data.stream.open import index_from_spec
+from vitlab.errors import UsageError
+from vitlab.eval import embeddings
+from vitlab.eval.embeddings import embed, read_embeddings
+from vitlab.eval.retrieval import model_spec, open_data, run_duplicates, run_knn, run_search
+
+CHECKPOINT = FIXTURES / "hf_vit"  # 16x16 images, class token
+
+
+def streamed(root, model, workers=0):
+    from vitlab.data.contract import resolved_preprocessing
+
+    config = model.config
+    return StreamingSource(
+        index_from_spec("folder", root),
+        config.image_size,
+        contract=resolved_preprocessing(config, "files"),
+        workers=workers,
+    )
+
+
+def embed_folder(root, out, pool="model", part_rows=4096, workers=0, dtype="float32"):
+    model = load_model(CHECKPOINT)
+    source = streamed(root, model, workers)
+    try:
+        return embed(
+            model,
+            source,
+            out,
+            model_spec=model_spec(CHECKPOINT),
+            weights_digest="digest",
+            pool=pool,
+            batch_size=4,
+            part_rows=part_rows,
+            dtype=dtype,
+        )
+    finally:
+        source.close()
+
+
+def test_a_streamed_folder_gives_the_models_own_features_with_paths_and_labels(tmp_path):
+    root = write_photos(tmp_path / "photos", per_class=5)
+    report = embed_folder(root, tmp_path / "photos.parquet", workers=2)
+    assert report["rows"] == report["images"] == 10 and report["dim"] == 32 and not report["unreadable"]
+    stored = read_embeddings(tmp_path / "photos.parquet")
+    model = load_model(CHECKPOINT)
+    source = streamed(root, model)
+    pixels = torch.cat([batch.images for batch in source.evaluation_batches(10)])
+    from vitlab.eval.batches import prepare
+
+    with torch.no_grad():
+        expected = model.forward_pre_logits(prepare(pixels, 255.0, model.config))
+    np.testing.assert_allclose(stored.vectors, expected.numpy(), rtol=1e-5, atol=1e-6)
+    assert stored.paths == [source.index.location(i) for i in range(10)]
+    assert stored.labels.tolist() == source.labels.tolist() and stored.class_names == ["cats", "dogs"]
+    assert stored.meta["pool"] == "model" and stored.meta["preprocessing"]["resize"]
+
+
+def test_a_killed_run_continues_where_its_last_part_ended_and_writes_the_same_file(tmp_path, monkeypatch):
+    root = write_photos(tmp_path / "photos", per_class=9)
+    embed_folder(root, tmp_path / "whole.parquet", part_rows=8)
+    real, written = embeddings.PartWriter.write, []
+
+    def killed_after_two_parts(self, *args, **kwargs):
+        if len(written) == 2:
+            raise KeyboardInterrupt  # as a kill would stop it, after two parts were safely on disk
+        written.append(args[0])
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(embeddings.PartWriter, "write", killed_after_two_parts)
+    with pytest.raises(KeyboardInterrupt):
+        embed_folder(root, tmp_path / "resumed.parquet", part_rows=8)
+    assert not (tmp_path / "resumed.parquet").exists()
+    assert len(list((tmp_path / "resumed.parquet.parts").glob("part-*.parquet"))) == 2
+    monkeypatch.setattr(embeddings.PartWriter, "write", real)
+    report = embed_folder(root, tmp_path / "resumed.parquet", part_rows=8)
+    assert report["started_at"] == 16 and report["rows"] == 18
+    assert (tmp_path / "resumed.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
+    assert not (tmp_path / "resumed.parquet.parts").exists()
+
+
+def test_parts_of_other_settings_are_refused_not_mixed(tmp_path, monkeypatch):
+    root = write_photos(tmp_path / "photos", per_class=6)
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(embeddings.PartWriter, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        embed_folder(root, tmp_path / "out.parquet", part_rows=4)
+    monkeypatch.undo()
+    with pytest.raises(UsageError, match=r"out.parquet.parts holds part of an embedding with other settings \(pool"):
+        embed_folder(root, tmp_path / "out.parquet", pool="mean")
+
+
+def test_pools_and_float16(tmp_path):
+    root = write_photos(tmp_path / "photos", per_class=3)
+    embed_folder(root, tmp_path / "cls.parquet", pool="cls")
+    embed_folder(root, tmp_path / "mean.parquet", pool="mean", dtype="float16")
+    cls, mean = read_embeddings(tmp_path / "cls.parquet"), read_embeddings(tmp_path / "mean.parquet")
+    model = load_model(CHECKPOINT)
+    from vitlab.eval.batches import prepare
+
+    pixels = torch.cat([batch.images for batch in streamed(root, model).evaluation_batches(6)])
+    with torch.no_grad():
+        tokens = model.forward_features(prepare(pixels, 255.0, model.config))
+    np.testing.assert_allclose(cls.vectors, tokens[:, 0].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mean.vectors, tokens[:, 1:].mean(1).numpy(), rtol=1e-2, atol=1e-3)  # float16
+    import pyarrow.parquet
+
+    assert str(pyarrow.parquet.read_schema(tmp_path / "mean.parquet").field("vector").type.value_type) == "halffloat"
+
+
+def test_search_finds_the_query_image_itself_first(tmp_path, capsys):
+    root = write_photos(tmp_path / "photos", per_class=4)
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for path in sorted(root.rglob("*.jpg")):
+        (flat / f"{path.parent.name}-{path.name}").write_bytes(path.read_bytes())
+    assert main(["embed", str(CHECKPOINT), str(flat), "-o", str(tmp_path / "index.parquet")]) == 0
+    query = flat / "dogs-002.jpg"
+    rows = run_search(str(tmp_path / "index.parquet"), [str(query)], k=3)
+    assert rows[0]["matches"][0]["path"] == str(query)
+    assert rows[0]["matches"][0]["similarity"] == pytest.approx(1.0, abs=1e-5)
+    assert [len(row["matches"]) for row in rows] == [3]
+    # Every image of the index searched by its own vector; near-duplicates: each image with a copy of it.
+    (flat / "copy.jpg").write_bytes(query.read_bytes())
+    main(["embed", str(CHECKPOINT), str(flat), "-o", str(tmp_path / "copies.parquet")])
+    pairs = run_duplicates(str(tmp_path / "copies.parquet"), 0.9999)
+    assert [(pair["first"], pair["second"]) for pair in pairs] == [(str(flat / "copy.jpg"), str(query))]
+
+
+def test_knn_from_files_equals_knn_from_the_model_and_data_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    model = load_model(CHECKPOINT)
+    for split in ("train", "test"):
+        source = open_data(model, None, "digits", None, split, workers=0)
+        embed(model, source, tmp_path / f"{split}.parquet", model_spec="m", weights_digest="d", batch_size=64)
+    from_files = run_knn(train_file=str(tmp_path / "train.parquet"), test_file=str(tmp_path / "test.parquet"))
+    from_model = run_knn(str(CHECKPOINT), "digits")
+    assert from_files["k"] == from_model["k"] and from_files["test_count"] == 359
+    assert read_embeddings(tmp_path / "test.parquet").paths[:2] == ["digits:test/0", "digits:test/1"]
