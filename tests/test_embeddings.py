@@ -142,13 +142,25 @@ def test_search_finds_the_query_image_itself_first(tmp_path, capsys):
     assert [(pair["first"], pair["second"]) for pair in pairs] == [(str(flat / "copy.jpg"), str(query))]
 
 
-def test_knn_from_files_equals_knn_from_the_model_and_data_set(tmp_path, monkeypatch):
+def test_knn_from_files_equals_knn_from_the_model_and_data_set(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     model = load_model(CHECKPOINT)
     for split in ("train", "test"):
         source = open_data(model, None, "digits", None, split, workers=0)
-        embed(model, source, tmp_path / f"{split}.parquet", model_spec="m", weights_digest="d", batch_size=64)
-    from_files = run_knn(train_file=str(tmp_path / "train.parquet"), test_file=str(tmp_path / "test.parquet"))
+        embed(model, source, tmp_path / f"{split}.parquet", model_spec="m", weights_digest="d", batch_size=256)
+    files = (str(tmp_path / "train.parquet"), str(tmp_path / "test.parquet"))
+    from_files = run_knn(train_file=files[0], test_file=files[1])
     from_model = run_knn(str(CHECKPOINT), "digits")
     assert from_files["k"] == from_model["k"] and from_files["test_count"] == 359
     assert read_embeddings(tmp_path / "test.parquet").paths[:2] == ["digits:test/0", "digits:test/1"]
+    # Few-shot and the linear probe read the same files instead of computing the features again.
+    from vitlab.eval.fewshot import run_fewshot, run_linear_probe
+
+    assert (
+        run_fewshot(None, None, [1, 5], seeds=2, files=files)["shots"]
+        == run_fewshot(CHECKPOINT, "digits", [1, 5], 2)["shots"]
+    )
+    probe = run_linear_probe(None, None, files=files)
+    assert probe["test_top1"] == run_linear_probe(CHECKPOINT, "digits")["test_top1"]
+    assert main(["fewshot", "--train", files[0]]) == 2
+    assert "give both --train FILE and --test FILE" in capsys.readouterr().err

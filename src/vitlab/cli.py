@@ -346,6 +346,15 @@ def jobs_arg(text: str) -> str | int:
     return positive_int(text)
 
 
+def embedding_files(args: argparse.Namespace) -> tuple[str, str] | None:
+    """--train FILE --test FILE (embedding files), both or neither."""
+    if args.train is None and args.test is None:
+        return None
+    from vitlab.eval.embeddings import both_files
+
+    return both_files(args.train, args.test)
+
+
 def cmd_fewshot(args: argparse.Namespace) -> int:
     from vitlab.eval.fewshot import format_fewshot, run_fewshot
 
@@ -359,6 +368,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
         classes=args.classes,
         image_size=args.image_size,
         num_heads=args.num_heads,
+        files=embedding_files(args),
     )
     print(json.dumps(report, indent=1) if args.json else format_fewshot(report))
     return 0
@@ -375,6 +385,7 @@ def cmd_linear_probe(args: argparse.Namespace) -> int:
         classes=args.classes,
         image_size=args.image_size,
         num_heads=args.num_heads,
+        files=embedding_files(args),
     )
     print(json.dumps(report, indent=1) if args.json else format_linear_probe(report))
     return 0
@@ -922,8 +933,10 @@ def build_parser() -> ArgumentParser:
         ("linear-probe", "logistic regression on frozen features"),
     ):
         p = subcommand(name, help=helptext)
-        p.add_argument("checkpoint", help=CHECKPOINT_HELP)
-        p.add_argument("--dataset", required=True, help="data set whose train split fits and test split measures")
+        p.add_argument("checkpoint", nargs="?", help=CHECKPOINT_HELP + " (or give --train and --test files)")
+        p.add_argument("--dataset", help="data set whose train split fits and test split measures")
+        p.add_argument("--train", help="instead of a model and data set: an embedding file (`vitlab embed`) to fit")
+        p.add_argument("--test", help="and the embedding file of the images to measure")
         p.add_argument("--data-dir", help="where the data set's files are (default: downloaded into the cache)")
         p.add_argument("--classes", type=classes_arg, help="only these classes, e.g. 5-9")
         add_checkpoint_options(p)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,35 @@ def read_embeddings(path: str | Path) -> Embeddings:
     else:
         labels = np.full(len(vectors), -1, dtype=np.int64)
     return Embeddings(vectors, labels, [str(p) for p in table.column("path").to_pylist()], meta)
+
+
+def both_files(train_file: str | None, test_file: str | None) -> tuple[str, str]:
+    if train_file is None or test_file is None:
+        raise UsageError("give both --train FILE and --test FILE (embedding files written by `vitlab embed`)")
+    return train_file, test_file
+
+
+def labelled_splits(
+    train_file: str | Path, test_file: str | Path
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    """{"train": ..., "test": ...}: (features (N, D) float64, labels (N,), class names) of two embedding files of one
+    model and pooling, every image labelled: what k-NN, few-shot and the linear probe read instead of computing."""
+    train, test = read_embeddings(train_file), read_embeddings(test_file)
+    for key in ("weights_sha256", "pool"):
+        if train.meta.get(key) != test.meta.get(key):
+            raise DataError(
+                f"{train_file} and {test_file} hold vectors of different {key.replace('_', ' ')}s; "
+                "embed both splits with the same model and --pool"
+            )
+    splits = {}
+    for role, path, stored in (("train", train_file, train), ("test", test_file, test)):
+        if (stored.labels < 0).any():
+            raise DataError(f"{path} ({role}) has images without a label; fitting and measuring need labelled images")
+        names = stored.class_names or train.class_names or test.class_names
+        if not names:
+            names = [str(i) for i in range(int(max(train.labels.max(), test.labels.max())) + 1)]
+        splits[role] = (torch.from_numpy(stored.vectors).double(), torch.from_numpy(stored.labels), list(names))
+    return splits
 
 
 def locations(source: BatchSource, positions: list[int]) -> list[str]:
@@ -248,6 +278,7 @@ def embed(
 
     label = f"embedding {source.name}" if start == 0 else f"embedding {source.name} from image {start}"
     forward = lambda module, inputs: pooled_features(module, inputs, pool)  # noqa: E731
+    started, embedded = time.perf_counter(), 0
     try:
         if start < len(source):
             for batch, features in run_batches(
@@ -261,6 +292,7 @@ def embed(
                     else [None] * len(positions)
                 )
                 vectors.append(features.float().cpu().numpy())
+                embedded += len(positions)
                 stop = positions[-1] + 1
                 if sum(len(v) for v in vectors) >= part_rows:
                     flush()
@@ -268,6 +300,7 @@ def embed(
             flush()
     finally:
         remaining.close()
+    seconds = time.perf_counter() - started
     unreadable = list(getattr(remaining, "skipped", []) or [])
     rows = sum(parquet_rows(part) for part in parts.parts())
     parts.join({"rows": rows})
@@ -278,6 +311,8 @@ def embed(
         "unreadable": unreadable,
         "dim": int(read_dim(out)),
         "started_at": start,
+        "seconds": seconds,  # this run's reading and embedding, from the first image to the last part written
+        "images_per_second": embedded / max(seconds, 1e-9),
         "pool": pool,
         "dtype": dtype,
     }

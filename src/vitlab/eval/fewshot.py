@@ -21,7 +21,7 @@ from vitlab.checkpoint.formats import resolve_weights
 from vitlab.data.loaders import open_split
 from vitlab.data.source import BatchSource, DataRequest
 from vitlab.download import cache_dir, sha256_of
-from vitlab.errors import DataError
+from vitlab.errors import DataError, UsageError
 from vitlab.eval.batches import run_batches
 from vitlab.hardware import available_cores
 
@@ -197,9 +197,33 @@ def linear_probe_accuracy(
     return {"train_top1": train_accuracy, "test_top1": test_accuracy}
 
 
+def frozen_splits(
+    checkpoint: str | Path | None,
+    dataset: str | None,
+    data_dir: str | None,
+    classes: list[int] | None,
+    image_size: int | tuple[int, int] | None,
+    check,
+    num_heads: int | None,
+    files: tuple[str, str] | None,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    """Train and test features: from two embedding files (`vitlab embed`) when given, else computed (or cached)."""
+    if files is not None:
+        from vitlab.eval.embeddings import labelled_splits
+
+        if classes is not None:
+            raise UsageError("--classes selects images to embed; with embedding files, embed the classes wanted")
+        splits = labelled_splits(*files)
+        check(splits["train"][1], splits["train"][2])
+        return splits
+    if checkpoint is None or dataset is None:
+        raise UsageError("give a model and --dataset, or --train FILE --test FILE (embedding files)")
+    return cached_features(checkpoint, dataset, data_dir, classes, image_size, check=check, num_heads=num_heads)
+
+
 def run_fewshot(
-    checkpoint: str | Path,
-    dataset: str,
+    checkpoint: str | Path | None,
+    dataset: str | None,
     shots: list[int],
     seeds: int = 3,
     l2: float = 1.0,
@@ -207,21 +231,23 @@ def run_fewshot(
     classes: list[int] | None = None,
     image_size: int | tuple[int, int] | None = None,
     num_heads: int | None = None,
+    files: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    splits = cached_features(
+    splits = frozen_splits(
         checkpoint,
         dataset,
         data_dir,
         classes,
         image_size,
-        check=lambda labels, names: check_shots(labels, names, shots),
-        num_heads=num_heads,
+        lambda labels, names: check_shots(labels, names, shots),
+        num_heads,
+        files,
     )
     train, test = splits["train"], splits["test"]
     results = fewshot_accuracy(train[0], train[1], test[0], test[1], shots, seeds, l2)
     return {
-        "checkpoint": str(checkpoint),
-        "dataset": dataset,
+        "checkpoint": str(checkpoint) if files is None else " / ".join(files),
+        "dataset": dataset or "embedding files",
         "classes": classes,
         "seeds": seeds,
         "l2": l2,
@@ -232,26 +258,34 @@ def run_fewshot(
 
 
 def run_linear_probe(
-    checkpoint: str | Path,
-    dataset: str,
+    checkpoint: str | Path | None,
+    dataset: str | None,
     l2: float = 1e-3,
     data_dir: str | None = None,
     classes: list[int] | None = None,
     image_size: int | tuple[int, int] | None = None,
     num_heads: int | None = None,
+    files: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    splits = cached_features(
+    splits = frozen_splits(
         checkpoint,
         dataset,
         data_dir,
         classes,
         image_size,
-        check=lambda labels, names: check_shots(labels, names, [1]),
-        num_heads=num_heads,
+        lambda labels, names: check_shots(labels, names, [1]),
+        num_heads,
+        files,
     )
     train, test = splits["train"], splits["test"]
     result = linear_probe_accuracy(train[0], train[1], test[0], test[1], l2)
-    return {"checkpoint": str(checkpoint), "dataset": dataset, "classes": classes, "l2": l2, **result}
+    return {
+        "checkpoint": str(checkpoint) if files is None else " / ".join(files),
+        "dataset": dataset or "embedding files",
+        "classes": classes,
+        "l2": l2,
+        **result,
+    }
 
 
 def format_fewshot(report: dict[str, Any]) -> str:

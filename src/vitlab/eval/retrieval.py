@@ -15,7 +15,7 @@ from vitlab.data.images import IMAGE_EXTENSIONS, collect_images
 from vitlab.data.loaders import open_split
 from vitlab.data.source import BatchSource, DataRequest, ImageFiles
 from vitlab.errors import DataError, UsageError
-from vitlab.eval.embeddings import embed, pooled_features, read_embeddings
+from vitlab.eval.embeddings import both_files, embed, labelled_splits, pooled_features, read_embeddings
 from vitlab.eval.fewshot import cached_features, checkpoint_digest
 from vitlab.eval.neighbours import KNN_K, KNN_TEMPERATURE, knn_accuracy, near_duplicates, nearest
 from vitlab.hardware import available_cores
@@ -101,17 +101,11 @@ def format_embed(report: dict[str, Any]) -> str:
         f"wrote {report['file']}: {report['rows']} vectors of {report['dim']} ({report['dtype']}, pool "
         f"{report['pool']}) of {report['images']} images"
         + (f", continuing from image {report['started_at']}" if report["started_at"] else "")
+        + f" in {report['seconds']:.1f} s ({report['images_per_second']:.0f} images/s)"
     ]
     if report["unreadable"]:
         lines.append(f"  {len(report['unreadable'])} unreadable, left out: {report['unreadable'][0]}, ...")
     return "\n".join(lines)
-
-
-def labelled(embeddings: Any, role: str, path: str) -> tuple[torch.Tensor, torch.Tensor]:
-    labels = torch.from_numpy(embeddings.labels)
-    if (labels < 0).any():
-        raise DataError(f"{path} ({role}) has images without a label; k-NN accuracy needs labelled images")
-    return torch.from_numpy(embeddings.vectors), labels
 
 
 def run_knn(
@@ -125,28 +119,16 @@ def run_knn(
 ) -> dict[str, Any]:
     """DINO's k-NN accuracy: the test split's images classified by the votes of their nearest training images."""
     if train_file is not None or test_file is not None:
-        if train_file is None or test_file is None:
-            raise UsageError("give both --train FILE and --test FILE (embedding files of `vitlab embed`)")
-        train, test = read_embeddings(train_file), read_embeddings(test_file)
-        for key in ("weights_sha256", "pool"):
-            if train.meta.get(key) != test.meta.get(key):
-                raise DataError(
-                    f"{train_file} and {test_file} hold vectors of different {key.replace('_', ' ')}s; "
-                    "embed both splits with the same model and --pool"
-                )
-        bank, bank_labels = labelled(train, "train", train_file)
-        queries, query_labels = labelled(test, "test", test_file)
-        class_names = train.class_names or test.class_names
+        splits = labelled_splits(*both_files(train_file, test_file))
         source = f"{train_file} / {test_file}"
     else:
         if checkpoint is None or dataset is None:
             raise UsageError("give a model and --dataset, or --train FILE --test FILE")
         splits = cached_features(checkpoint, dataset, data_dir)
-        bank, bank_labels, class_names = splits["train"]
-        queries, query_labels, _ = splits["test"]
         source = f"{checkpoint} on {dataset}"
-    num_classes = len(class_names) if class_names else int(max(bank_labels.max(), query_labels.max())) + 1
-    results = knn_accuracy(bank, bank_labels, queries, query_labels, num_classes, ks, temperature)
+    bank, bank_labels, class_names = splits["train"]
+    queries, query_labels, _ = splits["test"]
+    results = knn_accuracy(bank.float(), bank_labels, queries.float(), query_labels, len(class_names), ks, temperature)
     return {
         "source": source,
         "train_count": len(bank),
