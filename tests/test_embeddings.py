@@ -105,6 +105,17 @@ def test_parts_of_other_settings_are_refused_not_mixed(tmp_path, monkeypatch):
         embed_folder(root, tmp_path / "out.parquet", pool="mean")
 
 
+def test_a_finished_file_is_kept_not_recomputed_nor_overwritten_by_other_settings(tmp_path, monkeypatch):
+    root = write_photos(tmp_path / "photos", per_class=3)
+    embed_folder(root, tmp_path / "out.parquet")
+    before = (tmp_path / "out.parquet").read_bytes()
+    monkeypatch.setattr(embeddings, "run_batches", lambda *a, **k: pytest.fail("recomputed"))
+    assert embed_folder(root, tmp_path / "out.parquet")["already_written"]
+    with pytest.raises(UsageError, match=r"out.parquet exists, written with other settings \(pool differ\)"):
+        embed_folder(root, tmp_path / "out.parquet", pool="cls")
+    assert (tmp_path / "out.parquet").read_bytes() == before
+
+
 def test_pools_and_float16(tmp_path):
     root = write_photos(tmp_path / "photos", per_class=3)
     embed_folder(root, tmp_path / "cls.parquet", pool="cls")

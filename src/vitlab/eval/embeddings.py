@@ -259,6 +259,16 @@ def embed(
         "images": len(source),
         "class_names": list(source.class_names) if source.class_names else None,
     }
+    if out.exists():
+        written = read_embeddings(out).meta
+        changed = sorted(key for key in meta if written.get(key) != meta[key])
+        if changed:
+            raise UsageError(
+                f"{out} exists, written with other settings ({', '.join(changed)} differ); delete it or choose "
+                "another -o: an embedding file is never overwritten by another run's vectors"
+            )
+        source.close()
+        return summary(out, written, [], start=0, seconds=0.0, embedded=0)
     parts = PartWriter(out, meta)
     start = parts.resume_position()
     remaining = from_position(source, start)
@@ -304,17 +314,25 @@ def embed(
     unreadable = list(getattr(remaining, "skipped", []) or [])
     rows = sum(parquet_rows(part) for part in parts.parts())
     parts.join({"rows": rows})
+    return summary(out, dict(meta, rows=rows), unreadable, start, seconds, embedded)
+
+
+def summary(
+    out: Path, meta: dict[str, Any], unreadable: list[str], start: int, seconds: float, embedded: int
+) -> dict[str, Any]:
+    """What `embed` reports: the file, its rows and vector size, this run's start, time and rate."""
     return {
         "file": str(out),
-        "rows": rows,
-        "images": len(source),
+        "rows": meta["rows"],
+        "images": meta["images"],
         "unreadable": unreadable,
         "dim": int(read_dim(out)),
         "started_at": start,
         "seconds": seconds,  # this run's reading and embedding, from the first image to the last part written
         "images_per_second": embedded / max(seconds, 1e-9),
-        "pool": pool,
-        "dtype": dtype,
+        "already_written": embedded == 0 and start == 0 and seconds == 0.0,
+        "pool": meta["pool"],
+        "dtype": meta["dtype"],
     }
 
 

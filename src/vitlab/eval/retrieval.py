@@ -97,6 +97,8 @@ def run_embed(
 
 
 def format_embed(report: dict[str, Any]) -> str:
+    if report["already_written"]:
+        return f"{report['file']} is already written with these settings ({report['rows']} vectors); nothing to do"
     lines = [
         f"wrote {report['file']}: {report['rows']} vectors of {report['dim']} ({report['dtype']}, pool "
         f"{report['pool']}) of {report['images']} images"
