@@ -65,3 +65,117 @@ def test_a_padded_batch_gives_each_images_own_outputs(pos_embed):
         for row, image in enumerate(images):
             alone = model.forward_pre_logits(pad_patch_inputs([image], 16))
             torch.testing.assert_close(together[row : row + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------- the contract and its users
+def naflex_model(tmp_path, budget=12):
+    """A small rotary model whose contract reads images NaFlex (16-pixel patches, `budget` of them), saved."""
+    from vitlab.checkpoint.io import save_model
+    from vitlab.data.contract import Preprocessing
+
+    torch.manual_seed(0)
+    model = create_model(
+        "Ti/16",
+        image_size=64,
+        pos_embed="rope",
+        depth=2,
+        embed_dim=32,
+        num_heads=2,
+        mlp_dim=64,
+        num_classes=3,
+        classifier="gap",
+        class_names=["a", "b", "c"],
+        preprocessing=Preprocessing.naflex(16, budget),
+    ).eval()
+    return model, save_model(model, tmp_path / "naflex.safetensors")
+
+
+def test_the_naflex_contract_is_checked_and_old_contracts_read_as_before():
+    from vitlab.config import ViTConfig
+    from vitlab.data.contract import Preprocessing
+    from vitlab.errors import ConfigError
+
+    contract = Preprocessing.naflex(16, 256)
+    assert Preprocessing.from_dict(contract.to_dict()) == contract
+    assert "max_patches" not in Preprocessing.image_files().to_dict()  # contracts written before NaFlex, unchanged
+    with pytest.raises(ConfigError, match="max_patches must be a whole number >= 1 in mode 'naflex' and 0 otherwise"):
+        Preprocessing(mode="crop", max_patches=16)
+    with pytest.raises(ConfigError, match="cuts 14-pixel patches .* but the model's are 16x16"):
+        ViTConfig(patch_size=16, preprocessing=Preprocessing.naflex(14, 64))
+
+
+def test_image_files_keep_their_aspect_ratio_in_predict_and_embed(tmp_path):
+    """Files of three shapes read NaFlex by predict (ImageFiles) and by a streamed folder (workers): each image's
+    logits are the model's on its own grid of the same decoded pixels."""
+    from PIL import Image
+
+    from vitlab.data.preprocess import decode_image, prepare
+    from vitlab.eval.predict import predict
+
+    model, _ = naflex_model(tmp_path)
+    generator = torch.Generator().manual_seed(0)
+    paths = []
+    for name, (width, height) in {"wide": (300, 100), "tall": (90, 240), "square": (120, 120)}.items():
+        pixels = torch.randint(0, 256, (height, width, 3), generator=generator, dtype=torch.uint8).numpy()
+        (tmp_path / "a").mkdir(exist_ok=True)
+        paths.append(tmp_path / "a" / f"{name}.png")
+        Image.fromarray(pixels).save(paths[-1])
+    decoded = [decode_image(path, model.config.image_size, 3, model.config.preprocessing) for path in paths]
+    assert [tuple(image.shape[1:]) for image in decoded] == [(32, 96), (96, 32), (48, 48)]  # 6, 12 and 9 patches
+    rows = predict(model, paths, top_k=3)
+    with torch.no_grad():
+        for row, image in zip(rows, decoded):
+            alone = model(prepare(pad_patch_inputs([image], 16), 255.0, model.config)).softmax(-1)[0]
+            best = {p["label"]: p["probability"] for p in row["predictions"]}
+            assert best == pytest.approx({name: float(alone[i]) for i, name in enumerate("abc")}, abs=1e-5)
+
+
+def test_a_streamed_folder_reads_naflex_through_the_workers_as_files_do(tmp_path):
+    from test_stream import write_photos
+    from vitlab.data.source import ImageFiles
+    from vitlab.data.stream.loader import StreamingSource
+    from vitlab.data.stream.open import index_from_spec
+
+    model, _ = naflex_model(tmp_path, budget=20)
+    root = write_photos(tmp_path / "photos", per_class=3, size=(80, 30))
+    contract = model.config.preprocessing
+    streamed = StreamingSource(index_from_spec("folder", root), model.config.image_size, contract=contract, workers=2)
+    files = ImageFiles(sorted(root.rglob("*.jpg")), model.config.image_size, 3, contract)
+    try:
+        for a, b in zip(streamed.evaluation_batches(4), files.evaluation_batches(4), strict=True):
+            assert torch.equal(a.images.patches, b.images.patches) and torch.equal(a.images.valid, b.images.valid)
+            assert a.images.valid.sum(1).tolist() == [18] * len(a.labels)  # 80x30 at 20 patches: 3 x 6
+        with pytest.raises(UsageError, match="training on NaFlex input .* is not built yet"):
+            next(iter(streamed.training_batches(0, 2)))
+    finally:
+        streamed.close()
+
+
+def test_siglip2s_max_num_patches_is_read_and_written(tmp_path):
+    import json
+    import shutil
+
+    from conftest import FIXTURES
+    from vitlab.checkpoint import load_model
+    from vitlab.checkpoint.formats import export_checkpoint
+
+    folder = tmp_path / "siglip2"
+    shutil.copytree(FIXTURES / "hf_siglip2_vision", folder)
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps({"image_processor_type": "Siglip2ImageProcessor", "patch_size": 16, "max_num_patches": 64})
+    )
+    model = load_model(folder)
+    assert model.config.preprocessing.mode == "naflex" and model.config.preprocessing.max_patches == 64
+    written = export_checkpoint(model, tmp_path / "out", to="hf")
+    processor = json.loads((written / "preprocessor_config.json").read_text())
+    assert processor["image_processor_type"] == "Siglip2ImageProcessor" and processor["max_num_patches"] == 64
+    assert load_model(written).config.preprocessing == model.config.preprocessing
+
+
+def test_serve_refuses_a_naflex_model_in_one_line(tmp_path):
+    from vitlab.serve.app import create_app
+    from vitlab.serve.engine import Engine
+
+    _, path = naflex_model(tmp_path)
+    with pytest.raises(UsageError, match="serve takes square inputs; this model's contract reads images NaFlex"):
+        create_app(Engine(str(path), backend="torch", precision="fp32"))

@@ -288,6 +288,12 @@ class ViTConfig:
         if isinstance(self.preprocessing, dict):  # as from_json hands it over
             self.preprocessing = Preprocessing.from_dict(self.preprocessing)
         self.patch_size = to_pair(self.patch_size, "patch_size")
+        contract = self.preprocessing
+        if contract is not None and contract.mode == "naflex" and self.patch_size != (contract.patch, contract.patch):
+            raise ConfigError(
+                f"preprocessing cuts {contract.patch}-pixel patches (naflex) but the model's are "
+                f"{self.patch_size[0]}x{self.patch_size[1]}; give the contract the model's patch size"
+            )
         if self.resnet_layers is not None:
             self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
         for name in ("image_mean", "image_std"):
@@ -444,6 +450,8 @@ class ViTConfig:
         for key, value in data.items():
             if isinstance(value, tuple):
                 data[key] = list(value)
+        if self.preprocessing is not None:  # the contract's own form (fields of other modes left out)
+            data["preprocessing"] = self.preprocessing.to_dict()
         return data
 
     def to_json(self) -> str:

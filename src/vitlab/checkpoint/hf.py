@@ -451,7 +451,13 @@ def hf_preprocessor_dict(config: ViTConfig) -> dict[str, Any]:
     contract = resolved_preprocessing(config, "files")
     mean, std = config.image_mean, config.image_std
     height, width = config.image_size
-    if contract.mode == "crop":
+    if contract.mode == "naflex":
+        resize = {
+            "image_processor_type": "Siglip2ImageProcessor",
+            "patch_size": contract.patch,
+            "max_num_patches": contract.max_patches,
+        }
+    elif contract.mode == "crop":
         resize = {
             "image_processor_type": "BitImageProcessor",
             "size": {

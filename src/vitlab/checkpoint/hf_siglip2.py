@@ -29,8 +29,9 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: the family table 
 
 MODEL_TYPES = ("siglip2_vision_model", "siglip2")
 PATCH_WEIGHT = "embeddings.patch_embedding.weight"
-# Siglip2ImageProcessor: bilinear, into [-1, 1]; its aspect-preserving resize to a patch budget is the NaFlex
-# input path (vitlab's images are stretched to the table's square size until then).
+# Siglip2ImageProcessor: bilinear, into [-1, 1]. Its aspect-preserving resize to a patch budget (NaFlex) is read
+# from a preprocessor_config.json that names `max_num_patches` (`Preprocessing.naflex`); without one, images are
+# stretched to the table's square size.
 PROCESSOR_DEFAULTS: dict[str, Any] = dict(
     image_mean=(0.5,), image_std=(0.5,), preprocessing=Preprocessing(mode="stretch", resize="bilinear")
 )
@@ -84,6 +85,9 @@ def read_config(weights: Weights) -> ViTConfig:
             image_mean=tuple(weights.processor.get("image_mean", config.image_mean)),
             image_std=tuple(weights.processor.get("image_std", config.image_std)),
         )
+        budget = weights.processor.get("max_num_patches")
+        if budget:  # a NaFlex processor: each image at its own aspect ratio under this many patches
+            config = config.replace(preprocessing=Preprocessing.naflex(patch, int(budget)))
     return apply_hints(config, weights.hints)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from vitlab.errors import ConfigError
 
 RESIZE_KERNELS = ("bilinear", "bicubic")  # what PIL, torch and ONNX Resize (linear, cubic) all implement
-MODES = ("stretch", "crop")
+MODES = ("stretch", "crop", "naflex")
 GREY_CONVERSIONS = ("mean", "luma")
 SOURCES = ("arrays", "files")  # stored uint8 arrays of a data set in memory; image files or uploaded bytes
 
@@ -33,6 +33,11 @@ class Preprocessing:
     resize: str = "bilinear"  # kernel: "bilinear" or "bicubic"; antialiased when shrinking, as PIL always is
     crop_fraction: float = 1.0  # "crop" only: input size / the side resized to, e.g. 0.875 = 224 of 256
     grey: str = "mean"  # RGB -> one channel: "mean" of the channels, or "luma" (ITU-R 601-2, PIL's convert("L"))
+    # "naflex" (SigLIP 2): keep the aspect ratio, resize to the largest grid of whole `patch`-pixel patches that
+    # holds at most `max_patches` (`vitlab.data.naflex`); the model reads the patches at their own grid. HF's
+    # Siglip2ImageProcessor keeps the same two numbers (patch_size, max_num_patches). 0 for the other modes.
+    max_patches: int = 0
+    patch: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -48,6 +53,16 @@ class Preprocessing:
                 f"0.875), got {fraction!r}"
             )
         object.__setattr__(self, "crop_fraction", float(fraction))
+        naflex = self.mode == "naflex"
+        for name in ("max_patches", "patch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or (value >= 1) != naflex or value < 0:
+                raise ConfigError(
+                    f"preprocessing {name} must be a whole number >= 1 in mode 'naflex' and 0 otherwise, "
+                    f"got {value!r} in mode {self.mode!r}"
+                )
+        if naflex and self.crop_fraction != 1.0:
+            raise ConfigError("mode 'naflex' resizes whole images, never crops: leave crop_fraction at 1.0")
         if self.mode == "stretch" and self.crop_fraction != 1.0:
             raise ConfigError(
                 f"crop_fraction {self.crop_fraction} means nothing when stretching; use mode 'crop' "
@@ -69,8 +84,16 @@ class Preprocessing:
     def replace(self, **changes: Any) -> Preprocessing:
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def naflex(cls, patch: int, max_patches: int, resize: str = "bilinear", grey: str = "luma") -> Preprocessing:
+        """SigLIP 2's NaFlex input: the aspect ratio kept under a budget of `max_patches` patches of `patch` pixels."""
+        return cls(mode="naflex", resize=resize, grey=grey, max_patches=max_patches, patch=patch)
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        fields = dataclasses.asdict(self)
+        if self.mode != "naflex":  # every contract written before NaFlex reads and writes as it did
+            del fields["max_patches"], fields["patch"]
+        return fields
 
     @classmethod
     def from_dict(cls, data: Any) -> Preprocessing:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.data.contract import Preprocessing, cropped_side, resolved_preprocessing
-from vitlab.errors import DataError
+from vitlab.errors import DataError, UsageError
 from vitlab.model_input import ModelInput, PatchInput
 
 # ITU-R 601-2 luma, the weights of PIL's convert("L").
@@ -51,6 +51,11 @@ def resized_size(height: Any, width: Any, image_size: tuple[int, int], contract:
     no branch on them, only integer arithmetic and sym_max."""
     if contract.mode == "stretch":
         return image_size
+    if contract.mode == "naflex":
+        from vitlab.data.naflex import naflex_grid
+
+        rows, cols = naflex_grid(int(height), int(width), contract.patch, contract.max_patches)
+        return rows * contract.patch, cols * contract.patch
     target_h, target_w = (cropped_side(side, contract.crop_fraction) for side in image_size)
     # floor(target_w * h / w) <= target_h exactly when the height needs the larger scale, so the max picks it.
     return torch.sym_max(target_h, (target_w * height) // width), torch.sym_max(target_w, (target_h * width) // height)
@@ -169,6 +174,8 @@ def resize_pil(image, image_size: tuple[int, int], contract: Preprocessing):
     kernel = getattr(Image.Resampling, PIL_KERNELS[contract.resize])
     height, width = resized_size(image.height, image.width, image_size, contract)
     resized = image.resize((width, height), kernel)
+    if contract.mode == "naflex":  # the image's own grid: nothing cropped
+        return resized
     top, left = crop_box((height, width), image_size)
     return resized.crop((left, top, left + image_size[1], top + image_size[0]))
 
@@ -177,6 +184,11 @@ def resize_pil(image, image_size: tuple[int, int], contract: Preprocessing):
 def resize_unit_images(images: torch.Tensor, image_size: tuple[int, int], contract: Preprocessing) -> torch.Tensor:
     """float images (B, C, h, w) in [0, 1] -> (B, C, H, W) resized and cropped under the contract, in torch (the
     in-memory data sets, and the ONNX graph with the preprocessing baked in, which traces this function)."""
+    if contract.mode == "naflex":
+        raise UsageError(
+            "a NaFlex contract reads image files, each at its own grid (embed, eval, predict on files or a streamed "
+            "folder); stored arrays and exported graphs take square images: use a crop or stretch contract"
+        )
     height, width = resized_size(images.shape[-2], images.shape[-1], image_size, contract)
     if contract.resize == "bilinear":
         # Antialiased only when shrinking: vitlab's in-memory pipeline has always done so, and runs compare

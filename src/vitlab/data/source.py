@@ -266,6 +266,16 @@ def digest(*parts: bytes | memoryview | str) -> str:
     return hasher.hexdigest()[:16]
 
 
+def batch_of(images: list[torch.Tensor] | torch.Tensor, contract: Preprocessing) -> ModelInput:
+    """Decoded images (a list, or already stacked) as one model input: stacked, or under a NaFlex contract (each
+    image on its own grid) their patches padded to the budget (`vitlab.data.naflex`)."""
+    if contract.mode == "naflex":
+        from vitlab.data.naflex import pad_patch_inputs
+
+        return pad_patch_inputs(list(images), contract.patch, length=contract.max_patches)
+    return images if isinstance(images, torch.Tensor) else torch.stack(images)
+
+
 class ImageFiles:
     """Image files named on a command line (`vitlab predict`, `eval` on images, calibration), decoded lazily
     under a model's preprocessing contract; labels are None. A file that cannot be read is left out of the
@@ -325,7 +335,7 @@ class ImageFiles:
                 pending.append((index, image))
             if pending and (len(pending) == batch_size or position == len(share) - 1):
                 yield Batch(
-                    torch.stack([image for _, image in pending]),
+                    batch_of([image for _, image in pending], self.preprocessing),
                     None,
                     torch.tensor([i for i, _ in pending]),
                     self.max_value,

@@ -26,7 +26,7 @@ from typing import Any
 
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import read_image
-from vitlab.errors import DataError
+from vitlab.errors import DataError, UsageError
 from vitlab.serve.batcher import DynamicBatcher
 from vitlab.serve.engine import Engine
 
@@ -204,6 +204,11 @@ def create_app(
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
+    if resolved_preprocessing(engine.config, "files").mode == "naflex":
+        raise UsageError(
+            "serve takes square inputs; this model's contract reads images NaFlex (each at its own aspect ratio), "
+            "which serve does not batch yet: use predict or embed, or give the model a crop contract"
+        )
     metrics = Metrics()
     # One inference thread: the model's own intra-op threads use the cores; two calls at once would only fight.
     inference_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitlab-infer")

@@ -26,9 +26,9 @@ from torch.utils.data import DataLoader
 from vitlab.data.contract import Preprocessing
 from vitlab.data.images import MAX_BAD_FRACTION  # one stated limit for held and streamed image files
 from vitlab.data.preprocess import decode_image
-from vitlab.data.source import Batch, epoch_order, evaluation_share, rank_shard, steps_per_epoch
+from vitlab.data.source import Batch, batch_of, epoch_order, evaluation_share, rank_shard, steps_per_epoch
 from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
-from vitlab.errors import DataError
+from vitlab.errors import DataError, UsageError
 from vitlab.hardware import return_freed_memory
 
 REPLACEMENT_TRIES = 16  # readable images looked for after a bad one before the batch is given up
@@ -103,9 +103,12 @@ class SampleReader(torch.utils.data.Dataset):
 
 
 def collate(samples: list[tuple[torch.Tensor | None, int, int, list[tuple[str, str]]]]) -> dict[str, Any]:
+    """The worker's batch: images stacked, or a list where each has its own size (NaFlex grids; the training
+    process pads their patches, a copy of a few hundred kilobytes)."""
     kept = [s for s in samples if s[0] is not None]
+    same_size = len({tuple(s[0].shape) for s in kept}) == 1
     return {
-        "images": torch.stack([s[0] for s in kept]) if kept else None,
+        "images": (torch.stack([s[0] for s in kept]) if same_size else [s[0] for s in kept]) if kept else None,
         "labels": torch.tensor([s[1] for s in kept], dtype=torch.int64),
         "indices": torch.tensor([s[2] for s in kept], dtype=torch.int64),
         "skipped": [entry for s in samples for entry in s[3]],
@@ -210,6 +213,11 @@ class StreamingSource:
     def training_batches(
         self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
     ) -> Iterator[Batch]:
+        if self.preprocessing.mode == "naflex":
+            raise UsageError(
+                "training on NaFlex input (each image at its own aspect ratio) is not built yet; train at a square "
+                "size (a contract of mode crop or stretch), then read images NaFlex for embed, eval and predict"
+            )
         order = epoch_order(len(self), epoch_seed)  # a tensor: 8 bytes an image, no Python object per image
         shard = rank_shard(batch_size, rank, world_size)
         steps = range(start_step, steps_per_epoch(len(self), batch_size))
@@ -259,7 +267,9 @@ class StreamingSource:
         for batch in self.watched(pool, pool.loader(plan, len(firsts))):
             self.record(batch)
             if batch["images"] is not None:  # an unreadable image is left out of evaluation (and counted)
-                yield Batch(batch["images"], batch["labels"], batch["indices"], self.max_value)
+                yield Batch(
+                    batch_of(batch["images"], self.preprocessing), batch["labels"], batch["indices"], self.max_value
+                )
 
     def watched(self, pool: DecodePool, loader: DataLoader) -> Iterator[dict[str, Any]]:
         """The loader's batches; a worker that dies or hangs becomes one DataError naming the files the workers
