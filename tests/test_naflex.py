@@ -179,3 +179,14 @@ def test_serve_refuses_a_naflex_model_in_one_line(tmp_path):
     _, path = naflex_model(tmp_path)
     with pytest.raises(UsageError, match="serve takes square inputs; this model's contract reads images NaFlex"):
         create_app(Engine(str(path), backend="torch", precision="fp32"))
+
+
+def test_eval_on_a_folder_streams_naflex_images_and_measures_them(tmp_path):
+    from test_stream import write_photos
+    from vitlab.eval.runner import run_evaluation
+
+    model, path = naflex_model(tmp_path)
+    root = tmp_path / "photos"
+    write_photos(root, per_class=3, classes=("a", "b", "c"), size=(70, 40))
+    report = run_evaluation(str(path), "folder", data_dir=str(root), split="test", out=str(tmp_path / "eval"))
+    assert report["count"] > 0 and 0 <= report["top1"] <= 1

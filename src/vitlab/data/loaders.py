@@ -90,6 +90,13 @@ def streaming_choice(request: DataRequest, processes: int = 1) -> tuple[bool | N
         if request.stream is False:
             raise DataError(f"{request.dataset} data are always streamed; drop --set stream=false")
         return True, f"{request.dataset} data are read lazily"
+    naflex = request.preprocessing is not None and request.preprocessing.mode == "naflex"
+    if naflex and request.stream is False:
+        raise DataError(
+            "a NaFlex contract keeps each image at its own size, which only streaming reads; drop stream=false"
+        )
+    if naflex:
+        return True, "NaFlex images each keep their own size (streamed)"
     if request.stream is not None:
         return request.stream, f"--set stream={str(request.stream).lower()}"
     if request.image_size is None or loader.count is None:
