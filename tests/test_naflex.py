@@ -145,8 +145,16 @@ def test_a_streamed_folder_reads_naflex_through_the_workers_as_files_do(tmp_path
         for a, b in zip(streamed.evaluation_batches(4), files.evaluation_batches(4), strict=True):
             assert torch.equal(a.images.patches, b.images.patches) and torch.equal(a.images.valid, b.images.valid)
             assert a.images.valid.sum(1).tolist() == [18] * len(a.labels)  # 80x30 at 20 patches: 3 x 6
-        with pytest.raises(UsageError, match="training on NaFlex input .* is not built yet"):
-            next(iter(streamed.training_batches(0, 2)))
+        from vitlab.data.stream.crops import TrainCrop
+
+        cropped = StreamingSource(
+            index_from_spec("folder", root), model.config.image_size, contract=contract, crop=TrainCrop(), workers=2
+        )
+        try:
+            batch = next(iter(cropped.training_batches(0, 4)))  # training crops on their own grids, padded
+            assert batch.images.patches.shape[:2] == (4, 20) and (batch.images.valid.sum(1) <= 20).all()
+        finally:
+            cropped.close()
     finally:
         streamed.close()
 
@@ -190,3 +198,65 @@ def test_eval_on_a_folder_streams_naflex_images_and_measures_them(tmp_path):
     write_photos(root, per_class=3, classes=("a", "b", "c"), size=(70, 40))
     report = run_evaluation(str(path), "folder", data_dir=str(root), split="test", out=str(tmp_path / "eval"))
     assert report["count"] > 0 and 0 <= report["top1"] <= 1
+
+
+def test_training_crops_keep_the_images_aspect_ratio_on_their_own_grid():
+    """A NaFlex training crop is drawn around the image's own aspect ratio (3:1 here) and resized to its grid."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from vitlab.data.contract import Preprocessing
+    from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
+    from vitlab.data.stream.loader import naflex_pixels
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((100, 300, 3), dtype=np.uint8)).save(buffer, format="PNG")
+    contract = Preprocessing.naflex(16, 48)
+    shapes = []
+    for index in range(20):
+        array = crop_image(
+            buffer.getvalue(),
+            (64, 64),
+            3,
+            TrainCrop(),
+            sample_rng(0, 0, index),
+            grid=lambda h, w: naflex_pixels(contract, h, w),
+        )
+        rows, cols = array.shape[0] // 16, array.shape[1] // 16
+        assert array.shape[0] % 16 == array.shape[1] % 16 == 0 and rows * cols <= 48
+        shapes.append(cols / rows)
+    assert 2 <= float(np.median(shapes)) <= 4.5  # around 3, where a square crop's ratio is drawn in [3/4, 4/3]
+
+
+@pytest.mark.slow
+def test_a_streamed_naflex_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
+    from test_stream import stream_config, weights, write_photos
+    from test_train import MICRO
+    from vitlab.checkpoint import load_model
+    from vitlab.train import loop
+    from vitlab.train.config import TrainConfig
+    from vitlab.train.loop import train
+
+    root = write_photos(tmp_path / "photos", size=(60, 24))
+    overrides = dict(MICRO, image_size=16, patch_size=4, depth=2, pos_embed="learned")
+    config = dict(model_overrides=overrides, augment={"random_erasing": 0.0}, input="naflex", max_patches=12)
+    straight = train(stream_config(tmp_path, root, run_name="straight", **config))
+    assert straight["status"] == "finished"
+    trained = load_model(tmp_path / "straight").config.preprocessing
+    assert (trained.mode, trained.patch, trained.max_patches) == ("naflex", 4, 12)  # recorded as it was read
+    calls = {"n": 0}
+    real = loop.any_rank
+
+    def stop_at_the_seventh_check(flag, env):
+        calls["n"] += 1
+        return real(flag or calls["n"] == 7, env)
+
+    monkeypatch.setattr(loop, "any_rank", stop_at_the_seventh_check)
+    assert train(stream_config(tmp_path, root, run_name="stopped", **config))["status"] == "interrupted"
+    monkeypatch.setattr(loop, "any_rank", real)
+    train(TrainConfig(), resume=tmp_path / "stopped")
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

@@ -144,7 +144,7 @@ def shorthand_overrides(args: argparse.Namespace, names: Sequence[str]) -> list[
     return assignments + (args.set or [])
 
 
-TRAIN_SHORTHANDS = ("dataset", "data_dir", "image_size", "classes", "epochs", "model", "out_dir")
+TRAIN_SHORTHANDS = ("dataset", "data_dir", "image_size", "classes", "epochs", "model", "out_dir", "max_patches")
 
 
 def refuse_use_previous_without_resume(args: argparse.Namespace) -> None:
@@ -218,6 +218,11 @@ def shots_arg(text: str) -> list[int]:
     return shots
 
 
+MAX_PATCHES_HELP = (
+    "shorthand for --set max_patches=N: with --set input=naflex, each image at its own aspect ratio on at most N "
+    "patches (default 256)"
+)
+
 FINETUNE_SHORTHANDS = (
     "init_from",
     "dataset",
@@ -229,6 +234,7 @@ FINETUNE_SHORTHANDS = (
     "linear_probe",
     "freeze_blocks",
     "optimizer",
+    "max_patches",
 )
 
 
@@ -776,6 +782,7 @@ def build_parser() -> ArgumentParser:
         type=positive_int,
         help="shorthand for --set epochs=N; with --resume, a new length for the run (extends a finished one)",
     )
+    p.add_argument("--max-patches", type=positive_int, help=MAX_PATCHES_HELP)
     p.add_argument("--model", help="shorthand for --set model=VARIANT")
     p.add_argument("--out-dir", help="shorthand for --set out_dir=PATH (default runs/)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run exactly where it stopped")
@@ -813,6 +820,7 @@ def build_parser() -> ArgumentParser:
     )
     p.add_argument("--classes", type=classes_arg, help="only these classes of the data set, e.g. 5-9 or 1,3,5")
     p.add_argument("--epochs", type=positive_int, help="default 20; with --resume, a new length for the run")
+    p.add_argument("--max-patches", type=positive_int, help=MAX_PATCHES_HELP)
     p.add_argument("--optimizer", choices=("sgd", "adamw"), help="default sgd (momentum 0.9), as the paper")
     p.add_argument("--freeze-blocks", type=int, default=0, help="freeze the embeddings and the first K blocks")
     p.add_argument("--linear-probe", action="store_true", help="train only the new head")

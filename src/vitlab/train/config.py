@@ -85,6 +85,12 @@ class TrainConfig:
     # processes per training process (default: the cores this process may use).
     stream: bool | None = None
     workers: int | None = None
+    # How image files become input: "square" (the model's contract: resized and cropped, or stretched, to the input
+    # size) or "naflex" (SigLIP 2: each image, and each training crop, at its own aspect ratio on the largest grid of
+    # at most `max_patches` patches; streamed; the model records the contract). A model's table of positions is
+    # resampled to each image's grid; rotary positions need nothing.
+    input: str = "square"
+    max_patches: int = 256
     # Images per evaluation batch and process. None: the training step's batch per process (batch_size / grad_accum
     # / processes): an inference batch holds a fraction of what a training step of that size does, so a run's memory
     # peaks in training, never in the test pass at its end (with 512, a streamed Ti/16 run's test pass held 45% more
@@ -198,6 +204,8 @@ class TrainConfig:
             ("threads", lambda v: whole(v) and v > 0),
             ("eval_batch_size", lambda v: whole(v) and v > 0),
             ("workers", lambda v: whole(v) and v >= 0),
+            ("input", lambda v: v in ("square", "naflex")),
+            ("max_patches", lambda v: whole(v) and v > 0),
             ("stream", lambda v: isinstance(v, bool)),
             ("max_train_images", lambda v: whole(v) and v > 0),
             ("classes", lambda v: isinstance(v, list) and v and all(whole(c) and c >= 0 for c in v)),

@@ -13,6 +13,7 @@ from vitlab.data.contract import Preprocessing
 from vitlab.data.loaders import can_stream, open_splits, streaming_choice
 from vitlab.data.source import DataRequest, Splits
 from vitlab.distributed import DistEnv, broadcast_object
+from vitlab.errors import ConfigError
 from vitlab.train.config import TrainConfig
 from vitlab.train.setup import default_workers
 
@@ -63,7 +64,7 @@ def data_request(
         config.data_dir,
         image_size=size,
         channels=channels_of(config, state, pretrained),
-        preprocessing=file_preprocessing(state, pretrained),
+        preprocessing=file_preprocessing(config, state, pretrained),
         classes=config.classes,
         val_size=config.val_size,
         seed=config.seed,
@@ -87,15 +88,31 @@ def channels_of(config: TrainConfig, state: dict[str, Any] | None, pretrained: t
     return variant_config(config.model, **config.model_overrides).in_chans
 
 
-def file_preprocessing(state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None) -> Preprocessing:
-    """The contract image files are decoded under: the resumed model's, the pre-trained checkpoint's (fine-tuning
-    reads images as it was pre-trained to see them), else vitlab's default for files."""
-    recorded = None
+def file_preprocessing(
+    config: TrainConfig, state: dict[str, Any] | None, pretrained: tuple[ViTConfig, Any] | None
+) -> Preprocessing:
+    """The contract image files are decoded under, which the trained model records: the resumed model's; else the
+    recipe's (`model_overrides["preprocessing"]`), the pre-trained checkpoint's (fine-tuning reads images as it was
+    pre-trained to see them) or vitlab's default for files, made NaFlex (its kernel and grey kept) when
+    `input` is "naflex"."""
     if state is not None:
-        recorded = ViTConfig.from_json(state["model_config"]).preprocessing
-    elif pretrained is not None:
-        recorded = pretrained[0].preprocessing
-    return recorded or Preprocessing.image_files()
+        return ViTConfig.from_json(state["model_config"]).preprocessing or Preprocessing.image_files()
+    overrides = dict(config.model_overrides)
+    asked = overrides.pop("preprocessing", None)
+    if isinstance(asked, dict):
+        asked = Preprocessing.from_dict(asked)
+    contract = asked or (pretrained[0].preprocessing if pretrained is not None else None) or Preprocessing.image_files()
+    if config.input != "naflex" or contract.mode == "naflex":
+        return contract
+    if pretrained is not None:
+        patch = pretrained[0].patch_size
+    elif config.model in variant_names():
+        patch = variant_config(config.model, **overrides).patch_size
+    else:
+        return contract  # build_model names the unknown variant
+    if patch[0] != patch[1]:
+        raise ConfigError(f"input=naflex cuts square patches; this model's are {patch[0]}x{patch[1]}")
+    return Preprocessing.naflex(patch[0], config.max_patches, resize=contract.resize, grey=contract.grey)
 
 
 def model_input_size(

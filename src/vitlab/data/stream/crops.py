@@ -20,7 +20,8 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -96,9 +97,12 @@ def crop_image(
     crop: TrainCrop,
     rng: np.random.Generator,
     flip_allowed: bool = True,
+    grid: Callable[[int, int], tuple[int, int]] | None = None,
 ) -> np.ndarray:
-    """Encoded image bytes -> uint8 (H, W, C) at `size` after the training crop and flip. A bad file is a
-    DataError in the words `decode_image` uses (the loader turns it into a skipped sample)."""
+    """Encoded image bytes -> uint8 (H, W, C) at `size` after the training crop and flip. `grid`: instead of
+    `size`, the size the box itself is resized to ((box height, box width) -> (H, W); NaFlex's own grid of the
+    box, so a crop keeps its aspect ratio). A bad file is a DataError in the words `decode_image` uses (the loader
+    turns it into a skipped sample)."""
     from PIL import Image, ImageOps
 
     with decoding(data), warnings.catch_warnings(), Image.open(io.BytesIO(data)) as image:
@@ -110,11 +114,16 @@ def crop_image(
             image = ImageOps.exif_transpose(image)
         width, height = image.size
         if crop.kind == "inception":
-            left, top, box_width, box_height = inception_box(width, height, rng, crop)
+            # On its own grid (NaFlex) a crop's aspect ratio is drawn around the image's, not around a square's.
+            aspect = width / height if grid is not None else 1.0
+            native = replace(crop, min_ratio=crop.min_ratio * aspect, max_ratio=crop.max_ratio * aspect)
+            left, top, box_width, box_height = inception_box(width, height, rng, native)
         else:
             resize_small = crop.resize_small or transfer_resize_small(size)
             left, top, box_width, box_height = small_side_box(width, height, size, resize_small, rng)
         flip = crop.hflip and flip_allowed and rng.uniform() < 0.5
+        if grid is not None:
+            size = grid(max(1, round(box_height)), max(1, round(box_width)))
         # DCT-domain down-scaling: ask for the whole image at the scale that still gives the box at least the
         # output's resolution; the decoder picks 1/1, 1/2, 1/4 or 1/8 at or above it.
         scale = min(box_width / size[1], box_height / size[0])

@@ -15,6 +15,7 @@ the epoch's order, so every batch keeps its size and every rank its random-numbe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,10 +26,11 @@ from torch.utils.data import DataLoader
 
 from vitlab.data.contract import Preprocessing
 from vitlab.data.images import MAX_BAD_FRACTION  # one stated limit for held and streamed image files
+from vitlab.data.naflex import naflex_grid
 from vitlab.data.preprocess import decode_image
 from vitlab.data.source import Batch, batch_of, epoch_order, evaluation_share, rank_shard, steps_per_epoch
 from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
-from vitlab.errors import DataError, UsageError
+from vitlab.errors import DataError
 from vitlab.hardware import return_freed_memory
 
 REPLACEMENT_TRIES = 16  # readable images looked for after a bad one before the batch is given up
@@ -80,6 +82,7 @@ class SampleReader(torch.utils.data.Dataset):
             self.crop,
             sample_rng(self.seed, epoch_seed, position),
             self.flips_allowed,
+            grid=functools.partial(naflex_pixels, self.contract) if self.contract.mode == "naflex" else None,
         )
         return torch.from_numpy(array).permute(2, 0, 1)
 
@@ -213,11 +216,6 @@ class StreamingSource:
     def training_batches(
         self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
     ) -> Iterator[Batch]:
-        if self.preprocessing.mode == "naflex":
-            raise UsageError(
-                "training on NaFlex input (each image at its own aspect ratio) is not built yet; train at a square "
-                "size (a contract of mode crop or stretch), then read images NaFlex for embed, eval and predict"
-            )
         order = epoch_order(len(self), epoch_seed)  # a tensor: 8 bytes an image, no Python object per image
         shard = rank_shard(batch_size, rank, world_size)
         steps = range(start_step, steps_per_epoch(len(self), batch_size))
@@ -240,7 +238,7 @@ class StreamingSource:
                     f"{REPLACEMENT_TRIES - 1} in the order are unreadable: {batch['skipped'][0][1]}"
                 )
             yield Batch(
-                batch["images"],
+                batch_of(batch["images"], self.preprocessing),
                 batch["labels"],
                 batch["indices"],
                 self.max_value,
@@ -390,6 +388,12 @@ class DecodePool:
         if iterator is not None:
             iterator._shutdown_workers()
         self._loader = None
+
+
+def naflex_pixels(contract: Preprocessing, height: int, width: int) -> tuple[int, int]:
+    """The pixel size of a (height x width) crop on its own NaFlex grid."""
+    rows, cols = naflex_grid(height, width, contract.patch, contract.max_patches)
+    return rows * contract.patch, cols * contract.patch
 
 
 def start_worker(worker_id: int) -> None:
