@@ -241,28 +241,29 @@ class Objective(ABC):
         return figures, lines, []
 
 
+# The AugmentConfig fields that change a batch of whole images of one size (flips too: the per-image crops of streamed
+# files flip in the workers instead).
+BATCH_AUGMENTATION = (
+    "crop_padding",
+    "hflip",
+    "affine_degrees",
+    "affine_scale",
+    "affine_shear",
+    "affine_translate",
+    "trivial_augment",
+    "random_erasing",
+    "mixup_alpha",
+    "cutmix_alpha",
+)
+
+
 def refuse_batch_augmentation(augment: AugmentConfig | None) -> None:
     """Batch augmentation (crop, flip, affine, TrivialAugment, erasing, mixing) works on whole images of one size;
     data of cut patches (images at their own aspect ratio) trains without it. One ConfigError naming what to turn
     off, when any of it is on."""
     if augment is None or not augment.changes_batches():
         return
-    active = [
-        name
-        for name in (
-            "crop_padding",
-            "hflip",
-            "affine_degrees",
-            "affine_scale",
-            "affine_shear",
-            "affine_translate",
-            "trivial_augment",
-            "random_erasing",
-            "mixup_alpha",
-            "cutmix_alpha",
-        )
-        if getattr(augment, name)
-    ]
+    active = [name for name in BATCH_AUGMENTATION if getattr(augment, name)]
     raise ConfigError(
         "batch augmentation works on whole images of one size, and this data gives cut patches (each "
         "image at its own aspect ratio); turn it off for this run: "

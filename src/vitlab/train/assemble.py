@@ -21,6 +21,7 @@ from vitlab.hardware import Choice, choose_precision
 from vitlab.models.registry import create_model
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives import build_objective
+from vitlab.objectives.base import BATCH_AUGMENTATION
 from vitlab.runs import RunFolder, default_run_name
 from vitlab.train.config import TrainConfig
 from vitlab.train.data import choose_streaming, training_splits
@@ -65,6 +66,17 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         # Every rank turns flips off (each draws its augmentation from the same stream); rank 0 says so.
         say_note(f"horizontal flips change the meaning of {config.dataset} images; flips are off", env)
         config.augment.hflip = False
+    if getattr(splits.train.preprocessing, "mode", None) == "naflex":
+        whole_image = whole_image_augmentation(config.augment)
+        if whole_image:
+            # Images at their own sizes arrive as cut patches: what moves whole images of one size cannot apply.
+            say_note(
+                f"input=naflex: batch augmentation of whole images is off ({', '.join(whole_image)}); "
+                "the per-image crops and flips stay",
+                env,
+            )
+            for name in whole_image:
+                setattr(config.augment, name, 0)
     steps_per_epoch = check_batching(config, env, len(splits.train))
     # What trains: the model, or the objective's module around it (MAE's decoder, masked patch prediction's head).
     trained = objective.attach(model)
@@ -205,3 +217,9 @@ def require_tensorboard() -> None:
         import torch.utils.tensorboard  # noqa: F401 - only whether it is there
     except ImportError:
         raise ConfigError("tensorboard=True needs the tensorboard package: pip install tensorboard") from None
+
+
+def whole_image_augmentation(augment: Any) -> list[str]:
+    """The batch augmentations that are on and move whole images of one size (flips aside: streamed crops flip
+    each image in the workers)."""
+    return [name for name in BATCH_AUGMENTATION if name != "hflip" and getattr(augment, name)]
