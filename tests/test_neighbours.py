@@ -46,3 +46,18 @@ def test_near_duplicates_lists_each_pair_once():
     pairs = list(near_duplicates(bank, threshold=0.999, chunk=2))
     assert [(i, j) for i, j, _ in pairs] == [(0, 1), (0, 3), (1, 3)]
     assert all(score >= 0.999 for _, _, score in pairs)
+
+
+def test_faiss_and_torch_find_the_same_neighbours():
+    import pytest
+
+    from vitlab.eval.neighbours import faiss_module
+
+    if faiss_module() is None:
+        pytest.skip("faiss-cpu is not installed (pip install 'vitlab[search]')")
+    torch.manual_seed(2)
+    bank, queries = torch.randn(500, 24), torch.randn(40, 24)
+    with_faiss = nearest(bank, queries, k=7, use_faiss=True)
+    with_torch = nearest(bank, queries, k=7, chunk=16, use_faiss=False)
+    assert torch.equal(with_faiss[1], with_torch[1])
+    torch.testing.assert_close(with_faiss[0], with_torch[0], atol=1e-5, rtol=1e-5)

@@ -1,11 +1,12 @@
 """Nearest neighbours of frozen features: DINO's k-NN classifier (Caron et al. 2021, section 4.1 and its
 `eval_knn.py`) and exact similarity search.
 
-Both compare L2-normalised vectors by their dot product (cosine similarity), exactly: the similarities of a chunk
-of queries against every stored vector are one matrix product, and the best k are kept per chunk, so memory stays
-at chunk x N. torch does the product (a dependency already); faiss-cpu's exact index (IndexFlatIP) is the same
-matrix product and selection, so it would add an install without adding speed, and its approximate indices trade
-exactness for scale that a CPU collection of up to a few million vectors does not need.
+Both compare L2-normalised vectors by their dot product (cosine similarity), exactly. With faiss-cpu installed
+(`pip install 'vitlab[search]'`) its exact index (IndexFlatIP: one matrix product and a heap per query block)
+does it: 1.60x torch's speed on a 2-core AMD EPYC Zen 4 (100,000 x 384 vectors, 1,000 queries: 0.405 s against
+0.646 s, the same neighbours; `python benchmarks/search_exact.py`), where torch's fp32 matrix product is the slow
+part. Without it, torch does the same in chunks of 1,024 queries (memory: chunk x N similarities). Approximate
+indices (IVF, HNSW) trade exactness for a scale a CPU collection of a few million vectors does not need.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+
+from vitlab.errors import UsageError
 
 KNN_K = (10, 20)  # DINO reports k = 20 and finds 10-20 alike; both are shown
 KNN_TEMPERATURE = 0.07
@@ -24,11 +27,29 @@ def normalised(vectors: torch.Tensor) -> torch.Tensor:
     return F.normalize(vectors.float(), dim=1)
 
 
+def faiss_module():
+    """faiss, where installed (the `search` extra), else None."""
+    try:
+        import faiss
+    except ImportError:
+        return None
+    return faiss
+
+
 def nearest(
-    bank: torch.Tensor, queries: torch.Tensor, k: int, chunk: int = QUERY_CHUNK
+    bank: torch.Tensor, queries: torch.Tensor, k: int, chunk: int = QUERY_CHUNK, use_faiss: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(similarities (Q, k), indices (Q, k)) of each query's k most similar rows of `bank`, most similar first."""
+    """(similarities (Q, k), indices (Q, k)) of each query's k most similar rows of `bank`, most similar first.
+    use_faiss: None takes faiss where it is installed."""
     bank, k = normalised(bank), min(k, len(bank))
+    faiss = faiss_module() if use_faiss is not False else None
+    if use_faiss and faiss is None:
+        raise UsageError("faiss-cpu is not installed: pip install 'vitlab[search]'")
+    if faiss is not None and len(queries) and k:
+        index = faiss.IndexFlatIP(bank.shape[1])
+        index.add(bank.contiguous().numpy())
+        found_scores, found = index.search(normalised(queries).contiguous().numpy(), k)
+        return torch.from_numpy(found_scores), torch.from_numpy(found).long()
     scores, indices = [], []
     for rows in range(0, len(queries), chunk):
         similarity = normalised(queries[rows : rows + chunk]) @ bank.T
