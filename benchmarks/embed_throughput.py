@@ -38,14 +38,16 @@ def eager_rate(model: torch.nn.Module, batch_size: int, image_size: int, rounds:
     return rounds * batch_size / (time.perf_counter() - started)
 
 
-def embed_run(checkpoint: Path, folder: Path, out: Path, batch_size: int) -> tuple[dict, float]:
-    """(embed's JSON report, peak summed PSS of its process tree in MiB)."""
+def embed_run(checkpoint: Path, folder: Path, out: Path, batch_size: int, sample: bool) -> tuple[dict, float]:
+    """(embed's JSON report, peak summed PSS of its process tree in MiB, 0 unless `sample`). Sampling reads
+    /proc 20 times a second, which on 2 cores takes CPU from the run: rates come from a run without it."""
     command = [sys.executable, "-m", "vitlab", "embed", str(checkpoint), str(folder), "-o", str(out)]
     command += ["--precision", "fp32", "--batch-size", str(batch_size), "--json"]
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     peak = 0
     while child.poll() is None:
-        peak = max(peak, sum(pss(pid) for pid in tree(child.pid)))
+        if sample:
+            peak = max(peak, sum(pss(pid) for pid in tree(child.pid)))
         time.sleep(0.05)
     output = child.stdout.read()
     if child.returncode != 0:
@@ -75,12 +77,15 @@ def main() -> None:
         for count in args.images:
             folder = base / f"photos-{count}"
             write_photos(folder, count)
-            out = base / f"embed-{count}-{time.time_ns()}.parquet"
-            report, peak = embed_run(checkpoint, folder, out, args.batch_size)
+            report, _ = embed_run(
+                checkpoint, folder, base / f"embed-{count}-{time.time_ns()}.parquet", args.batch_size, False
+            )
             eager = eager_rate(model, args.batch_size, args.image_size)  # right after, on the same warm machine
+            _, peak = embed_run(
+                checkpoint, folder, base / f"embed-{count}-{time.time_ns()}.parquet", args.batch_size, True
+            )
             rate = report["images_per_second"]
             print(f"{count:>7} {rate:>12.1f} {eager:>12.1f} {rate / eager:>6.2f} {peak:>13.0f}", flush=True)
-            out.unlink()
 
 
 if __name__ == "__main__":
