@@ -232,31 +232,13 @@ def test_training_crops_keep_the_images_aspect_ratio_on_their_own_grid():
 
 @pytest.mark.slow
 def test_a_streamed_naflex_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
-    from test_stream import stream_config, weights, write_photos
+    from test_stream import assert_a_stopped_run_resumes_exactly, write_photos
     from test_train import MICRO
     from vitlab.checkpoint import load_model
-    from vitlab.train import loop
-    from vitlab.train.config import TrainConfig
-    from vitlab.train.loop import train
 
     root = write_photos(tmp_path / "photos", size=(60, 24))
     overrides = dict(MICRO, image_size=16, patch_size=4, depth=2, pos_embed="learned")
-    config = dict(model_overrides=overrides, augment={"random_erasing": 0.0}, input="naflex", max_patches=12)
-    straight = train(stream_config(tmp_path, root, run_name="straight", **config))
-    assert straight["status"] == "finished"
+    naflex = dict(model_overrides=overrides, augment={"random_erasing": 0.0}, input="naflex", max_patches=12)
+    assert_a_stopped_run_resumes_exactly(tmp_path, root, monkeypatch, **naflex)
     trained = load_model(tmp_path / "straight").config.preprocessing
     assert (trained.mode, trained.patch, trained.max_patches) == ("naflex", 4, 12)  # recorded as it was read
-    calls = {"n": 0}
-    real = loop.any_rank
-
-    def stop_at_the_seventh_check(flag, env):
-        calls["n"] += 1
-        return real(flag or calls["n"] == 7, env)
-
-    monkeypatch.setattr(loop, "any_rank", stop_at_the_seventh_check)
-    assert train(stream_config(tmp_path, root, run_name="stopped", **config))["status"] == "interrupted"
-    monkeypatch.setattr(loop, "any_rank", real)
-    train(TrainConfig(), resume=tmp_path / "stopped")
-    a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
-    for name in a:
-        assert torch.equal(a[name], b[name]), name

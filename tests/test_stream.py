@@ -152,10 +152,9 @@ def stream_config(tmp_path, root, **changes):
     return micro_config(tmp_path, **fields)
 
 
-@pytest.mark.slow
-def test_a_streamed_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
-    root = write_photos(tmp_path / "photos")
-    straight = train(stream_config(tmp_path, root, run_name="straight"))
+def assert_a_stopped_run_resumes_exactly(tmp_path, root, monkeypatch, **changes):
+    """Train straight through; train again, stopped at the seventh step's stop check, and resume: the same weights."""
+    straight = train(stream_config(tmp_path, root, run_name="straight", **changes))
     assert straight["status"] == "finished"
     calls = {"n": 0}
     real = loop.any_rank
@@ -165,13 +164,18 @@ def test_a_streamed_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(t
         return real(flag or calls["n"] == 7, env)
 
     monkeypatch.setattr(loop, "any_rank", stop_at_the_seventh_check)
-    stopped = train(stream_config(tmp_path, root, run_name="stopped"))
+    stopped = train(stream_config(tmp_path, root, run_name="stopped", **changes))
     assert stopped["status"] == "interrupted"
     monkeypatch.setattr(loop, "any_rank", real)
     train(TrainConfig(), resume=tmp_path / "stopped")
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_a_streamed_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
+    assert_a_stopped_run_resumes_exactly(tmp_path, write_photos(tmp_path / "photos"), monkeypatch)
 
 
 def test_a_streamed_folder_gives_the_splits_of_the_in_memory_one(tmp_path):
