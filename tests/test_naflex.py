@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from vitlab.data.naflex import naflex_grid, naflex_resize, pad_patch_inputs
+from vitlab.data.naflex import naflex_grid, pad_patch_inputs
 from vitlab.errors import UsageError
 from vitlab.models import create_model
 
@@ -42,9 +42,17 @@ def test_the_grid_is_the_processors_fits_the_budget_and_keeps_the_aspect_ratio(b
 
 
 def test_a_4_by_3_photo_at_256_patches():
+    import io
+
+    from PIL import Image
+
+    from vitlab.data.contract import Preprocessing
+    from vitlab.data.preprocess import decode_image
+
     assert naflex_grid(375, 500, 16, 256) == (14, 18)  # 224 x 288 pixels, 252 patches (a square: 16 x 16)
-    image = torch.randint(0, 256, (3, 375, 500), dtype=torch.uint8)
-    resized = naflex_resize(image, 16, 256)
+    photo = io.BytesIO()
+    Image.fromarray(torch.randint(0, 256, (375, 500, 3), dtype=torch.uint8).numpy()).save(photo, format="PNG")
+    resized = decode_image(photo.getvalue(), (224, 224), 3, Preprocessing.naflex(16, 256))
     assert resized.shape == (3, 224, 288) and resized.dtype == torch.uint8
     with pytest.raises(UsageError, match="at least one patch"):
         naflex_grid(10, 10, 16, 0)
@@ -208,8 +216,8 @@ def test_training_crops_keep_the_images_aspect_ratio_on_their_own_grid():
     from PIL import Image
 
     from vitlab.data.contract import Preprocessing
+    from vitlab.data.preprocess import resized_size
     from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
-    from vitlab.data.stream.loader import naflex_pixels
 
     buffer = io.BytesIO()
     Image.fromarray(np.zeros((100, 300, 3), dtype=np.uint8)).save(buffer, format="PNG")
@@ -222,7 +230,7 @@ def test_training_crops_keep_the_images_aspect_ratio_on_their_own_grid():
             3,
             TrainCrop(),
             sample_rng(0, 0, index),
-            grid=lambda h, w: naflex_pixels(contract, h, w),
+            grid=lambda h, w: resized_size(h, w, (64, 64), contract),
         )
         rows, cols = array.shape[0] // 16, array.shape[1] // 16
         assert array.shape[0] % 16 == array.shape[1] % 16 == 0 and rows * cols <= 48

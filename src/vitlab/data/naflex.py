@@ -42,18 +42,10 @@ def naflex_grid(height: int, width: int, patch_size: int, max_patches: int) -> t
     return 1, 1  # a sliver thinner than 1 / max_patches of its length: one patch
 
 
-def naflex_resize(image: torch.Tensor, patch_size: int, max_patches: int, mode: str = "bicubic") -> torch.Tensor:
-    """(C, H, W) pixels -> (C, rows * P, cols * P) on the NaFlex grid, resized by `mode` (torch's interpolate,
-    antialiased when shrinking, as Pillow's filters are); uint8 stays uint8 (rounded, clipped)."""
-    rows, cols = naflex_grid(image.shape[-2], image.shape[-1], patch_size, max_patches)
-    size = (rows * patch_size, cols * patch_size)
-    shrinking = size[0] < image.shape[-2] or size[1] < image.shape[-1]
-    resized = torch.nn.functional.interpolate(
-        image[None].float(), size=size, mode=mode, antialias=shrinking and mode in ("bilinear", "bicubic")
-    )
-    if image.dtype == torch.uint8:
-        return resized[0].round().clamp(0, 255).to(torch.uint8)
-    return resized[0]
+def naflex_pixel_size(height: int, width: int, patch_size: int, max_patches: int) -> tuple[int, int]:
+    """The (height, width) in pixels an image of `height` x `width` is resized to: its NaFlex grid of patches."""
+    rows, cols = naflex_grid(height, width, patch_size, max_patches)
+    return rows * patch_size, cols * patch_size
 
 
 def pad_patch_inputs(images: list[torch.Tensor], patch_size: int, length: int | None = None) -> PatchInput:

@@ -52,10 +52,9 @@ def resized_size(height: Any, width: Any, image_size: tuple[int, int], contract:
     if contract.mode == "stretch":
         return image_size
     if contract.mode == "naflex":
-        from vitlab.data.naflex import naflex_grid
+        from vitlab.data.naflex import naflex_pixel_size
 
-        rows, cols = naflex_grid(int(height), int(width), contract.patch, contract.max_patches)
-        return rows * contract.patch, cols * contract.patch
+        return naflex_pixel_size(int(height), int(width), contract.patch, contract.max_patches)
     target_h, target_w = (cropped_side(side, contract.crop_fraction) for side in image_size)
     # floor(target_w * h / w) <= target_h exactly when the height needs the larger scale, so the max picks it.
     return torch.sym_max(target_h, (target_w * height) // width), torch.sym_max(target_w, (target_h * width) // height)

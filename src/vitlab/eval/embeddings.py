@@ -74,6 +74,13 @@ class Embeddings:
         return self.meta.get("class_names")
 
 
+def read_metadata(path: Path) -> dict[str, Any]:
+    """An embedding file's "vitlab" metadata, from its footer alone (no vector is read)."""
+    _, parquet = pyarrow_modules()
+    raw = (parquet.read_schema(path).metadata or {}).get(METADATA_KEY)
+    return json.loads(raw) if raw else {}
+
+
 def read_embeddings(path: str | Path) -> Embeddings:
     """An embedding file written by `vitlab embed` (or any Parquet file with `path`, `label` and `vector`)."""
     _, parquet = pyarrow_modules()
@@ -260,7 +267,7 @@ def embed(
         "class_names": list(source.class_names) if source.class_names else None,
     }
     if out.exists():
-        written = read_embeddings(out).meta
+        written = read_metadata(out)
         changed = sorted(key for key in meta if written.get(key) != meta[key])
         if changed:
             raise UsageError(

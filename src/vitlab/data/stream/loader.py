@@ -26,8 +26,7 @@ from torch.utils.data import DataLoader
 
 from vitlab.data.contract import Preprocessing
 from vitlab.data.images import MAX_BAD_FRACTION  # one stated limit for held and streamed image files
-from vitlab.data.naflex import naflex_grid
-from vitlab.data.preprocess import decode_image
+from vitlab.data.preprocess import decode_image, resized_size
 from vitlab.data.source import Batch, batch_of, epoch_order, evaluation_share, rank_shard, steps_per_epoch
 from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
 from vitlab.errors import DataError
@@ -82,7 +81,10 @@ class SampleReader(torch.utils.data.Dataset):
             self.crop,
             sample_rng(self.seed, epoch_seed, position),
             self.flips_allowed,
-            grid=functools.partial(naflex_pixels, self.contract) if self.contract.mode == "naflex" else None,
+            # NaFlex: the box goes to its own grid, the size decoding gives a whole image of the box's shape.
+            grid=functools.partial(resized_size, image_size=self.image_size, contract=self.contract)
+            if self.contract.mode == "naflex"
+            else None,
         )
         return torch.from_numpy(array).permute(2, 0, 1)
 
@@ -388,12 +390,6 @@ class DecodePool:
         if iterator is not None:
             iterator._shutdown_workers()
         self._loader = None
-
-
-def naflex_pixels(contract: Preprocessing, height: int, width: int) -> tuple[int, int]:
-    """The pixel size of a (height x width) crop on its own NaFlex grid."""
-    rows, cols = naflex_grid(height, width, contract.patch, contract.max_patches)
-    return rows * contract.patch, cols * contract.patch
 
 
 def start_worker(worker_id: int) -> None:
