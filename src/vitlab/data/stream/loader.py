@@ -46,7 +46,7 @@ class Request:
     source: int = 0  # which of a pool's readers (`DecodePool`): validation and test share one pool
 
 
-class SampleReader(torch.utils.data.Dataset):
+class SampleReader:
     """The per-sample work done in a worker: read the bytes, decode, crop, to uint8 (C, H, W)."""
 
     def __init__(
@@ -88,13 +88,11 @@ class SampleReader(torch.utils.data.Dataset):
         )
         return torch.from_numpy(array).permute(2, 0, 1)
 
-    def __getitem__(self, request: Request) -> tuple[torch.Tensor | None, int, int, list[tuple[str, str]]]:
-        """(image or None, label, the index used, (location, message) of each file that could not be read)."""
-        return self.read(request, lambda position: None)
-
     def read(
         self, request: Request, note_reading: Callable[[int], None]
     ) -> tuple[torch.Tensor | None, int, int, list[tuple[str, str]]]:
+        """(image or None, label, the index used, (location, message) of each file that could not be read);
+        `note_reading(position)` before each file is tried (the pool's record of what its workers are on)."""
         skipped = []
         for position in (request.index, *request.replacements):
             note_reading(position)
