@@ -250,3 +250,16 @@ def test_a_streamed_naflex_run_stopped_mid_epoch_resumes_to_the_uninterrupted_we
     assert_a_stopped_run_resumes_exactly(tmp_path, root, monkeypatch, **naflex)
     trained = load_model(tmp_path / "straight").config.preprocessing
     assert (trained.mode, trained.patch, trained.max_patches) == ("naflex", 4, 12)  # recorded as it was read
+
+
+def test_embeds_patch_mean_leaves_the_padding_out():
+    from vitlab.eval.embeddings import pooled_features
+
+    torch.manual_seed(0)
+    model = create_model("Ti/16", image_size=64, depth=2, embed_dim=32, num_heads=2, mlp_dim=64, num_classes=3).eval()
+    images = [torch.rand(3, 48, 64), torch.rand(3, 16, 32)]
+    with torch.no_grad():
+        together = pooled_features(model, pad_patch_inputs(images, 16, length=16), "mean")
+        for row, image in enumerate(images):
+            alone = pooled_features(model, pad_patch_inputs([image], 16), "mean")
+            torch.testing.assert_close(together[row : row + 1], alone, atol=1e-5, rtol=1e-5)

@@ -27,6 +27,7 @@ import torch
 from vitlab.data.source import BatchSource, ImageFiles
 from vitlab.errors import DataError, UsageError
 from vitlab.eval.batches import run_batches
+from vitlab.layers.pooling import token_mean
 
 POOLS = ("model", "cls", "mean")  # the head's own input; the class token; the mean of the patch tokens
 DTYPES = ("float32", "float16")
@@ -52,12 +53,14 @@ def pooled_features(model: Any, inputs: Any, pool: str) -> torch.Tensor:
     norm."""
     if pool == "model":
         return model.forward_pre_logits(inputs)
-    tokens = model.forward_features(inputs)
+    if pool == "cls" and not model.config.class_token:
+        raise UsageError(f"--pool cls: {model.config.name or 'this model'} has no class token; use mean or model")
+    _, last, _, context = model.encode(inputs)
+    tokens = model.norm(last)
     if pool == "cls":
-        if not model.config.class_token:
-            raise UsageError(f"--pool cls: {model.config.name or 'this model'} has no class token; use mean or model")
         return tokens[:, 0]
-    return tokens[:, model.config.num_prefix_tokens :].mean(dim=1)
+    # The patch tokens of a padded (NaFlex) batch: its real ones only, as the model's own mean pooling takes them.
+    return token_mean(tokens[:, model.config.num_prefix_tokens :], context.valid)
 
 
 @dataclass
@@ -77,7 +80,12 @@ class Embeddings:
 def read_metadata(path: Path) -> dict[str, Any]:
     """An embedding file's "vitlab" metadata, from its footer alone (no vector is read)."""
     _, parquet = pyarrow_modules()
-    raw = (parquet.read_schema(path).metadata or {}).get(METADATA_KEY)
+    return vitlab_metadata(parquet.read_schema(path))
+
+
+def vitlab_metadata(schema: Any) -> dict[str, Any]:
+    """The "vitlab" entry of a Parquet schema's metadata ({} for a file another tool wrote)."""
+    raw = (schema.metadata or {}).get(METADATA_KEY)
     return json.loads(raw) if raw else {}
 
 
@@ -94,8 +102,7 @@ def read_embeddings(path: str | Path) -> Embeddings:
     missing = [column for column in ("path", "vector") if column not in table.column_names]
     if missing:
         raise DataError(f"{path} has no {' or '.join(missing)} column: it is not an embedding file of `vitlab embed`")
-    raw = (table.schema.metadata or {}).get(METADATA_KEY)
-    meta = json.loads(raw) if raw else {}
+    meta = vitlab_metadata(table.schema)
     column = table.column("vector").combine_chunks()
     dim = column.type.list_size if hasattr(column.type, "list_size") else len(column[0]) if len(column) else 0
     vectors = column.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, dim)
