@@ -1,6 +1,7 @@
 """Native aspect ratio under a patch budget (`vitlab.data.naflex`)."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,22 +113,29 @@ def test_the_naflex_contract_is_checked_and_old_contracts_read_as_before():
         ViTConfig(patch_size=16, preprocessing=Preprocessing.naflex(14, 64))
 
 
+def three_shapes(folder):
+    """Noise photos 300x100, 90x240 and 120x120 (width x height) as PNGs in `folder`: their paths."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, (width, height) in {"wide": (300, 100), "tall": (90, 240), "square": (120, 120)}.items():
+        pixels = torch.randint(0, 256, (height, width, 3), generator=generator, dtype=torch.uint8).numpy()
+        paths.append(folder / f"{name}.png")
+        Image.fromarray(pixels).save(paths[-1])
+    return paths
+
+
 def test_image_files_keep_their_aspect_ratio_in_predict_and_embed(tmp_path):
     """Files of three shapes read NaFlex by predict (ImageFiles) and by a streamed folder (workers): each image's
     logits are the model's on its own grid of the same decoded pixels."""
-    from PIL import Image
 
     from vitlab.data.preprocess import decode_image, prepare
     from vitlab.eval.predict import predict
 
     model, _ = naflex_model(tmp_path)
-    generator = torch.Generator().manual_seed(0)
-    paths = []
-    for name, (width, height) in {"wide": (300, 100), "tall": (90, 240), "square": (120, 120)}.items():
-        pixels = torch.randint(0, 256, (height, width, 3), generator=generator, dtype=torch.uint8).numpy()
-        (tmp_path / "a").mkdir(exist_ok=True)
-        paths.append(tmp_path / "a" / f"{name}.png")
-        Image.fromarray(pixels).save(paths[-1])
+    paths = three_shapes(tmp_path / "a")
     decoded = [decode_image(path, model.config.image_size, 3, model.config.preprocessing) for path in paths]
     assert [tuple(image.shape[1:]) for image in decoded] == [(32, 96), (96, 32), (48, 48)]  # 6, 12 and 9 patches
     rows = predict(model, paths, top_k=3)
@@ -188,13 +196,21 @@ def test_siglip2s_max_num_patches_is_read_and_written(tmp_path):
     assert load_model(written).config.preprocessing == model.config.preprocessing
 
 
-def test_serve_refuses_a_naflex_model_in_one_line(tmp_path):
-    from vitlab.serve.app import create_app
+def test_serve_keeps_a_naflex_model_on_pytorch_and_exports_refuse_it(tmp_path):
+    from vitlab.export.checks import validation_pixels
     from vitlab.serve.engine import Engine
 
     _, path = naflex_model(tmp_path)
-    with pytest.raises(UsageError, match="serve takes square inputs; this model's contract reads images NaFlex"):
-        create_app(Engine(str(path), backend="torch", precision="fp32"))
+    with pytest.raises(UsageError, match="--backend onnx: this model reads each image at its own aspect ratio"):
+        Engine(str(path), backend="onnx", precision="fp32")
+    with pytest.raises(UsageError, match="an exported graph takes images of one size"):
+        validation_pixels(load_model_of(path).config)
+
+
+def load_model_of(path):
+    from vitlab.checkpoint import load_model
+
+    return load_model(path)
 
 
 def test_eval_on_a_folder_streams_naflex_images_and_measures_them(tmp_path):
@@ -263,3 +279,60 @@ def test_embeds_patch_mean_leaves_the_padding_out():
         for row, image in enumerate(images):
             alone = pooled_features(model, pad_patch_inputs([image], 16), "mean")
             torch.testing.assert_close(together[row : row + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_analyze_sees_each_image_on_its_own_grid(tmp_path):
+    """analyze on files of three shapes: each image's attention distances are taken on its own grid (the mean
+    equals that of each image alone), the rollout is drawn per image, and the report names the grids."""
+    from vitlab.analysis.attention import mean_attention_distance
+    from vitlab.analysis.report import analyze
+    from vitlab.data.preprocess import decode_image, prepare
+
+    model, path = naflex_model(tmp_path)
+    paths = three_shapes(tmp_path / "photos")
+    summary = analyze(path, [str(p) for p in paths], out=tmp_path / "analysis")
+    assert summary["grids_shown"] == [[2, 6], [6, 2], [3, 3]]
+    alone = []
+    for photo in paths:
+        image = decode_image(photo, model.config.image_size, 3, model.config.preprocessing)
+        grid = (image.shape[1] // 16, image.shape[2] // 16)
+        with torch.no_grad():
+            attentions = model.forward_intermediates(prepare(image[None], 255.0, model.config))["attentions"]
+        prefix = model.config.num_prefix_tokens
+        alone.append(torch.stack([mean_attention_distance(a, grid, (16, 16), prefix)[0] for a in attentions]))
+    expected = torch.stack(alone).mean(dim=0)
+    torch.testing.assert_close(torch.tensor(summary["mean_attention_distance"]), expected.float(), atol=1e-4, rtol=1e-4)
+    assert (tmp_path / "analysis" / "rollout.png").stat().st_size > 0
+    assert "own grid of at most 12 patches (NaFlex; shown: 2 x 6, 6 x 2, 3 x 3)" in Path(summary["report"]).read_text()
+
+
+def test_a_stored_array_set_reads_naflex_on_its_own_grid(tmp_path):
+    """digits (8x8 arrays) under a NaFlex contract of 2-pixel patches and 12 of them: every image on the 3x3 grid
+    (6x6 pixels), batches of whole pixel images the model takes at that grid, the same logits as cut patches."""
+    from vitlab.data.contract import Preprocessing
+    from vitlab.data.loaders import open_split
+    from vitlab.data.source import DataRequest
+    from vitlab.eval.batches import run_batches
+
+    torch.manual_seed(0)
+    model = create_model(
+        "Ti/16",
+        image_size=8,
+        patch_size=2,
+        in_chans=1,
+        depth=1,
+        embed_dim=16,
+        num_heads=2,
+        mlp_dim=32,
+        num_classes=10,
+        preprocessing=Preprocessing.naflex(2, 12),
+    ).eval()
+    digits = open_split(DataRequest.for_model(model.config, "digits"), "test")
+    assert digits.preprocessing.mode == "naflex" and digits.preprocessing.resize == "bilinear"  # the arrays' kernel
+    batch, logits = next(iter(run_batches(model, digits, 16)))
+    from vitlab.data.preprocess import prepare
+
+    pixels = prepare(batch.images, batch.max_value, model.config)
+    assert pixels.shape == (16, 1, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(logits, model(pad_patch_inputs(list(pixels), 2)), atol=1e-6, rtol=1e-6)

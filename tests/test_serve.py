@@ -297,6 +297,36 @@ def test_an_onnx_export_is_served_and_explain_says_what_it_needs(tiny_run, digit
         onnx_server.stop()
 
 
+def test_a_naflex_model_serves_each_upload_at_its_own_aspect_ratio(tmp_path):
+    """Three photos of other shapes sent at once: one padded batch, each answer the probabilities vitlab predict
+    gives that file; explain's map is on the image's own grid, and its input view has the image's aspect ratio."""
+    from test_naflex import naflex_model, three_shapes
+
+    model, path = naflex_model(tmp_path)
+    photos = three_shapes(tmp_path / "photos")  # 300x100, 90x240 and 120x120: grids 2x6, 6x2 and 3x3
+    expected = predict(model, photos, top_k=3)
+    naflex_server = Server(path, "--max-wait-ms", 200)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(
+                pool.map(lambda photo: naflex_server.post_image(photo.read_bytes(), "/v1/predict?top_k=3"), photos)
+            )
+        for (status, _, answer), want in zip(answers, expected):
+            got = {p["label"]: p["probability"] for p in json.loads(answer)["predictions"]}
+            assert status == 200
+            assert got == pytest.approx({p["label"]: p["probability"] for p in want["predictions"]}, abs=1e-5)
+        for photo, grid in zip(photos, ([2, 6], [6, 2], [3, 3])):
+            status, _, answer = naflex_server.post_image(photo.read_bytes(), "/v1/explain?format=json")
+            assert status == 200 and json.loads(answer)["grid"] == grid
+            status, _, answer = naflex_server.post_image(photo.read_bytes(), "/v1/explain?format=input")
+            width, height = Image.open(io.BytesIO(answer)).size
+            assert width * grid[0] == height * grid[1]  # the view the overlay is drawn on: the image's own shape
+        info = json.loads(naflex_server.get("/v1/model")[2])
+        assert "at most 12 patches of 16x16 (NaFlex)" in info["preprocessing"]["resize"]
+    finally:
+        naflex_server.stop()
+
+
 @pytest.mark.parametrize("backend, precision", [("torch", "bf16"), ("torch", "int8"), ("onnx", "int8")])
 def test_every_backend_and_precision_agrees_with_fp32(tiny_run, backend, precision):
     if backend == "onnx":

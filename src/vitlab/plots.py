@@ -214,15 +214,16 @@ def plot_attention_distance(distances, path: str | Path, image_size: tuple[int, 
 def plot_attention_overlays(
     images, maps, path: str | Path, captions=None, title: str = "Attention rollout (class token)"
 ) -> Path:
-    """Figure 6: each image beside its attention map, upsampled to the image and overlaid."""
+    """Figure 6: each image beside its attention map, upsampled to the image and overlaid. images: a batch, or a
+    list of images of their own sizes (NaFlex), each with a map of its own grid."""
     import torch
     import torch.nn.functional as F
 
     plt = _pyplot()
     count = len(images)
     figure, axes = plt.subplots(2, count, figsize=(2.2 * count + 0.4, 4.8), squeeze=False)
-    height, width = images.shape[-2:]
     for index in range(count):
+        height, width = images[index].shape[-2:]
         picture = _tile(images[index])
         heat = F.interpolate(
             torch.as_tensor(maps[index], dtype=torch.float32)[None, None],

@@ -67,7 +67,9 @@ class Rollout:
 
 class AttentionDistance:
     """Mean attention distance per layer and head, summed over images as batches come
-    (a `forward_intermediates` attention callback). `result` is (layers, heads), averaged over all images."""
+    (a `forward_intermediates` attention callback). `result` is (layers, heads), averaged over all images.
+    `grid_size` is the grid of the batches that come next: images at their own aspect ratio (NaFlex) come in
+    batches of one grid each, and the distances of every grid add up to one mean."""
 
     def __init__(self, grid_size: tuple[int, int], patch_size: tuple[int, int], num_prefix_tokens: int) -> None:
         self.grid_size, self.patch_size, self.prefix = grid_size, patch_size, num_prefix_tokens
@@ -91,9 +93,10 @@ def class_token_attention(attention: torch.Tensor, grid_size: tuple[int, int]) -
     return attention[:, :, 0, prefix:].reshape(*attention.shape[:2], rows, cols)
 
 
-def rollout_patch_maps(rollout: torch.Tensor, config) -> torch.Tensor:
+def rollout_patch_maps(rollout: torch.Tensor, config, grid_size: tuple[int, int] | None = None) -> torch.Tensor:
     """Rollout (B, T, T) -> (B, rows, cols): how much each patch flows into the output, read from the class
-    token's row, or for a model without one (GAP, MAP pooling) averaged over the patch tokens' rows."""
+    token's row, or for a model without one (GAP, MAP pooling) averaged over the patch tokens' rows. grid_size:
+    the images' grid (default the model's; images at their own aspect ratio have their own)."""
     prefix = config.num_prefix_tokens
     flow = rollout[:, 0, prefix:] if config.class_token else rollout[:, prefix:, prefix:].mean(dim=1)
-    return flow.reshape(len(rollout), *config.grid_size)
+    return flow.reshape(len(rollout), *(grid_size or config.grid_size))

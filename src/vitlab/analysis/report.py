@@ -17,10 +17,8 @@ from vitlab import plots
 from vitlab.analysis.attention import AttentionDistance, Rollout, class_token_attention, rollout_patch_maps
 from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_similarity
 from vitlab.checkpoint import load_model
-from vitlab.data.datasets import ImageDataset
 from vitlab.data.loaders import gather_images
 from vitlab.data.preprocess import normalize
-from vitlab.eval.batches import run_batches
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import resolve_device
 from vitlab.runs import analysis_folder
@@ -49,40 +47,34 @@ def analyze(
     skipped: list[dict[str, str]] = []
     pictures, labels, names = gather_images(images, config, data_dir, max(num_shown, num_distance_images), skipped)
     folder.mkdir(parents=True, exist_ok=True)  # only once there is something to analyse
-    grid = config.grid_size
     pixel_patch = config.pixel_patch_size  # distances in input pixels (a hybrid's patch covers stride x P)
+    model.eval()
 
-    distance = AttentionDistance(grid, pixel_patch, config.num_prefix_tokens)
-    unlabeled = ImageDataset(pictures, None, [], "analysed images", max_value=1.0)
-    for _ in run_batches(
-        model,
-        unlabeled,
-        batch_size,
-        forward=lambda module, images: module.forward_intermediates(
-            images, attention_layers="all", hidden_states=False, attention_callback=distance
-        ),
-    ):
-        pass  # the callback gathers the distances
+    def grid_of(group: torch.Tensor) -> tuple[int, int]:
+        return group.shape[-2] // pixel_patch[0], group.shape[-1] // pixel_patch[1]
+
+    distance = AttentionDistance(config.grid_size, pixel_patch, config.num_prefix_tokens)
+    with torch.no_grad():
+        for _, group in same_size_groups(pictures):  # one group, or under NaFlex one per grid
+            distance.grid_size = grid_of(group)
+            for chunk in group.split(batch_size):
+                model.forward_intermediates(
+                    normalize(chunk, config).to(target),
+                    attention_layers="all",
+                    hidden_states=False,
+                    attention_callback=distance,
+                )
 
     shown = pictures[:num_shown]
-    rollout = Rollout()
+    rollout_maps: list[torch.Tensor] = [torch.empty(0)] * len(shown)
+    logits: list[torch.Tensor] = [torch.empty(0)] * len(shown)
     cls_maps: list[torch.Tensor] = []
-
-    def on_layer(layer: int, weights: torch.Tensor) -> None:
-        rollout(layer, weights)
-        if config.class_token:
-            cls_maps.append(class_token_attention(weights[:1], grid)[0])  # first image: (heads, rows, cols)
-
-    with torch.no_grad():
-        out_shown = model.forward_intermediates(
-            normalize(shown, config).to(target),
-            attention_layers="all",
-            hidden_states=False,
-            attention_callback=on_layer,
-        )
-    rollout_maps = rollout_patch_maps(rollout.result, config).cpu()
-    cls_maps = [maps.cpu() for maps in cls_maps]
-    probabilities = out_shown["logits"].float().softmax(dim=-1).cpu() if config.num_classes else None
+    for members, group in same_size_groups(shown):
+        seen = looked_at(model, normalize(group, config).to(target), grid_of(group), keep_class_maps=members[0] == 0)
+        for position, index in enumerate(members):
+            rollout_maps[index], logits[index] = seen["rollout"][position], seen["logits"][position]
+        cls_maps = cls_maps or seen["class_maps"]
+    probabilities = torch.stack(logits).softmax(dim=-1) if config.num_classes else None
     class_names = config.class_names or [str(i) for i in range(config.num_classes)]
     predictions = []
     for index in range(len(shown)):
@@ -108,7 +100,7 @@ def analyze(
     else:
         if positions.shape[0] > 1:
             notes.append("Position similarity shows the first block's table (the model has one per block).")
-        similarity = position_embedding_similarity(positions[:1], grid, config.num_position_prefix)
+        similarity = position_embedding_similarity(positions[:1], config.grid_size, config.num_position_prefix)
         files["position_similarity"] = plots.plot_position_similarity(similarity, folder / "position_similarity.png")
     components = ratios = None
     if config.resnet_layers is None:  # a hybrid's 1x1 "patches" of ResNet features are not pictures
@@ -142,7 +134,8 @@ def analyze(
         "images_for_distance": len(pictures),
         "images_shown": len(shown),
         "patch_size_pixels": list(pixel_patch),
-        "grid_size": list(grid),
+        "grid_size": list(config.grid_size),
+        "grids_shown": [list(grid_of(image)) for image in shown],
         "mean_attention_distance": distances.tolist(),
         "mean_attention_distance_per_layer": distances.mean(dim=1).tolist(),
         "filter_explained_variance": ratios.tolist() if ratios is not None else None,
@@ -155,6 +148,39 @@ def analyze(
     report = write_report(folder, config, summary, files)
     summary["report"] = str(report)
     return summary
+
+
+def same_size_groups(images: torch.Tensor | list[torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
+    """(indices, the images stacked) for each size, in order of first appearance: a batch is one group; images at
+    their own aspect ratio (NaFlex) make one group per grid."""
+    if isinstance(images, torch.Tensor):
+        return [(list(range(len(images))), images)]
+    sizes: dict[tuple[int, ...], list[int]] = {}
+    for index, image in enumerate(images):
+        sizes.setdefault(tuple(image.shape), []).append(index)
+    return [(members, torch.stack([images[i] for i in members])) for members in sizes.values()]
+
+
+@torch.no_grad()
+def looked_at(model: Any, inputs: torch.Tensor, grid: tuple[int, int], keep_class_maps: bool) -> dict[str, Any]:
+    """For normalised images of one grid: the rollout map of each ((rows, cols) per image), its logits (or None
+    for a model without a head) and, with keep_class_maps, the first image's class-token attention per layer
+    ((heads, rows, cols) each)."""
+    config = model.config
+    rollout = Rollout()
+    class_maps: list[torch.Tensor] = []
+
+    def on_layer(layer: int, weights: torch.Tensor) -> None:
+        rollout(layer, weights)
+        if config.class_token and keep_class_maps:
+            class_maps.append(class_token_attention(weights[:1], grid)[0].cpu())
+
+    outputs = model.forward_intermediates(
+        inputs, attention_layers="all", hidden_states=False, attention_callback=on_layer
+    )
+    maps = rollout_patch_maps(rollout.result, config, grid).cpu()
+    logits = outputs["logits"].float().cpu() if config.num_classes else [None] * len(inputs)
+    return {"rollout": list(maps), "logits": list(logits), "class_maps": class_maps}
 
 
 CAPTIONS = {
@@ -238,7 +264,7 @@ section {{ margin: 2em 0; }} p {{ max-width: 60em; }}
 </style></head><body>
 <h1>What this ViT looks at</h1>
 <p>Checkpoint <code>{html.escape(summary["checkpoint"])}</code>: {summary["images_for_distance"]} images for the
-attention distances, {summary["images_shown"]} shown. Patch grid {summary["grid_size"][0]} x {summary["grid_size"][1]},
+attention distances, {summary["images_shown"]} shown. {grid_in_words(config, summary)},
 each patch {summary["patch_size_pixels"][0]} x {summary["patch_size_pixels"][1]} pixels. Mean attention distance per
 layer (pixels, averaged over heads): {per_layer}.</p>
 {"".join(f"<p>{html.escape(note)}</p>" for note in summary.get("notes", []))}
@@ -252,6 +278,15 @@ layer (pixels, averaged over heads): {per_layer}.</p>
     path = folder / "report.html"
     atomic_write_bytes(path, page.encode())
     return path
+
+
+def grid_in_words(config, summary: dict[str, Any]) -> str:
+    """The patch grid the images were seen on: the model's, or under NaFlex each image's own."""
+    contract = config.preprocessing
+    if contract is not None and contract.mode == "naflex":
+        shown = ", ".join(f"{rows} x {cols}" for rows, cols in summary["grids_shown"])
+        return f"Each image on its own grid of at most {contract.max_patches} patches (NaFlex; shown: {shown})"
+    return f"Patch grid {summary['grid_size'][0]} x {summary['grid_size'][1]}"
 
 
 def format_analysis(summary: dict[str, Any]) -> str:

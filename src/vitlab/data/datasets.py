@@ -10,6 +10,7 @@ sets held in memory (`vitlab.data.loaders`).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import io
 import pickle
@@ -505,11 +506,11 @@ def load_dataset(
     if root is not None and not root.exists():
         raise DataError(f"--data-dir {root} does not exist")
     if name == "digits":
-        return load_digits(split)
+        return read_as_asked(load_digits(split), preprocessing)
     if name in ("mnist", "fashion-mnist"):
-        return load_idx_dataset(name, split, root, allow_download)
+        return read_as_asked(load_idx_dataset(name, split, root, allow_download), preprocessing)
     if name in ("cifar10", "cifar100"):
-        return load_cifar(name, split, root, allow_download)
+        return read_as_asked(load_cifar(name, split, root, allow_download), preprocessing)
     if name == "folder":
         if root is None:
             raise DataError("the folder data set needs --data-dir PATH (one sub-folder per class)")
@@ -524,6 +525,17 @@ def load_dataset(
         train, test = split_indices(dataset.labels, test_fraction, seed)
         return dataset.subset(train if split == "train" else test)
     raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+
+
+def read_as_asked(stored: ImageDataset, preprocessing: Preprocessing | None) -> ImageDataset:
+    """A stored-array data set as a NaFlex contract asks (its images, all of one size, on their own grid of whole
+    patches under the budget: one grid for the whole set, so its batches stay whole pixel batches), with the
+    arrays' own resize kernel and grey; under any other contract as stored (resized to the model's input)."""
+    if preprocessing is None or preprocessing.mode != "naflex":
+        return stored
+    own = stored.preprocessing
+    contract = Preprocessing.naflex(preprocessing.patch, preprocessing.max_patches, resize=own.resize, grey=own.grey)
+    return dataclasses.replace(stored, preprocessing=contract)
 
 
 # ------------------------------------------------------------------------------------------------ the opener

@@ -20,11 +20,12 @@ import torch
 from vitlab.data import datasets
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import collect_images, read_image, reason
+from vitlab.data.naflex import patch_images
 from vitlab.data.preprocess import InputSpec, to_unit_range
 from vitlab.data.source import BatchSource, DataRequest, Splits, SplitsOpener
 from vitlab.data.stream import splits as streamed
 from vitlab.errors import DataError
-from vitlab.model_input import require_pixels
+from vitlab.model_input import PatchInput
 
 MEMORY_SHARE = 0.25  # a folder is held in memory while its decoded pixels take at most this share of free memory
 
@@ -146,8 +147,9 @@ def gather_images(
     skipped: list[dict[str, str]] | None = None,
     split: str = "test",
     shuffle_seed: int | None = None,
-) -> tuple[torch.Tensor, list[str] | None, list[str]]:
-    """([0, 1] images at the model's size (N, C, H, W), labels or None, names) from a data set name (its `split`:
+) -> tuple[torch.Tensor | list[torch.Tensor], list[str] | None, list[str]]:
+    """([0, 1] images at the model's size (N, C, H, W), or under a NaFlex contract each on its own grid (a list
+    where their sizes differ), labels or None, names) from a data set name (its `split`:
     the first `limit` images, or a random `limit` of them with `shuffle_seed`: the first batch of an epoch in
     that seed's order) or from image files and folders. An unreadable file is left out and noted in `skipped`
     ({"path", "error"}), as `vitlab predict` does; none readable is an error."""
@@ -163,9 +165,11 @@ def gather_images(
             batch = next(iter(batches))
         finally:
             data.close()
-        images = to_unit_range(
-            require_pixels(batch.images, "calibrating or checking an export"), batch.max_value, config
-        )
+        if isinstance(batch.images, PatchInput):  # NaFlex: each image back on its own grid
+            cut = to_unit_range(batch.images, batch.max_value, config)
+            images = same_size_stacked(patch_images(cut, resolved_preprocessing(config, "files").patch))
+        else:
+            images = to_unit_range(batch.images, batch.max_value, config)
         labels = None
         if batch.labels is not None and data.class_names:
             labels = [data.class_names[int(label)] for label in batch.labels]
@@ -190,4 +194,12 @@ def gather_images(
             f"none of {', '.join(spec)} holds a readable image"
             + (f" ({skipped[0]['path']}: {skipped[0]['error']})" if skipped else "")
         )
-    return to_unit_range(torch.stack(pixels), 255.0, config), None, names
+    return same_size_stacked([to_unit_range(image[None], 255.0, config)[0] for image in pixels]), None, names
+
+
+def same_size_stacked(images: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+    """Images stacked into one batch when they share a size; a list when they do not (NaFlex: each at its own
+    aspect ratio)."""
+    if len({tuple(image.shape) for image in images}) == 1:
+        return torch.stack(images)
+    return images

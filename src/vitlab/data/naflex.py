@@ -69,3 +69,16 @@ def pad_patch_inputs(images: list[torch.Tensor], patch_size: int, length: int | 
         coords[row, :count] = part.coords[0]
         valid[row, :count] = True
     return PatchInput(patches, coords, valid)
+
+
+def patch_images(inputs: PatchInput, patch_size: int) -> list[torch.Tensor]:
+    """The inverse of `pad_patch_inputs`: each image (C, rows * P, cols * P) back from its real patches, which a
+    padded batch holds first, its whole grid in row-major order."""
+    from vitlab.layers.patch_embed import unpatchify
+
+    images = []
+    for patches, coords, valid in zip(inputs.patches, inputs.coords, inputs.valid):
+        count = int(valid.sum())
+        rows, cols = (int(side) + 1 for side in coords[:count].amax(dim=0))
+        images.append(unpatchify(patches[None, :count], patch_size, (rows, cols))[0])
+    return images

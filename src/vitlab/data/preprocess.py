@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.data.contract import Preprocessing, cropped_side, resolved_preprocessing
-from vitlab.errors import DataError, UsageError
+from vitlab.errors import DataError
 from vitlab.model_input import ModelInput, PatchInput
 
 # ITU-R 601-2 luma, the weights of PIL's convert("L").
@@ -182,12 +182,9 @@ def resize_pil(image, image_size: tuple[int, int], contract: Preprocessing):
 # ------------------------------------------------------------------------------------------------ tensors
 def resize_unit_images(images: torch.Tensor, image_size: tuple[int, int], contract: Preprocessing) -> torch.Tensor:
     """float images (B, C, h, w) in [0, 1] -> (B, C, H, W) resized and cropped under the contract, in torch (the
-    in-memory data sets, and the ONNX graph with the preprocessing baked in, which traces this function)."""
-    if contract.mode == "naflex":
-        raise UsageError(
-            "a NaFlex contract reads image files, each at its own grid (embed, eval, predict on files or a streamed "
-            "folder); stored arrays and exported graphs take square images: use a crop or stretch contract"
-        )
+    in-memory data sets, and the ONNX graph with the preprocessing baked in, which traces this function). Under a
+    NaFlex contract (H, W) is the images' own grid of whole patches, not `image_size`: a stored data set's images
+    share one size, so they share that grid."""
     height, width = resized_size(images.shape[-2], images.shape[-1], image_size, contract)
     if contract.resize == "bilinear":
         # Antialiased only when shrinking: vitlab's in-memory pipeline has always done so, and runs compare
@@ -257,7 +254,8 @@ def to_unit_range(
     """uint8 / float images (B, C, H, W) with values in [0, max_value] -> float32 in [0, 1] at the model's image
     size and channel count, under `preprocessing` (default: the spec's contract, or for a config that records
     none, `Preprocessing.in_memory()`). Images already at the model's size are taken as prepared (stored arrays
-    of that size, or files `decode_image` resized) and not resized again. A PatchInput (patches of the model's
+    of that size, or files `decode_image` resized) and not resized again; under a NaFlex contract the size is the
+    images' own grid (`unit_size`). A PatchInput (patches of the model's
     patch size, cut from images resized when they were cut) is scaled and given the model's channels."""
     contract = preprocessing or resolved_preprocessing(spec, "arrays")
     if isinstance(images, PatchInput):
@@ -265,9 +263,17 @@ def to_unit_range(
             images, spec, lambda pixels: match_channels(pixels.float() / max_value, spec.in_chans, contract.grey)
         )
     images = match_channels(images.float() / max_value, spec.in_chans, contract.grey)
-    if tuple(images.shape[-2:]) != tuple(spec.image_size):
+    if tuple(images.shape[-2:]) != unit_size(images, spec, contract):
         images = resize_unit_images(images, tuple(spec.image_size), contract)
     return images.contiguous()
+
+
+def unit_size(images: torch.Tensor, spec: InputSpec, contract: Preprocessing) -> tuple[int, int]:
+    """The (height, width) that images (B, C, h, w) are taken at: the model's input size, or under a NaFlex
+    contract their own grid of whole patches (which images decoded under the contract already have)."""
+    if contract.mode == "naflex":
+        return resized_size(images.shape[-2], images.shape[-1], tuple(spec.image_size), contract)
+    return tuple(spec.image_size)
 
 
 def statistics(spec: InputSpec, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,6 +328,11 @@ def describe_preprocessing(spec: InputSpec, source: str = "files") -> dict[str, 
     height, width = spec.image_size
     if contract.mode == "stretch":
         resize = f"stretched to {height}x{width} ({contract.resize}, aspect ratio not kept)"
+    elif contract.mode == "naflex":
+        resize = (
+            f"resized ({contract.resize}) keeping the aspect ratio to the largest grid of at most "
+            f"{contract.max_patches} patches of {contract.patch}x{contract.patch} (NaFlex), not cropped"
+        )
     else:
         cover = f"{cropped_side(height, contract.crop_fraction)}x{cropped_side(width, contract.crop_fraction)}"
         resize = (

@@ -28,11 +28,22 @@ CHECK_DATASET = "digits"  # shipped with vitlab: any model can be checked on it,
 
 
 # ------------------------------------------------------------------------------------------------ images
+def require_one_input_size(config: ViTConfig) -> None:
+    """Refuse a model whose contract reads each image at its own grid (NaFlex): an exported graph takes images of
+    one size, and its file's readers would resize them to each image's grid."""
+    if resolved_preprocessing(config, "files").mode == "naflex":
+        raise UsageError(
+            "this model's contract reads each image at its own aspect ratio (NaFlex), and an exported graph takes "
+            "images of one size; run it with vitlab predict, eval or embed, which read NaFlex"
+        )
+
+
 def calibration_pixels(
     config: ViTConfig, source: list[str], data_dir: str | None = None, count: int = 256
 ) -> torch.Tensor:
     """uint8 pixels (N, C, H, W) at the model's size to calibrate static int8 on: a random `count` of a data set's
     training split (never its test split, which measures the result), or the given image files and folders."""
+    require_one_input_size(config)
     images, _, _ = gather_images(source, config, data_dir, count, split="train", shuffle_seed=0)
     return (images * 255).round().to(torch.uint8)
 
@@ -41,6 +52,7 @@ def validation_pixels(config: ViTConfig, inputs: list[str] | None = None, count:
     """Real images for checking an export, as uint8 (B, C, H, W) at the model's size and channel count: the
     given image files or folders, or else the first `count` test images of the shipped digits (any model can
     classify them, rightly or not; what is checked is that the export and PyTorch agree)."""
+    require_one_input_size(config)
     if inputs:
         return torch.stack(
             [

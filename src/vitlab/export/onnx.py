@@ -35,6 +35,7 @@ from vitlab.export.checks import (
     fastest_format_line,
     place_checked_export,
     quiet_loggers,
+    require_one_input_size,
     validation_pixels,
 )
 
@@ -419,6 +420,7 @@ def run_export(
     """`vitlab export`: export, check against PyTorch on real images (`pixels`, default `validation_pixels`), and
     only then move the file into place, so `out` is never a partial or unchecked model. An fp32 export whose
     logits differ from PyTorch's by more than `tolerance` is refused; for int8 the agreement is reported."""
+    require_one_input_size(model.config)
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     pixels = validation_pixels(model.config) if pixels is None else pixels

@@ -43,6 +43,7 @@ from vitlab.export.checks import (
     fastest_format_line,
     place_checked_export,
     quiet_loggers,
+    require_one_input_size,
     validation_pixels,
 )
 from vitlab.hardware import Choice, choose_precision, int8_saturates, machine_key
@@ -342,6 +343,7 @@ def run_pt2e_export(
 ) -> dict[str, Any]:
     """`vitlab export --format pt2e`: calibrate, write, rebuild the file as a user's machine will and compare it
     with the fp32 model on real images, and only then move it into place."""
+    require_one_input_size(model.config)
     pixels = validation_pixels(model.config) if pixels is None else pixels
     return place_checked_export(
         out,

@@ -222,8 +222,12 @@ class VisionTransformer(nn.Module):
             return self.embed_cut_patches(inputs)
         images = inputs
         expected = self.config.image_size
+        # A NaFlex model reads each image at its own grid (its contract), so pixels at any grid of whole patches
+        # are its input as much as cut patches are (the same positions either way).
+        contract = self.config.preprocessing
+        any_grid = self.dynamic_image_size or (contract is not None and contract.mode == "naflex")
         # In dynamic mode the size is not compared at all, so a symbolic size (export) meets no branch here.
-        wrong_size = not self.dynamic_image_size and tuple(images.shape[-2:]) != expected
+        wrong_size = not any_grid and tuple(images.shape[-2:]) != expected
         if images.ndim != 4 or images.shape[1] != self.config.in_chans:
             channels = images.shape[1] if images.ndim == 4 else "no channel axis"
             raise UsageError(
@@ -245,7 +249,7 @@ class VisionTransformer(nn.Module):
                 f"{tuple(images.shape[-2:])} to resample its position embedding"
             )
         patches = self.patch_embed.project(images)  # (B, D, rows, cols)
-        layout = PatchLayout(tuple(patches.shape[-2:]), resample=self.dynamic_image_size)
+        layout = PatchLayout(tuple(patches.shape[-2:]), resample=any_grid)
         return self.patch_embed.norm(patches.flatten(2).transpose(1, 2)), layout  # (B, N, D)
 
     def embed_cut_patches(self, inputs: PatchInput) -> tuple[torch.Tensor, PatchLayout]:

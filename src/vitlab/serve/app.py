@@ -3,7 +3,8 @@
     GET  /             the page: choose or drop an image, see the top-k labels and where the model looked
     POST /v1/predict   an image (multipart field "file", or the raw bytes) -> top-k labels, probabilities, latency
     POST /v1/explain   an image -> the attention-rollout overlay as PNG (?format=png), or the map (?format=json),
-                       or the image as the model sees it (resized and cropped, ?format=input; any backend)
+                       or the image as the model sees it (resized and cropped, or under NaFlex resized at its
+                       own aspect ratio; ?format=input; any backend)
     GET  /v1/model     what is served: classes, input size, preprocessing, config
     GET  /health       200 once the model is loaded
     GET  /metrics      Prometheus text: requests by path and status, latency, batch sizes
@@ -26,7 +27,8 @@ from typing import Any
 
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import read_image
-from vitlab.errors import DataError, UsageError
+from vitlab.data.source import batch_of
+from vitlab.errors import DataError
 from vitlab.serve.batcher import DynamicBatcher
 from vitlab.serve.engine import Engine
 
@@ -204,20 +206,16 @@ def create_app(
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
-    if resolved_preprocessing(engine.config, "files").mode == "naflex":
-        raise UsageError(
-            "serve takes square inputs; this model's contract reads images NaFlex (each at its own aspect ratio), "
-            "which serve does not batch yet: use predict or embed, or give the model a crop contract"
-        )
     metrics = Metrics()
     # One inference thread: the model's own intra-op threads use the cores; two calls at once would only fight.
     inference_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitlab-infer")
     config = engine.config
 
-    def run_batch(items):
-        import torch
+    contract = resolved_preprocessing(config, "files")
 
-        probabilities = engine.classify(torch.stack(items))
+    def run_batch(items):
+        # Uploads decoded at the model's size, stacked; under NaFlex each at its own grid, padded into one batch.
+        probabilities = engine.classify(batch_of(items, contract))
         return list(probabilities)
 
     batcher_holder: dict[str, DynamicBatcher] = {}
@@ -244,7 +242,6 @@ def create_app(
         return JSONResponse({"error": message, "status": status}, status_code=status)
 
     async def decode(request):
-        contract = resolved_preprocessing(config, "files")
         data, name = await read_upload(request, max_body_bytes)
         try:
             if len(data) <= INLINE_DECODE_BYTES:  # a small image decodes faster than a hop to another thread

@@ -35,6 +35,7 @@ from vitlab.hardware import (
     choose_precision,
     resolve_device,
 )
+from vitlab.model_input import ModelInput
 from vitlab.runs import display_name, pt2e_output
 
 BACKENDS = ("torch", "onnx", "pt2e")
@@ -105,12 +106,19 @@ class Engine:
                 raise UsageError(f"{source} is a pt2e export; serve it with --backend pt2e (or leave --backend out)")
             model = load_model(source).to(self.device)
             self.config = model.config
+            naflex = resolved_preprocessing(self.config, "files").mode == "naflex"
+            if naflex and backend != "torch":
+                raise UsageError(
+                    f"--backend {backend}: this model reads each image at its own aspect ratio (NaFlex), which "
+                    "exported graphs of one input size cannot; serve it with --backend torch"
+                )
             self.explainer = model
             threads = threads or serving_threads(self.config)
             torch.set_num_threads(threads)
             self.choice = self._choose_precision(precision)
             self.precision = self.choice.value
-            if auto_backend and self.precision == "int8" and self.device.type == "cpu" and onnx_runtime_installed():
+            onnx_int8 = auto_backend and self.precision == "int8" and self.device.type == "cpu" and not naflex
+            if onnx_int8 and onnx_runtime_installed():
                 # ONNX Runtime's int8 kernels beat PyTorch's dynamic int8 at B/16: 3.0x against 2.0x transformers
                 # fp32 on an AMX Xeon, 1.8x against 1.4x and 1.77x against 1.70x in two runs on an AVX2 EPYC
                 # (BENCHMARKS.md).
@@ -191,8 +199,9 @@ class Engine:
         return model
 
     @torch.no_grad()
-    def classify(self, pixels: torch.Tensor) -> torch.Tensor:
-        """uint8 pixels (B, C, H, W) at the model's size -> class probabilities (B, K), float32."""
+    def classify(self, pixels: ModelInput) -> torch.Tensor:
+        """uint8 pixels (B, C, H, W) at the model's size, or under NaFlex their patches padded into one batch
+        (`vitlab.data.source.batch_of`) -> class probabilities (B, K), float32."""
         if self.backend in ("onnx", "pt2e"):
             logits = self.runner.classify_pixels(pixels)
         else:
@@ -204,7 +213,8 @@ class Engine:
 
     @torch.no_grad()
     def explain(self, pixels: torch.Tensor) -> torch.Tensor:
-        """uint8 pixels (C, H, W) of one image -> its attention-rollout map (rows, cols), summing to 1."""
+        """uint8 pixels (C, H, W) of one image (at the model's size, or under NaFlex at its own grid) -> its
+        attention-rollout map (rows, cols), summing to 1."""
         if self.explainer is None:
             raise UsageError(
                 "explaining needs the attention weights of the PyTorch model; serve the checkpoint or "
@@ -217,7 +227,9 @@ class Engine:
             hidden_states=False,
             attention_callback=rollout,
         )
-        flow = rollout_patch_maps(rollout.result, self.config)[0]
+        patch = self.config.pixel_patch_size
+        grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
+        flow = rollout_patch_maps(rollout.result, self.config, grid)[0]  # under NaFlex the image's own grid
         return (flow / flow.sum().clamp_min(1e-12)).cpu()
 
     def describe(self) -> dict[str, Any]:

@@ -204,8 +204,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
     lines = [
         f"vitlab {objective.run_command(fine_tuning=bool(config.init_from))}: {config.init_from or config.model} on "
         f"{config.dataset}{'' if config.classes is None else ' classes ' + str(config.classes)} - finished",
-        f"  model        {summary['params'] / 1e6:.3f}M parameters, {model.config.num_patches} patches of "
-        f"{model.config.patch_size[0]}x{model.config.patch_size[1]} on {model.config.image_size[0]}x{model.config.image_size[1]} images",
+        f"  model        {summary['params'] / 1e6:.3f}M parameters, {input_in_words(model.config)}",
         f"  training     {config.epochs} epochs in {format_duration(wall_seconds)} ({position.train_seconds:.1f} s in "
         f"training steps, {summary['train_images_per_second']:.0f} images/s, {env.world_size} process(es))",
         f"  precision    {describe_precision(session.precision)} on {env.device.type}",
@@ -236,3 +235,12 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
     run.write_summary(summary, text)
     print(text)
     return summary
+
+
+def input_in_words(config: Any) -> str:
+    """What the model reads, for the summary: its grid of patches, or under NaFlex its budget."""
+    patch = f"{config.patch_size[0]}x{config.patch_size[1]}"
+    contract = config.preprocessing
+    if contract is not None and contract.mode == "naflex":
+        return f"at most {contract.max_patches} patches of {patch}, each image at its own aspect ratio (NaFlex)"
+    return f"{config.num_patches} patches of {patch} on {config.image_size[0]}x{config.image_size[1]} images"
