@@ -70,23 +70,27 @@ def test_a_streamed_folder_gives_the_models_own_features_with_paths_and_labels(t
 
 def test_a_killed_run_continues_where_its_last_part_ended_and_writes_the_same_file(tmp_path, monkeypatch):
     root = write_photos(tmp_path / "photos", per_class=9)
-    embed_folder(root, tmp_path / "whole.parquet", part_rows=8)
+    broken = sorted(root.rglob("*.jpg"))[3]  # in the first part: the resumed run must still report it
+    broken.write_bytes(b"not a jpeg")
+    whole = embed_folder(root, tmp_path / "whole.parquet", part_rows=8)
+    assert len(whole["unreadable"]) == 1 and broken.name in whole["unreadable"][0]
     real, written = embeddings.PartWriter.write, []
 
-    def killed_after_two_parts(self, *args, **kwargs):
-        if len(written) == 2:
-            raise KeyboardInterrupt  # as a kill would stop it, after two parts were safely on disk
+    def killed_after_one_part(self, *args, **kwargs):
+        if len(written) == 1:
+            raise KeyboardInterrupt  # as a kill would stop it, after a part was safely on disk
         written.append(args[0])
         real(self, *args, **kwargs)
 
-    monkeypatch.setattr(embeddings.PartWriter, "write", killed_after_two_parts)
+    monkeypatch.setattr(embeddings.PartWriter, "write", killed_after_one_part)
     with pytest.raises(KeyboardInterrupt):
         embed_folder(root, tmp_path / "resumed.parquet", part_rows=8)
     assert not (tmp_path / "resumed.parquet").exists()
-    assert len(list((tmp_path / "resumed.parquet.parts").glob("part-*.parquet"))) == 2
+    assert len(list((tmp_path / "resumed.parquet.parts").glob("part-*.parquet"))) == 1
     monkeypatch.setattr(embeddings.PartWriter, "write", real)
     report = embed_folder(root, tmp_path / "resumed.parquet", part_rows=8)
-    assert report["started_at"] == 16 and report["rows"] == 18
+    assert report["started_at"] == 12 and report["rows"] == 17  # the first part: 3 + 4 + 4 images of positions 0-11
+    assert report["unreadable"] == whole["unreadable"]
     assert (tmp_path / "resumed.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
     assert not (tmp_path / "resumed.parquet.parts").exists()
 

@@ -221,6 +221,16 @@ class PartWriter:
     def parts(self) -> list[Path]:
         return sorted(self.folder.glob("part-*-*.parquet"))
 
+    def unreadable(self) -> list[str]:
+        """The unreadable files met before the last part written (by this run, or by the run it continues)."""
+        path = self.folder / "unreadable.json"
+        return json.loads(path.read_text()) if path.is_file() else []
+
+    def record_unreadable(self, entries: list[str]) -> None:
+        temporary = self.folder / "unreadable.tmp"
+        temporary.write_text(json.dumps(entries))
+        temporary.replace(self.folder / "unreadable.json")
+
     def write(self, first: int, stop: int, paths: list[str], labels: list[int | None], vectors: np.ndarray) -> None:
         pyarrow, parquet = pyarrow_modules()
         value_type = pyarrow.float16() if self.meta["dtype"] == "float16" else pyarrow.float32()
@@ -311,6 +321,11 @@ def embed(
     parts = PartWriter(out, meta)
     start = parts.resume_position()
     remaining = from_position(source, start)
+    earlier = parts.unreadable()  # a continued run reports what the run before it met too
+
+    def unreadable() -> list[str]:
+        return earlier + [entry for entry in getattr(remaining, "skipped", []) or [] if entry not in earlier]
+
     paths: list[str] = []
     labels: list[int | None] = []
     vectors = VectorBuffer()
@@ -320,6 +335,7 @@ def embed(
         nonlocal first
         if vectors.count:
             parts.write(first, stop, paths, labels, vectors.rows())
+            parts.record_unreadable(unreadable())
             paths.clear()
             labels.clear()
             vectors.count = 0
@@ -350,10 +366,10 @@ def embed(
     finally:
         remaining.close()
     seconds = time.perf_counter() - started
-    unreadable = list(getattr(remaining, "skipped", []) or [])
     rows = sum(parquet_rows(part) for part in parts.parts())
+    left_out = unreadable()
     parts.join({"rows": rows})
-    return summary(out, dict(meta, rows=rows), unreadable, start, seconds, embedded)
+    return summary(out, dict(meta, rows=rows), left_out, start, seconds, embedded)
 
 
 def summary(
