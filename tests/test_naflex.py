@@ -328,7 +328,13 @@ def test_a_stored_array_set_reads_naflex_on_its_own_grid(tmp_path):
         preprocessing=Preprocessing.naflex(2, 12),
     ).eval()
     digits = open_split(DataRequest.for_model(model.config, "digits"), "test")
-    assert digits.preprocessing.mode == "naflex" and digits.preprocessing.resize == "bilinear"  # the arrays' kernel
+    arrays = Preprocessing.in_memory()
+    assert arrays.grey != Preprocessing.naflex(2, 12).grey  # so the next line tells whose grey the set reads with
+    assert (digits.preprocessing.mode, digits.preprocessing.resize, digits.preprocessing.grey) == (
+        "naflex",
+        arrays.resize,
+        arrays.grey,
+    )
     batch, logits = next(iter(run_batches(model, digits, 16)))
     from vitlab.data.preprocess import prepare
 
@@ -336,3 +342,49 @@ def test_a_stored_array_set_reads_naflex_on_its_own_grid(tmp_path):
     assert pixels.shape == (16, 1, 6, 6)
     with torch.no_grad():
         torch.testing.assert_close(logits, model(pad_patch_inputs(list(pixels), 2)), atol=1e-6, rtol=1e-6)
+
+
+def test_digits_train_naflex_with_their_batch_augmentation_and_pretraining_refuses_it(tmp_path, capsys):
+    """Stored arrays under input=naflex stay whole pixel batches on their one grid: the batch augmentations stay on
+    (no note), the model records the contract; masked pre-training, whose masks are of one grid, refuses it."""
+    from test_train import micro_config
+    from vitlab.checkpoint import load_model
+    from vitlab.errors import ConfigError
+    from vitlab.train.loop import train
+
+    config = micro_config(tmp_path, epochs=1, input="naflex", max_patches=12, augment={"crop_padding": 1})
+    run = train(config)
+    said = capsys.readouterr()
+    assert "batch augmentation of whole images is off" not in said.out + said.err
+    assert config.augment.crop_padding == 1  # what assemble would have turned off
+    trained = load_model(run["run_dir"]).config.preprocessing
+    assert (trained.mode, trained.patch, trained.max_patches) == ("naflex", 2, 12)
+    from test_pretrain import pretrain_micro
+
+    for method in ("mae", "mpp"):
+        with pytest.raises(ConfigError, match="input=naflex: .* masks and reconstructs the model's one grid"):
+            train(pretrain_micro(tmp_path, method, epochs=1, input="naflex", max_patches=12))
+
+
+def test_the_serve_engine_classifies_a_padded_batch_as_each_image_alone(tmp_path):
+    from vitlab.data.preprocess import decode_image
+    from vitlab.data.source import batch_of
+    from vitlab.serve.engine import Engine
+
+    model, path = naflex_model(tmp_path)
+    engine = Engine(str(path), backend="torch", precision="fp32")
+    images = [decode_image(p, model.config.image_size, 3, model.config.preprocessing) for p in three_shapes(tmp_path)]
+    together = engine.classify(batch_of(images, model.config.preprocessing))
+    for row, image in enumerate(images):
+        alone = engine.classify(batch_of([image], model.config.preprocessing))
+        torch.testing.assert_close(together[row : row + 1], alone, atol=1e-5, rtol=1e-5)
+    assert Engine(str(path), precision="int8").backend == "torch"  # auto int8 goes to ONNX Runtime, but not NaFlex
+
+
+def test_a_naflex_hybrid_is_refused():
+    from vitlab.config import ViTConfig
+    from vitlab.data.contract import Preprocessing
+    from vitlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="the ResNet hybrid cuts its patches from the stem's feature map"):
+        ViTConfig(patch_size=1, resnet_layers=(3, 4, 9), preprocessing=Preprocessing.naflex(1, 196))

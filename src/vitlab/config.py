@@ -296,6 +296,11 @@ class ViTConfig:
             )
         if self.resnet_layers is not None:
             self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
+            if contract is not None and contract.mode == "naflex":
+                raise ConfigError(
+                    "the ResNet hybrid cuts its patches from the stem's feature map, which NaFlex's grid of image "
+                    "patches does not describe; give it a crop or stretch contract"
+                )
         for name in ("image_mean", "image_std"):
             value = getattr(self, name)
             value = (float(value),) if isinstance(value, (int, float)) else tuple(float(v) for v in value)

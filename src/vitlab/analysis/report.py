@@ -86,8 +86,11 @@ def analyze(
 
     files: dict[str, Path] = {}
     distances = distance.result.cpu()  # (layers, heads)
+    largest = max(image.shape[-2] for image in pictures), max(image.shape[-1] for image in pictures)
     files["attention_distance"] = plots.plot_attention_distance(
-        distances, folder / "attention_distance.png", config.image_size
+        distances,
+        folder / "attention_distance.png",
+        largest,  # under NaFlex, a long side beyond the model's size
     )
     notes: list[str] = []
     positions = model.position_table()  # (P, prefix + N, D); None for "none" and "relative"

@@ -334,8 +334,9 @@ def embed(
     def flush() -> None:
         nonlocal first
         if vectors.count:
-            parts.write(first, stop, paths, labels, vectors.rows())
+            # Recorded before the part: a run killed between the two meets those files again, and reports them once.
             parts.record_unreadable(unreadable())
+            parts.write(first, stop, paths, labels, vectors.rows())
             paths.clear()
             labels.clear()
             vectors.count = 0

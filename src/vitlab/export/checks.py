@@ -34,7 +34,7 @@ def require_one_input_size(config: ViTConfig) -> None:
     if resolved_preprocessing(config, "files").mode == "naflex":
         raise UsageError(
             "this model's contract reads each image at its own aspect ratio (NaFlex), and an exported graph takes "
-            "images of one size; run it with vitlab predict, eval or embed, which read NaFlex"
+            "images of one size; run it with vitlab predict, eval, embed or serve (--backend torch), which read NaFlex"
         )
 
 

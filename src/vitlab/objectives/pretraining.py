@@ -19,7 +19,7 @@ from torch import nn
 
 from vitlab.data.source import BatchSource
 from vitlab.data.transforms import AugmentConfig
-from vitlab.errors import CheckpointError
+from vitlab.errors import CheckpointError, ConfigError
 from vitlab.model_input import ModelInput
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective
@@ -53,6 +53,13 @@ class MaskedPretraining(Objective):
         return f"{self.command} --method {self.name}"
 
     # ------------------------------------------------------------------------------------- set-up
+    def check_data(self, source: BatchSource) -> None:
+        if getattr(source.preprocessing, "mode", None) == "naflex":
+            raise ConfigError(
+                f"input=naflex: {self.description} masks and reconstructs the model's one grid of patches, and "
+                "NaFlex gives each image its own; pre-train on square input (leave input at 'square')"
+            )
+
     def attach(self, model: VisionTransformer) -> nn.Module:
         for name, parameter in model.named_parameters():
             if name.startswith(UNUSED_IN_PRETRAINING):

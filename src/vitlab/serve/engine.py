@@ -148,6 +148,11 @@ class Engine:
             )
         path = Path(source) if is_pt2e else pt2e_output(source)
         if not path.is_file():
+            if resolved_preprocessing(load_model(source).config, "files").mode == "naflex":  # no export can be made
+                raise UsageError(
+                    "--backend pt2e: this model reads each image at its own aspect ratio (NaFlex), which exported "
+                    "graphs of one input size cannot; serve it with --backend torch"
+                )
             raise UsageError(
                 f"--backend pt2e serves a pt2e export, and {path} does not exist; make it with: "
                 f"vitlab export {source} --format pt2e"

@@ -14,6 +14,7 @@ from torch import nn
 
 from vitlab.checkpoint.formats import read_checkpoint
 from vitlab.counts import model_size
+from vitlab.data.datasets import ImageDataset
 from vitlab.data.source import steps_per_epoch as whole_batches
 from vitlab.distributed import DistEnv, broadcast_object, fetch_once
 from vitlab.errors import ConfigError
@@ -66,7 +67,9 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         # Every rank turns flips off (each draws its augmentation from the same stream); rank 0 says so.
         say_note(f"horizontal flips change the meaning of {config.dataset} images; flips are off", env)
         config.augment.hflip = False
-    if getattr(splits.train.preprocessing, "mode", None) == "naflex":
+    # Streamed NaFlex images arrive as cut patches of their own grids; a stored-array set's share one grid and
+    # stay whole pixel batches, which every augmentation takes.
+    if getattr(splits.train.preprocessing, "mode", None) == "naflex" and not isinstance(splits.train, ImageDataset):
         whole_image = whole_image_augmentation(config.augment)
         if whole_image:
             # Images at their own sizes arrive as cut patches: what moves whole images of one size cannot apply.
