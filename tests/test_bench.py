@@ -1,6 +1,7 @@
 """`vitlab bench`: the timing harness, the paths' outputs against eager fp32, accuracy figures against `evaluate`,
 and training steps. No speed is asserted here (that is BENCHMARKS.md's job); these check the figures are right."""
 
+import importlib.util
 import json
 import time
 
@@ -415,3 +416,44 @@ def test_cpu_only_paths_say_so_on_a_gpu_run():
     for key in ("onnx-int8", "torch-int8", "pt2e-int8", "transformers-onnx"):
         with pytest.raises(bench_paths.Unavailable, match="runs on the CPU; measure it with --device cpu"):
             bench_paths.INFERENCE_PATHS[key](create_model(TINY), sample)
+
+
+def test_the_peak_is_the_fastest_kernel_of_each_precision_and_names_it():
+    from vitlab.bench.runner import fastest_kernels
+
+    matmuls = {name: (None, 2.0) for name in ("matmul fp32", "matmul fp32 onednn", "matmul fp32 onnxruntime")}
+    matmuls["matmul int8"] = (None, 2.0)
+    timings = {"matmul fp32": 0.02, "matmul fp32 onednn": 0.01, "matmul fp32 onnxruntime": 0.008, "matmul int8": 0.004}
+    timings = {name: {"median": seconds} for name, seconds in timings.items()}
+    peaks, kernels = fastest_kernels(matmuls, timings)
+    assert peaks == pytest.approx({"fp32": 250.0, "int8": 500.0})
+    assert kernels == {"fp32": "ONNX Runtime MLAS", "int8": "torch"}
+    # `auto` precision weighs bf16 against torch's own fp32 kernels, which are the ones a torch path runs.
+    assert fastest_kernels(matmuls, timings, torch_only=True) == (
+        {"fp32": 200.0, "int8": 500.0},
+        {"fp32": "oneDNN", "int8": "torch"},
+    )
+
+
+def test_the_fp32_peak_kernels_compute_the_product():
+    from vitlab.bench.runner import matmul_candidates, onednn_fp32_linear
+
+    run = onednn_fp32_linear(40, 32, 24, torch.Generator().manual_seed(0))
+    if run is None:
+        pytest.skip("this PyTorch has no oneDNN fp32 linear")
+    generator = torch.Generator().manual_seed(0)
+    activations, weight = torch.randn(40, 32, generator=generator), torch.randn(24, 32, generator=generator)
+    torch.testing.assert_close(run(), activations @ weight.T, atol=1e-4, rtol=1e-4)
+    names = matmul_candidates(create_model("digits-8"), 4, {"fp32"})
+    assert "matmul fp32 onednn" in names
+    if importlib.util.find_spec("onnxruntime") is not None:
+        output = names["matmul fp32 onnxruntime"][0]()[0]
+        assert output.shape == (4 * create_model("digits-8").config.num_tokens, create_model("digits-8").config.mlp_dim)
+
+
+def test_timing_without_warm_up_counts_only_the_rounds(capsys):
+    from vitlab.bench.timing import time_interleaved
+
+    time_interleaved({"a": lambda: None, "b": lambda: None}, 3, 0, 0.0, show=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "timing" in line]
+    assert lines and all("/6 " in line for line in lines)  # 2 paths x 3 rounds, no instant warm-up steps

@@ -40,9 +40,12 @@ def time_interleaved(
     names = list(candidates)
     rounds = {name: min(repetitions, (rounds or {}).get(name, repetitions)) for name in names}
     bar = None
+    # Steps: each path's warm-up (where there is one), then each path's rounds. Without warm-up calls there is no
+    # warm-up step: counting those instant steps made the first rate read 657,808 steps/s.
+    warming = names if warmup > 0 else []
     if show:
-        bar = progress(len(names) + sum(rounds.values()), "timing (warm-up, then rounds)", unit="path", min_total=1)
-    for name in names:
+        bar = progress(len(warming) + sum(rounds.values()), "timing (warm-up, then rounds)", unit="step", min_total=1)
+    for name in warming:
         for _ in range(warmup):
             candidates[name]()
         if bar is not None:
