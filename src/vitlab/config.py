@@ -410,6 +410,12 @@ class ViTConfig:
         return self.patch_size[0] * stride, self.patch_size[1] * stride
 
     @property
+    def naflex_contract(self) -> Preprocessing | None:
+        """The contract when it reads each image at its own grid of patches (NaFlex), else None."""
+        contract = self.preprocessing
+        return contract if contract is not None and contract.mode == "naflex" else None
+
+    @property
     def num_patches(self) -> int:
         return self.grid_size[0] * self.grid_size[1]
 

@@ -70,10 +70,12 @@ def analyze(
     logits: list[torch.Tensor] = [torch.empty(0)] * len(shown)
     cls_maps: list[torch.Tensor] = []
     for members, group in same_size_groups(shown):
-        seen = looked_at(model, normalize(group, config).to(target), grid_of(group), keep_class_maps=members[0] == 0)
+        first = members[0] == 0  # the group of the first image, whose class-token maps are drawn
+        seen = looked_at(model, normalize(group, config).to(target), grid_of(group), keep_class_maps=first)
         for position, index in enumerate(members):
             rollout_maps[index], logits[index] = seen["rollout"][position], seen["logits"][position]
-        cls_maps = cls_maps or seen["class_maps"]
+        if first:
+            cls_maps = seen["class_maps"]
     probabilities = torch.stack(logits).softmax(dim=-1) if config.num_classes else None
     class_names = config.class_names or [str(i) for i in range(config.num_classes)]
     predictions = []
@@ -285,8 +287,8 @@ layer (pixels, averaged over heads): {per_layer}.</p>
 
 def grid_in_words(config, summary: dict[str, Any]) -> str:
     """The patch grid the images were seen on: the model's, or under NaFlex each image's own."""
-    contract = config.preprocessing
-    if contract is not None and contract.mode == "naflex":
+    contract = config.naflex_contract
+    if contract is not None:
         shown = ", ".join(f"{rows} x {cols}" for rows, cols in summary["grids_shown"])
         return f"Each image on its own grid of at most {contract.max_patches} patches (NaFlex; shown: {shown})"
     return f"Patch grid {summary['grid_size'][0]} x {summary['grid_size'][1]}"

@@ -28,13 +28,15 @@ CHECK_DATASET = "digits"  # shipped with vitlab: any model can be checked on it,
 
 
 # ------------------------------------------------------------------------------------------------ images
-def require_one_input_size(config: ViTConfig) -> None:
-    """Refuse a model whose contract reads each image at its own grid (NaFlex): an exported graph takes images of
-    one size, and its file's readers would resize them to each image's grid."""
-    if resolved_preprocessing(config, "files").mode == "naflex":
+def require_one_input_size(config: ViTConfig, what: str | None = None) -> None:
+    """Refuse a model whose contract reads each image at its own grid (NaFlex) for an export, or for `what` (a serve
+    backend that runs one, named in front of the message): an exported graph takes images of one size, and its file's readers would resize them to
+    each image's grid."""
+    if config.naflex_contract is not None:
         raise UsageError(
-            "this model's contract reads each image at its own aspect ratio (NaFlex), and an exported graph takes "
-            "images of one size; run it with vitlab predict, eval, embed or serve (--backend torch), which read NaFlex"
+            (f"{what}: " if what else "")
+            + "this model reads each image at its own aspect ratio (NaFlex), and an exported graph takes "
+            + "images of one size; run it with vitlab predict, eval, embed or serve (--backend torch), which read NaFlex"
         )
 
 

@@ -224,8 +224,7 @@ class VisionTransformer(nn.Module):
         expected = self.config.image_size
         # A NaFlex model reads each image at its own grid (its contract), so pixels at any grid of whole patches
         # are its input as much as cut patches are (the same positions either way).
-        contract = self.config.preprocessing
-        any_grid = self.dynamic_image_size or (contract is not None and contract.mode == "naflex")
+        any_grid = self.dynamic_image_size or self.config.naflex_contract is not None
         # In dynamic mode the size is not compared at all, so a symbolic size (export) meets no branch here.
         wrong_size = not any_grid and tuple(images.shape[-2:]) != expected
         if images.ndim != 4 or images.shape[1] != self.config.in_chans:

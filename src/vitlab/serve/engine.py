@@ -25,6 +25,7 @@ from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.preprocess import describe_preprocessing, prepare
 from vitlab.errors import UsageError
 from vitlab.eval.classify import require_head
+from vitlab.export.checks import require_one_input_size
 from vitlab.export.onnx import OnnxClassifier, export_onnx, require_identity_at_input_size, require_onnx
 from vitlab.export.pt2e import Pt2eClassifier, is_pt2e_file, read_pt2e
 from vitlab.hardware import (
@@ -106,12 +107,9 @@ class Engine:
                 raise UsageError(f"{source} is a pt2e export; serve it with --backend pt2e (or leave --backend out)")
             model = load_model(source).to(self.device)
             self.config = model.config
-            naflex = resolved_preprocessing(self.config, "files").mode == "naflex"
-            if naflex and backend != "torch":
-                raise UsageError(
-                    f"--backend {backend}: this model reads each image at its own aspect ratio (NaFlex), which "
-                    "exported graphs of one input size cannot; serve it with --backend torch"
-                )
+            naflex = self.config.naflex_contract is not None
+            if backend != "torch":
+                require_one_input_size(self.config, f"--backend {backend}")
             self.explainer = model
             threads = threads or serving_threads(self.config)
             torch.set_num_threads(threads)
@@ -148,11 +146,7 @@ class Engine:
             )
         path = Path(source) if is_pt2e else pt2e_output(source)
         if not path.is_file():
-            if resolved_preprocessing(load_model(source).config, "files").mode == "naflex":  # no export can be made
-                raise UsageError(
-                    "--backend pt2e: this model reads each image at its own aspect ratio (NaFlex), which exported "
-                    "graphs of one input size cannot; serve it with --backend torch"
-                )
+            require_one_input_size(load_model(source).config, "--backend pt2e")  # before asking for an export
             raise UsageError(
                 f"--backend pt2e serves a pt2e export, and {path} does not exist; make it with: "
                 f"vitlab export {source} --format pt2e"

@@ -240,7 +240,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
 def input_in_words(config: Any) -> str:
     """What the model reads, for the summary: its grid of patches, or under NaFlex its budget."""
     patch = f"{config.patch_size[0]}x{config.patch_size[1]}"
-    contract = config.preprocessing
-    if contract is not None and contract.mode == "naflex":
+    contract = config.naflex_contract
+    if contract is not None:
         return f"at most {contract.max_patches} patches of {patch}, each image at its own aspect ratio (NaFlex)"
     return f"{config.num_patches} patches of {patch} on {config.image_size[0]}x{config.image_size[1]} images"
