@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.bench.runner import machine_info
-from vitlab.bench.timing import time_interleaved
 from vitlab.layers.explicit_attention import explicit_attention
+from vitlab.timing import time_interleaved
 
 SHAPES = [("mnist-28", 256, 17, 4, 32), ("digits-8", 128, 17, 4, 16), ("cifar-32", 256, 65, 4, 32)]
 

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from report import write_section  # noqa: E402
 
 from vitlab.bench.runner import machine_info  # noqa: E402
-from vitlab.bench.timing import time_interleaved  # noqa: E402
 from vitlab.models import create_model  # noqa: E402
+from vitlab.timing import time_interleaved  # noqa: E402
 
 MODELS = [
     ("digits-8", 256, True),

@@ -112,8 +112,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     from vitlab.bench.paths import compiled_fp32, transformers_fp32
     from vitlab.bench.runner import machine_info
-    from vitlab.bench.timing import time_interleaved
     from vitlab.models import create_model
+    from vitlab.timing import time_interleaved
 
     torch.manual_seed(0)
     model = create_model(args.model).eval()

@@ -10,7 +10,6 @@ import torch
 
 from vitlab.bench import paths as bench_paths
 from vitlab.bench.runner import format_table, run_bench
-from vitlab.bench.timing import time_interleaved
 from vitlab.checkpoint.io import save_model
 from vitlab.cli import main
 from vitlab.config import ViTConfig, variant_config
@@ -18,6 +17,7 @@ from vitlab.data.datasets import load_dataset
 from vitlab.errors import UsageError
 from vitlab.eval.classify import evaluate
 from vitlab.models import create_model, model_stats
+from vitlab.timing import time_interleaved
 
 TINY = ViTConfig(
     image_size=8,
@@ -452,7 +452,7 @@ def test_the_fp32_peak_kernels_compute_the_product():
 
 
 def test_timing_without_warm_up_counts_only_the_rounds(capsys):
-    from vitlab.bench.timing import time_interleaved
+    from vitlab.timing import time_interleaved
 
     time_interleaved({"a": lambda: None, "b": lambda: None}, 3, 0, 0.0, show=True)
     lines = [line for line in capsys.readouterr().err.splitlines() if "timing" in line]

@@ -363,11 +363,7 @@ def fastest_export_format() -> Choice:
     )
 
 
-# ---------------------------------------------------------------------------------- measured peaks, per CPU
-def _peaks_file():
-    return cache_dir() / "machine" / "peaks.json"
-
-
+# ------------------------------------------------------------------------------- measurements, per CPU
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo, e.g. "AMD EPYC"; elsewhere what `platform` says."""
     import platform
@@ -382,36 +378,50 @@ def cpu_name() -> str:
 
 
 def machine_key() -> str:
-    """This CPU's name and units: measured peaks are kept per key, so a cache shared between machines (a home
-    folder on a cluster) keeps each one's own."""
-    return f"{cpu_name()} | {_probed_cpu_units().describe()} | {available_cores()} cores"
+    """This CPU's name and units (simulated ones where VITLAB_CPU_UNITS says): measurements are kept per key, so a
+    cache shared between machines (a home folder on a cluster) keeps each one's own, and a simulated CPU kind
+    never reads the real one's."""
+    return f"{cpu_name()} | {cpu_units().describe()} | {available_cores()} cores"
 
 
-def measured_peaks() -> dict[str, float]:
-    """The matmul peaks (GFLOP/s per precision) `vitlab bench` last measured on this CPU; {} when none were, or
-    when the units are simulated (they would describe another CPU)."""
+def _measurements_file(name: str):
+    return cache_dir() / "machine" / f"{name}.json"
+
+
+def read_measurements(name: str) -> dict:
+    """What was measured and kept under `name` on this machine (`machine_key`); {} where nothing was."""
     import json
 
-    if os.environ.get("VITLAB_CPU_UNITS") is not None:
-        return {}
     try:
-        return dict(json.loads(_peaks_file().read_text()).get(machine_key(), {}))
+        found = json.loads(_measurements_file(name).read_text()).get(machine_key(), {})
     except (OSError, ValueError, AttributeError):
         return {}
+    return found if isinstance(found, dict) else {}
 
 
-def record_peaks(peaks: dict[str, float]) -> None:
-    """Keep the peaks `vitlab bench` measured on this CPU, for `auto` on CPUs whose flags do not tell."""
+def keep_measurements(name: str, values: dict) -> None:
+    """Keep `values` under `name` for this machine, beside other machines' (atomically; a read-only cache keeps
+    nothing, and the callers then measure again next time)."""
     import json
 
-    path = _peaks_file()
+    path = _measurements_file(name)
     try:
         known = json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, ValueError):
         known = {}
-    known[machine_key()] = {name: float(value) for name, value in peaks.items()}
+    known[machine_key()] = values
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, json.dumps(known, indent=1).encode())
-    except OSError:  # a read-only cache: the figures are in the table anyway
+    except OSError:
         pass
+
+
+def measured_peaks() -> dict[str, float]:
+    """The matmul peaks (GFLOP/s per precision) `vitlab bench` last measured on this CPU; {} when none were."""
+    return {name: float(value) for name, value in read_measurements("peaks").items()}
+
+
+def record_peaks(peaks: dict[str, float]) -> None:
+    """Keep the peaks `vitlab bench` measured on this CPU, for `auto` on CPUs whose flags do not tell."""
+    keep_measurements("peaks", {name: float(value) for name, value in peaks.items()})

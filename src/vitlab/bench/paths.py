@@ -32,6 +32,8 @@ from vitlab.export.checks import quiet_loggers
 from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
 from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
 from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
+from vitlab.kernels import KERNEL_TITLES, model_fp32_kernel
+from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.layers.patch_embed import patchify
 from vitlab.objectives import Classification
 from vitlab.train.config import TrainConfig
@@ -60,7 +62,26 @@ def require_cpu(sample: torch.Tensor, what: str) -> None:
 
 
 def eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return BenchPath("eager fp32", "fp32", lambda images: model(images), "PyTorch eager, scaled_dot_product_attention")
+    """What `vitlab predict` and `eval` run in fp32: on a CPU the linear layers on the kernel that measured
+    fastest here (`vitlab.kernels`)."""
+    if sample.device.type != "cpu":
+        return BenchPath("eager fp32", "fp32", model, "PyTorch eager, scaled_dot_product_attention")
+    kernel = model_fp32_kernel(model.config, "inference", len(sample))
+    fastest = copy.deepcopy(model)
+    use_fp32_kernel(fastest, kernel.value)
+    return BenchPath(
+        "eager fp32",
+        "fp32",
+        fastest,
+        f"PyTorch eager, SDPA attention, linear layers on {KERNEL_TITLES[kernel.value]} ({kernel.reason})",
+    )
+
+
+def eager_fp32_torch(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    require_cpu(sample, "the choice of fp32 kernel")
+    if model_fp32_kernel(model.config, "inference", len(sample)).value == "torch":
+        raise Unavailable("eager fp32 runs torch's GEMM on this CPU already")
+    return BenchPath("eager fp32 torch", "fp32", model, "as eager fp32, with torch's own GEMM (MKL) in the linear layers")
 
 
 def eager_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
@@ -332,6 +353,7 @@ def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "eager-fp32": eager_fp32,
+    "eager-fp32-torch": eager_fp32_torch,
     "eager-bf16": eager_bf16,
     "compile-fp32": compiled_fp32,
     "compile-bf16": compiled_bf16,
@@ -363,6 +385,8 @@ def train_step(
     trained = copy.deepcopy(model).train()
     if hasattr(trained, "set_attention_kernel"):  # a vitlab model (not transformers')
         trained.set_attention_kernel(attention or train_step_kernel(trained))
+        if dtype is None and not compile and sample.device.type == "cpu":  # as `vitlab train` chooses it
+            use_fp32_kernel(trained, "torch", model_fp32_kernel(model.config, "train", len(sample)).value)
     optimizer = build_optimizer(trained, "adamw", 1e-3, 0.05)
     forward = call or call_model
     if compile:

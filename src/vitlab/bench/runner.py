@@ -18,7 +18,6 @@ from torch import nn
 
 from vitlab.bench.budget import OverBudget, deadline, rounds_within
 from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, BenchPath, Unavailable
-from vitlab.bench.timing import time_interleaved
 from vitlab.checkpoint import load_model
 from vitlab.data.preprocess import prepare
 from vitlab.errors import UsageError
@@ -26,6 +25,7 @@ from vitlab.eval.runner import evaluation_data
 from vitlab.hardware import cpu_name, cpu_units, record_peaks, resolve_device
 from vitlab.models import create_model, model_stats
 from vitlab.runs import RunFolder
+from vitlab.timing import time_interleaved
 
 
 def machine_info(device: torch.device | None = None) -> dict[str, Any]:

@@ -36,10 +36,17 @@ from vitlab.hardware import (
     choose_precision,
     resolve_device,
 )
+from vitlab.kernels import KERNEL_TITLES, model_fp32_kernel
+from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.model_input import ModelInput
 from vitlab.runs import display_name, pt2e_output
 
 BACKENDS = ("torch", "onnx", "pt2e")
+
+
+# The batch the fp32 kernel is measured at: requests batch up to `vitlab serve`'s --max-batch (default 32), and
+# under load the batches sit between that and one image.
+SERVED_BATCH = 16
 
 
 def onnx_runtime_installed() -> bool:
@@ -127,6 +134,13 @@ class Engine:
                     "ran faster than PyTorch's on every CPU measured",
                 )
             self.runner = self._prepare(model, backend, self.precision, threads)
+            if self.runner is model and self.device.type == "cpu":  # fp32 on the CPU: the fastest kernel here
+                kernel = model_fp32_kernel(self.config, "inference", SERVED_BATCH)
+                use_fp32_kernel(model, kernel.value)
+                self.choice = Choice(
+                    self.precision,
+                    f"{self.choice.reason}; linear layers on {KERNEL_TITLES[kernel.value]}: {kernel.reason}",
+                )
         require_head(self.config, str(source))
         self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]
 

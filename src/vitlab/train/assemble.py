@@ -19,6 +19,8 @@ from vitlab.data.source import steps_per_epoch as whole_batches
 from vitlab.distributed import DistEnv, broadcast_object, fetch_once
 from vitlab.errors import ConfigError
 from vitlab.hardware import Choice, choose_precision
+from vitlab.kernels import KERNEL_TITLES, model_fp32_kernel
+from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.models.registry import create_model
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives import build_objective
@@ -113,7 +115,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         # every row goes (a start killed after writing an epoch's row but before its state leaves one behind).
         run.rewrite_metrics(history)
     eval_model = ema_model(model, ema, env)
-    precision = training_precision(config, model, env)
+    precision = training_linear_kernel(training_precision(config, model, env), config, model, env)
     step = TrainingStep(
         wrapped,
         objective,
@@ -194,6 +196,18 @@ def training_precision(config: TrainConfig, model: VisionTransformer, env: DistE
     `vitlab.hardware.choose_precision`), else fp32. Every process decides from rank 0's answer, so a job spread
     over unlike machines still runs one precision."""
     return broadcast_object(choose_precision(config.precision, env.device, model_size(model.config)[1], "train"), env)
+
+
+def training_linear_kernel(precision: Choice, config: TrainConfig, model: VisionTransformer, env: DistEnv) -> Choice:
+    """An fp32 step on the CPU runs its linear layers on the fp32 kernel that measured fastest here for the
+    model's shape (`vitlab.kernels`; rank 0 measures, every rank follows); `precision` comes back with the choice
+    added to its reason. Compiled steps keep Inductor's own kernels."""
+    if precision.value != "fp32" or env.device.type != "cpu" or config.compile:
+        return precision
+    per_step = max(1, config.batch_size // (config.grad_accum * env.world_size))
+    kernel = broadcast_object(model_fp32_kernel(model.config, "train", per_step) if env.is_main else None, env)
+    use_fp32_kernel(model, "torch", kernel.value)
+    return Choice("fp32", f"{precision.reason}; linear layers on {KERNEL_TITLES[kernel.value]}: {kernel.reason}")
 
 
 def check_batching(config: TrainConfig, env: DistEnv, train_images: int) -> int:
