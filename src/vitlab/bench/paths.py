@@ -81,7 +81,9 @@ def eager_fp32_torch(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     require_cpu(sample, "the choice of fp32 kernel")
     if model_fp32_kernel(model.config, "inference", len(sample)).value == "torch":
         raise Unavailable("eager fp32 runs torch's GEMM on this CPU already")
-    return BenchPath("eager fp32 torch", "fp32", model, "as eager fp32, with torch's own GEMM (MKL) in the linear layers")
+    return BenchPath(
+        "eager fp32 torch", "fp32", model, "as eager fp32, with torch's own GEMM (MKL) in the linear layers"
+    )
 
 
 def eager_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
