@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +49,13 @@ MACHINE_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinit
 
 
 def pytest_configure(config) -> None:
-    """Under pytest-xdist (`make test` runs two workers on two cores) each worker keeps to a core of its own:
+    """The suite's measurements (fp32 kernels, path speeds, peaks) go to a cache of its own, never the user's,
+    where a digits-8 bench would become this machine's advice.
+
+    Under pytest-xdist (`make test` runs two workers on two cores) each worker keeps to a core of its own:
     what it runs, and the processes it starts, then see one core (`hardware.available_cores`) and start one
     thread each, instead of two workers' threads fighting over both cores."""
+    os.environ.setdefault("VITLAB_CACHE", tempfile.mkdtemp(prefix="vitlab-test-cache-"))
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None or not hasattr(os, "sched_setaffinity"):
         return

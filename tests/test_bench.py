@@ -357,23 +357,20 @@ def test_the_tables_time_limit_leaves_later_paths_unrun(monkeypatch):
     assert result["skipped"]["eager-fp32"].startswith("not run: the 6 s limit of the whole table")
 
 
-@pytest.mark.parametrize(
-    "units, fastest",
-    [
-        ("avx2", ["onnx-int8"]),
-        ("avx2,avx512,vnni", ["pt2e-int8", "onnx-int8"]),
-        ("avx2,avx512,vnni,avx512_bf16,amx", ["pt2e-int8-bf16", "compile-bf16"]),
-    ],
-)
-def test_quick_keeps_the_paths_fastest_on_this_kind_of_cpu_and_bf16_needs_bf16_units(monkeypatch, units, fastest):
+@pytest.mark.parametrize("units", ["avx2", "avx2,avx512,vnni", "avx2,avx512,vnni,avx512_bf16,amx"])
+def test_quick_without_measurements_takes_every_int8_path_and_bf16_by_the_units(monkeypatch, units):
+    from vitlab.bench import advice
     from vitlab.bench.runner import choose_paths
 
     monkeypatch.setenv("VITLAB_CPU_UNITS", units)
+    monkeypatch.setattr(advice, "calibrate", lambda show=True: None)  # nothing could be measured here
+    monkeypatch.setattr(advice, "installed", lambda package: True)
     cpu = torch.device("cpu")
-    chosen, left_out = choose_paths(False, True, cpu, None)
-    assert chosen == ["eager-fp32", *fastest, "transformers"]
-    everything, left_out = choose_paths(False, False, cpu, None)
     has_bf16 = "amx" in units
+    chosen, left_out = choose_paths(False, True, cpu, None)
+    bf16 = ["pt2e-int8-bf16", "compile-bf16"] if has_bf16 else []
+    assert chosen == ["eager-fp32", "onnx-int8", "pt2e-int8", "torch-int8", *bf16, "transformers"]
+    everything, left_out = choose_paths(False, False, cpu, None)
     assert ("eager-bf16" in everything) == has_bf16 and ("compile-bf16" in everything) == has_bf16
     if not has_bf16:
         assert "no bf16 units" in left_out["eager-bf16"] and "--paths" in left_out["eager-bf16"]
@@ -393,7 +390,11 @@ def test_quick_gives_a_table_whose_header_names_the_cpus_units(monkeypatch, caps
         return build
 
     # The real int8 paths compile for tens of seconds; their own tests cover them. Here: the quick flow.
+    from vitlab.bench import advice
+
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
+    monkeypatch.setattr(advice, "calibrate", lambda show=True: None)
+    monkeypatch.setattr(advice, "installed", lambda package: package == "onnxruntime")
     monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "onnx-int8", fake("onnxruntime int8"))
     assert main(["bench", "--quick", "--model", "digits-8", "--batch-size", "4"]) == 0
     out = capsys.readouterr().out
@@ -401,7 +402,7 @@ def test_quick_gives_a_table_whose_header_names_the_cpus_units(monkeypatch, caps
     assert "3 interleaved rounds after 1 warm-up calls; each path within a 45 s budget, the table within 150 s" in out
     for name in ("eager fp32", "onnxruntime int8", "transformers fp32"):
         assert name in out
-    assert "not run by --quick" in out and "fastest:" in out
+    assert "not run by --quick" in out and "fastest:" in out and "margin: " in out and "x the next" in out
 
 
 def test_bench_on_a_gpu_that_is_not_there_is_one_line(monkeypatch, capsys):

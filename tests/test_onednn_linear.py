@@ -80,3 +80,12 @@ def test_bf16_autocast_and_bf16_weights_keep_nn_linear():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert model(images).dtype == torch.bfloat16  # autocast's own linear, not an fp32 oneDNN one
     assert model.to(torch.bfloat16)(images.bfloat16()).dtype == torch.bfloat16
+
+
+def test_a_model_copied_under_inference_mode_runs():
+    model = create_model("digits-8")
+    images = torch.randn(2, 1, 8, 8)
+    with torch.inference_mode():
+        copied = copy.deepcopy(model)  # inference tensors: no version counter
+        use_fp32_kernel(copied, "onednn")
+        torch.testing.assert_close(copied(images), model(images), rtol=1e-5, atol=1e-5)

@@ -492,6 +492,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from vitlab.bench.advice import fastest_format_line
     from vitlab.checkpoint import load_model
     from vitlab.export.checks import calibration_pixels, validation_pixels
     from vitlab.export.onnx import format_export, require_onnx, run_export
@@ -528,10 +529,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         calibration=calibration,
     )
     print(json.dumps(summary, indent=1) if args.json else format_export(summary, images_given=bool(args.images)))
+    if not args.json:
+        print(fastest_format_line("onnx --int8" if summary["int8"] else "onnx"))
     return 0
 
 
 def export_pt2e_command(args: argparse.Namespace) -> int:
+    from vitlab.bench.advice import fastest_format_line
     from vitlab.checkpoint import load_model
     from vitlab.export.checks import validation_pixels
     from vitlab.export.pt2e import SUFFIX, calibration_for, format_pt2e_export, require_torchao, run_pt2e_export
@@ -566,6 +570,8 @@ def export_pt2e_command(args: argparse.Namespace) -> int:
         pixels=validation_pixels(model.config, args.images),
     )
     print(json.dumps(summary, indent=1) if args.json else format_pt2e_export(summary, images_given=bool(args.images)))
+    if not args.json:
+        print(fastest_format_line("pt2e"))
     return 0
 
 

@@ -283,6 +283,34 @@ class Choice:
         return f"{self.value} ({self.reason})"
 
 
+# The paths of `vitlab bench` that run each precision as `predict` and `serve` would (the fastest stands for it).
+AUTO_PATHS = {"fp32": ("eager-fp32",), "bf16": ("eager-bf16",), "int8": ("onnx-int8", "torch-int8")}
+
+
+def choice_from_path_speeds(purpose: str) -> Choice | None:
+    """The precision whose path ran fastest in the last inference bench on this machine (`path_speeds`): fp32
+    or bf16 for "inference", int8 too for "serve"; None without a record that measured two of them."""
+    record = path_speeds()
+    if record is None:
+        return None
+    speeds = record["images_per_second"]
+    best = {}
+    for precision in ("fp32", "bf16", "int8") if purpose == "serve" else ("fp32", "bf16"):
+        measured = [(speeds[path], path) for path in AUTO_PATHS[precision] if path in speeds]
+        if measured:
+            best[precision] = max(measured)
+    if "fp32" not in best or len(best) < 2:
+        return None
+    winner = max(best, key=lambda precision: best[precision][0])  # fp32 first: it keeps a tie
+    base = best["fp32"][0]
+    figures = ", ".join(f"{path} {speed / base:.2f}x" for speed, path in sorted(best.values(), reverse=True))
+    return Choice(
+        winner,
+        f"measured on this CPU against eager fp32: {figures} ({record['model']}, batch {record['batch_size']}, "
+        f"{record['source']})",
+    )
+
+
 def choose_precision(requested: str, device, gflops_per_image: float, purpose: str = "inference") -> Choice:
     """The precision to run a model of `gflops_per_image` (forward) in on `device`.
 
@@ -306,8 +334,12 @@ def choose_precision(requested: str, device, gflops_per_image: float, purpose: s
             "fp32",
             f"a small model ({gflops_per_image:.3g} GFLOPs per image): its matmuls are too small for bf16 to pay",
         )
+    if purpose != "train":  # a whole model measured here outranks matmul peaks, and those outrank the flags
+        measured_paths = choice_from_path_speeds(purpose)
+        if measured_paths is not None:
+            return measured_paths
     units = cpu_units()
-    measured = measured_peaks()  # a measurement on this CPU outranks what its flags suggest
+    measured = measured_peaks()
     fp32_peak = measured.get("fp32")
     if fp32_peak and "bf16" in measured:
         gain = measured["bf16"] / fp32_peak
@@ -333,34 +365,6 @@ def choose_precision(requested: str, device, gflops_per_image: float, purpose: s
             "fp32", f"bf16 matmuls measured only {measured['bf16'] / fp32_peak:.1f}x fp32 on this CPU (vitlab bench)"
         )
     return Choice("fp32", f"no bf16 matmul units on this CPU ({units.describe()}): bf16 would run slower")
-
-
-# ------------------------------------------------------------------------------------------ deployment
-def fastest_export_format() -> Choice:
-    """The `vitlab export` format that ran fastest on CPUs with this one's units (ViT-B/16, batch 16, against
-    transformers fp32 in the same `vitlab bench` run, BENCHMARKS.md): with AMX, pt2e (int8 + bf16) 7.2x against
-    ONNX Runtime int8's 3.1x; with VNNI and no bf16 units, pt2e int8 3.2x against 2.4x (an AVX-512 Xeon); with
-    neither, ONNX Runtime int8 1.77-1.81x against pt2e's 0.95x (an AVX2 AMD EPYC: oneDNN's int8 linear layers, which
-    PT2E compiles to, ran there no faster than fp32 at B/16, with 7-bit activations or 8)."""
-    units = cpu_units()
-    if units.amx or units.bf16:
-        return Choice(
-            "pt2e",
-            f"this CPU has bf16 units ({units.describe()}): pt2e int8 + bf16 ran at 7.2x "
-            "transformers fp32 on B/16 on such a CPU, ONNX Runtime int8 at 3.1x",
-        )
-    if units.int8:
-        return Choice(
-            "pt2e",
-            f"this CPU has int8 dot products ({units.describe()}): pt2e int8 ran at 3.2x "
-            "transformers fp32 on B/16 on such a CPU, ONNX Runtime int8 at 2.4x",
-        )
-    return Choice(
-        "onnx --int8",
-        f"this CPU has neither int8 dot products nor bf16 units ({units.describe()}): "
-        "ONNX Runtime int8 ran at 1.77x transformers fp32 on B/16 on such a CPU, pt2e int8 "
-        "at 0.95x",
-    )
 
 
 # ------------------------------------------------------------------------------- measurements, per CPU
@@ -415,6 +419,25 @@ def keep_measurements(name: str, values: dict) -> None:
         atomic_write_bytes(path, json.dumps(known, indent=1).encode())
     except OSError:
         pass
+
+
+def libraries_key() -> str:
+    """The library versions measured speeds hold for: torch's, ONNX Runtime's and torchao's kernels decide them."""
+    import importlib.metadata
+
+    versions = []
+    for package in ("torch", "onnxruntime", "torchao"):
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{package} none")
+    return ", ".join(versions)
+
+
+def path_speeds() -> dict | None:
+    """The last inference `vitlab bench` (or calibration) kept on this machine with these library versions:
+    {"model", "image_size", "batch_size", "images_per_second": {path: images/s}, "source", "date"}, or None."""
+    return read_measurements("paths").get(libraries_key())
 
 
 def measured_peaks() -> dict[str, float]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.bench.advice import quick_paths, record_path_speeds, winner_line
 from vitlab.bench.budget import OverBudget, deadline, rounds_within
 from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, BenchPath, Unavailable
 from vitlab.checkpoint import load_model
@@ -244,17 +245,8 @@ def choose_paths(
                 f"not run: this CPU has no bf16 units ({units.describe()}), so bf16 is emulated and "
                 f"far slower than fp32; name it in --paths to measure it anyway"
             )
-    if quick:
-        if train:
-            fastest = ["autocast-bf16"] if units.bf16 else ["compile-fp32"]
-        elif units.amx or units.bf16:
-            fastest = ["pt2e-int8-bf16", "compile-bf16"]
-        elif units.int8:  # VNNI: PT2E int8 led at B/16 (3.22x transformers, ONNX Runtime int8 2.42x)
-            fastest = ["pt2e-int8", "onnx-int8"]
-        else:  # AVX2 alone: ONNX Runtime int8 led (1.77-1.81x transformers, PT2E int8 0.95x: fp32's speed),
-            # and PT2E's export, calibration and compilation of B/16 took over the 45 s a quick path has there
-            fastest = ["onnx-int8"]
-        kept = ["eager-fp32", *fastest, "transformers"]
+    if quick:  # what this machine measured fastest, and every installed runtime's int8 path (bench.advice)
+        kept = quick_paths(train)
         for key in chosen:
             if key not in kept:
                 left_out.setdefault(key, "not run by --quick (name it in --paths)")
@@ -280,6 +272,7 @@ def run_bench(
     budget_seconds: float | None = None,
     quick: bool = False,
     total_seconds: float | None = None,
+    record: bool = True,
 ) -> dict[str, Any]:
     """Measure the chosen paths (`choose_paths`) and return the figures as a JSON-ready dict (see `format_table`).
 
@@ -287,7 +280,8 @@ def run_bench(
     prepared and timed (default PATH_BUDGET_SECONDS, QUICK_PATH_BUDGET_SECONDS with quick); a path over it is
     reported, with what it did in time. quick: the fastest paths for this machine, 3 rounds after 1 warm-up
     call, within `total_seconds` (default QUICK_TOTAL_SECONDS) for preparing and timing them all.
-    show: say on stderr what happens while it happens (each path as it is built, the timing rounds)."""
+    show: say on stderr what happens while it happens (each path as it is built, the timing rounds). record: keep
+    an inference run's images/s per path on a CPU for the advice (`vitlab.bench.advice`)."""
 
     def say(text: str) -> None:
         if show:
@@ -433,7 +427,7 @@ def run_bench(
         }
         rows.append(row)
     fastest = max(rows, key=lambda row: row["images_per_second"]) if rows else None
-    return {
+    result = {
         "mode": "training step" if train else "inference",
         "model": checkpoint or model_name,
         "config": config.to_dict(),
@@ -454,6 +448,9 @@ def run_bench(
         "fastest": fastest["path"] if fastest else None,
         "dataset": dataset,
     }
+    if record and target.type == "cpu":
+        record_path_speeds(result)
+    return result
 
 
 def measure_accuracy(
@@ -567,4 +564,7 @@ def format_table(result: dict[str, Any]) -> str:
             + (f", {fastest['vs_eager_fp32']:.2f}x eager fp32" if fastest["vs_eager_fp32"] else "")
             + (f", {fastest['vs_reference']:.2f}x transformers fp32" if fastest["vs_reference"] else ""),
         ]
+        margin = winner_line(result)
+        if margin:
+            lines.append(margin)
     return "\n".join(lines)

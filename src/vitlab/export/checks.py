@@ -22,7 +22,6 @@ from vitlab.data.images import collect_images, read_image
 from vitlab.data.loaders import gather_images
 from vitlab.errors import UsageError
 from vitlab.files import CHECKSUMS, record_checksum, sha256_file
-from vitlab.hardware import fastest_export_format
 
 CHECK_DATASET = "digits"  # shipped with vitlab: any model can be checked on it, whatever it was trained for
 
@@ -133,11 +132,3 @@ def check_lines(validation: dict[str, Any], against: str, images_given: bool) ->
             for name, check in validation["checks"].items()
         ),
     ]
-
-
-def fastest_format_line(written: str) -> str:
-    """What `vitlab export` says of the format it wrote against the one fastest on this CPU."""
-    fastest = fastest_export_format()
-    if fastest.value == written:
-        return f"fastest format on this CPU: {fastest.value}, this one ({fastest.reason})"
-    return f"fastest format on this CPU: {fastest.value}, not this one ({fastest.reason}); vitlab bench --quick measures it"

@@ -32,7 +32,6 @@ from vitlab.errors import CheckpointError, UsageError
 from vitlab.export.checks import (
     check_lines,
     compare_logits,
-    fastest_format_line,
     place_checked_export,
     quiet_loggers,
     require_one_input_size,
@@ -468,5 +467,4 @@ def format_export(summary: dict[str, Any], images_given: bool) -> str:
     ]
     if not summary["int8"]:
         lines.append(f"fp32 tolerance {summary['tolerance']:g}: passed")
-    lines.append(fastest_format_line("onnx --int8" if summary["int8"] else "onnx"))
     return "\n".join(lines)

@@ -40,7 +40,6 @@ from vitlab.export.checks import (
     calibration_pixels,
     check_lines,
     compare_logits,
-    fastest_format_line,
     place_checked_export,
     quiet_loggers,
     require_one_input_size,
@@ -377,8 +376,7 @@ def calibration_for(
 
 
 def format_pt2e_export(summary: dict[str, Any], images_given: bool) -> str:
-    """`vitlab export --format pt2e`'s report: the file, its calibration, each check against fp32, and the format
-    fastest on this CPU."""
+    """`vitlab export --format pt2e`'s report: the file, its calibration and each check against fp32."""
     validation = summary["validation"]
     lines = [
         f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB: fp32 weights and calibrated activation "
@@ -386,6 +384,5 @@ def format_pt2e_export(summary: dict[str, Any], images_given: bool) -> str:
         f"runs here as {validation['precision']} ({validation['precision_reason']}), compiled for this CPU in "
         f"{validation['compile_seconds']:.0f} s when loaded",
         *check_lines(validation, "fp32 PyTorch", images_given),
-        fastest_format_line("pt2e"),
     ]
     return "\n".join(lines)

@@ -80,10 +80,12 @@ class OneDNNLinear(nn.Linear):
 
     def packed_weight(self) -> torch.Tensor:
         """The weight in oneDNN's layout, packed again only when the weight changed since (an optimizer step)."""
-        key = (self.weight.data_ptr(), self.weight._version)
+        weight = self.weight
+        # Tensors made under torch.inference_mode keep no version counter: their storage alone is the key.
+        key = (weight.data_ptr(), -1 if weight.is_inference() else weight._version)
         cached = _PACKED.get(self)
         if cached is None or cached[0] != key:
-            cached = (key, torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()))
+            cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach()))
             _PACKED[self] = cached
         return cached[1]
 

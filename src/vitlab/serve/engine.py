@@ -34,6 +34,7 @@ from vitlab.hardware import (
     Choice,
     available_cores,
     choose_precision,
+    path_speeds,
     resolve_device,
 )
 from vitlab.kernels import KERNEL_TITLES, model_fp32_kernel
@@ -123,10 +124,10 @@ class Engine:
             self.choice = self._choose_precision(precision)
             self.precision = self.choice.value
             onnx_int8 = auto_backend and self.precision == "int8" and self.device.type == "cpu" and not naflex
-            if onnx_int8 and onnx_runtime_installed():
-                # ONNX Runtime's int8 kernels beat PyTorch's dynamic int8 at B/16: 3.0x against 2.0x transformers
-                # fp32 on an AMX Xeon, 1.8x against 1.4x and 1.77x against 1.70x in two runs on an AVX2 EPYC
-                # (BENCHMARKS.md).
+            speeds = (path_speeds() or {}).get("images_per_second", {})
+            if onnx_int8 and onnx_runtime_installed() and not speeds.get("torch-int8", 0) > speeds.get("onnx-int8", 0):
+                # ONNX Runtime's int8 kernels beat PyTorch's dynamic int8 at B/16 on every CPU measured so far
+                # (BENCHMARKS.md); a bench on this machine that says otherwise keeps PyTorch's.
                 self.backend = backend = "onnx"
                 self.choice = Choice(
                     "int8",

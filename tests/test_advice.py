@@ -1,0 +1,101 @@
+"""Advice comes from what this machine measured: the export format, `auto` precision, `--quick`'s paths."""
+
+import pytest
+
+from vitlab.bench import advice
+from vitlab.hardware import choose_precision, path_speeds
+
+
+def bench_result(speeds, model="B/16"):
+    """What `run_bench` returns, as far as the advice reads it."""
+    return {
+        "mode": "inference",
+        "model": model,
+        "image_size": [224, 224],
+        "batch_size": 16,
+        "paths": [{"path": path, "images_per_second": value} for path, value in speeds.items()],
+    }
+
+
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    """A fresh cache, a simulated CPU kind, and a calibration that must not run unless a test allows it."""
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni,avx512_bf16")
+
+    def no_calibration(show=True):
+        raise AssertionError("calibrated although figures were kept")
+
+    monkeypatch.setattr(advice, "calibrate", no_calibration)
+    return monkeypatch
+
+
+ZEN5 = {"eager-fp32": 5.0, "eager-bf16": 16.0, "onnx-fp32": 9.0, "onnx-int8": 22.0, "pt2e-int8": 5.0, "transformers": 4.6}
+
+
+def test_the_export_advice_is_this_machines_fastest_measured_format(machine):
+    advice.record_path_speeds(bench_result(ZEN5))
+    choice = advice.fastest_export_format()
+    assert choice.value == "onnx --int8"
+    assert "onnx-int8 4.40x, onnx-fp32 1.80x, pt2e-int8 1.00x" in choice.reason and "B/16 at 224 px" in choice.reason
+    assert advice.fastest_format_line("pt2e").startswith("fastest format on this CPU: onnx --int8, not this one")
+    assert "this one" in advice.fastest_format_line("onnx --int8")
+
+
+def test_a_simulated_cpu_kind_is_advised_by_its_own_figures_only(machine):
+    advice.record_path_speeds(bench_result(ZEN5))
+    machine.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni,avx512_bf16,amx")  # another kind: nothing kept for it
+    assert path_speeds() is None
+    calibrated = []
+
+    def calibrate(show=True):
+        calibrated.append(1)
+        advice.record_path_speeds(bench_result({"eager-fp32": 5.0, "pt2e-int8-bf16": 36.0, "onnx-int8": 15.0}, "S/16"))
+        return path_speeds()
+
+    machine.setattr(advice, "calibrate", calibrate)
+    assert advice.fastest_export_format().value == "pt2e" and calibrated == [1]
+    machine.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni,avx512_bf16")
+    assert advice.fastest_export_format().value == "onnx --int8"  # the first kind's figures are still its own
+
+
+def test_nothing_measurable_says_so(machine):
+    machine.setattr(advice, "calibrate", lambda show=True: None)
+    assert advice.fastest_export_format() is None
+    assert "not measured" in advice.fastest_format_line("onnx")
+
+
+def test_auto_precision_follows_the_measured_paths(machine):
+    advice.record_path_speeds(bench_result(ZEN5))
+    served = choose_precision("auto", "cpu", 17.6, "serve")
+    assert served.value == "int8" and "onnx-int8 4.40x" in served.reason
+    predicted = choose_precision("auto", "cpu", 17.6, "inference")  # never quantised: bf16 led the float paths
+    assert predicted.value == "bf16" and "eager-bf16 3.20x" in predicted.reason
+    advice.record_path_speeds(bench_result({"eager-fp32": 5.0, "eager-bf16": 4.0}))
+    assert choose_precision("auto", "cpu", 17.6, "inference").value == "fp32"
+    assert choose_precision("auto", "cpu", 0.001, "serve").value == "fp32"  # a tiny model keeps fp32 regardless
+
+
+def test_quick_takes_the_measured_leaders_and_every_int8_path(machine):
+    machine.setattr(advice, "installed", lambda package: package != "torchao")
+    advice.record_path_speeds(bench_result(ZEN5))
+    assert advice.quick_paths(False) == ["eager-fp32", "onnx-int8", "torch-int8", "eager-bf16", "onnx-fp32", "transformers"]
+
+
+def test_the_margin_names_the_runner_up():
+    result = bench_result({"eager-fp32": 5.0, "onnx-int8": 22.0, "eager-bf16": 16.0})
+    for row in result["paths"]:
+        row["name"] = row["path"].replace("-", " ")
+    assert advice.winner_line(result) == "margin: onnx int8 1.38x the next, eager bf16"
+
+
+def test_a_real_calibration_keeps_what_it_measured(monkeypatch, tmp_path):
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(advice, "CALIBRATION_MODEL", "digits-8")
+    monkeypatch.setattr(advice, "CALIBRATION_IMAGE_SIZE", 8)
+    monkeypatch.setattr(advice, "installed", lambda package: False)  # eager and onnx fp32 only: seconds
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
+    pytest.importorskip("onnxruntime")
+    record = advice.calibrate(show=False)
+    assert record["source"] == "calibration" and set(record["images_per_second"]) == {"eager-fp32", "onnx-fp32"}
+    assert record == path_speeds()
