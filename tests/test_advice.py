@@ -30,7 +30,14 @@ def machine(monkeypatch, tmp_path):
     return monkeypatch
 
 
-ZEN5 = {"eager-fp32": 5.0, "eager-bf16": 16.0, "onnx-fp32": 9.0, "onnx-int8": 22.0, "pt2e-int8": 5.0, "transformers": 4.6}
+ZEN5 = {
+    "eager-fp32": 5.0,
+    "eager-bf16": 16.0,
+    "onnx-fp32": 9.0,
+    "onnx-int8": 22.0,
+    "pt2e-int8": 5.0,
+    "transformers": 4.6,
+}
 
 
 def test_the_export_advice_is_this_machines_fastest_measured_format(machine):
@@ -79,7 +86,14 @@ def test_auto_precision_follows_the_measured_paths(machine):
 def test_quick_takes_the_measured_leaders_and_every_int8_path(machine):
     machine.setattr(advice, "installed", lambda package: package != "torchao")
     advice.record_path_speeds(bench_result(ZEN5))
-    assert advice.quick_paths(False) == ["eager-fp32", "onnx-int8", "torch-int8", "eager-bf16", "onnx-fp32", "transformers"]
+    assert advice.quick_paths(False) == [
+        "eager-fp32",
+        "onnx-int8",
+        "torch-int8",
+        "eager-bf16",
+        "onnx-fp32",
+        "transformers",
+    ]
 
 
 def test_the_margin_names_the_runner_up():

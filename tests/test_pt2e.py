@@ -189,5 +189,3 @@ def test_the_quantization_follows_the_cpu_that_runs_it(monkeypatch, tmp_path):
     assert pt2e.rest_precision(config).value == "int8+bf16"
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
     assert pt2e.rest_precision(config).value == "int8"
-
-
