@@ -369,7 +369,7 @@ def test_quick_without_measurements_takes_every_int8_path_and_bf16_by_the_units(
     has_bf16 = "amx" in units
     chosen, left_out = choose_paths(False, True, cpu, None)
     bf16 = ["pt2e-int8-bf16", "compile-bf16"] if has_bf16 else []
-    assert chosen == ["eager-fp32", "onnx-int8", "pt2e-int8", "torch-int8", *bf16, "transformers"]
+    assert chosen == ["eager-fp32", "onnx-int8", "torch-int8", "pt2e-int8", *bf16, "transformers"]
     everything, left_out = choose_paths(False, False, cpu, None)
     assert ("eager-bf16" in everything) == has_bf16 and ("compile-bf16" in everything) == has_bf16
     if not has_bf16:

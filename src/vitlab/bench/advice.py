@@ -25,7 +25,7 @@ FORMAT_PATHS = {
 
 # Each runtime's int8 path, in `--quick` wherever the runtime is installed (the int8 paths are where CPU kinds
 # differ most), and the package that provides it.
-INT8_PATHS = {"onnx-int8": "onnxruntime", "pt2e-int8": "torchao", "torch-int8": "torch"}
+INT8_PATHS = {"onnx-int8": "onnxruntime", "torch-int8": "torch", "pt2e-int8": "torchao"}
 
 CALIBRATION_MODEL = "S/16"
 CALIBRATION_IMAGE_SIZE = 96
@@ -62,9 +62,12 @@ def calibrate(show: bool = True) -> dict[str, Any] | None:
     nothing could be measured. Paths that do not fit are left out of the record (and so of the advice)."""
     from vitlab.bench.runner import run_bench
 
-    paths = ["eager-fp32", "onnx-fp32", *[path for path, package in INT8_PATHS.items() if installed(package)]]
+    # Quick to build first (ONNX Runtime's and PyTorch's int8), PT2E last: its compilation can take the budget.
+    paths = ["eager-fp32", *[path for path, package in INT8_PATHS.items() if installed(package)], "onnx-fp32"]
     if cpu_units().bf16:
-        paths[1:1] = ["eager-bf16", "pt2e-int8-bf16"] if installed("torchao") else ["eager-bf16"]
+        paths[1:1] = ["eager-bf16"]
+        paths += ["pt2e-int8-bf16"] if installed("torchao") else []
+    paths.sort(key=lambda path: path.startswith("pt2e"))
     if show:
         print(
             f"vitlab: no speeds measured on this CPU yet; measuring {', '.join(paths)} on {CALIBRATION_MODEL} at "
@@ -85,6 +88,13 @@ def calibrate(show: bool = True) -> dict[str, Any] | None:
         record=False,
     )
     record_path_speeds(result, source="calibration")
+    if show and result["skipped"]:
+        print(
+            "vitlab: not measured in the calibration: "
+            + "; ".join(f"{path} ({why})" for path, why in result["skipped"].items())
+            + "; `vitlab bench --paths ...` measures them on your model",
+            file=sys.stderr,
+        )
     return path_speeds()
 
 
