@@ -189,3 +189,28 @@ def test_the_quantization_follows_the_cpu_that_runs_it(monkeypatch, tmp_path):
     assert pt2e.rest_precision(config).value == "int8+bf16"
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
     assert pt2e.rest_precision(config).value == "int8"
+
+
+@pytest.mark.slow
+def test_a_second_load_does_not_compile_and_a_damaged_package_is_rebuilt(exported, monkeypatch, tmp_path):
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))  # a CPU kind's first load
+    compiles = []
+    real_compile = torch._inductor.aoti_compile_and_package
+
+    def counted(*args, **kwargs):
+        compiles.append(1)
+        return real_compile(*args, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", counted)
+    path, _ = exported
+    images = torch.randn(3, 1, 8, 8)
+    first = pt2e.Pt2eClassifier(path)
+    assert len(compiles) == 1 and first.compile_seconds > 0 and first.package.is_file()
+    second = pt2e.Pt2eClassifier(path)
+    assert len(compiles) == 1 and second.compile_seconds == 0.0
+    assert torch.equal(first(images), second(images)) and second(images[:1]).shape == (1, 10)
+    first.package.write_bytes(b"not a package")
+    third = pt2e.Pt2eClassifier(path)
+    assert len(compiles) == 2 and torch.equal(third(images), second(images))
+    monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")  # another CPU kind gets its own package
+    assert pt2e.Pt2eClassifier(path).package != first.package

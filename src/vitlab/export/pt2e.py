@@ -21,8 +21,11 @@ torchao is an optional extra (`pip install 'vitlab[int8]'`); it is imported here
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import json
+import os
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -45,6 +48,8 @@ from vitlab.export.checks import (
     require_one_input_size,
     validation_pixels,
 )
+from vitlab.download import cache_dir
+from vitlab.files import sha256_file
 from vitlab.hardware import Choice, choose_precision, int8_saturates, machine_key
 from vitlab.models.registry import create_model
 from vitlab.runs import RunFolder
@@ -134,7 +139,12 @@ class QuantizedModel:
     (B, C, H, W) for logits (B, K). `observers`: the statistics of a calibration (`calibrate`, or a saved file)."""
 
     def __init__(
-        self, model: nn.Module, observers: dict[str, torch.Tensor], precision: str = "auto", source: str = "the model"
+        self,
+        model: nn.Module,
+        observers: dict[str, torch.Tensor],
+        precision: str = "auto",
+        source: str = "the model",
+        compile: bool = True,
     ) -> None:
         with _quiet():
             from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
@@ -160,6 +170,9 @@ class QuantizedModel:
         with warnings.catch_warnings(), _quiet():
             warnings.simplefilter("ignore")
             converted = convert_pt2e(prepared)
+            self.converted, self.compile_seconds = converted, 0.0
+            if not compile:  # the caller compiles it ahead of time (`Pt2eClassifier`)
+                return
             # dynamic: one compiled graph for every batch size (a batch of 1 is padded to 2, which the symbolic
             # batch would otherwise specialise and compile again). Freezing turns the weights into constants, so
             # Inductor pre-packs them for oneDNN; it happens at the first call, which must run inside the patch.
@@ -258,9 +271,66 @@ def read_pt2e(
     return config, state, observers, json.loads(metadata.get("pt2e", "{}"))
 
 
+def compiled_package_path(path: Path, precision: str) -> Path:
+    """Where the compiled graph of this file's content is kept for this CPU kind, torch version and precision."""
+    content = sha256_file(path)[:24]
+    machine = hashlib.sha256(machine_key().encode()).hexdigest()[:12]
+    return cache_dir() / "pt2e" / f"{content}-{precision}-{machine}-torch{torch.__version__}.pt2"
+
+
+def load_compiled(package: Path) -> Any:
+    """The compiled graph kept at `package` as a function of one batch, or None where there is none (or it does
+    not load: it is compiled again)."""
+    if not package.is_file():
+        return None
+    try:
+        # AOTInductor's own loader: `torch._inductor.aoti_load_package` wraps it, but importing torch._inductor
+        # costs 1.4 s, most of a second load; the wrapper is the fallback where this torch lacks the class.
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+        return lambda images: loader.run([images])[0]
+    except AttributeError:
+        pass
+    except Exception:  # noqa: BLE001 - a damaged or foreign package is rebuilt, never trusted
+        return None
+    try:
+        return torch._inductor.aoti_load_package(str(package))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def compile_ahead_of_time(quantized: QuantizedModel, package: Path) -> Any:
+    """Export the quantized graph with a dynamic batch and compile it with AOTInductor (weights frozen and packed
+    for oneDNN, the rest under bf16 autocast where chosen) into `package`, written atomically; a cache that cannot
+    be written gets a temporary package (compiled again next time)."""
+    config = quantized.config
+    example = torch.zeros(2, config.in_chans, *config.image_size)
+    batch = torch.export.Dim("batch", min=1, max=65536)
+    import torch._inductor.config as inductor_config
+
+    with warnings.catch_warnings(), _quiet(), torch.no_grad(), quantized._autocast():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(quantized.converted, (example,), dynamic_shapes=({0: batch},))
+        try:
+            package.parent.mkdir(parents=True, exist_ok=True)
+            staged = package.with_name(f"{package.stem}.{os.getpid()}.tmp.pt2")  # AOTInductor wants .pt2
+            staged.touch()
+        except OSError:
+            staged = Path(tempfile.mkdtemp(prefix="vitlab-pt2e-")) / package.name
+        with inductor_config.patch(freezing=True):
+            torch._inductor.aoti_compile_and_package(program, package_path=str(staged))
+    if staged.parent == package.parent:
+        os.replace(staged, package)
+        staged = package
+    compiled = load_compiled(staged)
+    if compiled is None:
+        raise CheckpointError(f"the graph AOTInductor compiled into {staged} does not load")
+    return compiled
+
+
 class Pt2eClassifier:
-    """A `vitlab export --format pt2e` file, rebuilt and compiled for this CPU (which takes a while: seconds for
-    small models, a minute or more for B/16 on 2 cores). Called as `OnnxClassifier` is: normalised images
+    """A `vitlab export --format pt2e` file, rebuilt and compiled for this CPU: the first time on a CPU kind with
+    a torch version this takes a while (seconds for small models, minutes for B/16 on 2 cores), and the compiled
+    graph is kept (`compiled_package_path`), so later loads take about a second. Called as `OnnxClassifier` is: normalised images
     (B, C, H, W) -> logits (B, K); `classify_unit` and `classify_pixels` take [0, 1] images and uint8 pixels.
     `model` is the fp32 model the file holds (for attention maps, which the quantized graph does not expose)."""
 
@@ -282,11 +352,22 @@ class Pt2eClassifier:
         self.model.eval()
         if threads:
             torch.set_num_threads(threads)
-        self.quantized = QuantizedModel(self.model, observers, precision, str(self.path))
-        self.choice = self.quantized.choice
+        self.choice = rest_precision(self.config, precision)
+        self.package = compiled_package_path(self.path, self.choice.value)
+        self.compile_seconds = 0.0
+        self.compiled = load_compiled(self.package)
+        if self.compiled is None:  # the first load on this CPU kind with this torch: compile once, keep it
+            quantized = QuantizedModel(self.model, observers, precision, str(self.path), compile=False)
+            started = time.perf_counter()
+            self.compiled = compile_ahead_of_time(quantized, self.package)
+            self.compile_seconds = time.perf_counter() - started
 
+    @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        return self.quantized(images)
+        count = len(images)
+        if count == 1:  # as `QuantizedModel` runs it: batch 1 padded to 2
+            images = images.repeat(2, 1, 1, 1)
+        return self.compiled(images.float().contiguous())[:count].float()
 
     def classify_unit(self, images: torch.Tensor) -> torch.Tensor:
         """float images (B, C, H, W) in [0, 1] at the model's size -> logits."""
@@ -333,7 +414,7 @@ def validate_pt2e(model: nn.Module, path: str | Path, pixels: torch.Tensor) -> d
         "checks": checks,
         "precision": runtime.choice.value,
         "precision_reason": runtime.choice.reason,
-        "compile_seconds": round(runtime.quantized.compile_seconds, 1),
+        "compile_seconds": round(runtime.compile_seconds, 1),
     }
 
 
@@ -382,7 +463,7 @@ def format_pt2e_export(summary: dict[str, Any], images_given: bool) -> str:
         f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB: fp32 weights and calibrated activation "
         f"ranges; int8 linear layers when run), calibrated on {summary['calibration_source']}",
         f"runs here as {validation['precision']} ({validation['precision_reason']}), compiled for this CPU in "
-        f"{validation['compile_seconds']:.0f} s when loaded",
+        f"{validation['compile_seconds']:.0f} s and kept (later loads here do not compile)",
         *check_lines(validation, "fp32 PyTorch", images_given),
     ]
     return "\n".join(lines)
