@@ -38,6 +38,7 @@ from vitlab.checkpoint.formats import check_written_content
 from vitlab.config import ViTConfig
 from vitlab.counts import model_size
 from vitlab.data.preprocess import normalize, prepare
+from vitlab.download import cache_dir
 from vitlab.errors import CheckpointError, UsageError
 from vitlab.export.checks import (
     calibration_pixels,
@@ -48,7 +49,6 @@ from vitlab.export.checks import (
     require_one_input_size,
     validation_pixels,
 )
-from vitlab.download import cache_dir
 from vitlab.files import sha256_file
 from vitlab.hardware import Choice, choose_precision, int8_saturates, machine_key
 from vitlab.models.registry import create_model
