@@ -30,7 +30,12 @@ def test_reference_logits_within_1e4_on_onednn(name, weights):
     assert (logits - expected).abs().max().item() <= 1e-4
 
 
-def test_training_step_gradients_match_torch():
+def test_training_step_gradients_match_torch(monkeypatch):
+    from vitlab.layers import onednn_linear
+
+    calls = []
+    real_apply = onednn_linear.OneDNNLinearFunction.apply
+    monkeypatch.setattr(onednn_linear.OneDNNLinearFunction, "apply", lambda *args: calls.append(1) or real_apply(*args))
     torch.manual_seed(0)
     plain = create_model("digits-8").train()
     fast = copy.deepcopy(plain)
@@ -38,6 +43,7 @@ def test_training_step_gradients_match_torch():
     images, labels = torch.randn(6, 1, 8, 8), torch.arange(6) % 10
     for model in (plain, fast):
         nn.functional.cross_entropy(model(images), labels).backward()
+    assert calls  # the oneDNN forward ran
     for (name, ours), theirs in zip(fast.named_parameters(), plain.parameters()):
         assert ours.grad is not None, name
         torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-6, msg=name)
@@ -73,7 +79,14 @@ def test_class_swap_keeps_keys_and_copies_and_the_context_restores():
         use_fp32_kernel(model, "mkl")
 
 
-def test_bf16_autocast_and_bf16_weights_keep_nn_linear():
+def test_bf16_autocast_and_bf16_weights_keep_nn_linear(monkeypatch):
+    from vitlab.layers import onednn_linear
+
+    def refuse(*args):
+        raise AssertionError("oneDNN's fp32 linear ran on bf16")
+
+    monkeypatch.setattr(onednn_linear, "onednn_linear", refuse)
+    monkeypatch.setattr(onednn_linear.OneDNNLinearFunction, "apply", refuse)
     model = create_model("digits-8")
     use_fp32_kernel(model, "onednn", "onednn")
     images = torch.randn(2, 1, 8, 8)
@@ -89,3 +102,11 @@ def test_a_model_copied_under_inference_mode_runs():
         copied = copy.deepcopy(model)  # inference tensors: no version counter
         use_fp32_kernel(copied, "onednn")
         torch.testing.assert_close(copied(images), model(images), rtol=1e-5, atol=1e-5)
+
+
+def test_a_learning_bias_beside_a_frozen_weight_gets_its_gradient():
+    layer = nn.Linear(4, 3)
+    use_fp32_kernel(layer, "onednn", "torch")
+    layer.weight.requires_grad_(False)
+    layer(torch.randn(2, 4)).sum().backward()
+    assert layer.bias.grad is not None

@@ -40,13 +40,14 @@ def installed(package: str) -> bool:
     return True
 
 
-def record_path_speeds(result: dict[str, Any], source: str = "vitlab bench") -> None:
-    """Keep an inference bench's images/s per path for this machine and these library versions."""
+def record_path_speeds(result: dict[str, Any], source: str = "vitlab bench") -> dict[str, Any] | None:
+    """Keep an inference bench's images/s per path for this machine and these library versions (a run on a GPU
+    says nothing of the CPU: not kept); the record, or None."""
     speeds = {row["path"]: round(row["images_per_second"], 3) for row in result["paths"]}
-    if result["mode"] != "inference" or "eager-fp32" not in speeds:
-        return
+    if result["mode"] != "inference" or "eager-fp32" not in speeds or "gpu" in result.get("machine", {}):
+        return None
     known = read_measurements("paths")
-    known[libraries_key()] = {
+    record = known[libraries_key()] = {
         "model": str(result["model"]),
         "image_size": result["image_size"],
         "batch_size": result["batch_size"],
@@ -55,6 +56,7 @@ def record_path_speeds(result: dict[str, Any], source: str = "vitlab bench") -> 
         "date": datetime.date.today().isoformat(),
     }
     keep_measurements("paths", known)
+    return record
 
 
 def calibrate(show: bool = True) -> dict[str, Any] | None:
@@ -85,9 +87,10 @@ def calibrate(show: bool = True) -> dict[str, Any] | None:
         min_sample_seconds=0.05,
         budget_seconds=CALIBRATION_SECONDS / 2,
         total_seconds=CALIBRATION_SECONDS,
+        device="cpu",
         record=False,
     )
-    record_path_speeds(result, source="calibration")
+    record = record_path_speeds(result, source="calibration")  # returned as well: a read-only cache keeps nothing
     if show and result["skipped"]:
         print(
             "vitlab: not measured in the calibration: "
@@ -95,7 +98,7 @@ def calibrate(show: bool = True) -> dict[str, Any] | None:
             + "; `vitlab bench --paths ...` measures them on your model",
             file=sys.stderr,
         )
-    return path_speeds()
+    return record
 
 
 def describe_record(record: dict[str, Any]) -> str:

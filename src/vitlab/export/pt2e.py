@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -275,7 +276,8 @@ def compiled_package_path(path: Path, precision: str) -> Path:
     """Where the compiled graph of this file's content is kept for this CPU kind, torch version and precision."""
     content = sha256_file(path)[:24]
     machine = hashlib.sha256(machine_key().encode()).hexdigest()[:12]
-    return cache_dir() / "pt2e" / f"{content}-{precision}-{machine}-torch{torch.__version__}.pt2"
+    versions = f"torch{torch.__version__}-torchao{importlib.metadata.version('torchao')}"  # the quantizer's passes
+    return cache_dir() / "pt2e" / f"{content}-{precision}-{machine}-{versions}.pt2"
 
 
 def load_compiled(package: Path) -> Any:
@@ -288,7 +290,7 @@ def load_compiled(package: Path) -> Any:
         # costs 1.4 s, most of a second load; the wrapper is the fallback where this torch lacks the class.
         loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
         return lambda images: loader.run([images])[0]
-    except AttributeError:
+    except (AttributeError, TypeError):  # no such class, or another signature in this torch
         pass
     except Exception:  # noqa: BLE001 - a damaged or foreign package is rebuilt, never trusted
         return None

@@ -71,7 +71,8 @@ class OneDNNLinear(nn.Linear):
             and self.weight.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu")
         )
-        if fp32_cpu and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        bias_learns = self.bias is not None and self.bias.requires_grad
+        if fp32_cpu and torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad or bias_learns):
             if self.with_grad:
                 return OneDNNLinearFunction.apply(x, self.weight, self.bias)
         elif fp32_cpu and self.without_grad:
