@@ -22,6 +22,7 @@ def machine(monkeypatch, tmp_path):
     """A fresh cache, a simulated CPU kind, and a calibration that must not run unless a test allows it."""
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni,avx512_bf16")
+    monkeypatch.setenv("VITLAB_CALIBRATE", "1")
 
     def no_calibration(show=True):
         raise AssertionError("calibrated although figures were kept")
@@ -113,3 +114,8 @@ def test_a_real_calibration_keeps_what_it_measured(monkeypatch, tmp_path):
     record = advice.calibrate(show=False)
     assert record["source"] == "calibration" and set(record["images_per_second"]) == {"eager-fp32", "onnx-fp32"}
     assert record == path_speeds()
+
+
+def test_calibration_can_be_turned_off(machine):
+    machine.setenv("VITLAB_CALIBRATE", "0")
+    assert advice.fastest_export_format() is None  # `machine` fails the test if it calibrates

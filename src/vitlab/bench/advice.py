@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import os
 import sys
 from typing import Any
 
@@ -57,6 +58,12 @@ def record_path_speeds(result: dict[str, Any], source: str = "vitlab bench") -> 
     }
     keep_measurements("paths", known)
     return record
+
+
+def calibration_allowed() -> bool:
+    """VITLAB_CALIBRATE=0 turns the calibration off (the advice then says nothing was measured): for machines
+    that must not spend 20 s, and for the test suite, whose exports would each calibrate in their own cache."""
+    return os.environ.get("VITLAB_CALIBRATE", "1") != "0"
 
 
 def calibrate(show: bool = True) -> dict[str, Any] | None:
@@ -123,7 +130,7 @@ def fastest_export_format(calibrate_if_needed: bool = True) -> Choice | None:
     format was measured here (and none could be)."""
     record = path_speeds()
     if record is None or not format_speeds(record):
-        record = calibrate() if calibrate_if_needed else None
+        record = calibrate() if calibrate_if_needed and calibration_allowed() else None
     if record is None or not format_speeds(record):
         return None
     formats = format_speeds(record)
@@ -137,7 +144,7 @@ def fastest_format_line(written: str) -> str:
     """What `vitlab export` says of the format it wrote against the one that ran fastest on this machine."""
     fastest = fastest_export_format()
     if fastest is None:
-        return "fastest format on this CPU: not measured (no export format could run here; vitlab bench says why)"
+        return "fastest format on this CPU: not measured (none could run here, or VITLAB_CALIBRATE=0; vitlab bench measures)"
     if fastest.value == written:
         return f"fastest format on this CPU: {fastest.value}, this one ({fastest.reason})"
     return f"fastest format on this CPU: {fastest.value}, not this one ({fastest.reason})"
@@ -150,7 +157,7 @@ def quick_paths(train: bool) -> list[str]:
     if train:
         return ["eager-fp32", "autocast-bf16" if cpu_units().bf16 else "compile-fp32", "transformers"]
     chosen = ["eager-fp32", *[path for path, package in INT8_PATHS.items() if installed(package)]]
-    record = path_speeds() or calibrate()
+    record = path_speeds() or (calibrate() if calibration_allowed() else None)
     if record is not None:
         speeds = record["images_per_second"]
         leaders = sorted((path for path in speeds if path not in chosen), key=lambda path: -speeds[path])
