@@ -56,7 +56,10 @@ def pytest_configure(config) -> None:
     what it runs, and the processes it starts, then see one core (`hardware.available_cores`) and start one
     thread each, instead of two workers' threads fighting over both cores."""
     os.environ.setdefault("VITLAB_CACHE", tempfile.mkdtemp(prefix="vitlab-test-cache-"))
-    os.environ.setdefault("VITLAB_CALIBRATE", "0")  # 20 s per export otherwise; tests/test_advice.py turns it on
+    os.environ.setdefault("VITLAB_CALIBRATE", "0")
+    # torch's GEMM unless a test asks: each test's own cache would measure the kernels again (tests/test_kernels.py
+    # and tests/test_onednn_linear.py cover the measurement and the oneDNN layers)
+    os.environ.setdefault("VITLAB_FP32_KERNEL", "torch")  # 20 s per export otherwise; tests/test_advice.py turns it on
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None or not hasattr(os, "sched_setaffinity"):
         return
