@@ -46,16 +46,21 @@ def requested_kernel() -> str | None:
     return value
 
 
+def timed_rows(rows: int) -> int:
+    """The rows a measurement times and is kept under: rounded up to a power of two (so batch sizes near each other
+    share one), at most MAX_ROWS."""
+    return 1 << max(0, min(rows, MAX_ROWS) - 1).bit_length()
+
+
 def shape_key(purpose: str, rows: int, inner: int, outer: int) -> str:
-    """The cache key of one measurement: rows rounded up to a power of two, so batch sizes near each other share it."""
-    rows = 1 << max(0, min(rows, MAX_ROWS) - 1).bit_length()  # as `measure_fp32_kernels` times it
-    return f"torch {torch.__version__} | {purpose} | {rows}x{inner}x{outer}"
+    """The cache key of one measurement."""
+    return f"torch {torch.__version__} | {purpose} | {timed_rows(rows)}x{inner}x{outer}"
 
 
 def measure_fp32_kernels(purpose: str, rows: int, inner: int, outer: int) -> dict[str, float]:
     """GFLOP/s of torch's and oneDNN's fp32 linear, (rows, inner) by a weight (outer, inner) with a bias, timed in
     one interleaved run on this process's threads. "train" times the forward and backward (3 products)."""
-    rows = 1 << max(0, min(rows, MAX_ROWS) - 1).bit_length()  # as `shape_key` keeps it
+    rows = timed_rows(rows)
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(outer, inner, generator=generator)
     bias = torch.randn(outer, generator=generator)
@@ -108,6 +113,11 @@ def fp32_kernel_choice(purpose: str, rows: int, inner: int, outer: int) -> Choic
     if gain >= MIN_GAIN:
         return Choice("onednn", f"oneDNN's linear {gain:.2f}x torch's at {shape} on this CPU ({how})")
     return Choice("torch", f"oneDNN's linear {gain:.2f}x torch's at {shape} on this CPU ({how})")
+
+
+def describe_kernel(kernel: Choice) -> str:
+    """ "linear layers on oneDNN's linear: <why>": what a run's precision line adds about its fp32 kernel."""
+    return f"linear layers on {KERNEL_TITLES[kernel.value]}: {kernel.reason}"
 
 
 def model_fp32_kernel(config, purpose: str, batch_size: int) -> Choice:

@@ -32,7 +32,7 @@ from vitlab.export.checks import quiet_loggers
 from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
 from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
 from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
-from vitlab.kernels import KERNEL_TITLES, model_fp32_kernel
+from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.layers.patch_embed import patchify
 from vitlab.objectives import Classification
@@ -73,7 +73,7 @@ def eager_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
         "eager fp32",
         "fp32",
         fastest,
-        f"PyTorch eager, SDPA attention, linear layers on {KERNEL_TITLES[kernel.value]} ({kernel.reason})",
+        f"PyTorch eager, SDPA attention, {describe_kernel(kernel)}",
     )
 
 

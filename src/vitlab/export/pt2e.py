@@ -318,8 +318,12 @@ def compile_ahead_of_time(quantized: QuantizedModel, package: Path) -> Any:
             staged.touch()
         except OSError:
             staged = Path(tempfile.mkdtemp(prefix="vitlab-pt2e-")) / package.name
-        with inductor_config.patch(freezing=True):
-            torch._inductor.aoti_compile_and_package(program, package_path=str(staged))
+        try:
+            with inductor_config.patch(freezing=True):
+                torch._inductor.aoti_compile_and_package(program, package_path=str(staged))
+        except BaseException:  # no half-written package left in the cache
+            staged.unlink(missing_ok=True)
+            raise
     if staged.parent == package.parent:
         os.replace(staged, package)
         staged = package

@@ -37,7 +37,7 @@ from vitlab.hardware import (
     path_speeds,
     resolve_device,
 )
-from vitlab.kernels import KERNEL_TITLES, model_fp32_kernel
+from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.model_input import ModelInput
 from vitlab.runs import display_name, pt2e_output
@@ -138,10 +138,7 @@ class Engine:
             if self.runner is model and self.device.type == "cpu":  # fp32 on the CPU: the fastest kernel here
                 kernel = model_fp32_kernel(self.config, "inference", SERVED_BATCH)
                 use_fp32_kernel(model, kernel.value)
-                self.choice = Choice(
-                    self.precision,
-                    f"{self.choice.reason}; linear layers on {KERNEL_TITLES[kernel.value]}: {kernel.reason}",
-                )
+                self.choice = Choice(self.precision, f"{self.choice.reason}; {describe_kernel(kernel)}")
         require_head(self.config, str(source))
         self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]
 

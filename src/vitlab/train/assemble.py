@@ -19,7 +19,7 @@ from vitlab.data.source import steps_per_epoch as whole_batches
 from vitlab.distributed import DistEnv, broadcast_object, fetch_once
 from vitlab.errors import ConfigError
 from vitlab.hardware import Choice, choose_precision
-from vitlab.kernels import KERNEL_TITLES, model_fp32_kernel
+from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.models.registry import create_model
 from vitlab.models.vit import VisionTransformer
@@ -207,7 +207,7 @@ def training_linear_kernel(precision: Choice, config: TrainConfig, model: Vision
     per_step = max(1, config.batch_size // (config.grad_accum * env.world_size))
     kernel = broadcast_object(model_fp32_kernel(model.config, "train", per_step) if env.is_main else None, env)
     use_fp32_kernel(model, "torch", kernel.value)
-    return Choice("fp32", f"{precision.reason}; linear layers on {KERNEL_TITLES[kernel.value]}: {kernel.reason}")
+    return Choice("fp32", f"{precision.reason}; {describe_kernel(kernel)}")
 
 
 def check_batching(config: TrainConfig, env: DistEnv, train_images: int) -> int:
