@@ -19,7 +19,7 @@ from vitlab.config import ViTConfig  # noqa: E402
 from vitlab.data.preprocess import prepare  # noqa: E402
 from vitlab.errors import CheckpointError, UsageError  # noqa: E402
 from vitlab.export import onnx as export  # noqa: E402
-from vitlab.export.checks import calibration_pixels  # noqa: E402
+from vitlab.export.checks import Int8Tolerance, calibration_pixels  # noqa: E402
 from vitlab.models import create_model  # noqa: E402
 
 SMALL = ViTConfig(
@@ -177,7 +177,32 @@ def test_static_int8_quantizes_every_matmul_input_including_attention_from_train
     assert len(matmuls) >= 6 * SMALL.depth
     assert all(made_by.get(name) == "DequantizeLinear" for node in matmuls for name in node.input[:2])
     assert_quantized_close(trained, path, pixels, summary)
-    assert "int8 static, calibrated on 64 images" in export.format_export(summary, images_given=False)
+    report = export.format_export(summary, images_given=False)
+    assert "int8 static, calibrated on 64 images" in report
+    assert "int8 tolerance: mean |logit diff| <= 5% of PyTorch's logit spread" in report and report.endswith("passed")
+
+
+def test_an_int8_export_outside_its_stated_tolerance_writes_nothing(trained, pixels, tmp_path, monkeypatch):
+    path = tmp_path / "int8.onnx"
+    path.write_bytes(b"the last good export")
+    monkeypatch.setattr(export, "INT8_TOLERANCE", Int8Tolerance(mean_diff_of_spread=1e-9))  # int8 cannot be this near
+    with pytest.raises(CheckpointError, match=r"int8 export is too far .* nothing was written .*--calibrate"):
+        export.run_export(trained, path, int8=True, pixels=pixels)
+    assert path.read_bytes() == b"the last good export"
+
+
+def test_the_int8_tolerance_pools_agreement_over_every_check_and_judges_the_worst_difference():
+    def check(mean, agreement, images):
+        return {"mean_abs_diff": mean, "logit_spread": 1.0, "top1_agreement": agreement, "images": images}
+
+    tolerance = Int8Tolerance(mean_diff_of_spread=0.05, top1_agreement=0.9)
+    # One flip in a check of one image is 0% there, but 31 of 33 over all: the bound holds.
+    passed = tolerance.judge({"checks": {"a": check(0.01, 30 / 32, 32), "b": check(0.02, 1.0, 1)}}, "f")
+    assert passed["verdict"].endswith("(worst 2.0%), top-1 agreement >= 90% (93.9%): passed")
+    with pytest.raises(CheckpointError, match=r"worst 6\.0%"):
+        tolerance.judge({"checks": {"a": check(0.01, 1.0, 32), "b": check(0.06, 1.0, 1)}}, "f")
+    with pytest.raises(CheckpointError, match=r"top-1 agreement >= 90% \(87\.5%\)"):
+        tolerance.judge({"checks": {"a": check(0.01, 28 / 32, 32)}}, "f")
 
 
 def test_calibrate_needs_int8(tmp_path, capsys):

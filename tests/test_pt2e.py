@@ -74,6 +74,7 @@ def test_the_file_holds_weights_and_observer_statistics_and_nothing_to_unpickle(
     assert header["__metadata__"]["format"] == "vitlab-pt2e"
     # The report: the calibration, the checks against fp32 and what runs here.
     assert "calibrated on 256 training images of digits" in report and "top-1 agreement" in report
+    assert "int8 tolerance: mean |logit diff| <= 5% of PyTorch's logit spread" in report and "passed" in report
     checksums = json.loads((digits_run / "checksums.json").read_text())
     assert "model-int8.pt2e" in checksums  # recorded before it replaced anything, as every file of a run
 

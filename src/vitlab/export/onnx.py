@@ -30,6 +30,7 @@ from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.preprocess import describe_preprocessing, normalize, prepare, resize_unit_images
 from vitlab.errors import CheckpointError, UsageError
 from vitlab.export.checks import (
+    INT8_TOLERANCE,
     check_lines,
     compare_logits,
     place_checked_export,
@@ -418,7 +419,7 @@ def run_export(
 ) -> dict[str, Any]:
     """`vitlab export`: export, check against PyTorch on real images (`pixels`, default `validation_pixels`), and
     only then move the file into place, so `out` is never a partial or unchecked model. An fp32 export whose
-    logits differ from PyTorch's by more than `tolerance` is refused; for int8 the agreement is reported."""
+    logits differ from PyTorch's by more than `tolerance` is refused, an int8 one outside `INT8_TOLERANCE`."""
     require_one_input_size(model.config)
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
@@ -427,12 +428,14 @@ def run_export(
     def check(staged: Path) -> dict[str, Any]:
         validation = validate_export(model, staged, pixels)
         worst = max(item["max_abs_diff"] for item in validation["checks"].values())
-        if not int8 and not worst <= tolerance:
+        if int8:
+            return INT8_TOLERANCE.judge(validation, out)
+        if not worst <= tolerance:
             raise CheckpointError(
                 f"the ONNX export's logits differ from PyTorch's by {worst:.2e} (> {tolerance:g}) "
                 f"on real images; nothing was written to {out}. Run with --debug and report it"
             )
-        return validation
+        return {**validation, "verdict": f"fp32 tolerance: max |logit diff| <= {tolerance:g}: passed"}
 
     summary = place_checked_export(
         out,
@@ -465,6 +468,4 @@ def format_export(summary: dict[str, Any], images_given: bool) -> str:
         f"input {summary['input']!r}: {summary['input_layout']}, batch {summary['batch_size'] or 'any'}",
         *check_lines(summary["validation"], "PyTorch", images_given),
     ]
-    if not summary["int8"]:
-        lines.append(f"fp32 tolerance {summary['tolerance']:g}: passed")
     return "\n".join(lines)

@@ -42,6 +42,7 @@ from vitlab.data.preprocess import normalize, prepare
 from vitlab.download import cache_dir
 from vitlab.errors import CheckpointError, UsageError
 from vitlab.export.checks import (
+    INT8_TOLERANCE,
     calibration_pixels,
     check_lines,
     compare_logits,
@@ -434,7 +435,7 @@ def run_pt2e_export(
     return place_checked_export(
         out,
         lambda staged: export_pt2e(model, staged, calibration, source),
-        lambda staged: validate_pt2e(model, staged, pixels),
+        lambda staged: INT8_TOLERANCE.judge(validate_pt2e(model, staged, pixels), out),
         suffix=SUFFIX,
     )
 
