@@ -5,6 +5,8 @@ import pytest
 from vitlab.bench import advice
 from vitlab.hardware import choose_precision, path_speeds
 
+GFLOPS = {"B/16": 17.6, "S/16": 4.6, "digits-8": 0.0003}
+
 
 def bench_result(speeds, model="B/16"):
     """What `run_bench` returns, as far as the advice reads it."""
@@ -13,6 +15,7 @@ def bench_result(speeds, model="B/16"):
         "model": model,
         "image_size": [224, 224],
         "batch_size": 16,
+        "gflops_per_image": GFLOPS[model],
         "paths": [{"path": path, "images_per_second": value} for path, value in speeds.items()],
     }
 
@@ -112,10 +115,41 @@ def test_a_real_calibration_keeps_what_it_measured(monkeypatch, tmp_path):
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
     pytest.importorskip("onnxruntime")
     record = advice.calibrate(show=False)
-    assert record["source"] == "calibration" and set(record["images_per_second"]) == {"eager-fp32", "onnx-fp32"}
+    assert record["source"] == "calibration" and set(record["speed_vs_eager_fp32"]) == {"eager-fp32", "onnx-fp32"}
     assert record == path_speeds()
 
 
 def test_calibration_can_be_turned_off(machine):
     machine.setenv("VITLAB_CALIBRATE", "0")
     assert advice.fastest_export_format() is None  # `machine` fails the test if it calibrates
+
+
+def test_a_narrower_bench_updates_its_paths_and_keeps_the_rest(machine):
+    advice.record_path_speeds(bench_result(ZEN5))
+    # A later bench of two paths on a busier machine: the ratios in that run, not its images/s, are kept.
+    advice.record_path_speeds(bench_result({"eager-fp32": 2.5, "pt2e-int8": 15.0}))
+    speeds = path_speeds(17.6)["speed_vs_eager_fp32"]
+    assert speeds["pt2e-int8"] == 6.0 and speeds["onnx-int8"] == 4.4 and speeds["eager-bf16"] == 3.2
+    assert advice.fastest_export_format(17.6).value == "pt2e"
+
+
+def test_each_model_size_is_advised_by_the_measured_model_nearest_it(machine):
+    advice.record_path_speeds(bench_result(ZEN5))  # B/16: int8 leads
+    advice.record_path_speeds(bench_result({"eager-fp32": 900.0, "onnx-fp32": 1200.0, "onnx-int8": 700.0}, "digits-8"))
+    assert advice.fastest_export_format(17.6).value == "onnx --int8"
+    assert advice.fastest_export_format(12.0).value == "onnx --int8"  # nearer B/16 than the digits model
+    assert advice.fastest_export_format(0.0005).value == "onnx"  # a tiny model: the tiny model's figures
+    assert choose_precision("auto", "cpu", 17.6, "serve").value == "int8"
+
+
+def test_another_thread_count_reads_its_own_figures(machine):
+    import torch
+
+    advice.record_path_speeds(bench_result(ZEN5))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)
+        assert path_speeds(17.6) is None
+    finally:
+        torch.set_num_threads(threads)
+    assert path_speeds(17.6) is not None

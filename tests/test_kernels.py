@@ -4,7 +4,18 @@ import pytest
 
 from vitlab import kernels
 from vitlab.errors import UsageError
-from vitlab.hardware import read_measurements
+from vitlab.hardware import read_measurements, update_measurements
+
+
+def keep_one(index: int) -> None:
+    """A process's read-modify-write of the kept measurements (top level, so a spawned process can run it)."""
+    import time
+
+    def add(known: dict) -> dict:
+        time.sleep(0.05)  # between the read and the write, where an unlocked writer loses the other's figure
+        return {**known, str(index): index}
+
+    update_measurements("test", add)
 
 
 @pytest.fixture
@@ -34,6 +45,33 @@ def test_the_faster_kernel_is_chosen_and_kept(fake_measurements):
     assert again.value == "onednn" and "measured earlier" in again.reason and len(calls) == 1
     kernels.fp32_kernel_choice("train", 3152, 768, 3072)  # training is measured apart
     assert len(calls) == 2
+
+
+def test_another_thread_count_is_measured_apart(fake_measurements):
+    import torch
+
+    measure, calls = fake_measurements
+    measure({"torch": 180.0, "onednn": 350.0})
+    threads = torch.get_num_threads()
+    kernels.fp32_kernel_choice("inference", 256, 64, 256)
+    try:
+        torch.set_num_threads(1 if threads > 1 else 2)  # serve runs tiny models on one thread, a DDP rank on its share
+        measure({"torch": 100.0, "onednn": 50.0})
+        assert kernels.fp32_kernel_choice("inference", 256, 64, 256).value == "torch" and len(calls) == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert kernels.fp32_kernel_choice("inference", 256, 64, 256).value == "onednn" and len(calls) == 2
+
+
+def test_processes_measuring_at_once_keep_every_measurement(monkeypatch, tmp_path):
+    """Each of several processes keeps a figure under the measurements' lock: none is lost to another's write."""
+    import multiprocessing
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(4) as pool:
+        pool.map(keep_one, range(8))
+    assert read_measurements("test") == {str(index): index for index in range(8)}
 
 
 def test_a_gain_within_noise_keeps_torch(fake_measurements):

@@ -4,6 +4,7 @@ on, agreeing with fp32 on a trained digits model."""
 
 import importlib.util
 import json
+import tempfile
 
 import pytest
 import torch
@@ -215,3 +216,11 @@ def test_a_second_load_does_not_compile_and_a_damaged_package_is_rebuilt(exporte
     assert len(compiles) == 2 and torch.equal(third(images), second(images))
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")  # another CPU kind gets its own package
     assert pt2e.Pt2eClassifier(path).package != first.package
+    # A cache that cannot be written: compiled into a temporary package, run, and nothing left behind.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
+    not_a_folder = tmp_path / "cache-is-a-file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("VITLAB_CACHE", str(not_a_folder))
+    unkept = pt2e.Pt2eClassifier(path)
+    assert unkept(images[:2]).shape == (2, 10) and list((tmp_path / "temp").iterdir()) == []

@@ -494,6 +494,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from vitlab.bench.advice import fastest_format_line
     from vitlab.checkpoint import load_model
+    from vitlab.counts import model_size
     from vitlab.export.checks import calibration_pixels, validation_pixels
     from vitlab.export.onnx import format_export, require_onnx, run_export
     from vitlab.runs import onnx_output
@@ -530,13 +531,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     )
     print(json.dumps(summary, indent=1) if args.json else format_export(summary, images_given=bool(args.images)))
     if not args.json:
-        print(fastest_format_line("onnx --int8" if summary["int8"] else "onnx"))
+        print(fastest_format_line("onnx --int8" if summary["int8"] else "onnx", model_size(model.config)[1]))
     return 0
 
 
 def export_pt2e_command(args: argparse.Namespace) -> int:
     from vitlab.bench.advice import fastest_format_line
     from vitlab.checkpoint import load_model
+    from vitlab.counts import model_size
     from vitlab.export.checks import validation_pixels
     from vitlab.export.pt2e import SUFFIX, calibration_for, format_pt2e_export, require_torchao, run_pt2e_export
     from vitlab.runs import pt2e_output
@@ -571,7 +573,7 @@ def export_pt2e_command(args: argparse.Namespace) -> int:
     )
     print(json.dumps(summary, indent=1) if args.json else format_pt2e_export(summary, images_given=bool(args.images)))
     if not args.json:
-        print(fastest_format_line("pt2e"))
+        print(fastest_format_line("pt2e", model_size(model.config)[1]))
     return 0
 
 

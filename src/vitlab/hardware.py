@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from vitlab.download import cache_dir
@@ -287,13 +288,14 @@ class Choice:
 AUTO_PATHS = {"fp32": ("eager-fp32",), "bf16": ("eager-bf16",), "int8": ("onnx-int8", "torch-int8")}
 
 
-def choice_from_path_speeds(purpose: str) -> Choice | None:
-    """The precision whose path ran fastest in the last inference bench on this machine (`path_speeds`): fp32
-    or bf16 for "inference", int8 too for "serve"; None without a record that measured two of them."""
-    record = path_speeds()
+def choice_from_path_speeds(purpose: str, gflops_per_image: float) -> Choice | None:
+    """The precision whose path ran fastest on this machine for the measured model nearest in size
+    (`path_speeds`): fp32 or bf16 for "inference", int8 too for "serve"; None without a record that measured two
+    of them."""
+    record = path_speeds(gflops_per_image)
     if record is None:
         return None
-    speeds = record["images_per_second"]
+    speeds = record["speed_vs_eager_fp32"]
     best = {}
     for precision in ("fp32", "bf16", "int8") if purpose == "serve" else ("fp32", "bf16"):
         measured = [(speeds[path], path) for path in AUTO_PATHS[precision] if path in speeds]
@@ -335,7 +337,7 @@ def choose_precision(requested: str, device, gflops_per_image: float, purpose: s
             f"a small model ({gflops_per_image:.3g} GFLOPs per image): its matmuls are too small for bf16 to pay",
         )
     if purpose != "train":  # a whole model measured here outranks matmul peaks, and those outrank the flags
-        measured_paths = choice_from_path_speeds(purpose)
+        measured_paths = choice_from_path_speeds(purpose, gflops_per_image)
         if measured_paths is not None:
             return measured_paths
     units = cpu_units()
@@ -403,22 +405,40 @@ def read_measurements(name: str) -> dict:
     return found if isinstance(found, dict) else {}
 
 
-def keep_measurements(name: str, values: dict) -> None:
-    """Keep `values` under `name` for this machine, beside other machines' (atomically; a read-only cache keeps
-    nothing, and the callers then measure again next time)."""
+def update_measurements(name: str, update: Callable[[dict], dict]) -> dict:
+    """Apply `update` to what is kept under `name` for this machine and keep its result, beside other machines'.
+    The read and the write hold a lock, so two processes measuring at once (two runs, a bench beside a serve)
+    both keep theirs; the file is replaced atomically. Returns the result, also where the cache is read-only (it
+    then keeps nothing, and the callers measure again next time)."""
     import json
 
     path = _measurements_file(name)
     try:
-        known = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        known = {}
-    known[machine_key()] = values
-    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps(known, indent=1).encode())
+        lock = open(path.with_suffix(".lock"), "a+b")
     except OSError:
-        pass
+        return update(read_measurements(name))
+    with lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the lock file closes
+        except (ImportError, OSError):  # no POSIX locks (Windows, some network file systems): best effort
+            pass
+        try:
+            known = json.loads(path.read_text()) if path.is_file() else {}
+        except (OSError, ValueError):
+            known = {}
+        mine = known.get(machine_key())
+        mine = mine if isinstance(mine, dict) else {}
+        known[machine_key()] = values = update(mine)
+        if values == mine:
+            return values
+        try:
+            atomic_write_bytes(path, json.dumps(known, indent=1).encode())
+        except OSError:
+            pass
+    return values
 
 
 def libraries_key() -> str:
@@ -434,10 +454,30 @@ def libraries_key() -> str:
     return ", ".join(versions)
 
 
-def path_speeds() -> dict | None:
-    """The last inference `vitlab bench` (or calibration) kept on this machine with these library versions:
-    {"model", "image_size", "batch_size", "images_per_second": {path: images/s}, "source", "date"}, or None."""
-    return read_measurements("paths").get(libraries_key())
+def path_speeds_key(threads: int | None = None) -> str:
+    """What path speeds hold for besides the machine: the library versions and the thread count they ran on."""
+    import torch
+
+    return f"{libraries_key()} | {threads or torch.get_num_threads()} threads"
+
+
+def path_speeds(gflops_per_image: float | None = None) -> dict | None:
+    """The inference paths measured on this machine with these libraries and threads (`vitlab bench`, or the
+    advice's calibration), for the measured model nearest in size to one of `gflops_per_image` (forward), else the
+    latest measured: {"model", "image_size", "batch_size", "gflops_per_image", "speed_vs_eager_fp32": {path:
+    ratio}, "source", "date", "measured_at"}, or None."""
+    import math
+
+    records = [
+        record
+        for record in read_measurements("paths").get(path_speeds_key(), {}).values()
+        if isinstance(record, dict) and "speed_vs_eager_fp32" in record
+    ]
+    if not records:
+        return None
+    if gflops_per_image is None or gflops_per_image <= 0:
+        return max(records, key=lambda record: record["measured_at"])
+    return min(records, key=lambda record: abs(math.log(record["gflops_per_image"] / gflops_per_image)))
 
 
 def measured_peaks() -> dict[str, float]:
@@ -447,4 +487,4 @@ def measured_peaks() -> dict[str, float]:
 
 def record_peaks(peaks: dict[str, float]) -> None:
     """Keep the peaks `vitlab bench` measured on this CPU, for `auto` on CPUs whose flags do not tell."""
-    keep_measurements("peaks", {name: float(value) for name, value in peaks.items()})
+    update_measurements("peaks", lambda _: {name: float(value) for name, value in peaks.items()})

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.errors import UsageError
-from vitlab.hardware import Choice, keep_measurements, read_measurements
+from vitlab.hardware import Choice, update_measurements
 from vitlab.layers.onednn_linear import FP32_KERNELS, OneDNNLinearFunction, onednn_available, onednn_linear
 from vitlab.timing import time_interleaved
 
@@ -54,7 +54,7 @@ def timed_rows(rows: int) -> int:
 
 def shape_key(purpose: str, rows: int, inner: int, outer: int) -> str:
     """The cache key of one measurement."""
-    return f"torch {torch.__version__} | {purpose} | {timed_rows(rows)}x{inner}x{outer}"
+    return f"torch {torch.__version__} | {torch.get_num_threads()} threads | {purpose} | {timed_rows(rows)}x{inner}x{outer}"
 
 
 def measure_fp32_kernels(purpose: str, rows: int, inner: int, outer: int) -> dict[str, float]:
@@ -101,12 +101,16 @@ def fp32_kernel_choice(purpose: str, rows: int, inner: int, outer: int) -> Choic
     if not onednn_available():
         return Choice("torch", "this PyTorch has no oneDNN linear")
     key = shape_key(purpose, rows, inner, outer)
-    known = read_measurements("fp32_kernels")
-    rates = known.get(key)
-    fresh = rates is None
-    if fresh:
-        rates = measure_fp32_kernels(purpose, rows, inner, outer)
-        keep_measurements("fp32_kernels", {**known, key: rates})
+    fresh = False
+
+    def measured(known: dict) -> dict:
+        nonlocal fresh
+        if key in known:
+            return known
+        fresh = True  # measured under the measurements' lock: two processes starting together measure once
+        return {**known, key: measure_fp32_kernels(purpose, rows, inner, outer)}
+
+    rates = update_measurements("fp32_kernels", measured)[key]
     gain = rates["onednn"] / rates["torch"]
     how = "measured now" if fresh else "measured earlier"
     shape = f"{inner}x{outer}"

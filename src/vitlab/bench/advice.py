@@ -3,7 +3,8 @@
 Which way of running a ViT is fastest differs between CPU kinds in ways no flag predicts (on a Zen 5 EPYC with
 VNNI and bf16 units, ONNX Runtime int8 ran 4.8x transformers fp32 at B/16 and pt2e int8 1.06x; on an AMX Xeon pt2e
 int8 + bf16 led at 7.2x). So every inference `vitlab bench` on a CPU keeps its images/s per path, per machine and
-library versions (`record_path_speeds`), and the advice reads the last such record. Where there is none, `export`
+library versions and thread count, per model (`record_path_speeds`), and the advice reads the record of the measured
+model nearest in size to the user's. Where there is none, `export`
 and `bench --quick` first run a calibration: the same bench on a small model, at most CALIBRATION_SECONDS.
 """
 
@@ -15,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from vitlab.hardware import Choice, cpu_units, keep_measurements, libraries_key, path_speeds, read_measurements
+from vitlab.hardware import Choice, cpu_units, path_speeds, path_speeds_key, update_measurements
 
 # The export formats and the bench paths that run each (the fastest of them stands for the format).
 FORMAT_PATHS = {
@@ -42,22 +43,35 @@ def installed(package: str) -> bool:
 
 
 def record_path_speeds(result: dict[str, Any], source: str = "vitlab bench") -> dict[str, Any] | None:
-    """Keep an inference bench's images/s per path for this machine and these library versions (a run on a GPU
-    says nothing of the CPU: not kept); the record, or None."""
-    speeds = {row["path"]: round(row["images_per_second"], 3) for row in result["paths"]}
-    if result["mode"] != "inference" or "eager-fp32" not in speeds or "gpu" in result.get("machine", {}):
+    """Keep an inference bench's speed per path, as ratios to eager fp32 in the same run (so figures of two runs
+    compare although the machine's load differs), for this machine, these library versions and thread count,
+    per model and batch: a bench that timed fewer paths updates those and keeps the rest. A run on a GPU says
+    nothing of the CPU and is not kept. Returns the model's record (also where the cache is read-only), or None."""
+    speeds = {row["path"]: row["images_per_second"] for row in result["paths"]}
+    if result["mode"] != "inference" or not speeds.get("eager-fp32") or "gpu" in result.get("machine", {}):
         return None
-    known = read_measurements("paths")
-    record = known[libraries_key()] = {
-        "model": str(result["model"]),
-        "image_size": result["image_size"],
-        "batch_size": result["batch_size"],
-        "images_per_second": speeds,
-        "source": source,
-        "date": datetime.date.today().isoformat(),
-    }
-    keep_measurements("paths", known)
-    return record
+    size = "x".join(map(str, dict.fromkeys(result["image_size"])))
+    label = f"{result['model']} at {size} px, batch {result['batch_size']}"
+    now = datetime.datetime.now().astimezone()
+    ratios = {path: round(speed / speeds["eager-fp32"], 4) for path, speed in speeds.items()}
+
+    def merged(known: dict[str, Any]) -> dict[str, Any]:
+        records = dict(known.get(key, {}))
+        earlier = records.get(label, {}).get("speed_vs_eager_fp32", {})
+        records[label] = {
+            "model": str(result["model"]),
+            "image_size": result["image_size"],
+            "batch_size": result["batch_size"],
+            "gflops_per_image": result["gflops_per_image"],
+            "speed_vs_eager_fp32": {**earlier, **ratios},
+            "source": source,
+            "date": now.date().isoformat(),
+            "measured_at": now.isoformat(timespec="seconds"),
+        }
+        return {**known, key: records}
+
+    key = path_speeds_key(result.get("machine", {}).get("threads"))
+    return update_measurements("paths", merged)[key][label]
 
 
 def calibration_allowed() -> bool:
@@ -115,8 +129,8 @@ def describe_record(record: dict[str, Any]) -> str:
 
 
 def format_speeds(record: dict[str, Any]) -> dict[str, tuple[str, float]]:
-    """{format: (its fastest measured path, images/s)} for the export formats the record measured."""
-    speeds = record["images_per_second"]
+    """{format: (its fastest measured path, speed against eager fp32)} for the export formats the record measured."""
+    speeds = record["speed_vs_eager_fp32"]
     out = {}
     for fmt, paths in FORMAT_PATHS.items():
         measured = [(path, speeds[path]) for path in paths if path in speeds]
@@ -125,24 +139,25 @@ def format_speeds(record: dict[str, Any]) -> dict[str, tuple[str, float]]:
     return out
 
 
-def fastest_export_format(calibrate_if_needed: bool = True) -> Choice | None:
-    """The `vitlab export` format that ran fastest on this machine, with the figures that say so; None where no
-    format was measured here (and none could be)."""
-    record = path_speeds()
+def fastest_export_format(gflops_per_image: float | None = None, calibrate_if_needed: bool = True) -> Choice | None:
+    """The `vitlab export` format that ran fastest on this machine for the measured model nearest in size to one
+    of `gflops_per_image`, with the figures that say so; None where no format was measured here (and none could
+    be)."""
+    record = path_speeds(gflops_per_image)
     if record is None or not format_speeds(record):
         record = calibrate() if calibrate_if_needed and calibration_allowed() else None
     if record is None or not format_speeds(record):
         return None
     formats = format_speeds(record)
-    base = record["images_per_second"]["eager-fp32"]
     ranked = sorted(formats.items(), key=lambda item: -item[1][1])
-    figures = ", ".join(f"{path} {speed / base:.2f}x" for _, (path, speed) in ranked)
+    figures = ", ".join(f"{path} {speed:.2f}x" for _, (path, speed) in ranked)
     return Choice(ranked[0][0], f"against eager fp32: {figures} ({describe_record(record)})")
 
 
-def fastest_format_line(written: str) -> str:
-    """What `vitlab export` says of the format it wrote against the one that ran fastest on this machine."""
-    fastest = fastest_export_format()
+def fastest_format_line(written: str, gflops_per_image: float | None = None) -> str:
+    """What `vitlab export` says of the format it wrote (for a model of `gflops_per_image`) against the one that
+    ran fastest on this machine."""
+    fastest = fastest_export_format(gflops_per_image)
     if fastest is None:
         return "fastest format on this CPU: not measured (none could run here, or VITLAB_CALIBRATE=0; vitlab bench measures)"
     if fastest.value == written:
@@ -150,16 +165,16 @@ def fastest_format_line(written: str) -> str:
     return f"fastest format on this CPU: {fastest.value}, not this one ({fastest.reason})"
 
 
-def quick_paths(train: bool) -> list[str]:
+def quick_paths(train: bool, gflops_per_image: float | None = None) -> list[str]:
     """The paths `bench --quick` times on a CPU: eager fp32 and the reference, every installed runtime's int8
-    path, and the two fastest others of this machine's last record (measured first by `calibrate` where there is
-    none; bf16 paths by the units where even that measured nothing)."""
+    path, and the two fastest others measured here on the model nearest in size (measured first by `calibrate`
+    where there is none; bf16 paths by the units where even that measured nothing)."""
     if train:
         return ["eager-fp32", "autocast-bf16" if cpu_units().bf16 else "compile-fp32", "transformers"]
     chosen = ["eager-fp32", *[path for path, package in INT8_PATHS.items() if installed(package)]]
-    record = path_speeds() or (calibrate() if calibration_allowed() else None)
+    record = path_speeds(gflops_per_image) or (calibrate() if calibration_allowed() else None)
     if record is not None:
-        speeds = record["images_per_second"]
+        speeds = record["speed_vs_eager_fp32"]
         leaders = sorted((path for path in speeds if path not in chosen), key=lambda path: -speeds[path])
         chosen += [path for path in leaders if path != "transformers"][:2]
     elif cpu_units().bf16:

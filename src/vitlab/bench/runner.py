@@ -212,12 +212,13 @@ BF16_PATHS = {"eager-bf16", "compile-bf16", "pt2e-int8-bf16", "autocast-bf16"}
 
 
 def choose_paths(
-    train: bool, quick: bool, device: torch.device, asked: list[str] | None
+    train: bool, quick: bool, device: torch.device, asked: list[str] | None, gflops_per_image: float | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """(paths to measure, {path: why it is left out}). Named paths are measured as named. Otherwise every path of
     the mode, less the bf16 ones on a CPU without bf16 units (emulated there: a bf16 matmul of B/16's MLP shape
     ran at 1 GFLOP/s against fp32's 121 on an AVX2 EPYC); `quick` keeps eager fp32, transformers and the paths
-    that are fastest on a CPU with these units (or on a GPU)."""
+    that are fastest on a CPU with these units (or on a GPU): on a CPU, those measured fastest here on the model
+    nearest in size to one of `gflops_per_image` (forward)."""
     registry = TRAIN_PATHS if train else INFERENCE_PATHS
     if asked:
         unknown = [p for p in asked if p not in registry]
@@ -246,7 +247,7 @@ def choose_paths(
                 f"far slower than fp32; name it in --paths to measure it anyway"
             )
     if quick:  # what this machine measured fastest, and every installed runtime's int8 path (bench.advice)
-        kept = quick_paths(train)
+        kept = quick_paths(train, gflops_per_image)
         for key in chosen:
             if key not in kept:
                 left_out.setdefault(key, "not run by --quick (name it in --paths)")
@@ -289,7 +290,6 @@ def run_bench(
 
     target = resolve_device(device)
     registry = TRAIN_PATHS if train else INFERENCE_PATHS
-    chosen, skipped = choose_paths(train, quick, target, paths)
     if quick:
         repetitions, warmup = min(repetitions, 3), min(warmup, 1)
         total_seconds = QUICK_TOTAL_SECONDS if total_seconds is None else total_seconds
@@ -311,6 +311,7 @@ def run_bench(
     config = model.config
     _, gflops_forward = model_stats(config)
     gflops_per_image = 3 * gflops_forward if train else gflops_forward  # backward costs about twice the forward
+    chosen, skipped = choose_paths(train, quick, target, paths, gflops_forward)
     sample = torch.randn(
         batch_size, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0)
     ).to(target)

@@ -26,6 +26,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -329,6 +330,8 @@ def compile_ahead_of_time(quantized: QuantizedModel, package: Path) -> Any:
         os.replace(staged, package)
         staged = package
     compiled = load_compiled(staged)
+    if staged != package:  # loaded (the loader unpacks it elsewhere): a temporary package is not left behind
+        shutil.rmtree(staged.parent, ignore_errors=True)
     if compiled is None:
         raise CheckpointError(f"the graph AOTInductor compiled into {staged} does not load")
     return compiled

@@ -124,7 +124,7 @@ class Engine:
             self.choice = self._choose_precision(precision)
             self.precision = self.choice.value
             onnx_int8 = auto_backend and self.precision == "int8" and self.device.type == "cpu" and not naflex
-            speeds = (path_speeds() or {}).get("images_per_second", {})
+            speeds = (path_speeds(model_size(self.config)[1]) or {}).get("speed_vs_eager_fp32", {})
             if onnx_int8 and onnx_runtime_installed() and not speeds.get("torch-int8", 0) > speeds.get("onnx-int8", 0):
                 # ONNX Runtime's int8 kernels beat PyTorch's dynamic int8 at B/16 on every CPU measured so far
                 # (BENCHMARKS.md); a bench on this machine that says otherwise keeps PyTorch's.
