@@ -88,7 +88,7 @@ def test_auto_precision_follows_the_measured_paths(machine):
 
 
 def test_quick_takes_the_measured_leaders_and_every_int8_path(machine):
-    machine.setattr(advice, "installed", lambda package: package != "torchao")
+    machine.setattr(advice, "installed", lambda *packages: "torchao" not in packages)
     advice.record_path_speeds(bench_result(ZEN5))
     assert advice.quick_paths(False) == [
         "eager-fp32",
@@ -111,7 +111,7 @@ def test_a_real_calibration_keeps_what_it_measured(monkeypatch, tmp_path):
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(advice, "CALIBRATION_MODEL", "digits-8")
     monkeypatch.setattr(advice, "CALIBRATION_IMAGE_SIZE", 8)
-    monkeypatch.setattr(advice, "installed", lambda package: False)  # eager and onnx fp32 only: seconds
+    monkeypatch.setattr(advice, "installed", lambda *packages: False)  # eager and onnx fp32 only: seconds
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
     pytest.importorskip("onnxruntime")
     record = advice.calibrate(show=False)
@@ -153,3 +153,22 @@ def test_another_thread_count_reads_its_own_figures(machine):
     finally:
         torch.set_num_threads(threads)
     assert path_speeds(17.6) is not None
+
+
+def test_the_onnx_int8_path_needs_every_package_its_export_uses(machine):
+    def version(package):
+        if package == "onnxscript":  # ONNX Runtime installed, the exporter not
+            raise advice.importlib.metadata.PackageNotFoundError(package)
+        return "1"
+
+    machine.setattr(advice.importlib.metadata, "version", version)
+    machine.setattr(advice, "path_speeds", lambda gflops=None: None)
+    machine.setenv("VITLAB_CALIBRATE", "0")
+    assert advice.quick_paths(False) == [
+        "eager-fp32",
+        "torch-int8",
+        "pt2e-int8",
+        "pt2e-int8-bf16",
+        "compile-bf16",
+        "transformers",
+    ]

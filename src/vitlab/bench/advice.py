@@ -26,17 +26,18 @@ FORMAT_PATHS = {
 }
 
 # Each runtime's int8 path, in `--quick` wherever the runtime is installed (the int8 paths are where CPU kinds
-# differ most), and the package that provides it.
-INT8_PATHS = {"onnx-int8": "onnxruntime", "torch-int8": "torch", "pt2e-int8": "torchao"}
+# differ most), and the packages it needs (the ONNX path exports through onnx and onnxscript).
+INT8_PATHS = {"onnx-int8": ("onnxruntime", "onnx", "onnxscript"), "torch-int8": ("torch",), "pt2e-int8": ("torchao",)}
 
 CALIBRATION_MODEL = "S/16"
 CALIBRATION_IMAGE_SIZE = 96
 CALIBRATION_SECONDS = 20.0
 
 
-def installed(package: str) -> bool:
+def installed(*packages: str) -> bool:
     try:
-        importlib.metadata.version(package)
+        for package in packages:
+            importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
@@ -86,7 +87,7 @@ def calibrate(show: bool = True) -> dict[str, Any] | None:
     from vitlab.bench.runner import run_bench
 
     # Quick to build first (ONNX Runtime's and PyTorch's int8), PT2E last: its compilation can take the budget.
-    paths = ["eager-fp32", *[path for path, package in INT8_PATHS.items() if installed(package)], "onnx-fp32"]
+    paths = ["eager-fp32", *[path for path, packages in INT8_PATHS.items() if installed(*packages)], "onnx-fp32"]
     if cpu_units().bf16:
         paths[1:1] = ["eager-bf16"]
         paths += ["pt2e-int8-bf16"] if installed("torchao") else []
@@ -171,7 +172,7 @@ def quick_paths(train: bool, gflops_per_image: float | None = None) -> list[str]
     where there is none; bf16 paths by the units where even that measured nothing)."""
     if train:
         return ["eager-fp32", "autocast-bf16" if cpu_units().bf16 else "compile-fp32", "transformers"]
-    chosen = ["eager-fp32", *[path for path, package in INT8_PATHS.items() if installed(package)]]
+    chosen = ["eager-fp32", *[path for path, packages in INT8_PATHS.items() if installed(*packages)]]
     record = path_speeds(gflops_per_image) or (calibrate() if calibration_allowed() else None)
     if record is not None:
         speeds = record["speed_vs_eager_fp32"]
