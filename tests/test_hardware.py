@@ -210,3 +210,36 @@ print(kept, mapped_by_a_block())
     assert result.returncode == 0, result.stderr
     kept, returned = map(int, result.stdout.split())
     assert kept == 0 and returned >= 2 << 20
+
+
+@pytest.mark.parametrize(
+    "vendor, family, model, units, fp32, bf16, int8",
+    [
+        # Zen 4 at 2.6 GHz: AVX-512 on two 256-bit pipes, so Zen 3's fp32 rate; bf16 and int8 dot products on top
+        ("AuthenticAMD", 25, 0x11, dict(avx2=True, avx512=True, vnni=True, avx512_bf16=True), 166.4, 332.8, 665.6),
+        ("AuthenticAMD", 26, 0x02, dict(avx2=True, avx512=True, vnni=True, avx512_bf16=True), 332.8, 665.6, 1331.2),
+        ("AuthenticAMD", 25, 0x01, dict(avx2=True), 166.4, None, 332.8),  # Zen 3: AVX2's int8 multiply-adds
+        (
+            "GenuineIntel",
+            6,
+            0x8F,
+            dict(avx2=True, avx512=True, vnni=True, avx512_bf16=True, amx=True),
+            332.8,
+            5324.8,
+            10649.6,
+        ),
+    ],
+)
+def test_the_theoretical_peak_follows_the_core_and_the_reported_clock(
+    monkeypatch, vendor, family, model, units, fp32, bf16, int8
+):
+    from vitlab import hardware
+
+    fields = {"vendor_id": vendor, "cpu family": str(family), "model": str(model), "cpu MHz": "2600.000"}
+    monkeypatch.setattr(hardware, "cpuinfo", lambda: fields)
+    monkeypatch.setattr(hardware, "cpu_units", lambda: hardware.CpuUnits(**units))
+    peaks = hardware.theoretical_peaks(threads=2)
+    assert (peaks["fp32"], peaks.get("bf16"), peaks["int8"]) == (fp32, bf16, int8)
+    assert "x 2 cores x 2.60 GHz" in peaks["how"]
+    monkeypatch.setattr(hardware, "cpuinfo", lambda: {**fields, "vendor_id": "HygonGenuine"})
+    assert hardware.theoretical_peaks(threads=2) is None  # a core not listed: no figure rather than a guess

@@ -370,17 +370,71 @@ def choose_precision(requested: str, device, gflops_per_image: float, purpose: s
 
 
 # ------------------------------------------------------------------------------- measurements, per CPU
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("vendor_id", "cpu family", "model", "cpu MHz", ...); {}
+    where there is no such file."""
+    fields: dict[str, str] = {}
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo, e.g. "AMD EPYC"; elsewhere what `platform` says."""
     import platform
 
+    return cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def fp32_flops_per_cycle(vendor: str, family: int, model: int, units: CpuUnits) -> tuple[str, int] | None:
+    """(core family, fp32 FLOPs per cycle per core of its vector FMA units, a multiply-add counted as 2): what the
+    ISA flags alone cannot tell (Zen 4 runs AVX-512 on two 256-bit pipes, Zen 5 on two 512-bit ones); None for a
+    core not listed here."""
+    if vendor == "AuthenticAMD":
+        if family == 23:
+            return ("Zen", 16) if model < 0x30 else ("Zen 2", 32)  # two 128-bit, then two 256-bit FMA pipes
+        if family == 25:
+            zen4 = 0x10 <= model < 0x20 or 0x60 <= model < 0x80 or 0xA0 <= model < 0xB0
+            return ("Zen 4", 32) if zen4 else ("Zen 3", 32)
+        if family == 26:
+            return "Zen 5", 64
+    if vendor == "GenuineIntel" and family == 6:
+        return ("Intel with AVX-512", 64) if units.avx512 else ("Intel with AVX2", 32)  # two FMA units (Xeon)
+    return None
+
+
+def theoretical_peaks(threads: int) -> dict | None:
+    """What `threads` cores' vector units can do at the clock the OS reports: {"fp32", "bf16", "int8" (GFLOP/s,
+    GOP/s for int8), "how"}, or None where the core or its clock cannot be read. bf16 dot products (AVX512-BF16)
+    do twice fp32's FLOPs per cycle, AMX 1024 bf16 FLOPs and 2048 int8 operations per cycle per core; int8 dot
+    products (VNNI) four times fp32's operations, AVX2's multiply-adds twice. The clock is the one /proc/cpuinfo
+    shows, in a VM often the base clock: cores that boost run above it, so a measured peak can exceed this."""
+    info = cpuinfo()
+    units = cpu_units()
     try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+        core = fp32_flops_per_cycle(info["vendor_id"], int(info["cpu family"]), int(info["model"]), units)
+        gigahertz = float(info["cpu MHz"]) / 1000
+    except (KeyError, ValueError):
+        return None
+    if core is None or gigahertz <= 0 or units.simulated:
+        return None
+    name, per_cycle = core
+    scale = threads * gigahertz
+    peaks = {"fp32": per_cycle * scale}
+    if units.amx:
+        peaks.update(bf16=1024 * scale, int8=2048 * scale)
+    else:
+        if units.avx512_bf16:
+            peaks["bf16"] = 2 * per_cycle * scale
+        peaks["int8"] = (4 if units.vnni else 2) * per_cycle * scale
+    how = f"{name}: {per_cycle} fp32 FLOPs per cycle per core x {threads} cores x {gigahertz:.2f} GHz as the OS reports"
+    return {**{key: round(value, 1) for key, value in peaks.items()}, "how": how}
 
 
 def machine_key() -> str:

@@ -23,7 +23,7 @@ from vitlab.checkpoint import load_model
 from vitlab.data.preprocess import prepare
 from vitlab.errors import UsageError
 from vitlab.eval.runner import evaluation_data
-from vitlab.hardware import cpu_name, cpu_units, record_peaks, resolve_device
+from vitlab.hardware import cpu_name, cpu_units, record_peaks, resolve_device, theoretical_peaks
 from vitlab.models import create_model, model_stats
 from vitlab.runs import RunFolder
 from vitlab.timing import time_interleaved
@@ -444,6 +444,7 @@ def run_bench(
         "machine": machine_info(target),
         "peaks_gflops_per_second": peaks,
         "peak_kernels": peak_kernels,
+        "theoretical_peaks": theoretical_peaks(torch.get_num_threads()) if target.type == "cpu" else None,
         "paths": rows,
         "skipped": skipped,
         "fastest": fastest["path"] if fastest else None,
@@ -497,6 +498,16 @@ def machine_line(machine: dict[str, Any]) -> str:
     )
 
 
+def theoretical_line(peaks: dict[str, Any]) -> str:
+    """ "theoretical: fp32 166, bf16 332 GFLOP/s, int8 664 GOP/s (Zen 4: ...)": the vector units' peaks."""
+    figures = ", ".join(
+        f"{precision} {peaks[precision]:.0f} {'GOP/s' if precision == 'int8' else 'GFLOP/s'}"
+        for precision in ("fp32", "bf16", "int8")
+        if precision in peaks
+    )
+    return f"theoretical: {figures} ({peaks['how']}; cores that boost run faster)"
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The result as a plain-text table, one row per path."""
     config, machine = result["config"], result["machine"]
@@ -513,6 +524,7 @@ def format_table(result: dict[str, Any]) -> str:
             + (f" ({result['peak_kernels'][precision]})" if precision in result.get("peak_kernels", {}) else "")
             for precision, value in result["peaks_gflops_per_second"].items()
         ),
+        *([theoretical_line(result["theoretical_peaks"])] if result.get("theoretical_peaks") else []),
         f"median of up to {result['repetitions']} interleaved rounds after {result['warmup']} warm-up calls"
         + (f"; each path within a {result['budget_seconds']:.0f} s budget" if result.get("budget_seconds") else "")
         + (f", the table within {result['total_seconds']:.0f} s" if result.get("total_seconds") else ""),
