@@ -460,3 +460,16 @@ def test_timing_without_warm_up_counts_only_the_rounds(capsys):
     time_interleaved({"a": lambda: None, "b": lambda: None}, 3, 0, 0.0, show=True)
     lines = [line for line in capsys.readouterr().err.splitlines() if "timing" in line]
     assert lines and all("/6 " in line for line in lines)  # 2 paths x 3 rounds, no instant warm-up steps
+
+
+def test_onnx_runtimes_int8_peak_kernel_computes_the_integer_product():
+    pytest.importorskip("onnxruntime")
+    from vitlab.bench.runner import matmul_candidates, onnxruntime_matmul
+
+    run = onnxruntime_matmul("int8", 40, 32, 24, torch.Generator().manual_seed(0))
+    generator = torch.Generator().manual_seed(0)  # the same operands, drawn again
+    weight = torch.randint(-128, 128, (32, 24), dtype=torch.int8, generator=generator)
+    activations = torch.randint(0, 256, (40, 32), dtype=torch.uint8, generator=generator)
+    expected = (activations.long() - 128) @ weight.long()  # uint8 around its zero point 128, exact in int32
+    assert torch.equal(torch.from_numpy(run()[0]).long(), expected)
+    assert "matmul int8 onnxruntime" in matmul_candidates(create_model("digits-8"), 4)

@@ -89,7 +89,7 @@ def matmul_candidates(
     if device.type == "cpu":  # torch's fp32 GEMM (MKL) is not the fastest on every CPU: the others are timed too
         for name, run in (
             ("matmul fp32 onednn", onednn_fp32_linear(rows, inner, outer, generator)),
-            ("matmul fp32 onnxruntime", onnxruntime_fp32_matmul(rows, inner, outer, generator)),
+            ("matmul fp32 onnxruntime", onnxruntime_matmul("fp32", rows, inner, outer, generator)),
         ):
             if run is not None:
                 out[name] = (run, flops)
@@ -107,6 +107,9 @@ def matmul_candidates(
     onednn = onednn_int8_matmul(rows, inner, outer, generator) if device.type == "cpu" else None
     if onednn is not None:
         out["matmul int8 onednn"] = (onednn, flops)
+    onnxruntime = onnxruntime_matmul("int8", rows, inner, outer, generator) if device.type == "cpu" else None
+    if onnxruntime is not None:
+        out["matmul int8 onnxruntime"] = (onnxruntime, flops)
     return out
 
 
@@ -127,22 +130,34 @@ def onednn_fp32_linear(rows: int, inner: int, outer: int, generator: torch.Gener
     return run
 
 
-def onnxruntime_fp32_matmul(rows: int, inner: int, outer: int, generator: torch.Generator) -> Any:
-    """ONNX Runtime's MatMul (its MLAS kernels) of (rows, inner) by a constant (inner, outer), on this process's
-    threads, or None where onnx or onnxruntime is missing."""
+def onnxruntime_matmul(precision: str, rows: int, inner: int, outer: int, generator: torch.Generator) -> Any:
+    """ONNX Runtime's product (its MLAS kernels) of (rows, inner) by a constant (inner, outer) on this process's
+    threads: fp32 MatMul, or int8 MatMulInteger (uint8 activations by int8 weights into int32, the kernel of its
+    dynamic int8 export); None where onnx or onnxruntime is missing. (Its CPU provider has no bf16 MatMul.)"""
     try:
         import onnx
         import onnxruntime
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:
         return None
-    weight = numpy_helper.from_array(torch.randn(inner, outer, generator=generator).numpy(), "W")
+    if precision == "int8":
+        weight = torch.randint(-128, 128, (inner, outer), dtype=torch.int8, generator=generator).numpy()
+        activations = torch.randint(0, 256, (rows, inner), dtype=torch.uint8, generator=generator).numpy()
+        node = helper.make_node("MatMulInteger", ["X", "W", "X_zero"], ["Y"])
+        zero_point = torch.tensor(128, dtype=torch.uint8).numpy()  # uint8 activations centred, as its export's are
+        types = (TensorProto.UINT8, TensorProto.INT32)
+        constants = [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(zero_point, "X_zero")]
+    else:
+        activations = torch.randn(rows, inner, generator=generator).numpy()
+        node = helper.make_node("MatMul", ["X", "W"], ["Y"])
+        types = (TensorProto.FLOAT, TensorProto.FLOAT)
+        constants = [numpy_helper.from_array(torch.randn(inner, outer, generator=generator).numpy(), "W")]
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "W"], ["Y"])],
-        "matmul",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [rows, inner])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [rows, outer])],
-        [weight],
+        [node],
+        f"matmul_{precision}",
+        [helper.make_tensor_value_info("X", types[0], [rows, inner])],
+        [helper.make_tensor_value_info("Y", types[1], [rows, outer])],
+        constants,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = onnxruntime.SessionOptions()
@@ -150,7 +165,6 @@ def onnxruntime_fp32_matmul(rows: int, inner: int, outer: int, generator: torch.
     session = onnxruntime.InferenceSession(
         onnx.shape_inference.infer_shapes(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
-    activations = torch.randn(rows, inner, generator=generator).numpy()
     return lambda: session.run(None, {"X": activations})
 
 
