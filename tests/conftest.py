@@ -127,15 +127,20 @@ def stop_at_check(monkeypatch):
     2); `stop_at_check(None)` lets runs go on again."""
     from vitlab.train import loop
 
-    real = loop.any_rank
+    real, real_many = loop.any_rank, loop.any_ranks
 
     def stop_at(check: int | None) -> None:
         calls = {"n": 0}
 
-        def any_rank(flag, env):
+        def any_rank(flag, env):  # the epoch's end
             calls["n"] += 1
             return real(flag or calls["n"] == check, env)
 
+        def any_ranks(flags, env):  # after each step: [stop, save]
+            calls["n"] += 1
+            return real_many([flags[0] or calls["n"] == check, *flags[1:]], env)
+
         monkeypatch.setattr(loop, "any_rank", real if check is None else any_rank)
+        monkeypatch.setattr(loop, "any_ranks", real_many if check is None else any_ranks)
 
     return stop_at

@@ -255,7 +255,7 @@ def test_training_crops_keep_the_images_aspect_ratio_on_their_own_grid():
 
 
 @pytest.mark.slow
-def test_a_streamed_naflex_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
+def test_a_streamed_naflex_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, stop_at_check):
     from test_stream import assert_a_stopped_run_resumes_exactly, write_photos
     from test_train import MICRO
     from vitlab.checkpoint import load_model
@@ -263,7 +263,7 @@ def test_a_streamed_naflex_run_stopped_mid_epoch_resumes_to_the_uninterrupted_we
     root = write_photos(tmp_path / "photos", size=(60, 24))
     overrides = dict(MICRO, image_size=16, patch_size=4, depth=2, pos_embed="learned")
     naflex = dict(model_overrides=overrides, augment={"random_erasing": 0.0}, input="naflex", max_patches=12)
-    assert_a_stopped_run_resumes_exactly(tmp_path, root, monkeypatch, **naflex)
+    assert_a_stopped_run_resumes_exactly(tmp_path, root, stop_at_check, **naflex)
     trained = load_model(tmp_path / "straight").config.preprocessing
     assert (trained.mode, trained.patch, trained.max_patches) == ("naflex", 4, 12)  # recorded as it was read
 

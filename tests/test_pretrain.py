@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from test_stream import write_photos
 from test_train import REPO
 from vitlab.objectives.settings import PretrainConfig
-from vitlab.train import loop
 from vitlab.train.config import TrainConfig, finetune_config, pretrain_config
 from vitlab.train.loop import train
 from vitlab.train.state import load_training_state
@@ -37,21 +36,14 @@ def pretrain_micro(tmp_path, method, **changes) -> TrainConfig:
 
 
 @pytest.mark.parametrize("method", ["mpp", "mae"])
-def test_a_pretraining_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch, method):
+def test_a_pretraining_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, stop_at_check, method):
     changes = dict(epochs=3, augment={"affine_degrees": 10, "crop_padding": 1})
     straight = train(pretrain_micro(tmp_path, method, run_name="straight", **changes))
     assert straight["status"] == "finished" and straight["objective"] == method
-    calls = {"n": 0}
-    real = loop.any_rank
-
-    def stop_at_step_15(flag, env):  # after step 4 of epoch 2 (10 steps an epoch, one check at its end)
-        calls["n"] += 1
-        return real(flag or calls["n"] == 15, env)
-
-    monkeypatch.setattr(loop, "any_rank", stop_at_step_15)
+    stop_at_check(15)  # after step 4 of epoch 2 (10 steps an epoch, one check at its end)
     stopped = train(pretrain_micro(tmp_path, method, run_name="stopped", **changes))
     assert stopped["status"] == "interrupted" and (stopped["epoch"], stopped["step"]) == (1, 4)
-    monkeypatch.setattr(loop, "any_rank", real)
+    stop_at_check(None)
     resumed = train(TrainConfig(), resume=tmp_path / "stopped")
     assert resumed["status"] == "finished"
     for name in ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/best-objective.safetensors"):

@@ -16,7 +16,6 @@ from vitlab.data.stream.loader import StreamingSource
 from vitlab.data.stream.open import index_from_spec
 from vitlab.data.stream.splits import stream_splits
 from vitlab.errors import DataError
-from vitlab.train import loop
 from vitlab.train.config import TrainConfig
 from vitlab.train.loop import train
 
@@ -152,21 +151,14 @@ def stream_config(tmp_path, root, **changes):
     return micro_config(tmp_path, **fields)
 
 
-def assert_a_stopped_run_resumes_exactly(tmp_path, root, monkeypatch, **changes):
+def assert_a_stopped_run_resumes_exactly(tmp_path, root, stop_at_check, **changes):
     """Train straight through; train again, stopped at the seventh step's stop check, and resume: the same weights."""
     straight = train(stream_config(tmp_path, root, run_name="straight", **changes))
     assert straight["status"] == "finished"
-    calls = {"n": 0}
-    real = loop.any_rank
-
-    def stop_at_the_seventh_check(flag, env):
-        calls["n"] += 1
-        return real(flag or calls["n"] == 7, env)
-
-    monkeypatch.setattr(loop, "any_rank", stop_at_the_seventh_check)
+    stop_at_check(7)
     stopped = train(stream_config(tmp_path, root, run_name="stopped", **changes))
     assert stopped["status"] == "interrupted"
-    monkeypatch.setattr(loop, "any_rank", real)
+    stop_at_check(None)
     train(TrainConfig(), resume=tmp_path / "stopped")
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
     for name in a:
@@ -174,8 +166,8 @@ def assert_a_stopped_run_resumes_exactly(tmp_path, root, monkeypatch, **changes)
 
 
 @pytest.mark.slow
-def test_a_streamed_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, monkeypatch):
-    assert_a_stopped_run_resumes_exactly(tmp_path, write_photos(tmp_path / "photos"), monkeypatch)
+def test_a_streamed_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, stop_at_check):
+    assert_a_stopped_run_resumes_exactly(tmp_path, write_photos(tmp_path / "photos"), stop_at_check)
 
 
 def test_a_streamed_folder_gives_the_splits_of_the_in_memory_one(tmp_path):

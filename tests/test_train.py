@@ -16,7 +16,6 @@ from vitlab.eval import classify
 from vitlab.objectives import Classification
 from vitlab.progress import format_duration
 from vitlab.runs import RunFolder
-from vitlab.train import loop
 from vitlab.train import state as train_state
 from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
 from vitlab.train.loop import TrainingError, train
@@ -72,7 +71,7 @@ def test_a_run_writes_its_folder(tmp_path, capsys):
     assert "vitlab train: digits-8 on digits - finished" in capsys.readouterr().out
 
 
-def test_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+def test_resume_equals_an_uninterrupted_run(tmp_path, stop_at_check):
     # depth 2: with one block stochastic depth has rate 0 and draws nothing, which would hide RNG bugs.
     changes = dict(
         epochs=3,
@@ -82,19 +81,10 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, monkeypatch):
         model_overrides=dict(MICRO, depth=2),
     )
     train(micro_config(tmp_path, run_name="straight", **changes))
-    # Stop mid-epoch 2, as Ctrl-C would: the stop check runs after each of the 10 steps of an epoch and once
-    # at its end, so the 15th check is after step 4 of epoch 2. Then resume.
-    calls = {"n": 0}
-    real = loop.any_rank
-
-    def stop_at_step_15(flag, env):
-        calls["n"] += 1
-        return real(flag or calls["n"] == 15, env)
-
-    monkeypatch.setattr(loop, "any_rank", stop_at_step_15)
+    stop_at_check(15)  # after step 4 of epoch 2, as Ctrl-C would; then resume
     stopped = train(micro_config(tmp_path, run_name="stopped", **changes))
     assert stopped["status"] == "interrupted" and (stopped["epoch"], stopped["step"]) == (1, 4)
-    monkeypatch.setattr(loop, "any_rank", real)
+    stop_at_check(None)
     resumed = train(TrainConfig(), resume=tmp_path / "stopped")
     assert resumed["status"] == "finished"
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -34,8 +35,20 @@ class DistEnv:
         return self.world_size > 1
 
 
-def init_distributed() -> DistEnv:
-    """Join the process group if launched by torchrun; pick the device (this rank's GPU, else the CPU)."""
+# How long a collective waits for a rank that does not come: long enough for rank 0 to write a B/16 training state
+# (1.4 GB) on a slow disk while the others wait at the next step, short enough that a hung rank costs minutes, not
+# PyTorch's default 30 (gloo) or 10 (NCCL). `--set collective_timeout=...` sets it per run.
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 300.0
+# Waits that are long by nature (one process per machine downloading a data set while the others wait) go
+# through a group of their own with this timeout instead.
+PATIENT_TIMEOUT = timedelta(hours=24)
+_patient_group: Any = None
+
+
+def init_distributed(timeout_seconds: float = DEFAULT_COLLECTIVE_TIMEOUT_SECONDS) -> DistEnv:
+    """Join the process group if launched by torchrun, with collectives that give up after `timeout_seconds`;
+    pick the device (this rank's GPU, else the CPU)."""
+    global _patient_group
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -45,8 +58,28 @@ def init_distributed() -> DistEnv:
     else:
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=timeout_seconds)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torch 2.13's elastic agent keeps one store for every restart of the group, and its keys are not
+            # separated by attempt: a restarted rank read the dead ranks' gloo addresses and failed to connect
+            # (half of the restarts in tests/test_elastic.py). Each attempt gets keys of its own.
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            agent = dist.TCPStore(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False, timeout=timeout
+            )
+            store = dist.PrefixStore(f"/vitlab/attempt_{attempt}", agent)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout)
+        _patient_group = dist.new_group(backend="gloo", timeout=PATIENT_TIMEOUT)
     return DistEnv(rank, world_size, local_rank, device)
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    """A collective that gave up waiting for a rank (gloo: "Timed out waiting ... for recv"; NCCL's watchdog:
+    "Watchdog caught collective operation timeout"), as opposed to a rank that died (connection reset)."""
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text)
 
 
 def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
@@ -80,13 +113,25 @@ def gather_lists(items: list[str], env: DistEnv) -> list[str]:
     return list(dict.fromkeys(item for part in gathered for item in (part or [])))
 
 
-def any_rank(flag: bool, env: DistEnv) -> bool:
-    """True on every process if `flag` is true on any (a signal may reach only some ranks)."""
+def any_rank(flag: bool, env: DistEnv, patient: bool = False) -> bool:
+    """True on every process if `flag` is true on any (a signal may reach only some ranks). patient: waits
+    without the collective timeout (`PATIENT_TIMEOUT`), for waits that are long by nature."""
     if not env.enabled:
         return flag
-    tensor = torch.tensor([int(flag)], device=env.device)
+    if patient and _patient_group is not None:  # gloo, on the CPU
+        tensor = torch.tensor([int(flag)])
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_patient_group)
+        return bool(tensor.item())
+    return any_ranks([flag], env)[0]
+
+
+def any_ranks(flags: list[bool], env: DistEnv) -> list[bool]:
+    """`any_rank` of several flags in one collective (a step's stop and save decisions)."""
+    if not env.enabled:
+        return flags
+    tensor = torch.tensor([int(flag) for flag in flags], device=env.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
+    return [bool(value) for value in tensor.tolist()]
 
 
 def gather_rng_states(env: DistEnv, local: torch.Tensor | None = None) -> torch.Tensor:
@@ -150,8 +195,9 @@ def fetch_once(fetch: Callable[[], T], env: DistEnv) -> T:
             value = fetch()
         except Exception as error:  # noqa: BLE001 - re-raised below, after the others have been told
             failure = error
-    # A collective, so also the barrier: no process goes on before every first process has finished.
-    if any_rank(failure is not None, env):
+    # A collective, so also the barrier: no process goes on before every first process has finished. A download
+    # may take hours, so it waits in the patient group, not under the collective timeout.
+    if any_rank(failure is not None, env, patient=True):
         if failure is not None:
             raise failure
         raise VitlabError(
@@ -162,5 +208,7 @@ def fetch_once(fetch: Callable[[], T], env: DistEnv) -> T:
 
 
 def cleanup(env: DistEnv) -> None:
+    global _patient_group
     if env.enabled and dist.is_initialized():
         dist.destroy_process_group()
+    _patient_group = None

@@ -28,6 +28,7 @@ from vitlab.objectives.base import BATCH_AUGMENTATION
 from vitlab.runs import RunFolder, default_run_name
 from vitlab.train.config import TrainConfig
 from vitlab.train.data import choose_streaming, training_splits
+from vitlab.train.elastic import remember_run
 from vitlab.train.optim import EMA, build_optimizer
 from vitlab.train.schedule import build_scheduler, fit_schedule, suggested_batch_size
 from vitlab.train.session import Session
@@ -162,6 +163,8 @@ def new_run_folder(config: TrainConfig, env: DistEnv) -> RunFolder:
         raise ConfigError(
             f"run folder {run} already holds a run; resume it with --resume {run} or choose another --set run_name=..."
         )
+    if env.is_main:  # under torchrun's elastic agent, its restarts find the run here (vitlab.train.elastic)
+        remember_run(run, config.out_dir)
     return run
 
 

@@ -1,6 +1,6 @@
 """The run's time and its stop: `RunClock` (wall time over all of a run's sittings, and the time left),
-`seconds_since_launch` (what a budget counts from) and `StopFlag` (SIGINT / SIGTERM turned into a request the
-loop answers between steps)."""
+`seconds_since_launch` (what a budget counts from), `StopFlag` (SIGINT / SIGTERM turned into a request the
+loop answers between steps) and `PeriodicSave` (when `save_every` saves within an epoch)."""
 
 from __future__ import annotations
 
@@ -83,3 +83,24 @@ def seconds_since_launch() -> float:
         return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0
+
+
+class PeriodicSave:
+    """When to save the training state within an epoch (`save_every`): every N optimizer steps of the run (at
+    multiples of N, so a resumed run saves where the uninterrupted one did) or every so many seconds since the
+    last save of this sitting (the epoch's own save included)."""
+
+    def __init__(self, interval: tuple[str, float] | None) -> None:
+        self.interval = interval
+        self.last_saved = time.perf_counter()
+
+    def due(self, global_step: int) -> bool:
+        if self.interval is None:
+            return False
+        kind, every = self.interval
+        if kind == "steps":
+            return global_step % int(every) == 0
+        return time.perf_counter() - self.last_saved >= every
+
+    def saved(self) -> None:
+        self.last_saved = time.perf_counter()

@@ -79,6 +79,13 @@ class TrainConfig:
     # where it must be, to end inside it, and the cosine schedule is refitted to the new length. Epochs are
     # never added. None: the recipe's epochs, however long they take.
     budget: str | float | None = None
+    # Save the training state within epochs too: every "10m" (a duration, as for budget) or every N optimizer steps
+    # (a whole number), so a crash costs at most that. None: at the end of each epoch only.
+    save_every: str | int | None = None
+    # How long a collective (DDP's gradient all-reduce, any wait for every rank) waits for a rank that does not
+    # come before every rank stops with the hung one named (vitlab.train.watchdog); a duration. None: 5 minutes
+    # (vitlab.distributed.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS).
+    collective_timeout: str | float | None = None
     threads: int | None = None  # torch threads per process; default: the cores / processes on this machine
     # Image files (folder, manifest, tar shards, Hugging Face datasets) are decoded per batch in worker processes
     # when the decoded set would not fit comfortably in memory; true / false forces it. workers: the decoding
@@ -137,6 +144,17 @@ class TrainConfig:
                 lambda: (
                     f"budget must be a duration such as 20m, 1h30m, 900s or a number of seconds, got {self.budget!r}"
                 ),
+            ),
+            (
+                lambda: self.save_every is None or save_interval(self.save_every) is not None,
+                lambda: (
+                    f"save_every must be a duration such as 10m or 90s, or a whole number of steps, got "
+                    f"{self.save_every!r}"
+                ),
+            ),
+            (
+                lambda: self.collective_timeout is None or budget_seconds(self.collective_timeout) is not None,
+                lambda: f"collective_timeout must be a duration such as 5m or 300s, got {self.collective_timeout!r}",
             ),
             (
                 lambda: self.attention in ("auto", "sdpa", "explicit"),
@@ -216,6 +234,12 @@ class TrainConfig:
             if value is not None and not valid(value):
                 raise ConfigError(f"{name}={value!r} is not valid; see `vitlab train --help` and the recipe files")
 
+    def collective_timeout_seconds(self) -> float:
+        """`collective_timeout` in seconds (the default where unset)."""
+        from vitlab.distributed import DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+
+        return budget_seconds(self.collective_timeout) or DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
+
     def evaluation_batch(self, processes: int) -> int:
         """Images per evaluation batch in each of `processes` (see `eval_batch_size`)."""
         if self.eval_batch_size is not None:
@@ -248,6 +272,20 @@ def budget_seconds(budget: str | float | None) -> float | None:
     hours, minutes, seconds = (float(group or 0) for group in parts.groups())
     total = 3600 * hours + 60 * minutes + seconds
     return total if total > 0 else None
+
+
+def save_interval(value: str | int | None) -> tuple[str, float] | None:
+    """`save_every` read: a whole number (500, "500") -> ("steps", 500); a duration ("10m", "90s", "1h") ->
+    ("seconds", 600.0); None for None and anything else."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        steps = int(value)
+        return ("steps", steps) if steps > 0 else None
+    if isinstance(value, str) and value.strip().lower()[-1:] in ("s", "m", "h"):
+        seconds = budget_seconds(value)
+        return ("seconds", seconds) if seconds is not None else None
+    return None
 
 
 def finetune_config(**changes: Any) -> TrainConfig:

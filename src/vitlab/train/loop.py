@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,11 @@ from vitlab.data.transforms import Draws
 from vitlab.distributed import (
     DistEnv,
     any_rank,
+    any_ranks,
     cleanup,
     gather_lists,
     init_distributed,
+    is_collective_timeout,
     replica_difference,
     sum_over_ranks,
     synchronize,
@@ -42,13 +45,15 @@ from vitlab.objectives.base import NonFiniteLoss, Objective, is_better
 from vitlab.runs import BEST, BEST_OBJECTIVE
 from vitlab.train.assemble import start
 from vitlab.train.budget import fit_to_budget
-from vitlab.train.clock import RunClock, StopFlag, seconds_since_launch
+from vitlab.train.clock import PeriodicSave, RunClock, StopFlag, seconds_since_launch
 from vitlab.train.config import TrainConfig
+from vitlab.train.elastic import Fault, holds_state, restart_count, run_to_continue
 from vitlab.train.schedule import peak_lr
 from vitlab.train.session import Session
 from vitlab.train.state import Position, read_resumable
 from vitlab.train.step import TrainingStep
 from vitlab.train.summary import EpochProgress, epoch_line, stop_line, unreadable_files, write_outputs
+from vitlab.train.watchdog import Heartbeat
 
 
 class TrainingError(VitlabError):
@@ -62,17 +67,28 @@ def train(
     epochs: with `resume`, a new length for the run (e.g. to extend a finished one); the learning rate then
     follows the schedule of a run of that length from where the run stands."""
     launched = time.perf_counter() - seconds_since_launch()
-    env = init_distributed()
+    notes: list[str] = []
+    if resume is None:
+        resume = continued_after_restart(config, notes)
+    state = None
+    if resume is not None:
+        # A restart by torchrun's agent cannot ask: a damaged last state falls back to the one before it.
+        state, config = read_resumable(Path(resume), use_previous or restart_count() > 0, epochs, notes)
+    env = init_distributed(config.collective_timeout_seconds())
     try:
-        state = None
-        if resume is not None:
-            state, config = read_resumable(Path(resume), use_previous, epochs)
+        for note in notes if env.is_main else []:
+            print(f"note: {note}", flush=True)
         session = start(config, env, state, Path(resume) if resume is not None else None)
         session.launched = launched
         try:
-            summary = run_epochs(session)
-            if summary is None:
-                summary = finish(session)
+            with Heartbeat(env) as session.heartbeat:
+                summary = run_epochs(session)
+                if summary is None:
+                    summary = finish(session)
+        except RuntimeError as error:
+            if env.enabled and is_collective_timeout(error):
+                raise TrainingError(session.heartbeat.stuck_message(config.collective_timeout_seconds())) from None
+            raise
         finally:  # streamed splits' worker processes go with the run, not whenever the objects are collected
             session.splits.close()
         # Leave together: rank 0 may still be writing (a stop's checkpoint, the final report) when the others
@@ -82,6 +98,20 @@ def train(
         return summary
     finally:
         cleanup(env)
+
+
+def continued_after_restart(config: TrainConfig, notes: list[str]) -> Path | None:
+    """On an attempt restarted by torchrun's agent: the run folder to resume (the one this job's first attempt
+    started), or None. Where that attempt died before its first saved state, the run starts again in its folder."""
+    run = run_to_continue(config.out_dir)
+    if run is None:
+        return None
+    if holds_state(run):
+        notes.append(f"restart {restart_count()} of this torchrun job: resuming {run} from its last saved state")
+        return run.path
+    config.out_dir, config.run_name = str(run.path.parent), run.path.name
+    notes.append(f"restart {restart_count()} of this torchrun job: {run} had saved no state yet; starting it again")
+    return None
 
 
 def resume(run_dir: str | Path, use_previous: bool = False, epochs: int | None = None) -> dict[str, Any]:
@@ -100,13 +130,14 @@ def train_one_epoch(
     stop: StopFlag | None = None,
     on_step: Callable[[Position, list[float], float], None] | None = None,
     unreadable: Any = None,
+    guards: Safeguards | None = None,
 ) -> bool:
     """Run the rest of one epoch from `position` (the batches must start at its step); returns False if a stop was
     requested (the position is then consistent and can be saved). `step` holds the model, optimizer, schedule and
     EMA; `objective` turns each batch into inputs and targets. After each step `on_step(position, epoch sums,
     images per second)` reports progress. `unreadable`: a streamed training source whose limit of unreadable files
-    is decided here on every rank's sum (under DDP). A non-finite loss raises NonFiniteLoss with `epoch` and `step`
-    set."""
+    is decided here on every rank's sum (under DDP). `guards`: the heartbeat, saves within the epoch and the fault
+    tests' injected fault. A non-finite loss raises NonFiniteLoss with `epoch` and `step` set."""
     augment_rng = torch.Generator()
     if position.augment_state is not None:
         augment_rng.set_state(position.augment_state)
@@ -116,7 +147,10 @@ def train_one_epoch(
     step.wrapped.train()
     sums = torch.tensor(position.epoch_sums, dtype=torch.float64)
     unreadable_synced = 0  # this rank's unreadable files already counted in a union (below)
+    guards = guards or Safeguards()
+    guards.heartbeat.at("loading data", position.global_step)
     for index, batch in enumerate(batches, start=position.step_in_epoch):
+        guards.heartbeat.at("training step")
         started = time.perf_counter()
         inputs, targets = objective.training_inputs(batch, spec, Draws(augment_rng, batch.global_size, batch.shard))
         try:
@@ -137,11 +171,33 @@ def train_one_epoch(
             union = gather_lists(unreadable.skipped, env)
             unreadable_synced = len(unreadable.skipped)
             unreadable.refuse_if_too_many(len(union))
-        if any_rank(stop is not None and stop.requested, env) and index + 1 < steps_per_epoch:
+        guards.heartbeat.at("after its step", position.global_step)
+        if guards.fault is not None:
+            guards.fault.maybe_fire(env.rank, position.global_step, guards.run, guards.heartbeat.report)
+        stop_now, save_now = any_ranks(
+            [stop is not None and stop.requested, guards.saving.due(position.global_step)], env
+        )
+        if index + 1 < steps_per_epoch and (stop_now or save_now):  # the epoch's end saves anyway
             position.augment_state = augment_rng.get_state()
-            return False
+            if stop_now:
+                return False
+            guards.heartbeat.at("saving state")
+            guards.save()
+        guards.heartbeat.at("loading data")
     position.augment_state = None
     return True
+
+
+@dataclass
+class Safeguards:
+    """What keeps a long run safe between its steps: the heartbeat a hung rank is found by, the saves within an
+    epoch (`save_every`: `save` writes the state where `saving` says), and the fault tests' injected fault."""
+
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(DistEnv()))
+    saving: PeriodicSave = field(default_factory=lambda: PeriodicSave(None))
+    save: Callable[[], None] = lambda: None
+    fault: Fault | None = None
+    run: Any = None  # the run folder (the fault that damages its state)
 
 
 def run_epochs(session: Session) -> dict[str, Any] | None:
@@ -149,6 +205,12 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
     when a stop was asked for (state saved), None when every epoch ran."""
     config, env, position, steps = session.config, session.env, session.position, session.steps_per_epoch
     clock = RunClock(position.elapsed_seconds, position.global_step, config.epochs * steps)
+
+    def save_within_epoch() -> None:
+        position.elapsed_seconds = clock.elapsed()
+        session.save_state()
+
+    guards = Safeguards(session.heartbeat, session.saving, save_within_epoch, Fault.from_environment(), session.run)
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):
             if epoch >= config.epochs:  # shortened to fit the budget
@@ -178,6 +240,7 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
                     stop,
                     progress,
                     unreadable,
+                    guards,
                 )
             except NonFiniteLoss as error:
                 raise TrainingError(
@@ -237,6 +300,7 @@ def end_epoch(
         **objective.epoch_figures(position.epoch_sums),
     )
     validation = None
+    session.heartbeat.at("validation")
     if splits.validation is not None:
         validation = objective.evaluate(
             session.evaluated, splits.validation, config.evaluation_batch(env.world_size), env, session.precision.value
@@ -284,6 +348,7 @@ def end_epoch(
                     f"could not save {best} ({error.strerror or error}); the previous best is intact"
                 ) from None
         objective.after_epoch(session.evaluated, epoch + 1, session.run.path, splits.validation)
+    session.heartbeat.at("saving state")
     session.save_state()
     return row, improved
 

@@ -15,10 +15,12 @@ from vitlab.hardware import Choice
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective
 from vitlab.runs import RunFolder
-from vitlab.train.config import TrainConfig
+from vitlab.train.clock import PeriodicSave
+from vitlab.train.config import TrainConfig, save_interval
 from vitlab.train.optim import EMA
 from vitlab.train.state import Position, save_training_state, training_state
 from vitlab.train.step import TrainingStep
+from vitlab.train.watchdog import Heartbeat
 
 
 @dataclass
@@ -49,6 +51,11 @@ class Session:
     budget_planned_epochs: int = 0  # the recipe's epochs before the budget shortened the run
     budget_note: str = ""  # how the run was fitted to its wall-time budget, when it had to be
     unreadable: list[str] | None = None  # every rank's unreadable files at the end (None: this process's)
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(DistEnv()))  # where this rank is, for a hang
+    saving: PeriodicSave = field(default_factory=lambda: PeriodicSave(None))  # saves within an epoch (save_every)
+
+    def __post_init__(self) -> None:
+        self.saving = PeriodicSave(save_interval(self.config.save_every))
 
     @property
     def evaluated(self) -> VisionTransformer:
@@ -79,3 +86,4 @@ class Session:
                 ),
                 self.run,
             )
+        self.saving.saved()

@@ -186,8 +186,11 @@ def first_sentence(message: str, limit: int = 200) -> str:
     return line[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> dict[str, Any]:
-    """The newest readable training state of a run; the previous one only when allowed."""
+def load_training_state(
+    run: RunFolder | Path, allow_previous: bool = False, notes: list[str] | None = None
+) -> dict[str, Any]:
+    """The newest readable training state of a run; the previous one only when allowed, and then what was wrong
+    with the newer one is added to `notes`, for the user."""
     run = run if isinstance(run, RunFolder) else RunFolder(run)
     if not run.path.is_dir():
         raise MissingPathError(f"cannot resume {run}: no such run folder (runs are under runs/ by default)")
@@ -214,9 +217,13 @@ def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> 
             )
             continue
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # unreadable: truncated, corrupt or refused
             problems.append(f"{path} is unreadable ({type(error).__name__}: {first_sentence(str(error))})")
+            continue
+        if problems and notes is not None:
+            notes.append("; ".join(problems) + f": resuming from {path.name}, the state saved before it")
+        return state
     hint = (
         ""
         if allow_previous or last_missing or not (folder / "previous.pt").exists()
@@ -226,11 +233,11 @@ def load_training_state(run: RunFolder | Path, allow_previous: bool = False) -> 
 
 
 def read_resumable(
-    run_dir: Path, allow_previous: bool = False, new_epochs: int | None = None
+    run_dir: Path, allow_previous: bool = False, new_epochs: int | None = None, notes: list[str] | None = None
 ) -> tuple[dict[str, Any], TrainConfig]:
     """(the run's newest readable state, the recipe it was saved with at `new_epochs` if given); a run with
     nothing left to train is refused with what to do."""
-    state = load_training_state(run_dir, allow_previous=allow_previous)
+    state = load_training_state(run_dir, allow_previous=allow_previous, notes=notes)
     config = resumed_config(state, run_dir, new_epochs)
     refuse_finished(state, run_dir, config)
     return state, config

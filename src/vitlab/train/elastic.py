@@ -1,0 +1,99 @@
+"""Restarts by torchrun's elastic agent: `torchrun --max-restarts N` starts the whole group again when a rank dies
+(SIGKILL, out of memory, a lost node) or exits with an error (a collective timeout, `vitlab.train.watchdog`), and
+vitlab resumes the run by itself.
+
+The agent restarts the same command, so a restarted process must find the run its first attempt started: rank 0
+of the first attempt notes the run folder under the job's id (TORCHELASTIC_RUN_ID) in the output folder, and a
+later attempt (TORCHELASTIC_RESTART_COUNT > 0) reads it back and resumes from the folder's last good state, with
+`--resume`'s exactness (data order, random streams, EMA, the objective's state). A last state that cannot be
+read falls back to the one before it, and says so. Where the first attempt died before its first state was
+saved, the run starts again in the same folder.
+
+`VITLAB_FAULT` injects a fault for the fault tests and the "faults survived" figures (BENCHMARKS.md): for example
+`kill:rank=1:step=7` SIGKILLs rank 1 after its 7th optimizer step of the run, `stop:rank=1:step=7` SIGSTOPs it
+(a hung rank), `damage-and-kill:rank=0:step=7` first overwrites the end of checkpoints/last.pt (a state torn by
+the crash). A fault fires on the first attempt only, so the restarted group runs through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vitlab.files import atomic_write_bytes
+from vitlab.runs import CHECKPOINTS, RunFolder
+
+FAULT_VARIABLE = "VITLAB_FAULT"
+
+
+def restart_count() -> int:
+    """How many times torchrun's agent has restarted this group (0: the first attempt, or no agent)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def job_marker(out_dir: str | Path) -> Path | None:
+    """Where the first attempt of this torchrun job notes its run folder; None outside an elastic job."""
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    if not job or os.environ.get("TORCHELASTIC_RESTART_COUNT") is None:
+        return None
+    return Path(out_dir) / ".elastic" / f"{job}.json"
+
+
+def remember_run(run: RunFolder, out_dir: str | Path) -> None:
+    """Rank 0, on starting a new run under an elastic agent: note its folder for the restarts of this job."""
+    marker = job_marker(out_dir)
+    if marker is not None:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(marker, json.dumps({"run_dir": str(run.path)}).encode())
+
+
+def holds_state(run: RunFolder) -> bool:
+    """The folder holds a training state (last.pt, or previous.pt alone: a crash between a save's two renames)."""
+    return any((run.checkpoints / name).exists() for name in ("last.pt", "previous.pt"))
+
+
+def run_to_continue(out_dir: str | Path) -> RunFolder | None:
+    """On a restarted attempt: the run folder the first attempt started, or None where this is the first attempt,
+    no elastic agent runs it, or the first attempt died before noting one."""
+    marker = job_marker(out_dir)
+    if restart_count() == 0 or marker is None or not marker.is_file():
+        return None
+    return RunFolder(json.loads(marker.read_text())["run_dir"])
+
+
+# ------------------------------------------------------------------------------------------------ fault injection
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # kill, stop or damage-and-kill
+    rank: int
+    step: int  # after this optimizer step of the run (global_step)
+
+    @classmethod
+    def from_environment(cls) -> Fault | None:
+        text = os.environ.get(FAULT_VARIABLE, "")
+        if not text or restart_count() > 0:
+            return None
+        kind, *fields = text.split(":")
+        values = dict(field.split("=", 1) for field in fields)
+        if kind not in ("kill", "stop", "damage-and-kill") or set(values) != {"rank", "step"}:
+            raise ValueError(
+                f"{FAULT_VARIABLE}={text!r}: expected e.g. kill:rank=1:step=7 (kill, stop, damage-and-kill)"
+            )
+        return cls(kind, int(values["rank"]), int(values["step"]))
+
+    def maybe_fire(self, rank: int, global_step: int, run: RunFolder, report: Callable[[], None]) -> None:
+        """Kill or stop this process when it is the fault's rank at the fault's step, after `report`ing its
+        progress (a real hang comes long after the heartbeat's last report; an injected one at once)."""
+        if rank != self.rank or global_step != self.step:
+            return
+        report()
+        if self.kind == "damage-and-kill":
+            last = run.path / CHECKPOINTS / "last.pt"
+            with open(last, "r+b") as handle:  # the end of the file: the state's last tensors, as a torn write
+                handle.seek(max(0, last.stat().st_size - 64))
+                handle.write(b"\0" * 64)
+        os.kill(os.getpid(), signal.SIGSTOP if self.kind == "stop" else signal.SIGKILL)

@@ -1,0 +1,130 @@
+"""A hung rank is found, not waited on.
+
+Every collective gives up after the run's `collective_timeout` (`vitlab.distributed.init_distributed`). To say
+which rank hung and what it was doing, each rank reports its step and phase to the process group's key-value store
+(the one torchrun's agent keeps) from a thread, on every change and once a second: the main loop only sets two
+attributes and wakes the thread, so a step costs next to nothing. A rank that is stopped or dead stops reporting (its report ages); a rank stuck in its own work (a
+data loader that never returns) keeps reporting an older step than the others. When a collective times out, the
+ranks still running read every report, name the rank that fell behind, and exit with an error, which torchrun's
+agent (`--max-restarts`) answers by restarting the group from the last saved state (`vitlab.train.elastic`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from vitlab.distributed import DistEnv
+
+REPORT_SECONDS = 1.0
+KEY = "vitlab/heartbeat/{rank}"
+
+
+class Heartbeat:
+    """This rank's step and phase ("loading data", "training step", "validation", "saving state", ...), reported to
+    the store once a second while the run lasts (a context manager); inert on one process."""
+
+    def __init__(self, env: DistEnv) -> None:
+        self.env = env
+        self.step = 0
+        self.phase = "starting"
+        self.store: Any = None
+        if env.enabled:
+            try:
+                self.store = dist.distributed_c10d._get_default_store()
+            except (AttributeError, RuntimeError, ValueError):  # another PyTorch: no reports, the timeout still works
+                self.store = None
+        self._done = threading.Event()
+        self._changed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def at(self, phase: str, step: int | None = None) -> None:
+        """Where this rank is now: two attribute writes and a wake-up of the reporting thread, which sends them."""
+        self.phase = phase
+        if step is not None:
+            self.step = step
+        self._changed.set()
+
+    def __enter__(self) -> Heartbeat:
+        if self.store is not None:
+            self.report()
+            self._thread = threading.Thread(target=self._run, name="vitlab-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        self._changed.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * REPORT_SECONDS)
+
+    def _run(self) -> None:
+        # On every change (coalesced while a report is under way), and once a second regardless: a report's age
+        # then tells a rank that is stopped or dead from one that is alive but behind.
+        while not self._done.is_set():
+            self._changed.wait(REPORT_SECONDS)
+            self._changed.clear()
+            self.report()
+
+    def report(self) -> None:
+        try:
+            report = {"step": self.step, "phase": self.phase, "time": time.time()}
+            self.store.set(KEY.format(rank=self.env.rank), json.dumps(report))
+        except Exception:  # noqa: BLE001 - the store's host may be gone (the agent stopping us); reports are best effort
+            pass
+
+    def reports(self) -> dict[int, dict[str, Any]]:
+        """Every rank's last report that can be read ({} without a store)."""
+        if self.store is None:
+            return {}
+        try:
+            self.store.set_timeout(timedelta(seconds=5))  # a lost store host must not hang the exit as well
+        except (AttributeError, RuntimeError):
+            pass
+        found = {}
+        for rank in range(self.env.world_size):
+            key = KEY.format(rank=rank)
+            try:
+                if self.store.check([key]):
+                    found[rank] = json.loads(self.store.get(key))
+            except Exception:  # noqa: BLE001
+                continue
+        return found
+
+    def stuck_message(self, timeout_seconds: float) -> str:
+        """Which rank hung and what it was doing, from every rank's last report, for the error this rank exits with."""
+        return describe_stuck(self.reports(), self.env.rank, self.env.world_size, timeout_seconds, time.time())
+
+
+def describe_stuck(
+    reports: dict[int, dict[str, Any]], me: int, world_size: int, timeout_seconds: float, now: float
+) -> str:
+    """The message of a collective timeout: the rank behind the others (the fewest steps; among equals, the one
+    silent longest, i.e. stopped or dead), its last step and phase, and what to do."""
+    waited = f"a collective waited {timeout_seconds:.0f} s (collective_timeout) on rank {me}"
+    silent = [rank for rank in range(world_size) if rank not in reports]
+    if not reports:
+        return f"{waited}; no rank's progress could be read, so the rank that hung is not known"
+    if silent:
+        culprit, what = silent[0], "never reported its progress"
+    else:
+        culprit = min(reports, key=lambda rank: (reports[rank]["step"], reports[rank]["time"]))
+        report = reports[culprit]
+        what = (
+            f"was at step {report['step']} ({report['phase']}) when last heard from, {now - report['time']:.0f} s ago"
+        )
+    others = ", ".join(
+        f"rank {rank} at step {report['step']} ({report['phase']})"
+        for rank, report in sorted(reports.items())
+        if rank != culprit
+    )
+    return (
+        f"rank {culprit} hung: it {what}" + (f"; {others}" if others else "") + f". {waited[0].upper()}{waited[1:]}; "
+        "every rank now exits so that torchrun --max-restarts N restarts the group from the last saved state (check "
+        "that rank's machine: a stopped or swapping process, a data loader that never returns, a lost GPU)"
+    )

@@ -1,0 +1,194 @@
+"""train/elastic.py, train/watchdog.py and the faults a run survives: a rank killed at three points of an epoch
+and restarted by torchrun's agent, a hung (stopped) rank named and restarted, a damaged last state, and two
+launchers meeting through c10d rendezvous. Each ends with the weights of an uninterrupted run."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from test_train import MICRO
+from vitlab.errors import ConfigError
+from vitlab.train import elastic
+from vitlab.train.clock import PeriodicSave
+from vitlab.train.config import TrainConfig, save_interval
+from vitlab.train.watchdog import describe_stuck
+
+pytestmark = pytest.mark.xdist_group("torchrun")  # two processes each: one such test at a time on 2 cores
+
+# digits, 1293 training images at batch 128: 10 steps an epoch; saves at steps 4 and 8 and at each epoch's end.
+RECIPE = [
+    "--set",
+    "epochs=2",
+    "--set",
+    f"model_overrides={MICRO}",
+    "--set",
+    "threads=1",
+    "--set",
+    "save_every=4",
+    "--set",
+    "augment.random_erasing=0.25",
+    "--set",
+    "progress=false",
+]
+
+
+def torchrun(out, name, *launcher, fault=None, extra=(), timeout=240, wait=True):
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *(launcher or ("--standalone", "--nproc-per-node=2")),
+        "-m",
+        "vitlab",
+        "train",
+        "--out-dir",
+        str(out),
+        "--set",
+        f"run_name={name}",
+        *RECIPE,
+        *extra,
+    ]
+    env = {**os.environ, elastic.FAULT_VARIABLE: fault or ""}
+    if not wait:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def max_difference(first, second) -> float:
+    return max(float((first[key] - second[key]).abs().max()) for key in first)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    done = torchrun(out, "run")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return load_file(out / "run" / "model.safetensors")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fault, says",
+    [
+        ("kill:rank=1:step=3", "had saved no state yet; starting it again"),  # before any state was saved
+        ("kill:rank=0:step=6", "resuming"),  # mid-epoch, after the save at step 4
+        # Epoch 2, the last state (epoch 1's end, step 10) torn by the crash: back to step 8's.
+        ("damage-and-kill:rank=0:step=12", "resuming from previous.pt, the state saved before it"),
+    ],
+)
+def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_uninterrupted(uninterrupted, tmp_path, fault, says):
+    done = torchrun(tmp_path, "run", "--standalone", "--nproc-per-node=2", "--max-restarts=1", fault=fault)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert says in output and "restart 1 of this torchrun job" in output
+    assert max_difference(load_file(tmp_path / "run" / "model.safetensors"), uninterrupted) <= 1e-5
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["replica_max_abs_diff"] == 0.0
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_named_within_the_timeout_and_the_restarted_run_finishes(uninterrupted, tmp_path):
+    started = time.perf_counter()
+    done = torchrun(
+        tmp_path,
+        "run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        fault="stop:rank=1:step=6",
+        extra=("--set", "collective_timeout=5s"),
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert "rank 1 hung: it was at step 6 (after its step)" in output and "A collective waited 5 s" in output
+    assert max_difference(load_file(tmp_path / "run" / "model.safetensors"), uninterrupted) <= 1e-5
+    # 5 s to notice, up to 30 s for the agent to give up on a stopped process's SIGTERM, then the restart.
+    assert time.perf_counter() - started < 200
+
+
+@pytest.mark.slow
+def test_two_launchers_meet_through_c10d_rendezvous_and_train_as_one(uninterrupted, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launcher = (
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=vitlab-test",
+    )
+    nodes = [torchrun(tmp_path, "run", *launcher, wait=False) for _ in range(2)]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-3000:] for output in outputs)
+    assert max_difference(load_file(tmp_path / "run" / "model.safetensors"), uninterrupted) <= 1e-5
+
+
+# ------------------------------------------------------------------------------------------------ the parts
+def test_the_stuck_rank_is_the_one_behind_or_silent():
+    reports = {
+        0: {"step": 7, "phase": "training step", "time": 100.0},
+        1: {"step": 6, "phase": "loading data", "time": 104.0},  # alive (it reports) but a step behind
+    }
+    message = describe_stuck(reports, me=0, world_size=2, timeout_seconds=300, now=105.0)
+    assert message.startswith("rank 1 hung: it was at step 6 (loading data) when last heard from, 1 s ago")
+    assert "rank 0 at step 7 (training step)" in message and "torchrun --max-restarts" in message
+    stopped = {0: {"step": 7, "phase": "training step", "time": 104.0}, 1: {"step": 7, "phase": "x", "time": 40.0}}
+    assert describe_stuck(stopped, 0, 2, 60, 105.0).startswith(
+        "rank 1 hung: it was at step 7 (x) when last heard from, 65 s ago"
+    )
+    assert describe_stuck({0: reports[0]}, 0, 2, 60, 105.0).startswith("rank 1 hung: it never reported")
+    assert "not known" in describe_stuck({}, 0, 2, 60, 105.0)
+
+
+def test_save_every_takes_steps_or_a_duration():
+    assert save_interval(500) == ("steps", 500) and save_interval("500") == ("steps", 500)
+    assert save_interval("10m") == ("seconds", 600.0) and save_interval("1h30m") == ("seconds", 5400.0)
+    assert save_interval(None) is None and save_interval(0) is None and save_interval("soon") is None
+    with pytest.raises(ConfigError, match="save_every must be a duration such as 10m"):
+        TrainConfig(save_every="soon")
+    with pytest.raises(ConfigError, match="collective_timeout must be a duration"):
+        TrainConfig(collective_timeout="never")
+    assert TrainConfig(collective_timeout="90s").collective_timeout_seconds() == 90.0
+    steps = PeriodicSave(("steps", 4))
+    assert [step for step in range(1, 13) if steps.due(step)] == [4, 8, 12]  # where an uninterrupted run saves
+    clock = PeriodicSave(("seconds", 3600.0))
+    assert not clock.due(1)
+    clock.last_saved -= 3601
+    assert clock.due(2)
+    clock.saved()
+    assert not clock.due(3)
+
+
+def test_a_restart_finds_the_run_its_first_attempt_started(tmp_path, monkeypatch):
+    from vitlab.runs import RunFolder
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    run = RunFolder(tmp_path / "digits-20261126")
+    elastic.remember_run(run, tmp_path)
+    assert elastic.run_to_continue(tmp_path) is None  # the first attempt starts its own run
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert elastic.run_to_continue(tmp_path).path == run.path and not elastic.holds_state(run)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-2")  # another job's restart: not this run
+    assert elastic.run_to_continue(tmp_path) is None
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")  # no agent at all
+    assert elastic.job_marker(tmp_path) is None
+
+
+def test_a_fault_fires_on_the_first_attempt_only_and_a_bad_one_is_refused(monkeypatch):
+    monkeypatch.setenv(elastic.FAULT_VARIABLE, "stop:rank=1:step=6")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert elastic.Fault.from_environment() == elastic.Fault("stop", 1, 6)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert elastic.Fault.from_environment() is None
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv(elastic.FAULT_VARIABLE, "explode:rank=1")
+    with pytest.raises(ValueError, match="expected e.g. kill:rank=1:step=7"):
+        elastic.Fault.from_environment()
