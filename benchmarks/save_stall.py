@@ -83,7 +83,9 @@ def main() -> None:
     stall = (statistics.median(saving) - statistics.median(plain)) / SAVES_WITHIN_THE_EPOCH
     print(f"{args.model} at {args.image_size} px, 2 ranks (gloo, 1 thread each), digits, 10 steps of 128")
     print(f"training state: {size / 1e6:.0f} MB; rank 0 alone writes it in {write:.2f} s (median)")
-    print(f"epoch: {statistics.median(plain):.2f} s saving at its end only, {statistics.median(saving):.2f} s saving after every step")
+    print(
+        f"epoch: {statistics.median(plain):.2f} s saving at its end only, {statistics.median(saving):.2f} s saving after every step"
+    )
     print(f"stall per save: {stall:.2f} s ({stall / write:.2f}x rank 0's write)")
     print(f"epochs, plain: {plain}; saving every step: {saving}")
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from vitlab.data.contract import Preprocessing, resolved_preprocessing
@@ -200,6 +201,9 @@ class DataRequest:
     augment: AugmentConfig | None = None
     workers: int = 0  # decoding processes of a streamed source (0: decoded in the calling process)
     pin_memory: bool = False  # streamed batches in pinned memory (for a CUDA device)
+    # Tar shards: "sequential" reads whole shards per rank (`shard_sequential_order`), "random" shuffles every
+    # sample over all shards, "auto" is sequential for shards in object storage and random for local ones.
+    shard_order: str = "auto"
     allow_download: bool = True  # the array data sets: fetch missing files into the cache
 
     @classmethod
@@ -244,6 +248,35 @@ def steps_per_epoch(source_length: int, batch_size: int) -> int:
 def epoch_order(length: int, epoch_seed: int) -> torch.Tensor:
     """The order of an epoch's images: a permutation fixed by the seed alone."""
     return torch.randperm(length, generator=torch.Generator().manual_seed(epoch_seed))
+
+
+def shard_sequential_order(shard_ids: np.ndarray, epoch_seed: int, batch_size: int, world_size: int) -> torch.Tensor:
+    """An epoch's order in which each rank reads whole tar shards, as webdataset does: the shards shuffled by the
+    seed and dealt to the ranks in turn, each shard's samples shuffled; step s's global batch holds each rank's next
+    samples in its `rank_shard`, so a rank (and its decoding workers) fetches only its own shards, each once. Shares
+    differ where shards differ in size: a rank whose shards run out before the epoch's steps do starts its own
+    again, and one with more leaves its last samples out of this epoch. Fixed by (seed, epoch, batch, processes),
+    so a resumed run reads what an uninterrupted one would. shard_ids: each sample's shard (N,)."""
+    generator = torch.Generator().manual_seed(epoch_seed)
+    steps, per_rank = steps_per_epoch(len(shard_ids), batch_size), batch_size // world_size
+    by_shard = np.argsort(shard_ids, kind="stable")
+    shards, starts = np.unique(shard_ids[by_shard], return_index=True)
+    members = np.split(by_shard, starts[1:])
+    if len(shards) < world_size:
+        raise DataError(
+            f"{len(shards)} tar shard(s) for {world_size} processes: reading whole shards per process needs at "
+            "least one each; split the data into more shards, or --set shard_order=random"
+        )
+    dealt = torch.randperm(len(shards), generator=generator).numpy()
+    order = np.zeros((steps, batch_size), dtype=np.int64)
+    for rank in range(world_size):
+        stream = np.concatenate(
+            [members[i][torch.randperm(len(members[i]), generator=generator).numpy()] for i in dealt[rank::world_size]]
+        )
+        order[:, rank_shard(batch_size, rank, world_size)] = np.resize(stream, steps * per_rank).reshape(
+            steps, per_rank
+        )
+    return torch.from_numpy(order.reshape(-1))
 
 
 def rank_shard(batch_size: int, rank: int, world_size: int) -> slice:

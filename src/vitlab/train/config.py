@@ -92,6 +92,10 @@ class TrainConfig:
     # processes per training process (default: the cores this process may use).
     stream: bool | None = None
     workers: int | None = None
+    # Tar shards: "sequential" gives each rank whole shards in an order fixed by (seed, epoch), as webdataset does
+    # (one sequential read per shard: what object storage wants), "random" shuffles every sample over all shards,
+    # "auto" is sequential for shards in object storage (s3://, gs://, https://) and random for local ones.
+    shard_order: str = "auto"
     # How image files become input: "square" (the model's contract: resized and cropped, or stretched, to the input
     # size) or "naflex" (SigLIP 2: each image, and each training crop, at its own aspect ratio on the largest grid of
     # at most `max_patches` patches; streamed; the model records the contract). A model's table of positions is
@@ -155,6 +159,10 @@ class TrainConfig:
             (
                 lambda: self.collective_timeout is None or budget_seconds(self.collective_timeout) is not None,
                 lambda: f"collective_timeout must be a duration such as 5m or 300s, got {self.collective_timeout!r}",
+            ),
+            (
+                lambda: self.shard_order in ("auto", "sequential", "random"),
+                lambda: f"shard_order must be auto, sequential or random, got {self.shard_order!r}",
             ),
             (
                 lambda: self.attention in ("auto", "sdpa", "explicit"),

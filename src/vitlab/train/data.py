@@ -73,6 +73,7 @@ def data_request(
         augment=config.augment,
         workers=config.workers if config.workers is not None else default_workers(env),
         pin_memory=env.device.type == "cuda",
+        shard_order=config.shard_order,
     )
 
 

@@ -27,7 +27,15 @@ from torch.utils.data import DataLoader
 from vitlab.data.contract import Preprocessing
 from vitlab.data.images import MAX_BAD_FRACTION  # one stated limit for held and streamed image files
 from vitlab.data.preprocess import decode_image, resized_size
-from vitlab.data.source import Batch, batch_of, epoch_order, evaluation_share, rank_shard, steps_per_epoch
+from vitlab.data.source import (
+    Batch,
+    batch_of,
+    epoch_order,
+    evaluation_share,
+    rank_shard,
+    shard_sequential_order,
+    steps_per_epoch,
+)
 from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
 from vitlab.errors import DataError
 from vitlab.hardware import return_freed_memory
@@ -135,6 +143,7 @@ class StreamingSource:
         prefetch: int = 4,
         pin_memory: bool = False,
         max_bad_fraction: float = MAX_BAD_FRACTION,
+        shard_order: str = "auto",
     ) -> None:
         self.index = index
         self.name = index.name
@@ -150,6 +159,7 @@ class StreamingSource:
         self.prefetch = prefetch
         self.pin_memory = pin_memory
         self.max_bad_fraction = max_bad_fraction
+        self.shard_order = shard_order  # see DataRequest.shard_order
         self.skipped: list[str] = []  # every unreadable file met ("location: why"), in the order met, each once
         # Under DDP the training loop sums the ranks' counts after each step and calls `refuse_if_too_many` on every
         # rank at once (one rank stopping alone left the others waiting in a collective).
@@ -216,7 +226,7 @@ class StreamingSource:
     def training_batches(
         self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
     ) -> Iterator[Batch]:
-        order = epoch_order(len(self), epoch_seed)  # a tensor: 8 bytes an image, no Python object per image
+        order = self.epoch_order(epoch_seed, batch_size, world_size)  # a tensor: 8 bytes an image
         shard = rank_shard(batch_size, rank, world_size)
         steps = range(start_step, steps_per_epoch(len(self), batch_size))
 
@@ -246,6 +256,17 @@ class StreamingSource:
                 shard,
                 per_image_augmented=self.crop is not None,
             )
+
+    def epoch_order(self, epoch_seed: int, batch_size: int, world_size: int) -> torch.Tensor:
+        """The epoch's order: whole tar shards per rank where `shard_order` asks for it (shards in object storage,
+        by default), else every sample shuffled alike."""
+        shard_ids = getattr(self.index.store, "shard_ids", None)
+        remote = getattr(self.index.store, "remote", False)
+        if self.shard_order == "sequential" and shard_ids is None:
+            raise DataError(f"--set shard_order=sequential reads tar shards whole; {self.name} is not tar shards")
+        if shard_ids is not None and (self.shard_order == "sequential" or (self.shard_order == "auto" and remote)):
+            return shard_sequential_order(shard_ids, epoch_seed, batch_size, world_size)
+        return epoch_order(len(self), epoch_seed)
 
     def replacements(self, order: torch.Tensor, position: int) -> tuple[int, ...]:
         """The images that stand in for the one at `position` of the epoch's order if it cannot be read: the ones

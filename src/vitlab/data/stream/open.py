@@ -10,6 +10,7 @@ from vitlab.data.stream.folder import index_folder
 from vitlab.data.stream.hf import SAVED_DATASET_FILES, index_hf
 from vitlab.data.stream.index import SampleIndex
 from vitlab.data.stream.manifest import JSON_LINES_SUFFIXES, index_manifest
+from vitlab.data.stream.remote import is_remote, redacted
 from vitlab.data.stream.shards import BRACES, GLOB_CHARACTERS, index_tar_shards
 from vitlab.errors import DataError
 
@@ -34,6 +35,13 @@ def open_index(
     text = str(source)
     if text.startswith("hf:"):
         return index_hf(text[3:], split or "train")
+    if is_remote(text):
+        if text.endswith(".tar"):
+            return index_tar_shards(text)
+        raise DataError(
+            f"{redacted(text)}: in object storage vitlab reads tar shards (a pattern like "
+            "s3://bucket/train-{000..015}.tar); copy other formats to a local disk"
+        )
     path = Path(text).expanduser()
     if text.endswith(".tar") and (BRACES.search(text) or GLOB_CHARACTERS.search(text) or path.is_file()):
         return index_tar_shards(text)
@@ -60,6 +68,8 @@ def index_from_spec(spec: str, data_dir: str | Path | None = None, split: str | 
         return index_folder(data_dir, spec.partition(":")[2] or split)
     if spec.startswith("hf:"):
         return open_index(spec, split)
-    if data_dir is not None and not os.path.isabs(os.path.expanduser(spec)):
+    if data_dir is not None and is_remote(data_dir) and not is_remote(spec):
+        spec = f"{str(data_dir).rstrip('/')}/{spec}"
+    elif data_dir is not None and not is_remote(spec) and not os.path.isabs(os.path.expanduser(spec)):
         spec = os.path.join(os.path.expanduser(str(data_dir)), spec)
     return open_index(spec, split)

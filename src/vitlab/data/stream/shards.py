@@ -21,6 +21,14 @@ import numpy as np
 from vitlab.data.images import IMAGE_EXTENSIONS
 from vitlab.data.source import digest
 from vitlab.data.stream.index import PackedStrings, SampleIndex
+from vitlab.data.stream.remote import (
+    fetch_with_retries,
+    glob_remote,
+    is_remote,
+    read_remote_text,
+    redacted,
+    remote_size,
+)
 from vitlab.errors import DataError
 
 IMAGE_SUFFIXES = {extension.lstrip(".") for extension in IMAGE_EXTENSIONS}
@@ -36,7 +44,9 @@ def expand_shard_pattern(pattern: str) -> list[str]:
     (sorted). A pattern with neither is the one path."""
     match = BRACES.search(pattern)
     if match is None:
-        return sorted(glob.glob(pattern)) if GLOB_CHARACTERS.search(pattern) else [pattern]
+        if not GLOB_CHARACTERS.search(pattern):
+            return [pattern]
+        return glob_remote(pattern) if is_remote(pattern) else sorted(glob.glob(pattern))
     body = match.group(1)
     numeric = re.fullmatch(r"(\d+)\.\.(\d+)", body)
     if numeric:
@@ -55,23 +65,30 @@ def index_tar_shards(paths_or_pattern: str | Path | Sequence[str | Path]) -> Sam
     in shard order and, within a shard, in the order their keys first appear."""
     if isinstance(paths_or_pattern, (str, Path)):
         pattern = str(paths_or_pattern)
-        shard_paths = expand_shard_pattern(os.path.expanduser(pattern))
-        name = f"shards:{Path(pattern).name}"
+        shard_paths = expand_shard_pattern(pattern if is_remote(pattern) else os.path.expanduser(pattern))
+        name = f"shards:{os.path.basename(pattern)}"
     else:
-        shard_paths = [os.path.expanduser(str(p)) for p in paths_or_pattern]
+        shard_paths = [str(p) if is_remote(p) else os.path.expanduser(str(p)) for p in paths_or_pattern]
         pattern = ", ".join(shard_paths)
-        name = f"shards:{Path(shard_paths[0]).name}+{len(shard_paths) - 1}" if shard_paths else "shards"
+        name = f"shards:{os.path.basename(shard_paths[0])}+{len(shard_paths) - 1}" if shard_paths else "shards"
     if not shard_paths:
-        raise DataError(f"no tar shards match {pattern!r}")
-    missing = [p for p in shard_paths if not os.path.isfile(p)]
+        raise DataError(f"no tar shards match {redacted(pattern)!r}")
+    remote = is_remote(shard_paths[0])
+    # Remote shards: their sizes (a shard's local copy is whole when it has them); local ones must exist.
+    shard_sizes = [remote_size(p) for p in shard_paths] if remote else None
+    missing = [
+        p for i, p in enumerate(shard_paths) if (shard_sizes[i] is None if shard_sizes else not os.path.isfile(p))
+    ]
     if missing:
         raise DataError(
-            f"tar shard {missing[0]} does not exist ({len(missing)} of {len(shard_paths)} missing); "
+            f"tar shard {redacted(missing[0])} does not exist ({len(missing)} of {len(shard_paths)} missing); "
             "check the path or the pattern's range"
         )
     shard_ids, offsets, sizes, members, labels = [], [], [], [], []
     for shard_id, shard_path in enumerate(shard_paths):
-        for member, offset, size, label in list_samples(shard_path):
+        # A remote shard is listed from its local copy, fetched whole (and kept for training, cache permitting).
+        listed = str(fetch_with_retries(shard_path, shard_sizes[shard_id])) if shard_sizes else shard_path
+        for member, offset, size, label in list_samples(listed, redacted(shard_path)):
             shard_ids.append(shard_id)
             offsets.append(offset)
             sizes.append(size)
@@ -85,16 +102,17 @@ def index_tar_shards(paths_or_pattern: str | Path | Sequence[str | Path]) -> Sam
             "samples have one; give every sample a label, or none"
         )
     store = TarStore(
-        [os.path.abspath(p) for p in shard_paths],
+        shard_paths if remote else [os.path.abspath(p) for p in shard_paths],
         np.asarray(shard_ids, dtype=np.int32),
         np.asarray(offsets, dtype=np.int64),
         np.asarray(sizes, dtype=np.int64),
         PackedStrings.from_strings(members),
+        shard_sizes,
     )
     if not all(labelled):
         return SampleIndex(name, None, np.full(len(store), -1, dtype=np.int64), store)
     label_array = np.asarray(labels, dtype=np.int64)
-    class_names = read_class_names(Path(shard_paths[0]).parent)
+    class_names = read_class_names(shard_paths[0].rsplit("/", 1)[0] if remote else Path(shard_paths[0]).parent)
     if class_names is None:
         class_names = [str(i) for i in range(int(label_array.max()) + 1)]
     elif label_array.max() >= len(class_names):
@@ -106,15 +124,17 @@ def index_tar_shards(paths_or_pattern: str | Path | Sequence[str | Path]) -> Sam
     return SampleIndex(name, class_names, label_array, store)
 
 
-def list_samples(shard_path: str) -> list[tuple[str, int, int, int | None]]:
-    """(image member name, data offset, size, label or None) per sample of one shard."""
+def list_samples(shard_path: str, shown: str | None = None) -> list[tuple[str, int, int, int | None]]:
+    """(image member name, data offset, size, label or None) per sample of one shard (named `shown` in
+    messages: a remote shard's URL rather than its local copy)."""
+    local_path, shard_path = shard_path, shown or shard_path
     import tarfile
 
     images: dict[str, tuple[str, int, int]] = {}
     labels: dict[str, int] = {}
     try:
         # "r:" refuses compressed shards: a member's offset in a .tar.gz is not a place in the file.
-        with tarfile.open(shard_path, "r:") as archive:
+        with tarfile.open(local_path, "r:") as archive:
             for member in archive:
                 if not member.isfile():
                     continue
@@ -157,14 +177,21 @@ def parse_label(shard_path: str, member: str, text: bytes) -> int:
     return label
 
 
-def read_class_names(folder: Path) -> list[str] | None:
-    """Class names from classes.txt (one per line) or classes.json (a list of strings) in `folder`, else None."""
-    text_file, json_file = folder / "classes.txt", folder / "classes.json"
-    if text_file.is_file():
-        names = [line.strip() for line in text_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-    elif json_file.is_file():
+def read_class_names(folder: Path | str) -> list[str] | None:
+    """Class names from classes.txt (one per line) or classes.json (a list of strings) in `folder` (a local
+    folder, or a remote one's URL), else None."""
+    if isinstance(folder, str):
+        text, listed = read_remote_text(f"{folder}/classes.txt"), read_remote_text(f"{folder}/classes.json")
+        text_file, json_file = f"{redacted(folder)}/classes.txt", f"{redacted(folder)}/classes.json"
+    else:
+        text_file, json_file = folder / "classes.txt", folder / "classes.json"
+        text = text_file.read_text(encoding="utf-8") if text_file.is_file() else None
+        listed = json_file.read_text(encoding="utf-8") if json_file.is_file() else None
+    if text is not None:
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+    elif listed is not None:
         try:
-            names = json.loads(json_file.read_text(encoding="utf-8"))
+            names = json.loads(listed)
         except json.JSONDecodeError as error:
             raise DataError(f"{json_file}: not JSON ({error.msg}); write a list of class names") from None
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
@@ -172,7 +199,7 @@ def read_class_names(folder: Path) -> list[str] | None:
     else:
         return None
     if not names:
-        raise DataError(f"{text_file if text_file.is_file() else json_file} names no classes; list one per class")
+        raise DataError(f"{text_file if text is not None else json_file} names no classes; list one per class")
     return names
 
 
@@ -188,8 +215,10 @@ class TarStore:
         offsets: np.ndarray,
         sizes: np.ndarray,
         members: PackedStrings,
+        shard_sizes: list[int] | None = None,
     ) -> None:
-        self.shard_paths = shard_paths  # few: one per shard
+        self.shard_paths = shard_paths  # few: one per shard (URLs for remote shards)
+        self.shard_sizes = shard_sizes  # remote shards' sizes (their local copies are fetched whole); None: local
         self.shard_ids = shard_ids  # int32 (N,)
         self.offsets = offsets  # int64 (N,): the image's first byte in its shard
         self.sizes = sizes  # int64 (N,)
@@ -200,8 +229,12 @@ class TarStore:
     def __len__(self) -> int:
         return len(self.shard_ids)
 
+    @property
+    def remote(self) -> bool:
+        return self.shard_sizes is not None
+
     def location(self, i: int) -> str:
-        return f"{self.shard_paths[self.shard_ids[i]]}:{self.members[i]}"
+        return f"{redacted(self.shard_paths[self.shard_ids[i]])}:{self.members[i]}"
 
     def read_bytes(self, i: int) -> bytes:
         shard, offset, size = int(self.shard_ids[i]), int(self.offsets[i]), int(self.sizes[i])
@@ -222,13 +255,27 @@ class TarStore:
             self._files, self._pid = OrderedDict(), os.getpid()
         descriptor = self._files.get(shard)
         if descriptor is None:
-            descriptor = os.open(self.shard_paths[shard], os.O_RDONLY)
+            if self.shard_sizes is None:
+                descriptor = os.open(self.shard_paths[shard], os.O_RDONLY)
+            else:
+                descriptor = self._open_remote(shard)
             self._files[shard] = descriptor
             if len(self._files) > MAX_OPEN_SHARDS:
                 os.close(self._files.popitem(last=False)[1])
         else:
             self._files.move_to_end(shard)
         return descriptor
+
+    def _open_remote(self, shard: int) -> int:
+        """A descriptor of the remote shard's local copy (fetched whole first where there is none; fetched again
+        where another process trimmed it from the cache between the two calls)."""
+        url, size = self.shard_paths[shard], self.shard_sizes[shard]  # type: ignore[index]
+        for _ in range(2):
+            try:
+                return os.open(fetch_with_retries(url, size), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+        raise DataError(f"{redacted(url)}: its local copy keeps disappearing; is VITLAB_SHARD_CACHE_GB too small?")
 
     def locations_digest(self) -> str:
         # Shard file names, not their folders: the same shards elsewhere are the same data.
@@ -248,6 +295,7 @@ class TarStore:
             self.offsets[indices],
             self.sizes[indices],
             self.members.take(indices),
+            self.shard_sizes,
         )
 
     @property

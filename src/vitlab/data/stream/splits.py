@@ -79,6 +79,7 @@ def stream_splits(
     augment: AugmentConfig | None = None,
     workers: int = 0,
     pin_memory: bool = False,
+    shard_order: str = "auto",
 ) -> Splits:
     """Train, validation and test splits of streamed image files; see the module docstring. The training split
     crops per image (`augment.crop`); validation and test read images under the model's contract."""
@@ -127,7 +128,16 @@ def stream_splits(
 
     def source_of(index, train_crop: TrainCrop | None) -> StreamingSource:
         return StreamingSource(
-            index, image_size, channels, train_crop, contract, seed, workers, hflip=augment.hflip, pin_memory=pin_memory
+            index,
+            image_size,
+            channels,
+            train_crop,
+            contract,
+            seed,
+            workers,
+            hflip=augment.hflip,
+            pin_memory=pin_memory,
+            shard_order=shard_order,
         )
 
     training = source_of(train, crop)
@@ -164,6 +174,7 @@ def open_splits(request: DataRequest) -> Splits:
         request.augment or AugmentConfig(crop=None),
         request.workers,
         request.pin_memory,
+        request.shard_order,
     )
 
 

@@ -1,0 +1,130 @@
+"""data/stream/remote.py and the shard-sequential order: tar shards served by an S3-compatible server this test
+starts on 127.0.0.1 (moto), never a real bucket. The same samples and the same batches as the local files; each
+rank reads whole shards of its own; a run stopped mid-epoch resumes to the weights of an uninterrupted one."""
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from test_stream import write_photos
+from test_stream_index import write_shards
+from vitlab.data.source import rank_shard, shard_sequential_order
+from vitlab.data.stream import open_index
+from vitlab.data.stream.loader import StreamingSource
+from vitlab.data.stream.remote import is_remote, redacted
+from vitlab.errors import DataError
+
+
+def test_each_rank_reads_whole_shards_of_its_own_in_an_order_fixed_by_the_seed():
+    shard_ids = np.repeat(np.arange(6), [10, 10, 10, 10, 8, 12])  # 60 samples in 6 shards of unequal size
+    order = shard_sequential_order(shard_ids, epoch_seed=5, batch_size=8, world_size=2).reshape(-1, 8)
+    assert order.shape == (7, 8)  # 60 // 8 whole steps
+    shards_of = [set(shard_ids[order[:, rank_shard(8, rank, 2)].reshape(-1).numpy()]) for rank in range(2)]
+    assert not shards_of[0] & shards_of[1] and len(shards_of[0]) == len(shards_of[1]) == 3
+    for rank in range(2):  # a rank's stream: one shard after another, never back to a finished one
+        rows = shard_ids[order[:, rank_shard(8, rank, 2)].reshape(-1).numpy()]
+        runs = [rows[0]] + [b for a, b in zip(rows, rows[1:]) if a != b]
+        assert len(runs) == len(set(runs))
+    assert torch.equal(order.reshape(-1), shard_sequential_order(shard_ids, 5, 8, 2))
+    assert not torch.equal(order.reshape(-1), shard_sequential_order(shard_ids, 6, 8, 2))
+    with pytest.raises(DataError, match="2 tar shard\\(s\\) for 3 processes"):
+        shard_sequential_order(np.repeat([0, 1], 9), 0, 6, 3)
+
+
+def test_urls_are_named_without_credentials():
+    assert redacted("https://user:secret@example.com/train-000.tar") == "https://example.com/train-000.tar"
+    assert redacted("s3://bucket/train-000.tar") == "s3://bucket/train-000.tar"
+    assert is_remote("s3://b/x.tar") and is_remote("https://h/x.tar") and not is_remote("/data/x.tar")
+    assert not is_remote("file:///data/x.tar")
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's S3 server on 127.0.0.1, with the test credentials in the environment boto and s3fs read."""
+    pytest.importorskip("s3fs", reason="object storage needs the [remote] extra (pip install -e '.[remote]')")
+    server_module = pytest.importorskip("moto.server", reason="the S3 tests start moto's server (pip install moto)")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    keys = dict(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=f"http://{host}:{port}",
+    )
+    saved = {name: os.environ.get(name) for name in keys}
+    os.environ.update(keys)
+    yield server
+    server.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture
+def shards(s3_server, tmp_path, monkeypatch):
+    """Four local shards of 48 photos and the same in the bucket: (local pattern, s3 pattern)."""
+    import boto3
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    local = write_shards(tmp_path / "shards", write_photos(tmp_path / "photos", classes=("cat", "dog")), count=4)
+    client = boto3.client("s3")
+    bucket = f"data-{os.getpid()}-{len(os.listdir(tmp_path))}-{tmp_path.name[-20:].lower().replace('_', '-')}"
+    client.create_bucket(Bucket=bucket)
+    for path in [*local, tmp_path / "shards" / "classes.txt"]:
+        client.upload_file(str(path), bucket, f"train/{path.name}")
+    return str(tmp_path / "shards" / "train-{000..003}.tar"), f"s3://{bucket}/train/train-{{000..003}}.tar"
+
+
+def test_shards_in_object_storage_give_the_same_samples_and_batches_as_local_files(shards, tmp_path):
+    local, remote = open_index(shards[0]), open_index(shards[1])
+    assert len(local) == len(remote) == 48 and remote.class_names == local.class_names == ["cat", "dog", "fish"]
+    assert np.array_equal(local.labels, remote.labels)
+    assert all(local.read_bytes(i) == remote.read_bytes(i) for i in range(len(local)))
+    assert local.fingerprint() == remote.fingerprint()  # the same shards elsewhere are the same data
+    copies = sorted((tmp_path / "cache" / "shards").glob("*.tar"))
+    assert len(copies) == 4  # each shard fetched whole, once
+
+    def batches(index, shard_order):
+        source = StreamingSource(index, (16, 16), shard_order=shard_order)
+        try:
+            return [(b.images, b.labels) for rank in range(2) for b in source.training_batches(3, 8, 0, rank, 2)]
+        finally:
+            source.close()
+
+    from_s3, from_disk = batches(remote, "auto"), batches(local, "sequential")  # auto: sequential for s3
+    assert len(from_s3) == 2 * 6
+    for (images, labels), (disk_images, disk_labels) in zip(from_s3, from_disk):
+        assert torch.equal(images, disk_images) and torch.equal(labels, disk_labels)
+
+
+def test_a_missing_shard_is_named_and_credentials_stay_out_of_the_message(shards):
+    with pytest.raises(DataError, match=r"train-004.tar does not exist \(1 of 5 missing\)"):
+        open_index(shards[1].replace("{000..003}", "{000..004}"))
+
+
+@pytest.mark.slow
+def test_a_run_on_shards_in_object_storage_stopped_mid_epoch_resumes_exactly(shards, tmp_path, stop_at_check):
+    from safetensors.torch import load_file
+
+    from test_train import MICRO, micro_config
+    from vitlab.train.config import TrainConfig
+    from vitlab.train.loop import train
+
+    def config(name):
+        fields = dict(dataset="shards", data_dir=shards[1], epochs=2, batch_size=8, val_size=0, workers=0)
+        return micro_config(tmp_path, run_name=name, **fields, model_overrides=dict(MICRO, image_size=16, patch_size=4))
+
+    assert train(config("straight"))["status"] == "finished"
+    stop_at_check(7)  # mid-epoch 1 (38 training images after the test carve: 4 steps an epoch)
+    assert train(config("stopped"))["status"] == "interrupted"
+    stop_at_check(None)
+    assert train(TrainConfig(), resume=tmp_path / "stopped")["status"] == "finished"
+    a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "stopped" / "model.safetensors")
+    assert all(torch.equal(a[name], b[name]) for name in a)
