@@ -37,6 +37,7 @@ from vitlab.data.source import (
     steps_per_epoch,
 )
 from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
+from vitlab.data.stream.remote import ShardPrefetcher
 from vitlab.errors import DataError
 from vitlab.hardware import return_freed_memory
 
@@ -240,7 +241,35 @@ class StreamingSource:
                 ]
 
         pool, _ = self.pool("train")
-        for batch in self.watched(pool, pool.loader(plan, len(steps))):
+        prefetcher = self.shard_prefetcher(order, batch_size, shard, steps)
+        try:
+            yield from self.read_training_batches(pool, plan, steps, batch_size, shard, prefetcher)
+        finally:
+            if prefetcher is not None:
+                prefetcher.close()
+
+    def shard_prefetcher(
+        self, order: torch.Tensor, batch_size: int, shard: slice, steps: range
+    ) -> ShardPrefetcher | None:
+        """For shards in object storage: a thread fetching this rank's shards ahead of its workers."""
+        store = self.index.store
+        if not getattr(store, "remote", False) or not len(steps):
+            return None
+        rows = order.reshape(-1, batch_size)[steps.start : steps.stop, shard]
+        sequence, seen = [], set()
+        for step, shards in zip(steps, store.shard_ids[rows.numpy()]):
+            for shard_id in dict.fromkeys(shards.tolist()):
+                if shard_id not in seen:
+                    seen.add(shard_id)
+                    sequence.append((step, shard_id))
+        return ShardPrefetcher(store, sequence)
+
+    def read_training_batches(
+        self, pool: DecodePool, plan: Any, steps: range, batch_size: int, shard: slice, prefetcher: Any
+    ) -> Iterator[Batch]:
+        for step, batch in zip(steps, self.watched(pool, pool.loader(plan, len(steps)))):
+            if prefetcher is not None:  # the workers decode up to `prefetch` batches each beyond this one
+                prefetcher.reached(step + self.prefetch * max(1, self.workers))
             self.record(batch)
             if batch["missing"]:  # every stand-in unreadable too: the shard would lose rows and its random draws
                 raise DataError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,18 @@ INSTALL_HINT = "pip install 'vitlab[remote]' (fsspec, with s3fs for s3:// and gc
 URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 CHUNK = 8 << 20  # bytes per read while copying a shard
 DEFAULT_CACHE_GB = 20.0
+_FETCHING = threading.Lock()  # one fetch at a time in this process (see `local_copy`)
+
+
+def _new_fetch_lock() -> None:
+    # A decoding worker forked while the prefetcher thread held the lock would inherit it held, by a thread it
+    # does not have: it starts with its own.
+    global _FETCHING
+    _FETCHING = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_fetch_lock)
 
 
 def is_remote(location: str | os.PathLike) -> bool:
@@ -97,11 +110,14 @@ def local_copy(url: str, size: int) -> Path:
         os.utime(path)  # recently used: the last to go
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{key}.lock", "a+b") as lock:
+    # Threads of this process (the prefetcher beside an in-process reader) exclude each other by a lock of the
+    # process; processes by a POSIX record lock, which a forked decoding worker does not inherit (a flock would be,
+    # and a worker forked while the prefetcher held it kept it locked for ever).
+    with _FETCHING, open(folder / f"{key}.lock", "a+b") as lock:
         try:
             import fcntl
 
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.lockf(lock, fcntl.LOCK_EX)
         except (ImportError, OSError):
             pass
         if not _whole(path, size):  # another process may have fetched it while this one waited
@@ -170,3 +186,45 @@ def fetch_with_retries(url: str, size: int, attempts: int = 3) -> Path:
                 raise
             time.sleep(wait_seconds(attempt))
     raise AssertionError("unreachable")
+
+
+class ShardPrefetcher:
+    """Fetches a rank's remote shards ahead of its decoding workers, in the order the epoch reads them, at most
+    `ahead` shards beyond the one being read: a worker reaching a new shard then finds its copy ready (or being
+    fetched, and waits on the lock) instead of stalling on the network. `reached(step)` moves it on; a thread."""
+
+    def __init__(self, store: Any, sequence: list[tuple[int, int]], ahead: int = 2) -> None:
+        self.store = store
+        self.sequence = sequence  # (first step that reads it, shard), in reading order
+        self.ahead = ahead
+        self.step = -1
+        self.failure: BaseException | None = None
+        self._moved = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="vitlab-shard-prefetch", daemon=True)
+        self._thread.start()
+
+    def reached(self, step: int) -> None:
+        with self._moved:
+            self.step = step
+            self._moved.notify_all()
+
+    def close(self) -> None:
+        with self._moved:
+            self._stopped = True
+            self._moved.notify_all()
+
+    def _run(self) -> None:
+        for position, (_, shard) in enumerate(self.sequence):
+            # Shard `position` may be fetched once the shard `ahead` places before it is being read.
+            gate = self.sequence[position - self.ahead][0] if position >= self.ahead else -1
+            with self._moved:
+                while not self._stopped and self.step < gate:
+                    self._moved.wait()
+                if self._stopped:
+                    return
+            try:
+                fetch_with_retries(self.store.shard_paths[shard], self.store.shard_sizes[shard])
+            except BaseException as error:  # noqa: BLE001 - a worker meets the same failure and names it
+                self.failure = error
+                return
