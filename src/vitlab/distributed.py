@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -40,15 +40,16 @@ class DistEnv:
 # PyTorch's default 30 (gloo) or 10 (NCCL). `--set collective_timeout=...` sets it per run.
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 300.0
 # Waits that are long by nature (one process per machine downloading a data set while the others wait) go
-# through a group of their own with this timeout instead.
+# through the store with this timeout instead (`patient_any_rank`).
 PATIENT_TIMEOUT = timedelta(hours=24)
-_patient_group: Any = None
+_session = ""  # this group's id, the same on every rank and new at every start of the group (`session_key`)
+_patient_waits = 0  # patient waits passed by this process: the same sequence on every rank
 
 
 def init_distributed(timeout_seconds: float = DEFAULT_COLLECTIVE_TIMEOUT_SECONDS) -> DistEnv:
     """Join the process group if launched by torchrun, with collectives that give up after `timeout_seconds`;
     pick the device (this rank's GPU, else the CPU)."""
-    global _patient_group
+    global _session
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -59,27 +60,42 @@ def init_distributed(timeout_seconds: float = DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
         device = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
         backend, timeout = "nccl" if device.type == "cuda" else "gloo", timedelta(seconds=timeout_seconds)
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store_timeout = timedelta(seconds=max(timeout_seconds, DEFAULT_COLLECTIVE_TIMEOUT_SECONDS))
+        single_agent = os.environ.get("GROUP_WORLD_SIZE", "1") == "1"
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and single_agent:
             # torch 2.13's elastic agent keeps one store for every restart of the group, and its keys are not
             # separated by attempt: a restarted rank read the dead ranks' gloo addresses and failed to connect
-            # (half of the restarts in tests/test_elastic.py). Each attempt gets keys of its own.
+            # (half of the restarts in tests/test_elastic.py). Under one agent every worker knows the attempt, so
+            # each attempt gets keys of its own. (Agents of several nodes count restarts apart: there torch's
+            # own keys are used as they are.)
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             agent = dist.TCPStore(
-                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False, timeout=timeout
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False, timeout=store_timeout
             )
             store = dist.PrefixStore(f"/vitlab/attempt_{attempt}", agent)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:
             dist.init_process_group(backend, timeout=timeout)
-        _patient_group = dist.new_group(backend="gloo", timeout=PATIENT_TIMEOUT)
+        # A fresh id for this start of the group, rank 0's: vitlab's own store keys (patient waits, heartbeats)
+        # go under it, so a restarted group never reads the keys of the one before.
+        session = torch.randint(2**62, (1,), dtype=torch.int64).to(device)
+        dist.broadcast(session, src=0)
+        _session = f"{int(session.item()):x}"
     return DistEnv(rank, world_size, local_rank, device)
 
 
+def session_key(name: str) -> str:
+    """A key of the process group's store that belongs to this start of the group only."""
+    return f"vitlab/{_session}/{name}"
+
+
 def is_collective_timeout(error: BaseException) -> bool:
-    """A collective that gave up waiting for a rank (gloo: "Timed out waiting ... for recv"; NCCL's watchdog:
-    "Watchdog caught collective operation timeout"), as opposed to a rank that died (connection reset)."""
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text)
+    """A collective that gave up waiting for a rank (gloo: "[...gloo...] Timed out waiting 5000ms for recv"; NCCL's
+    watchdog: "Watchdog caught collective operation timeout"), as opposed to a rank that died (connection reset)
+    or anything else that times out (a CUDA launch)."""
+    text = str(error)
+    gloo = "gloo" in text and "Timed out waiting" in text
+    return isinstance(error, RuntimeError) and (gloo or "collective operation timeout" in text)
 
 
 def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
@@ -113,16 +129,23 @@ def gather_lists(items: list[str], env: DistEnv) -> list[str]:
     return list(dict.fromkeys(item for part in gathered for item in (part or [])))
 
 
-def any_rank(flag: bool, env: DistEnv, patient: bool = False) -> bool:
-    """True on every process if `flag` is true on any (a signal may reach only some ranks). patient: waits
-    without the collective timeout (`PATIENT_TIMEOUT`), for waits that are long by nature."""
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True on every process if `flag` is true on any (a signal may reach only some ranks)."""
+    return any_ranks([flag], env)[0]
+
+
+def patient_any_rank(flag: bool, env: DistEnv) -> bool:
+    """`any_rank` for waits that are long by nature (a download of hours): through the store, which waits up to
+    PATIENT_TIMEOUT, not the collective timeout; also a barrier. Call on every rank, in the same order."""
+    global _patient_waits
     if not env.enabled:
         return flag
-    if patient and _patient_group is not None:  # gloo, on the CPU
-        tensor = torch.tensor([int(flag)])
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_patient_group)
-        return bool(tensor.item())
-    return any_ranks([flag], env)[0]
+    _patient_waits += 1
+    store = dist.distributed_c10d._get_default_store()
+    keys = [session_key(f"patient/{_patient_waits}/{rank}") for rank in range(env.world_size)]
+    store.set(keys[env.rank], "1" if flag else "0")
+    store.wait(keys, PATIENT_TIMEOUT)
+    return any(store.get(key) == b"1" for key in keys)
 
 
 def any_ranks(flags: list[bool], env: DistEnv) -> list[bool]:
@@ -195,20 +218,29 @@ def fetch_once(fetch: Callable[[], T], env: DistEnv) -> T:
             value = fetch()
         except Exception as error:  # noqa: BLE001 - re-raised below, after the others have been told
             failure = error
-    # A collective, so also the barrier: no process goes on before every first process has finished. A download
-    # may take hours, so it waits in the patient group, not under the collective timeout.
-    if any_rank(failure is not None, env, patient=True):
+    # Also the barrier: no process goes on before every first process has finished. A download may take hours,
+    # so the wait is patient, not under the collective timeout.
+    if patient_any_rank(failure is not None, env):
         if failure is not None:
             raise failure
         raise VitlabError(
             f"process {env.rank}: another process failed to fetch the data (its error is in the "
             "output above); fix that and start again"
         )
-    return fetch() if not first else value
+    if not first:
+        try:
+            value = fetch()
+        except Exception as error:  # noqa: BLE001 - re-raised below, after the others have been told
+            failure = error
+    # And again: the first processes must not wait for the others' (cache-warm, but maybe long) reading in a
+    # collective that times out.
+    if patient_any_rank(failure is not None, env):
+        if failure is not None:
+            raise failure
+        raise VitlabError(f"process {env.rank}: another process failed to read the data (its error is above)")
+    return value  # type: ignore[return-value]
 
 
 def cleanup(env: DistEnv) -> None:
-    global _patient_group
     if env.enabled and dist.is_initialized():
         dist.destroy_process_group()
-    _patient_group = None

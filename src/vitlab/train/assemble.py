@@ -164,7 +164,7 @@ def new_run_folder(config: TrainConfig, env: DistEnv) -> RunFolder:
             f"run folder {run} already holds a run; resume it with --resume {run} or choose another --set run_name=..."
         )
     if env.is_main:  # under torchrun's elastic agent, its restarts find the run here (vitlab.train.elastic)
-        remember_run(run, config.out_dir)
+        remember_run(run, config)
     return run
 
 

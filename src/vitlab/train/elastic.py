@@ -17,13 +17,16 @@ the crash). A fault fires on the first attempt only, so the restarted group runs
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from vitlab.distributed import DistEnv, any_rank
 from vitlab.files import atomic_write_bytes
 from vitlab.runs import CHECKPOINTS, RunFolder
 
@@ -35,20 +38,35 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
+def restarted(env: DistEnv) -> bool:
+    """Whether torchrun's agent restarted this group, as every rank sees it (the agents of several machines count
+    their restarts apart: one that only saw the others restart counts none)."""
+    return any_rank(restart_count() > 0, env)
+
+
 def job_marker(out_dir: str | Path) -> Path | None:
-    """Where the first attempt of this torchrun job notes its run folder; None outside an elastic job."""
-    job = os.environ.get("TORCHELASTIC_RUN_ID")
-    if not job or os.environ.get("TORCHELASTIC_RESTART_COUNT") is None:
+    """Where the first attempt of this torchrun job notes its run folder; None outside an elastic job that may
+    restart, or where the job has no id of its own (torchrun's default --rdzv-id "none" is every such job's)."""
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if not job or job == "none" or restarts < 1 or os.environ.get("TORCHELASTIC_RESTART_COUNT") is None:
         return None
     return Path(out_dir) / ".elastic" / f"{job}.json"
 
 
-def remember_run(run: RunFolder, out_dir: str | Path) -> None:
-    """Rank 0, on starting a new run under an elastic agent: note its folder for the restarts of this job."""
-    marker = job_marker(out_dir)
+def recipe_digest(config: Any) -> str:
+    """The recipe a job was started with, apart from where its run goes (a restart of the same command)."""
+    recipe = {key: value for key, value in config.to_dict().items() if key not in ("run_name", "out_dir")}
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def remember_run(run: RunFolder, config: Any) -> None:
+    """Rank 0, on starting a new run under an elastic agent that may restart it: note its folder and recipe for
+    the restarts of this job."""
+    marker = job_marker(config.out_dir)
     if marker is not None:
         marker.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(marker, json.dumps({"run_dir": str(run.path)}).encode())
+        atomic_write_bytes(marker, json.dumps({"run_dir": str(run.path), "recipe": recipe_digest(config)}).encode())
 
 
 def holds_state(run: RunFolder) -> bool:
@@ -56,13 +74,17 @@ def holds_state(run: RunFolder) -> bool:
     return any((run.checkpoints / name).exists() for name in ("last.pt", "previous.pt"))
 
 
-def run_to_continue(out_dir: str | Path) -> RunFolder | None:
-    """On a restarted attempt: the run folder the first attempt started, or None where this is the first attempt,
-    no elastic agent runs it, or the first attempt died before noting one."""
-    marker = job_marker(out_dir)
-    if restart_count() == 0 or marker is None or not marker.is_file():
+def run_to_continue(config: Any) -> RunFolder | None:
+    """On a restarted attempt: the run folder the first attempt of this job started with this recipe, or None
+    where no elastic agent may restart it, the first attempt died before noting one, or the note is another
+    recipe's (a job id used twice). The folders are read from the output folder, which every node must share."""
+    marker = job_marker(config.out_dir)
+    if marker is None or not marker.is_file():
         return None
-    return RunFolder(json.loads(marker.read_text())["run_dir"])
+    noted = json.loads(marker.read_text())
+    if noted.get("recipe") != recipe_digest(config):
+        return None
+    return RunFolder(noted["run_dir"])
 
 
 # ------------------------------------------------------------------------------------------------ fault injection

@@ -15,6 +15,7 @@ continues exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from vitlab.distributed import (
     DistEnv,
     any_rank,
     any_ranks,
+    broadcast_object,
     cleanup,
     gather_lists,
     init_distributed,
@@ -42,12 +44,12 @@ from vitlab.distributed import (
 )
 from vitlab.errors import CheckpointError, VitlabError
 from vitlab.objectives.base import NonFiniteLoss, Objective, is_better
-from vitlab.runs import BEST, BEST_OBJECTIVE
+from vitlab.runs import BEST, BEST_OBJECTIVE, RunFolder
 from vitlab.train.assemble import start
 from vitlab.train.budget import fit_to_budget
 from vitlab.train.clock import PeriodicSave, RunClock, StopFlag, seconds_since_launch
 from vitlab.train.config import TrainConfig
-from vitlab.train.elastic import Fault, holds_state, restart_count, run_to_continue
+from vitlab.train.elastic import Fault, holds_state, restart_count, restarted, run_to_continue
 from vitlab.train.schedule import peak_lr
 from vitlab.train.session import Session
 from vitlab.train.state import Position, read_resumable
@@ -68,27 +70,35 @@ def train(
     follows the schedule of a run of that length from where the run stands."""
     launched = time.perf_counter() - seconds_since_launch()
     notes: list[str] = []
-    if resume is None:
-        resume = continued_after_restart(config, notes)
     state = None
     if resume is not None:
-        # A restart by torchrun's agent cannot ask: a damaged last state falls back to the one before it.
-        state, config = read_resumable(Path(resume), use_previous or restart_count() > 0, epochs, notes)
+        state, config = read_resumable(Path(resume), use_previous, epochs, notes)
     env = init_distributed(config.collective_timeout_seconds())
     try:
+        if resume is None:
+            continued = continued_after_restart(config, env, notes)
+            if isinstance(continued, dict):  # the run had finished: nothing to do again
+                return continued
+            if continued is not None:
+                # A restart by torchrun's agent cannot ask: a damaged last state falls back to the one before it.
+                resume, state = continued, None
+                state, config = read_resumable(continued, True, epochs, notes)
+                if env.is_main:
+                    set_aside_damaged_state(state, continued, notes)
         for note in notes if env.is_main else []:
             print(f"note: {note}", flush=True)
         session = start(config, env, state, Path(resume) if resume is not None else None)
         session.launched = launched
         try:
-            with Heartbeat(env) as session.heartbeat:
-                summary = run_epochs(session)
-                if summary is None:
-                    summary = finish(session)
-        except RuntimeError as error:
-            if env.enabled and is_collective_timeout(error):
-                raise TrainingError(session.heartbeat.stuck_message(config.collective_timeout_seconds())) from None
-            raise
+            with Heartbeat(env, config.collective_timeout_seconds()) as session.heartbeat:
+                try:
+                    summary = run_epochs(session)
+                    if summary is None:
+                        summary = finish(session)
+                except RuntimeError as error:  # read the ranks' reports while the heartbeat still has the store
+                    if env.enabled and is_collective_timeout(error):
+                        raise TrainingError(session.heartbeat.stuck_message()) from error
+                    raise
         finally:  # streamed splits' worker processes go with the run, not whenever the objects are collected
             session.splits.close()
         # Leave together: rank 0 may still be writing (a stop's checkpoint, the final report) when the others
@@ -100,18 +110,48 @@ def train(
         cleanup(env)
 
 
-def continued_after_restart(config: TrainConfig, notes: list[str]) -> Path | None:
+def continued_after_restart(config: TrainConfig, env: DistEnv, notes: list[str]) -> Path | dict | None:
     """On an attempt restarted by torchrun's agent: the run folder to resume (the one this job's first attempt
-    started), or None. Where that attempt died before its first saved state, the run starts again in its folder."""
-    run = run_to_continue(config.out_dir)
-    if run is None:
+    started), the run's summary where it had finished, or None. Where that attempt died before its first saved
+    state, the run starts again in its folder. Decided by rank 0 for every rank: the agents of several machines
+    count their restarts apart, and every rank must take the same way."""
+    decision: tuple[str, str] | None = None
+    if restarted(env):
+        run = run_to_continue(config) if env.is_main else None
+        if run is not None:
+            summary = run.summary() or {}
+            if summary.get("status") == "finished":
+                decision = ("finished", str(run.path))
+            elif holds_state(run):
+                decision = ("resume", str(run.path))
+            else:
+                decision = ("again", str(run.path))
+        decision = broadcast_object(decision, env)
+    if decision is None:
         return None
-    if holds_state(run):
-        notes.append(f"restart {restart_count()} of this torchrun job: resuming {run} from its last saved state")
+    kind, path = decision
+    run = RunFolder(path)
+    if kind == "finished":
+        if env.is_main:
+            print(f"note: restart {restart_count()} of this torchrun job: {run} had finished; nothing to do again")
+        return {"status": "finished", "run_dir": path, "restarted": True}
+    if kind == "resume":
+        notes.append(f"restart of this torchrun job: resuming {run} from its last saved state")
         return run.path
     config.out_dir, config.run_name = str(run.path.parent), run.path.name
-    notes.append(f"restart {restart_count()} of this torchrun job: {run} had saved no state yet; starting it again")
+    notes.append(f"restart of this torchrun job: {run} had saved no state yet; starting it again")
     return None
+
+
+def set_aside_damaged_state(state: dict[str, Any], run_dir: Path, notes: list[str]) -> None:
+    """Where the run resumes from previous.pt because last.pt is damaged, rename last.pt to last.damaged.pt: the
+    next save would otherwise turn it into previous.pt, over the good state it fell back to."""
+    if state.get("_loaded_from") != "previous.pt":
+        return
+    damaged = RunFolder(run_dir).checkpoints / "last.pt"
+    if damaged.exists():
+        os.replace(damaged, damaged.with_name("last.damaged.pt"))
+        notes.append(f"the damaged state is kept as {damaged.with_name('last.damaged.pt')}")
 
 
 def resume(run_dir: str | Path, use_previous: bool = False, epochs: int | None = None) -> dict[str, Any]:

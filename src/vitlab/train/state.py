@@ -223,6 +223,7 @@ def load_training_state(
             continue
         if problems and notes is not None:
             notes.append("; ".join(problems) + f": resuming from {path.name}, the state saved before it")
+        state["_loaded_from"] = path.name  # not saved again: `training_state` builds a new dict
         return state
     hint = (
         ""

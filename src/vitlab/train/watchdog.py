@@ -19,18 +19,27 @@ from typing import Any
 
 import torch.distributed as dist
 
-from vitlab.distributed import DistEnv
+from vitlab.distributed import DistEnv, session_key
 
-REPORT_SECONDS = 1.0
-KEY = "vitlab/heartbeat/{rank}"
+REPORT_SECONDS = 1.0  # a report at least this often, so its age tells a stopped rank from a busy one
+MIN_REPORT_SECONDS = 0.2  # and at most five a second, however fast the steps: the store serves every rank
+# Phases in which a rank waits for the others in a collective; a rank in any other phase while they wait is the
+# one they wait for.
+WAITING_PHASES = {"training step", "after its step"}
+
+
+def key(rank: int) -> str:
+    return session_key(f"heartbeat/{rank}")
 
 
 class Heartbeat:
     """This rank's step and phase ("loading data", "training step", "validation", "saving state", ...), reported to
     the store once a second while the run lasts (a context manager); inert on one process."""
 
-    def __init__(self, env: DistEnv) -> None:
+    def __init__(self, env: DistEnv, timeout_seconds: float = 0.0) -> None:
         self.env = env
+        self.timeout_seconds = timeout_seconds  # > 0: say who hung where the collective's own error never comes
+        self.changed_at = time.time()
         self.step = 0
         self.phase = "starting"
         self.store: Any = None
@@ -48,6 +57,7 @@ class Heartbeat:
         self.phase = phase
         if step is not None:
             self.step = step
+        self.changed_at = time.time()
         self._changed.set()
 
     def __enter__(self) -> Heartbeat:
@@ -62,19 +72,30 @@ class Heartbeat:
         self._changed.set()
         if self._thread is not None:
             self._thread.join(timeout=2 * REPORT_SECONDS)
+        # The process group's store must go with the group: one kept alive to the interpreter's exit was destroyed
+        # there, and a rank then aborted after a finished run ("terminate called without an active exception").
+        self.store = None
 
     def _run(self) -> None:
         # On every change (coalesced while a report is under way), and once a second regardless: a report's age
         # then tells a rank that is stopped or dead from one that is alive but behind.
+        warned = False
         while not self._done.is_set():
             self._changed.wait(REPORT_SECONDS)
             self._changed.clear()
             self.report()
+            stalled = time.time() - self.changed_at
+            if self.timeout_seconds and not warned and stalled > 0.9 * self.timeout_seconds:
+                # NCCL's watchdog ends the process at the timeout without an error this rank's loop could catch
+                # (gloo raises one, which `vitlab.train.loop.train` turns into the same message): say it first.
+                warned = True
+                print(f"vitlab: rank {self.env.rank} waited {stalled:.0f} s: {self.stuck_message()}", flush=True)
+            self._done.wait(MIN_REPORT_SECONDS)
 
     def report(self) -> None:
         try:
             report = {"step": self.step, "phase": self.phase, "time": time.time()}
-            self.store.set(KEY.format(rank=self.env.rank), json.dumps(report))
+            self.store.set(key(self.env.rank), json.dumps(report))
         except Exception:  # noqa: BLE001 - the store's host may be gone (the agent stopping us); reports are best effort
             pass
 
@@ -88,24 +109,24 @@ class Heartbeat:
             pass
         found = {}
         for rank in range(self.env.world_size):
-            key = KEY.format(rank=rank)
             try:
-                if self.store.check([key]):
-                    found[rank] = json.loads(self.store.get(key))
+                if self.store.check([key(rank)]):
+                    found[rank] = json.loads(self.store.get(key(rank)))
             except Exception:  # noqa: BLE001
                 continue
         return found
 
-    def stuck_message(self, timeout_seconds: float) -> str:
+    def stuck_message(self) -> str:
         """Which rank hung and what it was doing, from every rank's last report, for the error this rank exits with."""
-        return describe_stuck(self.reports(), self.env.rank, self.env.world_size, timeout_seconds, time.time())
+        return describe_stuck(self.reports(), self.env.rank, self.env.world_size, self.timeout_seconds, time.time())
 
 
 def describe_stuck(
     reports: dict[int, dict[str, Any]], me: int, world_size: int, timeout_seconds: float, now: float
 ) -> str:
-    """The message of a collective timeout: the rank behind the others (the fewest steps; among equals, the one
-    silent longest, i.e. stopped or dead), its last step and phase, and what to do."""
+    """The message of a collective timeout: the rank the others wait for (the fewest steps; among equals, one not
+    waiting in a collective itself, i.e. stuck in its own work; then the one silent longest, i.e. stopped or dead),
+    its last step and phase, and what to do."""
     waited = f"a collective waited {timeout_seconds:.0f} s (collective_timeout) on rank {me}"
     silent = [rank for rank in range(world_size) if rank not in reports]
     if not reports:
@@ -113,7 +134,14 @@ def describe_stuck(
     if silent:
         culprit, what = silent[0], "never reported its progress"
     else:
-        culprit = min(reports, key=lambda rank: (reports[rank]["step"], reports[rank]["time"]))
+        culprit = min(
+            reports,
+            key=lambda rank: (
+                reports[rank]["step"],
+                reports[rank]["phase"] in WAITING_PHASES,
+                reports[rank]["time"],
+            ),
+        )
         report = reports[culprit]
         what = (
             f"was at step {report['step']} ({report['phase']}) when last heard from, {now - report['time']:.0f} s ago"
