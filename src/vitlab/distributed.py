@@ -211,33 +211,24 @@ def fetch_once(fetch: Callable[[], T], env: DistEnv) -> T:
     Local rank 0 rather than global rank 0, so machines whose caches are not shared still download only once
     each. If a first process fails, it raises its own error and every other process an error pointing to it,
     rather than waiting at a barrier forever or all downloading at once."""
-    first = env.local_rank == 0
-    value, failure = None, None
-    if first:
-        try:
-            value = fetch()
-        except Exception as error:  # noqa: BLE001 - re-raised below, after the others have been told
-            failure = error
-    # Also the barrier: no process goes on before every first process has finished. A download may take hours,
-    # so the wait is patient, not under the collective timeout.
-    if patient_any_rank(failure is not None, env):
-        if failure is not None:
-            raise failure
-        raise VitlabError(
-            f"process {env.rank}: another process failed to fetch the data (its error is in the "
-            "output above); fix that and start again"
-        )
-    if not first:
-        try:
-            value = fetch()
-        except Exception as error:  # noqa: BLE001 - re-raised below, after the others have been told
-            failure = error
-    # And again: the first processes must not wait for the others' (cache-warm, but maybe long) reading in a
-    # collective that times out.
-    if patient_any_rank(failure is not None, env):
-        if failure is not None:
-            raise failure
-        raise VitlabError(f"process {env.rank}: another process failed to read the data (its error is above)")
+    value = None
+    # Two rounds: the first processes fetch, then the others (finding the cache warm). After each, every process
+    # waits for the round to end, patiently (a download may take hours: not under the collective timeout), so none
+    # goes on alone into a collective that would time out, and a failure anywhere stops every process.
+    for round_, turn in enumerate((env.local_rank == 0, env.local_rank != 0)):
+        failure = None
+        if turn:
+            try:
+                value = fetch()
+            except Exception as error:  # noqa: BLE001 - re-raised below, after the others have been told
+                failure = error
+        if patient_any_rank(failure is not None, env):
+            if failure is not None:
+                raise failure
+            raise VitlabError(
+                f"process {env.rank}: another process failed to {'fetch' if round_ == 0 else 'read'} the data "
+                "(its error is in the output above); fix that and start again"
+            )
     return value  # type: ignore[return-value]
 
 
