@@ -58,7 +58,11 @@ def s3_server():
     )
     saved = {name: os.environ.get(name) for name in keys}
     os.environ.update(keys)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec reuses a file system made before, without these credentials
     yield server
+    s3fs.S3FileSystem.clear_instance_cache()
     server.stop()
     for name, value in saved.items():
         if value is None:
@@ -128,3 +132,21 @@ def test_a_run_on_shards_in_object_storage_stopped_mid_epoch_resumes_exactly(sha
     assert train(TrainConfig(), resume=tmp_path / "stopped")["status"] == "finished"
     a, b = load_file(tmp_path / "straight" / "model.safetensors"), load_file(tmp_path / "stopped" / "model.safetensors")
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_missing_credentials_are_one_clear_message(monkeypatch):
+    pytest.importorskip("s3fs")
+    import s3fs
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: never a real bucket
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        with pytest.raises(DataError, match="cannot reach it .* check the URL and the credentials"):
+            open_index("s3://bucket/train-{000..001}.tar")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()

@@ -82,8 +82,12 @@ def remote_size(url: str) -> int | None:
         return int(fs.info(path)["size"])
     except FileNotFoundError:
         return None
-    except OSError as error:
-        raise DataError(f"{redacted(url)}: cannot reach it ({error}); check the URL and the credentials") from None
+    except Exception as error:  # noqa: BLE001 - each file system has its own errors (botocore's NoCredentialsError)
+        raise DataError(
+            f"{redacted(url)}: cannot reach it ({type(error).__name__}: {error}); check the URL and the credentials "
+            "(for S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; AWS_ENDPOINT_URL for another "
+            "S3-compatible service)"
+        ) from None
 
 
 def read_remote_text(url: str) -> str | None:
