@@ -191,6 +191,9 @@ def test_zeroed_bytes_inside_a_tensor_are_named_on_resume_and_load(tmp_path, cap
             train(TrainConfig(), resume=tmp_path / "run", epochs=3)
         summary = train(TrainConfig(), resume=tmp_path / "run", epochs=3, use_previous=True)
         assert summary["status"] == "finished"
+        # The damaged state was set aside, not rotated by the next save over the good state it fell back to.
+        assert (tmp_path / "run" / "checkpoints" / "last.damaged.pt").read_bytes() == bytes(data)
+        assert "last.damaged.pt" in capsys.readouterr().out
     else:
         with pytest.raises(CheckpointError, match="model.safetensors is damaged"):
             load_model(tmp_path / "run")

@@ -81,10 +81,10 @@ def train(
                 return continued
             if continued is not None:
                 # A restart by torchrun's agent cannot ask: a damaged last state falls back to the one before it.
-                resume, state = continued, None
+                resume = continued
                 state, config = read_resumable(continued, True, epochs, notes)
-                if env.is_main:
-                    set_aside_damaged_state(state, continued, notes)
+        if state is not None:
+            set_aside_damaged_state(state, Path(resume), env, notes)  # type: ignore[arg-type]
         for note in notes if env.is_main else []:
             print(f"note: {note}", flush=True)
         session = start(config, env, state, Path(resume) if resume is not None else None)
@@ -143,13 +143,15 @@ def continued_after_restart(config: TrainConfig, env: DistEnv, notes: list[str])
     return None
 
 
-def set_aside_damaged_state(state: dict[str, Any], run_dir: Path, notes: list[str]) -> None:
-    """Where the run resumes from previous.pt because last.pt is damaged, rename last.pt to last.damaged.pt: the
-    next save would otherwise turn it into previous.pt, over the good state it fell back to."""
+def set_aside_damaged_state(state: dict[str, Any], run_dir: Path, env: DistEnv, notes: list[str]) -> None:
+    """Where the run resumes from previous.pt because last.pt is damaged (--use-previous, or a restart), rank 0
+    renames last.pt to last.damaged.pt once every rank has read its state: the next save would otherwise turn it
+    into previous.pt, over the good state the run fell back to."""
     if state.get("_loaded_from") != "previous.pt":
         return
+    synchronize(env)
     damaged = RunFolder(run_dir).checkpoints / "last.pt"
-    if damaged.exists():
+    if env.is_main and damaged.exists():
         os.replace(damaged, damaged.with_name("last.damaged.pt"))
         notes.append(f"the damaged state is kept as {damaged.with_name('last.damaged.pt')}")
 
