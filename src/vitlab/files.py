@@ -7,8 +7,11 @@ importing the checkpoint code (and torch with it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -136,3 +139,38 @@ def verify_checksum(path: str | os.PathLike, key: str | None = None) -> bool | N
     if not digests:
         return None
     return sha256_file(path) in digests
+
+
+# Per lock file, the lock that keeps this process's threads apart (a POSIX record lock is the process's: its threads
+# share it). A child forked while a thread held one would inherit it held, by a thread it does not have, so a child
+# starts with none.
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
+
+
+def _forget_thread_locks() -> None:
+    global _THREAD_LOCKS, _THREAD_LOCKS_GUARD
+    _THREAD_LOCKS, _THREAD_LOCKS_GUARD = {}, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_thread_locks)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Hold `path` (a lock file, created if missing) against every other thread and process on this machine:
+    a lock per thread of this process, and a POSIX record lock (`lockf`) between processes, which a forked child
+    does not inherit (a `flock` would be, and a worker forked while another thread held it kept it for ever).
+    Where the file system has no such locks it is best effort. OSError where the lock file cannot be opened."""
+    key = os.fspath(path)
+    with _THREAD_LOCKS_GUARD:
+        thread_lock = _THREAD_LOCKS.setdefault(key, threading.Lock())
+    with thread_lock, open(key, "a+b") as handle:
+        try:
+            import fcntl
+
+            fcntl.lockf(handle, fcntl.LOCK_EX)  # released when the file closes
+        except (ImportError, OSError):  # no POSIX locks (Windows, some network file systems)
+            pass
+        yield

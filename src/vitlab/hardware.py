@@ -9,6 +9,7 @@ one intra-op thread for a served model (0.1 GFLOPs) and one training process per
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from vitlab.download import cache_dir
 from vitlab.errors import UsageError
-from vitlab.files import atomic_write_bytes
+from vitlab.files import atomic_write_bytes, exclusive_lock
 
 
 def available_cores() -> int:
@@ -186,21 +187,16 @@ def _probed_cpu_units() -> CpuUnits:
     try:
         capabilities = dict(torch.cpu.get_capabilities())
     except (AttributeError, RuntimeError):  # an older PyTorch, or not x86
-        try:
-            for line in open("/proc/cpuinfo", encoding="utf-8"):
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    capabilities = {
-                        "avx2": "avx2" in flags,
-                        "avx512_f": "avx512f" in flags,
-                        "avx512_vnni": "avx512_vnni" in flags,
-                        "avx_vnni": "avx_vnni" in flags,
-                        "avx512_bf16": "avx512_bf16" in flags,
-                        "amx_bf16": "amx_bf16" in flags,
-                    }
-                    break
-        except OSError:
-            pass
+        flags = set(cpuinfo().get("flags", "").split())
+        if flags:
+            capabilities = {
+                "avx2": "avx2" in flags,
+                "avx512_f": "avx512f" in flags,
+                "avx512_vnni": "avx512_vnni" in flags,
+                "avx_vnni": "avx_vnni" in flags,
+                "avx512_bf16": "avx512_bf16" in flags,
+                "amx_bf16": "amx_bf16" in flags,
+            }
     has = lambda key: bool(capabilities.get(key, False))  # noqa: E731
     return CpuUnits(
         avx2=has("avx2"),
@@ -467,18 +463,12 @@ def update_measurements(name: str, update: Callable[[dict], dict]) -> dict:
     import json
 
     path = _measurements_file(name)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_suffix(".lock"), "a+b")
-    except OSError:
-        return update(read_measurements(name))
-    with lock:
+    with contextlib.ExitStack() as held:
         try:
-            import fcntl
-
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the lock file closes
-        except (ImportError, OSError):  # no POSIX locks (Windows, some network file systems): best effort
-            pass
+            path.parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(exclusive_lock(path.with_suffix(".lock")))
+        except OSError:  # a read-only cache
+            return update(read_measurements(name))
         try:
             known = json.loads(path.read_text()) if path.is_file() else {}
         except (OSError, ValueError):
@@ -486,13 +476,12 @@ def update_measurements(name: str, update: Callable[[dict], dict]) -> dict:
         mine = known.get(machine_key())
         mine = mine if isinstance(mine, dict) else {}
         known[machine_key()] = values = update(mine)
-        if values == mine:
-            return values
-        try:
-            atomic_write_bytes(path, json.dumps(known, indent=1).encode())
-        except OSError:
-            pass
-    return values
+        if values != mine:
+            try:
+                atomic_write_bytes(path, json.dumps(known, indent=1).encode())
+            except OSError:
+                pass
+        return values
 
 
 def libraries_key() -> str:

@@ -52,7 +52,7 @@ class Session:
     budget_note: str = ""  # how the run was fitted to its wall-time budget, when it had to be
     unreadable: list[str] | None = None  # every rank's unreadable files at the end (None: this process's)
     heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(DistEnv()))  # where this rank is, for a hang
-    saving: PeriodicSave = field(default_factory=lambda: PeriodicSave(None))  # saves within an epoch (save_every)
+    saving: PeriodicSave = field(init=False)  # saves within an epoch (save_every), from the config
 
     def __post_init__(self) -> None:
         self.saving = PeriodicSave(save_interval(self.config.save_every))

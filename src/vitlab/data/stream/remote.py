@@ -25,23 +25,12 @@ from typing import Any
 
 from vitlab.download import cache_dir
 from vitlab.errors import DataError, UsageError
+from vitlab.files import exclusive_lock
 
 INSTALL_HINT = "pip install 'vitlab[remote]' (fsspec, with s3fs for s3:// and gcsfs for gs://)"
 URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 CHUNK = 8 << 20  # bytes per read while copying a shard
 DEFAULT_CACHE_GB = 20.0
-_FETCHING = threading.Lock()  # one fetch at a time in this process (see `local_copy`)
-
-
-def _new_fetch_lock() -> None:
-    # A decoding worker forked while the prefetcher thread held the lock would inherit it held, by a thread it
-    # does not have: it starts with its own.
-    global _FETCHING
-    _FETCHING = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_fetch_lock)
 
 
 def is_remote(location: str | os.PathLike) -> bool:
@@ -114,16 +103,8 @@ def local_copy(url: str, size: int) -> Path:
         os.utime(path)  # recently used: the last to go
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    # Threads of this process (the prefetcher beside an in-process reader) exclude each other by a lock of the
-    # process; processes by a POSIX record lock, which a forked decoding worker does not inherit (a flock would be,
-    # and a worker forked while the prefetcher held it kept it locked for ever).
-    with _FETCHING, open(folder / f"{key}.lock", "a+b") as lock:
-        try:
-            import fcntl
-
-            fcntl.lockf(lock, fcntl.LOCK_EX)
-        except (ImportError, OSError):
-            pass
+    # Against the prefetcher thread beside an in-process reader, and the decoding workers forked from this process.
+    with exclusive_lock(folder / f"{key}.lock"):
         if not _whole(path, size):  # another process may have fetched it while this one waited
             _fetch(url, path, size)
     trim_cache(folder, keep=path)
@@ -175,21 +156,15 @@ def trim_cache(folder: Path, keep: Path) -> None:
             total -= size
 
 
-def wait_seconds(attempt: int) -> float:
-    """Back-off between attempts to fetch a shard (1, 2, 4 s)."""
-    return float(2**attempt)
-
-
 def fetch_with_retries(url: str, size: int, attempts: int = 3) -> Path:
-    """`local_copy`, tried again after a pause where the network fails (a request dropped by object storage)."""
-    for attempt in range(attempts):
+    """`local_copy`, tried again after a pause (1 s, then 2 s, ...) where the network fails (a request dropped by
+    object storage)."""
+    for attempt in range(attempts - 1):
         try:
             return local_copy(url, size)
         except DataError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(wait_seconds(attempt))
-    raise AssertionError("unreachable")
+            time.sleep(2**attempt)
+    return local_copy(url, size)
 
 
 class ShardPrefetcher:
@@ -202,7 +177,6 @@ class ShardPrefetcher:
         self.sequence = sequence  # (first step that reads it, shard), in reading order
         self.ahead = ahead
         self.step = -1
-        self.failure: BaseException | None = None
         self._moved = threading.Condition()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="vitlab-shard-prefetch", daemon=True)
@@ -229,6 +203,5 @@ class ShardPrefetcher:
                     return
             try:
                 fetch_with_retries(self.store.shard_paths[shard], self.store.shard_sizes[shard])
-            except BaseException as error:  # noqa: BLE001 - a worker meets the same failure and names it
-                self.failure = error
+            except Exception:  # noqa: BLE001 - the worker that reads the shard meets the same failure and names it
                 return

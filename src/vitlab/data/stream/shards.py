@@ -255,10 +255,10 @@ class TarStore:
             self._files, self._pid = OrderedDict(), os.getpid()
         descriptor = self._files.get(shard)
         if descriptor is None:
-            if self.shard_sizes is None:
-                descriptor = os.open(self.shard_paths[shard], os.O_RDONLY)
-            else:
+            if self.remote:
                 descriptor = self._open_remote(shard)
+            else:
+                descriptor = os.open(self.shard_paths[shard], os.O_RDONLY)
             self._files[shard] = descriptor
             if len(self._files) > MAX_OPEN_SHARDS:
                 os.close(self._files.popitem(last=False)[1])
