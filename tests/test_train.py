@@ -112,6 +112,38 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_pa
     assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == good
 
 
+def test_reading_the_device_every_few_steps_trains_alike_and_resumes_exactly(tmp_path, stop_at_check, monkeypatch):
+    """`sync_every` (what a GPU run chooses) only moves the host's reads: the same weights and figures as reading
+    after each step, an exact resume from a stop answered at a read, and a NaN found at the next read, named at
+    its own step, with nothing saved after it."""
+    changes = dict(epochs=2, augment={"affine_degrees": 10, "random_erasing": 0.3, "mixup_alpha": 0.5})
+    train(micro_config(tmp_path, run_name="each", **changes))
+    stop_at_check(7)  # reads after steps 3, 6, 9 and 10: check 7 is epoch 2's read after step 6
+    stopped = train(micro_config(tmp_path, run_name="every3", sync_every=3, **changes))
+    assert (stopped["epoch"], stopped["step"]) == (1, 6)
+    stop_at_check(None)
+    train(TrainConfig(), resume=tmp_path / "every3")
+    a, b = weights(tmp_path / "each"), weights(tmp_path / "every3")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    rows = [(tmp_path / name / "metrics.jsonl").read_text().splitlines() for name in ("each", "every3")]
+    figures = [[{k: v for k, v in json.loads(r).items() if k.startswith(("train_", "val_"))} for r in f] for f in rows]
+    assert figures[0] == figures[1]
+
+    real = torch.nn.functional.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] > 3 else loss
+
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", poisoned)
+    with pytest.raises(TrainingError, match="the loss became nan at epoch 1, step 4.*Lower the learning rate"):
+        train(micro_config(tmp_path, run_name="nan", epochs=1, sync_every=3, save_every=5))
+    assert calls["n"] == 5  # found at the read that the save due after step 5 makes, before that save
+    assert not (tmp_path / "nan" / "checkpoints" / "last.pt").exists()
+
+
 def test_corrupt_last_checkpoint_names_the_previous_one(tmp_path):
     train(micro_config(tmp_path, epochs=2))
     checkpoints = tmp_path / "run" / "checkpoints"

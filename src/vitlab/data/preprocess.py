@@ -277,10 +277,11 @@ def unit_size(images: torch.Tensor, spec: InputSpec, contract: Preprocessing) ->
 
 
 def statistics(spec: InputSpec, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The spec's mean and std as (1, C or 1, 1, 1) tensors of like's dtype and device."""
-    mean = torch.tensor(spec.image_mean, dtype=like.dtype, device=like.device).view(1, -1, 1, 1)
-    std = torch.tensor(spec.image_std, dtype=like.dtype, device=like.device).view(1, -1, 1, 1)
-    return mean, std
+    """The spec's mean and std as (1, C or 1, 1, 1) tensors of like's dtype and device. Made on the host and copied
+    without waiting: `torch.tensor(..., device=gpu)` would wait for the kernels queued there (once per step)."""
+    mean = torch.tensor(spec.image_mean, dtype=like.dtype).view(1, -1, 1, 1)
+    std = torch.tensor(spec.image_std, dtype=like.dtype).view(1, -1, 1, 1)
+    return mean.to(like.device, non_blocking=True), std.to(like.device, non_blocking=True)
 
 
 @overload

@@ -7,6 +7,14 @@ partner from its own process's shard (the shard reversed), since pairing across 
 images between them every step; the mixing weight and the CutMix box are the same as on one process
 (tests/test_transforms.py holds both facts).
 
+The images may be on any device (a training run augments on the device its model is on). The random numbers
+are drawn on the host from the run's generator, whatever the device, so a run draws the same numbers on a GPU as
+on the CPU and resumes exactly; they reach the device by copies that do not wait for it, and every choice that
+decides what runs (which images an op takes) is read from those host numbers, never from the images, so the host
+never waits for the device (tests/test_step_sync.py). One draw is made on the device: random erasing's noise,
+the size of the images themselves, from a device generator seeded by one host draw (on the CPU it is drawn from
+the run's generator as before, so CPU runs are unchanged).
+
 Ops: random crop with padding, horizontal flip, TrivialAugment (Mueller and Hutter 2021: one op per image,
 uniformly chosen, uniform magnitude), random erasing (Zhong et al. 2017), Mixup (Zhang et al. 2018) and
 CutMix (Yun et al. 2019).
@@ -40,6 +48,31 @@ class Draws:
         """One number for the whole batch, the same on every process."""
         return float(torch.rand((), generator=self.generator))
 
+    def noise(self, like: torch.Tensor) -> torch.Tensor:
+        """Uniform noise of like's shape (this process's rows) on like's device. On the CPU, drawn for the global
+        batch as `uniform` is; elsewhere from a device generator seeded by one host draw, for this process's rows
+        only (image-sized host noise would be drawn and copied every step), so there it differs between process
+        counts."""
+        if like.device.type == "cpu":
+            return self.uniform(*like.shape[1:])
+        if like.device.type == "meta":  # a device of shapes alone has no numbers to draw (the tests' stand-in GPU)
+            return torch.empty_like(like)
+        generator = torch.Generator(like.device)
+        generator.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+        return torch.rand(like.shape, generator=generator, device=like.device)
+
+
+def on(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Host-drawn numbers on like's device. The copy does not wait for the device: one from host memory is staged
+    at once, where a blocking copy would wait for every kernel queued before it."""
+    return values.to(like.device, non_blocking=True)
+
+
+def chosen_rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+    """The rows a host mask (B,) chooses, as indices on like's device; None where it chooses none."""
+    rows = mask.nonzero().squeeze(1)
+    return on(rows, like) if len(rows) else None
+
 
 def random_crop(images: torch.Tensor, padding: int, draws: Draws) -> torch.Tensor:
     """Zero-pad by `padding` pixels and crop back to the original size at a random offset per image."""
@@ -49,29 +82,31 @@ def random_crop(images: torch.Tensor, padding: int, draws: Draws) -> torch.Tenso
     padded = F.pad(images, (padding, padding, padding, padding))
     offset_y = draws.integers(2 * padding + 1)
     offset_x = draws.integers(2 * padding + 1)
-    rows = offset_y[:, None] + torch.arange(height)  # (B, H)
-    cols = offset_x[:, None] + torch.arange(width)  # (B, W)
-    batch_index = torch.arange(batch)[:, None, None]
+    rows = on(offset_y[:, None] + torch.arange(height), images)  # (B, H)
+    cols = on(offset_x[:, None] + torch.arange(width), images)  # (B, W)
+    batch_index = torch.arange(batch, device=images.device)[:, None, None]
     cropped = padded.permute(0, 2, 3, 1)[batch_index, rows[:, :, None], cols[:, None, :]]  # (B, H, W, C)
     return cropped.permute(0, 3, 1, 2)
 
 
 def random_hflip(images: torch.Tensor, draws: Draws, probability: float = 0.5) -> torch.Tensor:
-    flip = (draws.uniform() < probability)[:, None, None, None]
+    flip = on((draws.uniform() < probability)[:, None, None, None], images)
     return torch.where(flip, images.flip(-1), images)
 
 
 def warp(images: torch.Tensor, theta: torch.Tensor, which: torch.Tensor | None = None) -> torch.Tensor:
-    """Apply per-image 2x3 affine matrices (normalised coordinates, output -> input) to the images selected
-    by the boolean mask `which` (all by default); pixels from outside the image are 0."""
+    """Apply per-image 2x3 affine matrices (host tensor, normalised coordinates, output -> input) to the images
+    selected by the host boolean mask `which` (all by default); pixels from outside the image are 0."""
     which = torch.ones(len(images), dtype=torch.bool) if which is None else which
-    if not which.any():
+    rows = chosen_rows(which, images)
+    if rows is None:
         return images
     batch, channels, height, width = images.shape
-    grid = F.affine_grid(theta[which], [int(which.sum()), channels, height, width], align_corners=False)
-    out = images.clone()
-    out[which] = F.grid_sample(images[which], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    return out
+    grid = F.affine_grid(on(theta[which], images), [len(rows), channels, height, width], align_corners=False)
+    warped = F.grid_sample(
+        images.index_select(0, rows), grid, mode="bilinear", padding_mode="zeros", align_corners=False
+    )
+    return images.clone().index_copy_(0, rows, warped)  # clone: keeps the layout, and so the sums over it
 
 
 def random_affine(
@@ -135,10 +170,12 @@ def trivial_augment(
     out = warp(images, theta, geometric)
 
     def blend(mask: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> None:
-        """out = other + factor * (out - other) for the masked images."""
-        if mask.any():
-            f = factor[mask][:, None, None, None]
-            out[mask] = (other[mask] + f * (out[mask] - other[mask])).clamp(0, 1)
+        """out = other + factor * (out - other) for the images the host mask chooses."""
+        rows = chosen_rows(mask, out)
+        if rows is not None:
+            f = on(factor[mask][:, None, None, None], out)
+            mine, theirs = out.index_select(0, rows), other.index_select(0, rows)
+            out.index_copy_(0, rows, (theirs + f * (mine - theirs)).clamp(0, 1))
 
     if out is images:
         out = images.clone()
@@ -151,18 +188,22 @@ def trivial_augment(
     blurred = F.avg_pool2d(F.pad(out, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
     blend(chosen.get("sharpness", none), blurred, factor)
     mask = chosen.get("solarize", none)
-    if mask.any():
-        threshold = (1.0 - magnitude[mask])[:, None, None, None]
-        out[mask] = torch.where(out[mask] >= threshold, 1.0 - out[mask], out[mask])
+    rows = chosen_rows(mask, out)
+    if rows is not None:
+        threshold = on((1.0 - magnitude[mask])[:, None, None, None], out)
+        mine = out.index_select(0, rows)
+        out.index_copy_(0, rows, torch.where(mine >= threshold, 1.0 - mine, mine))
     mask = chosen.get("posterize", none)
-    if mask.any():
-        levels = (2 ** (8 - (magnitude[mask] * 6).round()))[:, None, None, None]  # 8 down to 2 bits
-        out[mask] = torch.floor(out[mask] * (levels - 1) + 0.5) / (levels - 1)
-    mask = chosen.get("autocontrast", none)
-    if mask.any():
-        low = out[mask].amin(dim=(2, 3), keepdim=True)
-        high = out[mask].amax(dim=(2, 3), keepdim=True)
-        out[mask] = torch.where(high > low, (out[mask] - low) / (high - low).clamp_min(1e-6), out[mask])
+    rows = chosen_rows(mask, out)
+    if rows is not None:
+        levels = on((2 ** (8 - (magnitude[mask] * 6).round()))[:, None, None, None], out)  # 8 down to 2 bits
+        out.index_copy_(0, rows, torch.floor(out.index_select(0, rows) * (levels - 1) + 0.5) / (levels - 1))
+    rows = chosen_rows(chosen.get("autocontrast", none), out)
+    if rows is not None:
+        mine = out.index_select(0, rows)
+        low = mine.amin(dim=(2, 3), keepdim=True)
+        high = mine.amax(dim=(2, 3), keepdim=True)
+        out.index_copy_(0, rows, torch.where(high > low, (mine - low) / (high - low).clamp_min(1e-6), mine))
     return out
 
 
@@ -184,22 +225,19 @@ def random_erasing(
     box_w = (target_area / ratio).sqrt().round().clamp(1, width)
     top = (draws.uniform() * (height - box_h + 1)).floor()
     left = (draws.uniform() * (width - box_w + 1)).floor()
-    noise = draws.uniform(channels, height, width)
-    rows = torch.arange(height)[None, :, None]
-    cols = torch.arange(width)[None, None, :]
-    inside = (
-        (rows >= top[:, None, None])
-        & (rows < (top + box_h)[:, None, None])
-        & (cols >= left[:, None, None])
-        & (cols < (left + box_w)[:, None, None])
-        & erase[:, None, None]
-    )
+    noise = draws.noise(images)
+    # The box of each image on the device (B numbers each), its mask made there: a host mask would be image-sized.
+    top, bottom, left, right = (on(edge[:, None, None], images) for edge in (top, top + box_h, left, left + box_w))
+    rows = torch.arange(height, device=images.device)[None, :, None]
+    cols = torch.arange(width, device=images.device)[None, None, :]
+    erase = on(erase[:, None, None], images)
+    inside = (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right) & erase
     return torch.where(inside[:, None], noise, images)
 
 
 def one_hot(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
     """Targets (B, K) with `smoothing` spread evenly over all classes."""
-    targets = torch.full((len(labels), num_classes), smoothing / num_classes)
+    targets = torch.full((len(labels), num_classes), smoothing / num_classes, device=labels.device)
     targets.scatter_(1, labels[:, None], 1.0 - smoothing + smoothing / num_classes)
     return targets
 

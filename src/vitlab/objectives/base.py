@@ -42,11 +42,14 @@ EVALUATION_SEED = 20201022
 
 
 class NonFiniteLoss(ArithmeticError):
-    """The loss of a step was NaN or infinite (the step was not applied)."""
+    """The loss of a step was NaN or infinite: found before its update (`steps_after` 0, the step not applied), or
+    read later with the figures of several steps (`vitlab.train.figures`: it and `steps_after` steps were)."""
 
     def __init__(self, value: float) -> None:
         super().__init__(f"the loss became {value}")
         self.value = value
+        self.steps_after = 0
+        self.epoch = self.step = 0  # where it happened, set by the training loop
 
 
 class Objective(ABC):

@@ -102,5 +102,9 @@ class PeriodicSave:
             return global_step % int(every) == 0
         return time.perf_counter() - self.last_saved >= every
 
+    def at_step(self, global_step: int) -> bool:
+        """Due by its step count at `global_step`: known alike on every rank without asking the others."""
+        return self.interval is not None and self.interval[0] == "steps" and self.due(global_step)
+
     def saved(self) -> None:
         self.last_saved = time.perf_counter()

@@ -86,6 +86,10 @@ class TrainConfig:
     # come before every rank stops with the hung one named (vitlab.train.watchdog); a duration. None: 5 minutes
     # (vitlab.distributed.DEFAULT_COLLECTIVE_TIMEOUT_SECONDS).
     collective_timeout: str | float | None = None
+    # Steps between the loop's reads of the device: the step figures, the non-finite loss check, stop requests and
+    # saves by time are read or answered then (a read makes the host wait for the device; vitlab.train.figures).
+    # 0: 1 on the CPU (where a read costs nothing), 25 on a GPU.
+    sync_every: int = 0
     threads: int | None = None  # torch threads per process; default: the cores / processes on this machine
     # Image files (folder, manifest, tar shards, Hugging Face datasets) are decoded per batch in worker processes
     # when the decoded set would not fit comfortably in memory; true / false forces it. workers: the decoding
@@ -176,6 +180,7 @@ class TrainConfig:
             (lambda: 0 < self.layer_decay <= 1, lambda: f"layer_decay must be in (0, 1], got {self.layer_decay}"),
             (lambda: self.freeze_blocks >= 0, lambda: f"freeze_blocks must be >= 0, got {self.freeze_blocks}"),
             (lambda: self.log_every_steps >= 0, lambda: f"log_every_steps must be >= 0, got {self.log_every_steps}"),
+            (lambda: self.sync_every >= 0, lambda: f"sync_every must be >= 0 steps (0: chosen), got {self.sync_every}"),
             (
                 lambda: self.resample_mode in ("bilinear", "bicubic"),
                 lambda: "resample_mode must be bilinear or bicubic",

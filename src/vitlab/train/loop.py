@@ -15,6 +15,7 @@ continues exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -50,6 +51,7 @@ from vitlab.train.budget import fit_to_budget
 from vitlab.train.clock import PeriodicSave, RunClock, StopFlag, seconds_since_launch
 from vitlab.train.config import TrainConfig
 from vitlab.train.elastic import Fault, holds_state, restart_count, restarted, run_to_continue
+from vitlab.train.figures import StepFigures, read_interval
 from vitlab.train.schedule import peak_lr
 from vitlab.train.session import Session
 from vitlab.train.state import Position, read_resumable
@@ -176,10 +178,14 @@ def train_one_epoch(
 ) -> bool:
     """Run the rest of one epoch from `position` (the batches must start at its step); returns False if a stop was
     requested (the position is then consistent and can be saved). `step` holds the model, optimizer, schedule and
-    EMA; `objective` turns each batch into inputs and targets. After each step `on_step(position, epoch sums,
-    images per second)` reports progress. `unreadable`: a streamed training source whose limit of unreadable files
-    is decided here on every rank's sum (under DDP). `guards`: the heartbeat, saves within the epoch and the fault
-    tests' injected fault. A non-finite loss raises NonFiniteLoss with `epoch` and `step` set."""
+    EMA; `objective` turns each batch, moved to the step's device, into inputs and targets there.
+
+    The host reads the device every `guards.read_every` steps (and at the epoch's end, and where a save by steps is
+    due), never between: then the steps' figures are added to the epoch's and checked, `on_step(position, epoch
+    sums, images per second)` reports progress, `unreadable` (a streamed training source whose limit of unreadable
+    files is decided here on every rank's sum, under DDP) is counted, and a stop or a save within the epoch is
+    agreed by every rank. Reading once per step (the CPU) checks each loss before its update. A non-finite loss
+    raises NonFiniteLoss with `epoch` and `step` set; nothing has been saved after it."""
     augment_rng = torch.Generator()
     if position.augment_state is not None:
         augment_rng.set_state(position.augment_state)
@@ -187,16 +193,19 @@ def train_one_epoch(
         augment_rng.manual_seed(epoch_seed + 1)
     spec = (step.model or step.wrapped).config
     step.wrapped.train()
-    sums = torch.tensor(position.epoch_sums, dtype=torch.float64)
-    unreadable_synced = 0  # this rank's unreadable files already counted in a union (below)
     guards = guards or Safeguards()
+    figures = StepFigures(position.epoch_sums)
+    step.check_finite = guards.read_every == 1  # read after every step: refuse a non-finite loss before its update
+    unreadable_synced = 0  # this rank's unreadable files already counted in a union (below)
+    images_since_read, seconds_since_read = 0, 0.0
     guards.heartbeat.at("loading data", position.global_step)
     for index, batch in enumerate(batches, start=position.step_in_epoch):
         guards.heartbeat.at("training step")
         started = time.perf_counter()
+        batch = on_device(batch, env.device)
         inputs, targets = objective.training_inputs(batch, spec, Draws(augment_rng, batch.global_size, batch.shard))
         try:
-            sums += step(inputs, targets)
+            figures.add(step(inputs, targets))
         except NonFiniteLoss as error:
             error.epoch, error.step = position.epoch + 1, index + 1
             raise
@@ -204,18 +213,37 @@ def train_one_epoch(
         position.step_in_epoch = index + 1
         position.global_step += 1
         position.train_seconds += seconds
-        position.epoch_sums = sums.tolist()
-        if on_step is not None:
-            on_step(position, position.epoch_sums, len(batch) * env.world_size / seconds)
-        if unreadable is not None and sum_over_ranks(len(unreadable.skipped) - unreadable_synced, env):
-            # Some rank met a new unreadable file (rare): every rank takes the union of the ranks' lists (a stand-in
-            # read for a bad file may be read by two ranks) and decides on its size, together.
-            union = gather_lists(unreadable.skipped, env)
-            unreadable_synced = len(unreadable.skipped)
-            unreadable.refuse_if_too_many(len(union))
+        images_since_read += len(batch) * env.world_size
+        seconds_since_read += seconds
+        reads = (
+            (index + 1) % guards.read_every == 0
+            or index + 1 == steps_per_epoch
+            or guards.saving.at_step(position.global_step)
+        )
+        if reads:
+            waited = time.perf_counter()
+            try:
+                position.epoch_sums = figures.read()
+            except NonFiniteLoss as error:
+                error.epoch, error.step = position.epoch + 1, index + 1 - error.steps_after
+                raise
+            waited = time.perf_counter() - waited  # the device finishing the steps queued since the last read
+            position.train_seconds += waited
+            if on_step is not None:
+                on_step(position, position.epoch_sums, images_since_read / (seconds_since_read + waited))
+            images_since_read, seconds_since_read = 0, 0.0
+            if unreadable is not None and sum_over_ranks(len(unreadable.skipped) - unreadable_synced, env):
+                # Some rank met a new unreadable file (rare): every rank takes the union of the ranks' lists (a
+                # stand-in read for a bad file may be read by two ranks) and decides on its size, together.
+                union = gather_lists(unreadable.skipped, env)
+                unreadable_synced = len(unreadable.skipped)
+                unreadable.refuse_if_too_many(len(union))
         guards.heartbeat.at("after its step", position.global_step)
         if guards.fault is not None:
             guards.fault.maybe_fire(env.rank, position.global_step, guards.run, guards.heartbeat.report)
+        if not reads:
+            guards.heartbeat.at("loading data")
+            continue
         stop_now, save_now = any_ranks(
             [stop is not None and stop.requested, guards.saving.due(position.global_step)], env
         )
@@ -226,20 +254,33 @@ def train_one_epoch(
             guards.heartbeat.at("saving state")
             guards.save()
         guards.heartbeat.at("loading data")
+    if figures.pending:  # a source that gave fewer batches than the epoch's steps
+        position.epoch_sums = figures.read()
     position.augment_state = None
     return True
+
+
+def on_device(batch: Batch, device: torch.device) -> Batch:
+    """The batch's pixels and labels on `device`, where the objective prepares and augments them. The copies do not
+    wait for the device (a blocking copy waits for every kernel queued before it)."""
+    if device.type == "cpu":
+        return batch
+    labels = batch.labels.to(device, non_blocking=True) if batch.labels is not None else None
+    return dataclasses.replace(batch, images=batch.images.to(device, non_blocking=True), labels=labels)
 
 
 @dataclass
 class Safeguards:
     """What keeps a long run safe between its steps: the heartbeat a hung rank is found by, the saves within an
-    epoch (`save_every`: `save` writes the state where `saving` says), and the fault tests' injected fault."""
+    epoch (`save_every`: `save` writes the state where `saving` says), the fault tests' injected fault, and how
+    often the host reads the device (`read_every` steps: the figures' check, the stop and the saves are then)."""
 
     heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(DistEnv()))
     saving: PeriodicSave = field(default_factory=lambda: PeriodicSave(None))
     save: Callable[[], None] = lambda: None
     fault: Fault | None = None
     run: Any = None  # the run folder (the fault that damages its state)
+    read_every: int = 1
 
 
 def run_epochs(session: Session) -> dict[str, Any] | None:
@@ -252,7 +293,14 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
         position.elapsed_seconds = clock.elapsed()
         session.save_state()
 
-    guards = Safeguards(session.heartbeat, session.saving, save_within_epoch, Fault.from_environment(), session.run)
+    guards = Safeguards(
+        session.heartbeat,
+        session.saving,
+        save_within_epoch,
+        Fault.from_environment(),
+        session.run,
+        read_interval(config.sync_every, env.device),
+    )
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):
             if epoch >= config.epochs:  # shortened to fit the budget

@@ -1,7 +1,12 @@
 """One optimisation step, the same for `vitlab train`, `vitlab bench --train` and benchmarks/profile_train_step.py:
 forward and loss per micro-batch (gradients accumulated, synchronised across DDP ranks on the last one only),
 the figures summed over ranks, a non-finite loss refused before the update, gradient clipping, the optimizer,
-the schedule and the EMA."""
+the schedule and the EMA.
+
+Nothing in the step waits for the device unless asked to: its figures stay there, summed over ranks by a
+collective on the device, and `check_finite` (on by default) is the one read on the host. The training loop
+turns it off on an accelerator and reads the figures of several steps at once (`vitlab.train.loop`), since each
+read there stalls the host until the device has finished every kernel queued before it."""
 
 from __future__ import annotations
 
@@ -32,19 +37,24 @@ class TrainingStep:
     grad_accum: int = 1
     grad_clip: float = 0.0  # clip the gradient norm to this (0: off)
     precision: str = "fp32"  # "bf16": forward under bf16 autocast on the step's device
+    # Read the loss on the host and refuse a non-finite one before the update. False: the caller reads the returned
+    # figures later (`vitlab.train.figures`), and a non-finite step has been applied by then.
+    check_finite: bool = True
     forward: Callable[[nn.Module, ModelInput], torch.Tensor] = call_model  # e.g. to unwrap another library's output
     last_outputs: torch.Tensor | None = None  # the last micro-batch's outputs, detached (bench compares them)
 
     def __call__(self, inputs: ModelInput, targets: dict[str, torch.Tensor]) -> torch.Tensor:
-        """One update on a batch of images (B, C, H, W) or cut patches (a PatchInput); returns [loss sum, *objective.sum_names, count] (float64, summed over ranks).
-        Raises NonFiniteLoss, without updating, when the loss is not finite on any rank."""
+        """One update on a batch of images (B, C, H, W) or cut patches (a PatchInput); returns [loss sum,
+        *objective.sum_names, count] (float64 on the step's device, summed over ranks). With `check_finite`, raises
+        NonFiniteLoss, without updating, when the loss is not finite on any rank."""
         device = self.env.device
         inputs = inputs.to(device)
         targets = {name: value.to(device) for name, value in targets.items()}
         chunks = [inputs.chunk(self.grad_accum)] + [value.chunk(self.grad_accum) for value in targets.values()]
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+        bf16 = self.precision == "bf16"
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         extra_sums = None
         for micro, (x, *parts) in enumerate(zip(*chunks)):
             last_micro = micro == self.grad_accum - 1
@@ -55,19 +65,14 @@ class TrainingStep:
                 loss, extras = self.objective.loss(outputs, dict(zip(targets, parts)))
                 loss = loss / self.grad_accum
                 loss.backward()
-            loss_sum += loss.detach().double().cpu() * len(x)
-            extras = extras.detach().cpu()
+            loss_sum += loss.detach().double() * len(x)
+            extras = extras.detach().to(device, non_blocking=True)
             extra_sums = extras if extra_sums is None else extra_sums + extras
             self.last_outputs = outputs.detach() if isinstance(outputs, torch.Tensor) else None
-        sums = torch.cat(
-            [
-                torch.tensor([loss_sum.item() * self.grad_accum], dtype=torch.float64),
-                extra_sums,
-                torch.tensor([len(inputs)], dtype=torch.float64),
-            ]
-        )
+        count = torch.full((1,), float(len(inputs)), dtype=torch.float64, device=device)  # made there: no copy
+        sums = torch.cat([(loss_sum * self.grad_accum).reshape(1), extra_sums, count])
         all_reduce_sum(sums, self.env)
-        if not math.isfinite(sums[0].item()):
+        if self.check_finite and not math.isfinite(sums[0].item()):
             raise NonFiniteLoss(sums[0].item())
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), self.grad_clip)
@@ -77,3 +82,4 @@ class TrainingStep:
         if self.ema is not None:
             self.ema.update(self.model if self.model is not None else self.wrapped)
         return sums
+

@@ -83,9 +83,9 @@ def data_adaptation(data: BatchSource, config: ViTConfig) -> str | None:
 
 
 class EpochProgress:
-    """Progress within one epoch, called after each step with (position, epoch sums, images per second): a bar
-    on a terminal; without one (a log), a line every so many steps; nothing where progress is off or on the
-    ranks other than 0."""
+    """Progress within one epoch, called at each read of the step figures (after every step on the CPU) with
+    (position, epoch sums, images per second): a bar on a terminal; without one (a log), a line every so many
+    steps; nothing where progress is off or on the ranks other than 0."""
 
     def __init__(self, session: Session, epoch: int, clock: RunClock) -> None:
         from tqdm import tqdm
@@ -102,6 +102,7 @@ class EpochProgress:
             disable=None if env.is_main and config.progress else True,
         )
         self.log_lines = None
+        self.steps_shown = position.step_in_epoch
         if self.bar.disable and env.is_main and config.progress:  # no terminal, no bar: lines in the log instead
             every = config.log_every_steps or (-(-steps // 4) if steps >= 40 else 0)
             if every:
@@ -117,11 +118,12 @@ class EpochProgress:
         figures = self.objective.progress_figures(sums)
         run_left = format_duration(self.clock.remaining(position.global_step))
         lr = f"{peak_lr(self.scheduler):.2e}"
+        steps, self.steps_shown = position.step_in_epoch - self.steps_shown, position.step_in_epoch
         if not self.bar.disable:
-            self.bar.update(1)
+            self.bar.update(steps)
             self.bar.set_postfix(**figures, lr=lr, img_s=f"{images_per_second:.0f}", run_left=run_left)
         if self.log_lines is not None:
-            self.log_lines.update(1, **figures, lr=lr, tail=f"run {run_left} left")
+            self.log_lines.update(steps, **figures, lr=lr, tail=f"run {run_left} left")
 
     def close(self) -> None:
         self.bar.close()

@@ -1,0 +1,141 @@
+"""The training loop on an accelerator reads the device only at its reads (`vitlab.train.figures`): no `.item()`,
+`.cpu()`, `.tolist()`, `bool()` of a device tensor, no boolean-mask selection (whose size the host must read) and
+no copy to the device that waits for it, between two reads. The stand-in accelerator is torch's "meta" device: its
+tensors have shapes and no numbers, so every read of one on the host raises, and copies to it go through torch's
+dispatcher where a mode records whether they wait. Instrumented, not timed."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vitlab.config import ViTConfig
+from vitlab.data.source import Batch
+from vitlab.data.transforms import AugmentConfig
+from vitlab.distributed import DistEnv
+from vitlab.models.vit import VisionTransformer
+from vitlab.objectives.classification import Classification
+from vitlab.train import loop
+from vitlab.train.figures import StepFigures
+from vitlab.train.loop import Safeguards, train_one_epoch
+from vitlab.train.optim import EMA
+from vitlab.train.state import Position
+from vitlab.train.step import TrainingStep
+
+META = torch.device("meta")
+EVERY_OP = AugmentConfig(
+    crop_padding=2,
+    hflip=True,
+    affine_degrees=10,
+    affine_scale=0.1,
+    affine_translate=0.1,
+    trivial_augment=1.0,
+    random_erasing=0.5,
+    mixup_alpha=0.8,
+    cutmix_alpha=1.0,
+)
+
+
+class WaitingCopies(TorchDispatchMode):
+    """Records every copy from the host to another device that waits for it (a blocking `.to` or `copy_`)."""
+
+    def __init__(self, waits: list[str]) -> None:
+        super().__init__()
+        self.waits = waits
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default:
+            source, target = args[0].device, kwargs.get("device", args[0].device)
+            if source.type == "cpu" and target.type != "cpu" and not kwargs.get("non_blocking", False):
+                self.waits.append(f"{func} {source} -> {target}")
+        if func is torch.ops.aten.copy_.default and args[1].device.type == "cpu" and args[0].device.type != "cpu":
+            if not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)):
+                self.waits.append(f"{func} cpu -> {args[0].device}")
+        return func(*args, **kwargs)
+
+
+class NewOnDevice(TorchFunctionMode):
+    """Records `torch.tensor(..., device=...)` on another device: a copy of host numbers that waits, and one the
+    dispatcher never sees."""
+
+    def __init__(self, waits: list[str]) -> None:
+        super().__init__()
+        self.waits = waits
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.tensor, torch.as_tensor) and torch.device(kwargs.get("device") or "cpu").type != "cpu":
+            self.waits.append(f"{func.__name__}(..., device={kwargs['device']})")
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def waiting_copies() -> Iterator[list[str]]:
+    """The copies to another device that wait for it, made inside the block."""
+    waits: list[str] = []
+    with NewOnDevice(waits), WaitingCopies(waits):
+        yield waits
+
+
+def meta_run(read_every: int, steps: int = 8) -> tuple[TrainingStep, list[int], list[str]]:
+    """`steps` steps of a classifier with every batch augmentation, on the meta device; returns the step, the
+    global steps at which the loop read the figures, and the waiting copies."""
+    config = ViTConfig(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=4)
+    model = VisionTransformer(config).to(META)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)  # fused AdamW has no meta kernel
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    objective = Classification(4, EVERY_OP, label_smoothing=0.1)
+    step = TrainingStep(model, objective, optimizer, scheduler, EMA(model, 0.99), env=DistEnv(device=META))
+    step.grad_clip = 1.0
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        Batch(torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8, generator=generator), torch.arange(8) % 4,
+              torch.arange(8) + 8 * index, global_size=8)
+        for index in range(steps)
+    ]  # fmt: skip
+    position = Position(epoch_sums=objective.empty_sums())
+    reads: list[int] = []
+
+    def read_without_numbers(figures: StepFigures) -> list[float]:  # meta figures hold none to read
+        reads.append(position.global_step)
+        figures.pending = []
+        return figures.sums.tolist()
+
+    with pytest.MonkeyPatch.context() as patch, waiting_copies() as waits:
+        patch.setattr(loop.StepFigures, "read", read_without_numbers)
+        train_one_epoch(
+            step, objective, batches, steps, DistEnv(device=META), position, 1, None,
+            guards=Safeguards(read_every=read_every),
+        )  # fmt: skip
+    return step, reads, waits
+
+
+def test_a_step_on_an_accelerator_reads_nothing_between_the_reads():
+    step, reads, waits = meta_run(read_every=4)
+    assert reads == [4, 8]  # the reads, and no other: any read of a meta tensor between them would have raised
+    assert waits == []
+    assert not step.check_finite  # the loss is checked at the reads, not before each update
+
+
+def test_the_stand_in_device_does_catch_a_read():
+    """The instrument can fail: reading once per step checks each loss before its update, a read of the device."""
+    with pytest.raises((NotImplementedError, RuntimeError), match="meta"):
+        meta_run(read_every=1)
+    figures = StepFigures([0.0, 0.0, 0.0])
+    figures.add(torch.zeros(3, dtype=torch.float64, device=META))
+    with pytest.raises((NotImplementedError, RuntimeError), match="meta"):
+        figures.read()
+
+
+def test_the_copy_instrument_sees_a_waiting_copy():
+    with waiting_copies() as waits:
+        torch.ones(2).to(META)
+        torch.ones(2).to(META, non_blocking=True)
+        torch.tensor([1.0], device=META)
+    assert len(waits) == 2
