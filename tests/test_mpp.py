@@ -90,3 +90,31 @@ def test_a_corrupted_patch_keeps_its_position():
 def test_the_hybrid_is_refused_with_a_message():
     with pytest.raises(UsageError, match="ResNet hybrid"):
         mpp.MaskedPatchPredictor(VisionTransformer(variant_config("R26+S/32", image_size=64, num_classes=0)), 8)
+
+
+@pytest.mark.parametrize("target", ["colour", "downsized", "mean_l2", "patch_l2"])
+def test_the_weighed_loss_is_the_mean_over_the_corrupted_patches(target):
+    """The loss weighs every patch by whether it was corrupted (no selection the host must wait for): the same as
+    the mean over the corrupted patches selected, and the same count of colours right."""
+    import torch.nn.functional as F
+
+    from vitlab.objectives.mpp import MaskedPatchPrediction
+    from vitlab.objectives.settings import PretrainConfig
+
+    objective = MaskedPatchPrediction(PretrainConfig(mpp_target=target))
+    module = objective.attach(VisionTransformer(ViTConfig(in_chans=3, **TINY)))
+    images = torch.rand(4, 3, 16, 16)
+    outputs = module(images, torch.Generator().manual_seed(0))
+    targets = objective.targets(images, module.encoder.config)
+    loss, (correct, predicted) = objective.loss(outputs, targets)
+    chosen = outputs.corruption.chosen
+    selected, wanted = outputs.predictions[chosen].float(), targets["target"][chosen]
+    if objective.classifies:
+        logits = selected.reshape(len(selected), -1, objective.num_colours)
+        wanted = wanted.reshape(len(wanted), -1)
+        expected = F.cross_entropy(logits.flatten(0, 1), wanted.flatten())
+        assert correct.item() == pytest.approx((logits.argmax(-1) == wanted).float().mean(1).sum().item())
+    else:
+        expected = F.mse_loss(selected, wanted.float())
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert predicted.item() == chosen.sum().item()

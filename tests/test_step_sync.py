@@ -19,7 +19,11 @@ from vitlab.data.source import Batch
 from vitlab.data.transforms import AugmentConfig
 from vitlab.distributed import DistEnv
 from vitlab.models.vit import VisionTransformer
+from vitlab.objectives.base import Objective
 from vitlab.objectives.classification import Classification
+from vitlab.objectives.mae import MaskedAutoencoding
+from vitlab.objectives.mpp import MaskedPatchPrediction
+from vitlab.objectives.settings import PretrainConfig
 from vitlab.train import loop
 from vitlab.train.figures import StepFigures
 from vitlab.train.loop import Safeguards, train_one_epoch
@@ -83,16 +87,29 @@ def waiting_copies() -> Iterator[list[str]]:
         yield waits
 
 
-def meta_run(read_every: int, steps: int = 8) -> tuple[TrainingStep, list[int], list[str]]:
-    """`steps` steps of a classifier with every batch augmentation, on the meta device; returns the step, the
+def objective_and_module(name: str, model: VisionTransformer) -> tuple[Objective, torch.nn.Module]:
+    """The objective `name` and the module its steps train (the model, or the module the objective builds
+    around it)."""
+    if name == "classification":
+        return Classification(4, EVERY_OP, label_smoothing=0.1), model
+    objective = {"mae": MaskedAutoencoding, "mpp": MaskedPatchPrediction}[name](PretrainConfig(), EVERY_OP)
+    return objective, objective.attach(model)
+
+
+def meta_run(objective_name: str, read_every: int, steps: int = 8) -> tuple[TrainingStep, list[int], list[str]]:
+    """`steps` steps of an objective with every batch augmentation, on the meta device; returns the step, the
     global steps at which the loop read the figures, and the waiting copies."""
     config = ViTConfig(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=64, num_classes=4)
-    model = VisionTransformer(config).to(META)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)  # fused AdamW has no meta kernel
+    model = VisionTransformer(config)
+    objective, module = objective_and_module(objective_name, model)
+    module.to(META)
+    trained = [parameter for parameter in module.parameters() if parameter.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=1e-3, foreach=True)  # fused AdamW has no meta kernel
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    objective = Classification(4, EVERY_OP, label_smoothing=0.1)
-    step = TrainingStep(model, objective, optimizer, scheduler, EMA(model, 0.99), env=DistEnv(device=META))
-    step.grad_clip = 1.0
+    step = TrainingStep(
+        module, objective, optimizer, scheduler, EMA(model, 0.99), model, DistEnv(device=META), grad_clip=1.0,
+        forward=objective.forward,
+    )  # fmt: skip
     generator = torch.Generator().manual_seed(0)
     batches = [
         Batch(torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8, generator=generator), torch.arange(8) % 4,
@@ -116,8 +133,9 @@ def meta_run(read_every: int, steps: int = 8) -> tuple[TrainingStep, list[int], 
     return step, reads, waits
 
 
-def test_a_step_on_an_accelerator_reads_nothing_between_the_reads():
-    step, reads, waits = meta_run(read_every=4)
+@pytest.mark.parametrize("objective_name", ["classification", "mae", "mpp"])
+def test_a_step_on_an_accelerator_reads_nothing_between_the_reads(objective_name):
+    step, reads, waits = meta_run(objective_name, read_every=4)
     assert reads == [4, 8]  # the reads, and no other: any read of a meta tensor between them would have raised
     assert waits == []
     assert not step.check_finite  # the loss is checked at the reads, not before each update
@@ -126,7 +144,7 @@ def test_a_step_on_an_accelerator_reads_nothing_between_the_reads():
 def test_the_stand_in_device_does_catch_a_read():
     """The instrument can fail: reading once per step checks each loss before its update, a read of the device."""
     with pytest.raises((NotImplementedError, RuntimeError), match="meta"):
-        meta_run(read_every=1)
+        meta_run("classification", read_every=1)
     figures = StepFigures([0.0, 0.0, 0.0])
     figures.add(torch.zeros(3, dtype=torch.float64, device=META))
     with pytest.raises((NotImplementedError, RuntimeError), match="meta"):

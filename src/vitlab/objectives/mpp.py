@@ -55,21 +55,23 @@ class MaskedPatchPrediction(MaskedPretraining):
         return {"target": mpp.patch_pixels(unit_images, patch)}
 
     def loss(self, outputs: mpp.MPPOutput, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean over the corrupted patches: cross-entropy on colour classes, or squared error per value."""
-        chosen = outputs.corruption.chosen
-        predictions = outputs.predictions[chosen].float()  # (M, outputs)
-        target = targets["target"][chosen]  # (M,), (M, cells) or (M, values)
+        """Mean over the corrupted patches: cross-entropy on colour classes, or squared error per value. Every
+        patch's error is weighed by whether it was corrupted, rather than the corrupted ones selected: a selection
+        by a mask on the device makes the host wait for its size."""
+        weight = outputs.corruption.chosen.float()  # (B, N): 1 for the corrupted patches
+        predicted = weight.sum()
+        predictions = outputs.predictions.float()  # (B, N, outputs)
+        target = targets["target"]  # (B, N), (B, N, cells) or (B, N, values)
         if self.classifies:
-            logits = predictions.reshape(len(predictions), -1, self.num_colours)  # (M, cells, colours)
-            target = target.reshape(len(target), -1)
-            loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())
-            correct = (logits.argmax(-1) == target).float().mean(dim=1).sum()
+            logits = predictions.reshape(*weight.shape, -1, self.num_colours)  # (B, N, cells, colours)
+            target = target.reshape(*weight.shape, -1)  # (B, N, cells)
+            errors = F.cross_entropy(logits.flatten(0, 2), target.flatten(), reduction="none").view_as(target)
+            correct = ((logits.argmax(-1) == target).float().mean(dim=-1) * weight).sum()
         else:
-            loss = F.mse_loss(predictions, target.float())
-            correct = torch.zeros((), device=loss.device)
-        return loss, torch.stack(
-            [correct.detach().double(), torch.tensor(float(len(target)), dtype=torch.float64, device=loss.device)]
-        ).cpu()
+            errors = (predictions - target.float()) ** 2  # (B, N, values)
+            correct = torch.zeros((), device=predictions.device)
+        loss = (errors * weight[..., None]).sum() / (predicted * errors.shape[-1])
+        return loss, torch.stack([correct.detach(), predicted]).double()
 
     def epoch_figures(self, sums: list[float]) -> dict[str, float]:
         figures = {"train_loss": sums[0] / sums[-1]}

@@ -82,4 +82,3 @@ class TrainingStep:
         if self.ema is not None:
             self.ema.update(self.model if self.model is not None else self.wrapped)
         return sums
-
