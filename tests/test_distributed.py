@@ -269,3 +269,53 @@ def test_unreadable_files_are_counted_over_every_rank_and_the_limit_stops_them_t
     stopped = run(tmp_path / "many", "many")
     assert stopped.returncode != 0
     assert stopped.stderr.count("are unreadable, more than 10%") == 2, stopped.stderr[-3000:]  # each rank, one line
+
+
+@pytest.mark.slow
+def test_unreadable_files_all_in_one_ranks_shards_stop_every_rank_or_none(all_cores, tmp_path):
+    """Issue 39's row: tar shards read whole per rank, every unreadable file in one shard, so in one rank's share
+    each epoch. Under the limit both ranks go on and the summary lists that rank's files; over it, the rank that
+    met none stops too, with the same one line, rather than wait in a collective for the other."""
+    import io
+    import tarfile
+
+    import numpy as np
+    from PIL import Image
+
+    def shards(root, bad):
+        root.mkdir()
+        generator = np.random.default_rng(0)
+        for shard in range(2):
+            with tarfile.open(root / f"train-{shard:03d}.tar", "w") as archive:
+                for index in range(50):
+                    image = io.BytesIO()
+                    Image.fromarray(generator.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(image, "JPEG")
+                    unreadable = shard == 1 and index < bad
+                    for suffix, data in (
+                        ("jpg", b"" if unreadable else image.getvalue()),
+                        ("cls", b"%d" % (index % 2)),
+                    ):
+                        member = tarfile.TarInfo(f"s{shard}-{index:03d}.{suffix}")
+                        member.size = len(data)
+                        archive.addfile(member, io.BytesIO(data))
+        (root / "classes.txt").write_text("cats\ndogs\n")
+
+    def run(root, name):
+        shards = str(root / "train-{000..001}.tar")
+        args = ["--dataset", "shards", "--data-dir", shards, "--set", "workers=0", "--set", "val_size=0"]
+        args += ["--set", "shard_order=sequential", "--set", "epochs=1", "--set", "batch_size=16"]
+        args += ["--set", "progress=false", "--set", f"run_name={name}", "--out-dir", str(tmp_path)]
+        args += ["--set", f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}"]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+        return subprocess.run([*command, "vitlab", "train", *args], capture_output=True, text=True, timeout=300)
+
+    shards(tmp_path / "few", bad=6)  # 6 of 100: under the 10% limit
+    finished = run(tmp_path / "few", "few")
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    listed = (tmp_path / "few" / "skipped.txt").read_text().splitlines()
+    # Some of the 6 fall in the test split or the epoch's last, partial batch: each one read is listed.
+    assert 0 < len(listed) <= 6 and all("train-001.tar:s1-00" in line for line in listed)
+    shards(tmp_path / "many", bad=20)  # 20 of 100: over it
+    stopped = run(tmp_path / "many", "many")
+    assert stopped.returncode != 0
+    assert stopped.stderr.count("are unreadable, more than 10%") == 2, stopped.stderr[-3000:]  # each rank, one line
