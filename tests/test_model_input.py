@@ -112,3 +112,21 @@ def test_what_takes_whole_images_only_says_so_in_one_line():
     )
     with pytest.raises(UsageError, match="MAE"):
         mae(patches)
+
+
+def test_to_device_copies_without_waiting_and_leaves_what_is_there():
+    """A copy that waits for the device stalls the host on a GPU; `to_device` never makes one (the stand-in device
+    and the instrument of tests/test_step_sync.py), and a PatchInput's coordinates and mask move alike."""
+    from test_step_sync import META, waiting_copies
+
+    from vitlab.model_input import to_device
+
+    images = torch.rand(2, 3, 4, 4)
+    assert to_device(images, torch.device("cpu")) is images
+    cut = PatchInput(torch.rand(2, 3, 4), torch.zeros(2, 3, 2, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool))
+    with waiting_copies() as waits:
+        moved = to_device(images, META), to_device(cut, META)
+    assert waits == [] and all(part.device == META for part in (moved[0], *vars(moved[1]).values()))
+    with waiting_copies() as waits:
+        cut.to(META)  # a plain move waits, for every part: what the instrument would catch
+    assert len(waits) == 3

@@ -50,7 +50,18 @@ class PatchInput:
         """The same batch moved (and the patches cast, if a dtype is given): coordinates stay integers, the mask
         bool."""
         patches = self.patches.to(*args, **kwargs)
-        return PatchInput(patches, self.coords.to(patches.device), self.valid.to(patches.device))
+        waits = not kwargs.get("non_blocking", False)
+        return PatchInput(
+            patches,
+            self.coords.to(patches.device, non_blocking=not waits),
+            self.valid.to(patches.device, non_blocking=not waits),
+        )
+
+    def pin_memory(self) -> PatchInput:
+        return PatchInput(self.patches.pin_memory(), self.coords.pin_memory(), self.valid.pin_memory())
+
+    def is_pinned(self) -> bool:
+        return self.patches.is_pinned()
 
     def chunk(self, chunks: int) -> tuple[PatchInput, ...]:
         """Split along the batch, as `torch.Tensor.chunk` does."""
@@ -76,3 +87,14 @@ def require_pixels(inputs: ModelInput, what: str) -> torch.Tensor:
             "coordinates (images at their own aspect ratio); use data of fixed-size images for it"
         )
     return inputs
+
+
+def to_device(inputs: ModelInput, device: torch.device) -> ModelInput:
+    """Host tensors (a batch, or random numbers drawn for it) on `device`, copied without waiting for it: a
+    blocking copy waits for every kernel queued there, and so would an asynchronous one from memory that is not
+    pinned (the driver may stage it through the queue), so a GPU gets them pinned first."""
+    if inputs.device == device:
+        return inputs
+    if device.type == "cuda" and inputs.device.type == "cpu" and not inputs.is_pinned():
+        inputs = inputs.pin_memory()
+    return inputs.to(device, non_blocking=True)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from vitlab.data.contract import Preprocessing, cropped_side, resolved_preprocessing
 from vitlab.errors import DataError
-from vitlab.model_input import ModelInput, PatchInput
+from vitlab.model_input import ModelInput, PatchInput, to_device
 
 # ITU-R 601-2 luma, the weights of PIL's convert("L").
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)
@@ -281,7 +281,7 @@ def statistics(spec: InputSpec, like: torch.Tensor) -> tuple[torch.Tensor, torch
     without waiting: `torch.tensor(..., device=gpu)` would wait for the kernels queued there (once per step)."""
     mean = torch.tensor(spec.image_mean, dtype=like.dtype).view(1, -1, 1, 1)
     std = torch.tensor(spec.image_std, dtype=like.dtype).view(1, -1, 1, 1)
-    return mean.to(like.device, non_blocking=True), std.to(like.device, non_blocking=True)
+    return to_device(mean, like.device), to_device(std, like.device)
 
 
 @overload

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from vitlab.model_input import to_device
+
 
 class Draws:
     """Random numbers for a global batch of `global_batch` rows, of which this process keeps `shard`."""
@@ -63,9 +65,8 @@ class Draws:
 
 
 def on(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Host-drawn numbers on like's device. The copy does not wait for the device: one from host memory is staged
-    at once, where a blocking copy would wait for every kernel queued before it."""
-    return values.to(like.device, non_blocking=True)
+    """Host-drawn numbers on like's device, copied without waiting for it (`vitlab.model_input.to_device`)."""
+    return to_device(values, like.device)
 
 
 def chosen_rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:

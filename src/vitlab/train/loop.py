@@ -44,6 +44,7 @@ from vitlab.distributed import (
     synchronize,
 )
 from vitlab.errors import CheckpointError, VitlabError
+from vitlab.model_input import to_device
 from vitlab.objectives.base import NonFiniteLoss, Objective, is_better
 from vitlab.runs import BEST, BEST_OBJECTIVE, RunFolder
 from vitlab.train.assemble import start
@@ -261,12 +262,12 @@ def train_one_epoch(
 
 
 def on_device(batch: Batch, device: torch.device) -> Batch:
-    """The batch's pixels and labels on `device`, where the objective prepares and augments them. The copies do not
-    wait for the device (a blocking copy waits for every kernel queued before it)."""
+    """The batch's pixels and labels on `device`, where the objective prepares and augments them; the copies do not
+    wait for the device (`vitlab.model_input.to_device`)."""
     if device.type == "cpu":
         return batch
-    labels = batch.labels.to(device, non_blocking=True) if batch.labels is not None else None
-    return dataclasses.replace(batch, images=batch.images.to(device, non_blocking=True), labels=labels)
+    labels = to_device(batch.labels, device) if batch.labels is not None else None
+    return dataclasses.replace(batch, images=to_device(batch.images, device), labels=labels)
 
 
 @dataclass

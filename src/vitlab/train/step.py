@@ -21,7 +21,7 @@ from torch import nn
 
 from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.eval.batches import call_model
-from vitlab.model_input import ModelInput
+from vitlab.model_input import ModelInput, to_device
 from vitlab.objectives.base import NonFiniteLoss, Objective
 
 
@@ -66,7 +66,7 @@ class TrainingStep:
                 loss = loss / self.grad_accum
                 loss.backward()
             loss_sum += loss.detach().double() * len(x)
-            extras = extras.detach().to(device, non_blocking=True)
+            extras = to_device(extras.detach(), device)
             extra_sums = extras if extra_sums is None else extra_sums + extras
             self.last_outputs = outputs.detach() if isinstance(outputs, torch.Tensor) else None
         count = torch.full((1,), float(len(inputs)), dtype=torch.float64, device=device)  # made there: no copy
