@@ -118,7 +118,6 @@ def test_to_device_copies_without_waiting_and_leaves_what_is_there():
     """A copy that waits for the device stalls the host on a GPU; `to_device` never makes one (the stand-in device
     and the instrument of tests/test_step_sync.py), and a PatchInput's coordinates and mask move alike."""
     from test_step_sync import META, waiting_copies
-
     from vitlab.model_input import to_device
 
     images = torch.rand(2, 3, 4, 4)
