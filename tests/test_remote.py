@@ -1,6 +1,7 @@
-"""data/stream/remote.py and the shard-sequential order: tar shards served by an S3-compatible server this test
-starts on 127.0.0.1 (moto), never a real bucket. The same samples and the same batches as the local files; each
-rank reads whole shards of its own; a run stopped mid-epoch resumes to the weights of an uninterrupted one."""
+"""data/stream/remote.py and the shard-sequential order: tar shards and manifests served by an S3-compatible server
+this test starts on 127.0.0.1 (moto), never a real bucket, and by a plain web server (http://, what https:// reads
+less the TLS). The same samples and the same batches as the local files; each rank reads whole shards of its own;
+a run stopped mid-epoch resumes to the weights of an uninterrupted one."""
 
 import logging
 import os
@@ -150,3 +151,100 @@ def test_missing_credentials_are_one_clear_message(monkeypatch):
             open_index("s3://bucket/train-{000..001}.tar")
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def manifests(s3_server, tmp_path):
+    """A CSV manifest of 48 photos (relative paths) beside them on the local disk and in the bucket, and a JSON-lines
+    one in the bucket whose rows are URLs, one of them to an object that is not there: (local, s3, s3 jsonl)."""
+    import json
+
+    import boto3
+
+    photos = write_photos(tmp_path / "photos", classes=("cat", "dog"))
+    rows = sorted(str(path.relative_to(photos)) for path in photos.rglob("*.jpg"))
+    (photos / "train.csv").write_text("path,label\n" + "".join(f"{row},{row.split('/')[0]}\n" for row in rows))
+    client = boto3.client("s3")
+    bucket = f"manifest-{os.getpid()}-{tmp_path.name[-20:].lower().replace('_', '-')}"
+    client.create_bucket(Bucket=bucket)
+    for row in [*rows, "train.csv"]:
+        client.upload_file(str(photos / row), bucket, f"data/{row}")
+    lines = [{"path": f"s3://{bucket}/data/{row}", "label": row.split("/")[0]} for row in rows[:3]]
+    lines.append({"path": f"s3://{bucket}/data/cat/missing.jpg", "label": "cat"})
+    client.put_object(Bucket=bucket, Key="urls.jsonl", Body="".join(json.dumps(line) + "\n" for line in lines))
+    return str(photos / "train.csv"), f"s3://{bucket}/data/train.csv", f"s3://{bucket}/urls.jsonl"
+
+
+def test_a_manifest_in_object_storage_gives_the_samples_and_batches_of_the_local_one(manifests):
+    local, remote = open_index(manifests[0]), open_index(manifests[1])
+    assert len(local) == len(remote) == 48 and remote.class_names == local.class_names == ["cat", "dog"]
+    assert np.array_equal(local.labels, remote.labels)
+    assert all(local.read_bytes(i) == remote.read_bytes(i) for i in range(len(local)))
+    assert local.fingerprint() == remote.fingerprint()  # the same files elsewhere are the same data
+
+    def batches(index):  # two decoding workers, forked, each asking the server for its images
+        source = StreamingSource(index, (16, 16), workers=2)
+        try:
+            return [(b.images, b.labels) for b in source.training_batches(3, 8, 0, 0, 1)]
+        finally:
+            source.close()
+
+    for (images, labels), (disk_images, disk_labels) in zip(batches(remote), batches(local), strict=True):
+        assert torch.equal(images, disk_images) and torch.equal(labels, disk_labels)
+
+
+def test_a_manifests_rows_may_be_urls_and_a_missing_object_is_named(manifests):
+    index = open_index(manifests[2])
+    assert len(index) == 4 and index.read_bytes(0)[:2] == b"\xff\xd8"  # a JPEG, read by its own URL
+    with pytest.raises(DataError, match=r"s3://manifest-.*/data/cat/missing.jpg: cannot read the image \(no such"):
+        index.read_bytes(3)
+    with pytest.raises(DataError, match=r"manifest s3://.*/nothing.csv does not exist"):
+        open_index(manifests[1].replace("train.csv", "nothing.csv"))
+
+
+def test_a_run_trains_on_a_manifest_in_object_storage(manifests, tmp_path):
+    from test_train import MICRO, micro_config
+    from vitlab.train.loop import train
+
+    fields = dict(dataset="manifest", data_dir=manifests[1], epochs=1, batch_size=8, workers=1)
+    summary = train(micro_config(tmp_path, **fields, model_overrides=dict(MICRO, image_size=16, patch_size=4)))
+    assert (
+        summary["status"] == "finished" and summary["train_count"] + summary["val_count"] + summary["test_count"] == 48
+    )
+
+
+@pytest.fixture
+def web_server(tmp_path, monkeypatch):
+    """A plain web server on 127.0.0.1 serving tmp_path/web (what https:// reads through fsspec, less the TLS)."""
+    import functools
+    import http.server
+    import threading
+
+    pytest.importorskip("aiohttp", reason="http(s):// needs the [remote] extra (pip install -e '.[remote]')")
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "web"
+    root.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # the test's output, not the server's log
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+def test_shards_and_a_manifest_on_a_web_server_read_as_the_local_files(web_server):
+    root, url = web_server
+    photos = write_photos(root / "photos", classes=("cat", "dog"))
+    write_shards(root / "shards", photos, count=2)
+    rows = sorted(str(path.relative_to(photos)) for path in photos.rglob("*.jpg"))
+    (photos / "train.csv").write_text("path,label\n" + "".join(f"{row},{row.split('/')[0]}\n" for row in rows))
+    for name in ("shards/train-{000..001}.tar", "photos/train.csv"):
+        local, remote = open_index(str(root / name)), open_index(f"{url}/{name}")
+        assert len(local) == len(remote) == 48 and np.array_equal(local.labels, remote.labels)
+        assert all(local.read_bytes(i) == remote.read_bytes(i) for i in range(48))
+        assert local.fingerprint() == remote.fingerprint()

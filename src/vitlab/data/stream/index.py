@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from vitlab.data.source import digest
+from vitlab.data.stream.remote import is_remote, read_remote_bytes, redacted
 from vitlab.errors import DataError
 
 
@@ -88,10 +89,19 @@ class FileStore:
         return len(self.paths)
 
     def location(self, i: int) -> str:
-        return os.path.join(self.root, self.paths[i])
+        path = self.paths[i]
+        return path if is_remote(path) else os.path.join(self.root, path)  # a URL stands as it is
 
     def read_bytes(self, i: int) -> bytes:
         path = self.location(i)
+        if is_remote(path):  # a manifest in object storage: one request per image
+            try:
+                return read_remote_bytes(path)
+            except FileNotFoundError:
+                raise DataError(
+                    f"{redacted(path)}: cannot read the image (no such object); the manifest names a file that is "
+                    "not there, or it was moved or deleted after the index was built"
+                ) from None
         try:
             with open(path, "rb") as file:
                 return file.read()

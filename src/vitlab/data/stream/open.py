@@ -38,9 +38,11 @@ def open_index(
     if is_remote(text):
         if text.endswith(".tar"):
             return index_tar_shards(text)
+        if text.lower().endswith(MANIFEST_SUFFIXES):
+            return index_manifest(text, root)
         raise DataError(
             f"{redacted(text)}: in object storage vitlab reads tar shards (a pattern like "
-            "s3://bucket/train-{000..015}.tar); copy other formats to a local disk"
+            "s3://bucket/train-{000..015}.tar) and manifests (.csv, .jsonl); copy other formats to a local disk"
         )
     path = Path(text).expanduser()
     if text.endswith(".tar") and (BRACES.search(text) or GLOB_CHARACTERS.search(text) or path.is_file()):

@@ -72,21 +72,41 @@ def remote_size(url: str) -> int | None:
     except FileNotFoundError:
         return None
     except Exception as error:  # noqa: BLE001 - each file system has its own errors (botocore's NoCredentialsError)
-        raise DataError(
-            f"{redacted(url)}: cannot reach it ({type(error).__name__}: {error}); check the URL and the credentials "
-            "(for S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; AWS_ENDPOINT_URL for another "
-            "S3-compatible service)"
-        ) from None
+        raise unreachable(url, error) from None
+
+
+def unreachable(url: str, error: Exception) -> DataError:
+    """The one message for a remote file that cannot be reached (no network, no credentials, a refused request)."""
+    return DataError(
+        f"{redacted(url)}: cannot reach it ({type(error).__name__}: {error}); check the URL and the credentials "
+        "(for S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; AWS_ENDPOINT_URL for another "
+        "S3-compatible service)"
+    )
 
 
 def read_remote_text(url: str) -> str | None:
-    """A small remote file's text (classes.txt beside the shards), None where it does not exist."""
-    fs, path = filesystem(url)
+    """A small remote file's text (classes.txt beside the shards, a manifest), None where it does not exist."""
     try:
-        with fs.open(path, "rb") as handle:
-            return handle.read().decode("utf-8")
+        return read_remote_bytes(url).decode("utf-8")
     except FileNotFoundError:
         return None
+
+
+def read_remote_bytes(url: str, attempts: int = 3) -> bytes:
+    """A remote file's bytes (a manifest's image), asked for again after a pause (1 s, then 2 s) where the request
+    fails (object storage drops some); FileNotFoundError where it does not exist, a DataError where it cannot be
+    reached."""
+    fs, path = filesystem(url)
+    for attempt in range(attempts):
+        try:
+            return fs.cat_file(path)
+        except FileNotFoundError:
+            raise
+        except Exception as error:  # noqa: BLE001 - each file system has its own errors (botocore's, aiohttp's)
+            if attempt == attempts - 1:
+                raise unreachable(url, error) from None
+            time.sleep(2**attempt)
+    raise AssertionError("unreachable")
 
 
 def cache_limit_bytes() -> int:
