@@ -125,7 +125,29 @@ def test_to_device_copies_without_waiting_and_leaves_what_is_there():
     cut = PatchInput(torch.rand(2, 3, 4), torch.zeros(2, 3, 2, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool))
     with waiting_copies() as waits:
         moved = to_device(images, META), to_device(cut, META)
-    assert waits == [] and all(part.device == META for part in (moved[0], *vars(moved[1]).values()))
+    assert waits == [] and all(part.device == META for part in (moved[0], moved[1].patches, moved[1].coords))
+    assert moved[1].valid.device == META and moved[1].grids.device.type == "cpu"  # the grids stay known on the host
+    assert moved[1].grids.tolist() == [[1, 1], [1, 1]]
     with waiting_copies() as waits:
         cut.to(META)  # a plain move waits, for every part: what the instrument would catch
     assert len(waits) == 3
+
+
+def test_grids_known_on_the_host_give_the_positions_of_grids_read_from_the_coordinates():
+    """Patches cut on the host carry their images' grids there (no read back from a GPU to choose the position
+    tables); without them the model reads the grids from the coordinates: the same logits either way."""
+    from vitlab.data.contract import Preprocessing
+    from vitlab.data.naflex import pad_patch_inputs
+    from vitlab.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model(
+        "Ti/16", image_size=16, patch_size=4, depth=1, embed_dim=16, num_heads=2, mlp_dim=32, num_classes=3,
+        preprocessing=Preprocessing.naflex(4, 16),
+    ).eval()  # fmt: skip
+    cut = pad_patch_inputs([torch.rand(3, 16, 16), torch.rand(3, 8, 16), torch.rand(3, 16, 12)], 4)
+    assert cut.grids.tolist() == [[4, 4], [2, 4], [4, 3]]
+    unknown = PatchInput(cut.patches, cut.coords, cut.valid)
+    unknown.grids = None  # as patches cut on a device arrive
+    with torch.no_grad():
+        assert torch.equal(model(cut), model(unknown))

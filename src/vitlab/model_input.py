@@ -10,6 +10,7 @@ and the evaluation loop move and split them alike. Torch only, so data code can 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -21,6 +22,10 @@ class PatchInput:
     patches: torch.Tensor  # (B, N, P_h * P_w * C) pixel values, each patch as patchify flattens it (channels last)
     coords: torch.Tensor  # (B, N, 2) int64 (row, col) of each patch on its image's grid
     valid: torch.Tensor  # (B, N) bool: False for padding after an image's last patch
+    # (B, 2) int64 each image's own grid (rows, cols), kept on the host wherever the patches go: made when the
+    # patches are cut there, so the model on a GPU knows its positions' grids without reading them back from it.
+    # None: patches cut on a device (the model reads the grids from the coordinates then).
+    grids: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         batch, length = self.patches.shape[:2]
@@ -33,6 +38,8 @@ class PatchInput:
                 f"a PatchInput needs patches (B, N, values), coords (B, N, 2) and valid (B, N); got "
                 f"{tuple(self.patches.shape)}, {tuple(self.coords.shape)} and {tuple(self.valid.shape)}"
             )
+        if self.grids is None and self.coords.device.type == "cpu":
+            self.grids = patch_grids(self.coords, self.valid)
 
     def __len__(self) -> int:
         return self.patches.shape[0]
@@ -55,24 +62,31 @@ class PatchInput:
             patches,
             self.coords.to(patches.device, non_blocking=not waits),
             self.valid.to(patches.device, non_blocking=not waits),
+            self.grids,
         )
 
     def pin_memory(self) -> PatchInput:
-        return PatchInput(self.patches.pin_memory(), self.coords.pin_memory(), self.valid.pin_memory())
+        return PatchInput(self.patches.pin_memory(), self.coords.pin_memory(), self.valid.pin_memory(), self.grids)
 
     def is_pinned(self) -> bool:
         return self.patches.is_pinned()
 
     def chunk(self, chunks: int) -> tuple[PatchInput, ...]:
         """Split along the batch, as `torch.Tensor.chunk` does."""
+        grids = self.grids.chunk(chunks) if self.grids is not None else [None] * chunks
         return tuple(
-            PatchInput(p, c, v)
-            for p, c, v in zip(self.patches.chunk(chunks), self.coords.chunk(chunks), self.valid.chunk(chunks))
+            PatchInput(*parts)
+            for parts in zip(self.patches.chunk(chunks), self.coords.chunk(chunks), self.valid.chunk(chunks), grids)
         )
 
     def map_patches(self, function) -> PatchInput:
         """The same layout with `function` applied to the patch values (e.g. normalisation)."""
-        return PatchInput(function(self.patches), self.coords, self.valid)
+        return PatchInput(function(self.patches), self.coords, self.valid, self.grids)
+
+
+def patch_grids(coords: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, 2) each image's own grid (rows, cols): the bounding box of its valid patches' coordinates."""
+    return coords.masked_fill(~valid[..., None], 0).amax(dim=1) + 1
 
 
 ModelInput = torch.Tensor | PatchInput  # a type alias, evaluated at import (Python 3.10 has the | of types)
@@ -89,7 +103,10 @@ def require_pixels(inputs: ModelInput, what: str) -> torch.Tensor:
     return inputs
 
 
-def to_device(inputs: ModelInput, device: torch.device) -> ModelInput:
+Moved = TypeVar("Moved", torch.Tensor, PatchInput)
+
+
+def to_device(inputs: Moved, device: torch.device) -> Moved:
     """Host tensors (a batch, or random numbers drawn for it) on `device`, copied without waiting for it: a
     blocking copy waits for every kernel queued there, and so would an asynchronous one from memory that is not
     pinned (the driver may stage it through the queue), so a GPU gets them pinned first."""

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vitlab.model_input import patch_grids, to_device
+
 
 @dataclass(eq=False)
 class PatchLayout:
@@ -23,13 +25,20 @@ class PatchLayout:
     # being the tables stored for the model's own grid (equal values there; the distinction keeps a traced
     # export free of branches on the image size).
     resample: bool = False
+    # sample_grids as the host knows them (patches cut there: `PatchInput.grids`), so that choosing the tables of
+    # the batch's grids reads nothing back from a GPU; None: read from sample_grids where needed.
+    host_grids: torch.Tensor | None = None
 
     @classmethod
-    def of_patches(cls, coords: torch.Tensor, valid: torch.Tensor) -> PatchLayout:
-        """The layout of already-cut patches: each sample's grid is the bounding box of its valid coordinates."""
-        sample_grids = coords.masked_fill(~valid[..., None], 0).amax(dim=1) + 1  # (B, 2)
-        largest = sample_grids.amax(dim=0)
-        return cls((int(largest[0]), int(largest[1])), coords, valid, sample_grids, resample=True)
+    def of_patches(cls, coords: torch.Tensor, valid: torch.Tensor, grids: torch.Tensor | None = None) -> PatchLayout:
+        """The layout of already-cut patches: each sample's grid is the bounding box of its valid coordinates
+        (`grids`, the host's copy of them, where the patches were cut on the host)."""
+        if grids is None:
+            sample_grids = patch_grids(coords, valid)  # (B, 2)
+        else:
+            sample_grids = to_device(grids, coords.device)
+        largest = (grids if grids is not None else sample_grids).amax(dim=0)
+        return cls((int(largest[0]), int(largest[1])), coords, valid, sample_grids, True, grids)
 
     def full_coords(self, device: torch.device | None = None) -> torch.Tensor:
         """(1, rows * cols, 2) the coordinates of the whole grid in row-major order, the tokens of a pixel batch."""
@@ -47,11 +56,19 @@ class PatchLayout:
         """(B, 2) each sample's own grid."""
         if self.sample_grids is not None:
             return self.sample_grids
-        return torch.tensor([list(self.grid)], device=device).expand(batch, -1)
+        return to_device(torch.tensor([list(self.grid)]), device or torch.device("cpu")).expand(batch, -1)
+
+    def distinct_grids(self) -> list[tuple[int, int]]:
+        """The samples' distinct grids (one, except for patches of images of several shapes), from the host's
+        copy where there is one; else read from the device."""
+        if self.sample_grids is None:
+            return [tuple(self.grid)]
+        known = self.host_grids if self.host_grids is not None else self.sample_grids
+        return [tuple(grid) for grid in torch.unique(known, dim=0).tolist()]
 
     def keep(self, indices: torch.Tensor) -> PatchLayout:
         """The layout of the tokens at `indices` (B, K), in that order (MAE's kept patches)."""
         coords = self.token_coords(indices.shape[0], indices.device)
         kept = torch.gather(coords, 1, indices[..., None].expand(-1, -1, 2))
         valid = None if self.valid is None else torch.gather(self.valid, 1, indices)
-        return PatchLayout(self.grid, kept, valid, self.sample_grids, self.resample)
+        return PatchLayout(self.grid, kept, valid, self.sample_grids, self.resample, self.host_grids)

@@ -266,7 +266,9 @@ class VisionTransformer(nn.Module):
                 f"{config.in_chans} = {values} values, got {inputs.patches.shape[-1]} per patch; cut "
                 "them with the model's patch size and channels (layers.patch_embed.cut_patches)"
             )
-        return self.patch_embed.embed_patches(inputs.patches), PatchLayout.of_patches(inputs.coords, inputs.valid)
+        return self.patch_embed.embed_patches(inputs.patches), PatchLayout.of_patches(
+            inputs.coords, inputs.valid, inputs.grids
+        )
 
     def start(self, tokens: torch.Tensor, layout: PatchLayout) -> tuple[torch.Tensor, EncoderContext]:
         """Embedded patches (B, N, D) at `layout` -> (z_0 (B, prefix + N, D): the prefix tokens prepended and, with

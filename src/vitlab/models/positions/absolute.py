@@ -34,8 +34,8 @@ class AbsoluteTable(PositionKind):
         coords = layout.coords
         grids = layout.grids(batch, coords.device)
         gathered = None
-        for grid in torch.unique(grids, dim=0).tolist():  # one table per distinct grid (one, except for NaFlex)
-            full = self.table(model, tuple(grid) if layout.resample or layout.sample_grids is not None else None)
+        for grid in layout.distinct_grids():  # one table per distinct grid (one, except for NaFlex)
+            full = self.table(model, grid if layout.resample or layout.sample_grids is not None else None)
             rows, cols = grid
             index = coords[..., 0].clamp(0, rows - 1) * cols + coords[..., 1].clamp(0, cols - 1)  # (B, N)
             patch_rows = full[:, prefix:][:, index]  # (P, B, N, D); padding tokens read some row, unused
@@ -43,7 +43,7 @@ class AbsoluteTable(PositionKind):
             if gathered is None:
                 gathered = sampled
             else:
-                mine = (grids == grids.new_tensor(grid)).all(dim=1)  # (B,)
+                mine = (grids[:, 0] == rows) & (grids[:, 1] == cols)  # (B,)
                 gathered = torch.where(mine[None, :, None, None], sampled, gathered)
         return gathered
 

@@ -14,6 +14,7 @@ from vitlab.layers.rotary import (
     normalized_centres,
     rotary_angles,
 )
+from vitlab.model_input import to_device
 from vitlab.models.positions.base import PositionedModel, PositionKind
 
 
@@ -21,7 +22,7 @@ class Rotary2D(PositionKind):
     def rotary(self, model: PositionedModel, layout: PatchLayout, batch: int) -> RotaryTable:
         device = model.patch_embed.proj.weight.device
         if layout.coords is None:  # the whole grid, the same for every sample: one (1, N, head_dim) table
-            coords, grids = layout.full_coords(device), torch.tensor([list(layout.grid)], device=device)
+            coords, grids = layout.full_coords(device), layout.grids(1, device)
         else:
             coords, grids = layout.coords, layout.grids(batch, device)
         config = model.config
@@ -41,10 +42,10 @@ class PerceptionRotary:
         device = model.patch_embed.proj.weight.device
         config = model.config
         if layout.coords is None:
-            coords, grids = layout.full_coords(device), torch.tensor([list(layout.grid)], device=device)
+            coords, grids = layout.full_coords(device), layout.grids(1, device)
         else:
             coords, grids = layout.coords, layout.grids(batch, device)
-        own = torch.tensor(config.grid_size, device=device, dtype=torch.float32)
+        own = to_device(torch.tensor(config.grid_size, dtype=torch.float32), device)
         offset = 1.0 if config.class_token else 0.0
         positions = (coords.float() + offset) * own / grids[:, None, :].float()  # (B, N, 2) rows, cols
         angles = interleaved_angles(positions.flip(-1), config.head_dim, config.rope_theta)  # (x, y)
