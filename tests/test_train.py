@@ -144,6 +144,29 @@ def test_reading_the_device_every_few_steps_trains_alike_and_resumes_exactly(tmp
     assert not (tmp_path / "nan" / "checkpoints" / "last.pt").exists()
 
 
+def test_save_every_by_time_saves_within_the_epoch_once_the_time_has_come(tmp_path, monkeypatch):
+    """`save_every` as a duration, in a run: due after every step when the time is tiny, never within an epoch of
+    seconds when it is an hour; on a GPU the loop answers it at its reads (`sync_every`)."""
+    from vitlab.train.session import Session
+
+    saved_at: list[int] = []
+    real = Session.save_state
+
+    def counted(session):
+        saved_at.append(session.position.global_step)
+        real(session)
+
+    monkeypatch.setattr(Session, "save_state", counted)
+    train(micro_config(tmp_path, run_name="often", epochs=1, save_every="0.001s"))
+    assert saved_at == list(range(1, 11))  # after each of the 9 steps within the epoch, then at its end
+    saved_at.clear()
+    train(micro_config(tmp_path, run_name="reads", epochs=1, save_every="0.001s", sync_every=4))
+    assert saved_at == [4, 8, 10]  # at the reads only
+    saved_at.clear()
+    train(micro_config(tmp_path, run_name="seldom", epochs=1, save_every="1h"))
+    assert saved_at == [10]
+
+
 def test_corrupt_last_checkpoint_names_the_previous_one(tmp_path):
     train(micro_config(tmp_path, epochs=2))
     checkpoints = tmp_path / "run" / "checkpoints"
