@@ -136,6 +136,46 @@ def test_two_launchers_meet_through_c10d_rendezvous_and_train_as_one(uninterrupt
     assert max_difference(load_file(tmp_path / "run" / "model.safetensors"), uninterrupted) <= 1e-5
 
 
+def test_a_rank_killed_on_one_of_two_machines_is_restarted_with_separate_stores(uninterrupted, tmp_path, monkeypatch):
+    """Two launchers (machines) through c10d rendezvous, rank 1 (the second machine's) SIGKILLed mid-epoch: both
+    agents restart, the run resumes from its state and ends with the uninterrupted weights. Launched as the note
+    asks (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): with one store shared across restarts, restarted workers here
+    read the dead ones' addresses (shared_store_hazard)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launcher = (
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=vitlab-restart-test",
+        SPARE,
+    )
+    monkeypatch.setenv(elastic.SEPARATE_STORES, "1")  # the launchers' environment (torchrun reads it, not vitlab)
+    nodes = [torchrun(tmp_path, "run", *launcher, fault="kill:rank=1:step=6", wait=False) for _ in range(2)]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-3000:] for output in outputs)
+    assert "restart of this torchrun job: resuming" in "".join(outputs)
+    assert "share one store across restarts" not in "".join(outputs)
+    assert max_difference(load_file(tmp_path / "run" / "model.safetensors"), uninterrupted) <= 1e-5
+
+
+def test_a_job_of_several_machines_sharing_one_store_across_restarts_is_told_how_to_launch(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "4")
+    assert "launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in elastic.shared_store_hazard()
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")  # launched so: a store per attempt
+    assert elastic.shared_store_hazard() is None
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")  # one machine: vitlab separates the attempts' keys itself
+    assert elastic.shared_store_hazard() is None
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "4")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # no restarts
+    assert elastic.shared_store_hazard() is None
+
+
 # ------------------------------------------------------------------------------------------------ the parts
 def test_the_stuck_rank_is_the_one_behind_or_silent():
     # Rank 1 stuck in its own work (a data loader that never returns) while rank 0 waits in the step's all-reduce:

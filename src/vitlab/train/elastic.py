@@ -44,6 +44,26 @@ def restarted(env: DistEnv) -> bool:
     return any_rank(restart_count() > 0, env)
 
 
+# torchrun's agents keep one key-value store for every restart of a group unless launched with this set to 1.
+SEPARATE_STORES = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def shared_store_hazard() -> str | None:
+    """A note for a job of several machines that may restart while its agents share one store across restarts:
+    the restarted workers can read the dead ones' addresses there (of 10 restarts of a two-machine job on one
+    machine, 3 failed to connect and 3 did not finish in 300 s; with it set, 6 of 6 finished; BENCHMARKS.md). Under one agent vitlab separates each attempt's keys itself (`init_distributed`); across
+    machines the agents count their restarts apart, so only a store of its own per attempt, torch's option, does."""
+    machines = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if machines < 2 or restarts < 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return (
+        f"the {machines} machines' torchrun agents share one store across restarts, where a restarted worker can "
+        f"find the dead workers' addresses and fail to connect or hang; launch torchrun with {SEPARATE_STORES}=1 "
+        "in its environment on every machine (a new store for each restart)"
+    )
+
+
 def job_marker(out_dir: str | Path) -> Path | None:
     """Where the first attempt of this torchrun job notes its run folder; None outside an elastic job that may
     restart, or where the job has no id of its own (torchrun's default --rdzv-id "none" is every such job's)."""

@@ -51,7 +51,14 @@ from vitlab.train.assemble import start
 from vitlab.train.budget import fit_to_budget
 from vitlab.train.clock import PeriodicSave, RunClock, StopFlag, seconds_since_launch
 from vitlab.train.config import TrainConfig
-from vitlab.train.elastic import Fault, holds_state, restart_count, restarted, run_to_continue
+from vitlab.train.elastic import (
+    Fault,
+    holds_state,
+    restart_count,
+    restarted,
+    run_to_continue,
+    shared_store_hazard,
+)
 from vitlab.train.figures import StepFigures, read_interval
 from vitlab.train.schedule import peak_lr
 from vitlab.train.session import Session
@@ -77,6 +84,9 @@ def train(
     if resume is not None:
         state, config = read_resumable(Path(resume), use_previous, epochs, notes)
     env = init_distributed(config.collective_timeout_seconds())
+    hazard = shared_store_hazard()
+    if hazard is not None:
+        notes.append(hazard)
     try:
         if resume is None:
             continued = continued_after_restart(config, env, notes)
