@@ -12,8 +12,9 @@ connect (gloo's connectFullMesh failed) or did not finish within `--timeout` sec
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,21 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "src"))
 
-from test_elastic import torchrun  # noqa: E402 - the fault tests' launcher and recipe
+from test_elastic import torchrun, two_machines  # noqa: E402 - the fault tests' launcher and recipe
 
 
 def one_run(timeout: float) -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    launcher = (
-        "--nnodes=2",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        f"--rdzv-id=restarts-{port}",
-        "--max-restarts=1",
-    )
+    launcher = two_machines(f"restarts-{time.time_ns()}", "--max-restarts=1")
     with tempfile.TemporaryDirectory() as out:
         nodes = [torchrun(Path(out), "run", *launcher, fault="kill:rank=1:step=3", wait=False) for _ in range(2)]
         deadline, outputs = time.monotonic() + timeout, []
@@ -46,13 +37,23 @@ def one_run(timeout: float) -> str:
             try:
                 outputs.append(node.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
             except subprocess.TimeoutExpired:
+                kill_every_process_naming(out)  # the launchers and their workers (sessions of their own)
                 for other in nodes:
-                    other.kill()
                     other.communicate()
                 return "did not finish"
     if all(node.returncode == 0 for node in nodes):
         return "finished"
     return "failed to connect" if "connectFullMesh failed" in "".join(outputs) else "failed otherwise"
+
+
+def kill_every_process_naming(text: str) -> None:
+    """SIGKILL every process whose command line holds `text` (this run's output folder)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if text.encode() in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def main() -> None:

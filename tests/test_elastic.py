@@ -119,17 +119,24 @@ def test_a_hung_rank_is_named_within_the_timeout_and_the_restarted_run_finishes(
 
 
 @pytest.mark.slow
-def test_two_launchers_meet_through_c10d_rendezvous_and_train_as_one(uninterrupted, tmp_path):
+def two_machines(job: str, *options: str) -> tuple[str, ...]:
+    """torchrun's options for one of two launchers on this machine standing for two machines, meeting through c10d
+    rendezvous on a free port of 127.0.0.1 (call once per job, give both launchers the result)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    launcher = (
+    return (
         "--nnodes=2",
         "--nproc-per-node=1",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{port}",
-        "--rdzv-id=vitlab-test",
+        f"--rdzv-id={job}",
+        *options,
     )
+
+
+def test_two_launchers_meet_through_c10d_rendezvous_and_train_as_one(uninterrupted, tmp_path):
+    launcher = two_machines("vitlab-test")
     nodes = [torchrun(tmp_path, "run", *launcher, wait=False) for _ in range(2)]
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-3000:] for output in outputs)
@@ -141,17 +148,7 @@ def test_a_rank_killed_on_one_of_two_machines_is_restarted_with_separate_stores(
     agents restart, the run resumes from its state and ends with the uninterrupted weights. Launched as the note
     asks (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): with one store shared across restarts, restarted workers here
     read the dead ones' addresses (shared_store_hazard)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    launcher = (
-        "--nnodes=2",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        "--rdzv-id=vitlab-restart-test",
-        SPARE,
-    )
+    launcher = two_machines("vitlab-restart-test", SPARE)
     monkeypatch.setenv(elastic.SEPARATE_STORES, "1")  # the launchers' environment (torchrun reads it, not vitlab)
     nodes = [torchrun(tmp_path, "run", *launcher, fault="kill:rank=1:step=6", wait=False) for _ in range(2)]
     outputs = [node.communicate(timeout=240)[0] for node in nodes]

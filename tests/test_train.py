@@ -94,18 +94,24 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, stop_at_check):
     assert [json.loads(r)["epoch"] for r in rows] == [1, 2, 3]
 
 
-def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    train(micro_config(tmp_path, epochs=1))
-    good = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
+def poison_the_loss_after(good_calls: int, monkeypatch) -> dict[str, int]:
+    """Every cross-entropy after the first `good_calls` is NaN; returns the count of calls ({"n": ...})."""
     real = torch.nn.functional.cross_entropy
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
         loss = real(*args, **kwargs)
-        return loss * float("nan") if calls["n"] > 3 else loss
+        return loss * float("nan") if calls["n"] > good_calls else loss
 
     monkeypatch.setattr(torch.nn.functional, "cross_entropy", poisoned)
+    return calls
+
+
+def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    train(micro_config(tmp_path, epochs=1))
+    good = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
+    poison_the_loss_after(3, monkeypatch)
     with pytest.raises(TrainingError, match="the loss became nan at epoch 1, step 4.*Lower the learning rate"):
         train(micro_config(tmp_path, run_name="nan", epochs=1))
     assert not (tmp_path / "nan" / "checkpoints" / "last.pt").exists()
@@ -129,15 +135,7 @@ def test_reading_the_device_every_few_steps_trains_alike_and_resumes_exactly(tmp
     figures = [[{k: v for k, v in json.loads(r).items() if k.startswith(("train_", "val_"))} for r in f] for f in rows]
     assert figures[0] == figures[1]
 
-    real = torch.nn.functional.cross_entropy
-    calls = {"n": 0}
-
-    def poisoned(*args, **kwargs):
-        calls["n"] += 1
-        loss = real(*args, **kwargs)
-        return loss * float("nan") if calls["n"] > 3 else loss
-
-    monkeypatch.setattr(torch.nn.functional, "cross_entropy", poisoned)
+    calls = poison_the_loss_after(3, monkeypatch)
     with pytest.raises(TrainingError, match="the loss became nan at epoch 1, step 4.*Lower the learning rate"):
         train(micro_config(tmp_path, run_name="nan", epochs=1, sync_every=3, save_every=5))
     assert calls["n"] == 5  # found at the read that the save due after step 5 makes, before that save

@@ -51,7 +51,7 @@ SEPARATE_STORES = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 def shared_store_hazard() -> str | None:
     """A note for a job of several machines that may restart while its agents share one store across restarts:
     the restarted workers can read the dead ones' addresses there (of 10 restarts of a two-machine job on one
-    machine, 3 failed to connect and 3 did not finish in 300 s; with it set, 6 of 6 finished; BENCHMARKS.md). Under one agent vitlab separates each attempt's keys itself (`init_distributed`); across
+    machine, 4 failed to connect and 3 did not finish; with it set, 10 of 10 finished; BENCHMARKS.md). Under one agent vitlab separates each attempt's keys itself (`init_distributed`); across
     machines the agents count their restarts apart, so only a store of its own per attempt, torch's option, does."""
     machines = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
     restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
