@@ -118,7 +118,6 @@ def test_a_hung_rank_is_named_within_the_timeout_and_the_restarted_run_finishes(
     assert time.perf_counter() - started < 200
 
 
-@pytest.mark.slow
 def two_machines(job: str, *options: str) -> tuple[str, ...]:
     """torchrun's options for one of two launchers on this machine standing for two machines, meeting through c10d
     rendezvous on a free port of 127.0.0.1 (call once per job, give both launchers the result)."""
@@ -135,6 +134,7 @@ def two_machines(job: str, *options: str) -> tuple[str, ...]:
     )
 
 
+@pytest.mark.slow
 def test_two_launchers_meet_through_c10d_rendezvous_and_train_as_one(uninterrupted, tmp_path):
     launcher = two_machines("vitlab-test")
     nodes = [torchrun(tmp_path, "run", *launcher, wait=False) for _ in range(2)]
@@ -143,6 +143,7 @@ def test_two_launchers_meet_through_c10d_rendezvous_and_train_as_one(uninterrupt
     assert max_difference(load_file(tmp_path / "run" / "model.safetensors"), uninterrupted) <= 1e-5
 
 
+@pytest.mark.slow
 def test_a_rank_killed_on_one_of_two_machines_is_restarted_with_separate_stores(uninterrupted, tmp_path, monkeypatch):
     """Two launchers (machines) through c10d rendezvous, rank 1 (the second machine's) SIGKILLed mid-epoch: both
     agents restart, the run resumes from its state and ends with the uninterrupted weights. Launched as the note
@@ -169,6 +170,8 @@ def test_a_job_of_several_machines_sharing_one_store_across_restarts_is_told_how
     monkeypatch.setenv("GROUP_WORLD_SIZE", "1")  # one machine: vitlab separates the attempts' keys itself
     assert elastic.shared_store_hazard() is None
     monkeypatch.setenv("GROUP_WORLD_SIZE", "4")
+    monkeypatch.setenv(elastic.SEPARATE_STORES, "1")  # set, yet one store: the static rendezvous (--master-addr)
+    assert "launch with --rdzv-backend c10d" in elastic.shared_store_hazard()
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # no restarts
     assert elastic.shared_store_hazard() is None
 

@@ -35,6 +35,36 @@ def test_each_rank_reads_whole_shards_of_its_own_in_an_order_fixed_by_the_seed()
         shard_sequential_order(np.repeat([0, 1], 9), 0, 6, 3)
 
 
+def test_a_manifests_relative_paths_are_normalised_under_its_url():
+    from vitlab.data.stream.remote import join_url
+
+    assert join_url("s3://bucket/data", "./cat/1.jpg") == "s3://bucket/data/cat/1.jpg"  # as `find .` writes rows
+    assert join_url("s3://bucket/data/train", "../images/x.jpg") == "s3://bucket/data/images/x.jpg"
+    assert join_url("https://host:8000/sets/a", "/b/x.jpg") == "https://host:8000/b/x.jpg"  # from the host's root
+
+
+def test_storage_that_cannot_be_reached_stops_the_run_instead_of_skipping_its_files(monkeypatch):
+    """A file that cannot be decoded is skipped and counted; object storage that cannot be reached (network,
+    credentials) is not the file's fault: the error goes up, so the run stops and a restart resumes it."""
+    from vitlab.data.contract import Preprocessing
+    from vitlab.data.stream import remote
+    from vitlab.data.stream.index import FileStore, PackedStrings, SampleIndex
+    from vitlab.data.stream.loader import Request, SampleReader
+    from vitlab.data.stream.remote import RemoteUnreachable
+
+    def unreachable(url, attempts=3):
+        raise remote.unreachable(url, ConnectionError("no route to host"))
+
+    monkeypatch.setattr("vitlab.data.stream.index.read_remote_bytes", unreachable)
+    store = FileStore("s3://bucket/data", PackedStrings.from_strings(["cat/1.jpg", "cat/2.jpg"]))
+    index = SampleIndex("manifest:train.csv", ["cat"], np.zeros(2, np.int64), store)
+    with pytest.raises(RemoteUnreachable, match="s3://bucket/data/cat/1.jpg: cannot reach it"):
+        index.read_bytes(0)
+    reader = SampleReader(index, (16, 16), 3, None, Preprocessing.image_files(), 0, False)
+    with pytest.raises(RemoteUnreachable):  # not a skipped file, nor its replacement tried
+        reader.read(Request(0, replacements=(1,)), lambda position: None)
+
+
 def test_urls_are_named_without_credentials():
     assert redacted("https://user:secret@example.com/train-000.tar") == "https://example.com/train-000.tar"
     assert redacted("s3://bucket/train-000.tar") == "s3://bucket/train-000.tar"

@@ -59,8 +59,8 @@ class Draws:
             return self.uniform(*like.shape[1:])
         if like.device.type == "meta":  # a device of shapes alone has no numbers to draw (the tests' stand-in GPU)
             return torch.empty_like(like)
-        generator = torch.Generator(like.device)
-        generator.manual_seed(int(torch.randint(2**62, (), generator=self.generator)))
+        generator = torch.Generator(like.device)  # seeded apart per process: each rank erases with noise of its own
+        generator.manual_seed(int(torch.randint(2**62, (), generator=self.generator)) + (self.shard.start or 0))
         return torch.rand(like.shape, generator=generator, device=like.device)
 
 

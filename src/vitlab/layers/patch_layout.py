@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vitlab.model_input import patch_grids, to_device
+from vitlab.model_input import patch_grids
 
 
 @dataclass(eq=False)
@@ -33,10 +33,7 @@ class PatchLayout:
     def of_patches(cls, coords: torch.Tensor, valid: torch.Tensor, grids: torch.Tensor | None = None) -> PatchLayout:
         """The layout of already-cut patches: each sample's grid is the bounding box of its valid coordinates
         (`grids`, the host's copy of them, where the patches were cut on the host)."""
-        if grids is None:
-            sample_grids = patch_grids(coords, valid)  # (B, 2)
-        else:
-            sample_grids = to_device(grids, coords.device)
+        sample_grids = patch_grids(coords, valid)  # (B, 2), made where the coordinates are: no copy
         largest = (grids if grids is not None else sample_grids).amax(dim=0)
         return cls((int(largest[0]), int(largest[1])), coords, valid, sample_grids, True, grids)
 
@@ -56,7 +53,7 @@ class PatchLayout:
         """(B, 2) each sample's own grid."""
         if self.sample_grids is not None:
             return self.sample_grids
-        return to_device(torch.tensor([list(self.grid)]), device or torch.device("cpu")).expand(batch, -1)
+        return constant(self.grid, device)[None].expand(batch, -1)
 
     def distinct_grids(self) -> list[tuple[int, int]]:
         """The samples' distinct grids (one, except for patches of images of several shapes), from the host's
@@ -72,3 +69,9 @@ class PatchLayout:
         kept = torch.gather(coords, 1, indices[..., None].expand(-1, -1, 2))
         valid = None if self.valid is None else torch.gather(self.valid, 1, indices)
         return PatchLayout(self.grid, kept, valid, self.sample_grids, self.resample, self.host_grids)
+
+
+def constant(values: tuple, device: torch.device | None, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A few numbers as a tensor on `device`, filled there: `torch.tensor(values, device=gpu)` copies them from the
+    host and waits for the device, once per forward pass here; a fill waits for nothing, and traces."""
+    return torch.stack([torch.full((), value, dtype=dtype, device=device) for value in values])

@@ -57,10 +57,16 @@ def shared_store_hazard() -> str | None:
     restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
     if machines < 2 or restarts < 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
+    if os.environ.get(SEPARATE_STORES) == "1":  # set, and still one store: torchrun's static rendezvous keeps one
+        return (
+            f"the {machines} machines' torchrun agents share one store across restarts even with {SEPARATE_STORES}=1 "
+            "(the static rendezvous of --master-addr keeps one): restarted workers can find the dead workers' "
+            "addresses there; launch with --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB"
+        )
     return (
         f"the {machines} machines' torchrun agents share one store across restarts, where a restarted worker can "
         f"find the dead workers' addresses and fail to connect or hang; launch torchrun with {SEPARATE_STORES}=1 "
-        "in its environment on every machine (a new store for each restart)"
+        "in its environment on every machine, and --rdzv-backend c10d (a new store for each restart)"
     )
 
 

@@ -233,11 +233,7 @@ def train_one_epoch(
         )
         if reads:
             waited = time.perf_counter()
-            try:
-                position.epoch_sums = figures.read()
-            except NonFiniteLoss as error:
-                error.epoch, error.step = position.epoch + 1, index + 1 - error.steps_after
-                raise
+            read_figures(figures, position)
             waited = time.perf_counter() - waited  # the device finishing the steps queued since the last read
             position.train_seconds += waited
             if on_step is not None:
@@ -266,9 +262,19 @@ def train_one_epoch(
             guards.save()
         guards.heartbeat.at("loading data")
     if figures.pending:  # a source that gave fewer batches than the epoch's steps
-        position.epoch_sums = figures.read()
+        read_figures(figures, position)
     position.augment_state = None
     return True
+
+
+def read_figures(figures: StepFigures, position: Position) -> None:
+    """The epoch's sums read up to `position`'s step; a non-finite loss among the steps read raises NonFiniteLoss
+    with the epoch and step where it happened."""
+    try:
+        position.epoch_sums = figures.read()
+    except NonFiniteLoss as error:
+        error.epoch, error.step = position.epoch + 1, position.step_in_epoch - error.steps_after
+        raise
 
 
 def on_device(batch: Batch, device: torch.device) -> Batch:

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from vitlab.data.source import digest
-from vitlab.data.stream.remote import is_remote, read_remote_bytes, redacted
+from vitlab.data.stream.remote import is_remote, join_url, read_remote_bytes, redacted
 from vitlab.errors import DataError
 
 
@@ -90,7 +90,9 @@ class FileStore:
 
     def location(self, i: int) -> str:
         path = self.paths[i]
-        return path if is_remote(path) else os.path.join(self.root, path)  # a URL stands as it is
+        if is_remote(path):  # a URL stands as it is
+            return path
+        return join_url(self.root, path) if is_remote(self.root) else os.path.join(self.root, path)
 
     def read_bytes(self, i: int) -> bytes:
         path = self.location(i)

@@ -37,8 +37,8 @@ from vitlab.data.source import (
     steps_per_epoch,
 )
 from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
-from vitlab.data.stream.remote import ShardPrefetcher
-from vitlab.errors import DataError
+from vitlab.data.stream.remote import RemoteUnreachable, ShardPrefetcher, redacted
+from vitlab.errors import DataError, UsageError
 from vitlab.hardware import return_freed_memory
 
 REPLACEMENT_TRIES = 16  # readable images looked for after a bad one before the batch is given up
@@ -82,7 +82,8 @@ class SampleReader:
     def decode(self, position: int, epoch_seed: int) -> torch.Tensor:
         data = self.index.read_bytes(position)
         if epoch_seed < 0 or self.crop is None:  # evaluation, or training without a per-image crop
-            return decode_image(data, self.image_size, self.channels, self.contract, name=self.index.location(position))
+            name = redacted(self.index.location(position))
+            return decode_image(data, self.image_size, self.channels, self.contract, name=name)
         array = crop_image(
             data,
             self.image_size,
@@ -109,7 +110,9 @@ class SampleReader:
                 image = self.decode(position, request.epoch_seed)
                 return image, int(self.index.labels[position]), position, skipped
             except Exception as error:  # noqa: BLE001 - any decoder or read failure makes a skipped file
-                message, location = str(error), self.index.location(position)
+                if isinstance(error, RemoteUnreachable) or type(error) is UsageError:
+                    raise  # the storage (network, credentials, a package missing), not the file: stop, not skip all
+                message, location = str(error), redacted(self.index.location(position))
                 skipped.append((location, message if message.startswith(location) else f"{location}: {message}"))
         return None, -1, request.index, skipped
 
@@ -429,7 +432,8 @@ class DecodePool:
     def reading(self) -> list[str]:
         """The files the workers are reading now."""
         pairs = list(zip(self._reading[::2], self._reading[1::2])) if self._reading is not None else []
-        return [self.readers[source].index.location(int(position)) for source, position in pairs if position >= 0]
+        readers = self.readers
+        return [redacted(readers[source].index.location(int(position))) for source, position in pairs if position >= 0]
 
     def close(self) -> None:
         """Stop the workers now (they also stop when the pool is collected, or the process ends); a later pass

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import re
 import threading
 import time
@@ -75,13 +76,27 @@ def remote_size(url: str) -> int | None:
         raise unreachable(url, error) from None
 
 
-def unreachable(url: str, error: Exception) -> DataError:
+class RemoteUnreachable(DataError):
+    """Object storage or a web server that cannot be reached: the run stops (a restart resumes it), where a file
+    that cannot be decoded is only skipped."""
+
+
+def unreachable(url: str, error: Exception) -> RemoteUnreachable:
     """The one message for a remote file that cannot be reached (no network, no credentials, a refused request)."""
-    return DataError(
+    return RemoteUnreachable(
         f"{redacted(url)}: cannot reach it ({type(error).__name__}: {error}); check the URL and the credentials "
         "(for S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; AWS_ENDPOINT_URL for another "
         "S3-compatible service)"
     )
+
+
+def join_url(base: str, relative: str) -> str:
+    """`relative` (a manifest's row) under the URL `base`, normalised as object keys need ("./a.jpg", "x/../a.jpg"
+    name "a.jpg"; object storage takes keys literally); a leading "/" starts at the bucket or host."""
+    scheme, rest = base.split("://", 1)
+    host, _, key = rest.partition("/")
+    joined = posixpath.normpath(posixpath.join("/" + key, relative)).lstrip("/")
+    return f"{scheme}://{host}/{joined}"
 
 
 def read_remote_text(url: str) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from vitlab.layers.patch_layout import PatchLayout
+from vitlab.layers.patch_layout import PatchLayout, constant
 from vitlab.layers.rotary import (
     RotaryTable,
     augment_centres,
@@ -14,7 +14,6 @@ from vitlab.layers.rotary import (
     normalized_centres,
     rotary_angles,
 )
-from vitlab.model_input import to_device
 from vitlab.models.positions.base import PositionedModel, PositionKind
 
 
@@ -45,7 +44,7 @@ class PerceptionRotary:
             coords, grids = layout.full_coords(device), layout.grids(1, device)
         else:
             coords, grids = layout.coords, layout.grids(batch, device)
-        own = to_device(torch.tensor(config.grid_size, dtype=torch.float32), device)
+        own = constant(tuple(config.grid_size), device, torch.float32)
         offset = 1.0 if config.class_token else 0.0
         positions = (coords.float() + offset) * own / grids[:, None, :].float()  # (B, N, 2) rows, cols
         angles = interleaved_angles(positions.flip(-1), config.head_dim, config.rope_theta)  # (x, y)
