@@ -12,6 +12,11 @@ from safetensors.torch import load_file
 
 from test_train import MICRO
 
+# One restart for a run that should finish: a rank of a finished 2-process run was seen to abort in torch's teardown
+# ("terminate called without an active exception", exit -6; 2 runs of a full suite on 2 loaded cores); the agent
+# restarts the group, which finds the run finished and exits 0 (vitlab.train.elastic). Runs meant to fail get none.
+SPARE = "--max-restarts=1"
+
 ARGS = [
     "--set",
     "epochs=2",
@@ -57,6 +62,7 @@ def one_and_two_processes(tmp_path, args: list[str]) -> tuple[dict, dict, subpro
             "torch.distributed.run",
             "--standalone",
             "--nproc_per_node=2",
+            SPARE,
             "-m",
             "vitlab",
             "train",
@@ -126,6 +132,7 @@ def test_a_stopped_two_process_run_resumes_exactly(all_cores, tmp_path):
         "torch.distributed.run",
         "--standalone",
         "--nproc_per_node=2",
+        SPARE,
         "-m",
         "vitlab",
         "train",
@@ -253,15 +260,15 @@ def test_unreadable_files_are_counted_over_every_rank_and_the_limit_stops_them_t
                 else:
                     Image.fromarray(generator.integers(0, 256, (30, 40, 3), dtype=np.uint8)).save(path)
 
-    def run(root, name):
+    def run(root, name, spare=()):
         args = ["--dataset", "folder", "--data-dir", str(root), "--set", "stream=true", "--set", "workers=0"]
         args += ["--set", "epochs=2", "--set", "batch_size=16", "--set", "progress=false", "--set", f"run_name={name}"]
         args += ["--set", f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}", "--out-dir", str(tmp_path)]
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *spare, "-m"]
         return subprocess.run([*command, "vitlab", "train", *args], capture_output=True, text=True, timeout=300)
 
     folder(tmp_path / "few", bad=3)  # 6 of 100: under the limit
-    finished = run(tmp_path / "few", "few")
+    finished = run(tmp_path / "few", "few", [SPARE])
     assert finished.returncode == 0, finished.stderr[-3000:]
     listed = (tmp_path / "few" / "skipped.txt").read_text().splitlines()
     assert len(listed) == 6 and all("empty file (0 bytes)" in line for line in listed)  # both ranks' shares
@@ -300,18 +307,18 @@ def test_unreadable_files_all_in_one_ranks_shards_stop_every_rank_or_none(all_co
                         archive.addfile(member, io.BytesIO(data))
         (root / "classes.txt").write_text("cats\ndogs\n")
 
-    def run(root, name):
+    def run(root, name, spare=()):
         shards = str(root / "train-{000..001}.tar")
         args = ["--dataset", "shards", "--data-dir", shards, "--set", "workers=0", "--set", "val_size=0"]
         args += ["--set", "shard_order=sequential", "--set", "epochs=1", "--set", "batch_size=16"]
         args += ["--set", "sync_every=3"]  # as on a GPU: the count and the stop agreed at the reads only
         args += ["--set", "progress=false", "--set", f"run_name={name}", "--out-dir", str(tmp_path)]
         args += ["--set", f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}"]
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m"]
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *spare, "-m"]
         return subprocess.run([*command, "vitlab", "train", *args], capture_output=True, text=True, timeout=300)
 
     shards(tmp_path / "few", bad=6)  # 6 of 100: under the 10% limit
-    finished = run(tmp_path / "few", "few")
+    finished = run(tmp_path / "few", "few", [SPARE])
     assert finished.returncode == 0, finished.stderr[-3000:]
     listed = (tmp_path / "few" / "skipped.txt").read_text().splitlines()
     # Some of the 6 fall in the test split or the epoch's last, partial batch: each one read is listed.
