@@ -17,6 +17,22 @@ from test_train import MICRO
 # restarts the group, which finds the run finished and exits 0 (vitlab.train.elastic). Runs meant to fail get none.
 SPARE = "--max-restarts=1"
 
+
+def two_processes(*options: str) -> list[str]:
+    """The command that runs `vitlab ...` (append the subcommand) as two processes through torchrun on this machine,
+    with torchrun's `options`."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *options,
+        "-m",
+        "vitlab",
+    ]
+
+
 ARGS = [
     "--set",
     "epochs=2",
@@ -57,14 +73,7 @@ def one_and_two_processes(tmp_path, args: list[str]) -> tuple[dict, dict, subpro
     assert single.returncode == 0, single.stderr[-3000:]
     double = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            SPARE,
-            "-m",
-            "vitlab",
+            *two_processes(SPARE),
             "train",
             "--out-dir",
             str(tmp_path),
@@ -126,17 +135,7 @@ def test_a_stopped_two_process_run_resumes_exactly(all_cores, tmp_path):
         "--out-dir",
         str(tmp_path),
     ]
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        SPARE,
-        "-m",
-        "vitlab",
-        "train",
-    ]
+    torchrun = [*two_processes(SPARE), "train"]
     straight = subprocess.run(
         torchrun + args + ["--set", "run_name=straight"], capture_output=True, text=True, timeout=300
     )
@@ -158,9 +157,8 @@ def test_a_stopped_two_process_run_resumes_exactly(all_cores, tmp_path):
     state = torch.load(last, weights_only=True)
     assert state["rank_rng_states"].shape[0] == 2 and state["global_step"] < 12 * 10
     # No spare restart here: a restart of `train --resume` would find the run finished and refuse to resume it.
-    once = [part for part in torchrun if part != SPARE]
     resumed = subprocess.run(
-        once[:-1] + ["train", "--resume", str(tmp_path / "stopped")], capture_output=True, text=True, timeout=300
+        [*two_processes(), "train", "--resume", str(tmp_path / "stopped")], capture_output=True, text=True, timeout=300
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a = load_file(tmp_path / "straight" / "model.safetensors")
@@ -266,8 +264,8 @@ def test_unreadable_files_are_counted_over_every_rank_and_the_limit_stops_them_t
         args = ["--dataset", "folder", "--data-dir", str(root), "--set", "stream=true", "--set", "workers=0"]
         args += ["--set", "epochs=2", "--set", "batch_size=16", "--set", "progress=false", "--set", f"run_name={name}"]
         args += ["--set", f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}", "--out-dir", str(tmp_path)]
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *spare, "-m"]
-        return subprocess.run([*command, "vitlab", "train", *args], capture_output=True, text=True, timeout=300)
+        command = two_processes(*spare)
+        return subprocess.run([*command, "train", *args], capture_output=True, text=True, timeout=300)
 
     folder(tmp_path / "few", bad=3)  # 6 of 100: under the limit
     finished = run(tmp_path / "few", "few", [SPARE])
@@ -316,8 +314,8 @@ def test_unreadable_files_all_in_one_ranks_shards_stop_every_rank_or_none(all_co
         args += ["--set", "sync_every=3"]  # as on a GPU: the count and the stop agreed at the reads only
         args += ["--set", "progress=false", "--set", f"run_name={name}", "--out-dir", str(tmp_path)]
         args += ["--set", f"model_overrides={dict(MICRO, image_size=16, patch_size=4)}"]
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *spare, "-m"]
-        return subprocess.run([*command, "vitlab", "train", *args], capture_output=True, text=True, timeout=300)
+        command = two_processes(*spare)
+        return subprocess.run([*command, "train", *args], capture_output=True, text=True, timeout=300)
 
     shards(tmp_path / "few", bad=6)  # 6 of 100: under the 10% limit
     finished = run(tmp_path / "few", "few", [SPARE])

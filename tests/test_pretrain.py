@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_distributed import SPARE
+from test_distributed import SPARE, two_processes
 from test_stream import write_photos
 from test_train import REPO
 from vitlab.objectives.settings import PretrainConfig
@@ -247,17 +247,7 @@ def test_pretraining_runs_under_torchrun(all_cores, tmp_path):
         "progress=false",
     ]
     double = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            SPARE,
-            "-m",
-            "vitlab",
-            *args,
-        ],
+        [*two_processes(SPARE), *args],
         capture_output=True,
         text=True,
         timeout=300,
