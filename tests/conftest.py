@@ -125,9 +125,9 @@ def stop_at_check(monkeypatch):
     """`stop_at_check(n)`: the next run stops, as Ctrl-C would, at the n-th stop check of `vitlab.train.loop`
     (one after each step and one at each epoch's end: with 10 steps an epoch, check 15 is after step 4 of epoch
     2); `stop_at_check(None)` lets runs go on again."""
-    from vitlab.train import loop
+    from vitlab.train import epoch, loop
 
-    real, real_many = loop.any_rank, loop.any_ranks
+    real, real_many = loop.any_rank, epoch.any_ranks
 
     def stop_at(check: int | None) -> None:
         calls = {"n": 0}
@@ -141,6 +141,6 @@ def stop_at_check(monkeypatch):
             return real_many([flags[0] or calls["n"] == check, *flags[1:]], env)
 
         monkeypatch.setattr(loop, "any_rank", real if check is None else any_rank)
-        monkeypatch.setattr(loop, "any_ranks", real_many if check is None else any_ranks)
+        monkeypatch.setattr(epoch, "any_ranks", real_many if check is None else any_ranks)
 
     return stop_at

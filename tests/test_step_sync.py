@@ -26,9 +26,9 @@ from vitlab.objectives.classification import Classification
 from vitlab.objectives.mae import MaskedAutoencoding
 from vitlab.objectives.mpp import MaskedPatchPrediction
 from vitlab.objectives.settings import PretrainConfig
-from vitlab.train import loop
+from vitlab.train import epoch
 from vitlab.train.figures import StepFigures
-from vitlab.train.loop import Safeguards, train_one_epoch
+from vitlab.train.epoch import Safeguards, train_one_epoch
 from vitlab.train.optim import EMA
 from vitlab.train.state import Position
 from vitlab.train.step import TrainingStep
@@ -151,7 +151,7 @@ def meta_run(
         return figures.sums.tolist()
 
     with pytest.MonkeyPatch.context() as patch, waiting_copies() as waits:
-        patch.setattr(loop.StepFigures, "read", read_without_numbers)
+        patch.setattr(epoch.StepFigures, "read", read_without_numbers)
         train_one_epoch(
             step, objective, batches, steps, DistEnv(device=META), position, 1, None,
             guards=Safeguards(read_every=read_every),
