@@ -7,9 +7,9 @@ import torch
 from PIL import Image
 
 from datafiles import cifar_tarball, idx_bytes, write_idx_set
+from vitlab.data.carving import split_indices
 from vitlab.data.datasets import load_dataset
 from vitlab.data.images import read_image
-from vitlab.data.source import split_indices
 from vitlab.errors import DataError
 
 

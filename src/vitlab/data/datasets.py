@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitlab.data.carving import TEST_CARVING, TEST_FRACTION, TEST_SEED, carve_splits
 from vitlab.data.contract import Preprocessing
 from vitlab.data.images import MAX_BAD_FRACTION, read_image
 from vitlab.data.source import (
@@ -34,10 +35,9 @@ from vitlab.data.source import (
     epoch_order,
     evaluation_share,
     rank_shard,
-    split_indices,
     steps_per_epoch,
 )
-from vitlab.data.stream.folder import index_folder
+from vitlab.data.stream.folder import folder_trees, index_folder
 from vitlab.download import RemoteFile, download
 from vitlab.errors import DataError
 
@@ -428,42 +428,33 @@ def load_splits(
         )
 
     train, test = load("train"), load("test")
-    validation, source = None, "none"
-    if has_official_validation(name, data_dir):
-        validation, source = load("val"), "official"
-    elif val_size < 0:
-        raise DataError(f"val_size must be a fraction in (0, 1), a count of images or 0, got {val_size}")
-    elif val_size > 0:
-        kept, held = split_indices(train.labels, val_size, seed)
-        if train.labels[kept].unique().numel() < train.num_classes:
-            raise DataError(
-                f"a validation split of {val_size} leaves a class of {train.name} with no training "
-                "image; use a smaller --set val_size"
-            )
-        train, validation, source = train.subset(kept), train.subset(held, f"{train.name} validation"), "carved"
-    if max_train_images is not None and max_train_images < len(train):
-        # A different stream from the validation carving's, so the subset is not the carving's leftovers in order.
-        _, chosen = split_indices(train.labels, max_train_images, seed + 1)
-        train = train.subset(chosen)
+    official = has_official_validation(name, data_dir)
+    carving = carve_splits(
+        train.labels,
+        0 if official else val_size,
+        seed,
+        max_train_images,
+        class_count=train.num_classes,
+        name=train.name,
+    )
+    validation, source = (load("val"), "official") if official else (None, "none")
+    if carving.validation is not None:
+        validation, source = train.subset(carving.validation, f"{train.name} validation"), "carved"
+    if len(carving.train) < len(train):
+        train = train.subset(carving.train)
     return Splits(train, validation, test, source, test_carving(name, data_dir))
 
 
 def test_carving(name: str, data_dir: str | Path | None) -> str:
     """ "official", or how `load_dataset` carves the test split of a folder that is one tree of class folders."""
-    if name != "folder" or data_dir is None:
+    if name != "folder" or data_dir is None or folder_trees(data_dir):
         return "official"
-    root = Path(data_dir).expanduser()
-    if (root / "train").is_dir() and ((root / "test").is_dir() or (root / "val").is_dir()):
-        return "official"
-    return "carved: 20% of the images, stratified, seed 0"
+    return TEST_CARVING
 
 
 def has_official_validation(name: str, data_dir: str | Path | None) -> bool:
     """Whether the data set comes with its own validation split (an image folder with train/, val/ and test/)."""
-    if name != "folder" or data_dir is None:
-        return False
-    root = Path(data_dir).expanduser()
-    return all((root / split).is_dir() for split in ("train", "val", "test"))
+    return name == "folder" and data_dir is not None and folder_trees(data_dir) == ("train", "val", "test")
 
 
 def load_dataset(
@@ -473,8 +464,8 @@ def load_dataset(
     allow_download: bool = True,
     image_size: int | tuple[int, int] | None = None,
     channels: int = 3,
-    test_fraction: float = 0.2,
-    seed: int = 0,
+    test_fraction: float = TEST_FRACTION,
+    seed: int = TEST_SEED,
     classes: list[int] | None = None,
     preprocessing: Preprocessing | None = None,
 ) -> ImageDataset:
@@ -516,14 +507,13 @@ def load_dataset(
             raise DataError("the folder data set needs --data-dir PATH (one sub-folder per class)")
         size = image_size if image_size is not None else 32
         size = (size, size) if isinstance(size, int) else tuple(size)
-        if split == "val":
-            return load_folder(root / "val", size, channels, preprocessing)
-        for test_name in ("test", "val"):
-            if (root / "train").is_dir() and (root / test_name).is_dir():
-                return load_folder(root / ("train" if split == "train" else test_name), size, channels, preprocessing)
+        trees = folder_trees(root)
+        if trees:  # the val/ tree is the test split where there is no test/
+            tree = {"train": "train", "val": "val", "test": "test" if "test" in trees else "val"}[split]
+            return load_folder(root / tree, size, channels, preprocessing)
         dataset = load_folder(root, size, channels, preprocessing)
-        train, test = split_indices(dataset.labels, test_fraction, seed)
-        return dataset.subset(train if split == "train" else test)
+        carving = carve_splits(dataset.labels, test_fraction=test_fraction, test_seed=seed)
+        return dataset.subset(carving.train if split == "train" else carving.test)
     raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
 
 

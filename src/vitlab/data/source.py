@@ -154,34 +154,6 @@ class Splits:
             part.close()
 
 
-def split_indices(labels: torch.Tensor, held_out: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stratified (kept, held-out) split of indices, fixed by the seed.
-
-    held_out: a fraction of the images (0 < held_out < 1) or a number of images (>= 1). Each class gives its
-    share; the shares are rounded by largest remainder, so a count is met exactly and a fraction to the image.
-    """
-    classes = labels.unique()
-    members = [(labels == label).nonzero().flatten() for label in classes]
-    total = len(labels)
-    wanted = held_out * total if held_out < 1 else float(held_out)
-    if not 0 < wanted < total:
-        raise DataError(
-            f"cannot hold out {held_out} of {total} images; give a fraction in (0, 1) or a count below {total}"
-        )
-    exact = [wanted * len(m) / total for m in members]
-    counts = [int(share) for share in exact]
-    by_remainder = sorted(range(len(exact)), key=lambda i: exact[i] - counts[i], reverse=True)
-    for index in by_remainder[: round(wanted) - sum(counts)]:
-        counts[index] += 1
-    generator = torch.Generator().manual_seed(seed)
-    kept, held = [], []
-    for indices, count in zip(members, counts):
-        indices = indices[torch.randperm(len(indices), generator=generator)]
-        held.append(indices[:count])
-        kept.append(indices[count:])
-    return torch.cat(kept).sort().values, torch.cat(held).sort().values
-
-
 @dataclass(frozen=True)
 class DataRequest:
     """What a caller asks of a data set: which one, the model input its image files are decoded for, how the

@@ -62,6 +62,15 @@ def index_folder(root: str | Path, split: str | None = None) -> SampleIndex:
     )
 
 
+def folder_trees(root: str | Path) -> tuple[str, ...]:
+    """The split trees a folder of images has: ("train", "val", "test") (an official validation split),
+    ("train", "test") or ("train", "val") (the val/ tree then being the test split), or () for a single tree of
+    class folders, whose test split is carved (`vitlab.data.carving`)."""
+    root = Path(root).expanduser()
+    present = tuple(name for name in SPLITS if (root / name).is_dir())
+    return present if "train" in present and len(present) > 1 else ()
+
+
 def image_files_below(folder: Path) -> list[tuple[str, ...]]:
     """The image files below `folder` as path parts relative to it, sorted as `Path` objects sort (part by
     part, so "a/b.jpg" comes before "a-c.jpg"), as `scan_folder` lists them. Like `Path.rglob`, it does not

@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitlab.data.carving import TEST_CARVING, TEST_FRACTION, carve_splits
 from vitlab.data.contract import Preprocessing
-from vitlab.data.source import BatchSource, DataRequest, Splits, split_indices
+from vitlab.data.source import BatchSource, DataRequest, Splits
 from vitlab.data.stream.crops import TrainCrop
+from vitlab.data.stream.folder import folder_trees
 from vitlab.data.stream.loader import StreamingSource, share_evaluation_workers
 from vitlab.data.stream.open import index_from_spec
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import DataError
-
-TEST_FRACTION = 0.2  # a single tree gives this share of its images to the test split (as load_dataset does)
 
 
 def index_data(dataset: str, data_dir: str | Path | None, split: str | None = None):
@@ -40,13 +40,6 @@ def index_data(dataset: str, data_dir: str | Path | None, split: str | None = No
         name = str(data_dir).removeprefix("hf:")  # --data-dir beans and --data-dir hf:beans alike
         return index_from_spec(f"hf:{name}", None, split)
     return index_from_spec(str(data_dir), None, split)
-
-
-def folder_trees(data_dir: str | Path) -> tuple[str, ...]:
-    """The split trees a folder has: ("train", "val", "test"), ("train", "test"), ("train", "val") or ()."""
-    root = Path(data_dir).expanduser()
-    present = tuple(name for name in ("train", "val", "test") if (root / name).is_dir())
-    return present if "train" in present and len(present) > 1 else ()
 
 
 def labels_of(index) -> torch.Tensor:
@@ -93,28 +86,25 @@ def stream_splits(
         official = index_data(dataset, data_dir, "val") if trees == ("train", "val", "test") else None
     else:
         everything = index_data(dataset, data_dir)
-        kept, held = split_indices(labels_of(everything), TEST_FRACTION, 0)
-        train, test, official = everything.subset(kept.numpy()), everything.subset(held.numpy()), None
-        test_source = f"carved: {TEST_FRACTION:.0%} of the images, stratified, seed 0"
+        carving = carve_splits(labels_of(everything), test_fraction=TEST_FRACTION)
+        train, test, official = everything.subset(carving.train.numpy()), everything.subset(carving.test.numpy()), None
+        test_source = TEST_CARVING
     if classes is not None:
         train, test = keep_classes(train, classes), keep_classes(test, classes)
         official = keep_classes(official, classes) if official is not None else None
+    carving = carve_splits(
+        labels_of(train),
+        0 if official is not None else val_size,
+        seed,
+        max_train_images,
+        class_count=len(train.class_names or []),
+        name=train.name,
+    )
     validation, source = official, "official" if official is not None else "none"
-    if official is None and val_size < 0:
-        raise DataError(f"val_size must be a fraction in (0, 1), a count of images or 0, got {val_size}")
-    if official is None and val_size > 0:
-        kept, held = split_indices(labels_of(train), val_size, seed)
-        classes_left = np.unique(train.labels[kept.numpy()])
-        if train.class_names and len(classes_left[classes_left >= 0]) < len(train.class_names):
-            raise DataError(
-                f"a validation split of {val_size} leaves a class of {train.name} with no training "
-                "image; use a smaller --set val_size"
-            )
-        train, validation = train.subset(kept.numpy()), train.subset(held.numpy(), f"{train.name} validation")
-        source = "carved"
-    if max_train_images is not None and max_train_images < len(train):
-        _, chosen = split_indices(labels_of(train), max_train_images, seed + 1)
-        train = train.subset(chosen.numpy())
+    if carving.validation is not None:
+        validation, source = train.subset(carving.validation.numpy(), f"{train.name} validation"), "carved"
+    if len(carving.train) < len(train):
+        train = train.subset(carving.train.numpy())
     crop = None  # --set augment.crop=none: training images read as for evaluation, then the batch augmentation
     if augment.crop is not None:
         crop = TrainCrop(
