@@ -3,15 +3,16 @@ and restarted by torchrun's agent, a hung (stopped) rank named and restarted, a 
 launchers meeting through c10d rendezvous. Each ends with the weights of an uninterrupted run."""
 
 import json
-import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
+from faulty_vitlab import Fault, fault_for_this_attempt
 from test_train import MICRO
 from vitlab.errors import ConfigError
 from vitlab.train import elastic
@@ -38,14 +39,17 @@ RECIPE = [
 ]
 
 
+# A run with a fault runs tests/faulty_vitlab.py, which sets the fault as the loop's test hook, then the CLI.
+FAULTY_VITLAB = str(Path(__file__).with_name("faulty_vitlab.py"))
+
+
 def torchrun(out, name, *launcher, fault=None, extra=(), timeout=240, wait=True):
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         *(launcher or ("--standalone", "--nproc-per-node=2")),
-        "-m",
-        "vitlab",
+        *((FAULTY_VITLAB, fault) if fault else ("-m", "vitlab")),
         "train",
         "--out-dir",
         str(out),
@@ -54,10 +58,9 @@ def torchrun(out, name, *launcher, fault=None, extra=(), timeout=240, wait=True)
         *RECIPE,
         *extra,
     ]
-    env = {**os.environ, elastic.FAULT_VARIABLE: fault or ""}
     if not wait:
-        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 def max_difference(first, second) -> float:
@@ -254,12 +257,25 @@ def test_only_a_collectives_own_timeout_counts_as_a_hang():
 
 
 def test_a_fault_fires_on_the_first_attempt_only_and_a_bad_one_is_refused(monkeypatch):
-    monkeypatch.setenv(elastic.FAULT_VARIABLE, "stop:rank=1:step=6")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    assert elastic.Fault.from_environment() == elastic.Fault("stop", 1, 6)
+    assert fault_for_this_attempt("stop:rank=1:step=6") == Fault("stop", 1, 6)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    assert elastic.Fault.from_environment() is None
+    assert fault_for_this_attempt("stop:rank=1:step=6") is None
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    monkeypatch.setenv(elastic.FAULT_VARIABLE, "explode:rank=1")
     with pytest.raises(ValueError, match="expected e.g. kill:rank=1:step=7"):
-        elastic.Fault.from_environment()
+        fault_for_this_attempt("explode:rank=1")
+
+
+def test_the_loops_test_hook_sees_every_step_and_does_nothing_by_default(monkeypatch, tmp_path):
+    from vitlab.train import hooks
+    from vitlab.train.loop import train
+
+    assert hooks.after_step is hooks.no_fault
+    seen = []
+    monkeypatch.setattr(hooks, "after_step", lambda point: seen.append((point.rank, point.global_step)))
+    train(
+        TrainConfig(
+            epochs=1, out_dir=str(tmp_path), run_name="hooked", threads=1, progress=False, model_overrides=MICRO
+        )
+    )
+    assert seen == [(0, step) for step in range(1, 11)]

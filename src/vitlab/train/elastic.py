@@ -9,10 +9,9 @@ later attempt (TORCHELASTIC_RESTART_COUNT > 0) reads it back and resumes from th
 read falls back to the one before it, and says so. Where the first attempt died before its first state was
 saved, the run starts again in the same folder.
 
-`VITLAB_FAULT` injects a fault for the fault tests and the "faults survived" figures (BENCHMARKS.md): for example
-`kill:rank=1:step=7` SIGKILLs rank 1 after its 7th optimizer step of the run, `stop:rank=1:step=7` SIGSTOPs it
-(a hung rank), `damage-and-kill:rank=0:step=7` first overwrites the end of checkpoints/last.pt (a state torn by
-the crash). A fault fires on the first attempt only, so the restarted group runs through.
+The fault tests inject their faults through a test hook (`vitlab.train.hooks.after_step`, set by
+tests/faulty_vitlab.py), never through anything a user's run reads. What a restarted attempt then does is
+`vitlab.train.restarts`.
 """
 
 from __future__ import annotations
@@ -20,17 +19,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vitlab.distributed import DistEnv, any_rank
 from vitlab.files import atomic_write_bytes
-from vitlab.runs import CHECKPOINTS, RunFolder
-
-FAULT_VARIABLE = "VITLAB_FAULT"
+from vitlab.runs import RunFolder
 
 
 def restart_count() -> int:
@@ -111,37 +105,3 @@ def run_to_continue(config: Any) -> RunFolder | None:
     if noted.get("recipe") != recipe_digest(config):
         return None
     return RunFolder(noted["run_dir"])
-
-
-# ------------------------------------------------------------------------------------------------ fault injection
-@dataclass(frozen=True)
-class Fault:
-    kind: str  # kill, stop or damage-and-kill
-    rank: int
-    step: int  # after this optimizer step of the run (global_step)
-
-    @classmethod
-    def from_environment(cls) -> Fault | None:
-        text = os.environ.get(FAULT_VARIABLE, "")
-        if not text or restart_count() > 0:
-            return None
-        kind, *fields = text.split(":")
-        values = dict(field.split("=", 1) for field in fields)
-        if kind not in ("kill", "stop", "damage-and-kill") or set(values) != {"rank", "step"}:
-            raise ValueError(
-                f"{FAULT_VARIABLE}={text!r}: expected e.g. kill:rank=1:step=7 (kill, stop, damage-and-kill)"
-            )
-        return cls(kind, int(values["rank"]), int(values["step"]))
-
-    def maybe_fire(self, rank: int, global_step: int, run: RunFolder, report: Callable[[], None]) -> None:
-        """Kill or stop this process when it is the fault's rank at the fault's step, after `report`ing its
-        progress (a real hang comes long after the heartbeat's last report; an injected one at once)."""
-        if rank != self.rank or global_step != self.step:
-            return
-        report()
-        if self.kind == "damage-and-kill":
-            last = run.path / CHECKPOINTS / "last.pt"
-            with open(last, "r+b") as handle:  # the end of the file: the state's last tensors, as a torn write
-                handle.seek(max(0, last.stat().st_size - 64))
-                handle.write(b"\0" * 64)
-        os.kill(os.getpid(), signal.SIGSTOP if self.kind == "stop" else signal.SIGKILL)

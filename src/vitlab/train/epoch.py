@@ -17,8 +17,8 @@ from vitlab.data.transforms import Draws
 from vitlab.distributed import DistEnv, any_ranks, gather_lists, sum_over_ranks
 from vitlab.model_input import to_device
 from vitlab.objectives.base import NonFiniteLoss, Objective
+from vitlab.train import hooks
 from vitlab.train.clock import PeriodicSave, StopFlag
-from vitlab.train.elastic import Fault
 from vitlab.train.figures import StepFigures
 from vitlab.train.state import Position
 from vitlab.train.step import TrainingStep
@@ -28,14 +28,14 @@ from vitlab.train.watchdog import Heartbeat
 @dataclass
 class Safeguards:
     """What keeps a long run safe between its steps: the heartbeat a hung rank is found by, the saves within an
-    epoch (`save_every`: `save` writes the state where `saving` says), the fault tests' injected fault, and how
-    often the host reads the device (`read_every` steps: the figures' check, the stop and the saves are then)."""
+    epoch (`save_every`: `save` writes the state where `saving` says), the run folder (for the test hook after
+    each step, `vitlab.train.hooks`), and how often the host reads the device (`read_every` steps: the figures'
+    check, the stop and the saves are then)."""
 
     heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(DistEnv()))
     saving: PeriodicSave = field(default_factory=lambda: PeriodicSave(None))
     save: Callable[[], None] = lambda: None
-    fault: Fault | None = None
-    run: Any = None  # the run folder (the fault that damages its state)
+    run: Any = None  # the run folder
     read_every: int = 1
 
 
@@ -106,8 +106,7 @@ def train_one_epoch(
             images_since_read, seconds_since_read = 0, 0.0
             unreadable_counted.check()
         guards.heartbeat.at("after its step", position.global_step)
-        if guards.fault is not None:
-            guards.fault.maybe_fire(env.rank, position.global_step, guards.run, guards.heartbeat.report)
+        hooks.after_step(hooks.AfterStep(env.rank, position.global_step, guards.run, guards.heartbeat.report))
         if not reads:
             guards.heartbeat.at("loading data")
             continue

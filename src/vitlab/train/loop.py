@@ -41,7 +41,7 @@ from vitlab.train.assemble import start
 from vitlab.train.budget import fit_to_budget
 from vitlab.train.clock import RunClock, StopFlag, seconds_since_launch
 from vitlab.train.config import TrainConfig
-from vitlab.train.elastic import Fault, shared_store_hazard
+from vitlab.train.elastic import shared_store_hazard
 from vitlab.train.epoch import Safeguards, train_one_epoch
 from vitlab.train.epoch_end import end_epoch
 from vitlab.train.figures import read_interval
@@ -123,12 +123,7 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
         session.save_state()
 
     guards = Safeguards(
-        session.heartbeat,
-        session.saving,
-        save_within_epoch,
-        Fault.from_environment(),
-        session.run,
-        read_interval(config.sync_every, env.device),
+        session.heartbeat, session.saving, save_within_epoch, session.run, read_interval(config.sync_every, env.device)
     )
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):

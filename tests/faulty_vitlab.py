@@ -1,0 +1,65 @@
+"""The vitlab CLI with a fault injected, for the fault tests (tests/test_elastic.py) and the "faults survived"
+figures (BENCHMARKS.md, benchmarks/multinode_restarts.py): torchrun runs this script instead of `-m vitlab`,
+
+    torchrun --standalone --nproc-per-node=2 --max-restarts=1 tests/faulty_vitlab.py kill:rank=1:step=7 train ...
+
+and every worker sets `vitlab.train.hooks.after_step` to the fault before it runs the CLI on the rest of the
+arguments. `kill:rank=1:step=7` SIGKILLs rank 1 after its 7th optimizer step of the run, `stop:rank=1:step=7`
+SIGSTOPs it (a hung rank), `damage-and-kill:rank=0:step=7` first overwrites the end of checkpoints/last.pt (a
+state torn by the crash). A fault fires on the first attempt only, so the group torchrun restarts runs through."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+from vitlab.runs import CHECKPOINTS
+from vitlab.train import hooks
+from vitlab.train.elastic import restart_count
+
+KINDS = ("kill", "stop", "damage-and-kill")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str  # kill, stop or damage-and-kill
+    rank: int
+    step: int  # after this optimizer step of the run (global_step)
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        kind, *fields = text.split(":")
+        values = dict(field.split("=", 1) for field in fields)
+        if kind not in KINDS or set(values) != {"rank", "step"}:
+            raise ValueError(f"fault {text!r}: expected e.g. kill:rank=1:step=7 ({', '.join(KINDS)})")
+        return cls(kind, int(values["rank"]), int(values["step"]))
+
+    def __call__(self, point: hooks.AfterStep) -> None:
+        """Kill or stop this process when it is the fault's rank at the fault's step, after reporting its progress
+        (a real hang comes long after the heartbeat's last report; an injected one at once)."""
+        if point.rank != self.rank or point.global_step != self.step:
+            return
+        point.report_progress()
+        if self.kind == "damage-and-kill":
+            last = point.run.path / CHECKPOINTS / "last.pt"
+            with open(last, "r+b") as handle:  # the end of the file: the state's last tensors, as a torn write
+                handle.seek(max(0, last.stat().st_size - 64))
+                handle.write(b"\0" * 64)
+        os.kill(os.getpid(), signal.SIGSTOP if self.kind == "stop" else signal.SIGKILL)
+
+
+def fault_for_this_attempt(text: str) -> Fault | None:
+    """The fault `text` names, on the first attempt of a torchrun job; None on a restarted one."""
+    fault = Fault.parse(text)
+    return fault if restart_count() == 0 else None
+
+
+if __name__ == "__main__":
+    from vitlab.cli import main
+
+    fault = fault_for_this_attempt(sys.argv[1])
+    if fault is not None:
+        hooks.after_step = fault
+    sys.exit(main(sys.argv[2:]))
