@@ -38,6 +38,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitlab.environment import read_variable
 from vitlab.errors import DataError
 from vitlab.files import atomic_write_bytes, sha256_file
 
@@ -56,8 +57,8 @@ class RemoteFile:
 
 def cache_dir() -> Path:
     """$VITLAB_CACHE, else $XDG_CACHE_HOME/vitlab, else ~/.cache/vitlab."""
-    if os.environ.get("VITLAB_CACHE"):
-        return Path(os.environ["VITLAB_CACHE"])
+    if read_variable("VITLAB_CACHE"):
+        return Path(read_variable("VITLAB_CACHE"))
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "vitlab"
 
@@ -65,10 +66,15 @@ def cache_dir() -> Path:
 def offline_mode(hub: bool = False) -> tuple[str, str] | None:
     """(variable, value) of the setting that forbids downloads, read when asked, or None: VITLAB_OFFLINE,
     HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE (any of them; the hub's named first for a hub name)."""
-    variables = ("VITLAB_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    settings = {
+        "VITLAB_OFFLINE": read_variable("VITLAB_OFFLINE"),
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE"),  # the hub's own (not vitlab.environment's)
+        "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE"),
+    }
+    variables = tuple(settings)
     for variable in variables[1:] + variables[:1] if hub else variables:
-        if os.environ.get(variable, "").upper() in TRUE:
-            return variable, os.environ[variable]
+        if (settings[variable] or "").upper() in TRUE:
+            return variable, settings[variable]
     return None
 
 
@@ -259,7 +265,7 @@ def keep_for_inspection(path: Path) -> None:
 
 
 def candidate_urls(remote: RemoteFile) -> list[str]:
-    mirror = os.environ.get("VITLAB_MIRROR")
+    mirror = read_variable("VITLAB_MIRROR")
     if mirror and remote.mirror_path != "":
         return [mirror.rstrip("/") + "/" + (remote.mirror_path or remote.name)]
     return list(remote.urls)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from vitlab.download import cache_dir
+from vitlab.environment import read_variable
 from vitlab.errors import UsageError
 from vitlab.files import atomic_write_bytes, exclusive_lock
 
@@ -64,7 +65,7 @@ def glibc():
     import ctypes.util
     import platform
 
-    if os.environ.get("VITLAB_MALLOC", "").lower() == "system" or platform.system() != "Linux":
+    if (read_variable("VITLAB_MALLOC") or "").lower() == "system" or platform.system() != "Linux":
         return None
     if "jemalloc" in os.environ.get("LD_PRELOAD", "") or "tcmalloc" in os.environ.get("LD_PRELOAD", ""):
         return None
@@ -166,7 +167,7 @@ def cpu_units() -> CpuUnits:
     """The units of this CPU, from PyTorch's own probe (`torch.cpu.get_capabilities`, the CPUID bits its kernels
     dispatch on), else /proc/cpuinfo's flags. VITLAB_CPU_UNITS="avx2,vnni" (names from CPU_UNIT_NAMES, or "none")
     simulates another CPU: what `auto` would choose there, and the tests of those choices."""
-    simulated = os.environ.get("VITLAB_CPU_UNITS")
+    simulated = read_variable("VITLAB_CPU_UNITS")
     if simulated is not None:
         names = {name.strip().lower() for name in simulated.split(",") if name.strip()} - {"none"}
         unknown = names - set(CPU_UNIT_NAMES)

@@ -13,11 +13,10 @@ on the plain weight every step, which can lose where packing wins.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
+from vitlab.environment import read_variable
 from vitlab.errors import UsageError
 from vitlab.hardware import Choice, update_measurements
 from vitlab.layers.onednn_linear import FP32_KERNELS, OneDNNLinearFunction, onednn_available, onednn_linear
@@ -38,7 +37,7 @@ MAX_ROWS = 4096
 
 def requested_kernel() -> str | None:
     """VITLAB_FP32_KERNEL's kernel, or None where it is unset or "auto"."""
-    value = os.environ.get(OVERRIDE, "auto").strip().lower()
+    value = (read_variable(OVERRIDE) or "auto").strip().lower()
     if value == "auto":
         return None
     if value not in FP32_KERNELS:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
-import os
 import sys
 from typing import Any
 
+from vitlab.environment import read_variable
 from vitlab.hardware import Choice, cpu_units, path_speeds, path_speeds_key, update_measurements
 
 # The export formats and the bench paths that run each (the fastest of them stands for the format).
@@ -78,7 +78,7 @@ def record_path_speeds(result: dict[str, Any], source: str = "vitlab bench") -> 
 def calibration_allowed() -> bool:
     """VITLAB_CALIBRATE=0 turns the calibration off (the advice then says nothing was measured): for machines
     that must not spend 20 s, and for the test suite, whose exports would each calibrate in their own cache."""
-    return os.environ.get("VITLAB_CALIBRATE", "1") != "0"
+    return read_variable("VITLAB_CALIBRATE") != "0"
 
 
 def calibrate(show: bool = True) -> dict[str, Any] | None:
