@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "src"))
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from vitlab.data.stream import open_index  # noqa: E402
+from vitlab.data.formats import open_index  # noqa: E402
 from vitlab.data.stream.loader import StreamingSource  # noqa: E402
 
 

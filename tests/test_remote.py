@@ -12,8 +12,8 @@ import torch
 
 from test_stream import write_photos
 from test_stream_index import write_shards
+from vitlab.data.formats import open_index
 from vitlab.data.source import rank_shard, shard_sequential_order
-from vitlab.data.stream import open_index
 from vitlab.data.stream.loader import StreamingSource
 from vitlab.data.stream.remote import is_remote, redacted
 from vitlab.errors import DataError

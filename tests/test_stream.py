@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 
 from test_train import MICRO, micro_config, weights
+from vitlab.data.formats import index_from_spec
 from vitlab.data.stream.crops import TrainCrop, crop_image, inception_box, sample_rng
 from vitlab.data.stream.loader import StreamingSource
-from vitlab.data.stream.open import index_from_spec
 from vitlab.data.stream.splits import stream_splits
 from vitlab.errors import DataError
 from vitlab.train.config import TrainConfig

@@ -17,16 +17,15 @@ import pytest
 from PIL import Image
 
 from vitlab.data.datasets import scan_folder
+from vitlab.data.formats import index_from_spec, open_index
 from vitlab.data.images import IMAGE_EXTENSIONS
 from vitlab.data.stream import (
     SampleIndex,
     expand_shard_pattern,
     index_folder,
-    index_from_spec,
     index_hf,
     index_manifest,
     index_tar_shards,
-    open_index,
 )
 from vitlab.errors import DataError
 

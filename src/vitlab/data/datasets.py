@@ -16,7 +16,7 @@ import io
 import pickle
 import struct
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import torch
 
 from vitlab.data.carving import TEST_CARVING, TEST_FRACTION, TEST_SEED, carve_splits
 from vitlab.data.contract import Preprocessing
+from vitlab.data.formats import resolve_format
 from vitlab.data.images import MAX_BAD_FRACTION, read_image
 from vitlab.data.source import (
     Batch,
@@ -40,8 +41,6 @@ from vitlab.data.source import (
 from vitlab.data.stream.folder import folder_trees, index_folder
 from vitlab.download import RemoteFile, download
 from vitlab.errors import DataError
-
-DATASET_NAMES = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "folder")
 
 
 @dataclass
@@ -415,6 +414,8 @@ def load_splits(
     `max_train_images` then keeps a stratified subset of what is left for training (quick runs, tests).
     `preprocessing`: the contract image files are decoded under (default `Preprocessing.image_files()`)."""
 
+    name = resolve_format(name, data_dir).name  # "auto": the format data_dir looks like
+
     def load(split: str) -> ImageDataset:
         return load_dataset(
             name,
@@ -479,6 +480,7 @@ def load_dataset(
     """
     if split not in ("train", "val", "test"):
         raise DataError(f"split must be 'train', 'val' or 'test', got {split!r}")
+    name = resolve_format(name, data_dir).name  # "auto": the format data_dir looks like
     if split == "val" and not has_official_validation(name, data_dir):
         raise DataError(f"{name} has no official validation split; training carves one from its training images")
     if classes is not None:
@@ -493,15 +495,14 @@ def load_dataset(
             seed,
             preprocessing=preprocessing,
         ).select_classes(list(classes))
+    if name != "folder" and name not in STORED_ARRAYS:
+        raise DataError(
+            f"{name} data are streamed from their files, not held in memory; open them through "
+            "vitlab.data.loaders.open_splits (or --dataset folder for a folder of images)"
+        )
     root = Path(data_dir).expanduser() if data_dir is not None else None
     if root is not None and not root.exists():
         raise DataError(f"--data-dir {root} does not exist")
-    if name == "digits":
-        return read_as_asked(load_digits(split), preprocessing)
-    if name in ("mnist", "fashion-mnist"):
-        return read_as_asked(load_idx_dataset(name, split, root, allow_download), preprocessing)
-    if name in ("cifar10", "cifar100"):
-        return read_as_asked(load_cifar(name, split, root, allow_download), preprocessing)
     if name == "folder":
         if root is None:
             raise DataError("the folder data set needs --data-dir PATH (one sub-folder per class)")
@@ -514,7 +515,18 @@ def load_dataset(
         dataset = load_folder(root, size, channels, preprocessing)
         carving = carve_splits(dataset.labels, test_fraction=test_fraction, test_seed=seed)
         return dataset.subset(carving.train if split == "train" else carving.test)
-    raise DataError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    return read_as_asked(STORED_ARRAYS[name](name, split, root, allow_download), preprocessing)
+
+
+# How the registry's stored-array formats (`vitlab.data.formats.FORMATS`) are read into memory:
+# (name, split, the folder holding their files or None for the download cache, allow_download) -> ImageDataset.
+STORED_ARRAYS: dict[str, Callable[[str, str, Path | None, bool], ImageDataset]] = {
+    "digits": lambda name, split, root, allow_download: load_digits(split),
+    "mnist": load_idx_dataset,
+    "fashion-mnist": load_idx_dataset,
+    "cifar10": load_cifar,
+    "cifar100": load_cifar,
+}
 
 
 def read_as_asked(stored: ImageDataset, preprocessing: Preprocessing | None) -> ImageDataset:
@@ -549,6 +561,7 @@ def open_splits(request: DataRequest) -> Splits:
 def open_split(request: DataRequest, split: str) -> BatchSource | None:
     """One split held in memory, without loading the others (see `SplitsOpener.open_split`); a carved
     validation split is the one `open_splits` carves."""
+    request = request.replace(dataset=resolve_format(request.dataset, request.data_dir).name)
     if split == "val" and not has_official_validation(request.dataset, request.data_dir):
         return open_splits(request.replace(max_train_images=None)).validation if request.val_size else None
     return load_dataset(

@@ -1,11 +1,11 @@
-"""Data sets by name: the table of how each is opened, and the one place that chooses between holding a data set's
-images in memory and streaming them from their files.
+"""Data sets by name: the one place that chooses between holding a data set's images in memory and streaming
+them from their files, and the openers that do either.
 
-A row of `LOADERS` names the `SplitsOpener` (`vitlab.data.source`) that holds the data set in memory, the one
-that streams it, or both (a folder: held while its decoded pixels fit comfortably, streamed otherwise). Training,
-evaluation, few-shot, the linear probe and the export checks all open data through `open_splits` / `open_split`,
-so a new kind of data set is a module with `open_splits(request)` and `open_split(request, split)` plus one row
-here, and every command reads it.
+Which format a data set is in is the registry's decision (`vitlab.data.formats`: the name given, or for `auto`
+what `--data-dir` looks like); its row says whether the format may be held (`vitlab.data.datasets` decodes it
+into memory), streamed (`vitlab.data.stream.splits`), or both (a folder: held while its decoded pixels fit
+comfortably, streamed otherwise). Training, evaluation, few-shot, the linear probe and the export checks all open
+data through `open_splits` / `open_split`, so a new format is a row of the registry and every command reads it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from vitlab.data import datasets
 from vitlab.data.contract import resolved_preprocessing
+from vitlab.data.formats import AUTO, FORMATS, DataFormat, format_named, resolve_format
 from vitlab.data.images import collect_images, read_image, reason
 from vitlab.data.naflex import patch_images
 from vitlab.data.preprocess import InputSpec, to_unit_range
@@ -32,7 +33,7 @@ MEMORY_SHARE = 0.25  # a folder is held in memory while its decoded pixels take 
 
 @dataclass(frozen=True)
 class Loader:
-    """One row of the table: how a data set is opened held in memory, streamed, or either."""
+    """How a data set is opened held in memory, streamed, or either."""
 
     held: SplitsOpener | None = None  # decodes every image into memory
     streamed: SplitsOpener | None = None  # reads images from their files as batches are asked for
@@ -40,31 +41,43 @@ class Loader:
     count: Callable[[DataRequest], int] | None = None
 
 
-ARRAYS = Loader(held=datasets)  # stored arrays, small enough to hold whatever the machine
-STREAMED_FILES = Loader(streamed=streamed)
-LOADERS: dict[str, Loader] = {
-    "digits": ARRAYS,
-    "mnist": ARRAYS,
-    "fashion-mnist": ARRAYS,
-    "cifar10": ARRAYS,
-    "cifar100": ARRAYS,
-    "folder": Loader(held=datasets, streamed=streamed, count=streamed.training_image_count),
-    "manifest": STREAMED_FILES,
-    "shards": STREAMED_FILES,
-    "hf": STREAMED_FILES,
-}
+def loader_for(data_format: DataFormat) -> Loader:
+    """The openers of a registry row: `vitlab.data.datasets` holds, `vitlab.data.stream.splits` streams."""
+    either = data_format.held and data_format.streamed
+    return Loader(
+        held=datasets if data_format.held else None,
+        streamed=streamed if data_format.streamed else None,
+        count=streamed.training_image_count if either else None,
+    )
+
+
+# The openers of every format, by name, made from the registry's rows. A data source written outside vitlab, with
+# its own opener, plugs in here under its own name (the data seam's contract test, tests/test_loaders.py, does).
+LOADERS: dict[str, Loader] = {name: loader_for(row) for name, row in FORMATS.items()}
 
 
 def loader_of(dataset: str) -> Loader:
-    """The table's row for a data set name; an unknown name is a DataError listing the known ones."""
+    """The openers of a data set name; an unknown name is the registry's DataError listing the known ones."""
     if dataset not in LOADERS:
-        raise DataError(f"unknown data set {dataset!r}; choose one of {', '.join(LOADERS)}")
+        format_named(dataset)  # raises: not a format either
     return LOADERS[dataset]
 
 
+def decided(request: DataRequest) -> DataRequest:
+    """The request with its format decided by the registry (`resolve_format`): `auto` becomes the format its
+    data_dir looks like, and a named format whose data_dir looks like another one is an error. A source plugged
+    into `LOADERS` under its own name is taken as named."""
+    if request.dataset != AUTO and request.dataset not in FORMATS:
+        loader_of(request.dataset)
+        return request
+    name = resolve_format(request.dataset, request.data_dir).name
+    return request if name == request.dataset else request.replace(dataset=name)
+
+
 def can_stream(dataset: str) -> bool:
-    """Whether the data set's images may be streamed (image files; not the stored arrays of digits or CIFAR)."""
-    return dataset in LOADERS and LOADERS[dataset].streamed is not None
+    """Whether the data set's images may be streamed (image files, including `auto`, which only finds image
+    files; not the stored arrays of digits or CIFAR)."""
+    return dataset == AUTO or (dataset in LOADERS and LOADERS[dataset].streamed is not None)
 
 
 def available_memory() -> int:
@@ -84,6 +97,7 @@ def streaming_choice(request: DataRequest, processes: int = 1) -> tuple[bool | N
     data set can go either way. None for data sets only ever held (the stored arrays). `processes`: how many
     processes on this machine would each hold the decoded pixels. A folder's files are listed (not decoded) to
     count them when the choice is left to their size."""
+    request = decided(request)
     loader = loader_of(request.dataset)
     if loader.streamed is None:
         return None, f"{request.dataset} is held in memory"
@@ -114,7 +128,7 @@ def streaming_choice(request: DataRequest, processes: int = 1) -> tuple[bool | N
 
 
 def opener_for(request: DataRequest) -> SplitsOpener:
-    """The opener that reads the request's data set: held or streamed, as `streaming_choice` says."""
+    """The opener that reads the request's (decided) data set: held or streamed, as `streaming_choice` says."""
     loader = loader_of(request.dataset)
     stream, _ = streaming_choice(request)
     if stream is None and request.stream:
@@ -127,6 +141,7 @@ def opener_for(request: DataRequest) -> SplitsOpener:
 def open_splits(request: DataRequest) -> Splits:
     """Train, validation and test of the request's data set as a training run uses them (validation official or
     carved by `request.val_size` and `request.seed`), held in memory or streamed as `streaming_choice` says."""
+    request = decided(request)
     return opener_for(request).open_splits(request)
 
 
@@ -136,6 +151,7 @@ def open_split(request: DataRequest, split: str) -> BatchSource | None:
     `request.val_size` is 0) or "test"."""
     if split not in ("train", "val", "test"):
         raise DataError(f"split must be 'train', 'val' or 'test', got {split!r}")
+    request = decided(request)
     return opener_for(request).open_split(request, split)
 
 

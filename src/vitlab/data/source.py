@@ -23,7 +23,8 @@ Implementations: `ImageDataset` (data/datasets.py), the in-memory tensor; `Strea
 command line.
 
 A data set is opened as `Splits` (train, validation, test) from a `DataRequest` by a module with the two
-functions of `SplitsOpener`; `vitlab.data.loaders` holds the table of data-set names and opens them.
+functions of `SplitsOpener`; `vitlab.data.formats` decides a data set's format (by its name, or by what its
+location looks like) and `vitlab.data.loaders` opens it, held in memory or streamed.
 """
 
 from __future__ import annotations
@@ -159,7 +160,9 @@ class DataRequest:
     """What a caller asks of a data set: which one, the model input its image files are decoded for, how the
     splits are carved, and where the images are read (held in memory or streamed)."""
 
-    dataset: str  # a name of the loader table (`vitlab.data.loaders.LOADERS`): digits, mnist, folder, manifest, ...
+    # A format of the registry (`vitlab.data.formats.FORMATS`: digits, mnist, folder, manifest, ...), or "auto":
+    # the image-file format data_dir looks like.
+    dataset: str
     data_dir: str | Path | None = None  # where its files are; None: the download cache (array data sets)
     image_size: tuple[int, int] | None = None  # the model's input (H, W): image files are decoded at it
     channels: int = 3  # the model's: image files are decoded to this many
@@ -197,7 +200,7 @@ class DataRequest:
 
 class SplitsOpener(Protocol):
     """How a kind of data set is opened (a module, or any object with these two functions): one row of the
-    loader table (`vitlab.data.loaders`) points at it."""
+    loader table (`vitlab.data.loaders.LOADERS`) points at it."""
 
     def open_splits(self, request: DataRequest) -> Splits:
         """Train, validation and test as a training run uses them: validation official or carved

@@ -4,8 +4,9 @@ carves the in-memory ones (so a folder gives the same train / validation / test 
 
 Data sets named by where they are: `folder` (class sub-folders, or train/ val/ test/ trees), `manifest` (a CSV
 or JSON-lines file of path and label), `shards` (WebDataset-style tar shards: a file, a list or a pattern such
-as `train-{000..015}.tar`) and `hf` (a Hugging Face dataset saved on disk, Parquet, or a hub name); `data_dir`
-says where. Whether a folder is held in memory or streamed is `vitlab.data.loaders`' choice.
+as `train-{000..015}.tar`) and `hf` (a Hugging Face dataset saved on disk, Parquet, or a hub name), or `auto`;
+`data_dir` says where, and the registry (`vitlab.data.formats`) which format reads it. Whether a folder is held
+in memory or streamed is `vitlab.data.loaders`' choice.
 """
 
 from __future__ import annotations
@@ -18,28 +19,13 @@ import torch
 
 from vitlab.data.carving import TEST_CARVING, TEST_FRACTION, carve_splits
 from vitlab.data.contract import Preprocessing
+from vitlab.data.formats import open_data_index, resolve_format
 from vitlab.data.source import BatchSource, DataRequest, Splits
 from vitlab.data.stream.crops import TrainCrop
 from vitlab.data.stream.folder import folder_trees
 from vitlab.data.stream.loader import StreamingSource, share_evaluation_workers
-from vitlab.data.stream.open import index_from_spec
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import DataError
-
-
-def index_data(dataset: str, data_dir: str | Path | None, split: str | None = None):
-    """The sample index of a streamed data set (or of one split of a folder with train/ val/ test/ trees)."""
-    if data_dir is None:
-        raise DataError(
-            f"the {dataset} data set needs --data-dir (a folder, a manifest file, tar shards, or for hf "
-            "a saved dataset or a hub name)"
-        )
-    if dataset == "folder":
-        return index_from_spec("folder", data_dir, split)
-    if dataset == "hf" and not Path(str(data_dir)).expanduser().exists():
-        name = str(data_dir).removeprefix("hf:")  # --data-dir beans and --data-dir hf:beans alike
-        return index_from_spec(f"hf:{name}", None, split)
-    return index_from_spec(str(data_dir), None, split)
 
 
 def labels_of(index) -> torch.Tensor:
@@ -78,14 +64,15 @@ def stream_splits(
     crops per image (`augment.crop`); validation and test read images under the model's contract."""
     augment = augment or AugmentConfig()
     contract = preprocessing or Preprocessing.image_files()
+    dataset = resolve_format(dataset, data_dir).name  # "auto": the format data_dir looks like
     trees = folder_trees(data_dir) if dataset == "folder" and data_dir is not None else ()
     test_source = "official"
     if trees:
-        train = index_data(dataset, data_dir, "train")
-        test = index_data(dataset, data_dir, "test" if "test" in trees else "val")
-        official = index_data(dataset, data_dir, "val") if trees == ("train", "val", "test") else None
+        train = open_data_index(dataset, data_dir, "train")
+        test = open_data_index(dataset, data_dir, "test" if "test" in trees else "val")
+        official = open_data_index(dataset, data_dir, "val") if trees == ("train", "val", "test") else None
     else:
-        everything = index_data(dataset, data_dir)
+        everything = open_data_index(dataset, data_dir)
         carving = carve_splits(labels_of(everything), test_fraction=TEST_FRACTION)
         train, test, official = everything.subset(carving.train.numpy()), everything.subset(carving.test.numpy()), None
         test_source = TEST_CARVING
@@ -141,7 +128,7 @@ def training_image_count(request: DataRequest) -> int:
     """How many images the training tree of a folder holds (the whole tree when it has no train/ split),
     counted from the file listing alone: what decides whether the folder is held in memory."""
     trees = folder_trees(request.data_dir) if request.data_dir is not None else ()
-    return len(index_data(request.dataset, request.data_dir, "train" if trees else None))
+    return len(open_data_index(request.dataset, request.data_dir, "train" if trees else None))
 
 
 def open_splits(request: DataRequest) -> Splits:
