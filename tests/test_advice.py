@@ -2,7 +2,7 @@
 
 import pytest
 
-from vitlab.bench import advice
+from vitlab.bench import advice, records, runner
 from vitlab.hardware import choose_precision, path_speeds
 
 GFLOPS = {"B/16": 17.6, "S/16": 4.6, "digits-8": 0.0003}
@@ -30,7 +30,8 @@ def machine(monkeypatch, tmp_path):
     def no_calibration(show=True):
         raise AssertionError("calibrated although figures were kept")
 
-    monkeypatch.setattr(advice, "calibrate", no_calibration)
+    monkeypatch.setattr(advice, "calibrate", no_calibration)  # the export advice's
+    monkeypatch.setattr(runner, "calibrate", no_calibration)  # --quick's
     return monkeypatch
 
 
@@ -45,7 +46,7 @@ ZEN5 = {
 
 
 def test_the_export_advice_is_this_machines_fastest_measured_format(machine):
-    advice.record_path_speeds(bench_result(ZEN5))
+    records.record_path_speeds(bench_result(ZEN5))
     choice = advice.fastest_export_format()
     assert choice.value == "onnx --int8"
     assert "onnx-int8 4.40x, onnx-fp32 1.80x, pt2e-int8 1.00x" in choice.reason and "B/16 at 224 px" in choice.reason
@@ -54,14 +55,14 @@ def test_the_export_advice_is_this_machines_fastest_measured_format(machine):
 
 
 def test_a_simulated_cpu_kind_is_advised_by_its_own_figures_only(machine):
-    advice.record_path_speeds(bench_result(ZEN5))
+    records.record_path_speeds(bench_result(ZEN5))
     machine.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni,avx512_bf16,amx")  # another kind: nothing kept for it
     assert path_speeds() is None
     calibrated = []
 
     def calibrate(show=True):
         calibrated.append(1)
-        advice.record_path_speeds(bench_result({"eager-fp32": 5.0, "pt2e-int8-bf16": 36.0, "onnx-int8": 15.0}, "S/16"))
+        records.record_path_speeds(bench_result({"eager-fp32": 5.0, "pt2e-int8-bf16": 36.0, "onnx-int8": 15.0}, "S/16"))
         return path_speeds()
 
     machine.setattr(advice, "calibrate", calibrate)
@@ -77,20 +78,20 @@ def test_nothing_measurable_says_so(machine):
 
 
 def test_auto_precision_follows_the_measured_paths(machine):
-    advice.record_path_speeds(bench_result(ZEN5))
+    records.record_path_speeds(bench_result(ZEN5))
     served = choose_precision("auto", "cpu", 17.6, "serve")
     assert served.value == "int8" and "onnx-int8 4.40x" in served.reason
     predicted = choose_precision("auto", "cpu", 17.6, "inference")  # never quantised: bf16 led the float paths
     assert predicted.value == "bf16" and "eager-bf16 3.20x" in predicted.reason
-    advice.record_path_speeds(bench_result({"eager-fp32": 5.0, "eager-bf16": 4.0}))
+    records.record_path_speeds(bench_result({"eager-fp32": 5.0, "eager-bf16": 4.0}))
     assert choose_precision("auto", "cpu", 17.6, "inference").value == "fp32"
     assert choose_precision("auto", "cpu", 0.001, "serve").value == "fp32"  # a tiny model keeps fp32 regardless
 
 
 def test_quick_takes_the_measured_leaders_and_every_int8_path(machine):
-    machine.setattr(advice, "installed", lambda *packages: "torchao" not in packages)
-    advice.record_path_speeds(bench_result(ZEN5))
-    assert advice.quick_paths(False) == [
+    machine.setattr(records, "installed", lambda *packages: "torchao" not in packages)
+    records.record_path_speeds(bench_result(ZEN5))
+    assert records.quick_paths(False, runner.measured_or_calibrated(None)) == [
         "eager-fp32",
         "onnx-int8",
         "torch-int8",
@@ -104,17 +105,17 @@ def test_the_margin_names_the_runner_up():
     result = bench_result({"eager-fp32": 5.0, "onnx-int8": 22.0, "eager-bf16": 16.0})
     for row in result["paths"]:
         row["name"] = row["path"].replace("-", " ")
-    assert advice.winner_line(result) == "margin: onnx int8 1.38x the next, eager bf16"
+    assert runner.winner_line(result) == "margin: onnx int8 1.38x the next, eager bf16"
 
 
 def test_a_real_calibration_keeps_what_it_measured(monkeypatch, tmp_path):
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(advice, "CALIBRATION_MODEL", "digits-8")
-    monkeypatch.setattr(advice, "CALIBRATION_IMAGE_SIZE", 8)
-    monkeypatch.setattr(advice, "installed", lambda *packages: False)  # eager and onnx fp32 only: seconds
+    monkeypatch.setattr(runner, "CALIBRATION_MODEL", "digits-8")
+    monkeypatch.setattr(runner, "CALIBRATION_IMAGE_SIZE", 8)
+    monkeypatch.setattr(records, "installed", lambda *packages: False)  # eager and onnx fp32 only: seconds
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
     pytest.importorskip("onnxruntime")
-    record = advice.calibrate(show=False)
+    record = runner.calibrate(show=False)
     assert record["source"] == "calibration" and set(record["speed_vs_eager_fp32"]) == {"eager-fp32", "onnx-fp32"}
     assert record == path_speeds()
 
@@ -125,17 +126,17 @@ def test_calibration_can_be_turned_off(machine):
 
 
 def test_a_narrower_bench_updates_its_paths_and_keeps_the_rest(machine):
-    advice.record_path_speeds(bench_result(ZEN5))
+    records.record_path_speeds(bench_result(ZEN5))
     # A later bench of two paths on a busier machine: the ratios in that run, not its images/s, are kept.
-    advice.record_path_speeds(bench_result({"eager-fp32": 2.5, "pt2e-int8": 15.0}))
+    records.record_path_speeds(bench_result({"eager-fp32": 2.5, "pt2e-int8": 15.0}))
     speeds = path_speeds(17.6)["speed_vs_eager_fp32"]
     assert speeds["pt2e-int8"] == 6.0 and speeds["onnx-int8"] == 4.4 and speeds["eager-bf16"] == 3.2
     assert advice.fastest_export_format(17.6).value == "pt2e"
 
 
 def test_each_model_size_is_advised_by_the_measured_model_nearest_it(machine):
-    advice.record_path_speeds(bench_result(ZEN5))  # B/16: int8 leads
-    advice.record_path_speeds(bench_result({"eager-fp32": 900.0, "onnx-fp32": 1200.0, "onnx-int8": 700.0}, "digits-8"))
+    records.record_path_speeds(bench_result(ZEN5))  # B/16: int8 leads
+    records.record_path_speeds(bench_result({"eager-fp32": 900.0, "onnx-fp32": 1200.0, "onnx-int8": 700.0}, "digits-8"))
     assert advice.fastest_export_format(17.6).value == "onnx --int8"
     assert advice.fastest_export_format(12.0).value == "onnx --int8"  # nearer B/16 than the digits model
     assert advice.fastest_export_format(0.0005).value == "onnx"  # a tiny model: the tiny model's figures
@@ -145,7 +146,7 @@ def test_each_model_size_is_advised_by_the_measured_model_nearest_it(machine):
 def test_another_thread_count_reads_its_own_figures(machine):
     import torch
 
-    advice.record_path_speeds(bench_result(ZEN5))
+    records.record_path_speeds(bench_result(ZEN5))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1 if threads > 1 else 2)
@@ -158,13 +159,13 @@ def test_another_thread_count_reads_its_own_figures(machine):
 def test_the_onnx_int8_path_needs_every_package_its_export_uses(machine):
     def version(package):
         if package == "onnxscript":  # ONNX Runtime installed, the exporter not
-            raise advice.importlib.metadata.PackageNotFoundError(package)
+            raise records.importlib.metadata.PackageNotFoundError(package)
         return "1"
 
-    machine.setattr(advice.importlib.metadata, "version", version)
-    machine.setattr(advice, "path_speeds", lambda gflops=None: None)
+    machine.setattr(records.importlib.metadata, "version", version)
+    machine.setattr(runner, "path_speeds", lambda gflops=None: None)
     machine.setenv("VITLAB_CALIBRATE", "0")
-    assert advice.quick_paths(False) == [
+    assert records.quick_paths(False, runner.measured_or_calibrated(None)) == [
         "eager-fp32",
         "torch-int8",
         "pt2e-int8",

@@ -361,12 +361,12 @@ def test_the_tables_time_limit_leaves_later_paths_unrun(monkeypatch):
 
 @pytest.mark.parametrize("units", ["avx2", "avx2,avx512,vnni", "avx2,avx512,vnni,avx512_bf16,amx"])
 def test_quick_without_measurements_takes_every_int8_path_and_bf16_by_the_units(monkeypatch, units):
-    from vitlab.bench import advice
+    from vitlab.bench import records, runner
     from vitlab.bench.runner import choose_paths
 
     monkeypatch.setenv("VITLAB_CPU_UNITS", units)
-    monkeypatch.setattr(advice, "calibrate", lambda show=True: None)  # nothing could be measured here
-    monkeypatch.setattr(advice, "installed", lambda *packages: True)
+    monkeypatch.setattr(runner, "calibrate", lambda show=True: None)  # nothing could be measured here
+    monkeypatch.setattr(records, "installed", lambda *packages: True)
     cpu = torch.device("cpu")
     has_bf16 = "amx" in units
     chosen, left_out = choose_paths(False, True, cpu, None)
@@ -392,11 +392,11 @@ def test_quick_gives_a_table_whose_header_names_the_cpus_units(monkeypatch, caps
         return build
 
     # The real int8 paths compile for tens of seconds; their own tests cover them. Here: the quick flow.
-    from vitlab.bench import advice
+    from vitlab.bench import records, runner
 
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")
-    monkeypatch.setattr(advice, "calibrate", lambda show=True: None)
-    monkeypatch.setattr(advice, "installed", lambda *packages: set(packages) <= {"onnxruntime", "onnx", "onnxscript"})
+    monkeypatch.setattr(runner, "calibrate", lambda show=True: None)
+    monkeypatch.setattr(records, "installed", lambda *packages: set(packages) <= {"onnxruntime", "onnx", "onnxscript"})
     monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "onnx-int8", fake("onnxruntime int8"))
     assert main(["bench", "--quick", "--model", "digits-8", "--batch-size", "4"]) == 0
     out = capsys.readouterr().out

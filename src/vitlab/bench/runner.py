@@ -16,14 +16,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.bench.advice import quick_paths, record_path_speeds, winner_line
 from vitlab.bench.budget import OverBudget, deadline, rounds_within
 from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, BenchPath, Unavailable
+from vitlab.bench.records import (
+    calibration_allowed,
+    installed,
+    installed_int8_paths,
+    quick_paths,
+    record_path_speeds,
+)
 from vitlab.checkpoint import load_model
 from vitlab.data.preprocess import prepare
 from vitlab.errors import UsageError
 from vitlab.eval.runner import evaluation_data
-from vitlab.hardware import cpu_name, cpu_units, record_peaks, resolve_device, theoretical_peaks
+from vitlab.hardware import cpu_name, cpu_units, path_speeds, record_peaks, resolve_device, theoretical_peaks
 from vitlab.models import create_model, model_stats
 from vitlab.runs import RunFolder
 from vitlab.timing import time_interleaved
@@ -260,13 +266,65 @@ def choose_paths(
                 f"not run: this CPU has no bf16 units ({units.describe()}), so bf16 is emulated and "
                 f"far slower than fp32; name it in --paths to measure it anyway"
             )
-    if quick:  # what this machine measured fastest, and every installed runtime's int8 path (bench.advice)
-        kept = quick_paths(train, gflops_per_image)
+    if quick:  # what this machine measured fastest, and every installed runtime's int8 path (bench.records)
+        kept = quick_paths(train, None if train else measured_or_calibrated(gflops_per_image))
         for key in chosen:
             if key not in kept:
                 left_out.setdefault(key, "not run by --quick (name it in --paths)")
         chosen = [key for key in kept if key in chosen]
     return chosen, left_out
+
+
+CALIBRATION_MODEL = "S/16"
+CALIBRATION_IMAGE_SIZE = 96
+CALIBRATION_SECONDS = 20.0
+
+
+def measured_or_calibrated(gflops_per_image: float | None) -> dict[str, Any] | None:
+    """The speeds kept here for the model nearest in size to one of `gflops_per_image`; where none were kept, a
+    calibration's (unless VITLAB_CALIBRATE=0); None where nothing could be measured."""
+    return path_speeds(gflops_per_image) or (calibrate() if calibration_allowed() else None)
+
+
+def calibrate(show: bool = True) -> dict[str, Any] | None:
+    """Measure the deployment paths on a small model within CALIBRATION_SECONDS and keep the figures; None where
+    nothing could be measured. Paths that do not fit are left out of the record (and so of the advice). A bench
+    run of its own, so it lives beside `run_bench` (`--quick` calibrates a machine with no figures first)."""
+    # Quick to build first (ONNX Runtime's and PyTorch's int8), PT2E last: its compilation can take the budget.
+    paths = ["eager-fp32", *installed_int8_paths(), "onnx-fp32"]
+    if cpu_units().bf16:
+        paths[1:1] = ["eager-bf16"]
+        paths += ["pt2e-int8-bf16"] if installed("torchao") else []
+    paths.sort(key=lambda path: path.startswith("pt2e"))
+    if show:
+        print(
+            f"vitlab: no speeds measured on this CPU yet; measuring {', '.join(paths)} on {CALIBRATION_MODEL} at "
+            f"{CALIBRATION_IMAGE_SIZE} px (at most {CALIBRATION_SECONDS:.0f} s, once per machine)",
+            file=sys.stderr,
+            flush=True,
+        )
+    result = run_bench(
+        CALIBRATION_MODEL,
+        image_size=CALIBRATION_IMAGE_SIZE,
+        batch_size=16,
+        paths=paths,
+        repetitions=3,
+        warmup=1,
+        min_sample_seconds=0.05,
+        budget_seconds=CALIBRATION_SECONDS / 2,
+        total_seconds=CALIBRATION_SECONDS,
+        device="cpu",
+        record=False,
+    )
+    record = record_path_speeds(result, source="calibration")  # returned as well: a read-only cache keeps nothing
+    if show and result["skipped"]:
+        print(
+            "vitlab: not measured in the calibration: "
+            + "; ".join(f"{path} ({why})" for path, why in result["skipped"].items())
+            + "; `vitlab bench --paths ...` measures them on your model",
+            file=sys.stderr,
+        )
+    return record
 
 
 def run_bench(
@@ -296,7 +354,7 @@ def run_bench(
     reported, with what it did in time. quick: the fastest paths for this machine, 3 rounds after 1 warm-up
     call, within `total_seconds` (default QUICK_TOTAL_SECONDS) for preparing and timing them all.
     show: say on stderr what happens while it happens (each path as it is built, the timing rounds). record: keep
-    an inference run's images/s per path on a CPU for the advice (`vitlab.bench.advice`)."""
+    an inference run's images/s per path on a CPU for the advice (`vitlab.bench.records`)."""
 
     def say(text: str) -> None:
         if show:
@@ -595,3 +653,12 @@ def format_table(result: dict[str, Any]) -> str:
         if margin:
             lines.append(margin)
     return "\n".join(lines)
+
+
+def winner_line(result: dict[str, Any]) -> str | None:
+    """ "fastest: X, 1.23x the next (Y)": the winner of a bench and its margin over the runner-up."""
+    rows = sorted(result["paths"], key=lambda row: -row["images_per_second"])
+    if len(rows) < 2:
+        return None
+    first, second = rows[0], rows[1]
+    return f"margin: {first['name']} {first['images_per_second'] / second['images_per_second']:.2f}x the next, {second['name']}"

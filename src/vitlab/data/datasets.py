@@ -396,6 +396,17 @@ def load_folder(
     return dataset
 
 
+# How the registry's stored-array formats (`vitlab.data.formats.FORMATS`) are read into memory:
+# (name, split, the folder holding their files or None for the download cache, allow_download) -> ImageDataset.
+STORED_ARRAYS: dict[str, Callable[[str, str, Path | None, bool], ImageDataset]] = {
+    "digits": lambda name, split, root, allow_download: load_digits(split),
+    "mnist": load_idx_dataset,
+    "fashion-mnist": load_idx_dataset,
+    "cifar10": load_cifar,
+    "cifar100": load_cifar,
+}
+
+
 def load_splits(
     name: str,
     data_dir: str | Path | None = None,
@@ -411,7 +422,8 @@ def load_splits(
     """Train, validation and test splits of a data set. A data set with an official validation split (an image
     folder with train/, val/ and test/) keeps it; otherwise `val_size` images (a fraction below 1, or a count)
     are carved from the training split, stratified by class and fixed by `seed`. val_size 0: no validation.
-    `max_train_images` then keeps a stratified subset of what is left for training (quick runs, tests).
+    `max_train_images` then keeps a stratified subset of what is left for training (quick runs, tests). The
+    carving is `vitlab.data.carving.carve_splits`, the one streamed data sets use too.
     `preprocessing`: the contract image files are decoded under (default `Preprocessing.image_files()`)."""
 
     name = resolve_format(name, data_dir).name  # "auto": the format data_dir looks like
@@ -516,17 +528,6 @@ def load_dataset(
         carving = carve_splits(dataset.labels, test_fraction=test_fraction, test_seed=seed)
         return dataset.subset(carving.train if split == "train" else carving.test)
     return read_as_asked(STORED_ARRAYS[name](name, split, root, allow_download), preprocessing)
-
-
-# How the registry's stored-array formats (`vitlab.data.formats.FORMATS`) are read into memory:
-# (name, split, the folder holding their files or None for the download cache, allow_download) -> ImageDataset.
-STORED_ARRAYS: dict[str, Callable[[str, str, Path | None, bool], ImageDataset]] = {
-    "digits": lambda name, split, root, allow_download: load_digits(split),
-    "mnist": load_idx_dataset,
-    "fashion-mnist": load_idx_dataset,
-    "cifar10": load_cifar,
-    "cifar100": load_cifar,
-}
 
 
 def read_as_asked(stored: ImageDataset, preprocessing: Preprocessing | None) -> ImageDataset:

@@ -270,7 +270,7 @@ def index_from_spec(spec: str, data_dir: str | Path | None = None, split: str | 
     if spec == "folder" or spec.startswith("folder:"):
         if data_dir is None:
             raise DataError(f"the data spec {spec!r} needs a data folder (--data-dir PATH)")
-        return FOLDER.index(data_dir, spec.partition(":")[2] or split, None)
+        return open_data_index(FOLDER.name, data_dir, spec.partition(":")[2] or split)
     if spec.startswith("hf:"):
         return open_index(spec, split)
     if data_dir is not None and is_remote(data_dir) and not is_remote(spec):

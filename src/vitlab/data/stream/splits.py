@@ -1,5 +1,5 @@
-"""The three splits of a training run over streamed data, carved exactly as `vitlab.data.datasets.load_splits`
-carves the in-memory ones (so a folder gives the same train / validation / test files either way): the
+"""The three splits of a training run over streamed data, carved by the carving the in-memory ones use
+(`vitlab.data.carving.carve_splits`, so a folder gives the same train / validation / test files either way): the
 `SplitsOpener` of streamed data sets.
 
 Data sets named by where they are: `folder` (class sub-folders, or train/ val/ test/ trees), `manifest` (a CSV
