@@ -8,11 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
+from vitlab.data.carving import TEST_FRACTION, carve_splits
 from vitlab.data.datasets import load_splits
 from vitlab.data.source import digest
 from vitlab.data.stream.splits import stream_splits
+from vitlab.errors import DataError
 
 SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 
@@ -146,3 +149,28 @@ def test_a_folder_is_carved_as_before_held_and_streamed(recipe, tmp_path):
     finally:
         streamed.close()
     assert tuple(files) == STREAMED[recipe]
+
+
+def test_one_carving_of_test_validation_and_a_training_subset():
+    labels = torch.arange(4).repeat_interleave(torch.tensor([30, 20, 40, 10]))
+    carving = carve_splits(labels, val_size=0.25, seed=3, max_train_images=30, test_fraction=TEST_FRACTION)
+    parts = [carving.train, carving.validation, carving.test]
+    assert [len(part) for part in parts] == [30, 20, 20]
+    assert all(torch.equal(part, part.sort().values) for part in parts)  # each split in source order
+    assert len(set(torch.cat(parts).tolist())) == 70  # disjoint
+    assert labels[carving.test].bincount().tolist() == [6, 4, 8, 2]  # stratified
+    again = carve_splits(labels, val_size=0.25, seed=3, max_train_images=30, test_fraction=TEST_FRACTION)
+    assert all(torch.equal(a, b) for a, b in zip(parts, [again.train, again.validation, again.test]))
+    other = carve_splits(labels, val_size=0.25, seed=4, test_fraction=TEST_FRACTION)
+    assert torch.equal(other.test, carving.test)  # the test split does not move with the recipe's seed
+    assert not torch.equal(other.validation, carving.validation)
+
+
+def test_a_carving_that_cannot_be_made_says_so():
+    labels = torch.tensor([0] + [1] * 9)
+    with pytest.raises(DataError, match="a validation split of 0.5 leaves a class of tiny with no training image"):
+        carve_splits(labels, val_size=0.5, class_count=2, name="tiny")
+    assert carve_splits(labels, val_size=0.5).validation is not None  # unlabeled data: no class to keep
+    with pytest.raises(DataError, match="val_size must be a fraction in"):
+        carve_splits(labels, val_size=-1)
+    assert carve_splits(labels).validation is None and carve_splits(labels).test is None
