@@ -1,11 +1,14 @@
 """Progress of a long loop for a person watching: tqdm's bar on a terminal, and where output goes to a log or a
-pipe (no terminal, so no bar) a line now and then with the count, the rate and the time left."""
+pipe (no terminal, so no bar) a line now and then with the count, the rate and the time left (said through
+`vitlab.messages`, so a Python user can silence or capture them)."""
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any
+
+from vitlab.messages import say
 
 
 def format_duration(seconds: float | None) -> str:
@@ -30,13 +33,13 @@ class LogLines:
         label: str,
         every: int,
         unit: str = "step",
-        stream: TextIO | None = None,
+        to_stderr: bool = False,
         done: int = 0,
         left_label: str = "",
     ) -> None:
         self.total, self.label, self.every, self.unit = total, label, max(1, every), unit
         self.left_label = left_label  # e.g. "epoch": "epoch 12s left"
-        self.stream = stream or sys.stdout
+        self.to_stderr = to_stderr  # where the CLI shows it: stderr for progress beside a result on stdout
         self.done = done
         self.started, self.done_at_start = time.perf_counter(), done
         self.paced_from: tuple[float, int] | None = None
@@ -57,11 +60,10 @@ class LogLines:
             left = (self.total - self.done) / pace if pace > 0 else None
         extra = "".join(f"  {key} {value}" for key, value in fields.items())
         left_text = f"{self.left_label} {format_duration(left)} left".strip()
-        print(
+        say(
             f"{self.label}  {self.unit} {self.done}/{self.total}{extra}  {rate:.1f} {self.unit}/s  {left_text}"
             + (f", {tail}" if tail else ""),
-            file=self.stream,
-            flush=True,
+            to_stderr=self.to_stderr,
         )
 
     def close(self) -> None:
@@ -76,4 +78,4 @@ def progress(total: int, label: str, unit: str = "it", lines: int = 4, min_total
     if sys.stderr.isatty():
         return tqdm(total=total, desc=label, unit=unit, leave=False, dynamic_ncols=True)
     every = -(-total // lines) if total >= min_total else total + 1
-    return LogLines(total, label, every, unit, stream=sys.stderr)
+    return LogLines(total, label, every, unit, to_stderr=True)

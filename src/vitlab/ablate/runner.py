@@ -26,6 +26,7 @@ from vitlab.config import variant_config, variant_names
 from vitlab.counts import model_size
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import PARALLEL_TRAINING_BELOW_GFLOPS, available_cores
+from vitlab.messages import say
 from vitlab.runs import RunFolder
 
 
@@ -133,14 +134,14 @@ def run_ablations(
     cores = available_cores()
     threads = max(1, cores // processes)
     for ablation, cells, skipped in plans:
-        print(
+        say(
             f"{ablation.name}: {len(cells)} cells x {len(ablation.seeds)} seeds"
             + (f" ({len(skipped)} combinations that cannot exist left out)" if skipped else "")
         )
         for name, reason in skipped:
-            print(f"  left out {name}: {reason}")
+            say(f"  left out {name}: {reason}")
     resumed = sum(1 for t in todo if t.run.holds_run)
-    print(
+    say(
         f"{len(tasks)} runs under {out}: {len(done)} done, {len(todo)} to run"
         + (f" ({resumed} resumed where they stopped)" if resumed else "")
         + f"; {processes} process(es) of {threads} thread(s)"
@@ -180,10 +181,9 @@ def run_ablations(
                 # Runs of one ablation take about as long as each other: the mean so far, `processes` at a time.
                 eta = f", about {duration(sum(durations) / len(durations) * left / processes)} left" if left else ""
                 if process.returncode == 0 and summary is not None:
-                    print(
+                    say(
                         f"[{finished_count}/{len(tasks)}] {task.label}: validation "
-                        f"{100 * (summary['val_top1'] or 0):.2f}%, {durations[-1]:.0f} s{eta}",
-                        flush=True,
+                        f"{100 * (summary['val_top1'] or 0):.2f}%, {durations[-1]:.0f} s{eta}"
                     )
                 else:
                     failed.append(
@@ -195,17 +195,16 @@ def run_ablations(
                             "log": str(task.log),
                         }
                     )
-                    print(
+                    say(
                         f"[{finished_count}/{len(tasks)}] {task.label}: FAILED (exit {process.returncode}); "
                         f"see {task.log}",
-                        file=sys.stderr,
-                        flush=True,
+                        to_stderr=True,
                     )
     except KeyboardInterrupt:
         interrupted = True
-        print(
+        say(
             f"\nstopping {len(running)} run(s): each saves its state; run the same command again to go on",
-            file=sys.stderr,
+            to_stderr=True,
         )
         for process in running:
             try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import platform
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +29,7 @@ from vitlab.data.preprocess import prepare
 from vitlab.errors import UsageError
 from vitlab.eval.runner import evaluation_data
 from vitlab.hardware import cpu_name, cpu_units, path_speeds, record_peaks, resolve_device, theoretical_peaks
+from vitlab.messages import say
 from vitlab.models import create_model, model_stats
 from vitlab.runs import RunFolder
 from vitlab.timing import time_interleaved
@@ -297,11 +297,10 @@ def calibrate(show: bool = True) -> dict[str, Any] | None:
         paths += ["pt2e-int8-bf16"] if installed("torchao") else []
     paths.sort(key=lambda path: path.startswith("pt2e"))
     if show:
-        print(
+        say(
             f"vitlab: no speeds measured on this CPU yet; measuring {', '.join(paths)} on {CALIBRATION_MODEL} at "
             f"{CALIBRATION_IMAGE_SIZE} px (at most {CALIBRATION_SECONDS:.0f} s, once per machine)",
-            file=sys.stderr,
-            flush=True,
+            to_stderr=True,
         )
     result = run_bench(
         CALIBRATION_MODEL,
@@ -318,11 +317,11 @@ def calibrate(show: bool = True) -> dict[str, Any] | None:
     )
     record = record_path_speeds(result, source="calibration")  # returned as well: a read-only cache keeps nothing
     if show and result["skipped"]:
-        print(
+        say(
             "vitlab: not measured in the calibration: "
             + "; ".join(f"{path} ({why})" for path, why in result["skipped"].items())
             + "; `vitlab bench --paths ...` measures them on your model",
-            file=sys.stderr,
+            to_stderr=True,
         )
     return record
 
@@ -356,9 +355,9 @@ def run_bench(
     show: say on stderr what happens while it happens (each path as it is built, the timing rounds). record: keep
     an inference run's images/s per path on a CPU for the advice (`vitlab.bench.records`)."""
 
-    def say(text: str) -> None:
+    def say_if_shown(text: str) -> None:
         if show:
-            print(text, file=sys.stderr, flush=True)
+            say(text, to_stderr=True)
 
     target = resolve_device(device)
     registry = TRAIN_PATHS if train else INFERENCE_PATHS
@@ -402,11 +401,11 @@ def run_bench(
             for key in chosen:
                 if total_seconds is not None and time.perf_counter() - began > total_seconds - 5:
                     skipped[key] = f"not run: the {total_seconds:.0f} s limit of the whole table was reached"
-                    say(f"bench: {key} not run (the table's time limit)")
+                    say_if_shown(f"bench: {key} not run (the table's time limit)")
                     continue
                 started = time.perf_counter()
                 allowed = budget if total_seconds is None else min(budget, total_seconds - (started - began))
-                say(f"bench: preparing {key} ...")
+                say_if_shown(f"bench: preparing {key} ...")
                 stage = "preparing it (export, quantization or compilation)"
                 try:
                     with deadline(allowed):
@@ -418,15 +417,15 @@ def run_bench(
                         per_call[key] = time.perf_counter() - call_started
                 except Unavailable as error:
                     skipped[key] = str(error)
-                    say(f"bench: {key} unavailable: {error}")
+                    say_if_shown(f"bench: {key} unavailable: {error}")
                     continue
                 except OverBudget:
                     skipped[key] = f"over its {allowed:.0f} s budget while {stage}"
-                    say(f"bench: {key} over its budget ({stage})")
+                    say_if_shown(f"bench: {key} over its budget ({stage})")
                     continue
                 built[key], candidates[key] = path, run
                 spent[key] = time.perf_counter() - started
-                say(f"bench: {key} ready ({spent[key]:.1f} s, {1000 * per_call[key]:.0f} ms a batch)")
+                say_if_shown(f"bench: {key} ready ({spent[key]:.1f} s, {1000 * per_call[key]:.0f} ms a batch)")
             matmuls = matmul_candidates(model, batch_size, {path.precision for path in built.values()}, target)
             for name, (run, _) in matmuls.items():
                 run = synchronised(run)
@@ -450,7 +449,7 @@ def run_bench(
                 ):
                     longest = max(rounds.values())
                     rounds = {name: min(count, longest - 1) for name, count in rounds.items()}
-            say(
+            say_if_shown(
                 f"bench: timing {len(candidates)} paths and kernels, {warmup} warm-up calls and up to {repetitions} "
                 "rounds each"
             )

@@ -14,6 +14,7 @@ from vitlab.data.loaders import can_stream, open_splits, streaming_choice
 from vitlab.data.source import DataRequest, Splits
 from vitlab.distributed import DistEnv, broadcast_object
 from vitlab.errors import ConfigError
+from vitlab.messages import say
 from vitlab.train.config import TrainConfig
 from vitlab.train.setup import default_workers
 
@@ -34,7 +35,7 @@ def choose_streaming(
         decision = streaming_choice(request, int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)))
     stream, why = broadcast_object(decision, env)
     if stream and env.is_main:
-        print(
+        say(
             f"note: streaming {config.dataset} {config.data_dir} through {request.workers} worker process(es) "
             f"per training process ({why})"
         )

@@ -35,6 +35,7 @@ from vitlab.distributed import (
     synchronize,
 )
 from vitlab.errors import VitlabError
+from vitlab.messages import say
 from vitlab.objectives.base import NonFiniteLoss
 from vitlab.runs import BEST, BEST_OBJECTIVE
 from vitlab.train.assemble import start
@@ -83,7 +84,7 @@ def train(
         if state is not None:
             set_aside_damaged_state(state, Path(resume), env, notes)  # type: ignore[arg-type]
         for note in notes if env.is_main else []:
-            print(f"note: {note}", flush=True)
+            say(f"note: {note}")
         session = start(config, env, state, Path(resume) if resume is not None else None)
         session.launched = launched
         try:
@@ -179,11 +180,10 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
             if env.is_main:
                 every = max(1, config.epochs // 25)
                 if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
-                    print(
+                    say(
                         epoch_line(
                             row, config.epochs, clock.remaining(position.global_step), improved, session.objective
-                        ),
-                        flush=True,
+                        )
                     )
             if any_rank(stop.requested, env) and epoch + 1 < config.epochs:
                 return stopped(session, f"after epoch {epoch + 1}", epoch + 1, 0, stop)
@@ -194,7 +194,7 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
 def stopped(session: Session, where: str, epoch: int, step: int, stop: StopFlag) -> dict[str, Any]:
     """The 'interrupted' summary of a run stopped (its state saved) at `epoch`, `step`; rank 0 says how to resume."""
     if session.env.is_main:
-        print(stop_line(where, session.objective, session.run))
+        say(stop_line(where, session.objective, session.run))
     return {"status": "interrupted", "run_dir": str(session.run), "epoch": epoch, "step": step, "signal": stop.signal}
 
 

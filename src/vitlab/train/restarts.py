@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.distributed import DistEnv, broadcast_object, synchronize
+from vitlab.messages import say
 from vitlab.runs import RunFolder
 from vitlab.train.config import TrainConfig
 from vitlab.train.elastic import holds_state, restart_count, restarted, run_to_continue
@@ -38,7 +39,7 @@ def continued_after_restart(config: TrainConfig, env: DistEnv, notes: list[str])
     run = RunFolder(path)
     if kind == "finished":
         if env.is_main:
-            print(f"note: restart {restart_count()} of this torchrun job: {run} had finished; nothing to do again")
+            say(f"note: restart {restart_count()} of this torchrun job: {run} had finished; nothing to do again")
         return {"status": "finished", "run_dir": path, "restarted": True}
     if kind == "resume":
         notes.append(f"restart of this torchrun job: resuming {run} from its last saved state")

@@ -28,6 +28,7 @@ from vitlab.config import ViTConfig
 from vitlab.distributed import DistEnv
 from vitlab.errors import CheckpointError, ConfigError, MissingPathError
 from vitlab.files import atomic_write_checked, verify_checksum
+from vitlab.messages import say
 from vitlab.models.registry import create_model
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective
@@ -298,7 +299,7 @@ def restore(
         previous_lr = optimizer.param_groups[-1]["lr"]
         follow_schedule(optimizer, scheduler)
         if env.is_main:
-            print(
+            say(
                 f"extending {run} from {saved_epochs} to {config.epochs} epochs: the learning rate now follows "
                 f"a {config.epochs}-epoch schedule, {previous_lr:.2e} -> {optimizer.param_groups[-1]['lr']:.2e} "
                 f"at step {scheduler.last_epoch} of {config.epochs * steps_per_epoch}"
@@ -319,7 +320,7 @@ def restore(
         if cuda_states is not None and len(cuda_states) == env.world_size:
             torch.cuda.set_rng_state(cuda_states[env.rank].clone(), env.device)
         elif env.is_main:
-            print(
+            say(
                 "note: the saved state holds no CUDA random state for these processes (saved on a CPU, or by "
                 "another number of GPUs): dropout and stochastic depth on the GPU continue from a fresh stream"
             )

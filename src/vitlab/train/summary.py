@@ -12,6 +12,7 @@ from vitlab.data.source import BatchSource, Splits
 from vitlab.distributed import DistEnv
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import Choice
+from vitlab.messages import say
 from vitlab.objectives.base import Objective
 from vitlab.progress import LogLines, format_duration
 from vitlab.runs import MODEL, RunFolder
@@ -24,7 +25,7 @@ from vitlab.train.state import Position
 def say_note(text: str, env: DistEnv) -> None:
     """A note for the user ("note: ..."), from rank 0 only."""
     if env.is_main:
-        print(f"note: {text}", flush=True)
+        say(f"note: {text}")
 
 
 def announce(session: Session, resumed: bool) -> None:
@@ -42,18 +43,18 @@ def announce(session: Session, resumed: bool) -> None:
         )
     )
     test = f"{len(splits.test)} test" + (f" ({splits.test_source})" if splits.test_source != "official" else "")
-    print(
+    say(
         f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
         f"{len(splits.train)} train / {validation} / {test} images, {config.epochs} epochs of "
         f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
         f"{session.env.device.type}; run folder {session.run}"
     )
-    print(f"precision: {describe_precision(session.precision)}")
+    say(f"precision: {describe_precision(session.precision)}")
     adaptation = data_adaptation(splits.train, model.config)
     if adaptation and not resumed:
-        print(f"note: {adaptation}")
+        say(f"note: {adaptation}")
     if resumed:
-        print(
+        say(
             f"resuming at epoch {session.position.epoch + 1}, step {session.position.step_in_epoch} of "
             f"{session.steps_per_epoch}"
         )
@@ -235,7 +236,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
     )
     text = "\n".join(lines)
     run.write_summary(summary, text)
-    print(text)
+    say(text)
     return summary
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from vitlab.distributed import DistEnv, session_key
+from vitlab.messages import say
 
 REPORT_SECONDS = 1.0  # a report at least this often, so its age tells a stopped rank from a busy one
 MIN_REPORT_SECONDS = 0.2  # and at most five a second, however fast the steps: the store serves every rank
@@ -89,7 +90,7 @@ class Heartbeat:
                 # NCCL's watchdog ends the process at the timeout without an error this rank's loop could catch
                 # (gloo raises one, which `vitlab.train.loop.train` turns into the same message): say it first.
                 warned = True
-                print(f"vitlab: rank {self.env.rank} waited {stalled:.0f} s: {self.stuck_message()}", flush=True)
+                say(f"vitlab: rank {self.env.rank} waited {stalled:.0f} s: {self.stuck_message()}")
             self._done.wait(MIN_REPORT_SECONDS)
 
     def report(self) -> None:

@@ -1,0 +1,45 @@
+"""What vitlab's library code tells its user (a run's notes, epoch lines and summary, an ablation's progress, a
+bench's steps, the calibration) goes through one `logging` logger, "vitlab", by `say`, never by `print`: so a
+Python user can silence or capture it, and the CLI prints the same lines as before.
+
+The logger has one handler of its own, CONSOLE, which writes each message as it is (no level, no time) to the
+process's stdout, or to its stderr for messages said `to_stderr` and for warnings and errors (with their
+traceback: `vitlab.serve`'s), looked up at each message so that a redirect or pytest's capture sees it. Messages
+also go on to the root logger's handlers, as any logger's do (pytest's `caplog` reads them there).
+
+To silence vitlab: `logging.getLogger("vitlab").setLevel(logging.WARNING)`. To send its messages only to your own
+logging set-up: `logging.getLogger("vitlab").removeHandler(vitlab.messages.CONSOLE)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+LOGGER = logging.getLogger("vitlab")
+
+
+class ConsoleHandler(logging.Handler):
+    """Each message as it is, on the stdout (or stderr) of the moment, flushed at once (a run's lines are read as
+    they come, by people and by the tests that start runs in other processes)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            to_stderr = getattr(record, "to_stderr", False) or record.levelno >= logging.WARNING
+            stream = sys.stderr if to_stderr else sys.stdout
+            stream.write(self.format(record) + "\n")  # the message, and an exception's traceback after it
+            stream.flush()
+        except Exception:  # noqa: BLE001 - logging's own rule: a handler's failure never stops the program
+            self.handleError(record)
+
+
+CONSOLE = ConsoleHandler()
+if not LOGGER.handlers:  # once, even where the module is loaded twice
+    LOGGER.addHandler(CONSOLE)
+    LOGGER.setLevel(logging.INFO)
+
+
+def say(text: str, to_stderr: bool = False) -> None:
+    """Tell the user `text` (one or more lines), at INFO level; `to_stderr` for what the CLI writes to stderr
+    (progress while a result is being made, failures of a part)."""
+    LOGGER.info(text, extra={"to_stderr": to_stderr})

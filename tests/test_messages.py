@@ -1,0 +1,39 @@
+"""vitlab.messages: what the library tells its user goes through the "vitlab" logger, shown on stdout or stderr as
+print showed it, and a Python user can silence or capture it."""
+
+import logging
+
+from vitlab import messages
+
+
+def test_a_message_is_shown_as_it_is_on_stdout_or_stderr(capsys):
+    messages.say("note: 100% of it, as is")
+    messages.say("bench: preparing eager-fp32 ...", to_stderr=True)
+    captured = capsys.readouterr()
+    assert captured.out == "note: 100% of it, as is\n" and captured.err == "bench: preparing eager-fp32 ...\n"
+
+
+def test_a_user_can_silence_or_capture_them(capsys, caplog):
+    logger = logging.getLogger("vitlab")
+    logger.setLevel(logging.WARNING)
+    try:
+        messages.say("not shown")
+    finally:
+        logger.setLevel(logging.INFO)
+    assert capsys.readouterr().out == ""
+    logger.removeHandler(messages.CONSOLE)
+    try:
+        with caplog.at_level(logging.INFO, logger="vitlab"):
+            messages.say("captured, not printed")
+    finally:
+        logger.addHandler(messages.CONSOLE)
+    assert capsys.readouterr().out == "" and caplog.messages == ["captured, not printed"]
+
+
+def test_an_error_logged_under_vitlab_keeps_its_traceback_on_stderr(capsys):
+    try:
+        raise ValueError("broken")
+    except ValueError:
+        logging.getLogger("vitlab.serve").exception("error while answering %s", "/v1/predict")
+    err = capsys.readouterr().err
+    assert err.startswith("error while answering /v1/predict\nTraceback") and "ValueError: broken" in err
