@@ -122,9 +122,9 @@ def tiny_run(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def stop_at_check(monkeypatch):
-    """`stop_at_check(n)`: the next run stops, as Ctrl-C would, at the n-th stop check of `vitlab.train.loop`
-    (one after each step and one at each epoch's end: with 10 steps an epoch, check 15 is after step 4 of epoch
-    2); `stop_at_check(None)` lets runs go on again."""
+    """`stop_at_check(n)`: the next run stops, as Ctrl-C would, at the n-th stop check (one after each step, in
+    `vitlab.train.epoch`, and one at each epoch's end, in `vitlab.train.loop`: with 10 steps an epoch, check 15 is
+    after step 4 of epoch 2); `stop_at_check(None)` lets runs go on again."""
     from vitlab.train import epoch, loop
 
     real, real_many = loop.any_rank, epoch.any_ranks

@@ -5,7 +5,7 @@ the schedule and the EMA.
 
 Nothing in the step waits for the device unless asked to: its figures stay there, summed over ranks by a
 collective on the device, and `check_finite` (on by default) is the one read on the host. The training loop
-turns it off on an accelerator and reads the figures of several steps at once (`vitlab.train.loop`), since each
+turns it off on an accelerator and reads the figures of several steps at once (`vitlab.train.epoch`), since each
 read there stalls the host until the device has finished every kernel queued before it."""
 
 from __future__ import annotations
