@@ -74,7 +74,7 @@ def main() -> None:
         block.mlp.act = OutOfPlaceGELU()
     # Every token through the last block, as before issue 27 (the model's head reads the class token only).
     every_token = copy.deepcopy(model)
-    every_token.head_tokens = lambda: None
+    every_token.forward = lambda x: every_token.forward_head(every_token.forward_features(x))
     split = copy.deepcopy(every_token)  # compare it with every_token: the qkv layout alone differs
     for block in split.blocks:
         block.attn.forward = lambda x, attention=block.attn: split_qkv_forward(attention, x)

@@ -104,11 +104,11 @@ def test_streaming_accumulators_match_the_stored_attention():
     ).eval()
     images = torch.randn(5, 3, 16, 24)
     with torch.no_grad():
-        stored = model.forward_intermediates(images)["attentions"]
+        stored = model.forward_analysis(images)["attentions"]
         distance, rollout = AttentionDistance((4, 6), (4, 4), 1), Rollout()
-        model.forward_intermediates(images[:2], attention_callback=distance)
-        model.forward_intermediates(images[2:], attention_callback=distance)
-        model.forward_intermediates(images, attention_callback=rollout)
+        model.forward_analysis(images[:2], attention_callback=distance)
+        model.forward_analysis(images[2:], attention_callback=distance)
+        model.forward_analysis(images, attention_callback=rollout)
     expected = torch.stack([mean_attention_distance(a, (4, 6), (4, 4)).mean(dim=0) for a in stored])
     torch.testing.assert_close(distance.result, expected)
     torch.testing.assert_close(rollout.result, attention_rollout(stored))

@@ -30,7 +30,7 @@ TINY_FAMILY_CONFIGS = {  # each family's arithmetic (config.py's presets) at a t
         **TINY,
         family="pe",
         pre_norm=True,
-        rotary="pe",
+        pos_embed="pe_rope",
         rope_theta=10000.0,
         classifier="map",
         pool_heads=2,

@@ -31,7 +31,7 @@ FAMILIES = [
     ("DINOv3 with SwiGLU, HF", "hf_dinov3_swiglu", False, "layer_scale"),
     ("AIMv2 image tower, HF", "hf_aimv2_vision", False, "patch_norm"),
     ("SigLIP 2 NaFlex image tower, HF", "hf_siglip2_vision", False, "family"),
-    ("Perception Encoder core, timm", "timm_pe_core.safetensors", False, "rotary"),
+    ("Perception Encoder core, timm", "timm_pe_core.safetensors", False, "pos_embed=pe_rope"),
 ]
 
 
@@ -50,7 +50,8 @@ def test_family_checkpoint_works_in_every_command(tmp_path, capsys, digit_png, f
     info = json.loads(capsys.readouterr().out)
     assert (info["config"]["num_classes"] not in (0, 16)) == has_head  # 0: no head; 16: CLIP's projection
     if marker:
-        assert info["config"][marker]
+        key, _, value = marker.partition("=")
+        assert str(info["config"][key]) == value if value else info["config"][key]
     eval_args = ["eval", checkpoint, "--dataset", "digits", "--out", str(tmp_path / "eval"), "--json"]
     if has_head:
         assert main(eval_args) == 0
@@ -123,6 +124,6 @@ def test_a_distilled_model_averages_its_two_heads():
         tokens = model.forward_features(images)
         expected = (model.head(tokens[:, 0]) + model.head_dist(tokens[:, 1])) / 2
         torch.testing.assert_close(model(images), expected)
-        out = model.forward_intermediates(images, attention_layers=None)
+        out = model.forward_analysis(images, attention_layers=None)
         torch.testing.assert_close(out["logits"], expected)
         torch.testing.assert_close(out["pre_logits"], (tokens[:, 0] + tokens[:, 1]) / 2)

@@ -34,7 +34,7 @@ def reference(name: str) -> dict[str, np.ndarray]:
 def outputs(model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
     """(last hidden state after the final norm, pooled output) of a vitlab model."""
     with torch.no_grad():
-        out = model.forward_intermediates(inputs, attention_layers=None, hidden_states=False)
+        out = model.forward_analysis(inputs, attention_layers=None, hidden_states=False)
     return out["encoder"], out["pre_logits"]
 
 
@@ -57,7 +57,7 @@ def test_dinov3_rotary_positions_follow_a_non_square_grid_with_nothing_resampled
     io = reference("hf_dinov3_swiglu")  # patch 8: 40x64 is a 5x8 grid, the model made for 32x32
     model = load_model(FIXTURES / "hf_dinov3_swiglu")
     assert model.config.mlp == "swiglu" and not model.config.key_bias and model.pos_embed is None
-    model.dynamic_image_size = True
+    model.dynamic_size = True
     hidden, pooled = outputs(model, torch.from_numpy(io["input_wide"]))
     assert hidden.shape[1] == 1 + 2 + 5 * 8
     assert_close(hidden, io["last_hidden_state_wide"])
@@ -458,9 +458,9 @@ def test_a_timm_perception_encoder_gives_timms_outputs(tmp_path):
     (tmp_path / "pe.json").write_text(json.dumps(args))
     model = load_model(tmp_path / "pe.safetensors")
     config = model.config
-    assert (config.family, config.rotary, config.rope_theta, config.pool_heads, config.num_classes) == (
+    assert (config.family, config.pos_embed, config.rope_theta, config.pool_heads, config.num_classes) == (
         "pe",
-        "pe",
+        "pe_rope",
         10000.0,
         2,
         16,
@@ -468,7 +468,7 @@ def test_a_timm_perception_encoder_gives_timms_outputs(tmp_path):
     images = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
     expected_hidden, expected_embedding = timm_pe_forward(state, images)
     with torch.no_grad():
-        out = model.forward_intermediates(images, attention_layers=None, hidden_states=False)
+        out = model.forward_analysis(images, attention_layers=None, hidden_states=False)
     torch.testing.assert_close(out["encoder"], expected_hidden, atol=TOLERANCE, rtol=0)
     torch.testing.assert_close(out["logits"], expected_embedding, atol=TOLERANCE, rtol=0)
     # The same file without its JSON is told from a CLIP tower by its attention pool.
@@ -494,7 +494,7 @@ def test_a_native_resolution_aimv2_computes_its_columns_first_sin_cos_table_for_
     reference_model.eval().save_pretrained(tmp_path / "native")
     model = load_model(tmp_path / "native")
     assert (model.config.pos_embed, model.config.sincos_order) == ("sincos2d", "columns_first")
-    model.dynamic_image_size = True
+    model.dynamic_size = True
     export_checkpoint(model, tmp_path / "back", to="hf")
     reloaded = transformers.Aimv2VisionModel.from_pretrained(tmp_path / "back").eval()
     for size in ((16, 16), (12, 20)):  # its own grid, and a non-square one

@@ -176,7 +176,7 @@ def test_visible_only_encoder_equals_full_sequence_with_masked_keys():
     key_removed = torch.cat([torch.zeros(2, prefix, dtype=torch.bool), removed], dim=1)  # (B, T)
     with torch.no_grad():
         latent = mae.forward_encoder(images, noise)[0]
-        x = encoder.embed(images)
+        x, _ = encoder.prepare_tokens(images)
         for block in encoder.blocks:
             heads, head_dim = block.attn.num_heads, block.attn.head_dim
             qkv = torch.nn.functional.linear(block.norm1(x), block.attn.qkv.weight, block.attn.qkv.bias)
@@ -211,10 +211,9 @@ def test_the_kept_patches_keep_their_coordinates_in_every_block(fields):
     ids_keep = noise.argsort(dim=1)[:, :keep]
     with torch.no_grad():
         latent = mae.forward_encoder(images, noise)[0]
-        tokens, layout = encoder.embed_patches(images)
+        x, layout = encoder.prepare_tokens(images)
         layout.valid = torch.zeros(2, 16, dtype=torch.bool).scatter(1, ids_keep, True)
-        x, context = encoder.start(tokens, layout)
-        x = encoder.norm(encoder.run_blocks(x, context)[0])
+        x = encoder.norm(encoder.forward_blocks(x, layout)[0])
     kept = torch.gather(x[:, prefix:], 1, ids_keep[..., None].expand(-1, -1, x.shape[-1]))
     torch.testing.assert_close(latent, torch.cat([x[:, :prefix], kept], dim=1), rtol=0, atol=1e-5)
 

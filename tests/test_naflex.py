@@ -297,7 +297,7 @@ def test_analyze_sees_each_image_on_its_own_grid(tmp_path):
         image = decode_image(photo, model.config.image_size, 3, model.config.preprocessing)
         grid = (image.shape[1] // 16, image.shape[2] // 16)
         with torch.no_grad():
-            attentions = model.forward_intermediates(prepare(image[None], 255.0, model.config))["attentions"]
+            attentions = model.forward_analysis(prepare(image[None], 255.0, model.config))["attentions"]
         prefix = model.config.num_prefix_tokens
         alone.append(torch.stack([mean_attention_distance(a, grid, (16, 16), prefix)[0] for a in attentions]))
     expected = torch.stack(alone).mean(dim=0)

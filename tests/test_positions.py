@@ -5,13 +5,13 @@ new kind is a module plus one table row."""
 import pytest
 import torch
 
-from vitlab import config as config_module
 from vitlab.config import POSITION_EMBEDDINGS, ViTConfig
 from vitlab.layers.patch_embed import cut_patches
 from vitlab.model_input import PatchInput
 from vitlab.models import create_model
 from vitlab.models.positions import POSITION_KINDS
 from vitlab.models.positions.absolute import AbsoluteTable
+from vitlab.models.positions.kinds import POSITION_TRAITS, PositionTraits
 
 TINY = dict(image_size=(8, 12), patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=48, num_classes=3)
 KINDS = [
@@ -64,7 +64,7 @@ def padded(images: list[torch.Tensor], patch: int = 4) -> PatchInput:
 
 
 def test_the_kinds_table_has_every_name_the_config_takes():
-    assert tuple(POSITION_KINDS) == POSITION_EMBEDDINGS
+    assert tuple(POSITION_KINDS) == POSITION_EMBEDDINGS == tuple(POSITION_TRAITS)
 
 
 @pytest.mark.parametrize("fields", KINDS + POOLINGS)
@@ -83,7 +83,7 @@ def test_images_of_different_shapes_in_one_padded_batch_give_each_ones_own_logit
     images = [torch.randn(3, 8, 12), torch.randn(3, 12, 4), torch.randn(3, 4, 8)]  # 2x3, 3x1 and 1x2 grids
     with torch.no_grad():
         together = model(padded(images))
-        model.dynamic_image_size = True
+        model.dynamic_size = True
         alone = torch.cat([model(image[None]) for image in images])
     torch.testing.assert_close(together, alone, rtol=1e-4, atol=1e-5)
 
@@ -134,8 +134,8 @@ class RowIndexTable(AbsoluteTable):
 
 
 def test_a_new_position_kind_is_a_module_and_one_row(monkeypatch):
-    monkeypatch.setitem(POSITION_KINDS, "row_index", RowIndexTable)
-    monkeypatch.setattr(config_module, "POSITION_EMBEDDINGS", POSITION_EMBEDDINGS + ("row_index",))
+    monkeypatch.setitem(POSITION_KINDS, "row_index", RowIndexTable)  # its code
+    monkeypatch.setitem(POSITION_TRAITS, "row_index", PositionTraits("each patch's row number", "table"))  # what it is
     model = randomised(pos_embed="row_index")
     images = torch.randn(2, 3, 8, 12)
     with torch.no_grad():
@@ -143,4 +143,4 @@ def test_a_new_position_kind_is_a_module_and_one_row(monkeypatch):
         torch.testing.assert_close(model(cut_patches(images, 4)), logits, rtol=1e-4, atol=1e-5)
         model.pos_embed.mul_(5)
         assert not torch.allclose(model(images), logits, atol=1e-4)
-    assert model.position_table().shape == (1, 1 + 6, 32)
+    assert model.positions.table(model).shape == (1, 1 + 6, 32)

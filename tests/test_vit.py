@@ -62,7 +62,7 @@ def test_gap_pools_the_mean_of_patch_tokens_after_the_norm():
 def test_intermediates_match_the_default_path():
     model = randomise(create_model(ViTConfig(**TINY)))
     images = torch.randn(2, 3, 16, 16)
-    out = model.forward_intermediates(images)
+    out = model.forward_analysis(images)
     torch.testing.assert_close(out["logits"], model(images), rtol=1e-5, atol=1e-5)
     assert len(out["attentions"]) == 3 and out["attentions"][0].shape == (2, 4, 17, 17)
     assert len(out["hidden_states"]) == 3 and out["hidden_states"][-1].shape == (2, 17, 32)
@@ -72,7 +72,7 @@ def test_intermediates_match_the_default_path():
 def test_attention_callback_receives_only_the_asked_layers_one_at_a_time():
     model = randomise(create_model(ViTConfig(**TINY)))
     seen = []
-    out = model.forward_intermediates(
+    out = model.forward_analysis(
         torch.randn(1, 3, 16, 16),
         attention_layers=[-1, 0],
         hidden_states=False,
@@ -107,7 +107,7 @@ def test_dynamic_image_size_is_exact_at_the_trained_size_and_equals_resampling_e
             model.pos_embed[0, 1:] = sincos_2d_pos_embed((4, 4), 32)
     images = torch.randn(2, 3, 16, 16)
     fixed = model(images)
-    model.dynamic_image_size = True
+    model.dynamic_size = True
     assert torch.equal(model(images), fixed)  # interpolating to the same grid moves nothing
     other = torch.randn(2, 3, 20, 28)  # grid 5 x 7 instead of 4 x 4
     resampled = randomise(create_model(ViTConfig(**{**TINY, **fields})))
@@ -123,8 +123,8 @@ def test_explicit_attention_kernel_gives_the_same_logits():
     images = torch.randn(2, 3, 16, 16)
     fused = model(images)
     model.set_attention_kernel("explicit")
-    stem, context = model.begin(images)
-    assert context.attention.kernel == "explicit"  # the kernel goes to the blocks with each call
+    _, layout = model.prepare_tokens(images)
+    assert model.block_context(layout, 2).attention.kernel == "explicit"  # the kernel goes to the blocks per call
     torch.testing.assert_close(model(images), fused, rtol=0, atol=1e-5)
     with pytest.raises(UsageError, match="must be 'sdpa' or 'explicit'"):
         model.set_attention_kernel("flash")
@@ -177,41 +177,9 @@ def test_extrapolated_stats_equal_a_full_count():
 def test_attention_layers_index_as_python_lists_do_and_out_of_range_is_refused():
     model = create_model("digits-8").eval()
     images = torch.randn(1, 1, 8, 8)
-    out = model.forward_intermediates(images, attention_layers=[-1, 0], hidden_states=False)
+    out = model.forward_analysis(images, attention_layers=[-1, 0], hidden_states=False)
     assert len(out["attentions"]) == 2  # the last block and the first
     with pytest.raises(UsageError, match="layer 4 is out of range for a 4-block model; use 0..3 or -4..-1"):
-        model.forward_intermediates(images, attention_layers=[4])  # once wrapped silently to block 0
+        model.forward_analysis(images, attention_layers=[4])  # once wrapped silently to block 0
     with pytest.raises(UsageError, match="out of range"):
-        model.forward_intermediates(images, attention_layers=[-5])
-
-
-@pytest.mark.parametrize(
-    "fields, pruned",
-    [
-        ({}, 1),
-        ({"distilled": True}, 2),
-        ({"register_tokens": 2}, 1),
-        ({"classifier": "gap"}, None),
-        ({"pos_embed": "relative"}, None),
-        ({"classifier": "layer_weighted"}, None),
-    ],
-)
-def test_a_class_token_head_skips_the_last_blocks_other_tokens_with_the_same_logits(fields, pruned):
-    config = ViTConfig(
-        image_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5, **fields
-    )
-    torch.manual_seed(0)
-    model = create_model(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.05)
-    assert model.head_tokens() == pruned
-    images = torch.randn(4, 3, 16, 16)
-    calls = []
-    # The last MLP's tokens, however it lays them out ((B, T, D), or (B*Q, D) rows when pruned).
-    hook = model.blocks[-1].mlp.register_forward_hook(lambda module, args, out: calls.append(out[..., 0].numel()))
-    logits = model(images)
-    hook.remove()
-    assert calls == [len(images) * (pruned or config.num_tokens)]
-    full = model.forward_intermediates(images, attention_layers=None, hidden_states=False)["logits"]
-    torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
+        model.forward_analysis(images, attention_layers=[-5])

@@ -44,7 +44,7 @@ CONFIGS: dict[str, dict] = {
     "learned_every_block": dict(pos_embed_placement="every_block"),
     "none": dict(pos_embed="none"),
     "dinov3": dict(pos_embed="rope", register_tokens=2, layer_scale=1.0, key_bias=False, mlp="swiglu", num_classes=0),
-    "perception": dict(rotary="pe", classifier="map", rope_theta=10000.0),
+    "perception": dict(pos_embed="pe_rope", classifier="map", rope_theta=10000.0),
     "clip": dict(pre_norm=True, mlp_activation="quick_gelu"),
     "qk_norm": dict(qk_norm=True, patch_norm=True, final_norm=False),
     "hybrid": dict(image_size=32, patch_size=1, resnet_layers=(1, 1)),

@@ -15,6 +15,7 @@ from typing import Any
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import ConfigError
 from vitlab.layers.patch_grid import patch_grid
+from vitlab.models.positions.kinds import POSITION_NAMES, POSITION_TRAITS, position_traits
 
 
 def stem_stride(resnet_layers: tuple[int, ...] | None) -> int:
@@ -75,7 +76,8 @@ def parse_classes(text: str) -> list[int]:
 
 # The names each choice of the config takes; the implementations are tables keyed by the same names
 # (models/positions.POSITION_KINDS, layers/norm.NORM_LAYERS, layers/mlp.MLP_LAYERS), kept equal by tests/test_config.py.
-POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d", "rope")
+# A position kind's traits (has a table, rotary, ...) are declared once, in models/positions/kinds.py.
+POSITION_EMBEDDINGS = POSITION_NAMES
 PLACEMENTS = ("input", "every_block", "every_block_shared")
 CLASSIFIERS = ("token", "gap", "map", "probe", "gem", "max", "layer_weighted")
 NORMS = ("layernorm", "rmsnorm")
@@ -169,15 +171,18 @@ class ViTConfig:
     # CLIP image tower. pre_norm: a LayerNorm on the embedded tokens before the first block (CLIP's ln_pre; its
     # patch projection then has no bias, as in CLIP and timm). projection: the head is CLIP's bias-free output
     # projection into the joint image-text space (num_classes = its width), so the model gives embeddings, not
-    # class scores.
+    # class scores (classification refuses it: eval/classify.py).
     pre_norm: bool = False
     projection: bool = False
     representation_size: int | None = None  # pre-logits Linear + tanh used in pre-training; None for none
     # Position information (paper Appendix D.4, Table 8): "learned" (the paper's 1-D table, one row per token),
     # "none", "learned_2d" (learned row and column tables of D/2 each, concatenated per patch), "relative" (a
     # learned key per 1-D token offset in every block's attention: the query against it gives a logit bias) or
-    # "sincos2d" (fixed 2-D sine-cosine), or "rope" (2-D rotary positions of the patch tokens' queries and keys in
-    # every block, from each patch's coordinates; DINOv3's).
+    # "sincos2d" (fixed 2-D sine-cosine), "rope" (2-D rotary positions of the patch tokens' queries and keys in
+    # every block, from each patch's coordinates; DINOv3's), or "pe_rope" (Perception Encoder's: a learned table and
+    # rotary positions of each patch's integer (column, row) + 1 (+ 0 without a class token), rescaled to the
+    # model's own grid at other sizes, in interleaved channel pairs; rope_theta is then 10000).
+    # What each kind is (has a table, rotary, ...): models/positions/kinds.py.
     pos_embed: str = "learned"
     # Where a table is added (Table 8's columns): "input" once after the stem (the paper's default);
     # "every_block" before every block, each with its own table; "every_block_shared" before every block, one table.
@@ -208,11 +213,6 @@ class ViTConfig:
     rope_shift: float | None = None
     rope_jitter: float | None = None
     rope_rescale: float | None = None
-    # Rotary positions besides a position table (Perception Encoder's): "pe" turns every block's queries and keys
-    # by each patch's integer (column, row) + 1 (+ 0 without a class token), rescaled to the model's own grid at
-    # other sizes, in interleaved channel pairs (timm's RotaryEmbeddingCat); rope_theta is then 10000. None: only
-    # what pos_embed says (pos_embed "rope" is DINOv3's rotation, with no table).
-    rotary: str | None = None
     # The MAP head's own head count and MLP width where they differ from the blocks' (Perception Encoder: 8 heads);
     # None: the blocks'.
     pool_heads: int | None = None
@@ -264,10 +264,6 @@ class ViTConfig:
                 raise ConfigError(f"model config field {name} must be in [0, 1), got {getattr(self, name)!r}")
         if self.sincos_order not in ("rows_first", "columns_first"):
             raise ConfigError(f"sincos_order must be 'rows_first' or 'columns_first', got {self.sincos_order!r}")
-        if self.rotary not in (None, "pe"):
-            raise ConfigError(f"rotary must be 'pe' or null, got {self.rotary!r}")
-        if self.rotary is not None and self.pos_embed in ("rope", "relative"):
-            raise ConfigError(f"rotary {self.rotary!r} goes with a position table, not pos_embed {self.pos_embed!r}")
         if self.pool_heads is not None and self.embed_dim % self.pool_heads:
             raise ConfigError(f"embed_dim {self.embed_dim} does not divide by pool_heads {self.pool_heads}")
         if self.pos_resample not in POSITION_RESAMPLING:
@@ -326,29 +322,13 @@ class ViTConfig:
                 "a distilled (DeiT) model pools its class and distillation tokens: it needs "
                 "classifier='token', and no representation layer or fc_norm"
             )
-        if self.pos_embed not in POSITION_EMBEDDINGS:
-            raise ConfigError(f"pos_embed must be one of {', '.join(POSITION_EMBEDDINGS)}, got {self.pos_embed!r}")
+        if self.pos_embed not in POSITION_TRAITS:
+            raise ConfigError(f"pos_embed must be one of {', '.join(POSITION_TRAITS)}, got {self.pos_embed!r}")
         if self.pos_embed_placement not in PLACEMENTS:
             raise ConfigError(
                 f"pos_embed_placement must be one of {', '.join(PLACEMENTS)}, got {self.pos_embed_placement!r}"
             )
-        if self.pos_embed_placement != "input" and self.pos_embed in ("none", "relative", "rope"):
-            # Table 8 has no such cells: relative attention (and rotation) already act in every block, and "none"
-            # adds nothing.
-            raise ConfigError(
-                f"pos_embed {self.pos_embed!r} has no table to place; pos_embed_placement must be "
-                f"'input', got {self.pos_embed_placement!r}"
-            )
-        if self.pos_embed_placement == "every_block" and self.pos_embed == "sincos2d":
-            raise ConfigError(
-                "a fixed sin-cos table is the same in every block; use pos_embed_placement='every_block_shared'"
-            )
-        if self.pos_embed == "learned_2d" and self.embed_dim % 2:
-            raise ConfigError(
-                f"learned_2d splits the width into row and column halves: embed_dim must be even, got {self.embed_dim}"
-            )
-        if self.pos_embed == "sincos2d" and self.embed_dim % 4:
-            raise ConfigError(f"the sin-cos position embedding needs embed_dim divisible by 4, got {self.embed_dim}")
+        self.check_positions()
         if self.mlp_activation not in MLP_ACTIVATIONS:
             raise ConfigError(
                 f"mlp_activation must be 'gelu', 'gelu_tanh' or 'quick_gelu', got {self.mlp_activation!r}"
@@ -357,12 +337,6 @@ class ViTConfig:
             raise ConfigError(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.mlp not in MLPS:
             raise ConfigError(f"mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
-        if self.pos_embed == "rope" and (self.embed_dim // max(self.num_heads, 1)) % 4:
-            raise ConfigError(
-                f"2-D rotary positions turn pairs of channels per axis: the head width "
-                f"{self.embed_dim // max(self.num_heads, 1)} must be a multiple of 4; change embed_dim or "
-                "num_heads"
-            )
         for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -396,6 +370,33 @@ class ViTConfig:
         if self.class_names is not None and len(self.class_names) != self.num_classes:
             raise ConfigError(f"{len(self.class_names)} class names given for {self.num_classes} classes")
         patch_grid(self.image_size, self.patch_size, stem_stride(self.resnet_layers))  # the patch divides the image
+
+    def check_positions(self) -> None:
+        """The position kind against the rest of the config, by what the kind is (models/positions/kinds.py)."""
+        traits = position_traits(self.pos_embed)
+        if self.pos_embed_placement != "input" and not traits.table:
+            # Table 8 has no such cells: relative attention (and rotation) already act in every block, and "none"
+            # adds nothing.
+            raise ConfigError(
+                f"pos_embed {self.pos_embed!r} has no table to place; pos_embed_placement must be "
+                f"'input', got {self.pos_embed_placement!r}"
+            )
+        if self.pos_embed_placement == "every_block" and not traits.trained:
+            raise ConfigError(
+                f"a fixed table ({self.pos_embed!r}) is the same in every block; use "
+                "pos_embed_placement='every_block_shared'"
+            )
+        if self.embed_dim % traits.width_multiple:
+            raise ConfigError(
+                f"pos_embed {self.pos_embed!r} ({traits.summary}) needs embed_dim divisible by "
+                f"{traits.width_multiple}, got {self.embed_dim}"
+            )
+        head_dim = self.embed_dim // max(self.num_heads, 1)
+        if head_dim % traits.head_multiple:
+            raise ConfigError(
+                f"2-D rotary positions turn pairs of channels per axis: the head width {head_dim} must be a "
+                f"multiple of {traits.head_multiple}; change embed_dim or num_heads"
+            )
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -439,8 +440,8 @@ class ViTConfig:
     @property
     def num_position_tables(self) -> int:
         """Tables of absolute positions the model holds: one per block with placement "every_block", else one
-        (none at all for pos_embed "none", "relative" or "rope")."""
-        if self.pos_embed in ("none", "relative", "rope"):
+        (none at all for a kind without a table: "none", "relative", "rope")."""
+        if not position_traits(self.pos_embed).table:
             return 0
         return self.depth if self.pos_embed_placement == "every_block" else 1
 
@@ -470,8 +471,9 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ViTConfig:
+        """A config from its JSON form, as written by this or any earlier version of vitlab (`upgraded`)."""
         try:
-            return cls(**checked_fields(cls, data, "model config"))
+            return cls(**checked_fields(cls, upgraded(data), "model config"))
         except TypeError as error:  # a wrong type inside a field, e.g. a string where an int belongs
             raise ConfigError(f"invalid model config: {error}") from None
 
@@ -484,6 +486,21 @@ class ViTConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"model config must be a JSON object, got {type(data).__name__}")
         return cls.from_dict(data)
+
+
+def upgraded(data: dict[str, Any]) -> dict[str, Any]:
+    """A config's JSON form written by an earlier vitlab, in today's fields (a copy; today's form is unchanged):
+    Perception Encoder's `rotary: "pe"` beside a learned table is the position kind "pe_rope"."""
+    data = dict(data)
+    rotary = data.pop("rotary", None)
+    if rotary is not None:
+        if rotary != "pe" or data.get("pos_embed", "learned") != "learned":
+            raise ConfigError(
+                f"rotary {rotary!r} with pos_embed {data.get('pos_embed')!r}: the only rotary written by earlier "
+                "vitlab versions is Perception Encoder's 'pe' beside a learned table (now pos_embed 'pe_rope')"
+            )
+        data["pos_embed"] = "pe_rope"
+    return data
 
 
 # The paper's Table 1 (and the "Ti" and "S" widths of DeiT / the AugReg follow-up): width, depth, MLP, heads.

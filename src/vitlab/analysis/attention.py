@@ -2,7 +2,7 @@
 (Figure 6; Abnar and Zuidema 2020, "Quantifying Attention Flow in Transformers").
 
 Both come as a function of a list of attention tensors and as an accumulator that takes one layer at a time
-(`model.forward_intermediates(..., attention_callback=acc)`), so a deep model never holds every layer's
+(`model.forward_analysis(..., attention_callback=acc)`), so a deep model never holds every layer's
 (B, heads, T, T) weights at once.
 """
 
@@ -51,7 +51,7 @@ def attention_rollout(attentions: list[torch.Tensor], add_residual: bool = True)
 
 
 class Rollout:
-    """Attention rollout accumulated one layer at a time (a `forward_intermediates` attention callback)."""
+    """Attention rollout accumulated one layer at a time (a `forward_analysis` attention callback)."""
 
     def __init__(self, add_residual: bool = True) -> None:
         self.add_residual = add_residual
@@ -67,7 +67,7 @@ class Rollout:
 
 class AttentionDistance:
     """Mean attention distance per layer and head, summed over images as batches come
-    (a `forward_intermediates` attention callback). `result` is (layers, heads), averaged over all images.
+    (a `forward_analysis` attention callback). `result` is (layers, heads), averaged over all images.
     `grid_size` is the grid of the batches that come next: images at their own aspect ratio (NaFlex) come in
     batches of one grid each, and the distances of every grid add up to one mean."""
 

@@ -58,7 +58,7 @@ def analyze(
         for _, group in same_size_groups(pictures):  # one group, or under NaFlex one per grid
             distance.grid_size = grid_of(group)
             for chunk in group.split(batch_size):
-                model.forward_intermediates(
+                model.forward_analysis(
                     normalize(chunk, config).to(target),
                     attention_layers="all",
                     hidden_states=False,
@@ -95,7 +95,7 @@ def analyze(
         largest,  # under NaFlex, a long side beyond the model's size
     )
     notes: list[str] = []
-    positions = model.position_table()  # (P, prefix + N, D); None for "none" and "relative"
+    positions = model.positions.table(model)  # (P, prefix + N, D); None for a kind without a table
     positions = positions.detach().cpu() if positions is not None else None
     if positions is None:
         notes.append(
@@ -180,7 +180,7 @@ def looked_at(model: Any, inputs: torch.Tensor, grid: tuple[int, int], keep_clas
         if config.class_token and keep_class_maps:
             class_maps.append(class_token_attention(weights[:1], grid)[0].cpu())
 
-    outputs = model.forward_intermediates(
+    outputs = model.forward_analysis(
         inputs, attention_layers="all", hidden_states=False, attention_callback=on_layer
     )
     maps = rollout_patch_maps(rollout.result, config, grid).cpu()

@@ -22,6 +22,8 @@ from torch import nn
 from vitlab.data.datasets import load_dataset
 from vitlab.data.preprocess import prepare
 from vitlab.layers.patch_embed import patchify
+from vitlab.models.positions.kinds import position_traits
+from vitlab.models.vit import add_positions
 
 
 @dataclass
@@ -75,11 +77,12 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
     steps.append(
         Step(f"cut into {patches.shape[1]} patches of {ph}x{pw}x{source.shape[1]}, each flattened", "x_p^i", patches)
     )
-    projected, layout = model.embed_patches(image)
+    projected = embed(image)  # (1, N, D), as the model's forward embeds them
     steps.append(Step("linear projection of every patch", "x_p^i E", projected, count(embed.proj, embed.norm)))
     if config.patch_norm:
         steps[-1].notes.append(f"then a {norm_name} of every projected patch (AIMv2's patch_embed.norm)")
-    tokens = model.prepend_prefix(projected)
+    prefix_tokens = [t.expand(1, -1, -1) for t in (model.cls_token, model.dist_token, model.reg_token) if t is not None]
+    tokens = torch.cat(prefix_tokens + [projected], dim=1)
     names = [
         name
         for name, token in (
@@ -99,33 +102,25 @@ def trace(model: nn.Module, image: torch.Tensor) -> list[Step]:
                 count(model.cls_token, model.dist_token, model.reg_token),
             )
         )
-    z0, context = model.start(projected, layout)
+    z0, layout = model.prepare_tokens(image)
+    context = model.block_context(layout, 1)
     later_positions = context.tables
     position_params = count(model.pos_embed, model.pos_embed_row, model.pos_embed_col)
-    if config.num_position_tables and later_positions is None:
-        what = {"learned": "learned", "learned_2d": "learned 2-D (row + column)", "sincos2d": "fixed 2-D sin-cos"}
+    positions = position_traits(config.pos_embed)
+    if positions.table and later_positions is None:
         steps.append(
-            Step(
-                f"add the {what.get(config.pos_embed, config.pos_embed)} position embedding",
-                "z_0 = ... + E_pos   (eq. 1)",
-                z0,
-                position_params,
-            )
+            Step(f"add the position embedding: {positions.summary}", "z_0 = ... + E_pos   (eq. 1)", z0, position_params)
         )
     else:
-        note = {
-            "none": "no position embedding",
-            "relative": "positions enter as relative offsets in every attention",
-            "rope": "positions turn the queries and keys of every attention (2-D rotary)",
-        }.get(config.pos_embed, "position tables are added before every block")
-        steps.append(Step(f"z_0 ({note})", "z_0   (eq. 1)", z0, position_params))
+        where = "; added before every block" if positions.table else ""
+        steps.append(Step(f"z_0 (positions: {positions.summary}{where})", "z_0   (eq. 1)", z0, position_params))
     if config.pre_norm:
         steps[-1].notes.append("CLIP's pre-encoder LayerNorm (norm_pre) is applied here")
     x = z0
     states = []  # every block's output, which layer-weighted pooling mixes
     for index, block in enumerate(model.blocks):
         if later_positions is not None:
-            x = model.add_positions(x, later_positions[index if len(later_positions) > 1 else 0])
+            x = add_positions(x, later_positions[index if len(later_positions) > 1 else 0], config)
             steps.append(Step("add the position table", "z + E_pos^l", x, block=index))
         normed = block.norm1(x)
         steps.append(Step(norm_name, "LN(z_{l-1})", normed, count(block.norm1), index))

@@ -28,6 +28,7 @@ from vitlab.data.source import BatchSource, ImageFiles
 from vitlab.errors import DataError, UsageError
 from vitlab.eval.batches import run_batches
 from vitlab.layers.pooling import token_mean
+from vitlab.model_input import PatchInput
 
 POOLS = ("model", "cls", "mean")  # the head's own input; the class token; the mean of the patch tokens
 DTYPES = ("float32", "float16")
@@ -55,12 +56,12 @@ def pooled_features(model: Any, inputs: Any, pool: str) -> torch.Tensor:
         return model.forward_pre_logits(inputs)
     if pool == "cls" and not model.config.class_token:
         raise UsageError(f"--pool cls: {model.config.name or 'this model'} has no class token; use mean or model")
-    _, last, _, context = model.encode(inputs)
-    tokens = model.norm(last)
+    tokens = model.forward_features(inputs)
     if pool == "cls":
         return tokens[:, 0]
     # The patch tokens of a padded (NaFlex) batch: its real ones only, as the model's own mean pooling takes them.
-    return token_mean(tokens[:, model.config.num_prefix_tokens :], context.valid)
+    valid = inputs.valid if isinstance(inputs, PatchInput) else None
+    return token_mean(tokens[:, model.config.num_prefix_tokens :], valid)
 
 
 @dataclass

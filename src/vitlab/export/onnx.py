@@ -1,7 +1,7 @@
 """ONNX export: a ViT (optionally with its preprocessing) as one .onnx file, checked against PyTorch after writing.
 
 The export goes through `torch.export` (torch.onnx's dynamo exporter), which keeps the batch and the image sides
-symbolic. A dynamic image size needs the model's `dynamic_image_size` mode: the position embedding is then
+symbolic. A dynamic image size needs the model's `dynamic_size` mode: the position embedding is then
 interpolated to the input's patch grid inside the graph, the step that exports made by tracing (with the grid
 frozen to the example's) commonly break. int8 is ONNX Runtime's dynamic quantization of the weight matmuls
 (weights int8 per output channel, activations uint8 with a scale computed per batch): on CPUs with VNNI it is the
@@ -136,7 +136,7 @@ def export_onnx(
 
     config: ViTConfig = model.config
     model = copy.deepcopy(model).float().eval()
-    model.dynamic_image_size = dynamic_size and not preprocess
+    model.dynamic_size = dynamic_size and not preprocess
     module: nn.Module = PreprocessAndClassify(model) if preprocess else model
     height, width = config.image_size
     if dynamic_batch:
@@ -362,7 +362,7 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
     """Compare an export with PyTorch on real images. pixels: uint8 (B, C, H, W) at the model's size.
 
     Returns max |logit difference| and top-1 agreement at the export's size, and, where the export has them, at
-    batch size 1 and at a second image size (the model in `dynamic_image_size` mode, or with the resize done in
+    batch size 1 and at a second image size (the model in `dynamic_size` mode, or with the resize done in
     PyTorch for a graph with preprocessing).
     """
     runtime = OnnxClassifier(path)
@@ -397,7 +397,7 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
         if runtime.preprocess:
             checks[f"input {other[0]}x{other[1]}"] = (reference_of(larger), runtime(larger))
         else:
-            model.dynamic_image_size = True
+            model.dynamic_size = True
             images = prepare(larger, 255.0, config.replace(image_size=other))
             checks[f"input {other[0]}x{other[1]}"] = (model(images), runtime(images))
     results = {name: compare_logits(expected, got) for name, (expected, got) in checks.items()}

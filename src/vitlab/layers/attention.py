@@ -10,7 +10,8 @@ with its neighbours, which for short sequences beats PyTorch's opaque CPU flash 
 MNIST-size, 50 tokens: 1.3x; `python benchmarks/attention_paths.py`); and training short sequences, where the
 explicit path with its own backward (layers/explicit_attention.py) wins (`hardware.TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS`).
 Eager, and compiled fp32, are as fast or faster with the fused kernel. A caller that asks for the weights
-(analysis) gets the explicit path, whatever the kernel.
+(analysis) gets the explicit path, whatever the kernel. The explicit path's own backward and the last block's
+query trimming are speed paths of the model, not of this layer: models/fast_paths.py.
 
 With `relative_tokens` (pos_embed "relative") each block also holds learned keys for every 1-D token offset;
 the query against them is a logit bias added before the softmax (layers/relative_position.py), passed to the
@@ -26,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.layers.explicit_attention import explicit_attention
 from vitlab.layers.norm import NormFactory
 from vitlab.layers.relative_position import relative_attention_bias, resample_relative_keys
 from vitlab.layers.rotary import RotaryTable
@@ -87,7 +87,6 @@ class Attention(nn.Module):
         self.rel_pos_keys = (
             nn.Parameter(torch.zeros(2 * relative_tokens - 1, self.head_dim)) if relative_tokens else None
         )
-        self.plain = qk_norm_layer is None and relative_tokens == 0  # nothing between projection and product
 
     @torch.no_grad()
     def zero_key_bias(self) -> None:
@@ -109,6 +108,50 @@ class Attention(nn.Module):
         held = torch.cat([bias[:dim], torch.zeros_like(bias[dim : 2 * dim]), bias[2 * dim :]])
         return F.linear(x, self.qkv.weight, held)
 
+    def queries_keys_values(
+        self, x: torch.Tensor, rope: RotaryTable | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> q, k, v, each (B, heads, T, head_dim): the fused projection split into heads, queries and
+        keys normalised per head (qk_norm) and then turned (rotary positions)."""
+        batch, tokens, _ = x.shape
+        qkv = self.project_qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, head_dim)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rope.rotate(q), rope.rotate(k)
+        return q, k, v
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        kernel: str = "sdpa",
+        stretch_relative: bool = False,
+        return_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """softmax(q k^T / sqrt(d) + relative bias) v: q (B, heads, Q, head_dim), k and v (B, heads, T, head_dim) ->
+        (the heads' outputs (B, heads, Q, head_dim), the weights (B, heads, Q, T) if return_weights, else None).
+        attn_mask (B, 1, 1, T) bool: keys a query may read (False: padding). kernel: see the module docstring."""
+        bias = None
+        if self.rel_pos_keys is not None:
+            tokens = k.shape[-2]
+            keys = resample_relative_keys(self.rel_pos_keys, tokens) if stretch_relative else self.rel_pos_keys
+            bias = relative_attention_bias(q * self.scale, keys)  # (B, heads, T, T)
+        if return_weights or kernel == "explicit":
+            logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, Q, T)
+            if bias is not None:
+                logits = logits + bias
+            if attn_mask is not None:
+                logits = logits.masked_fill(~attn_mask, float("-inf"))
+            weights = logits.softmax(dim=-1)
+            return self.attn_drop(weights) @ v, (weights if return_weights else None)
+        if attn_mask is not None:  # one additive mask: the relative bias, and -inf on padding keys
+            bias = attn_mask if bias is None else bias.masked_fill(~attn_mask, float("-inf"))
+        dropout = self.attn_drop.p if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout), None
+
     def forward(
         self,
         x: torch.Tensor,
@@ -118,63 +161,19 @@ class Attention(nn.Module):
         kernel: str = "sdpa",
         stretch_relative: bool = False,
         return_weights: bool = False,
-        queries: int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, D) -> (B, T, D); with return_weights also the attention weights (B, heads, T, T).
+        """MSA(x) = [head_1; ...; head_h] W_o, head_i = softmax(q_i k_i^T / sqrt(d)) v_i (eqs. 5-8):
+        x (B, T, D) -> (B, T, D); with return_weights also the attention weights (B, heads, T, T).
         rope: turn the patch tokens' queries and keys (2-D rotary positions). attn_mask (B, 1, 1, T) bool: keys a
         query may read (False: padding). kernel: "sdpa" or "explicit". stretch_relative: relative attention's
-        offset table stretched to T (a dynamic image size). queries: attend from the first `queries` tokens only
-        (every token is still a key and a value) -> (B, queries, D), the same rows the full call gives: the last
-        block of a model whose head reads the class token alone. The fused projection still runs on every token
-        (slicing its weight instead would save a third of it, but PT2E's int8 lowering then computes wrong
-        products, and a dynamically quantized projection has no weight to slice); what is saved is the output
-        projection and, in the block, the MLP of the other tokens."""
-        batch, tokens, dim = x.shape
-        if queries is not None and self.rel_pos_keys is not None:
-            raise ValueError("relative attention needs every query's offsets; call it with queries=None")
-        if (
-            queries is None
-            and kernel == "explicit"
-            and not return_weights
-            and self.plain
-            and self.key_bias
-            and rope is None
-            and attn_mask is None
-            and torch.is_grad_enabled()
-            and not (self.training and self.attn_drop.p > 0)
-        ):
-            # Training short sequences: the same products with a backward that copies less (explicit_attention.py).
-            return self.proj_drop(self.proj(explicit_attention(self.qkv(x), self.num_heads, self.scale)))
-        qkv = self.project_qkv(x).reshape(batch, tokens, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, heads, T, head_dim)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = rope.rotate(q), rope.rotate(k)
-        if queries is not None:
-            q = q[:, :, :queries]  # (B, heads, Q, head_dim)
-        bias = None
-        if self.rel_pos_keys is not None:
-            keys = resample_relative_keys(self.rel_pos_keys, tokens) if stretch_relative else self.rel_pos_keys
-            bias = relative_attention_bias(q * self.scale, keys)  # (B, heads, T, T)
-        if return_weights or kernel == "explicit":
-            logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, T, T)
-            if bias is not None:
-                logits = logits + bias
-            if attn_mask is not None:
-                logits = logits.masked_fill(~attn_mask, float("-inf"))
-            weights = logits.softmax(dim=-1)
-            out = self.attn_drop(weights) @ v
-        else:
-            if attn_mask is not None:  # one additive mask: the relative bias, and -inf on padding keys
-                bias = attn_mask if bias is None else bias.masked_fill(~attn_mask, float("-inf"))
-            dropout = self.attn_drop.p if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
-        if queries is None:
-            out = out.transpose(1, 2).reshape(batch, tokens, dim)  # concatenate heads: (B, T, D)
-            out = self.proj_drop(self.proj(out))
-        else:
-            # The projection runs on rows (B*Q, D): Inductor's int8 linear (PT2E) computes wrong products on a
-            # (B, 1, D) input with a symbolic batch, and rows are the shape every backend handles.
-            rows = out.transpose(1, 2).reshape(batch * queries, dim)
-            out = self.proj_drop(self.proj(rows)).view(batch, queries, dim)
+        offset table stretched to T (a dynamic image size)."""
+        q, k, v = self.queries_keys_values(x, rope)
+        heads, weights = self.attend(q, k, v, attn_mask, kernel, stretch_relative, return_weights)
+        out = self.proj_drop(self.proj(merge_heads(heads)))  # (B, T, D)
         return (out, weights) if return_weights else out
+
+
+def merge_heads(heads: torch.Tensor) -> torch.Tensor:
+    """The heads' outputs (B, heads, T, head_dim) side by side: (B, T, heads * head_dim)."""
+    batch, num_heads, tokens, head_dim = heads.shape
+    return heads.transpose(1, 2).reshape(batch, tokens, num_heads * head_dim)

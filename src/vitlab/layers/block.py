@@ -61,32 +61,13 @@ class Block(nn.Module):
         self.ls1 = LayerScale(embed_dim, layer_scale) if layer_scale is not None else nn.Identity()
         self.ls2 = LayerScale(embed_dim, layer_scale) if layer_scale is not None else nn.Identity()
 
-    def attend(self, x: torch.Tensor, context: AttentionContext, **options) -> torch.Tensor:
-        """MSA(LN(x)) for this call's context; `options`: Attention.forward's return_weights / queries."""
-        return self.attn(self.norm1(x), **context.kwargs(), **options)
-
     def forward(
-        self,
-        x: torch.Tensor,
-        context: AttentionContext = PLAIN,
-        *,
-        return_attention: bool = False,
-        queries: int | None = None,
+        self, x: torch.Tensor, context: AttentionContext = PLAIN, *, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> (B, T, D); with return_attention also this block's weights (B, heads, T, T). context:
-        what this forward pass tells the attention (rotation, padding mask, kernel). queries: the output of the
-        first `queries` tokens only, (B, queries, D), which need every token as keys and values but nothing else of
-        the others (the model's last block when its head reads the class token)."""
-        if queries is not None:
-            x = x[:, :queries] + self.drop_path(self.ls1(self.attend(x, context, queries=queries)))
-            # The MLP on rows (B*Q, D), as in `Attention.forward`: Inductor's int8 linear is wrong on
-            # a (B, 1, D) input with a symbolic batch.
-            rows = self.mlp(self.norm2(x).reshape(-1, x.shape[-1])).view(x.shape)
-            return x + self.drop_path(self.ls2(rows))
-        if return_attention:
-            attended, weights = self.attend(x, context, return_weights=True)
-        else:
-            attended = self.attend(x, context)
+        what this forward pass tells the attention (rotation, padding mask, kernel)."""
+        attended = self.attn(self.norm1(x), **context.kwargs(), return_weights=return_attention)
+        attended, weights = attended if return_attention else (attended, None)
         x = x + self.drop_path(self.ls1(attended))  # z'_l = MSA(LN(z_{l-1})) + z_{l-1}
         x = x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))  # z_l = MLP(LN(z'_l)) + z'_l
         return (x, weights) if return_attention else x

@@ -3,9 +3,9 @@
 It follows the reference code (facebookresearch/mae, `models_mae.py`) and matches transformers'
 `ViTMAEForPreTraining` exactly, given the same weights and the same `noise` (tests/test_mae.py):
 
-    x_p = patches of the image, each with its position                 encoder.embed_patches, start
+    x_p = patches of the image, each with its position                 encoder.prepare_tokens
     keep = the first int(N (1 - mask_ratio)) patches of argsort(noise)  random_masking
-    latent = LN(Blocks([prefix tokens; x_keep]))                        encoder.run_blocks(kept coordinates), norm
+    latent = LN(Blocks([prefix tokens; x_keep]))                        encoder.forward_blocks(kept coordinates), norm
     y = decoder_embed(latent); unshuffle [y_keep; mask tokens]          forward_decoder
     pred = decoder_pred(LN(DecoderBlocks(y + decoder_pos_embed)))       one row of P*P*C pixels per patch
     loss = mean over the masked patches of mean((pred - target)^2)      target: the patch, norm_pix_loss: normalised
@@ -42,6 +42,7 @@ from vitlab.layers.norm import norm_factory
 from vitlab.layers.patch_embed import patchify, unpatchify
 from vitlab.layers.pos_embed import sincos_2d_pos_embed
 from vitlab.model_input import require_pixels
+from vitlab.models.positions.kinds import position_traits
 from vitlab.models.vit import VisionTransformer
 
 
@@ -112,7 +113,7 @@ class MAEOutput:
 def check_maskable(config: ViTConfig) -> None:
     """Refuse, with a UsageError that says why and what to use, an encoder whose patch tokens cannot be dropped
     after the stem: relative attention, or the ResNet hybrid."""
-    if config.pos_embed == "relative":
+    if position_traits(config.pos_embed).parameters == "offsets":
         raise UsageError(
             "MAE cannot mask an encoder with relative position attention: its offsets index the full "
             "token sequence, and the visible patches are a shuffled subset of it; use pos_embed "
@@ -231,8 +232,7 @@ class MaskedAutoencoder(nn.Module):
         ids_restore (B, N)). `noise` (B, N) decides which patches are kept (the smallest); without it uniform noise
         is drawn, from `generator` if given. Only the prefix tokens and the kept patches go through the blocks."""
         images = require_pixels(images, "MAE (its decoder reconstructs whole images of the encoder's size)")
-        patch_tokens, layout = self.encoder.embed_patches(images)
-        tokens, _ = self.encoder.start(patch_tokens, layout)  # positions added before masking
+        tokens, layout = self.encoder.prepare_tokens(images)  # positions added before masking
         prefix = self.num_prefix_tokens
         patches = tokens[:, prefix:]  # (B, N, D)
         batch, num_patches = patches.shape[:2]
@@ -247,7 +247,7 @@ class MaskedAutoencoder(nn.Module):
         visible = torch.cat([tokens[:, :prefix], gather_tokens(patches, ids_keep)], dim=1)  # (B, prefix + keep, D)
         # The blocks see the kept patches' own coordinates: tables added before every block and rotary positions
         # follow the patches that survived masking.
-        latent, _ = self.encoder.run_blocks(visible, self.encoder.block_context(layout.keep(ids_keep), batch))
+        latent, _ = self.encoder.forward_blocks(visible, layout.keep(ids_keep))
         return self.encoder.norm(latent), mask, ids_restore
 
     def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:

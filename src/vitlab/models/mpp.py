@@ -173,15 +173,16 @@ class MaskedPatchPredictor(nn.Module):
     def forward(self, images: torch.Tensor, generator: torch.Generator | None = None) -> MPPOutput:
         """images (B, C, H, W), normalised -> every patch's prediction and the corruption drawn."""
         encoder = self.encoder
-        patches, layout = encoder.embed_patches(images)  # (B, N, D)
+        drawn: list[Corruption] = []
+
+        def corrupt(patches: torch.Tensor) -> torch.Tensor:  # (B, N, D), before positions: a masked patch keeps its own
+            drawn.append(draw_corruption(*patches.shape[:2], self.ratio, self.shares, generator, patches.device))
+            return apply_corruption(patches, drawn[0], self.mask_token, generator)
+
+        tokens, layout = encoder.prepare_tokens(images, patch_transform=corrupt)
+        encoded, _ = encoder.forward_blocks(tokens, layout)
         prefix = encoder.config.num_prefix_tokens
-        corruption = draw_corruption(
-            patches.shape[0], patches.shape[1], self.ratio, self.shares, generator, patches.device
-        )
-        patches = apply_corruption(patches, corruption, self.mask_token, generator)
-        stem, context = encoder.start(patches, layout)  # positions after the corruption: a masked patch keeps its own
-        encoded, _ = encoder.run_blocks(stem, context)
-        return MPPOutput(self.head(encoder.norm(encoded)[:, prefix:]), corruption)
+        return MPPOutput(self.head(encoder.norm(encoded)[:, prefix:]), drawn[0])
 
     def no_weight_decay(self) -> set[str]:
         return self.encoder.no_weight_decay() | {"mask_token"}

@@ -29,8 +29,8 @@ def model_stats(config: ViTConfig) -> tuple[int, float]:
             images = torch.empty(1, config.in_chans, *config.image_size)
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             # Every token through every block, the model's nominal work (forward skips the last block's tokens
-            # that a class-token head does not read: `VisionTransformer.head_tokens`).
-            model.forward_intermediates(images, attention_layers=None, hidden_states=False)
+            # that a class-token head does not read: models/fast_paths.py).
+            model.forward_analysis(images, attention_layers=None, hidden_states=False)
         return sum(p.numel() for p in model.parameters()), counter.get_total_flops()
 
     # Every block has the same shapes, so counting depths 1 and 2 and extrapolating is exact, and it keeps

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -40,9 +41,10 @@ from vitlab.layers.patch_embed import PatchEmbed
 from vitlab.layers.patch_layout import PatchLayout
 from vitlab.layers.pooling import GeneralizedMeanPool, token_mean
 from vitlab.model_input import ModelInput, PatchInput
+from vitlab.models import fast_paths
 from vitlab.models.hybrid import ResNetStem
-from vitlab.models.positions import position_kind
-from vitlab.models.positions.rotary import PERCEPTION_ROTARY
+from vitlab.models.positions.kinds import position_traits
+from vitlab.models.positions.registry import position_kind
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
 # Parameters of eq. 1 and what sits between it and the first block (CLIP's pre-encoder norm): frozen with the
@@ -143,9 +145,11 @@ class VisionTransformer(nn.Module):
         head_in = config.representation_size or dim
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else nn.Identity()
         self.head_dist = nn.Linear(dim, config.num_classes) if config.has_distillation_head else None
-        # Off by default: a wrong image size is then an error rather than a silent resampling (see `embed`).
-        self.dynamic_image_size = False
+        # Off by default: a wrong image size is then an error rather than a silent resampling (`_embed_patches`);
+        # positions without a table (rotary, none) take any size whatever this says. timm's dynamic_img_size.
+        self.dynamic_size = False
         self.attention_kernel = "sdpa"  # see `set_attention_kernel`
+        self.fast_paths = True  # the same outputs with less work (models/fast_paths.py); False: the plain layers
         self.init_weights()
 
     # ----------------------------------------------------------------------------------------- set-up
@@ -174,10 +178,10 @@ class VisionTransformer(nn.Module):
         for token in (self.dist_token, self.reg_token):  # DeiT's initialisation; zeros would equal the class token
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
-        self.zero_heads()
+        self._zero_heads()
 
     @torch.no_grad()
-    def zero_heads(self) -> None:
+    def _zero_heads(self) -> None:
         """The paper's zero-initialised head (and DeiT's distillation head alongside)."""
         for head in (self.head, self.head_dist):
             if isinstance(head, nn.Linear):
@@ -192,7 +196,7 @@ class VisionTransformer(nn.Module):
         # A new head classifies: a CLIP tower's projection is replaced, not kept.
         self.config = self.config.replace(num_classes=num_classes, class_names=class_names, projection=False)
         self.head_dist = nn.Linear(head_in, num_classes, device=device) if self.config.has_distillation_head else None
-        self.zero_heads()
+        self._zero_heads()
 
     def remove_representation(self) -> None:
         """Drop the pre-logits layer, as the paper does before fine-tuning; the head must be reset after."""
@@ -200,33 +204,219 @@ class VisionTransformer(nn.Module):
         self.config = self.config.replace(representation_size=None)
 
     # ----------------------------------------------------------------------------------------- forward
-    def embed(self, inputs: ModelInput) -> torch.Tensor:
-        """Eq. 1: inputs -> z_0 (B, prefix + N, D); E_pos is added here with placement "input" (the paper's), and
-        before every block (`run_blocks`) otherwise."""
-        return self.begin(inputs)[0]
+    def forward(self, inputs: ModelInput) -> torch.Tensor:
+        """inputs: images (B, C, H, W), or a PatchInput -> logits (B, K)."""
+        return self._head_output(inputs, pre_logits=False)
 
-    def begin(self, inputs: ModelInput) -> tuple[torch.Tensor, EncoderContext]:
-        """Eq. 1 and what the blocks need: inputs -> (z_0 (B, prefix + N, D), the blocks' context)."""
-        return self.start(*self.embed_patches(inputs))
+    def forward_pre_logits(self, inputs: ModelInput) -> torch.Tensor:
+        """inputs -> the features the head reads (B, D'), e.g. for few-shot probes and embeddings."""
+        return self._head_output(inputs, pre_logits=True)
 
-    def embed_patches(self, inputs: ModelInput) -> tuple[torch.Tensor, PatchLayout]:
+    def forward_features(self, inputs: ModelInput) -> torch.Tensor:
+        """Eqs. 1-3 and the final norm: inputs -> every token of z_L (B, prefix + N, D)."""
+        tokens, layout = self.prepare_tokens(inputs)
+        tokens, _ = self.forward_blocks(tokens, layout)
+        return self.norm(tokens)
+
+    def forward_head(
+        self,
+        tokens: torch.Tensor,
+        pre_logits: bool = False,
+        hidden_states: list[torch.Tensor] | None = None,
+        valid: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Eq. 4 and the head: encoder output (B, T, D) -> logits (B, K); with pre_logits=True the features fed to
+        the head (for a distilled model with its distillation head: the mean of the class and distillation tokens,
+        as timm's). `hidden_states`: every block's output, which layer-weighted pooling needs; `valid` (B, N) bool:
+        the real patch tokens of a padded batch, the only ones pooled (None: all)."""
+        if self.config.distilled and self.config.distillation_head:
+            class_features, distillation_features = tokens[:, 0], tokens[:, 1]
+            if self.head_dist is not None and not pre_logits:
+                return (self.head(class_features) + self.head_dist(distillation_features)) / 2
+            features = (class_features + distillation_features) / 2
+            return features if pre_logits else self.head(features)
+        features = self.pre_logits(self.fc_norm(self._pool(tokens, hidden_states, valid)))
+        return features if pre_logits else self.head(features)
+
+    def _head_output(self, inputs: ModelInput, pre_logits: bool) -> torch.Tensor:
+        """The head's logits (or its input features) for `inputs`, through the blocks once. With the fast paths only
+        the tokens the head reads come out of the last block (models/fast_paths.py)."""
+        mixes_blocks = self.config.classifier == "layer_weighted"
+        tokens, layout = self.prepare_tokens(inputs)
+        wanted = fast_paths.head_tokens(self.config) if self.fast_paths else None
+        tokens, states = self.forward_blocks(tokens, layout, keep_states=mixes_blocks, outputs=wanted)
+        return self.forward_head(self.norm(tokens), pre_logits, states if mixes_blocks else None, layout.valid)
+
+    def prepare_tokens(
+        self, inputs: ModelInput, patch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, PatchLayout]:
+        """Eq. 1: inputs -> (z_0 (B, prefix + N, D), where each patch token sits on its image's grid).
+
+        z_0 = [x_class; registers; x_p^1 E; ...; x_p^N E] + E_pos, where E_pos is added here with the paper's
+        placement ("input") and before every block otherwise (`forward_blocks`). patch_transform: (B, N, D) ->
+        (B, N, D), applied to the embedded patches before the prefix tokens and positions join them (masked patch
+        prediction's corruption: a masked patch keeps its own position)."""
+        patches, layout = self._embed_patches(inputs)
+        if patch_transform is not None:
+            patches = patch_transform(patches)
+        prefix_tokens = [
+            token.expand(patches.shape[0], -1, -1)
+            for token in (self.cls_token, self.dist_token, self.reg_token)
+            if token is not None
+        ]
+        tokens = torch.cat(prefix_tokens + [patches], dim=1) if prefix_tokens else patches
+        if self.config.pos_embed_placement == "input":
+            tables = self.positions.tables(self, layout, tokens.shape[0])
+            if tables is not None:
+                tokens = add_positions(tokens, tables[0], self.config)
+        return self.norm_pre(self.pos_drop(tokens)), layout
+
+    def forward_blocks(
+        self,
+        tokens: torch.Tensor,
+        layout: PatchLayout,
+        *,
+        keep_states: bool = False,
+        attention_layers: Collection[int] = frozenset(),
+        on_attention: AttentionCallback | None = None,
+        outputs: int | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Eqs. 2-3: z_0 (B, T, D) -> (z_L before the final norm, every block's output if keep_states, else []).
+
+        layout: where the patch tokens sit (from `prepare_tokens`; MAE's kept patches: `layout.keep(indices)`), for
+        the positions of every block, the padding mask and the pooling. Blocks in `attention_layers` take the
+        explicit-softmax path and hand their weights to `on_attention(index, weights)`. outputs: only the first
+        `outputs` tokens of z_L are wanted; the fast paths then compute no others in the last block, so z_L may
+        come back as (B, outputs, D)."""
+        context = self.block_context(layout, tokens.shape[0])
+        tables, attention = context.tables, context.attention
+        states: list[torch.Tensor] = []
+        x = tokens
+        last = len(self.blocks) - 1
+        for index, block in enumerate(self.blocks):
+            if tables is not None:  # Table 8's "every layer" columns: own tables, or one shared
+                x = add_positions(x, tables[index if len(tables) > 1 else 0], self.config)
+            if index in attention_layers:
+                x, weights = block(x, attention, return_attention=True)
+                on_attention(index, weights)
+            elif self.fast_paths:
+                x = fast_paths.run_block(block, x, attention, outputs if index == last else None)
+            else:
+                x = block(x, attention)
+            if keep_states:
+                states.append(x)
+        return x, states
+
+    def forward_intermediates(
+        self,
+        inputs: ModelInput,
+        indices: int | Sequence[int] | None = None,
+        *,
+        norm: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW",
+        return_prefix_tokens: bool = False,
+        intermediates_only: bool = False,
+        stop_early: bool = False,
+    ) -> list | tuple[torch.Tensor, list]:
+        """The outputs of chosen blocks, ready for a dense head (timm's `forward_intermediates`; DINOv3's
+        `get_intermediate_layers`).
+
+        indices: None every block; an int n the last n blocks; a sequence of block indices (negative from the end).
+        norm: the final norm applied to each. output_fmt: "NCHW" the patch tokens on their grid (B, D, rows, cols),
+        or "NLC" as a sequence (B, N, D) (the only form for a PatchInput, whose images have grids of their own).
+        return_prefix_tokens: each entry (patches, prefix tokens (B, prefix, D)). stop_early: no block after the
+        last one chosen runs. Returns the list in block order, or with intermediates_only False (final tokens after
+        the norm (B, prefix + N, D), the list)."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise UsageError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        if output_fmt == "NCHW" and isinstance(inputs, PatchInput):
+            raise UsageError(
+                "patches with their own coordinates (a PatchInput, e.g. NaFlex) have no common grid to lay "
+                "out as NCHW; ask output_fmt='NLC' (the real tokens of each image are inputs.valid)"
+            )
+        chosen = self._block_indices(indices)
+        tokens, layout = self.prepare_tokens(inputs)
+        blocks = self.blocks
+        if stop_early:
+            self.blocks = blocks[: max(chosen) + 1]  # type: ignore[assignment]
+        try:
+            kept: list[torch.Tensor] = []
+            x, states = self.forward_blocks(tokens, layout, keep_states=True)
+        finally:
+            self.blocks = blocks
+        prefix = self.config.num_prefix_tokens
+        for index in sorted(chosen):
+            state = self.norm(states[index]) if norm else states[index]
+            patches = state[:, prefix:]
+            if output_fmt == "NCHW":
+                rows, cols = layout.grid
+                patches = patches.transpose(1, 2).reshape(state.shape[0], state.shape[-1], rows, cols)
+            kept.append((patches, state[:, :prefix]) if return_prefix_tokens else patches)
+        return kept if intermediates_only else (self.norm(x), kept)
+
+    def forward_analysis(
+        self,
+        inputs: ModelInput,
+        attention_layers: Iterable[int] | str | None = "all",
+        hidden_states: bool = True,
+        attention_callback: AttentionCallback | None = None,
+    ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
+        """The forward pass with its named intermediates, so analysis needs no hooks (big_vision's `out` dict).
+
+        attention_layers: "all", None, or indices of the blocks whose attention weights (B, heads, T, T) are
+        wanted; only those blocks take the explicit-softmax path. With `attention_callback(layer, weights)` the
+        weights are handed over one layer at a time and not kept, so memory holds one layer's weights at most.
+        Returns a dict: "stem" (B, T, D) the embedded tokens z_0; "hidden_states" the output of every block
+        (list of L tensors (B, T, D)) if asked; "attentions" (list, in layer order) unless a callback took them;
+        "encoder" (B, T, D) after the final norm; "pre_logits" (B, D'); "logits" (B, K).
+        """
+        if attention_layers == "all":
+            wanted = set(range(len(self.blocks)))
+        else:
+            wanted = set() if attention_layers is None else set(self._block_indices(list(attention_layers)))
+        attentions: list[torch.Tensor] = []
+        stem, layout = self.prepare_tokens(inputs)
+        x, states = self.forward_blocks(
+            stem,
+            layout,
+            keep_states=hidden_states or self.config.classifier == "layer_weighted",
+            attention_layers=wanted,
+            on_attention=attention_callback or (lambda _, weights: attentions.append(weights)),
+        )
+        out: dict[str, torch.Tensor | list[torch.Tensor]] = {"stem": stem}
+        if hidden_states:
+            out["hidden_states"] = states
+        if wanted and attention_callback is None:
+            out["attentions"] = attentions
+        out["encoder"] = self.norm(x)
+        out["pre_logits"] = self.forward_head(
+            out["encoder"], pre_logits=True, hidden_states=states or None, valid=layout.valid
+        )
+        # Only DeiT's two heads need the tokens again; every other head reads the pooled features (pooling once).
+        out["logits"] = (
+            self.forward_head(out["encoder"]) if self.head_dist is not None else self.head(out["pre_logits"])
+        )
+        return out
+
+    # ----------------------------------------------------------------------------------------- parts of the forward
+    def _embed_patches(self, inputs: ModelInput) -> tuple[torch.Tensor, PatchLayout]:
         """inputs -> (the embedded patches x_p E (B, N, D), where each sits).
 
-        Pixels (B, C, H, W): every patch of the grid, in row-major order. With `dynamic_image_size` any image whose
-        sides are multiples of the patch size is accepted, its positions made for its grid on every call (as the
-        paper's fine-tuning does once), in a form that traces with symbolic sizes, so an ONNX export keeps the
-        image size dynamic; otherwise the model's own size is required. A `PatchInput` (patches already cut, with
-        their coordinates and a valid mask, e.g. images of different aspect ratios padded to one length) takes
-        positions at its coordinates on each image's own grid."""
+        Pixels (B, C, H, W): every patch of the grid, in row-major order. The model's own size is required unless
+        it takes any grid: positions that need no table (rotary, none), a NaFlex model, or `dynamic_size` set,
+        which makes the positions of each grid from the stored ones on the fly (kept per size where nothing trains
+        them), in a form that traces with symbolic sizes, so an ONNX export keeps the image size dynamic. A
+        `PatchInput` (patches already cut, with their coordinates and a valid mask, e.g. images of different
+        aspect ratios padded to one length) takes positions at its coordinates on each image's own grid."""
         if isinstance(inputs, PatchInput):
-            return self.embed_cut_patches(inputs)
+            return self._embed_cut_patches(inputs)
         images = inputs
         expected = self.config.image_size
-        # A NaFlex model reads each image at its own grid (its contract), so pixels at any grid of whole patches
-        # are its input as much as cut patches are (the same positions either way).
-        any_grid = self.dynamic_image_size or self.config.naflex_contract is not None
-        # In dynamic mode the size is not compared at all, so a symbolic size (export) meets no branch here.
-        wrong_size = not any_grid and tuple(images.shape[-2:]) != expected
+        any_grid = (
+            self.dynamic_size
+            or self.config.naflex_contract is not None
+            or position_traits(self.config.pos_embed).any_grid
+        )
         if images.ndim != 4 or images.shape[1] != self.config.in_chans:
             channels = images.shape[1] if images.ndim == 4 else "no channel axis"
             raise UsageError(
@@ -241,17 +431,19 @@ class VisionTransformer(nn.Module):
                 )
                 + "), as vitlab's data loading does"
             )
-        if wrong_size:
+        # A model that takes any grid never compares the size, so a symbolic size (export) meets no branch here;
+        # a size that is not a whole number of patches is refused by the patch embedding.
+        if not any_grid and tuple(images.shape[-2:]) != expected:
             raise UsageError(
                 f"the model expects images of shape (B, {self.config.in_chans}, {expected[0]}, {expected[1]}), "
-                f"got {tuple(images.shape)}; resize the input, or load the model with image_size="
-                f"{tuple(images.shape[-2:])} to resample its position embedding"
+                f"got {tuple(images.shape)}; resize the input, set model.dynamic_size = True to resample its "
+                f"position embedding for every size, or load it with image_size={tuple(images.shape[-2:])}"
             )
         patches = self.patch_embed.project(images)  # (B, D, rows, cols)
         layout = PatchLayout(tuple(patches.shape[-2:]), resample=any_grid)
         return self.patch_embed.norm(patches.flatten(2).transpose(1, 2)), layout  # (B, N, D)
 
-    def embed_cut_patches(self, inputs: PatchInput) -> tuple[torch.Tensor, PatchLayout]:
+    def _embed_cut_patches(self, inputs: PatchInput) -> tuple[torch.Tensor, PatchLayout]:
         """Already-cut patches (B, N, P_h * P_w * C) -> (their embeddings (B, N, D), their layout)."""
         config = self.config
         if self.patch_embed.backbone is not None:
@@ -270,118 +462,25 @@ class VisionTransformer(nn.Module):
             inputs.coords, inputs.valid, inputs.grids
         )
 
-    def start(self, tokens: torch.Tensor, layout: PatchLayout) -> tuple[torch.Tensor, EncoderContext]:
-        """Embedded patches (B, N, D) at `layout` -> (z_0 (B, prefix + N, D): the prefix tokens prepended and, with
-        placement "input", the positions added; the blocks' context). Masked pre-training changes the patch
-        tokens before this (MPP), or picks the kept ones after it (MAE, with `block_context` of their layout)."""
-        tokens = self.prepend_prefix(tokens)
-        if self.config.pos_embed_placement == "input":
-            tables = self.positions.tables(self, layout, tokens.shape[0])
-            if tables is not None:
-                tokens = self.add_positions(tokens, tables[0])
-        return self.norm_pre(self.pos_drop(tokens)), self.block_context(layout, tokens.shape[0])
-
-    def prepend_prefix(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Patch tokens (B, N, D) -> [x_class; x_dist or registers; patches] (B, prefix + N, D)."""
-        prefix_tokens = [
-            token.expand(tokens.shape[0], -1, -1)
-            for token in (self.cls_token, self.dist_token, self.reg_token)
-            if token is not None
-        ]
-        return torch.cat(prefix_tokens + [tokens], dim=1) if prefix_tokens else tokens
-
     def block_context(self, layout: PatchLayout, batch: int) -> EncoderContext:
-        """What every block needs for tokens at `layout` (the whole input, or MAE's kept patches): the absolute
-        tables added before every block (placements other than "input"), the rotation of rotary positions, the
-        mask of padding tokens, and the attention kernel."""
+        """What every block needs for tokens at `layout`: the absolute tables added before every block
+        (placements other than "input"), the rotation of rotary positions, the mask of padding tokens, and the
+        attention kernel."""
         tables = None
         if self.config.pos_embed_placement != "input":
             tables = self.positions.tables(self, layout, batch)
         attn_mask = None
         if layout.valid is not None:
             attn_mask = with_prefix(layout.valid, self.config.num_prefix_tokens)[:, None, None, :]  # (B, 1, 1, T)
-        rope = self.positions.rotary(self, layout, batch)
-        if self.config.rotary == "pe":  # Perception Encoder: a table and rotary positions both
-            rope = PERCEPTION_ROTARY.rotary(self, layout, batch)
         attention = AttentionContext(
-            rope,
+            self.positions.rotary(self, layout, batch),
             attn_mask,
             self.attention_kernel,
             self.positions.stretches_relative(layout),
         )
         return EncoderContext(tables, attention, layout.valid)
 
-    def add_positions(self, tokens: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """tokens (B, prefix + N, D) + one position table (prefix + N, D), or per sample (B, prefix + N, D): to every
-        token, or with prefix_positions False (timm's no_embed_class) to the patch tokens only."""
-        if self.config.prefix_positions:
-            return tokens + table
-        prefix = self.config.num_prefix_tokens
-        return torch.cat([tokens[:, :prefix], tokens[:, prefix:] + table], dim=-2)
-
-    def encode(
-        self,
-        inputs: ModelInput,
-        attention_layers: set[int] = frozenset(),
-        on_attention: AttentionCallback | None = None,
-        keep_states: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], EncoderContext]:
-        """Eqs. 1-3: inputs -> (z_0, z_L before the final norm, the output of every block if keep_states, else [],
-        the blocks' context). Blocks in `attention_layers` take the explicit-softmax path and hand their weights to
-        `on_attention`."""
-        stem, context = self.begin(inputs)
-        x, states = self.run_blocks(stem, context, attention_layers, on_attention, keep_states)
-        return stem, x, states, context
-
-    def run_blocks(
-        self,
-        x: torch.Tensor,
-        context: EncoderContext | None = None,
-        attention_layers: set[int] = frozenset(),
-        on_attention: AttentionCallback | None = None,
-        keep_states: bool = False,
-        last_queries: int | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Eqs. 2-3: z_0 (B, T, D) -> (z_L before the final norm, every block's output if keep_states, else []).
-        context: from `start` or `block_context` (None: no positions, padding or kernel beyond the defaults). MAE
-        runs the blocks on the visible tokens only (any T, their own context). last_queries: the last block
-        computes only the first `last_queries` tokens' outputs (z_L is then (B, last_queries, D)); see
-        `head_tokens`."""
-        context = context or EncoderContext(None, AttentionContext(kernel=self.attention_kernel), None)
-        states: list[torch.Tensor] = []
-        tables, attention = context.tables, context.attention
-        last = len(self.blocks) - 1
-        for index, block in enumerate(self.blocks):
-            if tables is not None:  # Table 8's "every layer" columns: own tables, or one shared
-                x = self.add_positions(x, tables[index if len(tables) > 1 else 0])
-            if index in attention_layers:
-                x, weights = block(x, attention, return_attention=True)
-                on_attention(index, weights)
-            elif index == last and last_queries is not None:
-                x = block(x, attention, queries=last_queries)
-            else:
-                x = block(x, attention)
-            if keep_states:
-                states.append(x)
-        return x, states
-
-    def head_tokens(self) -> int | None:
-        """How many leading tokens of z_L the head reads when that is all it reads: 1 for the paper's class token
-        (2 with DeiT's distillation token), else None (pooling over patches, attention pooling, a mix of blocks,
-        relative attention, whose offsets need every query). Only those tokens' outputs of the last block matter
-        then, so `forward` computes no others there: the same logits without the last block's output projection and
-        MLP for the other tokens (5/8 of a block for mnist-28, 10% of its work; 6% of B/16's), with queries, keys
-        and values still projected from every token."""
-        config = self.config
-        if config.classifier != "token" or config.pos_embed == "relative" or not config.class_token:
-            return None
-        return 2 if config.distilled else 1
-
-    def forward_features(self, inputs: ModelInput) -> torch.Tensor:
-        """inputs -> encoder output (B, prefix + N, D), after the final norm."""
-        return self.norm(self.encode(inputs)[1])
-
-    def pool(
+    def _pool(
         self, tokens: torch.Tensor, hidden_states: list[torch.Tensor] | None = None, valid: torch.Tensor | None = None
     ) -> torch.Tensor:
         """(B, T, D) -> (B, D): the class token, the mean of the patch tokens (paper Appendix D.3), attention
@@ -406,7 +505,7 @@ class VisionTransformer(nn.Module):
         if hidden_states is None or len(hidden_states) != len(self.blocks):
             raise UsageError(
                 "layer-weighted pooling mixes every block's output: call the model itself, "
-                "forward_pre_logits or forward_intermediates(hidden_states=True), not forward_head alone"
+                "forward_pre_logits or forward_analysis(hidden_states=True), not forward_head alone"
             )
         per_block = []
         for state in hidden_states:
@@ -415,104 +514,24 @@ class VisionTransformer(nn.Module):
         mix = self.layer_weights.softmax(dim=0)  # (L,)
         return (torch.stack(per_block, dim=1) * mix[None, :, None]).sum(dim=1)  # (B, L, D) -> (B, D)
 
-    def forward_head(
-        self,
-        tokens: torch.Tensor,
-        pre_logits: bool = False,
-        hidden_states: list[torch.Tensor] | None = None,
-        valid: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Encoder output (B, T, D) -> logits (B, K); with pre_logits=True the features fed to the head (for a
-        distilled model with its distillation head: the mean of the class and distillation tokens, as timm's).
-        `hidden_states`: every block's output, which layer-weighted pooling needs; `valid`: see `pool`."""
-        if self.config.distilled and self.config.distillation_head:
-            class_features, distillation_features = tokens[:, 0], tokens[:, 1]
-            if self.head_dist is not None and not pre_logits:
-                return (self.head(class_features) + self.head_dist(distillation_features)) / 2
-            features = (class_features + distillation_features) / 2
-            return features if pre_logits else self.head(features)
-        features = self.pre_logits(self.fc_norm(self.pool(tokens, hidden_states, valid)))
-        return features if pre_logits else self.head(features)
-
-    def forward_pre_logits(self, inputs: ModelInput) -> torch.Tensor:
-        """inputs -> the features the head reads (B, D'), e.g. for few-shot probes."""
-        tokens, states, valid = self.encoded(inputs)
-        return self.forward_head(tokens, pre_logits=True, hidden_states=states, valid=valid)
-
-    def forward(self, inputs: ModelInput) -> torch.Tensor:
-        """inputs: images (B, C, H, W), or a PatchInput -> logits (B, K)."""
-        tokens, states, valid = self.encoded(inputs)
-        return self.forward_head(tokens, hidden_states=states, valid=valid)
-
-    def encoded(self, inputs: ModelInput) -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor | None]:
-        """(encoder output after the final norm, every block's output if the pooling reads them, else None, the
-        valid patch tokens of a padded batch, else None). With a class-token head only the tokens it reads
-        (`head_tokens`) come out of the last block."""
-        keep = self.config.classifier == "layer_weighted"
-        stem, context = self.begin(inputs)
-        last, states = self.run_blocks(stem, context, keep_states=keep, last_queries=self.head_tokens())
-        return self.norm(last), (states if keep else None), context.valid
-
-    def forward_intermediates(
-        self,
-        inputs: ModelInput,
-        attention_layers: Iterable[int] | str | None = "all",
-        hidden_states: bool = True,
-        attention_callback: AttentionCallback | None = None,
-    ) -> dict[str, torch.Tensor | list[torch.Tensor]]:
-        """The forward pass with its named intermediates, so analysis needs no hooks.
-
-        attention_layers: "all", None, or indices of the blocks whose attention weights (B, heads, T, T) are
-        wanted; only those blocks take the explicit-softmax path. With `attention_callback(layer, weights)` the
-        weights are handed over one layer at a time and not kept, so memory holds one layer's weights at most.
-        Returns a dict: "stem" (B, T, D) the embedded tokens z_0; "hidden_states" the output of every block
-        (list of L tensors (B, T, D)) if asked; "attentions" (list, in layer order) unless a callback took them;
-        "encoder" (B, T, D) after the final norm; "pre_logits" (B, D'); "logits" (B, K).
-        """
-        if attention_layers == "all":
-            wanted = set(range(len(self.blocks)))
-        else:
-            wanted = set() if attention_layers is None else {self.layer_index(i) for i in attention_layers}
-        attentions: list[torch.Tensor] = []
-        stem, x, states, context = self.encode(
-            inputs,
-            wanted,
-            attention_callback or (lambda _, weights: attentions.append(weights)),
-            keep_states=hidden_states or self.config.classifier == "layer_weighted",
-        )
-        out: dict[str, torch.Tensor | list[torch.Tensor]] = {"stem": stem}
-        if hidden_states:
-            out["hidden_states"] = states
-        if wanted and attention_callback is None:
-            out["attentions"] = attentions
-        out["encoder"] = self.norm(x)
-        out["pre_logits"] = self.forward_head(
-            out["encoder"], pre_logits=True, hidden_states=states or None, valid=context.valid
-        )
-        # Only DeiT's two heads need the tokens again; every other head reads the pooled features (pooling once).
-        out["logits"] = (
-            self.forward_head(out["encoder"]) if self.head_dist is not None else self.head(out["pre_logits"])
-        )
-        return out
-
-    def layer_index(self, index: int) -> int:
-        """A block index as Python indexes a list: 0..L-1, or -L..-1 from the end; anything else is refused (it
-        once wrapped silently: 12 became 0 on a 12-block model)."""
+    def _block_indices(self, indices: int | Sequence[int] | None) -> list[int]:
+        """Blocks as Python indexes a list: None every block, n the last n, or indices 0..L-1 / -L..-1; anything
+        else is refused (an index once wrapped silently: 12 became 0 on a 12-block model)."""
         depth = len(self.blocks)
-        if not -depth <= int(index) < depth:
-            raise UsageError(
-                f"layer {index} is out of range for a {depth}-block model; use 0..{depth - 1} or -{depth}..-1"
-            )
-        return int(index) % depth
+        if indices is None:
+            return list(range(depth))
+        if isinstance(indices, int):
+            if not 0 < indices <= depth:
+                raise UsageError(f"the last {indices} blocks of a {depth}-block model: ask for 1..{depth}")
+            return list(range(depth - indices, depth))
+        for index in indices:
+            if not -depth <= int(index) < depth:
+                raise UsageError(
+                    f"layer {index} is out of range for a {depth}-block model; use 0..{depth - 1} or -{depth}..-1"
+                )
+        return sorted({int(index) % depth for index in indices})
 
     # ----------------------------------------------------------------------------------------- resolution
-    def position_table(self, grid: tuple | None = None) -> torch.Tensor | None:
-        """E_pos (P, prefix + rows * cols, D) for a patch grid (default: the model's, as stored): the prefix rows as
-        they are, and the patch rows the fixed sin-cos ones of that grid, the learned 1-D ones interpolated to it, or
-        the learned row and column tables interpolated to its sides and concatenated. None for pos_embed "none",
-        "relative" and "rope". Traces with symbolic grid sizes (the dynamic-size ONNX export)."""
-        return self.positions.table(self, grid)
-
     def set_image_size(self, image_size: int | tuple[int, int], mode: str = "bilinear") -> None:
         """Change the input resolution in place, keeping the patch size and resampling the position embedding
         to the new grid (the paper's fine-tuning at higher resolution, section 3.2): 2-D interpolation of a
@@ -543,6 +562,15 @@ class VisionTransformer(nn.Module):
             "reg_token",
             "latent",
         }
+
+
+def add_positions(tokens: torch.Tensor, table: torch.Tensor, config: ViTConfig) -> torch.Tensor:
+    """tokens (B, prefix + N, D) + one position table (prefix + N, D), or per sample (B, prefix + N, D): to every
+    token, or with prefix_positions False (timm's no_embed_class) to the patch tokens only."""
+    if config.prefix_positions:
+        return tokens + table
+    prefix = config.num_prefix_tokens
+    return torch.cat([tokens[:, :prefix], tokens[:, prefix:] + table], dim=-2)
 
 
 def with_prefix(valid: torch.Tensor, prefix: int) -> torch.Tensor:

@@ -232,7 +232,7 @@ class Engine:
                 "run folder the .onnx file was exported from"
             )
         rollout = Rollout()
-        self.explainer.forward_intermediates(
+        self.explainer.forward_analysis(
             prepare(pixels[None], 255.0, self.config).to(self.device),
             attention_layers="all",
             hidden_states=False,

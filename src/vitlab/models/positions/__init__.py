@@ -1,28 +1,23 @@
-"""Position kinds, one module each, one row each in POSITION_KINDS (names as `vitlab.config.POSITION_EMBEDDINGS`).
-See base.py for the seam."""
+"""Position kinds, one module each, one row each in POSITION_KINDS (registry.py), keyed by the names whose traits
+kinds.py declares. See base.py for the seam.
+
+The names below load on first use, so that `vitlab.config` can read the torch-free kinds.py without this package
+pulling in torch.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from vitlab.lazy import lazy_exports
 
-from vitlab.models.positions.absolute import AxialTable, LearnedTable, SinCosTable
-from vitlab.models.positions.base import PositionKind
-from vitlab.models.positions.relative import RelativeOffsets
-from vitlab.models.positions.rotary import Rotary2D
-
-POSITION_KINDS: dict[str, type[PositionKind]] = {
-    "learned": LearnedTable,
-    "none": PositionKind,
-    "learned_2d": AxialTable,
-    "relative": RelativeOffsets,
-    "sincos2d": SinCosTable,
-    "rope": Rotary2D,
+_EXPORTS = {
+    "POSITION_KINDS": "vitlab.models.positions.registry",
+    "position_kind": "vitlab.models.positions.registry",
+    "PositionKind": "vitlab.models.positions.base",
+    "POSITION_TRAITS": "vitlab.models.positions.kinds",
+    "PositionTraits": "vitlab.models.positions.kinds",
+    "position_traits": "vitlab.models.positions.kinds",
 }
 
+__all__ = sorted(_EXPORTS)
 
-def position_kind(config: Any) -> PositionKind:
-    """The position kind a ViTConfig names (`pos_embed`)."""
-    return POSITION_KINDS[config.pos_embed]()
-
-
-__all__ = ["POSITION_KINDS", "PositionKind", "position_kind"]
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

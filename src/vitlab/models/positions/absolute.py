@@ -24,18 +24,25 @@ from vitlab.models.positions.base import PositionedModel, PositionKind, replaced
 
 
 class AbsoluteTable(PositionKind):
-    """What the three tables share: sampling at coordinates. A subclass says how the table of a grid is made."""
+    """What the three tables share: sampling at coordinates, and the tables of other grids kept while nothing trains
+    them. A subclass says how the table of a grid is made."""
+
+    def __init__(self) -> None:
+        # grid and stored tables -> (the table of that grid, the stored tables it was made from). Holding the
+        # sources keeps their memory from being reused by other tables, so an address and a version counter name
+        # one content for as long as the entry lives.
+        self.kept: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]] = {}
 
     def tables(self, model: PositionedModel, layout: PatchLayout, batch: int) -> torch.Tensor | None:
         own = None if not layout.resample else layout.grid
         if layout.coords is None:
-            return self.table(model, own)
+            return self.table_of_grid(model, own)
         prefix = model.config.num_position_prefix
         coords = layout.coords
         grids = layout.grids(batch, coords.device)
         gathered = None
         for grid in layout.distinct_grids():  # one table per distinct grid (one, except for NaFlex)
-            full = self.table(model, grid if layout.resample or layout.sample_grids is not None else None)
+            full = self.table_of_grid(model, grid if layout.resample or layout.sample_grids is not None else None)
             rows, cols = grid
             index = coords[..., 0].clamp(0, rows - 1) * cols + coords[..., 1].clamp(0, cols - 1)  # (B, N)
             patch_rows = full[:, prefix:][:, index]  # (P, B, N, D); padding tokens read some row, unused
@@ -50,6 +57,27 @@ class AbsoluteTable(PositionKind):
     def table(self, model: PositionedModel, grid: tuple | None = None) -> torch.Tensor:
         raise NotImplementedError  # each table kind makes its own
 
+    def table_of_grid(self, model: PositionedModel, grid: tuple | None) -> torch.Tensor:
+        """`table(model, grid)`, made once per grid while nothing can train the stored tables (an evaluating model
+        without autograd): a model of dynamic size sees the same few sizes over and over (serving, dense features
+        of a photo collection), and resampling B/16's table to a 64 x 64 grid costs more than its patch
+        embedding. A stored table written in place (an optimiser step, load_state_dict) moves its version counter
+        and so misses the entry; a write through `.data`, which autograd does not count, is not seen."""
+        if grid is None or model.training or torch.is_grad_enabled() or tracing() or not plain_ints(grid):
+            return self.table(model, grid)
+        sources = [table for table in (model.pos_embed, model.pos_embed_row, model.pos_embed_col) if table is not None]
+        key = (
+            tuple(grid),
+            tuple(model.config.grid_size),
+            *((source.data_ptr(), source._version, source.dtype, source.device) for source in sources),
+        )
+        entry = self.kept.get(key)
+        if entry is None:
+            if len(self.kept) >= 16:  # a few sizes are the use; a stream of new ones is not kept for ever
+                self.kept.clear()
+            entry = self.kept[key] = (self.table(model, grid), [source.detach() for source in sources])
+        return entry[0]
+
     def prefixed(self, model: PositionedModel, patch_rows: torch.Tensor) -> torch.Tensor:
         """The prefix tokens' rows (stored in `pos_embed`) before a grid's patch rows."""
         prefix = model.config.num_position_prefix
@@ -62,6 +90,17 @@ class AbsoluteTable(PositionKind):
         """(P, prefix + rows * cols, D) of a table stored for the model's grid."""
         config = model.config
         return config.num_position_tables, config.num_position_prefix + config.num_patches, config.embed_dim
+
+
+def tracing() -> bool:
+    """Whether the forward pass is being traced (torch.compile, torch.export, ONNX export), where a table must be
+    computed in the graph rather than taken from a dictionary."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def plain_ints(grid: tuple) -> bool:
+    """Whether a grid is two Python ints (not symbolic sizes of a trace, nor tensors)."""
+    return all(type(side) is int for side in grid)
 
 
 class LearnedTable(AbsoluteTable):

@@ -1,6 +1,7 @@
-"""2-D rotary positions (DINOv3's; the math is layers/rotary.py): no parameters, no table to resample. Every call
-turns the patch tokens' queries and keys by angles of their coordinates, normalised on each image's own grid; a training model may move them first (DINOv3's shift, jitter and
-rescale: `augment_centres`)."""
+"""2-D rotary positions (the math is layers/rotary.py). DINOv3's ("rope"): no parameters, no table to resample;
+every call turns the patch tokens' queries and keys by angles of their coordinates, normalised on each image's own
+grid; a training model may move them first (DINOv3's shift, jitter and rescale: `augment_centres`). Perception
+Encoder's ("pe_rope"): its learned table, and a rotation by each patch's integer coordinates."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from vitlab.layers.rotary import (
     normalized_centres,
     rotary_angles,
 )
+from vitlab.models.positions.absolute import LearnedTable
 from vitlab.models.positions.base import PositionedModel, PositionKind
 
 
@@ -32,10 +34,10 @@ class Rotary2D(PositionKind):
         return RotaryTable.from_angles(angles, model.config.num_prefix_tokens)
 
 
-class PerceptionRotary:
-    """Perception Encoder's rotary positions (config.rotary "pe"), turned besides its learned table: each patch's
-    integer (column, row), plus 1 when a class token sits at 0, rescaled to the model's own grid when the input's
-    differs (timm's ref_feat_shape), in interleaved channel pairs."""
+class PerceptionRotary(LearnedTable):
+    """Perception Encoder's positions: the paper's learned table, and rotary positions turned besides it: each
+    patch's integer (column, row), plus 1 when a class token sits at 0, rescaled to the model's own grid when the
+    input's differs (timm's ref_feat_shape), in interleaved channel pairs."""
 
     def rotary(self, model: PositionedModel, layout: PatchLayout, batch: int) -> RotaryTable:
         device = model.patch_embed.proj.weight.device
@@ -49,6 +51,3 @@ class PerceptionRotary:
         positions = (coords.float() + offset) * own / grids[:, None, :].float()  # (B, N, 2) rows, cols
         angles = interleaved_angles(positions.flip(-1), config.head_dim, config.rope_theta)  # (x, y)
         return RotaryTable.from_angles(angles, config.num_prefix_tokens, interleaved=True)
-
-
-PERCEPTION_ROTARY = PerceptionRotary()

@@ -1,0 +1,125 @@
+"""The encoder's speed paths, behind one switch: `VisionTransformer.fast_paths` (on by default).
+
+The layers a reader learns from (layers/attention.py, layers/block.py, layers/mlp.py) compute the paper's equations
+plainly. This module computes the same equations with less work, for the three places where that was measured to
+pay; `model.fast_paths = False` switches all three off. tests/models/test_fast_paths.py holds each to the plain
+path: GELU in place bit for bit, the other two to float32 rounding (their matrix products have other shapes, so
+other summation orders).
+
+1. **Only the tokens the head reads, in the last block** (`head_tokens`). A head that reads the class token alone
+   (the paper's; 2 tokens with DeiT's distillation token) needs nothing else of z_L, so the last block computes
+   only those tokens' outputs: the same logits without the last block's output projection and MLP for the other
+   tokens (5/8 of a block for mnist-28, 10% of its work; 6% of B/16's), with queries, keys and values still
+   projected from every token. (Slicing the fused projection's weight instead would save a third of it, but PT2E's
+   int8 lowering then computes wrong products, and a dynamically quantized projection has no weight to slice.)
+2. **GELU in place** (`mlp`). Without autograd and with no hook that could have kept fc1's fresh output, GELU may
+   overwrite it: one (B, T, 4D) buffer fewer to allocate and first-touch per block, 6% of B/16 eager CPU
+   inference (`python benchmarks/eager_vs_transformers.py`), bit-identical.
+3. **Explicit attention with its own backward** (`attend`), when the model's kernel is "explicit" (chosen for
+   training short sequences: `hardware.TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS`): a backward that copies less
+   (layers/explicit_attention.py; `python benchmarks/attention_backward.py`).
+
+Module hooks keep their meaning: a block, attention or MLP with a forward hook (or a hook on every module) runs
+through its own `forward`, so the hook sees what it always saw.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.modules import module as module_hooks
+
+from vitlab.config import ViTConfig
+from vitlab.layers.attention import Attention, AttentionContext, merge_heads
+from vitlab.layers.block import Block
+from vitlab.layers.explicit_attention import explicit_attention
+from vitlab.layers.mlp import Mlp
+from vitlab.models.positions.kinds import position_traits
+
+
+def head_tokens(config: ViTConfig) -> int | None:
+    """How many leading tokens of z_L the head of a model of `config` reads when that is all it reads: 1 for the
+    paper's class token (2 with DeiT's distillation token), else None (pooling over patches, attention pooling, a
+    mix of blocks, relative attention, whose offsets need every query)."""
+    if (
+        config.classifier != "token"
+        or position_traits(config.pos_embed).parameters == "offsets"
+        or not config.class_token
+    ):
+        return None
+    return 2 if config.distilled else 1
+
+
+def run_block(block: Block, x: torch.Tensor, context: AttentionContext, queries: int | None = None) -> torch.Tensor:
+    """Block.forward's two equations, x (B, T, D) -> (B, T, D), with the speed paths; queries: only the first
+    `queries` tokens' outputs, (B, queries, D) (item 1 of the module docstring)."""
+    if has_hooks(block) or (queries is not None and has_hooks(block.attn)):
+        return block(x, context)
+    if queries is None:
+        x = x + block.drop_path(block.ls1(attend(block.attn, block.norm1(x), context)))
+        return x + block.drop_path(block.ls2(mlp(block.mlp, block.norm2(x))))
+    x = x[:, :queries] + block.drop_path(block.ls1(attend_first(block.attn, block.norm1(x), context, queries)))
+    # The MLP on rows (B*Q, D): Inductor's int8 linear (PT2E) computes wrong products on a (B, 1, D) input with a
+    # symbolic batch, and rows are the shape every backend handles.
+    rows = mlp(block.mlp, block.norm2(x).reshape(-1, x.shape[-1])).view(x.shape)
+    return x + block.drop_path(block.ls2(rows))
+
+
+def attend(attention: Attention, x: torch.Tensor, context: AttentionContext) -> torch.Tensor:
+    """MSA(x), (B, T, D) -> (B, T, D): with the explicit kernel's own backward where it applies (item 3)."""
+    if not (
+        context.kernel == "explicit"
+        and torch.is_grad_enabled()
+        and context.rope is None
+        and context.attn_mask is None
+        and attention.rel_pos_keys is None
+        and attention.key_bias
+        and isinstance(attention.q_norm, nn.Identity)
+        and not (attention.training and attention.attn_drop.p > 0)
+        and not has_hooks(attention)
+    ):
+        return attention(x, **context.kwargs())
+    heads = explicit_attention(attention.qkv(x), attention.num_heads, attention.scale)
+    return attention.proj_drop(attention.proj(heads))
+
+
+def attend_first(attention: Attention, x: torch.Tensor, context: AttentionContext, queries: int) -> torch.Tensor:
+    """MSA(x) for the first `queries` tokens: x (B, T, D) -> (B, queries, D), the same rows the full call gives;
+    every token is still a key and a value."""
+    if attention.rel_pos_keys is not None:
+        raise ValueError("relative attention needs every query's offsets; call it with queries=None")
+    batch, dim = x.shape[0], x.shape[-1]
+    q, k, v = attention.queries_keys_values(x, context.rope)
+    heads, _ = attention.attend(
+        q[:, :, :queries], k, v, context.attn_mask, context.kernel, context.stretch_relative
+    )  # (B, heads, Q, head_dim)
+    # The projection on rows (B*Q, D), for the reason `run_block` gives.
+    rows = merge_heads(heads).reshape(batch * queries, dim)
+    return attention.proj_drop(attention.proj(rows)).view(batch, queries, dim)
+
+
+def mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """MLP(x), with GELU written over fc1's output where nothing else can see it (item 2)."""
+    if not (isinstance(module, Mlp) and isinstance(module.act, nn.GELU) and fc1_output_is_private(module)):
+        return module(x)
+    hidden = torch.ops.aten.gelu_(module.fc1(x), approximate=module.act.approximate)
+    return module.drop2(module.fc2(module.drop1(hidden)))
+
+
+def fc1_output_is_private(module: Mlp) -> bool:
+    """True when nothing but this forward pass can see fc1's output, so it may be overwritten: autograd is off (it
+    would keep the tensor for the backward pass), and no forward hook on the MLP, fc1, the activation or every
+    module could have kept it or expects to be called."""
+    if torch.is_grad_enabled():
+        return False
+    return not (has_hooks(module) or has_hooks(module.fc1) or has_hooks(module.act))
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """Whether a forward hook watches `module`: its own, or one registered for every module."""
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or module_hooks._global_forward_hooks
+        or module_hooks._global_forward_pre_hooks
+    )
