@@ -183,3 +183,100 @@ def test_attention_layers_index_as_python_lists_do_and_out_of_range_is_refused()
         model.forward_analysis(images, attention_layers=[4])  # once wrapped silently to block 0
     with pytest.raises(UsageError, match="out of range"):
         model.forward_analysis(images, attention_layers=[-5])
+
+
+# ------------------------------------------------------------------------------------------------ dense outputs
+@pytest.mark.parametrize(
+    "fields", [dict(), dict(register_tokens=2, pos_embed="rope"), dict(distilled=True), dict(classifier="gap")]
+)
+def test_forward_intermediates_grids_are_the_tokens_of_the_plain_forward(fields):
+    model = randomise(create_model(ViTConfig(**{**TINY, **fields, "image_size": (16, 24)})))
+    images = torch.randn(2, 3, 16, 24)
+    prefix = model.config.num_prefix_tokens
+    with torch.no_grad():
+        final, grids = model.forward_intermediates(images, norm=True)
+        tokens = model.forward_features(images)
+        states = model.forward_analysis(images, attention_layers=None)["hidden_states"]
+    assert len(grids) == 3 and grids[-1].shape == (2, 32, 4, 6)  # (B, D, rows, cols) of a non-square grid
+    torch.testing.assert_close(final, tokens, rtol=0, atol=0)
+    patches = tokens[:, prefix:].reshape(2, 4, 6, 32).permute(0, 3, 1, 2)  # row-major patches on their grid
+    assert torch.equal(grids[-1], patches)
+    for grid, state in zip(grids, states):
+        assert torch.equal(grid.flatten(2).transpose(1, 2), model.norm(state)[:, prefix:])
+
+
+def test_forward_intermediates_chooses_blocks_formats_and_prefix_tokens_as_timm_does():
+    model = randomise(create_model(ViTConfig(**TINY, register_tokens=2)))
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        states = model.forward_analysis(images, attention_layers=None)["hidden_states"]
+        last_two = model.forward_intermediates(images, 2, output_fmt="NLC", intermediates_only=True)
+        chosen = model.forward_intermediates(images, [0, -1], return_prefix_tokens=True, intermediates_only=True)
+        early_final, early = model.forward_intermediates(images, [0], stop_early=True, output_fmt="NLC")
+    assert [torch.equal(got, state[:, 3:]) for got, state in zip(last_two, states[1:])] == [True, True]
+    (first, first_prefix), (last, last_prefix) = chosen
+    assert first.shape == (2, 32, 4, 4) and first_prefix.shape == (2, 3, 32)
+    assert torch.equal(first_prefix, states[0][:, :3]) and torch.equal(last_prefix, states[2][:, :3])
+    assert torch.equal(early[0], states[0][:, 3:]) and torch.equal(early_final, model.norm(states[0]))
+    with pytest.raises(UsageError, match="the last 4 blocks of a 3-block model"):
+        model.forward_intermediates(images, 4)
+    with pytest.raises(UsageError, match="layer 3 is out of range"):
+        model.forward_intermediates(images, [3])
+    with pytest.raises(UsageError, match="output_fmt must be 'NCHW' or 'NLC'"):
+        model.forward_intermediates(images, output_fmt="NHWC")
+
+
+def test_forward_intermediates_of_patches_with_their_own_grids_come_as_sequences():
+    from vitlab.data.naflex import pad_patch_inputs
+
+    model = randomise(create_model(ViTConfig(**TINY, pos_embed="rope")))
+    inputs = pad_patch_inputs([torch.randn(3, 8, 12), torch.randn(3, 16, 4)], 4)
+    with pytest.raises(UsageError, match="ask output_fmt='NLC'"):
+        model.forward_intermediates(inputs)
+    with torch.no_grad():
+        final, states = model.forward_intermediates(inputs, output_fmt="NLC")
+    assert states[-1].shape == (2, inputs.patches.shape[1], 32) and final.shape[1] == 1 + inputs.patches.shape[1]
+
+
+# ------------------------------------------------------------------------------------------------ any input size
+@pytest.mark.parametrize("fields", [dict(pos_embed="rope", register_tokens=2), dict(pos_embed="none")])
+def test_positions_without_a_table_take_any_size_as_a_reloaded_model_does(fields):
+    """DINOv3 takes (B, 3, 40, 64) as transformers' DINOv3ViTModel does: no table to resample, no reload."""
+    model = randomise(create_model(ViTConfig(**{**TINY, **fields})))
+    images = torch.randn(2, 3, 40, 64)
+    reloaded = randomise(create_model(ViTConfig(**{**TINY, **fields, "image_size": (40, 64)})))
+    reloaded.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert torch.equal(model(images), reloaded(images))
+    with pytest.raises(Exception, match="patch size 4 does not divide image height 42; use an image size of 40"):
+        model(torch.randn(1, 3, 42, 64))
+
+
+def test_a_dynamic_size_keeps_each_sizes_table_while_nothing_trains_it():
+    model = randomise(create_model(ViTConfig(**TINY)))
+    model.dynamic_size = True
+    images = torch.randn(2, 3, 20, 28)
+    with torch.no_grad():
+        first = model(images)
+        assert len(model.positions.kept) == 1
+        assert torch.equal(model(images), first) and len(model.positions.kept) == 1  # the kept table, reused
+        model(torch.randn(1, 3, 24, 24))
+        assert len(model.positions.kept) == 2
+        model.pos_embed.mul_(2)  # a write the version counter sees (as an optimiser step or load_state_dict)
+        moved = model(images)
+    assert not torch.allclose(moved, first)
+    fresh = randomise(create_model(ViTConfig(**TINY)))
+    fresh.load_state_dict(model.state_dict())
+    fresh.set_image_size((20, 28))
+    with torch.no_grad():
+        torch.testing.assert_close(moved, fresh(images), rtol=0, atol=1e-6)
+    model.train()
+    logits = model(images)  # training: made afresh every call, so gradients reach the stored table
+    logits.sum().backward()
+    assert model.pos_embed.grad is not None and model.pos_embed.grad.abs().sum() > 0
+
+
+def test_a_model_without_dynamic_size_names_both_ways_to_another_size():
+    model = create_model(ViTConfig(**TINY)).eval()
+    with pytest.raises(UsageError, match=r"set model.dynamic_size = True .* or load it with image_size=\(20, 20\)"):
+        model(torch.randn(1, 3, 20, 20))

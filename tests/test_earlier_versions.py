@@ -1,0 +1,38 @@
+"""Models and configs written by earlier vitlab versions still read, with the logits they gave then
+(tests/fixtures/earlier_versions/README.md says how they were made)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vitlab.checkpoint.formats import load_model
+from vitlab.config import ViTConfig
+from vitlab.errors import ConfigError
+
+FOLDER = Path(__file__).parent / "fixtures" / "earlier_versions"
+NAMES = ["perception_encoder", "dinov3", "paper_every_block", "deit_relative"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_model_written_before_issue_48_gives_the_same_logits(name):
+    expected = load_file(FOLDER / "expected_logits.safetensors")
+    model = load_model(FOLDER / f"{name}.safetensors").eval()
+    with torch.no_grad():
+        logits = model(expected["images"])
+    # The same arithmetic in the same order: equal to float32 rounding of a reordered sum at most.
+    torch.testing.assert_close(logits, expected[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_config_written_before_issue_48_reads_as_todays_equivalent(name):
+    config = ViTConfig.from_json((FOLDER / f"{name}.config.json").read_text())
+    assert ViTConfig.from_json(config.to_json()) == config  # today's form reads back as itself
+    if name == "perception_encoder":
+        assert config.pos_embed == "pe_rope" and "rotary" not in config.to_dict()
+
+
+def test_an_unknown_rotary_of_an_old_config_is_refused_with_what_was_written():
+    with pytest.raises(ConfigError, match="only rotary written by earlier vitlab versions"):
+        ViTConfig.from_dict({"rotary": "pe", "pos_embed": "rope"})
