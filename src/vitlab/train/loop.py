@@ -49,7 +49,7 @@ from vitlab.train.figures import read_interval
 from vitlab.train.restarts import continued_after_restart, set_aside_damaged_state
 from vitlab.train.session import Session
 from vitlab.train.state import read_resumable
-from vitlab.train.summary import EpochProgress, epoch_line, stop_line, unreadable_files, write_outputs
+from vitlab.train.summary import EpochProgress, show_epoch, stop_line, unreadable_files, write_outputs
 from vitlab.train.watchdog import Heartbeat
 
 
@@ -145,28 +145,11 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
                 unreadable.limit_by_caller = True
             try:
                 finished = train_one_epoch(
-                    session.step,
-                    session.objective,
-                    batches,
-                    steps,
-                    env,
-                    position,
-                    epoch_seed,
-                    stop,
-                    progress,
-                    unreadable,
-                    guards,
-                )
+                    session.step, session.objective, batches, steps, env, position, epoch_seed,
+                    stop=stop, on_step=progress, unreadable=unreadable, guards=guards,
+                )  # fmt: skip
             except NonFiniteLoss as error:
-                raise TrainingError(
-                    f"the loss became {error.value} at epoch {error.epoch}, step {error.step}; the last good "
-                    f"checkpoint is kept. Lower the learning rate (--set lr={config.lr / 3:.2g})"
-                    + (
-                        ", or train in fp32 (--set precision=fp32; bf16 autocast is on)"
-                        if session.precision.value == "bf16"
-                        else ""
-                    )
-                ) from None
+                raise loss_error(error, session) from None
             progress.close()
             if not finished:
                 position.elapsed_seconds = clock.elapsed()
@@ -177,18 +160,24 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
             row, improved = end_epoch(session, epoch, epoch_started, seconds_before, clock)
             session.epoch_timings.append((row["epoch_seconds"], row["images_per_second"]))
             fit_to_budget(session, clock)
-            if env.is_main:
-                every = max(1, config.epochs // 25)
-                if config.progress and ((epoch + 1) % every == 0 or improved or epoch + 1 == config.epochs):
-                    say(
-                        epoch_line(
-                            row, config.epochs, clock.remaining(position.global_step), improved, session.objective
-                        )
-                    )
+            show_epoch(session, row, clock, improved)
             if any_rank(stop.requested, env) and epoch + 1 < config.epochs:
                 return stopped(session, f"after epoch {epoch + 1}", epoch + 1, 0, stop)
     session.elapsed_seconds = clock.elapsed()
     return None
+
+
+def loss_error(error: NonFiniteLoss, session: Session) -> TrainingError:
+    """What to do about a loss that became NaN or infinite at `error`'s epoch and step."""
+    return TrainingError(
+        f"the loss became {error.value} at epoch {error.epoch}, step {error.step}; the last good "
+        f"checkpoint is kept. Lower the learning rate (--set lr={session.config.lr / 3:.2g})"
+        + (
+            ", or train in fp32 (--set precision=fp32; bf16 autocast is on)"
+            if session.precision.value == "bf16"
+            else ""
+        )
+    )
 
 
 def stopped(session: Session, where: str, epoch: int, step: int, stop: StopFlag) -> dict[str, Any]:

@@ -135,6 +135,16 @@ def stop_line(where: str, objective: Objective, run: RunFolder) -> str:
     return f"stopped {where}; state saved. Resume with: vitlab {objective.command} --resume {run}"
 
 
+def show_epoch(session: Session, row: dict[str, Any], clock: RunClock, improved: bool) -> None:
+    """Rank 0, with progress on: the epoch's line, for about 25 epochs of the run, every new best and the last."""
+    config, epoch = session.config, row["epoch"]
+    if not (session.env.is_main and config.progress):
+        return
+    if epoch % max(1, config.epochs // 25) == 0 or improved or epoch == config.epochs:
+        remaining = clock.remaining(session.position.global_step)
+        say(epoch_line(row, config.epochs, remaining, improved, session.objective))
+
+
 def epoch_line(
     row: dict[str, Any], epochs: int, seconds_left: float | None, improved: bool, objective: Objective
 ) -> str:
