@@ -1,0 +1,95 @@
+"""`vitlab pretrain`: self-supervised pre-training on images without labels (the paper's masked patch prediction,
+or MAE)."""
+
+from __future__ import annotations
+
+import argparse
+
+from vitlab.cli.options import image_size_arg, positive_int
+from vitlab.cli.recipe import (
+    add_resume_options,
+    add_shorthand,
+    recipe_keys_help,
+    refuse_use_previous_without_resume,
+    resume_run,
+    train_run,
+)
+from vitlab.errors import UsageError
+from vitlab.objectives import OBJECTIVES, pretraining_methods  # the table alone: no torch
+
+NAME = "pretrain"
+HELP = "self-supervised pre-training on images without labels: the paper's masked patch prediction (mpp) or MAE"
+
+
+def recipes_and_keys_help() -> str:
+    """The help's epilog: where the recipes are, and every --set key with its pre-training default."""
+    return "recipes: configs/pretrain/ (e.g. mnist_mae.py, mnist_mpp.py, digits_mae.py)\n\n" + recipe_keys_help(
+        pretrain=True
+    )
+
+
+EPILOG = recipes_and_keys_help  # made only when help is shown: the key list imports the training recipe
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--method",
+        choices=pretraining_methods(),
+        help="; ".join(f"{name}: {OBJECTIVES[name].help}" for name in pretraining_methods()),
+    )
+    parser.add_argument(
+        "--config", help="a pre-training recipe (configs/pretrain/*.py) instead of the method's defaults"
+    )
+    add_shorthand(
+        parser,
+        "--dataset",
+        help="images to learn from (labels, if any, are not used): digits, mnist, "
+        "fashion-mnist, cifar10, cifar100, folder, manifest, shards, hf",
+    )
+    add_shorthand(parser, "--data-dir", help="where the data set's files are (default: downloaded into the cache)")
+    add_shorthand(parser, "--model", help="shorthand for --set model=VARIANT (the encoder to pre-train)")
+    add_shorthand(
+        parser,
+        "--from",
+        dest="init_from",
+        metavar="CHECKPOINT",
+        help="continue pre-training an encoder from a checkpoint of any kind vitlab loads",
+    )
+    add_shorthand(parser, "--image-size", type=image_size_arg, help="shorthand for --set image_size=N or HxW")
+    add_shorthand(
+        parser, "--epochs", type=positive_int, help="shorthand for --set epochs=N; with --resume, a new length"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a recipe field, e.g. --set pretrain.mask_ratio=0.15 (repeatable)",
+    )
+    add_shorthand(parser, "--out-dir", help="folder for the run folder (default runs/)")
+    add_resume_options(parser, "continue a stopped pre-training run exactly where it stopped")
+
+
+def run(args: argparse.Namespace) -> int:
+    from vitlab.train.config import load_recipe, pretrain_config
+
+    methods = pretraining_methods()
+    refuse_use_previous_without_resume(args)
+    if args.resume:
+        return resume_run(args, also_refused=("method",))
+    if args.config:
+        config = load_recipe(args.config)
+        if args.method and config.objective != args.method:
+            raise UsageError(
+                f"{args.config} pre-trains by {config.objective!r}, not {args.method!r}; drop --method "
+                f"or add --set objective={args.method}"
+            )
+    elif args.method:
+        config = pretrain_config(args.method)
+    else:
+        raise UsageError(f"pretrain needs --method {'|'.join(methods)} (or a --config recipe, or --resume RUN_DIR)")
+    if config.objective not in methods:
+        raise UsageError(
+            f"{args.config} is a supervised recipe; pretrain takes a recipe with objective "
+            f"{' or '.join(methods)} (configs/pretrain/)"
+        )
+    return train_run(config, args)
