@@ -1,9 +1,14 @@
+import argparse
 import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import FIXTURES
-from vitlab.cli import main
+from vitlab.cli import COMMANDS, build_parser, main
+from vitlab.cli.options import call_with_options
+from vitlab.errors import UsageError
 
 
 def test_models_lists_every_variant_with_counts(capsys):
@@ -51,3 +56,38 @@ def test_debug_shows_the_traceback(tmp_path):
         [sys.executable, "-m", "vitlab", "--debug", "info", str(tmp_path / "x")], capture_output=True, text=True
     )
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_every_command_is_a_module_and_a_row_of_the_table():
+    parser = build_parser()
+    (subcommands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    assert list(subcommands.choices) == [command.NAME for command in COMMANDS]
+    for command in COMMANDS:
+        assert subcommands.choices[command.NAME].get_default("handler") is command.run
+
+
+def test_a_command_hands_a_library_function_the_options_it_takes():
+    def models_table(image_size=None, num_classes=None, command=None):
+        return image_size, num_classes, command
+
+    args = argparse.Namespace(command="models", debug=False, argv=[], image_size=32, num_classes=None, json=True)
+    assert call_with_options(models_table, args) == (32, None, None)  # --json is not the function's; nor `command`
+    assert call_with_options(models_table, args, num_classes=5) == (32, 5, None)  # a computed value wins
+
+
+def test_export_refuses_contradicting_options_from_python_too(tmp_path):
+    from vitlab.export.exporter import export_checkpoint
+
+    nothing = tmp_path / "nothing"  # refused before any checkpoint is read
+    with pytest.raises(UsageError, match=r"--calibrate is for static int8: add --int8"):
+        export_checkpoint(nothing, calibrate=["digits"])
+    with pytest.raises(UsageError, match="--dynamic-batch and --batch-size contradict each other"):
+        export_checkpoint(nothing, dynamic_batch=True, batch_size=4)
+    with pytest.raises(UsageError, match=r"-o m\.pt2e: an ONNX model is written to a \.onnx file; name it m\.onnx"):
+        export_checkpoint(nothing, "m.pt2e")
+    with pytest.raises(UsageError, match="--preprocess is for ONNX exports"):
+        export_checkpoint(nothing, format="pt2e", preprocess=True)
+    with pytest.raises(UsageError, match=r"-o m\.onnx: a pt2e model is written to a \.pt2e file"):
+        export_checkpoint(nothing, "m.onnx", format="pt2")
+    with pytest.raises(UsageError, match="format must be onnx or pt2e, got 'tflite'"):
+        export_checkpoint(nothing, format="tflite")
