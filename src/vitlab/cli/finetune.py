@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from vitlab.cli.options import classes_arg, image_size_arg, positive_int
+from vitlab.cli.options import DATA_DIR_HELP, classes_arg, image_size_arg, positive_int
 from vitlab.cli.recipe import (
     MAX_PATCHES_HELP,
     add_resume_options,
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="data set to fine-tune on (digits, mnist, fashion-mnist, cifar10, cifar100, "
         "folder; streamed image files: manifest, shards, hf)",
     )
-    add_shorthand(parser, "--data-dir", help="where the data set's files are (default: downloaded into the cache)")
+    add_shorthand(parser, "--data-dir", help=DATA_DIR_HELP)
     add_shorthand(
         parser,
         "--image-size",

@@ -98,15 +98,12 @@ DATA_DIR_HELP = "where the data set's files are (default: downloaded into the ca
 
 
 # ------------------------------------------------------------------------------------------------ option groups
-def add_checkpoint_options(
-    parser: argparse.ArgumentParser, image_size_help: str = CHECKPOINT_IMAGE_SIZE_HELP, num_heads: bool = True
-) -> None:
-    """--image-size (and --num-heads), the same for every command that loads a checkpoint."""
-    parser.add_argument("--image-size", type=image_size_arg, default=None, help=image_size_help)
-    if num_heads:
-        parser.add_argument(
-            "--num-heads", type=int, default=None, help="head count, for timm / HF weights with no config beside them"
-        )
+def add_checkpoint_options(parser: argparse.ArgumentParser) -> None:
+    """--image-size and --num-heads, the same for every command that loads a checkpoint."""
+    parser.add_argument("--image-size", type=image_size_arg, default=None, help=CHECKPOINT_IMAGE_SIZE_HELP)
+    parser.add_argument(
+        "--num-heads", type=int, default=None, help="head count, for timm / HF weights with no config beside them"
+    )
 
 
 def add_inference_options(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli.options import image_size_arg, positive_int
+from vitlab.cli.options import DATA_DIR_HELP, image_size_arg, positive_int
 from vitlab.cli.recipe import (
     add_resume_options,
     add_shorthand,
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="images to learn from (labels, if any, are not used): digits, mnist, "
         "fashion-mnist, cifar10, cifar100, folder, manifest, shards, hf",
     )
-    add_shorthand(parser, "--data-dir", help="where the data set's files are (default: downloaded into the cache)")
+    add_shorthand(parser, "--data-dir", help=DATA_DIR_HELP)
     add_shorthand(parser, "--model", help="shorthand for --set model=VARIANT (the encoder to pre-train)")
     add_shorthand(
         parser,
