@@ -1,7 +1,8 @@
 import pytest
 
-from vitlab.config import ViTConfig, variant_config, variant_names
+from vitlab.config import ViTConfig
 from vitlab.errors import ConfigError
+from vitlab.variants import variant_config, variant_names
 
 
 def test_variant_table_decodes_paper_names():
@@ -90,11 +91,16 @@ def test_json_configs_with_wrong_types_name_the_field(field, value, message):
 def test_every_field_is_checked_by_its_annotation_and_bad_values_name_the_field():
     import dataclasses
 
-    from vitlab.config import FIELD_CHECKS
+    from vitlab.config import FIELD_CHECKS, literal_fields
 
-    assert all(spec.type in FIELD_CHECKS for spec in dataclasses.fields(ViTConfig))
-    for name, bad in (("qk_norm", "yes"), ("rope_theta", "100"), ("norm", 3), ("mlp", None), ("depth", 2.5)):
+    choices = literal_fields(ViTConfig)
+    assert all(spec.type in FIELD_CHECKS or spec.name in choices for spec in dataclasses.fields(ViTConfig))
+    assert {"classifier", "norm", "mlp", "mlp_activation", "pos_embed_placement"} <= set(choices)
+    for name, bad in (("qk_norm", "yes"), ("rope_theta", "100"), ("depth", 2.5)):
         with pytest.raises(ConfigError, match=f"field {name} must be"):
+            ViTConfig(**{name: bad})
+    for name, bad in (("norm", 3), ("mlp", None), ("classifier", "cls")):  # a Literal field names its values
+        with pytest.raises(ConfigError, match=f"{name} must be one of {', '.join(choices[name])}, got {bad!r}"):
             ViTConfig(**{name: bad})
 
 

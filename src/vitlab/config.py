@@ -7,10 +7,11 @@ ResNet-50 stem (stages 3, 4, 9) feeds ViT-Base. Widths and depths are the paper'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import ConfigError
@@ -77,13 +78,22 @@ def parse_classes(text: str) -> list[int]:
 # The names each choice of the config takes; the implementations are tables keyed by the same names
 # (models/positions.POSITION_KINDS, layers/norm.NORM_LAYERS, layers/mlp.MLP_LAYERS), kept equal by tests/test_config.py.
 # A position kind's traits (has a table, rotary, ...) are declared once, in models/positions/kinds.py.
+# A field annotated with one of these Literal types takes exactly its values (`ViTConfig.check_types`); pos_embed
+# takes the names of the position kinds' table instead, which a new kind extends.
 POSITION_EMBEDDINGS = POSITION_NAMES
-PLACEMENTS = ("input", "every_block", "every_block_shared")
-CLASSIFIERS = ("token", "gap", "map", "probe", "gem", "max", "layer_weighted")
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("mlp", "swiglu")
-MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")
-POSITION_RESAMPLING = ("bilinear", "bicubic", "bilinear_antialias")
+Placement = Literal["input", "every_block", "every_block_shared"]
+Classifier = Literal["token", "gap", "map", "probe", "gem", "max", "layer_weighted"]
+NormName = Literal["layernorm", "rmsnorm"]
+MlpName = Literal["mlp", "swiglu"]
+MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu"]
+SinCosOrder = Literal["rows_first", "columns_first"]
+PositionResampling = Literal["bilinear", "bicubic", "bilinear_antialias"]
+PLACEMENTS: tuple[str, ...] = get_args(Placement)
+CLASSIFIERS: tuple[str, ...] = get_args(Classifier)
+NORMS: tuple[str, ...] = get_args(NormName)
+MLPS: tuple[str, ...] = get_args(MlpName)
+MLP_ACTIVATIONS: tuple[str, ...] = get_args(MlpActivation)
+POSITION_RESAMPLING: tuple[str, ...] = get_args(PositionResampling)
 
 
 def is_whole(value: Any) -> bool:
@@ -134,10 +144,22 @@ FIELD_CHECKS: dict[str, tuple[Any, str]] = {
 }
 
 
+@functools.cache
+def literal_fields(cls: type) -> dict[str, tuple[Any, ...]]:
+    """The fields of a dataclass annotated with a Literal type, and the values each takes (resolved once: reading
+    the annotations costs milliseconds)."""
+    return {name: get_args(hint) for name, hint in get_type_hints(cls).items() if get_origin(hint) is Literal}
+
+
 @dataclass
 class ViTConfig:
-    """Everything needed to build a VisionTransformer; serialised as JSON inside every vitlab checkpoint."""
+    """Everything needed to build a VisionTransformer and feed it; serialised as JSON inside every vitlab checkpoint.
 
+    Three parts, each checked on its own (`check_architecture` with `check_positions`, `check_preprocessing`,
+    `check_provenance`): the architecture, the preprocessing its weights expect, and where it came from. Choices
+    are Literal types, checked from the annotation; configs written by earlier versions read through `upgraded`."""
+
+    # ------------------------------------------------------------------------------------ the architecture
     image_size: tuple[int, int] = (224, 224)  # (height, width) of the input in pixels
     patch_size: tuple[int, int] = (16, 16)  # P: side of a patch; on the hybrid, side of a patch of the feature map
     in_chans: int = 3  # C: channels of the input image
@@ -153,7 +175,7 @@ class ViTConfig:
     # et al. 2018); "max": per-channel maximum over the patch tokens; "layer_weighted": a learned softmax-weighted
     # mix of every block's output, each pooled by the class token if there is one, else by the mean; "probe":
     # AIMv2's head, a learned query (not projected) attending to every token, then a linear map.
-    classifier: str = "token"
+    classifier: Classifier = "token"
     class_token: bool | None = None  # prepend a class token; None means "only if classifier == 'token'"
     fc_norm: bool = False  # timm's placement: LayerNorm after pooling instead of on every token before it
     # DeiT (Touvron et al. 2021): a distillation token after the class token; with distillation_head its own
@@ -186,15 +208,15 @@ class ViTConfig:
     pos_embed: str = "learned"
     # Where a table is added (Table 8's columns): "input" once after the stem (the paper's default);
     # "every_block" before every block, each with its own table; "every_block_shared" before every block, one table.
-    pos_embed_placement: str = "input"
+    pos_embed_placement: Placement = "input"
     # The parts of every block (layers/block.py takes them as factories). norm: "layernorm" (the paper's) or
     # "rmsnorm" (no centring, no bias: AIMv2's). mlp: "mlp", the paper's Linear - activation - Linear, or "swiglu",
     # the gated MLP (SiLU(x W_g) * x W_x) W_2 of DINOv3 and AIMv2, whose gate is SiLU by definition.
-    norm: str = "layernorm"
-    mlp: str = "mlp"
+    norm: NormName = "layernorm"
+    mlp: MlpName = "mlp"
     # The plain MLP's activation: "gelu" (exact; timm, HF), "gelu_tanh" (Flax's default; official JAX code) or
     # "quick_gelu" (CLIP's OpenAI weights).
-    mlp_activation: str = "gelu"
+    mlp_activation: MlpActivation = "gelu"
     qk_norm: bool = False  # normalise queries and keys per head (with the `norm` kind) before their dot product
     # The biases of the projections, each on its own (the paper's block has them all). key_bias: the keys' part of
     # the fused qkv projection (DINOv3 has none: its slice is held at zero and never trained; without rotary
@@ -220,17 +242,18 @@ class ViTConfig:
     final_norm: bool = True  # the norm after the last block (Perception Encoder's lang and spatial models have none)
     # The fixed sin-cos table's layout: "rows_first" [sin y, cos y, sin x, cos x] (MoCo v3, big_vision, MAE as
     # transformers has it) or "columns_first" [sin x, cos x, sin y, cos y] (AIMv2's native-resolution models).
-    sincos_order: str = "rows_first"
+    sincos_order: SinCosOrder = "rows_first"
     # How a learned table is resampled to another grid (fine-tuning at a new size, a dynamic size, each image's own
     # grid of a NaFlex batch): "bilinear", "bicubic", or "bilinear_antialias" (SigLIP 2's, which shrinks a table
     # by averaging rather than sampling).
-    pos_resample: str = "bilinear"
+    pos_resample: PositionResampling = "bilinear"
     dropout: float = 0.0  # after the position embedding, the attention projection and in the MLP
     attention_dropout: float = 0.0  # on the attention weights
     drop_path: float = 0.0  # stochastic depth: the rate of the last block, rising linearly from 0 at the first
     # Hybrid only: ResNet stages of the stem (bottleneck units per stage) and its width multiplier.
     resnet_layers: tuple[int, ...] | None = None
     resnet_width_factor: float = 1.0
+    # ------------------------------------------------------------------------------------ the preprocessing
     # Preprocessing the weights expect: pixels scaled to [0, 1], then (x - mean) / std per channel (one value
     # for all channels, or one per channel). The official code and the paper use 0.5 / 0.5, i.e. [-1, 1].
     image_mean: tuple[float, ...] = (0.5,)
@@ -240,6 +263,7 @@ class ViTConfig:
     # before vitlab recorded it); stored arrays then get Preprocessing.in_memory() and image files
     # Preprocessing.image_files(), what vitlab did to each before.
     preprocessing: Preprocessing | None = None
+    # ------------------------------------------------------------------------------------ where it came from
     # Optional metadata: names of the classes, in head order, so predictions can print labels.
     class_names: list[str] | None = None
     # The checkpoint family whose arithmetic the model follows, where it is one vitlab reads and writes back in
@@ -249,97 +273,60 @@ class ViTConfig:
     name: str | None = field(default=None, compare=False)  # variant the config came from, for display only
 
     def check_types(self) -> None:
-        """Every field of the type its annotation declares (FIELD_CHECKS), so a bad JSON config fails here with its
-        name, not deep in torch. A new field needs no edit here: its annotation chooses the check."""
+        """Every field of the type its annotation declares, so a bad JSON config fails here with its name, not deep
+        in torch: a Literal field one of its values, any other the check FIELD_CHECKS holds for its annotation. A new
+        field needs no edit here: its annotation chooses the check."""
         for spec in dataclasses.fields(self):
             value = getattr(self, spec.name)
+            choices = literal_fields(ViTConfig).get(spec.name)
+            if choices is not None:
+                if value not in choices:
+                    raise ConfigError(f"{spec.name} must be one of {', '.join(choices)}, got {value!r}")
+                continue
             check, expected = FIELD_CHECKS[spec.type]
             if not check(value):
                 raise ConfigError(f"model config field {spec.name} must be {expected}, got {value!r}")
 
     def __post_init__(self) -> None:
+        """Check the three parts of a config: the architecture (with its positions), the preprocessing its weights
+        expect, and where it came from; each value in one canonical form, so equal configs compare equal."""
         self.check_types()
+        self.canonicalise()
+        self.check_architecture()
+        self.check_positions()
+        self.check_preprocessing()
+        self.check_provenance()
+
+    def canonicalise(self) -> None:
+        """Sizes as (height, width) pairs, sequences as tuples, the contract as an object, and the defaults that
+        depend on other fields filled in."""
+        self.image_size = to_pair(self.image_size, "image_size")
+        self.patch_size = to_pair(self.patch_size, "patch_size")
+        if self.resnet_layers is not None:
+            self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
+        if isinstance(self.preprocessing, dict):  # as from_json hands it over
+            self.preprocessing = Preprocessing.from_dict(self.preprocessing)
+        for name in ("image_mean", "image_std"):
+            value = getattr(self, name)
+            setattr(self, name, (float(value),) if isinstance(value, (int, float)) else tuple(float(v) for v in value))
+        if self.class_token is None:
+            self.class_token = self.classifier == "token"
+        if not self.distilled:
+            self.distillation_head = True  # meaningless without the token; one canonical value for equality
+
+    def check_architecture(self) -> None:
+        """The network's sizes, heads and tokens (the positions: `check_positions`)."""
         for name in ("dropout", "attention_dropout", "drop_path"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"model config field {name} must be in [0, 1), got {getattr(self, name)!r}")
-        if self.sincos_order not in ("rows_first", "columns_first"):
-            raise ConfigError(f"sincos_order must be 'rows_first' or 'columns_first', got {self.sincos_order!r}")
-        if self.pool_heads is not None and self.embed_dim % self.pool_heads:
-            raise ConfigError(f"embed_dim {self.embed_dim} does not divide by pool_heads {self.pool_heads}")
-        if self.pos_resample not in POSITION_RESAMPLING:
-            raise ConfigError(
-                f"pos_resample must be one of {', '.join(POSITION_RESAMPLING)}, got {self.pos_resample!r}"
-            )
-        if self.rope_shift is not None and self.rope_shift < 0:
-            raise ConfigError(f"rope_shift is the half-width of a uniform shift: >= 0, got {self.rope_shift!r}")
-        for name in ("rope_jitter", "rope_rescale"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(
-                    f"{name} is the largest factor of a log-uniform draw: >= 1 (1: off), got {getattr(self, name)!r}"
-                )
         for name in ("layer_norm_eps", "resnet_width_factor", "rope_theta"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"model config field {name} must be positive, got {getattr(self, name)!r}")
-        self.image_size = to_pair(self.image_size, "image_size")
-        if isinstance(self.preprocessing, dict):  # as from_json hands it over
-            self.preprocessing = Preprocessing.from_dict(self.preprocessing)
-        self.patch_size = to_pair(self.patch_size, "patch_size")
-        contract = self.preprocessing
-        if contract is not None and contract.mode == "naflex" and self.patch_size != (contract.patch, contract.patch):
-            raise ConfigError(
-                f"preprocessing cuts {contract.patch}-pixel patches (naflex) but the model's are "
-                f"{self.patch_size[0]}x{self.patch_size[1]}; give the contract the model's patch size"
-            )
-        if self.resnet_layers is not None:
-            self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
-            if contract is not None and contract.mode == "naflex":
-                raise ConfigError(
-                    "the ResNet hybrid cuts its patches from the stem's feature map, which NaFlex's grid of image "
-                    "patches does not describe; give it a crop or stretch contract"
-                )
-        for name in ("image_mean", "image_std"):
-            value = getattr(self, name)
-            value = (float(value),) if isinstance(value, (int, float)) else tuple(float(v) for v in value)
-            if len(value) not in (1, self.in_chans):
-                raise ConfigError(f"{name} needs 1 or {self.in_chans} values (one per channel), got {len(value)}")
-            setattr(self, name, value)
-        if min(self.image_std) <= 0:
-            raise ConfigError(f"image_std must be positive, got {self.image_std}")
-        if self.classifier not in CLASSIFIERS:
-            raise ConfigError(f"classifier must be one of {', '.join(CLASSIFIERS)}, got {self.classifier!r}")
-        if self.class_token is None:
-            self.class_token = self.classifier == "token"
-        if self.classifier == "token" and not self.class_token:
-            raise ConfigError("classifier='token' needs class_token=True; use classifier='gap' without one")
-        if self.register_tokens < 0 or self.register_tokens > 256:
-            raise ConfigError(f"register_tokens must be in 0..256, got {self.register_tokens}")
-        if self.distilled and self.register_tokens:
-            raise ConfigError("a model has a distillation token or register tokens, not both")
-        if not self.distilled:
-            self.distillation_head = True  # meaningless without the token; one canonical value for equality
-        if self.distilled and (self.classifier != "token" or self.representation_size or self.fc_norm):
-            raise ConfigError(
-                "a distilled (DeiT) model pools its class and distillation tokens: it needs "
-                "classifier='token', and no representation layer or fc_norm"
-            )
-        if self.pos_embed not in POSITION_TRAITS:
-            raise ConfigError(f"pos_embed must be one of {', '.join(POSITION_TRAITS)}, got {self.pos_embed!r}")
-        if self.pos_embed_placement not in PLACEMENTS:
-            raise ConfigError(
-                f"pos_embed_placement must be one of {', '.join(PLACEMENTS)}, got {self.pos_embed_placement!r}"
-            )
-        self.check_positions()
-        if self.mlp_activation not in MLP_ACTIVATIONS:
-            raise ConfigError(
-                f"mlp_activation must be 'gelu', 'gelu_tanh' or 'quick_gelu', got {self.mlp_activation!r}"
-            )
-        if self.norm not in NORMS:
-            raise ConfigError(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
-        if self.mlp not in MLPS:
-            raise ConfigError(f"mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
         for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_classes < 0:
+            raise ConfigError(f"num_classes must be >= 0, got {self.num_classes}")
         # Upper bounds far above any real ViT (H/14: width 1280, depth 32), so a crafted config or checkpoint
         # header cannot make vitlab build a billion blocks or allocate a terabyte.
         for name, limit in (
@@ -360,19 +347,65 @@ class ViTConfig:
                 f"image size {self.image_size} or ResNet stages {self.resnet_layers} beyond vitlab's "
                 "limits (32768 pixels, 8 stages of 256 units); is the config corrupt?"
             )
-        if self.num_classes < 0:
-            raise ConfigError(f"num_classes must be >= 0, got {self.num_classes}")
         if self.embed_dim % self.num_heads:
             raise ConfigError(
                 f"embed_dim {self.embed_dim} does not divide by num_heads {self.num_heads}; "
                 f"pick a head count that divides it (e.g. {self.embed_dim // 64 or 1})"
             )
+        if self.pool_heads is not None and self.embed_dim % self.pool_heads:
+            raise ConfigError(f"embed_dim {self.embed_dim} does not divide by pool_heads {self.pool_heads}")
+        if self.classifier == "token" and not self.class_token:
+            raise ConfigError("classifier='token' needs class_token=True; use classifier='gap' without one")
+        if self.register_tokens < 0 or self.register_tokens > 256:
+            raise ConfigError(f"register_tokens must be in 0..256, got {self.register_tokens}")
+        if self.distilled and self.register_tokens:
+            raise ConfigError("a model has a distillation token or register tokens, not both")
+        if self.distilled and (self.classifier != "token" or self.representation_size or self.fc_norm):
+            raise ConfigError(
+                "a distilled (DeiT) model pools its class and distillation tokens: it needs "
+                "classifier='token', and no representation layer or fc_norm"
+            )
+        patch_grid(self.image_size, self.patch_size, stem_stride(self.resnet_layers))  # the patch divides the image
+
+    def check_preprocessing(self) -> None:
+        """The statistics and the contract against the architecture that reads their output."""
+        for name in ("image_mean", "image_std"):
+            if len(getattr(self, name)) not in (1, self.in_chans):
+                raise ConfigError(
+                    f"{name} needs 1 or {self.in_chans} values (one per channel), got {len(getattr(self, name))}"
+                )
+        if min(self.image_std) <= 0:
+            raise ConfigError(f"image_std must be positive, got {self.image_std}")
+        contract = self.preprocessing
+        if contract is None or contract.mode != "naflex":
+            return
+        if self.patch_size != (contract.patch, contract.patch):
+            raise ConfigError(
+                f"preprocessing cuts {contract.patch}-pixel patches (naflex) but the model's are "
+                f"{self.patch_size[0]}x{self.patch_size[1]}; give the contract the model's patch size"
+            )
+        if self.resnet_layers is not None:
+            raise ConfigError(
+                "the ResNet hybrid cuts its patches from the stem's feature map, which NaFlex's grid of image "
+                "patches does not describe; give it a crop or stretch contract"
+            )
+
+    def check_provenance(self) -> None:
+        """What the config says of where it came from, against what it builds."""
         if self.class_names is not None and len(self.class_names) != self.num_classes:
             raise ConfigError(f"{len(self.class_names)} class names given for {self.num_classes} classes")
-        patch_grid(self.image_size, self.patch_size, stem_stride(self.resnet_layers))  # the patch divides the image
 
     def check_positions(self) -> None:
         """The position kind against the rest of the config, by what the kind is (models/positions/kinds.py)."""
+        if self.pos_embed not in POSITION_TRAITS:
+            raise ConfigError(f"pos_embed must be one of {', '.join(POSITION_TRAITS)}, got {self.pos_embed!r}")
+        if self.rope_shift is not None and self.rope_shift < 0:
+            raise ConfigError(f"rope_shift is the half-width of a uniform shift: >= 0, got {self.rope_shift!r}")
+        for name in ("rope_jitter", "rope_rescale"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(
+                    f"{name} is the largest factor of a log-uniform draw: >= 1 (1: off), got {getattr(self, name)!r}"
+                )
         traits = position_traits(self.pos_embed)
         if self.pos_embed_placement != "input" and not traits.table:
             # Table 8 has no such cells: relative attention (and rotation) already act in every block, and "none"
@@ -542,76 +575,3 @@ SMALL_PRESETS: dict[str, dict[str, Any]] = {
         image_size=32, patch_size=4, embed_dim=384, depth=7, num_heads=12, mlp_dim=384, num_classes=10, in_chans=3
     ),
 }
-
-
-# The 2025 backbones' architectures at the paper's sizes (random weights: for `bench`, `models`, training from
-# scratch; their trained weights load by name, `vitlab pretrained`). DINOv3: rotary positions, 4 registers,
-# LayerScale, no key bias, LayerNorm eps 1e-5, the class token as output. AIMv2: RMSNorm (also on the patches),
-# SwiGLU, no biases, the attention-probe head, 128-wide heads. SigLIP 2: SigLIP's tower, antialiased table resizing.
-DINOV3 = dict(
-    family="dinov3",
-    pos_embed="rope",
-    register_tokens=4,
-    layer_scale=1.0,
-    key_bias=False,
-    layer_norm_eps=1e-5,
-    rope_rescale=2.0,
-    num_classes=0,
-    image_mean=(0.485, 0.456, 0.406),
-    image_std=(0.229, 0.224, 0.225),
-)
-AIMV2 = dict(
-    family="aimv2",
-    classifier="probe",
-    class_token=False,
-    norm="rmsnorm",
-    mlp="swiglu",
-    patch_norm=True,
-    qkv_bias=False,
-    proj_bias=False,
-    mlp_bias=False,
-    layer_norm_eps=1e-5,
-    num_classes=0,
-    image_mean=(0.48145466, 0.4578275, 0.40821073),
-    image_std=(0.26862954, 0.26130258, 0.27577711),
-)
-SIGLIP2 = dict(
-    family="siglip2",
-    classifier="map",
-    class_token=False,
-    mlp_activation="gelu_tanh",
-    pos_resample="bilinear_antialias",
-    num_classes=0,
-)
-FAMILY_PRESETS: dict[str, dict[str, Any]] = {
-    **{f"dinov3-{size}/16": dict(MODEL_SIZES[size], **DINOV3, patch_size=16) for size in ("S", "B", "L")},
-    "aimv2-L/14": dict(embed_dim=1024, depth=24, num_heads=8, mlp_dim=2816, patch_size=14, **AIMV2),
-    "siglip2-B/16": dict(MODEL_SIZES["B"], patch_size=16, **SIGLIP2),
-}
-
-
-def variant_names() -> list[str]:
-    """Every name `variant_config` accepts, in table order."""
-    names = [f"{size}/{patch}" for size in MODEL_SIZES for patch in PATCH_SIZES]
-    return names + list(HYBRIDS) + list(SMALL_PRESETS) + list(FAMILY_PRESETS)
-
-
-def variant_config(name: str, **overrides: Any) -> ViTConfig:
-    """The config of a named variant ("Ti/16", "R50+B/16", "digits-8", ...), with fields overridden.
-
-    Paper variants default to 224x224 inputs and 1000 classes, as in the reference parameter counts.
-    """
-    if name in SMALL_PRESETS:
-        fields = dict(SMALL_PRESETS[name])
-    elif name in HYBRIDS:
-        fields = dict(HYBRIDS[name], patch_size=1, image_size=224)
-    elif name in FAMILY_PRESETS:
-        fields = dict(FAMILY_PRESETS[name], image_size=224)
-    else:
-        size, _, patch = name.partition("/")
-        if size not in MODEL_SIZES or not patch.isdigit():
-            raise ConfigError(f"unknown model variant {name!r}; choose one of: {', '.join(variant_names())}")
-        fields = dict(MODEL_SIZES[size], patch_size=int(patch), image_size=224)
-    fields.update(name=name)
-    fields.update(overrides)
-    return ViTConfig(**fields)
