@@ -23,7 +23,7 @@ if setting == "kept":
     from vitlab.hardware import keep_freed_memory
     assert keep_freed_memory()
 import torch
-from vitlab.config import variant_config
+from vitlab.variants import variant_config
 from vitlab.data.transforms import one_hot
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives import Classification

@@ -23,9 +23,9 @@ sys.path.insert(0, str(REPO / "src"))
 
 import torch  # noqa: E402
 
-from vitlab.config import variant_config  # noqa: E402
 from vitlab.files import atomic_write_bytes, sha256_bytes, sha256_file  # noqa: E402
 from vitlab.models.vit import VisionTransformer  # noqa: E402
+from vitlab.variants import variant_config  # noqa: E402
 
 
 def state_of(variant: str) -> dict:

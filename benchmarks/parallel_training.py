@@ -85,9 +85,9 @@ def main() -> None:
     from report import write_section
 
     from vitlab.bench.runner import machine_info
-    from vitlab.config import variant_config
     from vitlab.counts import model_size
     from vitlab.hardware import available_cores
+    from vitlab.variants import variant_config
 
     cores = available_cores()
     rows = [

@@ -104,8 +104,8 @@ def untrained_encoder(out: Path, seed: int) -> str:
     import torch
 
     from vitlab.checkpoint.io import save_model
-    from vitlab.config import variant_config
     from vitlab.models.vit import VisionTransformer
+    from vitlab.variants import variant_config
 
     path = out / f"untrained-seed{seed}.safetensors"
     if not path.is_file():

@@ -16,7 +16,6 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vitlab.config import variant_config
 from vitlab.data.transforms import one_hot
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives import Classification
@@ -24,6 +23,7 @@ from vitlab.train.config import TrainConfig
 from vitlab.train.optim import build_optimizer
 from vitlab.train.setup import training_attention_kernel
 from vitlab.train.step import TrainingStep
+from vitlab.variants import variant_config
 
 KINDS = [  # (kind, substrings of aten op names), first match wins
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm")),

@@ -25,10 +25,10 @@ sys.path.insert(0, str(REPO / "src"))
 
 import torch  # noqa: E402
 
-from vitlab.config import variant_config  # noqa: E402
 from vitlab.models.vit import VisionTransformer  # noqa: E402
 from vitlab.runs import RunFolder  # noqa: E402
 from vitlab.train.state import save_training_state  # noqa: E402
+from vitlab.variants import variant_config  # noqa: E402
 
 SAVES_WITHIN_THE_EPOCH = 9  # after steps 1-9; step 10's is the epoch's own
 

@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from report import write_section  # noqa: E402
 
 from vitlab.checkpoint import save_model  # noqa: E402
-from vitlab.config import variant_config  # noqa: E402
 from vitlab.eval.fewshot import run_fewshot, run_linear_probe  # noqa: E402
 from vitlab.models.vit import VisionTransformer  # noqa: E402
 from vitlab.train.config import TrainConfig, finetune_config  # noqa: E402
 from vitlab.train.loop import train  # noqa: E402
+from vitlab.variants import variant_config  # noqa: E402
 
 TARGET = [5, 6, 7, 8, 9]
 BUDGET = dict(epochs=20, batch_size=64, image_size=16, classes=TARGET, dataset="digits", progress=False)

@@ -12,12 +12,13 @@ from vitlab.bench import paths as bench_paths
 from vitlab.bench.runner import format_table, run_bench
 from vitlab.checkpoint.io import save_model
 from vitlab.cli import main
-from vitlab.config import ViTConfig, variant_config
+from vitlab.config import ViTConfig
 from vitlab.data.datasets import load_dataset
 from vitlab.errors import UsageError
 from vitlab.eval.classify import evaluate
 from vitlab.models import create_model, model_stats
 from vitlab.timing import time_interleaved
+from vitlab.variants import variant_config
 
 TINY = ViTConfig(
     image_size=8,

@@ -1,6 +1,6 @@
-"""The checkpoint family table (src/vitlab/checkpoint/families.py): the sidecar's model_type decides before key
-signatures, families vitlab does not build are refused by name, a new family is one row, and the lists that name
-the families are generated from the table."""
+"""The checkpoint family tables (src/vitlab/checkpoint/families/): the sidecar's model_type decides before key
+signatures, families vitlab does not build are refused by name, a new family is one module that registers itself
+(the contract test, with tests/toy_family.py), and the lists that name the families are generated from the tables."""
 
 from __future__ import annotations
 
@@ -13,19 +13,31 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import toy_family
 from conftest import FIXTURES
 from vitlab import load_model, read_checkpoint
 from vitlab.checkpoint import families, formats
-from vitlab.checkpoint.families import Family, family_of, hf_model_types, model_families, supported_families
+from vitlab.checkpoint.families import (
+    Family,
+    aimv2,
+    dinov3,
+    family_of,
+    hf_model_types,
+    model_families,
+    siglip2,
+    supported_families,
+)
+from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.checkpoint.io import Weights
 from vitlab.cli import main
-from vitlab.config import AIMV2, DINOV3, SIGLIP2, ViTConfig
-from vitlab.errors import CheckpointError
+from vitlab.config import ViTConfig
+from vitlab.errors import CheckpointError, ConfigError
 from vitlab.models.registry import create_model
 from vitlab.pretrained import catalogue_families
+from vitlab.variants import variant_config, variant_names
 
 TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=48, num_classes=0)
-TINY_FAMILY_CONFIGS = {  # each family's arithmetic (config.py's presets) at a tiny size
+TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its module's presets) at a tiny size
     "pe": ViTConfig(
         **TINY,
         family="pe",
@@ -38,7 +50,11 @@ TINY_FAMILY_CONFIGS = {  # each family's arithmetic (config.py's presets) at a t
     ),
     **{
         name: ViTConfig(**{**fields, **TINY})
-        for name, fields in (("siglip2", SIGLIP2), ("dinov3", DINOV3), ("aimv2", AIMV2))
+        for name, fields in (
+            ("siglip2", siglip2.ARCHITECTURE),
+            ("dinov3", dinov3.ARCHITECTURE),
+            ("aimv2", aimv2.ARCHITECTURE),
+        )
     },
 }
 
@@ -154,7 +170,6 @@ def test_the_sidecar_model_type_chooses_the_row_before_any_signature(monkeypatch
         "greedy",
         kind="greedy",
         origin="nowhere",
-        models=(),
         containers=("safetensors",),
         matches=lambda weights: True,
         read_config=families.family("hf-vit").read_config,
@@ -166,52 +181,78 @@ def test_the_sidecar_model_type_chooses_the_row_before_any_signature(monkeypatch
     assert family_of(Weights("hf_vit", "safetensors", tensors)).name == "greedy"  # no config: signatures in order
 
 
-# ------------------------------------------------------------------------------ a new family is one row
-class FakeFamily:
-    """A family invented for this test: vitlab's names under "fake.", told by a marker tensor."""
+# ------------------------------------------------------------------------------ a new family is one module
+@pytest.fixture
+def toy_registered(monkeypatch):
+    """tests/toy_family.py registered as a module of src/vitlab/checkpoint/families/ is, the tables restored after."""
+    for table in ("MODULES", "FAMILIES", "MODEL_FAMILIES"):
+        monkeypatch.setattr(families, table, getattr(families, table))
 
-    CONFIG = ViTConfig(image_size=8, patch_size=4, embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=3)
+    def register():
+        families.register(toy_family)
 
-    @staticmethod
-    def matches(weights: Weights) -> bool:
-        return "fake.marker" in weights.tensors
-
-    @staticmethod
-    def read_config(weights: Weights) -> ViTConfig:
-        return FakeFamily.CONFIG.replace(num_classes=weights.tensors["fake.head.weight"].shape[0])
-
-    @staticmethod
-    def to_vitlab(state: dict, config: ViTConfig, source: str) -> dict:
-        return {key.removeprefix("fake."): value for key, value in state.items() if key != "fake.marker"}
-
-    ROW = Family(
-        "fake",
-        "fake ViT",
-        kind="fake",
-        origin="fake",
-        models=(),
-        containers=("safetensors",),
-        matches=matches,
-        read_config=read_config,
-        to_vitlab=to_vitlab,
-        model_types=("fake_vit",),
-    )
+    return register
 
 
-@pytest.mark.parametrize("config_json", [None, {"model_type": "fake_vit"}], ids=["signature", "model_type"])
-def test_a_new_family_is_one_row_of_the_table(tmp_path, monkeypatch, config_json):
-    model = create_model(FakeFamily.CONFIG).eval()
-    tensors = {"fake." + name: tensor for name, tensor in model.state_dict().items()}
-    folder = write_folder(tmp_path / "fake", {**tensors, "fake.marker": torch.zeros(1)}, config_json)
-    with pytest.raises(CheckpointError, match="no checkpoint layout vitlab knows|family fake_vit is not supported"):
+def toy_folder(folder: Path, model: torch.nn.Module, config_json: dict | None) -> Path:
+    """A toy family checkpoint: vitlab's names under "toy.", the marker, and config.json when given."""
+    tensors = {"toy." + name: tensor for name, tensor in model.state_dict().items()}
+    return write_folder(folder, {**tensors, "toy.marker": torch.zeros(1)}, config_json)
+
+
+@pytest.mark.parametrize("config_json", [None, {"model_type": "toy_vit"}], ids=["signature", "model_type"])
+def test_a_new_family_is_one_module_that_registers_itself(tmp_path, capsys, toy_registered, config_json):
+    """The contract of the seam: a module declaring MODELS and LAYOUTS (tests/toy_family.py, which nothing in vitlab
+    names) makes its family readable, convertible both ways, presettable, listed and benchable once registered."""
+    model = create_model(variant_config("B/16").replace(**toy_family.ARCHITECTURE, image_size=8, patch_size=4)).eval()
+    folder = toy_folder(tmp_path / "toy", model, config_json)
+    with pytest.raises(CheckpointError, match="no checkpoint layout vitlab knows|family toy_vit is not supported"):
         load_model(folder)
-    monkeypatch.setattr(families, "FAMILIES", families.FAMILIES + (FakeFamily.ROW,))  # the one edit
-    assert read_checkpoint(folder)[2] == "fake"
+    with pytest.raises(ConfigError, match="unknown model variant 'toy-Ti/4'"):
+        variant_config("toy-Ti/4")
+
+    toy_registered()  # what the package does for each of its own modules
+
+    # readable, by its key signature or its config.json, with its processor defaults
+    config, _, kind = read_checkpoint(folder)
+    tensors = load_file(folder / "model.safetensors")
+    assert kind == "hf" and family_of(Weights("toy", "safetensors", tensors, sidecar=config_json)).name == "hf-toy"
+    assert (config.image_mean, config.preprocessing) == ((0.25,), toy_family.PROCESSOR["preprocessing"])
     loaded = load_model(folder)
     images = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(loaded(images), model(images))
-    assert "fake_vit" in hf_model_types()
+    # convertible back: `export --to hf` takes its row, and the folder written reads as the toy family again
+    written = export_checkpoint(loaded, tmp_path / "exported", to="hf")
+    assert "toy.marker" in load_file(written / "model.safetensors")
+    assert json.loads((written / "config.json").read_text())["model_type"] == "toy_vit"
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(written)(images), model(images))
+    # presettable, listed, benchable
+    assert variant_config("toy-Ti/4").family == "toy" and "toy-Ti/4" in variant_names()
+    capsys.readouterr()
+    assert main(["models", "--json"]) == 0 and "toy-Ti/4" in {
+        row["name"] for row in json.loads(capsys.readouterr().out)
+    }
+    assert "toy_vit" in hf_model_types() and "Toy ViT" in supported_families()
+    assert "toy" in [family.name for family in model_families()]
+    assert families.reference_class(config) == "ToyVisionModel"
+    order = [row.name for row in families.FAMILIES]
+    assert order.index("hf-toy") < order.index("hf-vit")  # its checked_before
+
+
+def test_a_family_module_that_clashes_with_the_table_is_refused_by_name(toy_registered):
+    toy_registered()
+    with pytest.raises(CheckpointError, match="two family modules declare the layout hf-toy"):
+        families.register(toy_family)
+    assert [row.name for row in families.FAMILIES].count("hf-toy") == 1  # the tables are as they were
+
+
+def test_every_family_module_of_the_package_is_in_the_tables():
+    modules = families.family_modules()
+    assert {module.__name__.rsplit(".", 1)[1] for module in modules} >= {"dinov3", "aimv2", "siglip2", "pe"}
+    assert [row.name for module in modules for row in module.LAYOUTS] != []
+    assert {row.name for module in modules for row in module.LAYOUTS} == {row.name for row in families.FAMILIES}
 
 
 # ------------------------------------------------------------------------------ lists generated from the table

@@ -10,9 +10,9 @@ from PIL import Image
 from vitlab.checkpoint import load_model
 from vitlab.checkpoint.io import save_model
 from vitlab.cli import main
-from vitlab.config import variant_config
 from vitlab.eval.predict import predict
 from vitlab.models import create_model
+from vitlab.variants import variant_config
 
 
 def rgb_model(**changes):

@@ -1,9 +1,9 @@
 import pytest
 
-from vitlab.config import variant_config, variant_names
 from vitlab.counts import formula_covers, parameters_and_flops
 from vitlab.models import model_stats
 from vitlab.reports import models_table
+from vitlab.variants import variant_config, variant_names
 
 
 @pytest.mark.parametrize("name", variant_names())

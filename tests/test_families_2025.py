@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from conftest import FIXTURES
 from vitlab import load_model, read_checkpoint
+from vitlab.checkpoint.families.siglip2 import patch_input_from_processor
 from vitlab.checkpoint.formats import export_checkpoint
-from vitlab.checkpoint.hf_siglip2 import patch_input_from_processor
 from vitlab.errors import CheckpointError
 from vitlab.layers.patch_embed import patchify
 
@@ -119,7 +119,7 @@ def test_a_model_in_no_family_layout_is_refused_by_the_family_writer(tmp_path):
         export_checkpoint(model, tmp_path / "out", to="hf")
     plain = load_model(FIXTURES / "hf_vit")
     with pytest.raises(CheckpointError, match="a DINOv3 checkpoint needs rotary positions"):
-        from vitlab.checkpoint.hf_dinov3 import state_dict_to_hf
+        from vitlab.checkpoint.families.dinov3 import state_dict_to_hf
 
         state_dict_to_hf(plain.state_dict(), plain.config.replace(family="dinov3"))
 

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from vitlab.config import variant_config
 from vitlab.distributed import DistEnv
 from vitlab.hardware import available_cores
+from vitlab.variants import variant_config
 
 
 @pytest.fixture

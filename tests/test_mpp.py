@@ -4,10 +4,11 @@ loss that reads the corrupted patches only."""
 import pytest
 import torch
 
-from vitlab.config import ViTConfig, variant_config
+from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
 from vitlab.models import mpp
 from vitlab.models.vit import VisionTransformer
+from vitlab.variants import variant_config
 
 TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=0)
 

@@ -16,7 +16,6 @@ from PIL import Image
 
 from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.checkpoint.io import save_model
-from vitlab.config import variant_config
 from vitlab.data.contract import Preprocessing
 from vitlab.data.datasets import load_dataset, load_folder
 from vitlab.data.images import read_image
@@ -24,6 +23,7 @@ from vitlab.data.preprocess import decode_image, prepare, resize_unit_images
 from vitlab.eval.classify import evaluate
 from vitlab.eval.predict import predict
 from vitlab.models import create_model
+from vitlab.variants import variant_config
 
 SIZE = 16
 CONTRACTS = {

@@ -528,8 +528,8 @@ def test_the_pretrained_table_lists_real_checkpoints(capsys):
 def test_published_sizes_agree_with_the_parameter_count():
     """The README's and the bucket listing's sizes, against vitlab's own count of the same models' parameters (x 4
     bytes): the rows' estimates are made the same way."""
-    from vitlab.config import variant_config
     from vitlab.counts import model_size
+    from vitlab.variants import variant_config
 
     rows = {row["name"]: row for row in pretrained_table("vit")}
     for name, variant, extra in (

@@ -7,8 +7,9 @@ import torch
 from conftest import FIXTURES
 from vitlab.analysis.trace import trace
 from vitlab.cli import main
-from vitlab.config import ViTConfig, variant_config
+from vitlab.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
+from vitlab.variants import variant_config
 
 SMALL = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)
 CASES = {

@@ -343,7 +343,7 @@ def test_tensorboard_logs_or_says_how_to_get_it(tmp_path):
 
 @pytest.mark.parametrize("recipe", sorted((REPO / "configs").glob("*.py")), ids=lambda p: p.stem)
 def test_every_recipe_loads_and_builds_its_model(recipe):
-    from vitlab.config import variant_config
+    from vitlab.variants import variant_config
 
     config = load_recipe(recipe)
     model_config = variant_config(config.model, **config.model_overrides)

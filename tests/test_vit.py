@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from vitlab.config import ViTConfig, variant_config
+from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
 from vitlab.layers.pos_embed import sincos_2d_pos_embed
 from vitlab.models import VisionTransformer, create_model, model_stats
+from vitlab.variants import variant_config
 
 TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5)
 

@@ -11,8 +11,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ViTConfig": "vitlab.config",
-    "variant_config": "vitlab.config",
-    "variant_names": "vitlab.config",
+    "variant_config": "vitlab.variants",
+    "variant_names": "vitlab.variants",
     "VisionTransformer": "vitlab.models.vit",
     "create_model": "vitlab.models.registry",
     "model_stats": "vitlab.models.registry",

@@ -19,7 +19,7 @@ Wherever vitlab takes a checkpoint path it also takes a name; a local path that 
     https://HOST/PATH                a plain URL (http:// too)
 
 The table (`pretrained.json`, printed by `vitlab pretrained`) is data: one row per checkpoint with its family (one
-of the model families of `checkpoint/families.py`), source, image size, pre-training data, reported ImageNet top-1
+of the model families of `checkpoint/families/`), source, image size, pre-training data, reported ImageNet top-1
 and where that figure comes from, file size, licence and how the row was checked (docs/pretrained.md).
 """
 

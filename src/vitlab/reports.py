@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.config import to_pair, variant_config, variant_names
+from vitlab.config import to_pair
 from vitlab.counts import model_size
+from vitlab.variants import variant_config, variant_names
 
 
 def models_table(

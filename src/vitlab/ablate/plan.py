@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vitlab.config import ViTConfig, variant_config, variant_names
+from vitlab.config import ViTConfig
 from vitlab.errors import ConfigError, VitlabError
 from vitlab.train.config import TrainConfig, apply_overrides, load_recipe, parse_value
+from vitlab.variants import variant_config, variant_names
 
 # Settings that change where or how visibly a run goes, not what it computes: left out of a cell's identity, so
 # cells are shared between ablations that differ only in these.

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitlab.ablate.plan import Ablation, Cell, plan
-from vitlab.config import variant_config, variant_names
 from vitlab.counts import model_size
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import PARALLEL_TRAINING_BELOW_GFLOPS, available_cores
 from vitlab.messages import say
 from vitlab.runs import RunFolder
+from vitlab.variants import variant_config, variant_names
 
 
 @dataclass

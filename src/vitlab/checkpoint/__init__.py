@@ -1,5 +1,5 @@
-"""Checkpoints: vitlab's own format, import from the official JAX release, timm and Hugging Face (one row per
-family in `families.py`), export, and pre-trained weights by name (resolved by `resolve.py` and `hub.py`; the
+"""Checkpoints: vitlab's own format, import from the official JAX release, timm and Hugging Face (one module
+per family in `families/`, each registering itself), export, and pre-trained weights by name (resolved by `resolve.py` and `hub.py`; the
 names themselves and their table are `vitlab/pretrained.py`).
 
 The names below load on first use, so listing the pre-trained table (`vitlab pretrained`) does not import torch.

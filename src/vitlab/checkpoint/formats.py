@@ -1,10 +1,11 @@
 """Read any checkpoint vitlab understands, telling its family by content, and write any kind it exports.
 
-Families (`checkpoint/families.py`, one row each): vitlab's own safetensors with config, the official JAX `.npz`,
-timm state dicts (safetensors or PyTorch file), and transformers' ViT, DeiT, MAE, DINO, DINOv2, CLIP and SigLIP
-layouts (folder or weights file). The file extension is never trusted. Wherever a path is taken a pre-trained name
-is too (`hf-hub:ORG/NAME`, `augreg:B/16`, a URL: `vitlab/pretrained.py`), resolved to its cached files first
-(`checkpoint/resolve.py`); a local path that exists always wins.
+Families (`checkpoint/families/`, one module each): vitlab's own safetensors with config, the official JAX `.npz`,
+timm state dicts (safetensors or PyTorch file) with timm's EVA layouts of DINOv3 and Perception Encoder, and
+transformers' ViT, DeiT, MAE, DINO, DINOv2, DINOv3, CLIP, SigLIP, SigLIP 2 and AIMv2 layouts (folder or weights
+file). The file extension is never trusted. Wherever a path is taken a pre-trained name is too (`hf-hub:ORG/NAME`,
+`augreg:B/16`, a URL: `vitlab/pretrained.py`), resolved to its cached files first (`checkpoint/resolve.py`); a local
+path that exists always wins.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vitlab import runs
-from vitlab.checkpoint import families, hf, timm, timm_eva
+from vitlab.checkpoint import families, hf
 from vitlab.checkpoint.hub import WEIGHT_FILES
 from vitlab.checkpoint.io import Weights, load_state_dict_checked, read_json, read_tensors, save_model, save_state_dict
 from vitlab.checkpoint.resolve import resolve_checkpoint
@@ -260,11 +261,8 @@ def export_checkpoint(model: VisionTransformer, out: str | Path, to: str = "vitl
         return save_model(model, out)
     if to == "timm":
         weights = out if out.suffix == ".safetensors" else out.with_suffix(".safetensors")
-        state = model.state_dict()
-        if model.config.family == "dinov3":  # timm's EVA layout (timm_eva.py)
-            args, state = timm_eva.eva_model_args(model.config), timm_eva.state_dict_to_eva(state, model.config)
-        else:
-            args = timm.timm_model_args(model.config)
+        writer = families.timm_writer(model.config)
+        args, state = writer.model_args(model.config), writer.from_vitlab(model.state_dict(), model.config)
         save_state_dict(state, weights, {"format": "pt", "vitlab_config": model.config.to_json()})
         atomic_write_bytes(weights.with_suffix(".json"), json.dumps(args, indent=1).encode())
         return weights

@@ -365,23 +365,6 @@ PROCESSOR_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 PROCESSOR_DEFAULTS["dinov2_with_registers"] = PROCESSOR_DEFAULTS["dinov2"]
-# DINOv3ViTImageProcessor stretches to 224x224, bilinear, ImageNet statistics; AIMv2 ships CLIPImageProcessor's
-# settings (shorter side 224, bicubic, centre crop 224, OpenAI's statistics).
-PROCESSOR_DEFAULTS["dinov3_vit"] = {
-    "size": {"height": 224, "width": 224},
-    "resample": 2,
-    "do_center_crop": False,
-    "image_mean": IMAGENET_MEAN,
-    "image_std": IMAGENET_STD,
-}
-PROCESSOR_DEFAULTS["aimv2"] = {
-    "size": {"shortest_edge": 224},
-    "resample": 3,
-    "do_center_crop": True,
-    "crop_size": {"height": 224, "width": 224},
-    "image_mean": (0.48145466, 0.4578275, 0.40821073),
-    "image_std": (0.26862954, 0.26130258, 0.27577711),
-}
 
 
 def default_preprocessing(model_types: tuple[str, ...]) -> dict[str, dict[str, Any]]:
@@ -390,13 +373,22 @@ def default_preprocessing(model_types: tuple[str, ...]) -> dict[str, dict[str, A
     return {model_type: preprocessing_from_hf(None, model_type, f"{model_type} defaults") for model_type in model_types}
 
 
-def preprocessing_from_hf(processor: dict[str, Any] | None, model_type: str | None, source: str) -> dict[str, Any]:
+def preprocessing_from_hf(
+    processor: dict[str, Any] | None,
+    model_type: str | None,
+    source: str,
+    defaults: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """ViTConfig fields (preprocessing, image_mean, image_std) from an HF `preprocessor_config.json`, or from the
-    defaults of the model type's image processor when there is none. HF's size {height, width} without a crop is
-    a stretch; {shortest_edge} or a centre crop is vitlab's crop, with crop_fraction = crop side / resized side.
+    defaults of the model type's image processor when there is none: `defaults` (a family module's, in
+    `preprocessor_config.json`'s keys), else this module's of ViT, DeiT and DINOv2 (`PROCESSOR_DEFAULTS`). HF's
+    size {height, width} without a crop is a stretch; {shortest_edge} or a centre crop is vitlab's crop, with
+    crop_fraction = crop side / resized side.
     (DeiT's processor stretches to 256x256 before cropping 224: the same as a 0.875 crop on square images, a
     little different on others.)"""
-    settings = dict(PROCESSOR_DEFAULTS.get(model_type or "vit", PROCESSOR_DEFAULTS["vit"]))
+    if defaults is None:
+        defaults = PROCESSOR_DEFAULTS.get(model_type or "vit", PROCESSOR_DEFAULTS["vit"])
+    settings = dict(defaults)
     settings.update(processor or {})
     resample = settings.get("resample", 2)
     resize = RESIZE_OF_PIL.get(resample)

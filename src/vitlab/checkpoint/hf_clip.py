@@ -74,7 +74,7 @@ def is_clip_tower(weights: Weights) -> bool:
     patch = weights.tensors.get("vision_model.embeddings.patch_embedding.weight")
     if patch is None:
         patch = weights.tensors.get("embeddings.patch_embedding.weight")
-    linear_patches = patch is not None and len(patch.shape) == 2  # SigLIP 2's NaFlex tower (hf_siglip2.py)
+    linear_patches = patch is not None and len(patch.shape) == 2  # SigLIP 2's NaFlex tower (families/siglip2.py)
     return is_clip_vision_state_dict(set(weights.tensors)) and not linear_patches
 
 

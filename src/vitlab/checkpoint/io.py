@@ -10,7 +10,7 @@ files are read with `torch.load(weights_only=True)`, which refuses any object th
 container of them.
 
 A read file travels as `Weights` (its tensors, header metadata and the JSON files beside it): what the checkpoint
-families (`checkpoint/families.py`) recognise and read. torch and numpy are imported inside the functions that use
+families (`checkpoint/families/`) recognise and read. torch and numpy are imported inside the functions that use
 them, as in the converter modules: `vitlab --help` reads the family table, which imports these modules, and
 stays fast without them.
 """
@@ -226,7 +226,7 @@ def read_tensors(path: Path) -> tuple[str, dict[str, Any], dict[str, str]]:
 @dataclass
 class Weights:
     """One checkpoint file as read, with what lies beside it: all that a checkpoint family's key signature and
-    config reader look at (`checkpoint/families.py`)."""
+    config reader look at (`checkpoint/families/`)."""
 
     source: str  # the file, as messages name it
     container: str  # "safetensors", "npz" or "torch-zip" (`sniff`)

@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
-from vitlab.config import ViTConfig, variant_config
+from vitlab.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
+from vitlab.variants import variant_config
 
 
 def create_model(variant: str | ViTConfig, **overrides: Any) -> VisionTransformer:

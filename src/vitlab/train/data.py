@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from vitlab.config import ViTConfig, variant_config, variant_names
+from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.data.loaders import can_stream, open_splits, streaming_choice
 from vitlab.data.source import DataRequest, Splits
@@ -17,6 +17,7 @@ from vitlab.errors import ConfigError
 from vitlab.messages import say
 from vitlab.train.config import TrainConfig
 from vitlab.train.setup import default_workers
+from vitlab.variants import variant_config, variant_names
 
 
 def choose_streaming(

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from vitlab.checkpoint.formats import model_from_state, read_checkpoint
-from vitlab.config import variant_names
 from vitlab.data.source import BatchSource
 from vitlab.distributed import DistEnv
 from vitlab.errors import ConfigError
@@ -17,6 +16,7 @@ from vitlab.hardware import TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS, available_cores
 from vitlab.models.registry import create_model
 from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_index
 from vitlab.train.config import TrainConfig
+from vitlab.variants import variant_names
 
 
 def build_model(

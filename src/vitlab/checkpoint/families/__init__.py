@@ -1,267 +1,122 @@
-"""The checkpoint families vitlab reads, one row each in one table (`FAMILIES`), and how a file is told.
+"""The checkpoint families vitlab reads: one module each in this package, which declares everything about its family,
+collected here into the tables every other place reads (`FAMILIES`, `MODEL_FAMILIES`), and how a file is told.
 
-A row (`Family`) says how to recognise a family's files and how to read them; the code of each lives in the
-family's converter module (io.py for vitlab's own files, jax_npz.py, timm.py, hf.py, hf_clip.py), which the row
-only names:
+A family module (the seam's classes are in checkpoint/family_rows.py) declares two tuples:
 
-    model_types    the transformers `model_type`s of its config.json
-    matches        its key signature: whether a read file (`io.Weights`: names, shapes, header) is its layout
-    read_config    the ViTConfig of a read file, from the tensors, the JSON beside them and the caller's hints
-    to_vitlab      its state dict in vitlab's (timm's) names; `from_vitlab` the way back, where vitlab writes it
-    preprocessing  its processor defaults: the ViTConfig fields (image_mean, image_std, preprocessing) its images
-                   get, per variant, when its files say nothing
+    MODELS     its model families (`ModelFamily`): the name the catalogue (pretrained.json) and ViTConfig.family
+               use, its title, its paper's month, the layouts its checkpoints come in, its preset variants
+               ("dinov3-B/16", read by `vitlab.variants.variant_config`) and transformers' class that `bench`
+               compares it with
+    LAYOUTS    the checkpoint layouts it reads (`Family`, one row each): its key signature (`matches`), config reader
+               (`read_config`), converters both ways (`to_vitlab`, `from_vitlab`), the transformers `model_type`s
+               of its config.json, its processor defaults (`preprocessing`: the ViTConfig fields its images get
+               when its files say nothing) and the writers of its config (`hf_config`, `model_args`)
+
+Every module of this package is collected when the package is imported (`family_modules`): a new family is a new
+module here, with no edit of this file, of config.py, of bench or of the CLI; `register` adds one from elsewhere (a
+plugin, a test's toy family). Today's modules: own (vitlab's own files), vit (the paper's ViT, DeiT, MAE and DINO:
+official JAX, timm and transformers' ViT layouts), dinov2, clip (CLIP and SigLIP towers), and the 2025 families
+dinov3 (transformers' and timm's EVA layouts), siglip2 (the NaFlex tower), aimv2 and pe (Perception Encoder, timm's
+EVA layout), each of these four with its converters in its own module.
 
 How a file is told (`family_of`): a header that names its own format (vitlab's files) says what the file is; else
 the sidecar's `model_type` decides (a type no row has is refused by name, never half-read); else the first row whose
 key signature matches, once the non-ViT architectures (`ARCHITECTURE_SIGNATURES`) and the ViT families vitlab does
-not build yet (`SIBLINGS`) are ruled out, each with its own message.
+not build yet (`SIBLINGS`) are ruled out, each with its own message. Rows are tried in an order that puts a row
+before those it names in `checked_before` (a layout that is a special case of another's names, as timm's DINOv3 is
+of timm's ViT); the other signatures exclude one another.
 
-A new family is a converter module and one row here. DINOv3 (`dinov3_vit`), SigLIP 2 (`siglip2_vision_model`) and
-AIMv2 (`aimv2_vision_model`) stand in `SIBLINGS` until the model side builds what they need; each then leaves it
-for a row, as will Perception Encoder in timm's eva layout (a row with its own signature, before timm's).
-
-The table is torch-free at import (the converter modules import torch where they make tensors), so `vitlab --help`
-lists the `pretrained --family` choices from it without loading torch.
+The tables are torch-free at import (the family modules import torch where they make tensors), so `vitlab --help`
+lists the `pretrained --family` choices and `vitlab models` the presets without loading torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+import importlib
+import pkgutil
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any, Protocol
 
-from vitlab.checkpoint import hf, hf_aimv2, hf_clip, hf_dinov3, hf_siglip2, jax_npz, timm, timm_eva
-from vitlab.checkpoint.io import Weights, is_own_file, read_own_config, same_names
+from vitlab.checkpoint.family_rows import Family, ModelFamily, Sibling
+from vitlab.checkpoint.io import Weights
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
 
-StateDict = dict[str, Any]
+
+class FamilyModule(Protocol):
+    """What a family module declares (a module of this package, or any object with the two tuples)."""
+
+    MODELS: tuple[ModelFamily, ...]
+    LAYOUTS: tuple[Family, ...]
 
 
-@dataclass(frozen=True)
-class ModelFamily:
-    """A family of trained models as people name them: the catalogue's `family` (pretrained.json) and
-    `vitlab pretrained --family`."""
-
-    name: str  # "vit", "deit", ...: as the catalogue names it
-    title: str  # how messages name it: "the paper's ViT", "DeiT"
-    tower: bool = False  # the image tower of an image-text model (CLIP, SigLIP)
-
-
-@dataclass(frozen=True)
-class Family:
-    """One checkpoint family: a layout of tensor names, what tells it apart, and the functions that read it."""
-
-    name: str  # short id: "timm", "hf-vit"
-    title: str  # how messages name its files: "timm ViT", "Hugging Face DINOv2"
-    _: KW_ONLY
-    kind: str  # what `read_checkpoint` reports: "vitlab", "jax", "timm" or "hf" (export's `--to` names the same)
-    origin: str  # where its files come from, as `supported_families` words it: "timm", "Hugging Face"
-    models: tuple[ModelFamily, ...]  # the model families whose checkpoints come in it (none: any, vitlab's own)
-    containers: tuple[str, ...]  # the file containers it comes in (`io.sniff`): "safetensors", "torch-zip", "npz"
-    matches: Callable[[Weights], bool]  # key signature
-    read_config: Callable[[Weights], ViTConfig]
-    to_vitlab: Callable[[StateDict, ViTConfig, str], StateDict]  # (state, config, source) -> vitlab names
-    from_vitlab: Callable[[StateDict, ViTConfig], StateDict] | None = None  # vitlab names -> its own; None: not written
-    model_types: tuple[str, ...] = ()  # transformers config.json `model_type`s that name it
-    header_format: str | None = None  # the safetensors header's "format" of files that declare themselves this family
-    preprocessing: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # variant -> processor defaults
-    # (what, tensor-name fragment) of features its files can have that vitlab's models do not build yet.
-    unbuilt: tuple[tuple[str, str], ...] = ()
-    # The `ViTConfig.family` of the models it reads and, with `hf_config` (config -> config.json), writes back:
-    # `vitlab export --to hf` takes the row of the model's family.
-    config_family: str | None = None
-    hf_config: Callable[[ViTConfig], dict[str, Any]] | None = None
+def family_modules() -> tuple[ModuleType, ...]:
+    """Every module of this package, each one family's (or a few related families') declarations: vitlab's own files
+    first, then by the age of their oldest model family, so that the tables read in the order families appeared."""
+    modules = [
+        importlib.import_module(f"{__name__}.{module.name}")
+        for module in sorted(pkgutil.iter_modules(__path__), key=lambda module: module.name)
+        if not module.name.startswith("_")
+    ]
+    return tuple(sorted(modules, key=lambda module: min((m.released for m in module.MODELS), default="")))
 
 
-@dataclass(frozen=True)
-class Sibling:
-    """A ViT family vitlab knows of but does not read yet: refused in one clear message, not half-read."""
+def tables(modules: tuple[FamilyModule, ...]) -> tuple[tuple[Family, ...], tuple[ModelFamily, ...]]:
+    """(the layout rows in the order they are tried, the model families by age: the encoders, then the image
+    towers) of `modules`; a CheckpointError for two rows or model families of one name, a model_type two rows
+    claim, or a model family that names a layout no module declares."""
+    rows = [row for module in modules for row in module.LAYOUTS]
+    models = [model for module in modules for model in module.MODELS]
+    for what, names in (("layout", [row.name for row in rows]), ("model family", [m.name for m in models])):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise CheckpointError(f"two family modules declare the {what} {', '.join(twice)}; rename one")
+    model_types = [model_type for row in rows for model_type in row.model_types]
+    claimed_twice = sorted({model_type for model_type in model_types if model_types.count(model_type) > 1})
+    if claimed_twice:
+        raise CheckpointError(f"two layouts claim the model_type {', '.join(claimed_twice)}; one row reads a type")
+    known = {row.name for row in rows}
+    for model in models:
+        unknown = [name for name in model.layouts if name not in known]
+        if unknown:
+            raise CheckpointError(
+                f"model family {model.name} names the layout {', '.join(unknown)}, which no family module declares"
+            )
+    return checking_order(rows), tuple(sorted(models, key=lambda model: (model.tower, model.released, model.name)))
 
-    title: str  # "DINOv3"
-    model_types: tuple[str, ...]  # its transformers `model_type`s, the first its name in messages
-    needs: str = ""  # what vitlab's models lack for it
-    # (tensor-name ending, number of dimensions or None) that tells its files without a config.json; None: only by
-    # model_type (its tensors look like a family vitlab reads).
-    telltale: tuple[str, int | None] | None = None
+
+def checking_order(rows: list[Family]) -> tuple[Family, ...]:
+    """`rows` in their modules' order, except that each row comes just before the first row it names in
+    `checked_before` (a special case is tried before the general layout it would otherwise be read as)."""
+    ordered: list[Family] = []
+
+    def place(row: Family, path: tuple[str, ...]) -> None:
+        if row.name in {placed.name for placed in ordered}:
+            return
+        if row.name in path:
+            raise CheckpointError(f"the layouts {' -> '.join(path + (row.name,))} each want to be checked first")
+        for special in rows:
+            if row.name in special.checked_before:
+                place(special, path + (row.name,))
+        ordered.append(row)
+
+    for row in rows:
+        place(row, ())
+    return tuple(ordered)
 
 
-VIT = ModelFamily("vit", "the paper's ViT")
-DEIT = ModelFamily("deit", "DeiT")
-MAE = ModelFamily("mae", "MAE")
-DINO = ModelFamily("dino", "DINO")
-DINOV2 = ModelFamily("dinov2", "DINOv2")
-CLIP = ModelFamily("clip", "CLIP", tower=True)
-SIGLIP = ModelFamily("siglip", "SigLIP", tower=True)
-DINOV3 = ModelFamily("dinov3", "DINOv3")
-AIMV2 = ModelFamily("aimv2", "AIMv2", tower=True)
-SIGLIP2 = ModelFamily("siglip2", "SigLIP 2", tower=True)
-PE = ModelFamily("pe", "Perception Encoder", tower=True)
-# How lists name the model families: by age, each image tower after the encoders.
-MODEL_ORDER = (VIT, DEIT, MAE, DINO, DINOV2, DINOV3, CLIP, SIGLIP, SIGLIP2, AIMV2, PE)
+MODULES: tuple[FamilyModule, ...] = family_modules()
+FAMILIES, MODEL_FAMILIES = tables(MODULES)
 
-TORCH_FILES = ("safetensors", "torch-zip")
-HF_VIT_TYPES = ("vit", "deit", "vit_mae")
-HF_DINOV2_TYPES = ("dinov2", "dinov2_with_registers")
 
-# Checked in this order where key signatures decide; the signatures of rows that share a container exclude one
-# another, except vitlab's own files, which use timm's names and are told by their header first.
-FAMILIES: tuple[Family, ...] = (
-    Family(
-        "vitlab",
-        "vitlab",
-        kind="vitlab",
-        origin="its own files",
-        models=(),
-        containers=("safetensors",),
-        matches=is_own_file,
-        read_config=read_own_config,
-        to_vitlab=same_names,
-        from_vitlab=same_names,
-        header_format="vitlab",
-    ),
-    Family(
-        "jax",
-        "official JAX ViT",
-        kind="jax",
-        origin="official JAX .npz",
-        models=(VIT,),
-        containers=("npz",),
-        matches=jax_npz.is_jax_layout,
-        read_config=jax_npz.read_config,
-        to_vitlab=jax_npz.jax_to_state_dict,
-        preprocessing={"official": jax_npz.PREPROCESSING},
-    ),
-    Family(
-        "timm-dinov3",
-        "timm DINOv3 (EVA layout)",
-        kind="timm",
-        origin="timm",
-        models=(DINOV3,),
-        containers=TORCH_FILES,
-        matches=timm_eva.is_timm_dinov3,
-        read_config=timm_eva.read_config,
-        to_vitlab=timm_eva.eva_to_state_dict,
-        from_vitlab=timm_eva.state_dict_to_eva,
-        preprocessing={"dinov3": timm_eva.PREPROCESSING},
-        config_family="dinov3",
-    ),
-    Family(
-        "timm-pe",
-        "timm Perception Encoder (EVA layout)",
-        kind="timm",
-        origin="timm",
-        models=(PE,),
-        containers=TORCH_FILES,
-        matches=timm_eva.is_timm_pe,
-        read_config=timm_eva.read_pe_config,
-        to_vitlab=timm_eva.pe_to_state_dict,
-        from_vitlab=timm_eva.state_dict_to_pe,
-        preprocessing={"pe": timm_eva.PE_PREPROCESSING},
-        config_family="pe",
-    ),
-    Family(
-        "timm",
-        "timm ViT",
-        kind="timm",
-        origin="timm",
-        models=(VIT, DEIT, MAE, DINO, DINOV2, CLIP, SIGLIP, SIGLIP2, AIMV2),
-        containers=TORCH_FILES,
-        matches=timm.is_timm_layout,
-        read_config=timm.read_config,
-        to_vitlab=same_names,
-        from_vitlab=same_names,
-        preprocessing=timm.TIMM_FAMILY_PREPROCESSING,
-    ),
-    Family(
-        "hf-dinov3",
-        "Hugging Face DINOv3",
-        kind="hf",
-        origin="Hugging Face",
-        models=(DINOV3,),
-        containers=TORCH_FILES,
-        matches=hf_dinov3.is_hf_dinov3,
-        read_config=hf_dinov3.read_config,
-        to_vitlab=hf_dinov3.hf_to_state_dict,
-        from_vitlab=hf_dinov3.state_dict_to_hf,
-        model_types=(hf_dinov3.MODEL_TYPE,),
-        preprocessing=hf.default_preprocessing((hf_dinov3.MODEL_TYPE,)),
-        config_family="dinov3",
-        hf_config=hf_dinov3.hf_config_dict,
-    ),
-    Family(
-        "hf-vit",
-        "Hugging Face ViT / DeiT / MAE / DINO",
-        kind="hf",
-        origin="Hugging Face",
-        models=(VIT, DEIT, MAE, DINO),
-        containers=TORCH_FILES,
-        matches=hf.is_hf_vit,
-        read_config=hf.read_config,
-        to_vitlab=hf.hf_to_state_dict,
-        from_vitlab=hf.state_dict_to_hf,
-        model_types=HF_VIT_TYPES,
-        preprocessing=hf.default_preprocessing(HF_VIT_TYPES),
-    ),
-    Family(
-        "hf-dinov2",
-        "Hugging Face DINOv2",
-        kind="hf",
-        origin="Hugging Face",
-        models=(DINOV2,),
-        containers=TORCH_FILES,
-        matches=hf.is_hf_dinov2,
-        read_config=hf.read_config,
-        to_vitlab=hf.hf_to_state_dict,
-        model_types=HF_DINOV2_TYPES,
-        preprocessing=hf.default_preprocessing(HF_DINOV2_TYPES),
-    ),
-    Family(
-        "hf-aimv2",
-        "Hugging Face AIMv2 image tower",
-        kind="hf",
-        origin="Hugging Face",
-        models=(AIMV2,),
-        containers=TORCH_FILES,
-        matches=hf_aimv2.is_hf_aimv2,
-        read_config=hf_aimv2.read_config,
-        to_vitlab=hf_aimv2.hf_to_state_dict,
-        from_vitlab=hf_aimv2.state_dict_to_hf,
-        model_types=hf_aimv2.MODEL_TYPES,
-        preprocessing=hf.default_preprocessing(("aimv2",)),
-        config_family="aimv2",
-        hf_config=hf_aimv2.hf_config_dict,
-    ),
-    Family(
-        "hf-siglip2",
-        "Hugging Face SigLIP 2 (NaFlex) image tower",
-        kind="hf",
-        origin="Hugging Face",
-        models=(SIGLIP2,),
-        containers=TORCH_FILES,
-        matches=hf_siglip2.is_siglip2_tower,
-        read_config=hf_siglip2.read_config,
-        to_vitlab=hf_siglip2.siglip2_to_state_dict,
-        from_vitlab=hf_siglip2.state_dict_to_siglip2,
-        model_types=hf_siglip2.MODEL_TYPES,
-        preprocessing={"siglip2": hf_siglip2.PROCESSOR_DEFAULTS},
-        config_family="siglip2",
-        hf_config=hf_siglip2.hf_config_dict,
-    ),
-    Family(
-        "hf-clip",
-        "Hugging Face CLIP or SigLIP image tower",
-        kind="hf",
-        origin="Hugging Face",
-        models=(CLIP, SIGLIP),
-        containers=TORCH_FILES,
-        matches=hf_clip.is_clip_tower,
-        read_config=hf_clip.read_config,
-        to_vitlab=hf_clip.clip_to_state_dict,
-        model_types=("clip", "clip_vision_model", "siglip", "siglip_vision_model"),
-        preprocessing=hf_clip.PROCESSOR_DEFAULTS,
-    ),
-)
+def register(module: FamilyModule) -> None:
+    """Add a family module from outside this package (a plugin, a test's toy family): its model families, presets
+    and layouts join the tables as this package's own modules' do."""
+    global MODULES, FAMILIES, MODEL_FAMILIES
+    FAMILIES, MODEL_FAMILIES = tables(MODULES + (module,))
+    MODULES = MODULES + (module,)
+
 
 SIBLINGS: tuple[Sibling, ...] = (Sibling("I-JEPA", ("ijepa",)),)
 
@@ -286,9 +141,15 @@ def family(name: str) -> Family:
 
 
 def model_families() -> list[ModelFamily]:
-    """The model families vitlab reads checkpoints of, in the table's order (`vitlab pretrained --family`)."""
-    found = dict.fromkeys(model for row in FAMILIES for model in row.models)
-    return sorted(found, key=lambda model: MODEL_ORDER.index(model) if model in MODEL_ORDER else len(MODEL_ORDER))
+    """The model families vitlab reads checkpoints of, by age, the encoders before the image towers (`vitlab
+    pretrained --family`)."""
+    readable = {row.name for row in FAMILIES}
+    return [model for model in MODEL_FAMILIES if readable & set(model.layouts)]
+
+
+def models_of(row: Family) -> list[ModelFamily]:
+    """The model families whose checkpoints come in the layout `row` (none: any, as vitlab's own files)."""
+    return [model for model in MODEL_FAMILIES if row.name in model.layouts]
 
 
 def hf_model_types() -> list[str]:
@@ -301,7 +162,7 @@ def supported_families() -> str:
     the image towers with theirs, and the layouts that carry any model (vitlab's own files)."""
 
     def origins(models: list[ModelFamily]) -> list[str]:
-        return list(dict.fromkeys(row.origin for row in FAMILIES if set(row.models) & set(models)))
+        return list(dict.fromkeys(row.origin for row in FAMILIES if set(models_of(row)) & set(models)))
 
     models = model_families()
     plain, towers = [m for m in models if not m.tower], [m for m in models if m.tower]
@@ -310,7 +171,7 @@ def supported_families() -> str:
         titles = [m.title for m in towers]
         named = titles[0] if len(titles) == 1 else ", ".join(titles[:-1]) + " and " + titles[-1]
         text += f", and {named} image towers ({' and '.join(origins(towers))} layouts)"
-    return text + "".join(f" and {row.origin}" for row in FAMILIES if not row.models)
+    return text + "".join(f" and {row.origin}" for row in FAMILIES if not models_of(row))
 
 
 def hf_writer(config: ViTConfig) -> Family:
@@ -324,6 +185,26 @@ def hf_writer(config: ViTConfig) -> Family:
             "vitlab's own file (--to vitlab)"
         )
     return family("hf-vit")
+
+
+def timm_writer(config: ViTConfig) -> Family:
+    """The row that writes `config`'s model in timm's names (`vitlab export --to timm`): its family's timm layout
+    where it has one that writes its constructor arguments (DINOv3's EVA), else timm's VisionTransformer's."""
+    for row in FAMILIES:
+        if row.kind == "timm" and row.config_family == config.family and row.model_args is not None:
+            return row
+    return family("timm")
+
+
+def family_presets() -> dict[str, Mapping[str, Any]]:
+    """Variant name -> ViTConfig fields of every model family's preset architectures ("dinov3-B/16"), by age."""
+    return {name: fields for model in MODEL_FAMILIES for name, fields in model.presets.items()}
+
+
+def reference_class(config: ViTConfig) -> str:
+    """transformers' class that `bench` compares `config`'s model with: its family's, else ViTForImageClassification."""
+    model = next((model for model in MODEL_FAMILIES if model.name == config.family), None)
+    return model.reference_class if model is not None and model.reference_class else "ViTForImageClassification"
 
 
 # ------------------------------------------------------------------------------------------ telling a file

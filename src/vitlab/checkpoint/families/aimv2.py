@@ -1,5 +1,6 @@
-"""Hugging Face AIMv2 image towers (`Aimv2VisionModel`, model_type "aimv2_vision_model", and the vision half of a
-whole `Aimv2Model`, "aimv2"), both ways.
+"""AIMv2, its one module: the preset variant and Hugging Face's AIMv2 image towers (`Aimv2VisionModel`, model_type
+"aimv2_vision_model", and the vision half of a whole `Aimv2Model`, "aimv2"), both ways. timm's conversions of AIMv2
+are timm's ViT names and load through the "timm" row (checkpoint/timm.py).
 
 AIMv2 (Fini et al. 2025) is a pre-norm ViT without a class token whose parts differ from the paper's, each a
 ViTConfig field: RMSNorm everywhere (norm "rmsnorm"), also on the embedded patches before the position table is
@@ -21,6 +22,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.hf import head_count, preprocessing_from_hf
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_layout
 from vitlab.config import ViTConfig
@@ -41,6 +43,17 @@ LAYER_PARTS = [
     ("ffn.down_proj", "mlp.fc2"),
     ("attention.out_proj", "attn.proj"),
 ]
+# AIMv2 ships CLIPImageProcessor's settings (a folder without preprocessor_config.json): shorter side 224, bicubic,
+# centre crop 224, OpenAI's statistics.
+OPENAI_MEAN, OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+HF_PROCESSOR: dict[str, Any] = {
+    "size": {"shortest_edge": 224},
+    "resample": 3,
+    "do_center_crop": True,
+    "crop_size": {"height": 224, "width": 224},
+    "image_mean": OPENAI_MEAN,
+    "image_std": OPENAI_STD,
+}
 TOP_PARTS = [
     ("embeddings.patch_embed", "patch_embed.proj"),
     ("embeddings.rms_norm", "patch_embed.norm"),
@@ -102,7 +115,7 @@ def read_config(weights: Weights) -> ViTConfig:
         proj_bias="encoder.layers.0.attention.out_proj.bias" in state,
         mlp_bias="encoder.layers.0.ffn.gate_proj.bias" in state,
         layer_norm_eps=float(hf_config.get("rms_norm_eps", 1e-5)),
-        **preprocessing_from_hf(weights.processor, "aimv2", source),
+        **preprocessing_from_hf(weights.processor, "aimv2", source, HF_PROCESSOR),
     )
     return apply_hints(config, weights.hints)
 
@@ -120,7 +133,7 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
         if hf_name + ".bias" in state:
             out[name + ".bias"] = take(hf_name + ".bias")
     if config.pos_embed == "sincos2d":  # native: the table is computed, for the model's own grid
-        from vitlab.layers.pos_embed import sincos_2d_pos_embed  # torch: not at import (families.py says why)
+        from vitlab.layers.pos_embed import sincos_2d_pos_embed  # torch: not at import (the table imports this)
 
         rows = sincos_2d_pos_embed(config.grid_size, config.embed_dim)
         out["pos_embed"] = torch.cat(rows.chunk(2, dim=-1)[::-1], dim=-1)[None]
@@ -219,3 +232,55 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
         "use_head": True,
         "is_native": config.pos_embed == "sincos2d",
     }
+
+
+# ------------------------------------------------------------------------------------------ registration
+# AIMv2's architecture (random weights: `bench`, `models`, training from scratch): RMSNorm (also on the patches),
+# SwiGLU, no biases, the attention-probe head, 128-wide heads.
+ARCHITECTURE: dict[str, Any] = dict(
+    family="aimv2",
+    classifier="probe",
+    class_token=False,
+    norm="rmsnorm",
+    mlp="swiglu",
+    patch_norm=True,
+    qkv_bias=False,
+    proj_bias=False,
+    mlp_bias=False,
+    layer_norm_eps=1e-5,
+    num_classes=0,
+    image_mean=OPENAI_MEAN,
+    image_std=OPENAI_STD,
+)
+
+MODELS = (
+    ModelFamily(
+        "aimv2",
+        "AIMv2",
+        released="2024-11",
+        layouts=("hf-aimv2", "timm"),
+        tower=True,
+        presets={
+            "aimv2-L/14": dict(embed_dim=1024, depth=24, num_heads=8, mlp_dim=2816, patch_size=14, **ARCHITECTURE)
+        },
+        reference_class="Aimv2VisionModel",
+    ),
+)
+LAYOUTS = (
+    Family(
+        "hf-aimv2",
+        "Hugging Face AIMv2 image tower",
+        kind="hf",
+        origin="Hugging Face",
+        containers=TORCH_FILES,
+        matches=is_hf_aimv2,
+        read_config=read_config,
+        to_vitlab=hf_to_state_dict,
+        from_vitlab=state_dict_to_hf,
+        model_types=MODEL_TYPES,
+        preprocessing={"aimv2": preprocessing_from_hf(None, "aimv2", "AIMv2 defaults", HF_PROCESSOR)},
+        config_family="aimv2",
+        hf_config=hf_config_dict,
+        checked_before=("hf-clip",),  # an image tower under "vision_model.", as CLIP's
+    ),
+)

@@ -1,5 +1,6 @@
-"""Hugging Face SigLIP 2 image towers (`Siglip2VisionModel`, model_type "siglip2_vision_model", and the vision half
-of a whole `Siglip2Model`, "siglip2"): the NaFlex models, on the way in.
+"""SigLIP 2, its one module: the preset variant and Hugging Face's SigLIP 2 image towers (`Siglip2VisionModel`,
+model_type "siglip2_vision_model", and the vision half of a whole `Siglip2Model`, "siglip2"), the NaFlex models, both
+ways. timm's conversions are timm's ViT names and load through the "timm" row (checkpoint/timm.py).
 
 SigLIP 2's NaFlex tower is SigLIP's (hf_clip.py: no class token, tanh GELU, post-norm on every token, MAP head)
 with two changes. Its patch embedding is a Linear over patches flattened pixel by pixel with the channels
@@ -17,8 +18,9 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from vitlab.checkpoint import hf_clip
+from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.io import Weights, apply_hints, require_layout
-from vitlab.config import ViTConfig
+from vitlab.config import MODEL_SIZES, ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
 
@@ -188,3 +190,46 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
         "layer_norm_eps": config.layer_norm_eps,
         "vision_use_head": True,
     }
+
+
+# ------------------------------------------------------------------------------------------ registration
+# SigLIP 2's architecture (random weights: `bench`, `models`, training from scratch): SigLIP's tower (no class
+# token, MAP head, tanh GELU), antialiased table resizing.
+ARCHITECTURE: dict[str, Any] = dict(
+    family="siglip2",
+    classifier="map",
+    class_token=False,
+    mlp_activation="gelu_tanh",
+    pos_resample="bilinear_antialias",
+    num_classes=0,
+)
+
+MODELS = (
+    ModelFamily(
+        "siglip2",
+        "SigLIP 2",
+        released="2025-02",
+        layouts=("hf-siglip2", "timm"),
+        tower=True,
+        presets={"siglip2-B/16": dict(MODEL_SIZES["B"], patch_size=16, **ARCHITECTURE)},
+        reference_class="Siglip2VisionModel",
+    ),
+)
+LAYOUTS = (
+    Family(
+        "hf-siglip2",
+        "Hugging Face SigLIP 2 (NaFlex) image tower",
+        kind="hf",
+        origin="Hugging Face",
+        containers=TORCH_FILES,
+        matches=is_siglip2_tower,
+        read_config=read_config,
+        to_vitlab=siglip2_to_state_dict,
+        from_vitlab=state_dict_to_siglip2,
+        model_types=MODEL_TYPES,
+        preprocessing={"siglip2": PROCESSOR_DEFAULTS},
+        config_family="siglip2",
+        hf_config=hf_config_dict,
+        checked_before=("hf-clip",),  # SigLIP's tower names, with a Linear patch embedding
+    ),
+)
