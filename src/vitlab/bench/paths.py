@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vitlab.checkpoint.families import reference_class
 from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.data.preprocess import denormalize
 from vitlab.distributed import DistEnv
@@ -232,7 +233,8 @@ class GreyAsRGB(nn.Module):
 
 
 def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.Module, str, object]:
-    """transformers' ViTForImageClassification with the same weights, through vitlab's HF export and
+    """transformers' model of the same family (ViTForImageClassification, or the class the family's module names:
+    a backbone's pooled output standing for the logits) with the same weights, through vitlab's HF export and
     `from_pretrained`, its logits checked against vitlab's: (model, description, temporary folder to keep)."""
     try:
         # transformers imports torchao where it is installed, which logs that its CUDA kernels cannot load on a
@@ -248,7 +250,7 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     except VitlabError as error:
         raise Unavailable(f"transformers cannot express this model: {error}") from None
     transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar would break the table
-    class_name = REFERENCE_CLASSES.get(model.config.family, "ViTForImageClassification")
+    class_name = reference_class(model.config)
     with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):  # where torchao loads
         warnings.simplefilter("ignore")
         loaded = getattr(transformers, class_name).from_pretrained(folder.name).eval()
@@ -260,11 +262,6 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
         raise Unavailable(f"transformers' logits differ from vitlab's by {difference:.1e}; not a fair reference")
     note = f"{class_name} {transformers.__version__}, attention {loaded.config._attn_implementation}"
     return reference, note, folder
-
-
-# transformers' class of each family vitlab writes back (ViTForImageClassification otherwise): for a backbone its
-# pooled output is what vitlab's model gives (no head).
-REFERENCE_CLASSES = {"dinov3": "DINOv3ViTModel", "aimv2": "Aimv2VisionModel", "siglip2": "Siglip2VisionModel"}
 
 
 class PooledAsLogits(nn.Module):
