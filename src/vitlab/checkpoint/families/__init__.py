@@ -59,6 +59,12 @@ def family_modules() -> tuple[ModuleType, ...]:
         for module in sorted(pkgutil.iter_modules(__path__), key=lambda module: module.name)
         if not module.name.startswith("_")
     ]
+    for module in modules:
+        if not (hasattr(module, "MODELS") and hasattr(module, "LAYOUTS")):
+            raise CheckpointError(
+                f"{module.__file__} declares no MODELS and LAYOUTS: every module of checkpoint/families/ is a "
+                "family's (docs/adding_a_family.md); put shared code in checkpoint/"
+            )
     return tuple(sorted(modules, key=lambda module: min((m.released for m in module.MODELS), default="")))
 
 
