@@ -240,7 +240,7 @@ def test_pt2e_static_int8_agrees_with_fp32_on_a_trained_model(trained_checkpoint
 
 
 def test_the_onednn_int8_peak_kernel_computes_the_quantized_product():
-    from vitlab.bench.runner import matmul_candidates, onednn_int8_matmul
+    from vitlab.bench.peaks import matmul_candidates, onednn_int8_matmul
 
     run = onednn_int8_matmul(40, 32, 24, torch.Generator().manual_seed(0))
     if run is None:
@@ -423,7 +423,7 @@ def test_cpu_only_paths_say_so_on_a_gpu_run():
 
 
 def test_the_peak_is_the_fastest_kernel_of_each_precision_and_names_it():
-    from vitlab.bench.runner import fastest_kernels
+    from vitlab.bench.peaks import fastest_kernels
 
     matmuls = {name: (None, 2.0) for name in ("matmul fp32", "matmul fp32 onednn", "matmul fp32 onnxruntime")}
     matmuls["matmul int8"] = (None, 2.0)
@@ -440,7 +440,7 @@ def test_the_peak_is_the_fastest_kernel_of_each_precision_and_names_it():
 
 
 def test_the_fp32_peak_kernels_compute_the_product():
-    from vitlab.bench.runner import matmul_candidates, onednn_fp32_linear
+    from vitlab.bench.peaks import matmul_candidates, onednn_fp32_linear
 
     run = onednn_fp32_linear(40, 32, 24, torch.Generator().manual_seed(0))
     if run is None:
@@ -465,7 +465,7 @@ def test_timing_without_warm_up_counts_only_the_rounds(capsys):
 
 def test_onnx_runtimes_int8_peak_kernel_computes_the_integer_product():
     pytest.importorskip("onnxruntime")
-    from vitlab.bench.runner import matmul_candidates, onnxruntime_matmul
+    from vitlab.bench.peaks import matmul_candidates, onnxruntime_matmul
 
     run = onnxruntime_matmul("int8", 40, 32, 24, torch.Generator().manual_seed(0))
     generator = torch.Generator().manual_seed(0)  # the same operands, drawn again
