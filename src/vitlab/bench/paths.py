@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.checkpoint.families import reference_class
+from vitlab.checkpoint.families import reference_class, reference_inputs
 from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.data.preprocess import denormalize
 from vitlab.distributed import DistEnv
@@ -35,7 +35,6 @@ from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
 from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
 from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
-from vitlab.layers.patch_embed import patchify
 from vitlab.objectives import Classification
 from vitlab.train.config import TrainConfig
 from vitlab.train.optim import build_optimizer
@@ -254,7 +253,8 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):  # where torchao loads
         warnings.simplefilter("ignore")
         loaded = getattr(transformers, class_name).from_pretrained(folder.name).eval()
-    reference = GreyAsRGB(loaded if class_name.endswith("Classification") else PooledAsLogits(loaded))
+    pooled = PooledAsLogits(loaded, reference_inputs(model.config))
+    reference = GreyAsRGB(loaded if class_name.endswith("Classification") else pooled)
     reference = reference.to(sample.device)
     with torch.no_grad():
         difference = float((reference(pixel_values=sample).logits - model(sample)).abs().max())
@@ -265,23 +265,22 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
 
 
 class PooledAsLogits(nn.Module):
-    """A transformers backbone whose pooled output stands for the logits (`.logits`), as a classifier's would."""
+    """A transformers backbone whose pooled output stands for the logits (`.logits`), as a classifier's would;
+    `inputs` (pixels, patch size) -> its keyword arguments where it takes other inputs than pixels (the family
+    module's `reference_inputs`)."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, inputs: Callable[[torch.Tensor, int], dict] | None = None) -> None:
         super().__init__()
         self.inner = inner
         self.config = inner.config
+        self.inputs = inputs
 
     def forward(self, pixel_values: torch.Tensor, **kwargs) -> object:
-        if type(self.inner).__name__ == "Siglip2VisionModel":  # NaFlex takes cut patches: every one, all valid
-            patch = self.config.patch_size
-            grid = pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch
-            kwargs.update(
-                pixel_attention_mask=torch.ones(len(pixel_values), grid[0] * grid[1], dtype=torch.long),
-                spatial_shapes=torch.tensor([grid] * len(pixel_values)),
-            )
-            pixel_values = patchify(pixel_values, patch)
-        return types.SimpleNamespace(logits=self.inner(pixel_values=pixel_values, **kwargs).pooler_output)
+        if self.inputs is not None:
+            kwargs.update(self.inputs(pixel_values, self.config.patch_size))
+        else:
+            kwargs["pixel_values"] = pixel_values
+        return types.SimpleNamespace(logits=self.inner(**kwargs).pooler_output)
 
 
 def transformers_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:

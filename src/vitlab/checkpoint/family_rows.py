@@ -39,6 +39,9 @@ class ModelFamily:
     # transformers' class that `bench` compares a model of this family with (vitlab exports it, transformers loads
     # it); None: ViTForImageClassification. A backbone's pooled output stands for the logits.
     reference_class: str | None = None
+    # (pixels (B, C, H, W), patch size) -> the reference's keyword arguments, for a reference class that does not
+    # take pixels (SigLIP 2's NaFlex tower takes cut patches); None: pixel_values.
+    reference_inputs: Callable[[Any, int], dict[str, Any]] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -209,8 +209,19 @@ def family_presets() -> dict[str, Mapping[str, Any]]:
 
 def reference_class(config: ViTConfig) -> str:
     """transformers' class that `bench` compares `config`'s model with: its family's, else ViTForImageClassification."""
-    model = next((model for model in MODEL_FAMILIES if model.name == config.family), None)
+    model = model_family_of(config)
     return model.reference_class if model is not None and model.reference_class else "ViTForImageClassification"
+
+
+def reference_inputs(config: ViTConfig) -> Callable[[Any, int], dict[str, Any]] | None:
+    """How `bench` hands pixels to the reference class of `config`'s family where it takes other inputs, else None."""
+    model = model_family_of(config)
+    return model.reference_inputs if model is not None else None
+
+
+def model_family_of(config: ViTConfig) -> ModelFamily | None:
+    """The model family whose arithmetic `config` follows (`ViTConfig.family`), or None (the paper's ViT)."""
+    return next((model for model in MODEL_FAMILIES if model.name == config.family), None)
 
 
 # ------------------------------------------------------------------------------------------ telling a file

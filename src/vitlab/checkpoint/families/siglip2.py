@@ -192,6 +192,21 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
     }
 
 
+def naflex_inputs(pixel_values: torch.Tensor, patch: int) -> dict[str, Any]:
+    """transformers' Siglip2VisionModel inputs of a batch of pixels (B, C, H, W): every patch of each image, cut and
+    flattened (B, N, P * P * C), all valid, with each image's grid."""
+    import torch
+
+    from vitlab.layers.patch_embed import patchify
+
+    grid = pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch
+    return dict(
+        pixel_values=patchify(pixel_values, patch),
+        pixel_attention_mask=torch.ones(len(pixel_values), grid[0] * grid[1], dtype=torch.long),
+        spatial_shapes=torch.tensor([grid] * len(pixel_values)),
+    )
+
+
 # ------------------------------------------------------------------------------------------ registration
 # SigLIP 2's architecture (random weights: `bench`, `models`, training from scratch): SigLIP's tower (no class
 # token, MAP head, tanh GELU), antialiased table resizing.
@@ -213,6 +228,7 @@ MODELS = (
         tower=True,
         presets={"siglip2-B/16": dict(MODEL_SIZES["B"], patch_size=16, **ARCHITECTURE)},
         reference_class="Siglip2VisionModel",
+        reference_inputs=naflex_inputs,
     ),
 )
 LAYOUTS = (
