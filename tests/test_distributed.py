@@ -93,12 +93,17 @@ def one_and_two_processes(tmp_path, args: list[str]) -> tuple[dict, dict, subpro
     )
 
 
-# Tolerances: SGD's update is linear in the gradient, so only summation-order rounding (~1e-7) separates the
-# runs. Adam divides by sqrt(v): where a gradient is near zero, that rounding can change an update by up to
-# its full size lr = 4e-3, so the bound there is a tenth of one step.
+# Tolerances: SGD's update is linear in the gradient, so only summation-order rounding (~1e-7 per step) separates
+# the runs, for every weight. Adam divides by sqrt(v): where a gradient is near zero, that rounding can turn its
+# sign, and change that step's update by up to twice its full size lr = 4e-3. Such weights are rare (6 of 2794 on a
+# 2-core Xeon, up to 4.2e-4 apart), so Adam is held to rounding for 99% of the weights and to one turned step,
+# 2 lr, for the worst; a broken reduction moves most weights, and fails the first.
+ADAM_LR = 4e-3  # the recipe's peak learning rate (TrainConfig.lr), which ARGS keep
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer, tolerance", [("sgd", 1e-5), ("adamw", 4e-4)])
-def test_two_processes_match_one(all_cores, tmp_path, optimizer, tolerance):
+@pytest.mark.parametrize("optimizer, most, worst_bound", [("sgd", 1e-5, 1e-5), ("adamw", 1e-5, 2 * ADAM_LR)])
+def test_two_processes_match_one(all_cores, tmp_path, optimizer, most, worst_bound):
     """Two processes train the weights one does. Flips are asked for, and digits refuse them: they are turned off
     on every rank, not only on rank 0 (where the note is printed), or the ranks would draw other augmentations."""
     one, two, double = one_and_two_processes(
@@ -107,8 +112,8 @@ def test_two_processes_match_one(all_cores, tmp_path, optimizer, tolerance):
     assert double.stdout.count("flips are off") == 1  # said once, by rank 0
     summary = json.loads((tmp_path / "double" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["replica_max_abs_diff"] == 0.0  # identical on every rank
-    worst = max((two[name] - one[name]).abs().max().item() for name in one)
-    assert worst < tolerance
+    differences = torch.cat([(two[name] - one[name]).abs().flatten() for name in one])
+    assert differences.quantile(0.99).item() < most and differences.max().item() < worst_bound
     single_rows = [json.loads(r) for r in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines()]
     double_rows = [json.loads(r) for r in (tmp_path / "double" / "metrics.jsonl").read_text().splitlines()]
     assert len(single_rows) == len(double_rows) == 2
