@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.download import cache_dir
+from vitlab.environment import read_variable
 from vitlab.errors import DataError, UsageError
 from vitlab.files import exclusive_lock
 
 INSTALL_HINT = "pip install 'vitlab[remote]' (fsspec, with s3fs for s3:// and gcsfs for gs://)"
 URL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 CHUNK = 8 << 20  # bytes per read while copying a shard
-DEFAULT_CACHE_GB = 20.0
 
 
 def is_remote(location: str | os.PathLike) -> bool:
@@ -125,7 +125,8 @@ def read_remote_bytes(url: str, attempts: int = 3) -> bytes:
 
 
 def cache_limit_bytes() -> int:
-    return int(float(os.environ.get("VITLAB_SHARD_CACHE_GB", DEFAULT_CACHE_GB)) * 1e9)
+    """The bytes of remote shards the cache keeps (VITLAB_SHARD_CACHE_GB, vitlab.environment)."""
+    return int(float(read_variable("VITLAB_SHARD_CACHE_GB")) * 1e9)
 
 
 def local_copy(url: str, size: int) -> Path:
