@@ -27,8 +27,8 @@ from vitlab.objectives.mae import MaskedAutoencoding
 from vitlab.objectives.mpp import MaskedPatchPrediction
 from vitlab.objectives.settings import PretrainConfig
 from vitlab.train import epoch
-from vitlab.train.figures import StepFigures
 from vitlab.train.epoch import Safeguards, train_one_epoch
+from vitlab.train.figures import StepFigures
 from vitlab.train.optim import EMA
 from vitlab.train.state import Position
 from vitlab.train.step import TrainingStep
