@@ -180,9 +180,7 @@ def looked_at(model: Any, inputs: torch.Tensor, grid: tuple[int, int], keep_clas
         if config.class_token and keep_class_maps:
             class_maps.append(class_token_attention(weights[:1], grid)[0].cpu())
 
-    outputs = model.forward_analysis(
-        inputs, attention_layers="all", hidden_states=False, attention_callback=on_layer
-    )
+    outputs = model.forward_analysis(inputs, attention_layers="all", hidden_states=False, attention_callback=on_layer)
     maps = rollout_patch_maps(rollout.result, config, grid).cpu()
     logits = outputs["logits"].float().cpu() if config.num_classes else [None] * len(inputs)
     return {"rollout": list(maps), "logits": list(logits), "class_maps": class_maps}
