@@ -8,7 +8,6 @@ NUM_IMAGES), so each flag is written once, in `add_argument`, and never again as
 from __future__ import annotations
 
 import argparse
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +36,8 @@ def call_with_options(function: Callable[..., Any], args: argparse.Namespace, **
     """Call `function` with every parsed option that is one of its parameters, by name, and `computed`: values the
     command works out from the options (an embedding-file pair, a tuple), which win over a parsed option of the
     same name."""
+    import inspect  # 4 ms at start-up, which `vitlab --help` need not pay
+
     parameters = inspect.signature(function).parameters
     options = {name: value for name, value in vars(args).items() if name in parameters and name not in PARSER_KEYS}
     return function(**{**options, **computed})
