@@ -28,9 +28,7 @@ class AbsoluteTable(PositionKind):
     them. A subclass says how the table of a grid is made."""
 
     def __init__(self) -> None:
-        # grid and stored tables -> (the table of that grid, the stored tables it was made from). Holding the
-        # sources keeps their memory from being reused by other tables, so an address and a version counter name
-        # one content for as long as the entry lives.
+        # grid -> (the table of that grid, copies of the stored tables it was made from), on the CPU only.
         self.kept: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]] = {}
 
     def tables(self, model: PositionedModel, layout: PatchLayout, batch: int) -> torch.Tensor | None:
@@ -58,25 +56,33 @@ class AbsoluteTable(PositionKind):
         raise NotImplementedError  # each table kind makes its own
 
     def table_of_grid(self, model: PositionedModel, grid: tuple | None) -> torch.Tensor:
-        """`table(model, grid)`, made once per grid while nothing can train the stored tables (an evaluating model
-        without autograd): a model of dynamic size sees the same few sizes over and over (serving, dense features
-        of a photo collection), and resampling B/16's table to a 64 x 64 grid costs more than its patch
-        embedding. A stored table written in place (an optimiser step, load_state_dict) moves its version counter
-        and so misses the entry; a write through `.data`, which autograd does not count, is not seen."""
-        if grid is None or model.training or torch.is_grad_enabled() or tracing() or not plain_ints(grid):
-            return self.table(model, grid)
+        """`table(model, grid)`, made once per grid while the stored tables hold what it was made from: a model of
+        dynamic size sees the same few sizes over and over (serving, dense features of a photo collection), and
+        resampling B/16's table to a 64 x 64 grid costs more than comparing the stored one (150k numbers) with a
+        copy. The comparison is of content, since an optimiser's fused step writes a table in place without moving
+        its version counter. Only on the CPU, in an evaluating model without autograd: on an accelerator the
+        comparison would make the host wait for the device, and resampling there is quick anyway."""
         sources = [table for table in (model.pos_embed, model.pos_embed_row, model.pos_embed_col) if table is not None]
-        key = (
-            tuple(grid),
-            tuple(model.config.grid_size),
-            *((source.data_ptr(), source._version, source.dtype, source.device) for source in sources),
-        )
+        if (
+            grid is None
+            or model.training
+            or torch.is_grad_enabled()
+            or tracing()
+            or not plain_ints(grid)
+            or any(source.device.type != "cpu" for source in sources)
+        ):
+            return self.table(model, grid)
+        key = (tuple(grid), tuple(model.config.grid_size), model.config.pos_resample)
         entry = self.kept.get(key)
-        if entry is None:
-            if len(self.kept) >= 16:  # a few sizes are the use; a stream of new ones is not kept for ever
-                self.kept.clear()
-            entry = self.kept[key] = (self.table(model, grid), [source.detach() for source in sources])
-        return entry[0]
+        if entry is not None and all(
+            kept.dtype == source.dtype and torch.equal(kept, source) for kept, source in zip(entry[1], sources)
+        ):
+            return entry[0]
+        if len(self.kept) >= 16:  # a few sizes are the use; a stream of new ones is not kept for ever
+            self.kept.clear()
+        table = self.table(model, grid)
+        self.kept[key] = (table, [source.detach().clone() for source in sources])
+        return table
 
     def prefixed(self, model: PositionedModel, patch_rows: torch.Tensor) -> torch.Tensor:
         """The prefix tokens' rows (stored in `pos_embed`) before a grid's patch rows."""
