@@ -22,10 +22,20 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
+# The unit lane: the tests of one module's behaviour, none that trains, exports, serves or launches a process
+# (marked slow or run_level); under 90 s on 2 cores.
+test-fast: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not slow and not run_level"
+
+# The choices vitlab makes by measuring the machine (calibration, the fp32 kernel), left to it as users get them;
+# the rest of the suite pins them (tests/conftest.py). .ci/run runs this after `make test`.
+test-automatic: $(BIN)/.installed
+	VITLAB_CALIBRATE=1 VITLAB_FP32_KERNEL=auto $(BIN)/python -m pytest -q -m automatic
+
 # Lint and format (ruff) and the seams' types (mypy on tests/protocols.py and the protocols); .ci/run runs it.
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-.PHONY: install demo test lint
+.PHONY: install demo test test-fast test-automatic lint

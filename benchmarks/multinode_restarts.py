@@ -3,7 +3,7 @@
     python benchmarks/multinode_restarts.py [--runs 10] [--separate-stores]
 
 Two launchers on this machine stand for two machines (`--nnodes 2 --nproc-per-node 1`, c10d rendezvous on
-127.0.0.1, `--max-restarts 1`), training the fault tests' recipe (tests/test_elastic.py) with rank 1 SIGKILLed
+127.0.0.1, `--max-restarts 1`), training the fault tests' recipe (tests/train/test_elastic.py) with rank 1 SIGKILLed
 after its step 3. torchrun's agents keep one store across restarts unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is
 in their environment (`--separate-stores`); each run is counted as finished (both launchers exit 0), failed to
 connect (gloo's connectFullMesh failed) or did not finish within `--timeout` seconds.

@@ -5,7 +5,7 @@ without a head, of its features: the class token after the final norm).
 
 Each fixture in tests/fixtures was written by the official JAX code, timm or transformers together with an
 input batch and the logits that code computed. Prints a markdown table and writes it into BENCHMARKS.md between
-the `parity` markers. (The same comparisons, with the 1e-4 bound, are tests in tests/test_formats.py.)
+the `parity` markers. (The same comparisons, with the 1e-4 bound, are tests in tests/checkpoint/test_formats.py.)
 """
 
 from __future__ import annotations

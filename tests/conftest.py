@@ -58,8 +58,10 @@ def pytest_configure(config) -> None:
     os.environ.setdefault("VITLAB_CACHE", tempfile.mkdtemp(prefix="vitlab-test-cache-"))
     os.environ.setdefault("VITLAB_CALIBRATE", "0")
     # torch's GEMM unless a test asks: each test's own cache would measure the kernels again (tests/test_kernels.py
-    # and tests/test_onednn_linear.py cover the measurement and the oneDNN layers)
-    os.environ.setdefault("VITLAB_FP32_KERNEL", "torch")  # 20 s per export otherwise; tests/test_advice.py turns it on
+    # and tests/layers/test_onednn_linear.py cover the measurement and the oneDNN layers)
+    os.environ.setdefault(
+        "VITLAB_FP32_KERNEL", "torch"
+    )  # 20 s per export otherwise; tests/bench/test_advice.py turns it on
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None or not hasattr(os, "sched_setaffinity"):
         return

@@ -1,4 +1,4 @@
-"""The vitlab CLI with a fault injected, for the fault tests (tests/test_elastic.py) and the "faults survived"
+"""The vitlab CLI with a fault injected, for the fault tests (tests/train/test_elastic.py) and the "faults survived"
 figures (BENCHMARKS.md, benchmarks/multinode_restarts.py): torchrun runs this script instead of `-m vitlab`,
 
     torchrun --standalone --nproc-per-node=2 --max-restarts=1 tests/faulty_vitlab.py kill:rank=1:step=7 train ...

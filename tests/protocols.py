@@ -1,11 +1,11 @@
 """Checked by mypy (`[tool.mypy]` in pyproject.toml; .ci/run runs it), never run by pytest: every implementation
 of a seam is handed to its protocol here, so one that drifts from what the protocol declares (and callers use)
-fails the type check, not a run. The fakes of the contract tests (test_loaders.py, test_objectives.py,
+fails the type check, not a run. The fakes of the contract tests (datafiles.py, test_objectives.py,
 test_positions.py, test_checkpoint_families.py) show the same seams working with code written against them alone."""
 
 from __future__ import annotations
 
-from test_loaders import Stripes
+from datafiles import Stripes
 from vitlab.data import datasets
 from vitlab.data.datasets import ImageDataset
 from vitlab.data.source import BatchSource, ImageFiles, SplitsOpener
@@ -36,4 +36,4 @@ def position_kinds() -> list[PositionKind]:
 
 
 def contract_test_fakes(stripes: Stripes) -> list[BatchSource]:
-    return [stripes]  # the fake of test_loaders.py, written against the protocol alone
+    return [stripes]  # the fake of datafiles.py, written against the protocol alone

@@ -6,6 +6,7 @@ from vitlab.reports import models_table
 from vitlab.variants import variant_config, variant_names
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize("name", variant_names())
 def test_formula_equals_the_traced_count_for_every_variant(name):
     config = variant_config(name)
@@ -15,6 +16,7 @@ def test_formula_equals_the_traced_count_for_every_variant(name):
     assert gflops == pytest.approx(traced_gflops, rel=1e-9)
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize(
     "name, changes",
     [

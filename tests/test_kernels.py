@@ -63,6 +63,7 @@ def test_another_thread_count_is_measured_apart(fake_measurements):
     assert kernels.fp32_kernel_choice("inference", 256, 64, 256).value == "onednn" and len(calls) == 2
 
 
+@pytest.mark.run_level
 def test_processes_measuring_at_once_keep_every_measurement(monkeypatch, tmp_path):
     """Each of several processes keeps a figure under the measurements' lock: none is lost to another's write."""
     import multiprocessing

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-import test_loaders
-from test_loaders import Stripes, StripesData
-from test_train import micro_config
+import datafiles
+from datafiles import Stripes, StripesData
+from runfiles import micro_config
 from vitlab.cli import main
 from vitlab.data import loaders
 from vitlab.data.source import Batch
@@ -42,7 +42,7 @@ def as_patches(images: torch.Tensor) -> PatchInput:
 
 
 class PatchStripes(Stripes):
-    """The stripes source of test_loaders, handing its batches over as cut patches of images of four shapes."""
+    """The stripes source of datafiles.py, handing its batches over as cut patches of images of four shapes."""
 
     def training_batches(self, *args, **kwargs):
         for batch in super().training_batches(*args, **kwargs):
@@ -57,12 +57,13 @@ class PatchStripes(Stripes):
 
 @pytest.fixture
 def patch_stripes(monkeypatch):
-    monkeypatch.setattr(test_loaders, "Stripes", PatchStripes)  # what StripesData opens
+    monkeypatch.setattr(datafiles, "Stripes", PatchStripes)  # what StripesData opens
     opener = StripesData()
     monkeypatch.setitem(loaders.LOADERS, "patches", loaders.Loader(held=opener))
     return opener
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize("position", ["rope", "learned"])
 def test_cut_patches_of_images_of_different_shapes_train_evaluate_and_give_features(
     patch_stripes, position, tmp_path, capsys
@@ -116,8 +117,8 @@ def test_what_takes_whole_images_only_says_so_in_one_line():
 
 def test_to_device_copies_without_waiting_and_leaves_what_is_there():
     """A copy that waits for the device stalls the host on a GPU; `to_device` never makes one (the stand-in device
-    and the instrument of tests/test_step_sync.py), and a PatchInput's coordinates and mask move alike."""
-    from test_step_sync import META, waiting_copies
+    and the instrument of tests/train/test_step_sync.py), and a PatchInput's coordinates and mask move alike."""
+    from runfiles import META, waiting_copies
     from vitlab.model_input import to_device
 
     images = torch.rand(2, 3, 4, 4)

@@ -144,6 +144,7 @@ def test_a_timm_repository_and_a_pytorch_bin_only_repository_load_by_name(tmp_pa
     assert "/org/bin-only/resolve/main/preprocessor_config.json" not in server.gets()  # a missing file is skipped
 
 
+@pytest.mark.run_level
 def test_every_reference_checkpoint_loads_by_name_as_from_its_files(server):
     """Each fixture (written by transformers, in timm's layout or the official .npz layout) served as a hub
     repository (timm's: its constructor arguments as config.json's model_args) or a bucket file."""
@@ -231,6 +232,7 @@ def test_a_local_path_that_exists_always_wins(tmp_path, server, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ resume, hashes
+@pytest.mark.run_level
 def test_an_interrupted_download_resumes(tmp_path, server, monkeypatch):
     import huggingface_hub.constants
 
@@ -325,6 +327,7 @@ def test_offline_a_warm_cache_needs_no_network_and_a_cold_one_says_what_is_missi
     assert server.requests == []
 
 
+@pytest.mark.run_level
 def test_without_network_a_hub_name_answers_from_the_cache_or_fails_in_seconds_with_one_line(server, monkeypatch):
     """Issue 38: no network took 24.7 s of huggingface_hub's retries and six retry lines. A hub that takes no
     connection is now found in one connect: a cached repository loads, an uncached one fails at once."""
@@ -437,6 +440,7 @@ def test_predict_by_name_prints_the_checkpoint_s_labels(tmp_path, server, capsys
     assert len(labels) >= 2, printed
 
 
+@pytest.mark.run_level
 def test_commands_take_names(tmp_path, server, capsys, monkeypatch):
     server.bucket[AUGREG_B16] = (FIXTURES / "jax_vit_token.npz").read_bytes()
     monkeypatch.chdir(tmp_path)

@@ -24,12 +24,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 NOT_RUN_HERE = {
     "make test": "the test suite itself",
-    "configs/mnist.py": "downloads MNIST (tests/test_train.py trains on ../shared/data/mnist where it exists)",
+    "configs/mnist.py": "downloads MNIST (tests/train/test_train.py trains on ../shared/data/mnist where it exists)",
     "--resume runs/digits-20261121-190000": "names an example run folder",
     "--image-size 384": "a ViT-B/16 at 384x384 takes minutes on a CPU (the stand-in fixture would need GBs)",
-    "vitlab bench": "timings take minutes; tests/test_bench.py runs every path of the command",
-    "vitlab serve": "a server runs until it is stopped; tests/test_serve.py runs it on an ephemeral port",
-    "vitlab ablate configs/ablations": "57 runs take 10 minutes (digits) or more; tests/test_ablate.py runs the "
+    "vitlab bench": "timings take minutes; tests/bench/test_bench.py runs every path of the command",
+    "vitlab serve": "a server runs until it is stopped; tests/serve/test_serve.py runs it on an ephemeral port",
+    "vitlab ablate configs/ablations": "57 runs take 10 minutes (digits) or more; tests/ablate/test_ablate.py runs the "
     "command on short recipes",
 }
 

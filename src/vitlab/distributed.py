@@ -65,7 +65,7 @@ def init_distributed(timeout_seconds: float = DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and single_agent:
             # torch 2.13's elastic agent keeps one store for every restart of the group, and its keys are not
             # separated by attempt: a restarted rank read the dead ranks' gloo addresses and failed to connect
-            # (half of the restarts in tests/test_elastic.py). Under one agent every worker knows the attempt, so
+            # (half of the restarts in tests/train/test_elastic.py). Under one agent every worker knows the attempt, so
             # each attempt gets keys of its own. (Agents of several nodes count restarts apart: there torch's
             # own keys are used as they are.)
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

@@ -181,6 +181,7 @@ def test_a_stopped_ablation_resumes_only_what_is_missing(tmp_path):
     assert "--resume" in log and json.loads((cell / "seed1" / "summary.json").read_text())["epochs"] == 8
 
 
+@pytest.mark.run_level
 def test_an_ablation_file_runs_its_studies_and_refuses_vary(tmp_path, capsys):
     path = tmp_path / "abl.py"
     path.write_text(

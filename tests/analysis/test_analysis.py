@@ -134,6 +134,7 @@ def digits_model(tmp_path_factory):
     return folder / "tiny"
 
 
+@pytest.mark.run_level
 def test_analyze_writes_every_figure_and_the_report(digits_model, tmp_path):
     from vitlab.analysis.report import analyze
 
@@ -148,6 +149,7 @@ def test_analyze_writes_every_figure_and_the_report(digits_model, tmp_path):
     assert rows[0] == "layer,head,mean_distance_pixels" and len(rows) == 1 + 2 * 2
 
 
+@pytest.mark.run_level
 def test_analyze_gap_and_hybrid_models_and_image_files(tmp_path):
     from PIL import Image
 

@@ -108,6 +108,7 @@ def test_the_margin_names_the_runner_up():
     assert runner.winner_line(result) == "margin: onnx int8 1.38x the next, eager bf16"
 
 
+@pytest.mark.run_level
 def test_a_real_calibration_keeps_what_it_measured(monkeypatch, tmp_path):
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
     monkeypatch.setattr(runner, "CALIBRATION_MODEL", "digits-8")

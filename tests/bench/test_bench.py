@@ -78,6 +78,7 @@ def trained_checkpoint(tmp_path_factory):
     return save_model(model.eval(), tmp_path_factory.mktemp("bench") / "tiny.safetensors")
 
 
+@pytest.mark.run_level
 def test_every_inference_path_computes_the_same_logits_and_accuracy_matches_evaluate(trained_checkpoint):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("transformers")
@@ -198,6 +199,7 @@ def test_a_training_step_updates_the_weights_and_lowers_the_loss():
     assert result["mode"] == "training step" and [r["path"] for r in result["paths"]] == ["eager-fp32", "autocast-bf16"]
 
 
+@pytest.mark.run_level
 def test_temporary_folders_are_removed_when_a_path_fails_mid_run(tmp_path, monkeypatch):
     import tempfile
 
@@ -289,6 +291,7 @@ def test_the_table_shows_sub_millisecond_latencies_with_their_digits():
     assert "2151.3" in format_table(result)
 
 
+@pytest.mark.run_level
 def test_the_transformers_reference_of_a_grey_model_runs_without_library_noise(capsys):
     result = run_bench("digits-8", batch_size=8, paths=["eager-fp32", "transformers"], show=True, **FAST)
     assert [row["path"] for row in result["paths"]] == ["eager-fp32", "transformers"]
@@ -314,6 +317,7 @@ def slow_path(prepare_seconds=0.0, call_seconds=0.0, finished=None):
     return build
 
 
+@pytest.mark.run_level
 def test_a_path_over_its_budget_is_reported_not_waited_for(monkeypatch):
     finished = []
     monkeypatch.setitem(bench_paths.INFERENCE_PATHS, "compile-fp32", slow_path(prepare_seconds=30, finished=finished))
@@ -341,6 +345,7 @@ def test_a_path_over_its_budget_is_reported_not_waited_for(monkeypatch):
     assert "rounds cut to fit the budget: slow 1 of 4" in table
 
 
+@pytest.mark.run_level
 def test_the_tables_time_limit_leaves_later_paths_unrun(monkeypatch):
     # The FLOP counter's first use in a process takes about a second, which the 6 s table below would spend before
     # its first path: warmed here, so the test does not depend on what ran before it.
@@ -385,6 +390,7 @@ def test_quick_without_measurements_takes_every_int8_path_and_bf16_by_the_units(
     ]
 
 
+@pytest.mark.run_level
 def test_quick_gives_a_table_whose_header_names_the_cpus_units(monkeypatch, capsys):
     def fake(name):
         def build(model, sample):

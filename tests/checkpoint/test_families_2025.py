@@ -267,6 +267,7 @@ def test_dinov3_key_bias_stays_zero_through_training_after_loading():
     assert not torch.equal(bias[:dim], before[:dim]) and not torch.equal(bias[2 * dim :], before[2 * dim :])
 
 
+@pytest.mark.run_level
 def test_dinov3_exports_to_onnx_with_a_dynamic_size_its_rotary_tables_computed_in_the_graph(tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
     from vitlab.cli import main
@@ -283,7 +284,7 @@ def test_dinov3_exports_to_onnx_with_a_dynamic_size_its_rotary_tables_computed_i
 def test_a_fine_tuned_dinov3_is_served(tmp_path):
     """A backbone is refused by `serve` (features, not classes: issue 36 serves embeddings); fine-tuned, it serves
     predictions as `vitlab predict` gives them."""
-    from test_serve import Server, png
+    from serving import Server, png
     from vitlab.cli import main
 
     args = ["finetune", "--from", str(FIXTURES / "hf_dinov3"), "--dataset", "digits", "--epochs", "1"]

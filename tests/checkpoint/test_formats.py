@@ -69,6 +69,7 @@ def test_timm_without_sidecar_needs_a_head_count(tmp_path):
         assert (load_model(lone, num_heads=4)(images) - expected).abs().max() <= 1e-4
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize("name, weights", REFERENCE_CHECKPOINTS)
 @pytest.mark.parametrize("to", ["vitlab", "timm", "hf"])
 def test_every_fixture_converts_and_round_trips(tmp_path, name, weights, to):

@@ -51,6 +51,7 @@ def test_bad_flag_value_exits_2_with_one_line():
     assert result.stderr.count("\n") == 1 and "image size must be N or HxW" in result.stderr
 
 
+@pytest.mark.run_level
 def test_debug_shows_the_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "vitlab", "--debug", "info", str(tmp_path / "x")], capture_output=True, text=True

@@ -58,6 +58,7 @@ def test_predict_gives_a_failed_input_its_row_and_exits_1(tiny_run, images, fmt,
     assert main(["predict", str(tiny_run), str(images), "--format", fmt]) == 0
 
 
+@pytest.mark.run_level
 def test_a_pipe_closed_early_ends_quietly(tiny_run, images):
     many = [images / "0.png"] * 3000  # more output than a pipe buffers
     process = subprocess.Popen(
@@ -74,6 +75,7 @@ def test_a_pipe_closed_early_ends_quietly(tiny_run, images):
     assert process.returncode == 141
 
 
+@pytest.mark.run_level
 def test_debug_works_after_the_subcommand_too(tmp_path):
     result = vitlab("info", tmp_path / "x", "--debug")
     assert result.returncode != 0 and "Traceback" in result.stderr
@@ -92,6 +94,7 @@ def test_every_flag_and_argument_has_help_text():
     assert missing == []
 
 
+@pytest.mark.run_level
 def test_train_help_lists_every_set_key_with_its_default():
     text = vitlab("train", "--help").stdout
     config = TrainConfig()
@@ -194,6 +197,7 @@ def test_ctrl_c_in_train_saves_and_exits_130(tmp_path):
     assert "state saved. Resume with: vitlab train --resume" in out
 
 
+@pytest.mark.run_level
 def test_eval_and_info_take_an_onnx_export(tiny_run, tmp_path, capsys):
     pytest.importorskip("onnxruntime")
     run = tmp_path / "run"
@@ -243,6 +247,7 @@ def test_following_the_batch_size_advice_draws_no_other_advice(tmp_path):
     assert not any("smaller batch" in note for note in notes), notes
 
 
+@pytest.mark.run_level
 def test_a_failed_start_leaves_no_run_folder(tmp_path):
     result = vitlab("train", "--out-dir", tmp_path / "runs", "--set", "batch_size=4096")
     assert result.returncode == 2 and "larger than the 1294 training images" in result.stderr
@@ -266,6 +271,7 @@ def test_files_are_written_with_the_users_umask(tiny_run):
         assert os.stat(tiny_run / name).st_mode & 0o777 == expected, name
 
 
+@pytest.mark.run_level
 def test_logs_without_a_terminal_get_progress_lines_within_an_epoch(tmp_path):
     result = vitlab(
         "train",

@@ -11,13 +11,14 @@ import pytest
 import torch
 from PIL import Image
 
+from paths import SHARED
 from vitlab.data.carving import TEST_FRACTION, carve_splits
 from vitlab.data.datasets import load_splits
 from vitlab.data.source import digest
 from vitlab.data.stream.splits import stream_splits
 from vitlab.errors import DataError
 
-SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+SHARED_MNIST = SHARED / "data" / "mnist"
 
 # (images, hash of the labels, hash of the pixels) of train, validation and test.
 HELD = {

@@ -4,8 +4,7 @@ the location, sniffed in one place; every command's data goes through it (`vitla
 
 import pytest
 
-from test_stream import write_photos
-from test_stream_index import folder_rows, write_shards
+from datafiles import folder_rows, write_photos, write_shards
 from vitlab.data import datasets, loaders
 from vitlab.data.formats import AUTO, FORMATS, open_index, resolve_format, sniff_format
 from vitlab.data.source import DataRequest

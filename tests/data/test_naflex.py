@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from datafiles import three_shapes
+from runfiles import naflex_model
 from vitlab.data.naflex import naflex_grid, pad_patch_inputs
 from vitlab.errors import UsageError
 from vitlab.models import create_model
@@ -76,29 +78,6 @@ def test_a_padded_batch_gives_each_images_own_outputs(pos_embed):
             torch.testing.assert_close(together[row : row + 1], alone, atol=1e-5, rtol=1e-5)
 
 
-# ------------------------------------------------------------------------------------- the contract and its users
-def naflex_model(tmp_path, budget=12):
-    """A small rotary model whose contract reads images NaFlex (16-pixel patches, `budget` of them), saved."""
-    from vitlab.checkpoint.io import save_model
-    from vitlab.data.contract import Preprocessing
-
-    torch.manual_seed(0)
-    model = create_model(
-        "Ti/16",
-        image_size=64,
-        pos_embed="rope",
-        depth=2,
-        embed_dim=32,
-        num_heads=2,
-        mlp_dim=64,
-        num_classes=3,
-        classifier="gap",
-        class_names=["a", "b", "c"],
-        preprocessing=Preprocessing.naflex(16, budget),
-    ).eval()
-    return model, save_model(model, tmp_path / "naflex.safetensors")
-
-
 def test_the_naflex_contract_is_checked_and_old_contracts_read_as_before():
     from vitlab.config import ViTConfig
     from vitlab.data.contract import Preprocessing
@@ -111,20 +90,6 @@ def test_the_naflex_contract_is_checked_and_old_contracts_read_as_before():
         Preprocessing(mode="crop", max_patches=16)
     with pytest.raises(ConfigError, match="cuts 14-pixel patches .* but the model's are 16x16"):
         ViTConfig(patch_size=16, preprocessing=Preprocessing.naflex(14, 64))
-
-
-def three_shapes(folder):
-    """Noise photos 300x100, 90x240 and 120x120 (width x height) as PNGs in `folder`: their paths."""
-    from PIL import Image
-
-    generator = torch.Generator().manual_seed(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, (width, height) in {"wide": (300, 100), "tall": (90, 240), "square": (120, 120)}.items():
-        pixels = torch.randint(0, 256, (height, width, 3), generator=generator, dtype=torch.uint8).numpy()
-        paths.append(folder / f"{name}.png")
-        Image.fromarray(pixels).save(paths[-1])
-    return paths
 
 
 def test_image_files_keep_their_aspect_ratio_in_predict_and_embed(tmp_path):
@@ -147,7 +112,7 @@ def test_image_files_keep_their_aspect_ratio_in_predict_and_embed(tmp_path):
 
 
 def test_a_streamed_folder_reads_naflex_through_the_workers_as_files_do(tmp_path):
-    from test_stream import write_photos
+    from datafiles import write_photos
     from vitlab.data.source import ImageFiles
     from vitlab.data.stream.loader import StreamingSource
     from vitlab.data.stream.open import index_from_spec
@@ -214,7 +179,7 @@ def load_model_of(path):
 
 
 def test_eval_on_a_folder_streams_naflex_images_and_measures_them(tmp_path):
-    from test_stream import write_photos
+    from datafiles import write_photos
     from vitlab.eval.runner import run_evaluation
 
     model, path = naflex_model(tmp_path)
@@ -256,8 +221,8 @@ def test_training_crops_keep_the_images_aspect_ratio_on_their_own_grid():
 
 @pytest.mark.slow
 def test_a_streamed_naflex_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, stop_at_check):
-    from test_stream import assert_a_stopped_run_resumes_exactly, write_photos
-    from test_train import MICRO
+    from datafiles import write_photos
+    from runfiles import MICRO, assert_a_stopped_run_resumes_exactly
     from vitlab.checkpoint import load_model
 
     root = write_photos(tmp_path / "photos", size=(60, 24))
@@ -281,6 +246,7 @@ def test_embeds_patch_mean_leaves_the_padding_out():
             torch.testing.assert_close(together[row : row + 1], alone, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.run_level
 def test_analyze_sees_each_image_on_its_own_grid(tmp_path):
     """analyze on files of three shapes: each image's attention distances are taken on its own grid (the mean
     equals that of each image alone), the rollout is drawn per image, and the report names the grids."""
@@ -347,7 +313,7 @@ def test_a_stored_array_set_reads_naflex_on_its_own_grid(tmp_path):
 def test_digits_train_naflex_with_their_batch_augmentation_and_pretraining_refuses_it(tmp_path, capsys):
     """Stored arrays under input=naflex stay whole pixel batches on their one grid: the batch augmentations stay on
     (no note), the model records the contract; masked pre-training, whose masks are of one grid, refuses it."""
-    from test_train import micro_config
+    from runfiles import micro_config
     from vitlab.checkpoint import load_model
     from vitlab.errors import ConfigError
     from vitlab.train.loop import train
@@ -359,7 +325,7 @@ def test_digits_train_naflex_with_their_batch_augmentation_and_pretraining_refus
     assert config.augment.crop_padding == 1  # what assemble would have turned off
     trained = load_model(run["run_dir"]).config.preprocessing
     assert (trained.mode, trained.patch, trained.max_patches) == ("naflex", 2, 12)
-    from test_pretrain import pretrain_micro
+    from runfiles import pretrain_micro
 
     for method in ("mae", "mpp"):
         with pytest.raises(ConfigError, match="input=naflex: .* masks and reconstructs the model's one grid"):

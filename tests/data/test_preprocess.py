@@ -3,11 +3,11 @@ before, and every checkpoint importer fills it from what its format says."""
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
+from paths import FIXTURES
 from vitlab.checkpoint import load_model
 from vitlab.checkpoint.formats import read_checkpoint
 from vitlab.checkpoint.io import save_model
@@ -18,7 +18,6 @@ from vitlab.errors import ConfigError
 from vitlab.models import create_model
 from vitlab.variants import variant_config
 
-FIXTURES = Path(__file__).parent / "fixtures"
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
 

@@ -140,6 +140,7 @@ def test_every_path_gives_the_model_the_same_input(name, images, tmp_path):
     torch.testing.assert_close(theirs, expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize("name", list(CONTRACTS))
 def test_the_onnx_graph_implements_the_contract(name, images, tmp_path):
     pytest.importorskip("onnxruntime")

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_stream import write_photos
-from test_stream_index import write_shards
+from datafiles import write_photos, write_shards
 from vitlab.data.formats import open_index
 from vitlab.data.source import rank_shard, shard_sequential_order
 from vitlab.data.stream.loader import StreamingSource
@@ -117,6 +116,7 @@ def shards(s3_server, tmp_path, monkeypatch):
     return str(tmp_path / "shards" / "train-{000..003}.tar"), f"s3://{bucket}/train/train-{{000..003}}.tar"
 
 
+@pytest.mark.run_level
 def test_shards_in_object_storage_give_the_same_samples_and_batches_as_local_files(shards, tmp_path):
     local, remote = open_index(shards[0]), open_index(shards[1])
     assert len(local) == len(remote) == 48 and remote.class_names == local.class_names == ["cat", "dog", "fish"]
@@ -148,7 +148,7 @@ def test_a_missing_shard_is_named_and_credentials_stay_out_of_the_message(shards
 def test_a_run_on_shards_in_object_storage_stopped_mid_epoch_resumes_exactly(shards, tmp_path, stop_at_check):
     from safetensors.torch import load_file
 
-    from test_train import MICRO, micro_config
+    from runfiles import MICRO, micro_config
     from vitlab.train.config import TrainConfig
     from vitlab.train.loop import train
 
@@ -205,6 +205,7 @@ def manifests(s3_server, tmp_path):
     return str(photos / "train.csv"), f"s3://{bucket}/data/train.csv", f"s3://{bucket}/urls.jsonl"
 
 
+@pytest.mark.run_level
 def test_a_manifest_in_object_storage_gives_the_samples_and_batches_of_the_local_one(manifests):
     local, remote = open_index(manifests[0]), open_index(manifests[1])
     assert len(local) == len(remote) == 48 and remote.class_names == local.class_names == ["cat", "dog"]
@@ -232,8 +233,9 @@ def test_a_manifests_rows_may_be_urls_and_a_missing_object_is_named(manifests):
         open_index(manifests[1].replace("train.csv", "nothing.csv"))
 
 
+@pytest.mark.run_level
 def test_a_run_trains_on_a_manifest_in_object_storage(manifests, tmp_path):
-    from test_train import MICRO, micro_config
+    from runfiles import MICRO, micro_config
     from vitlab.train.loop import train
 
     fields = dict(dataset="manifest", data_dir=manifests[1], epochs=1, batch_size=8, workers=1)

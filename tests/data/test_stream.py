@@ -10,25 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
-from test_train import MICRO, micro_config, weights
+from datafiles import write_photos
+from runfiles import assert_a_stopped_run_resumes_exactly, stream_config
 from vitlab.data.formats import index_from_spec
 from vitlab.data.stream.crops import TrainCrop, crop_image, inception_box, sample_rng
 from vitlab.data.stream.loader import StreamingSource
 from vitlab.data.stream.splits import stream_splits
 from vitlab.errors import DataError
-from vitlab.train.config import TrainConfig
 from vitlab.train.loop import train
-
-
-def write_photos(root, per_class=24, classes=("cats", "dogs"), size=(40, 30), seed=0):
-    generator = np.random.default_rng(seed)
-    for name in classes:
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for index in range(per_class):
-            pixels = generator.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / name / f"{index:03d}.jpg", quality=90)
-    return root
-
 
 OPENED: list[StreamingSource] = []  # the sources a test made, closed when it ends (see close_sources)
 
@@ -132,37 +121,6 @@ def test_unreadable_files_are_replaced_counted_and_listed(tmp_path):
     OPENED.append(strict)
     with pytest.raises(DataError, match="unreadable, more than 2% .* the data are damaged"):
         list(strict.training_batches(epoch_seed=1, batch_size=16))
-
-
-def stream_config(tmp_path, root, **changes):
-    fields = dict(
-        dataset="folder",
-        data_dir=str(root),
-        stream=True,
-        workers=1,
-        batch_size=8,
-        epochs=2,
-        model_overrides=dict(MICRO, image_size=16, patch_size=4, depth=2),
-        drop_path=0.1,
-        augment={"random_erasing": 0.25},
-        ema_decay=0.9,
-    )
-    fields.update(changes)
-    return micro_config(tmp_path, **fields)
-
-
-def assert_a_stopped_run_resumes_exactly(tmp_path, root, stop_at_check, **changes):
-    """Train straight through; train again, stopped at the seventh step's stop check, and resume: the same weights."""
-    straight = train(stream_config(tmp_path, root, run_name="straight", **changes))
-    assert straight["status"] == "finished"
-    stop_at_check(7)
-    stopped = train(stream_config(tmp_path, root, run_name="stopped", **changes))
-    assert stopped["status"] == "interrupted"
-    stop_at_check(None)
-    train(TrainConfig(), resume=tmp_path / "stopped")
-    a, b = weights(tmp_path / "straight"), weights(tmp_path / "stopped")
-    for name in a:
-        assert torch.equal(a[name], b[name]), name
 
 
 @pytest.mark.slow

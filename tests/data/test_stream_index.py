@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from datafiles import CLASSES, folder_rows, write_shards
 from vitlab.data.datasets import scan_folder
 from vitlab.data.formats import index_from_spec, open_index
 from vitlab.data.images import IMAGE_EXTENSIONS
@@ -28,8 +29,6 @@ from vitlab.data.stream import (
     index_tar_shards,
 )
 from vitlab.errors import DataError
-
-CLASSES = ["cat", "dog", "fish"]
 
 
 def image_bytes(seed: int, suffix: str) -> bytes:
@@ -59,34 +58,6 @@ def samples(index: SampleIndex) -> list[tuple[str | None, bytes]]:
         name = index.class_names[label] if label >= 0 else None
         out.append((name, np.asarray(Image.open(io.BytesIO(index.read_bytes(i))).convert("RGB")).tobytes()))
     return out
-
-
-def folder_rows(root: Path) -> list[tuple[str, str]]:
-    """(path relative to root, class name) of the folder's images, in scan_folder's order."""
-    classes, found = scan_folder(root)
-    return [(str(path.relative_to(root)), classes[label]) for path, label in found]
-
-
-def write_shards(root: Path, folder: Path, count: int = 2) -> list[Path]:
-    """WebDataset-style shards of the folder's images (KEY.png|jpg + KEY.cls) and classes.txt beside them."""
-    root.mkdir(parents=True, exist_ok=True)
-    rows = folder_rows(folder)
-    paths = [root / f"train-{n:03d}.tar" for n in range(count)]
-    for shard, path in enumerate(paths):
-        with tarfile.open(path, "w") as archive:
-            for number, (relative, class_name) in enumerate(rows):
-                if number % count != shard:
-                    continue
-                key = f"sample{number:04d}"
-                for name, data in (
-                    (key + Path(relative).suffix, (folder / relative).read_bytes()),
-                    (key + ".cls", str(CLASSES.index(class_name)).encode()),
-                ):
-                    member = tarfile.TarInfo(name)
-                    member.size = len(data)
-                    archive.addfile(member, io.BytesIO(data))
-    (root / "classes.txt").write_text("\n".join(CLASSES) + "\n")
-    return paths
 
 
 def hf_dataset(folder: Path):

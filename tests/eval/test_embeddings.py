@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import FIXTURES
-from test_stream import write_photos
+from datafiles import write_photos
 from vitlab.checkpoint import load_model
 from vitlab.cli import main
 from vitlab.data.stream.loader import StreamingSource

@@ -99,6 +99,7 @@ def test_predict_reads_files_and_folders_and_reports_bad_ones(tmp_path, capsys):
         predict(model, [tmp_path / "missing.png"])
 
 
+@pytest.mark.run_level
 def test_eval_of_a_run_on_its_validation_split_sees_the_images_it_chose_with(tmp_path):
     from vitlab.eval.runner import run_evaluation
     from vitlab.train.config import TrainConfig

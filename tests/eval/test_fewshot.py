@@ -46,6 +46,7 @@ def test_features_are_cached(tmp_path, monkeypatch):
     assert first["shots"] == second["shots"] and len(list((tmp_path / "features").iterdir())) == 2
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize("name, weights", REFERENCE_CHECKPOINTS)
 def test_fewshot_and_linear_probe_on_every_checkpoint_kind(tmp_path, monkeypatch, name, weights):
     from vitlab.eval.fewshot import run_linear_probe
@@ -76,7 +77,7 @@ def test_fewshot_and_linear_probe_read_a_manifest(tmp_path, monkeypatch, capsys)
     """Streamed image files: a CSV manifest, its test split carved as training carves it (20%, stratified)."""
     import json
 
-    from test_stream import write_photos
+    from datafiles import write_photos
     from vitlab.cli import main
     from vitlab.data.stream.splits import stream_splits
 

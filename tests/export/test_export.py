@@ -76,6 +76,7 @@ def session(path):
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.run_level
 def test_fp32_export_with_dynamic_batch_and_size_matches_pytorch(model, pixels, tmp_path):
     path = tmp_path / "m.onnx"
     summary = export.run_export(model, path, dynamic_batch=True, dynamic_size=True, pixels=pixels)
@@ -98,6 +99,7 @@ def test_fp32_export_with_dynamic_batch_and_size_matches_pytorch(model, pixels, 
     torch.testing.assert_close(torch.from_numpy(got), reference(larger), rtol=0, atol=1e-4)
 
 
+@pytest.mark.run_level
 def test_fixed_batch_export_is_run_in_chunks_and_rejects_another_size(model, pixels, tmp_path):
     path = tmp_path / "m.onnx"
     export.run_export(model, path, dynamic_batch=False, batch_size=4, pixels=pixels)
@@ -108,6 +110,7 @@ def test_fixed_batch_export_is_run_in_chunks_and_rejects_another_size(model, pix
     )  # 7 images = two runs of 4, the last padded
 
 
+@pytest.mark.run_level
 def test_preprocessing_in_the_graph_takes_uint8_pixels_of_any_size(model, pixels, tmp_path):
     path = tmp_path / "m.onnx"
     export.run_export(model, path, preprocess=True, dynamic_batch=True, pixels=pixels)
@@ -138,6 +141,7 @@ def assert_quantized_close(model, path, pixels, summary):
     assert summary["validation"]["checks"]["at export size"]["top1_agreement"] >= 0.9
 
 
+@pytest.mark.run_level
 def test_int8_export_quantizes_the_matmuls_and_mostly_agrees(trained, pixels, tmp_path):
     fp32, int8 = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
     export.run_export(trained, fp32, dynamic_batch=True, pixels=pixels)
@@ -151,6 +155,7 @@ def test_int8_export_quantizes_the_matmuls_and_mostly_agrees(trained, pixels, tm
     assert_quantized_close(trained, int8, pixels, summary)
 
 
+@pytest.mark.run_level
 def test_static_int8_quantizes_every_matmul_input_including_attention_from_training_images(
     trained, pixels, tmp_path, monkeypatch
 ):
@@ -182,6 +187,7 @@ def test_static_int8_quantizes_every_matmul_input_including_attention_from_train
     assert "int8 tolerance: mean |logit diff| <= 5% of PyTorch's logit spread" in report and report.endswith("passed")
 
 
+@pytest.mark.run_level
 def test_an_int8_export_outside_its_stated_tolerance_writes_nothing(trained, pixels, tmp_path, monkeypatch):
     path = tmp_path / "int8.onnx"
     path.write_bytes(b"the last good export")
@@ -210,6 +216,7 @@ def test_calibrate_needs_int8(tmp_path, capsys):
     assert "--calibrate is for static int8: add --int8" in capsys.readouterr().err
 
 
+@pytest.mark.run_level
 def test_a_failed_check_writes_nothing_and_keeps_the_old_file(model, pixels, tmp_path):
     path = tmp_path / "m.onnx"
     path.write_bytes(b"the last good export")
@@ -221,6 +228,7 @@ def test_a_failed_check_writes_nothing_and_keeps_the_old_file(model, pixels, tmp
         export.run_export(model, tmp_path, pixels=pixels)
 
 
+@pytest.mark.run_level
 def test_missing_onnx_packages_are_one_clear_message(model, pixels, tmp_path, monkeypatch):
     path = tmp_path / "m.onnx"
     export.run_export(model, path, pixels=pixels)
@@ -254,6 +262,7 @@ def test_runtime_refuses_files_it_cannot_use(tmp_path):
         export.OnnxClassifier(foreign)
 
 
+@pytest.mark.run_level
 def test_cli_export_then_predict_with_onnx_runtime_gives_the_same_labels(model, tmp_path, capsys):
     checkpoint = save_model(model, tmp_path / "m.safetensors")
     folder = tmp_path / "images"

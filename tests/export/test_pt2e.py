@@ -117,6 +117,7 @@ def test_eval_predict_and_serve_run_the_file_and_agree_with_fp32(exported, digit
     assert [row["predictions"][0]["index"] for row in rows] == reference[:12].argmax(1).tolist()
 
 
+@pytest.mark.run_level
 def test_a_damaged_or_foreign_file_is_named_and_refused(exported, tmp_path):
     path, _ = exported
     damaged = path.read_bytes()
@@ -148,6 +149,7 @@ def test_a_damaged_or_foreign_file_is_named_and_refused(exported, tmp_path):
         pt2e.read_pt2e(tmp_path / "text.pt2e")
 
 
+@pytest.mark.run_level
 def test_export_refuses_what_a_pt2e_file_cannot_be(digits_run, tmp_path, capsys):
     from vitlab.checkpoint.io import save_model
 

@@ -206,6 +206,7 @@ def test_layer_weighted_with_a_class_token_mixes_each_blocks_class_token():
     torch.testing.assert_close(model.forward_pre_logits(images), expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize(
     "fields",
     [dict(pos_embed=k, pos_embed_placement=p) for k, p in POSITION_CELLS if k != "learned"]
@@ -241,6 +242,7 @@ def test_onnx_export_matches_pytorch_at_a_new_size_too(fields, tmp_path):
     torch.testing.assert_close(torch.from_numpy(got), reference(larger), rtol=0, atol=1e-4)
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize(
     "fields",
     [

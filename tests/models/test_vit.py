@@ -263,7 +263,7 @@ def test_a_dynamic_size_keeps_each_sizes_table_while_nothing_trains_it():
         assert torch.equal(model(images), first) and len(model.positions.kept) == 1  # the kept table, reused
         model(torch.randn(1, 3, 24, 24))
         assert len(model.positions.kept) == 2
-        model.pos_embed.mul_(2)  # a write the version counter sees (as an optimiser step or load_state_dict)
+        model.pos_embed.data.mul_(2)  # a write no version counter sees, as a fused optimiser step's
         moved = model(images)
     assert not torch.allclose(moved, first)
     fresh = randomise(create_model(ViTConfig(**TINY)))
@@ -275,6 +275,15 @@ def test_a_dynamic_size_keeps_each_sizes_table_while_nothing_trains_it():
     logits = model(images)  # training: made afresh every call, so gradients reach the stored table
     logits.sum().backward()
     assert model.pos_embed.grad is not None and model.pos_embed.grad.abs().sum() > 0
+    version = model.pos_embed._version
+    torch.optim.AdamW(model.parameters(), lr=0.1, fused=True).step()  # writes in place, moves no version counter
+    assert model.pos_embed._version == version
+    model.eval()
+    stepped = create_model(ViTConfig(**TINY)).eval()
+    stepped.load_state_dict(model.state_dict())
+    stepped.set_image_size((20, 28))
+    with torch.no_grad():
+        torch.testing.assert_close(model(images), stepped(images), rtol=0, atol=1e-6)  # the step is seen
 
 
 def test_a_model_without_dynamic_size_names_both_ways_to_another_size():

@@ -12,8 +12,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
 
@@ -26,54 +24,10 @@ pytest.importorskip("starlette", reason="vitlab serve needs the extra: pip insta
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
+from serving import Server
 from vitlab.checkpoint import load_model  # noqa: E402
 from vitlab.eval.predict import predict  # noqa: E402
 from vitlab.serve.batcher import DynamicBatcher  # noqa: E402
-
-
-# ------------------------------------------------------------------------------------------------ helpers
-class Server:
-    """`python -m vitlab serve ...` in a subprocess; its URL read from the line it prints once listening."""
-
-    def __init__(self, *args) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "vitlab", "serve", *map(str, args), "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        line = self.process.stdout.readline()
-        match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
-        assert match, (line, self.process.stderr.read() if self.process.poll() is not None else "")
-        self.port = int(match.group(1))
-        deadline = time.time() + 30
-        while time.time() < deadline:  # the socket is bound before uvicorn starts; wait for it to answer
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise AssertionError("the server did not answer /health")
-
-    def request(self, method, path, body=None, headers=None):
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            connection.request(method, path, body=body, headers=headers or {})
-            response = connection.getresponse()
-            return response.status, response.getheader("Content-Type"), response.read()
-        finally:
-            connection.close()
-
-    def get(self, path):
-        return self.request("GET", path)
-
-    def post_image(self, data, path="/v1/predict", content_type="image/png"):
-        return self.request("POST", path, data, {"Content-Type": content_type})
-
-    def stop(self, timeout=60):
-        self.process.send_signal(signal.SIGTERM)
-        out, err = self.process.communicate(timeout=timeout)
-        return self.process.returncode, out, err
 
 
 def multipart(data, filename="digit.png", field="file"):
@@ -87,12 +41,6 @@ def multipart(data, filename="digit.png", field="file"):
         + f"\r\n--{boundary}--\r\n".encode()
     )
     return body, f"multipart/form-data; boundary={boundary}"
-
-
-def png(array):
-    out = io.BytesIO()
-    Image.fromarray(array).save(out, format="PNG")
-    return out.getvalue()
 
 
 @pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
@@ -119,6 +67,7 @@ def server(tiny_run):
 
 
 # ------------------------------------------------------------------------------------------------ the API
+@pytest.mark.run_level
 def test_predict_takes_raw_bytes_and_multipart_and_agrees_with_vitlab_predict(server, tiny_run, digit_files):
     expected = predict(load_model(tiny_run), [digit_files[0]], top_k=3)[0]["predictions"]
     data = digit_files[0].read_bytes()
@@ -153,6 +102,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, ti
     assert calls > singles
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize(
     "name, body, content_type, status, message",
     [
@@ -252,6 +202,7 @@ def test_model_health_and_metrics_describe_the_service(server):
     assert status == 404 and "no such endpoint" in json.loads(answer)["error"]
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_sigterm_or_ctrl_c_finishes_the_requests_in_flight_and_exits_0(tiny_run, digit_files, stop):
     server = Server(tiny_run)
@@ -281,6 +232,7 @@ def test_sigterm_or_ctrl_c_finishes_the_requests_in_flight_and_exits_0(tiny_run,
     assert f"stopped by {how}; every request in flight was answered" in err and "interrupted" not in err
 
 
+@pytest.mark.run_level
 def test_an_onnx_export_is_served_and_explain_says_what_it_needs(tiny_run, digit_files, tmp_path):
     pytest.importorskip("onnxruntime")
     from vitlab.export.onnx import run_export
@@ -297,10 +249,12 @@ def test_an_onnx_export_is_served_and_explain_says_what_it_needs(tiny_run, digit
         onnx_server.stop()
 
 
+@pytest.mark.run_level
 def test_a_naflex_model_serves_each_upload_at_its_own_aspect_ratio(tmp_path):
     """Three photos of other shapes sent at once: one padded batch, each answer the probabilities vitlab predict
     gives that file; explain's map is on the image's own grid, and its input view has the image's aspect ratio."""
-    from test_naflex import naflex_model, three_shapes
+    from datafiles import three_shapes
+    from runfiles import naflex_model
 
     model, path = naflex_model(tmp_path)
     photos = three_shapes(tmp_path / "photos")  # 300x100, 90x240 and 120x120: grids 2x6, 6x2 and 3x3
@@ -327,6 +281,7 @@ def test_a_naflex_model_serves_each_upload_at_its_own_aspect_ratio(tmp_path):
         naflex_server.stop()
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize("backend, precision", [("torch", "bf16"), ("torch", "int8"), ("onnx", "int8")])
 def test_every_backend_and_precision_agrees_with_fp32(tiny_run, backend, precision):
     if backend == "onnx":
@@ -344,6 +299,7 @@ def test_every_backend_and_precision_agrees_with_fp32(tiny_run, backend, precisi
     assert (other.argmax(1) == reference.argmax(1)).float().mean() >= 0.9
 
 
+@pytest.mark.run_level
 def test_auto_precision_serves_what_pays_here_and_says_why(tiny_run, monkeypatch, tmp_path):
     from vitlab.serve.engine import Engine
 

@@ -10,28 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_train import MICRO
-
-# One restart for a run that should finish: a rank of a finished 2-process run was seen to abort in torch's teardown
-# ("terminate called without an active exception", exit -6; 2 runs of a full suite on 2 loaded cores); the agent
-# restarts the group, which finds the run finished and exits 0 (vitlab.train.elastic). Runs meant to fail get none.
-SPARE = "--max-restarts=1"
-
-
-def two_processes(*options: str) -> list[str]:
-    """The command that runs `vitlab ...` (append the subcommand) as two processes through torchrun on this machine,
-    with torchrun's `options`."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        *options,
-        "-m",
-        "vitlab",
-    ]
-
+from runfiles import MICRO, SPARE, two_processes
 
 ARGS = [
     "--set",

@@ -7,13 +7,13 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from faulty_vitlab import Fault, fault_for_this_attempt
-from test_train import MICRO
+from paths import TESTS
+from runfiles import MICRO
 from vitlab.errors import ConfigError
 from vitlab.train import elastic
 from vitlab.train.clock import PeriodicSave
@@ -40,7 +40,7 @@ RECIPE = [
 
 
 # A run with a fault runs tests/faulty_vitlab.py, which sets the fault as the loop's test hook, then the CLI.
-FAULTY_VITLAB = str(Path(__file__).with_name("faulty_vitlab.py"))
+FAULTY_VITLAB = str(TESTS / "faulty_vitlab.py")
 
 
 def torchrun(out, name, *launcher, fault=None, extra=(), timeout=240, wait=True):

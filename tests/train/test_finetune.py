@@ -40,6 +40,7 @@ def test_new_head_is_zero_representation_dropped_and_position_embedding_resample
     assert torch.equal(model.blocks[0].attn.qkv.weight, pretrained.blocks[0].attn.qkv.weight)
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize("name, weights", REFERENCE_CHECKPOINTS)
 def test_every_checkpoint_kind_fine_tunes(tmp_path, name, weights):
     summary = train(quick(tmp_path, FIXTURES / weights, classes=[0, 1, 2]))

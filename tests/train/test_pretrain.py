@@ -10,32 +10,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_distributed import SPARE, two_processes
-from test_stream import write_photos
-from test_train import REPO
+from datafiles import write_photos
+from paths import REPO
+from runfiles import SMALL, SPARE, pretrain_micro, two_processes
 from vitlab.objectives.settings import PretrainConfig
-from vitlab.train.config import TrainConfig, finetune_config, pretrain_config
+from vitlab.train.config import TrainConfig, finetune_config
 from vitlab.train.loop import train
 from vitlab.train.state import load_training_state
 
-SMALL = dict(embed_dim=32, depth=2, num_heads=4, mlp_dim=64)
 
-
-def pretrain_micro(tmp_path, method, **changes) -> TrainConfig:
-    fields = dict(
-        model_overrides=SMALL,
-        epochs=2,
-        batch_size=128,
-        out_dir=str(tmp_path),
-        run_name=method,
-        progress=False,
-        threads=1,
-        pretrain=PretrainConfig(decoder_dim=16, decoder_depth=1, decoder_heads=2, decoder_mlp_dim=32, grid_images=4),
-    )
-    fields.update(changes)
-    return pretrain_config(method, **fields)
-
-
+@pytest.mark.run_level
 @pytest.mark.parametrize("method", ["mpp", "mae"])
 def test_a_pretraining_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, stop_at_check, method):
     changes = dict(epochs=3, augment={"affine_degrees": 10, "crop_padding": 1})
@@ -55,6 +39,7 @@ def test_a_pretraining_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weight
     assert resumed["test_loss"] == straight["test_loss"]
 
 
+@pytest.mark.run_level
 def test_a_pretraining_run_reports_its_loss_and_leaves_an_encoder(tmp_path):
     summary = train(
         pretrain_micro(
@@ -114,6 +99,7 @@ def test_mae_pretraining_continues_from_transformers_layout_with_its_decoder(tmp
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+@pytest.mark.run_level
 def test_mae_continues_with_the_checkpoints_mask_ratio_and_loss_unless_the_recipe_sets_them(tmp_path, capsys):
     """Issue 38: `--from` an MAE checkpoint trained at mask ratio 0.6 with the raw-pixel loss continued at the
     recipe's 0.75 and normalised loss, and re-exported 0.75. The checkpoint's now decide what the recipe leaves
@@ -209,6 +195,7 @@ def test_a_short_pretraining_then_fine_tuning_beats_an_untrained_start_on_digits
     assert from_mae["test_top1"] > scratch["test_top1"] + 0.08, (from_mae["test_top1"], scratch["test_top1"])
 
 
+@pytest.mark.run_level
 def test_pretrain_cli_needs_a_method_and_refuses_a_supervised_recipe(tmp_path):
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "vitlab", "pretrain", *args], capture_output=True, text=True)

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from test_train import MICRO, micro_config, weights
+from runfiles import MICRO, micro_config, weights
 from vitlab.data import datasets as run_data  # where the in-memory splits are loaded
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.train import state as train_state
@@ -95,6 +95,7 @@ def test_resuming_at_other_steps_per_epoch_is_refused(tmp_path):
         train(TrainConfig(), resume=tmp_path / "run", epochs=2)
 
 
+@pytest.mark.run_level
 def test_an_older_state_without_the_record_resumes_with_a_message(tmp_path, capsys):
     train(micro_config(tmp_path, epochs=1))
 
@@ -172,6 +173,7 @@ def test_a_finetune_reads_its_folder_at_the_checkpoints_size(tmp_path, monkeypat
     assert seen["size"] == (12, 12)
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize("name", ["last.pt", "model.safetensors"])
 def test_zeroed_bytes_inside_a_tensor_are_named_on_resume_and_load(tmp_path, capsys, name):
     """The newcomer's trial: 200 bytes zeroed inside one tensor of a file the run wrote. torch.load and

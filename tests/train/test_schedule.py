@@ -2,15 +2,14 @@
 alike, and neither shipped digits nor MNIST recipe meets it."""
 
 import dataclasses
-from pathlib import Path
 
+from paths import REPO
 from vitlab.data.source import steps_per_epoch
 from vitlab.train import budget
 from vitlab.train.config import TrainConfig, load_recipe
 from vitlab.train.loop import train
 from vitlab.train.schedule import fit_schedule, fitted_warmup_steps
 
-REPO = Path(__file__).resolve().parents[1]
 MICRO = dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32)
 DIGITS_TRAIN_IMAGES = 1294  # 1438 less the 144 carved for validation
 MNIST_TRAIN_IMAGES = 55_000  # 60,000 less the 5,000 held out for validation

@@ -6,14 +6,10 @@ dispatcher where a mode records whether they wait. Instrumented, not timed."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from runfiles import META, waiting_copies
 from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.data.naflex import pad_patch_inputs
@@ -33,7 +29,6 @@ from vitlab.train.optim import EMA
 from vitlab.train.state import Position
 from vitlab.train.step import TrainingStep
 
-META = torch.device("meta")
 EVERY_OP = AugmentConfig(
     crop_padding=2,
     hflip=True,
@@ -45,48 +40,6 @@ EVERY_OP = AugmentConfig(
     mixup_alpha=0.8,
     cutmix_alpha=1.0,
 )
-
-
-class WaitingCopies(TorchDispatchMode):
-    """Records every copy from the host to another device that waits for it (a blocking `.to` or `copy_`)."""
-
-    def __init__(self, waits: list[str]) -> None:
-        super().__init__()
-        self.waits = waits
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.ops.aten._to_copy.default:
-            source, target = args[0].device, kwargs.get("device", args[0].device)
-            if source.type == "cpu" and target.type != "cpu" and not kwargs.get("non_blocking", False):
-                self.waits.append(f"{func} {source} -> {target}")
-        if func is torch.ops.aten.copy_.default and args[1].device.type == "cpu" and args[0].device.type != "cpu":
-            if not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False)):
-                self.waits.append(f"{func} cpu -> {args[0].device}")
-        return func(*args, **kwargs)
-
-
-class NewOnDevice(TorchFunctionMode):
-    """Records `torch.tensor(..., device=...)` on another device: a copy of host numbers that waits, and one the
-    dispatcher never sees."""
-
-    def __init__(self, waits: list[str]) -> None:
-        super().__init__()
-        self.waits = waits
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.tensor, torch.as_tensor) and torch.device(kwargs.get("device") or "cpu").type != "cpu":
-            self.waits.append(f"{func.__name__}(..., device={kwargs['device']})")
-        return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def waiting_copies() -> Iterator[list[str]]:
-    """The copies to another device that wait for it, made inside the block."""
-    waits: list[str] = []
-    with NewOnDevice(waits), WaitingCopies(waits):
-        yield waits
 
 
 def objective_and_module(name: str, model: VisionTransformer) -> tuple[Objective, torch.nn.Module]:
@@ -159,6 +112,7 @@ def meta_run(
     return step, reads, waits
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize(
     "objective_name, model_kind",
     [("classification", kind) for kind in MODELS] + [("mae", "learned table"), ("mpp", "learned table")],

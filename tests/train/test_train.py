@@ -5,12 +5,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from paths import REPO
+from runfiles import MICRO, micro_config, weights
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.eval import classify
 from vitlab.objectives import Classification
@@ -20,27 +21,6 @@ from vitlab.train import state as train_state
 from vitlab.train.config import TrainConfig, apply_overrides, load_recipe
 from vitlab.train.loop import TrainingError, train
 from vitlab.train.summary import epoch_line
-
-MICRO = dict(embed_dim=16, depth=1, num_heads=2, mlp_dim=32)
-REPO = Path(__file__).resolve().parents[1]
-
-
-def micro_config(tmp_path, **changes) -> TrainConfig:
-    fields = dict(
-        model_overrides=MICRO,
-        epochs=2,
-        batch_size=128,
-        out_dir=str(tmp_path),
-        run_name="run",
-        progress=False,
-        threads=1,
-    )
-    fields.update(changes)
-    return TrainConfig(**fields)
-
-
-def weights(run_dir: Path) -> dict:
-    return load_file(run_dir / "model.safetensors")
 
 
 def test_default_recipe_file_equals_the_defaults():
@@ -71,6 +51,7 @@ def test_a_run_writes_its_folder(tmp_path, capsys):
     assert "vitlab train: digits-8 on digits - finished" in capsys.readouterr().out
 
 
+@pytest.mark.run_level
 def test_resume_equals_an_uninterrupted_run(tmp_path, stop_at_check):
     # depth 2: with one block stochastic depth has rate 0 and draws nothing, which would hide RNG bugs.
     changes = dict(
@@ -118,6 +99,7 @@ def test_nan_loss_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_pa
     assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == good
 
 
+@pytest.mark.run_level
 def test_reading_the_device_every_few_steps_trains_alike_and_resumes_exactly(tmp_path, stop_at_check, monkeypatch):
     """`sync_every` (what a GPU run chooses) only moves the host's reads: the same weights and figures as reading
     after each step, an exact resume from a stop answered at a read, and a NaN found at the next read, named at
@@ -142,6 +124,7 @@ def test_reading_the_device_every_few_steps_trains_alike_and_resumes_exactly(tmp
     assert not (tmp_path / "nan" / "checkpoints" / "last.pt").exists()
 
 
+@pytest.mark.run_level
 def test_save_every_by_time_saves_within_the_epoch_once_the_time_has_come(tmp_path, monkeypatch):
     """`save_every` as a duration, in a run: due after every step when the time is tiny, never within an epoch of
     seconds when it is an hour; on a GPU the loop answers it at its reads (`sync_every`)."""
@@ -271,6 +254,7 @@ def test_sigterm_saves_and_the_run_resumes(tmp_path):
     assert 0 < state["global_step"] < 400 * 10
 
 
+@pytest.mark.run_level
 def test_cli_usage_errors_exit_2_with_one_line(tmp_path):
     result = cli("train", "--set", "epochs=zero", "--out-dir", str(tmp_path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -285,6 +269,7 @@ def test_bf16_autocast_trains(tmp_path):
     assert all(t.dtype == torch.float32 for t in weights(tmp_path / "run").values())  # master weights stay fp32
 
 
+@pytest.mark.run_level
 def test_auto_precision_is_chosen_and_said(tmp_path, monkeypatch):
     """precision auto (the default) resolves by the machine and the model, and the summary says which and why;
     an explicit precision always wins. A CPU with AMX is simulated (VITLAB_CPU_UNITS), so the choice is the same
@@ -430,6 +415,7 @@ def test_kill_9_at_random_moments_and_resume_gives_the_uninterrupted_weights(tmp
     assert rows == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.run_level
 def test_use_previous_resumes_past_a_damaged_last_checkpoint(tmp_path):
     train(micro_config(tmp_path, epochs=3))
     checkpoints = tmp_path / "run" / "checkpoints"
@@ -443,6 +429,7 @@ def test_use_previous_resumes_past_a_damaged_last_checkpoint(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.run_level
 @pytest.mark.parametrize(
     "command",
     [
@@ -516,6 +503,7 @@ def test_progress_shows_time_left():
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
 
 
+@pytest.mark.run_level
 @pytest.mark.skipif(
     not SHARED_MNIST.is_dir(),
     reason=f"the real MNIST files are not at {SHARED_MNIST} "

@@ -7,7 +7,7 @@ tensor's shape and the parameters of each step; for a checkpoint, statistics of 
     y = LN(z_L^0)  ->  head                                                                          (eq. 4)
 
 The walk computes every step with the model's own modules, in the order its forward pass does, so its last
-tensor is the model's output (tests/test_trace.py checks it equals `model(image)`). Every block is traced step by
+tensor is the model's output (tests/analysis/test_trace.py checks it equals `model(image)`). Every block is traced step by
 step; the printout shows the first block's steps and one line for each later block.
 """
 

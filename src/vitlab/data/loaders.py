@@ -52,7 +52,7 @@ def loader_for(data_format: DataFormat) -> Loader:
 
 
 # The openers of every format, by name, made from the registry's rows. A data source written outside vitlab, with
-# its own opener, plugs in here under its own name (the data seam's contract test, tests/test_loaders.py, does).
+# its own opener, plugs in here under its own name (the data seam's contract test, tests/data/test_loaders.py, does).
 LOADERS: dict[str, Loader] = {name: loader_for(row) for name, row in FORMATS.items()}
 
 

@@ -5,13 +5,13 @@ on N processes draws exactly the numbers of a single-process run with the same s
 crops, flips, ops and magnitudes for the same images. One thing differs: Mixup/CutMix pairs each image with a
 partner from its own process's shard (the shard reversed), since pairing across processes would mean sending
 images between them every step; the mixing weight and the CutMix box are the same as on one process
-(tests/test_transforms.py holds both facts).
+(tests/data/test_transforms.py holds both facts).
 
 The images may be on any device (a training run augments on the device its model is on). The random numbers
 are drawn on the host from the run's generator, whatever the device, so a run draws the same numbers on a GPU as
 on the CPU and resumes exactly; they reach the device by copies that do not wait for it, and every choice that
 decides what runs (which images an op takes) is read from those host numbers, never from the images, so the host
-never waits for the device (tests/test_step_sync.py). One draw is made on the device: random erasing's noise,
+never waits for the device (tests/train/test_step_sync.py). One draw is made on the device: random erasing's noise,
 the size of the images themselves, from a device generator seeded by one host draw (on the CPU it is drawn from
 the run's generator as before, so CPU runs are unchanged).
 

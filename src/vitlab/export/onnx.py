@@ -72,7 +72,7 @@ class PreprocessAndClassify(nn.Module):
     crop; on ONNX Runtime it matches that torch function to float rounding. What differs from decoding a file
     (`decode_image`, PIL): PIL resizes uint8 and rounds the result to uint8, and its antialiasing filter is
     evaluated in fixed point, so on an image that needs resizing the input differs by up to about one grey level
-    (see tests/test_preprocess_paths.py for the measured residual); on an image already at the input size both
+    (see tests/data/test_preprocess_paths.py for the measured residual); on an image already at the input size both
     do nothing and agree exactly."""
 
     def __init__(self, model: nn.Module) -> None:

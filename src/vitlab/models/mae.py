@@ -1,7 +1,7 @@
 """The masked autoencoder of He et al. 2021, "Masked Autoencoders Are Scalable Vision Learners" (arXiv:2111.06377).
 
 It follows the reference code (facebookresearch/mae, `models_mae.py`) and matches transformers'
-`ViTMAEForPreTraining` exactly, given the same weights and the same `noise` (tests/test_mae.py):
+`ViTMAEForPreTraining` exactly, given the same weights and the same `noise` (tests/models/test_mae.py):
 
     x_p = patches of the image, each with its position                 encoder.prepare_tokens
     keep = the first int(N (1 - mask_ratio)) patches of argsort(noise)  random_masking

@@ -4,7 +4,7 @@ that runs `torchrun` starts tests/faulty_vitlab.py instead of `-m vitlab`, which
 runs the CLI.
 
 `after_step` is called on every rank after each optimizer step, where the fault tests kill, stop or damage a rank
-(tests/test_elastic.py) and where the "faults survived" figures of BENCHMARKS.md were injected."""
+(tests/train/test_elastic.py) and where the "faults survived" figures of BENCHMARKS.md were injected."""
 
 from __future__ import annotations
 
