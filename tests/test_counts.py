@@ -50,6 +50,15 @@ def test_formula_equals_the_traced_count_for_other_shapes(name, changes):
     assert (params, pytest.approx(gflops, rel=1e-9)) == model_stats(config)
 
 
+@pytest.mark.parametrize("kind", ["learned", "none", "sincos2d", "rope", "pe_rope"])
+def test_formula_covers_the_position_kinds_whose_traits_it_knows(kind):
+    """A table of a row per token, or no parameters at all: read from the kind's traits, not its name."""
+    config = variant_config("digits-8", pos_embed=kind)
+    assert formula_covers(config)
+    params, gflops = parameters_and_flops(config)
+    assert (params, pytest.approx(gflops, rel=1e-9)) == model_stats(config)
+
+
 def test_formula_refuses_what_it_does_not_cover():
     config = variant_config("Ti/16", classifier="gem")
     assert not formula_covers(config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from vitlab.config import ViTConfig
+from vitlab.models.positions.kinds import position_traits
 
 
 def formula_covers(config: ViTConfig) -> bool:
@@ -22,7 +23,7 @@ def formula_covers(config: ViTConfig) -> bool:
     is left to the exact count."""
     return (
         config.classifier in ("token", "gap", "map", "probe")
-        and config.pos_embed in ("learned", "sincos2d", "rope")
+        and position_traits(config.pos_embed).parameters in ("table", None)  # a table of a row per token, or none
         and config.pos_embed_placement == "input"
         and not config.distilled
         and not config.pre_norm
@@ -102,7 +103,7 @@ def parameters_and_flops(config: ViTConfig) -> tuple[int, float]:
     params += in_chans * patch_h * patch_w * dim + dim + (norm if config.patch_norm else 0)
     flops += 2 * in_chans * patch_h * patch_w * dim * patches
     params += config.num_prefix_tokens * dim
-    if config.pos_embed != "rope":  # rotary positions have no table
+    if position_traits(config.pos_embed).parameters == "table":  # rotary positions and "none" have no table
         params += (config.num_position_prefix + patches) * dim
     # Eqs. 2-3, per block: two norms, qkv and output projections, the MLP (two matrices, or SwiGLU's three);
     # attention's two products (Q K^T and A V) cost 2 * tokens^2 * dim each.
