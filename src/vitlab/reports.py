@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.config import to_pair
+from vitlab.config import ViTConfig, to_pair
 from vitlab.counts import model_size
 from vitlab.variants import variant_config, variant_names
 
@@ -56,13 +56,16 @@ def fitted_image_size(config, size: tuple[int, int]) -> tuple[int, int]:
     return tuple(max(s, n // s * s) for n, s in zip(size, config.pixel_patch_size))
 
 
+DEFAULT_POSITIONS = tuple(ViTConfig.__dataclass_fields__[name].default for name in ("pos_embed", "pos_embed_placement"))
+
+
 def describe(config) -> str:
     size = "x".join(map(str, config.image_size))
     patch = "x".join(map(str, config.patch_size))
     hybrid = f"ResNet stages {list(config.resnet_layers)} + " if config.resnet_layers is not None else ""
     positions = (
         ""
-        if config.pos_embed == "learned" and config.pos_embed_placement == "input"
+        if (config.pos_embed, config.pos_embed_placement) == DEFAULT_POSITIONS  # the paper's: not worth a word
         else (
             f", position embedding {config.pos_embed}"
             + ("" if config.pos_embed_placement == "input" else f" ({config.pos_embed_placement.replace('_', ' ')})")
