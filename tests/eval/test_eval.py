@@ -8,9 +8,9 @@ from vitlab.checkpoint.io import save_model
 from vitlab.cli import main
 from vitlab.config import ViTConfig
 from vitlab.data.datasets import load_dataset
-from vitlab.errors import DataError
+from vitlab.errors import DataError, UsageError
 from vitlab.eval.classify import evaluate
-from vitlab.eval.predict import predict
+from vitlab.eval.predict import predict, run_predict
 from vitlab.models import create_model
 
 DIGITS = ViTConfig(
@@ -97,6 +97,21 @@ def test_predict_reads_files_and_folders_and_reports_bad_ones(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)[0]["predictions"][0]["label"] == "d7"
     with pytest.raises(DataError, match="no such file"):
         predict(model, [tmp_path / "missing.png"])
+
+
+def test_run_predict_is_what_the_command_runs_with_its_checks(tmp_path, capsys):
+    """`vitlab predict` is one call of `run_predict`: a Python caller gets the same rows and the same refusals."""
+    image = tmp_path / "a.png"
+    Image.new("L", (8, 8), 128).save(image)
+    path = save_model(constant_model(3), tmp_path / "m.safetensors")
+    result = run_predict(path, [image], top_k=2, precision="fp32")
+    assert result["precision"] == "fp32" and result["rows"][0]["predictions"][0]["label"] == "d3"
+    assert main(["predict", str(path), str(image), "--top-k", "2", "--precision", "fp32", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == result["rows"]
+    with pytest.raises(UsageError) as refused:
+        run_predict(path, [image], backend="onnx")
+    assert main(["predict", str(path), str(image), "--backend", "onnx"]) == 2
+    assert capsys.readouterr().err == f"vitlab predict: error: {refused.value}\n"
 
 
 @pytest.mark.run_level

@@ -34,14 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.eval.predict import format_predictions, inference_precision, load_classifier, predict
+    from vitlab.eval.predict import format_predictions, run_predict
 
-    model = call_with_options(load_classifier, args, path=args.checkpoint)
-    choice = inference_precision(model, args.precision)
-    if args.precision == "auto" and choice.value != "fp32":  # said where auto leaves fp32; on stderr, so the
-        how = "bf16 autocast" if choice.value == "bf16" else choice.value  # an ONNX or pt2e file is int8 as saved
-        print(f"vitlab predict: {how} ({choice.reason})", file=sys.stderr)  # on stderr: the rows stay clean
-    rows = call_with_options(predict, args, model=model, precision=choice.value)
+    result = call_with_options(run_predict, args)
+    # Said where auto leaves fp32 (an ONNX or pt2e file may be int8 as saved), on stderr: the rows stay clean.
+    if args.precision == "auto" and result["precision"] != "fp32":
+        how = "bf16 autocast" if result["precision"] == "bf16" else result["precision"]
+        print(f"vitlab predict: {how} ({result['precision_reason']})", file=sys.stderr)
+    rows = result["rows"]
     print(format_predictions(rows, args.format))
     failed = sum("error" in row for row in rows)
     if failed:

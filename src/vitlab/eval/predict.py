@@ -129,6 +129,26 @@ def predict(
     return rows
 
 
+def run_predict(
+    checkpoint: str | Path,
+    inputs: Iterable[str | Path],
+    top_k: int = 5,
+    batch_size: int = 64,
+    backend: str | None = None,
+    precision: str = "auto",
+    device: str | None = None,
+    image_size: int | tuple[int, int] | None = None,
+    num_heads: int | None = None,
+) -> dict[str, Any]:
+    """What `vitlab predict` does: load `checkpoint` (as `load_classifier`), choose its precision (as
+    `inference_precision`) and predict every image of `inputs` (files, or folders searched for images).
+    Returns {"rows": `predict`'s rows, "precision": "fp32" | "bf16" | "int8", "precision_reason": why}."""
+    model = load_classifier(checkpoint, backend, image_size, num_heads, device)
+    choice = inference_precision(model, precision)
+    rows = predict(model, inputs, top_k=top_k, batch_size=batch_size, precision=choice.value)
+    return {"rows": rows, "precision": choice.value, "precision_reason": choice.reason}
+
+
 def format_predictions(rows: list[dict[str, Any]], fmt: str = "table") -> str:
     """The rows as a table, JSON or CSV; every input has a row, a failed one with its error (CSV: in the error
     column), so nothing given vanishes from the output."""
