@@ -157,6 +157,16 @@ def test_search_finds_the_query_image_itself_first(tmp_path, capsys):
     assert [(pair["first"], pair["second"]) for pair in pairs] == [(str(flat / "copy.jpg"), str(query))]
 
 
+def test_search_with_no_queries_is_refused_by_run_search_as_by_the_command(tmp_path, capsys):
+    """The check lives in `run_search`: a Python caller gets the command's message, before any file is read."""
+    missing = str(tmp_path / "never-written.parquet")
+    with pytest.raises(UsageError) as refused:
+        run_search(missing, [])
+    assert str(refused.value) == "give query images (or an embedding file of queries), or --duplicates THRESHOLD"
+    assert main(["search", missing]) == 2
+    assert capsys.readouterr().err == f"vitlab search: error: {refused.value}\n"
+
+
 def test_knn_from_files_equals_knn_from_the_model_and_data_set(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     model = load_model(CHECKPOINT)

@@ -6,7 +6,6 @@ import argparse
 import json
 
 from vitlab.cli.options import call_with_options, positive_int
-from vitlab.errors import UsageError
 
 NAME = "search"
 HELP = "the most similar images of an embedding file, or its near-duplicates"
@@ -35,8 +34,6 @@ def run(args: argparse.Namespace) -> int:
         pairs = call_with_options(run_duplicates, args)
         print(json.dumps(pairs, indent=1) if args.json else format_duplicates(pairs, args.threshold))
         return 0
-    if not args.queries:
-        raise UsageError("give query images (or an embedding file of queries), or --duplicates THRESHOLD")
     rows = call_with_options(run_search, args)
     print(json.dumps(rows, indent=1) if args.json else format_search(rows))
     return 0

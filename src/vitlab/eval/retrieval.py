@@ -180,7 +180,10 @@ def query_vectors(index: Any, index_path: str, images: list[str]) -> tuple[torch
 
 
 def run_search(index_path: str, queries: list[str], k: int = 5) -> list[dict[str, Any]]:
-    """For each query (an image, or each row of an embedding file): its k most similar images of the index."""
+    """For each query (an image, or each row of an embedding file): its k most similar images of the index. No
+    queries is a UsageError (near-duplicates within the index are `run_duplicates`)."""
+    if not queries:
+        raise UsageError("give query images (or an embedding file of queries), or --duplicates THRESHOLD")
     index = read_embeddings(index_path)
     if len(queries) == 1 and queries[0].endswith(".parquet"):
         other = read_embeddings(queries[0])
