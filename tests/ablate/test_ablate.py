@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from vitlab.ablate.plan import Ablation, parse_vary, plan
+from vitlab.ablate.plan import Ablation, parse_vary, plan, planned_ablations
 from vitlab.ablate.runner import choose_jobs
 from vitlab.cli import main
-from vitlab.errors import ConfigError
+from vitlab.errors import ConfigError, UsageError
 from vitlab.train.config import TrainConfig
 
 QUICK = ["--set", "epochs=2", "--set", "warmup_epochs=1"]
@@ -69,6 +69,47 @@ def test_a_pretraining_recipe_is_refused_with_what_to_do_instead():
 
     with pytest.raises(ConfigError, match="benchmarks/pretrain_mnist.py"):
         plan(Ablation("t", pretrain_config("mae"), parse_vary(["lr=1e-3,2e-3"])))
+
+
+ABLATION_FILE = (
+    "from vitlab.ablate.plan import Ablation\nfrom vitlab.train.config import TrainConfig\n"
+    "ablations = [Ablation('heads', TrainConfig(epochs=1), {'classifier': ['token', 'max']}, seeds=[0]),\n"
+    "             Ablation('pos', TrainConfig(epochs=1), {'pos_embed': ['learned', 'none']}, seeds=[0])]\n"
+)
+
+
+@pytest.mark.parametrize(
+    "arguments,flags,message",
+    [
+        (dict(vary=["lr=1e-3"]), ["--vary", "lr=1e-3"], "is an ablation file and says what to vary"),
+        (dict(name="depth"), ["--name", "depth"], "the file's ablations are heads, pos"),
+        (dict(source=None), [], "say what to vary: --vary KEY=V1,V2"),
+    ],
+)
+def test_planned_ablations_refuses_what_the_command_refuses(arguments, flags, message, tmp_path, capsys):
+    """The plan's checks live in `planned_ablations`: a Python caller gets the command's messages."""
+    path = tmp_path / "abl.py"
+    path.write_text(ABLATION_FILE)
+    arguments = {"source": str(path), **arguments}
+    with pytest.raises(UsageError, match=message) as refused:
+        planned_ablations(**arguments)
+    source = [arguments["source"]] if arguments["source"] else []
+    assert main(["ablate", *source, *flags, "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    assert capsys.readouterr().err == f"vitlab ablate: error: {refused.value}\n"
+
+
+def test_planned_ablations_picks_by_name_and_applies_seeds_and_settings(tmp_path):
+    path = tmp_path / "abl.py"
+    path.write_text(ABLATION_FILE)
+    (chosen,) = planned_ablations(str(path), name="pos", seeds=[4, 5], settings=["epochs=2"])
+    assert (chosen.name, chosen.seeds, chosen.settings) == ("pos", [4, 5], ["epochs=2"])
+    (made,) = planned_ablations(vary=["lr=1e-3,2e-3"], settings=["epochs=2"])
+    assert (made.name, made.vary, made.seeds, made.settings) == (
+        "ablation",
+        {"lr": ["1e-3", "2e-3"]},
+        [0, 1, 2],
+        ["epochs=2"],
+    )
 
 
 def test_one_seed_shows_its_figure_without_a_spread():

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.config import ViTConfig
-from vitlab.errors import ConfigError, VitlabError
+from vitlab.errors import ConfigError, UsageError, VitlabError
 from vitlab.train.config import TrainConfig, apply_overrides, load_recipe, parse_value
 from vitlab.variants import variant_config, variant_names
 
@@ -102,6 +102,45 @@ def parse_vary(texts: list[str]) -> dict[str, list[Any]]:
             raise ConfigError(f"--vary {key} repeats a value: {values}")
         axes[key] = parsed
     return axes
+
+
+def planned_ablations(
+    source: str | Path | None = None,
+    vary: list[str] | None = None,
+    name: str | None = None,
+    seeds: list[int] | None = None,
+    settings: list[str] | None = None,
+) -> list[Ablation]:
+    """The ablations `vitlab ablate` runs. `source`: an ablation file (its ablations, those `name` picks, a
+    comma-separated list), or a recipe (default: the digits recipe) varied along `vary` (['lr=8e-4,3e-4', ...],
+    as `parse_vary`) into one ablation called `name` (default "ablation"). `seeds` (default: 3, or the file's) and
+    `settings` (['KEY=VALUE', ...] applied to every cell) go to each. A UsageError for --vary with an ablation
+    file, a `name` the file lacks, or nothing to vary."""
+    ablations = load_ablations(source) if source else []
+    if ablations:
+        if vary:
+            raise UsageError(
+                f"{source} is an ablation file and says what to vary; --vary is for a recipe "
+                "(vitlab ablate configs/mnist.py --vary pos_embed=none,learned)"
+            )
+        if name:
+            chosen = [a for a in ablations if a.name in name.split(",")]
+            if not chosen:
+                raise UsageError(f"--name {name}: the file's ablations are {', '.join(a.name for a in ablations)}")
+            ablations = chosen
+    else:
+        if not vary:
+            raise UsageError(
+                "say what to vary: --vary KEY=V1,V2 (e.g. --vary pos_embed=none,learned --vary "
+                "lr=8e-4,3e-4), or give an ablation file from configs/ablations/"
+            )
+        recipe: str | TrainConfig = str(source) if source else TrainConfig()
+        ablations = [Ablation(name=name or "ablation", recipe=recipe, vary=parse_vary(vary))]
+    for ablation in ablations:
+        if seeds is not None:
+            ablation.seeds = list(seeds)
+        ablation.settings = list(ablation.settings) + list(settings or [])
+    return ablations
 
 
 def setting_path(axis: str) -> str:

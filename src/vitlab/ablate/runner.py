@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitlab.ablate.plan import Ablation, Cell, plan
+from vitlab.ablate.plan import Ablation, Cell, plan, planned_ablations
 from vitlab.counts import model_size
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import PARALLEL_TRAINING_BELOW_GFLOPS, available_cores
@@ -226,3 +226,23 @@ def run_ablations(
         "interrupted": interrupted,
         "signal": stopped_by[0] if stopped_by else None,
     }
+
+
+def ablate(
+    source: str | Path | None = None,
+    vary: list[str] | None = None,
+    name: str | None = None,
+    seeds: list[int] | None = None,
+    settings: list[str] | None = None,
+    out: str | Path | None = None,
+    jobs: str | int = "auto",
+    dry_run: bool = False,
+    command: str = "",
+) -> dict:
+    """What `vitlab ablate` does: the ablations `planned_ablations(source, vary, name, seeds, settings)` makes, run
+    under `out` (default runs/ablations/<the source's name, or digits>) as `run_ablations` runs them, which it
+    returns. `command` is the command line the reports name for running them again."""
+    ablations = planned_ablations(source, vary, name, seeds, settings)
+    if out is None:
+        out = Path("runs") / "ablations" / (Path(source).stem if source else "digits")
+    return run_ablations(ablations, out, jobs, dry_run=dry_run, command=command)

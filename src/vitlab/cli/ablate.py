@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli.options import positive_int
+from vitlab.cli.options import call_with_options, positive_int
 from vitlab.config import CLASSIFIERS, MLPS, NORMS, PLACEMENTS, POSITION_EMBEDDINGS
-from vitlab.errors import UsageError
 
 NAME = "ablate"
 HELP = "train a recipe over a grid of settings and seeds (the paper's ablations); resumable"
@@ -69,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seeds", type=seeds_arg, help="a count (3: seeds 0,1,2) or a list (0,1,2); default 3, or the ablation file's"
     )
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe field in every cell")
+    parser.add_argument(
+        "--set", dest="settings", action="append", metavar="KEY=VALUE", help="override a recipe field in every cell"
+    )
     parser.add_argument("--out", help="output root (default runs/ablations/<file name>); cells are shared under it")
     parser.add_argument(
         "--name",
@@ -86,52 +87,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="check the plan and say what would run, run nothing")
 
 
-def planned_ablations(args: argparse.Namespace) -> list:
-    """The ablations to run: an ablation file's (those --name picks), or one made of a recipe and the --vary axes;
-    --seeds and --set applied to each."""
-    from vitlab.ablate.plan import Ablation, load_ablations, parse_vary
-    from vitlab.train.config import TrainConfig
-
-    ablations = load_ablations(args.source) if args.source else []
-    if ablations:
-        if args.vary:
-            raise UsageError(
-                f"{args.source} is an ablation file and says what to vary; --vary is for a recipe "
-                "(vitlab ablate configs/mnist.py --vary pos_embed=none,learned)"
-            )
-        if args.name:
-            chosen = [a for a in ablations if a.name in args.name.split(",")]
-            if not chosen:
-                raise UsageError(f"--name {args.name}: the file's ablations are {', '.join(a.name for a in ablations)}")
-            ablations = chosen
-    else:
-        if not args.vary:
-            raise UsageError(
-                "say what to vary: --vary KEY=V1,V2 (e.g. --vary pos_embed=none,learned --vary "
-                "lr=8e-4,3e-4), or give an ablation file from configs/ablations/"
-            )
-        ablations = [
-            Ablation(name=args.name or "ablation", recipe=args.source or TrainConfig(), vary=parse_vary(args.vary))
-        ]
-    for ablation in ablations:
-        if args.seeds is not None:
-            ablation.seeds = args.seeds
-        ablation.settings = list(ablation.settings) + list(args.set or [])
-    return ablations
-
-
 def run(args: argparse.Namespace) -> int:
     import shlex
     import signal
-    from pathlib import Path
 
     from vitlab.ablate.results import format_results
-    from vitlab.ablate.runner import run_ablations
+    from vitlab.ablate.runner import ablate
 
-    ablations = planned_ablations(args)
-    out = args.out or str(Path("runs") / "ablations" / (Path(args.source).stem if args.source else "digits"))
     command = "vitlab " + " ".join(shlex.quote(a) for a in args.argv)  # argv starts with "ablate"
-    outcome = run_ablations(ablations, out, args.jobs, dry_run=args.dry_run, command=command)
+    outcome = call_with_options(ablate, args, command=command)
     if outcome.get("dry_run"):
         return 0
     print(format_results(outcome))
