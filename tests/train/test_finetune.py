@@ -6,9 +6,10 @@ from safetensors.torch import load_file
 
 from conftest import FIXTURES, REFERENCE_CHECKPOINTS
 from vitlab import load_model
+from vitlab.cli import main
 from vitlab.data.datasets import load_dataset
-from vitlab.errors import ConfigError, DataError
-from vitlab.train.config import finetune_config
+from vitlab.errors import ConfigError, DataError, UsageError
+from vitlab.train.config import finetune_config, finetune_recipe
 from vitlab.train.loop import train
 from vitlab.train.setup import build_finetune_model
 
@@ -96,3 +97,23 @@ def test_eval_of_a_fine_tuned_run_uses_its_classes(tmp_path):
     train(quick(tmp_path, FIXTURES / "jax_vit_token.npz", classes=[5, 6, 7, 8, 9]))
     report = run_evaluation(tmp_path / "ft")
     assert report["count"] == 179 and report["class_names"] == ["5", "6", "7", "8", "9"]
+
+
+@pytest.mark.parametrize("given", [["--from", "x.npz"], ["--dataset", "digits"], []])
+def test_finetune_recipe_needs_a_checkpoint_and_a_data_set_as_the_command_does(given, tmp_path, capsys):
+    """The check lives in `finetune_recipe`: a Python caller gets the command's message."""
+    pairs = dict(zip(given[::2], given[1::2]))
+    with pytest.raises(UsageError) as refused:
+        finetune_recipe(pairs.get("--from"), pairs.get("--dataset"))
+    assert str(refused.value) == "finetune needs --from CHECKPOINT and --dataset NAME (or --resume RUN_DIR)"
+    assert main(["finetune", *given, "--out-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"vitlab finetune: error: {refused.value}\n"
+    assert not any(tmp_path.iterdir())
+
+
+def test_finetune_recipe_is_the_fine_tuning_defaults_with_the_overrides_after(tmp_path):
+    config = finetune_recipe("runs/123", "mnist", overrides=["epochs=3", "dataset=cifar10"])
+    assert config == finetune_config(init_from="runs/123", dataset="cifar10", epochs=3)  # a path stays text
+    recipe = tmp_path / "r.py"
+    recipe.write_text("from vitlab.train.config import TrainConfig\nconfig = TrainConfig(lr=0.5)\n")
+    assert finetune_recipe("a.npz", "digits", recipe).lr == 0.5

@@ -3,6 +3,7 @@
 pre-training then fine-tuning beats an untrained start on digits."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -13,8 +14,10 @@ from safetensors.torch import load_file
 from datafiles import write_photos
 from paths import REPO
 from runfiles import SMALL, SPARE, pretrain_micro, two_processes
+from vitlab.cli import main
+from vitlab.errors import UsageError
 from vitlab.objectives.settings import PretrainConfig
-from vitlab.train.config import TrainConfig, finetune_config
+from vitlab.train.config import TrainConfig, finetune_config, pretrain_config, pretrain_recipe
 from vitlab.train.loop import train
 from vitlab.train.state import load_training_state
 
@@ -204,6 +207,33 @@ def test_pretrain_cli_needs_a_method_and_refuses_a_supervised_recipe(tmp_path):
     assert result.returncode == 2 and "--method" in result.stderr
     result = cli("--config", str(REPO / "configs" / "digits.py"), "--out-dir", str(tmp_path))
     assert result.returncode == 2 and "supervised recipe" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "method, recipe, message",
+    [
+        (None, None, "pretrain needs --method mpp|mae (or a --config recipe, or --resume RUN_DIR)"),
+        (None, "configs/digits.py", "digits.py is a supervised recipe; pretrain takes a recipe with objective"),
+        ("mpp", "configs/pretrain/digits_mae.py", "digits_mae.py pre-trains by 'mae', not 'mpp'; drop --method"),
+    ],
+)
+def test_pretrain_recipe_refuses_what_the_command_refuses(method, recipe, message, tmp_path, capsys):
+    """The checks live in `pretrain_recipe`: a Python caller gets the command's messages."""
+    recipe = str(REPO / recipe) if recipe else None
+    with pytest.raises(UsageError, match=re.escape(message)) as refused:
+        pretrain_recipe(method, recipe)
+    flags = (["--method", method] if method else []) + (["--config", recipe] if recipe else [])
+    assert main(["pretrain", *flags, "--out-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"vitlab pretrain: error: {refused.value}\n"
+
+
+def test_pretrain_recipe_counts_the_objective_the_overrides_set():
+    """The refusal's advice works: a recipe's objective is checked with --set objective=... applied."""
+    recipe = str(REPO / "configs" / "pretrain" / "digits_mae.py")
+    assert pretrain_recipe("mpp", recipe, ["objective=mpp"]).objective == "mpp"
+    assert pretrain_recipe("mae", overrides=["epochs=2"]) == pretrain_config("mae", epochs=2)
+    with pytest.raises(UsageError, match="choose mpp or mae"):
+        pretrain_recipe("classification")
 
 
 @pytest.mark.slow

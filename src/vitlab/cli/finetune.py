@@ -13,9 +13,9 @@ from vitlab.cli.recipe import (
     recipe_keys_help,
     refuse_use_previous_without_resume,
     resume_run,
-    train_run,
+    run_exit_code,
+    shorthand_overrides,
 )
-from vitlab.errors import UsageError
 
 NAME = "finetune"
 HELP = "fine-tune any checkpoint on a new data set (the paper's transfer recipe)"
@@ -64,11 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.train.config import finetune_config, load_recipe
+    from vitlab.train.commands import run_finetune
 
     refuse_use_previous_without_resume(args)
     if args.resume:
         return resume_run(args)
-    if not args.init_from or not args.dataset:
-        raise UsageError("finetune needs --from CHECKPOINT and --dataset NAME (or --resume RUN_DIR)")
-    return train_run(load_recipe(args.config) if args.config else finetune_config(), args)
+    overrides = shorthand_overrides(args, given_apart=("init_from", "dataset"))
+    return run_exit_code(run_finetune(args.init_from, args.dataset, args.config, overrides))

@@ -12,9 +12,9 @@ from vitlab.cli.recipe import (
     recipe_keys_help,
     refuse_use_previous_without_resume,
     resume_run,
-    train_run,
+    run_exit_code,
+    shorthand_overrides,
 )
-from vitlab.errors import UsageError
 from vitlab.objectives import OBJECTIVES, pretraining_methods  # the table alone: no torch
 
 NAME = "pretrain"
@@ -70,26 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.train.config import load_recipe, pretrain_config
+    from vitlab.train.commands import run_pretrain
 
-    methods = pretraining_methods()
     refuse_use_previous_without_resume(args)
     if args.resume:
         return resume_run(args, also_refused=("method",))
-    if args.config:
-        config = load_recipe(args.config)
-        if args.method and config.objective != args.method:
-            raise UsageError(
-                f"{args.config} pre-trains by {config.objective!r}, not {args.method!r}; drop --method "
-                f"or add --set objective={args.method}"
-            )
-    elif args.method:
-        config = pretrain_config(args.method)
-    else:
-        raise UsageError(f"pretrain needs --method {'|'.join(methods)} (or a --config recipe, or --resume RUN_DIR)")
-    if config.objective not in methods:
-        raise UsageError(
-            f"{args.config} is a supervised recipe; pretrain takes a recipe with objective "
-            f"{' or '.join(methods)} (configs/pretrain/)"
-        )
-    return train_run(config, args)
+    return run_exit_code(run_pretrain(args.method, args.config, shorthand_overrides(args)))

@@ -1,16 +1,14 @@
 """What the training commands (train, finetune, pretrain) share: shorthand flags for --set, --resume with the
-flags it refuses, the --set key list of the help, and how a run's end becomes the exit code."""
+flags it refuses, the --set key list of the help, and how a run's end becomes the exit code. What each trains,
+and what it refuses, is `vitlab.train.commands`."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vitlab.errors import UsageError
-
-if TYPE_CHECKING:
-    from vitlab.train.config import TrainConfig
 
 MAX_PATCHES_HELP = (
     "shorthand for --set max_patches=N: with --set input=naflex, each image at its own aspect ratio on at most N "
@@ -40,11 +38,14 @@ def image_size_text(size: int | tuple[int, int]) -> str:
     return str(size) if isinstance(size, int) else f"[{size[0]},{size[1]}]"
 
 
-def shorthand_overrides(args: argparse.Namespace) -> list[str]:
-    """`--set` assignments for the shorthand flags given, then the --set ones."""
+def shorthand_overrides(args: argparse.Namespace, given_apart: Sequence[str] = ()) -> list[str]:
+    """`--set` assignments for the shorthand flags given, then the --set ones; `given_apart`: shorthands the
+    command hands to its library function as arguments of their own (finetune's --from and --dataset)."""
     assignments = []
     for name in args.shorthands:
         value = getattr(args, name)
+        if name in given_apart:
+            continue
         if value is None or value is False:
             continue
         if name == "image_size":
@@ -99,14 +100,6 @@ def resume_run(args: argparse.Namespace, also_refused: Sequence[str] = ()) -> in
 
     refuse_flags_resume_ignores(args, (*args.shorthands, *also_refused))
     return run_exit_code(resume(args.resume, use_previous=args.use_previous, epochs=args.epochs))
-
-
-def train_run(config: TrainConfig, args: argparse.Namespace) -> int:
-    """Train `config` with the shorthand flags and --set assignments applied."""
-    from vitlab.train.config import apply_overrides
-    from vitlab.train.loop import train
-
-    return run_exit_code(train(apply_overrides(config, shorthand_overrides(args))))
 
 
 def recipe_keys_help(finetune: bool = False, pretrain: bool = False) -> str:

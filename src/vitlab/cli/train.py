@@ -12,7 +12,8 @@ from vitlab.cli.recipe import (
     recipe_keys_help,
     refuse_use_previous_without_resume,
     resume_run,
-    train_run,
+    run_exit_code,
+    shorthand_overrides,
 )
 
 NAME = "train"
@@ -59,9 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.train.config import TrainConfig, load_recipe
+    from vitlab.train.commands import run_train
 
     refuse_use_previous_without_resume(args)
     if args.resume:
         return resume_run(args)
-    return train_run(load_recipe(args.config) if args.config else TrainConfig(), args)
+    return run_exit_code(run_train(args.config, shorthand_overrides(args)))

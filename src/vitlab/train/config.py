@@ -7,14 +7,15 @@ import ast
 import dataclasses
 import importlib.util
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vitlab.config import checked_fields, parse_classes, parse_image_size
 from vitlab.data.transforms import AugmentConfig
-from vitlab.errors import ConfigError
-from vitlab.objectives import objective_names
+from vitlab.errors import ConfigError, UsageError
+from vitlab.objectives import objective_names, pretraining_methods
 from vitlab.objectives.settings import PretrainConfig
 
 
@@ -440,4 +441,53 @@ def load_recipe(path: str | Path) -> TrainConfig:
     config = getattr(module, "config", None)
     if not isinstance(config, TrainConfig):
         raise ConfigError(f"recipe {path} must define `config = TrainConfig(...)`")
+    return config
+
+
+# ------------------------------------------------------------------------------------------------ the commands' recipes
+# What `vitlab train`, `finetune` and `pretrain` train (`vitlab.train.start` trains it): a recipe file or the
+# command's defaults, then `overrides` (["key=value", ...], as `apply_overrides`), with the commands' refusals, so
+# a Python caller gets the same messages.
+def training_recipe(recipe: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """`vitlab train`'s recipe: the file `recipe` (as `load_recipe`), or the digits defaults, with `overrides`."""
+    return apply_overrides(load_recipe(recipe) if recipe else TrainConfig(), list(overrides))
+
+
+def finetune_recipe(
+    init_from: str | None, dataset: str | None, recipe: str | Path | None = None, overrides: Sequence[str] = ()
+) -> TrainConfig:
+    """`vitlab finetune`'s recipe: the checkpoint `init_from` (any kind vitlab loads, or a pre-trained name)
+    fine-tuned on `dataset`, from the file `recipe` or `finetune_config()`, then `overrides`. Both are needed: a
+    UsageError says so."""
+    if not init_from or not dataset:
+        raise UsageError("finetune needs --from CHECKPOINT and --dataset NAME (or --resume RUN_DIR)")
+    config = load_recipe(recipe) if recipe else finetune_config()
+    return apply_overrides(config, [f"init_from={init_from!r}", f"dataset={dataset!r}", *overrides])
+
+
+def pretrain_recipe(
+    method: str | None = None, recipe: str | Path | None = None, overrides: Sequence[str] = ()
+) -> TrainConfig:
+    """`vitlab pretrain`'s recipe: `pretrain_config(method)` (a `pretraining_methods()` name), or the file
+    `recipe` with `overrides`, which must then pre-train (by `method`, when given). A UsageError says which of
+    these was missed."""
+    methods = pretraining_methods()
+    if method is not None and method not in methods:
+        raise UsageError(f"pretrain --method {method!r}: choose {' or '.join(methods)}")
+    if not recipe:
+        if not method:
+            raise UsageError(f"pretrain needs --method {'|'.join(methods)} (or a --config recipe, or --resume RUN_DIR)")
+        return apply_overrides(pretrain_config(method), list(overrides))
+    # The recipe is checked with the overrides applied, so that --set objective=... (the advice below) counts.
+    config = apply_overrides(load_recipe(recipe), list(overrides))
+    if method and config.objective != method:
+        raise UsageError(
+            f"{recipe} pre-trains by {config.objective!r}, not {method!r}; drop --method "
+            f"or add --set objective={method}"
+        )
+    if config.objective not in methods:
+        raise UsageError(
+            f"{recipe} is a supervised recipe; pretrain takes a recipe with objective "
+            f"{' or '.join(methods)} (configs/pretrain/)"
+        )
     return config
