@@ -1,0 +1,83 @@
+"""dense/extract.py and store.py: `vitlab dense` writes what dense_features gives, continues a killed run to the same
+shards, refuses another run's folder, and keeps images at their own grids."""
+
+import json
+
+import numpy as np
+import torch
+
+from datafiles import three_shapes
+from runfiles import naflex_model
+from vitlab.checkpoint.formats import load_model
+from vitlab.cli import main
+from vitlab.data.datasets import load_dataset
+from vitlab.data.preprocess import prepare
+from vitlab.dense import store
+from vitlab.dense.features import dense_features
+from vitlab.dense.store import DenseFeatureFile
+
+
+def run_dense(tiny_run, out, *extra):
+    args = ["dense", str(tiny_run), "--dataset", "digits", "--split", "test", "-o", str(out), "--batch-size", "64"]
+    return main(args + list(extra))
+
+
+def test_every_image_gets_its_grid_as_dense_features_gives_it(tiny_run, tmp_path, capsys):
+    assert run_dense(tiny_run, tmp_path / "dense", "--layers", "-1", "--json") == 0  # a one-block model
+    report = json.loads(capsys.readouterr().out)
+    assert report["images"] == 359 and report["channels"] == 16 and report["blocks"] == [0]
+    stored = DenseFeatureFile(tmp_path / "dense")
+    assert stored.complete and len(stored) == 359
+    model = load_model(tiny_run).eval()
+    test = load_dataset("digits", "test")
+    expected = dense_features(model, prepare(test.images[:5], test.max_value, model.config), "last").concatenated()
+    for index in range(5):
+        grid = stored[index]
+        assert grid.shape == (16, 4, 4)
+        torch.testing.assert_close(torch.from_numpy(np.array(grid)), expected[index], rtol=1e-5, atol=1e-5)
+    assert [entry.label for entry in stored.entries[:5]] == test.labels[:5].tolist()
+
+
+def test_a_killed_extraction_continues_to_the_same_shards(tiny_run, tmp_path, monkeypatch, capsys):
+    assert run_dense(tiny_run, tmp_path / "straight") == 0
+    monkeypatch.setattr("vitlab.dense.extract.PART_IMAGES", 100)
+    real_write, calls = store.DenseWriter.write, []
+
+    def dies_on_the_third_shard(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as a kill between two shards
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(store.DenseWriter, "write", dies_on_the_third_shard)
+    assert run_dense(tiny_run, tmp_path / "killed") == 130  # stopped as by Ctrl-C
+    assert not DenseFeatureFile(tmp_path / "killed").complete and len(DenseFeatureFile(tmp_path / "killed")) > 0
+    monkeypatch.setattr(store.DenseWriter, "write", real_write)
+    capsys.readouterr()
+    assert run_dense(tiny_run, tmp_path / "killed") == 0
+    assert "continuing from image" in capsys.readouterr().out
+    straight, continued = DenseFeatureFile(tmp_path / "straight"), DenseFeatureFile(tmp_path / "killed")
+    assert len(straight) == len(continued) == 359 and continued.complete
+    for index in range(359):
+        assert np.array_equal(straight[index], continued[index])
+        assert straight.entries[index].path == continued.entries[index].path
+
+
+def test_another_runs_folder_is_refused_and_a_finished_one_left_alone(tiny_run, tmp_path, capsys):
+    assert run_dense(tiny_run, tmp_path / "dense") == 0
+    capsys.readouterr()
+    assert run_dense(tiny_run, tmp_path / "dense") == 0
+    assert "already written" in capsys.readouterr().out
+    assert run_dense(tiny_run, tmp_path / "dense", "--no-norm") == 2
+    assert "norm differ" in capsys.readouterr().err
+
+
+def test_images_at_their_own_aspect_ratio_keep_their_own_grids(tmp_path):
+    _, checkpoint = naflex_model(tmp_path, budget=12)
+    folder = tmp_path / "photos"
+    three_shapes(folder)
+    assert main(["dense", str(checkpoint), str(folder), "-o", str(tmp_path / "dense"), "--workers", "0"]) == 0
+    stored = DenseFeatureFile(tmp_path / "dense")
+    grids = {entry.path.rsplit("/", 1)[-1]: (entry.rows, entry.cols) for entry in stored.entries}
+    assert grids["wide.png"][1] > grids["wide.png"][0] and grids["tall.png"][0] > grids["tall.png"][1]
+    assert all(rows * cols <= 12 for rows, cols in grids.values())
