@@ -92,3 +92,15 @@ def test_export_refuses_contradicting_options_from_python_too(tmp_path):
         export_checkpoint(nothing, "m.onnx", format="pt2")
     with pytest.raises(UsageError, match="format must be onnx or pt2e, got 'tflite'"):
         export_checkpoint(nothing, format="tflite")
+
+
+def test_export_offers_the_formats_the_exporter_takes():
+    from vitlab.export.exporter import check_export_options
+    from vitlab.export.formats import FORMATS
+
+    parser = build_parser()
+    (subcommands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    (format_flag,) = [a for a in subcommands.choices["export"]._actions if "--format" in a.option_strings]
+    assert tuple(format_flag.choices) == FORMATS
+    for name in FORMATS:
+        check_export_options(name)  # each one is taken

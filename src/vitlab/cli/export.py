@@ -7,6 +7,7 @@ import argparse
 import json
 
 from vitlab.cli.options import CHECKPOINT_HELP, add_checkpoint_options, call_with_options, positive_int
+from vitlab.export.formats import FORMATS
 
 NAME = "export"
 HELP = (
@@ -19,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help=CHECKPOINT_HELP)
     parser.add_argument(
         "--format",
-        choices=("onnx", "pt2e", "pt2"),
+        choices=FORMATS,
         default="onnx",
         help="onnx (default: ONNX Runtime, fp32 or --int8) or pt2e (pt2 is the same): static int8 by "
         "PyTorch 2 export quantization, compiled by Inductor for the machine that runs it, the "

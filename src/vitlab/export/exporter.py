@@ -10,13 +10,11 @@ from typing import Any
 from vitlab.checkpoint import load_model
 from vitlab.errors import UsageError
 from vitlab.export.checks import calibration_pixels, validation_pixels
+from vitlab.export.formats import FORMATS
 from vitlab.export.onnx import require_onnx, run_export
 from vitlab.export.pt2e import SUFFIX as PT2E_SUFFIX
 from vitlab.export.pt2e import calibration_for, require_torchao, run_pt2e_export
 from vitlab.runs import onnx_output, pt2e_output
-
-# --format's values; pt2 is another name for pt2e.
-FORMATS = ("onnx", "pt2e", "pt2")
 
 
 def check_export_options(
