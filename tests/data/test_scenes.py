@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from paths import SHARED
+from vitlab.data.carving import carve_splits
 from vitlab.data.scenes import (
     IGNORE_LABEL,
     INK_THRESHOLD,
     NUM_CLASSES,
-    SPLIT_STREAMS,
     make_scenes,
     mnist_scene_splits,
 )
@@ -174,8 +174,9 @@ def test_each_split_draws_its_own_digits(tmp_path):
     # Test scenes use the test digits alone: only 7s (label 8) appear.
     assert set(splits.test.masks.unique().tolist()) <= {0, 8, IGNORE_LABEL}
     assert splits.test.sources.max() < 30
-    # Each split has its own stream of the seed: the test scenes are not the training layouts.
-    assert SPLIT_STREAMS["train"] != SPLIT_STREAMS["test"]
+    # The held-out digits are those a recipe with val_size 50 and seed 0 holds out for validation.
+    carving = carve_splits(torch.from_numpy(train_labels.astype(np.int64)), 50, seed=0)
+    assert validation_used <= set(carving.validation.tolist()) and train_used <= set(carving.train.tolist())
 
 
 # digest of (images, masks) of the first 64 scenes of each split, built from the real MNIST files with seed 0.
