@@ -137,6 +137,34 @@ def _tile(image):
     return array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0)
 
 
+def plot_dense_pictures(images, colours, similarities, picked, path: str | Path, captions=None) -> Path:
+    """Each image above the first three principal components of its patch features as colours, and the cosine
+    similarity of every patch to one picked patch (marked). images: a batch or a list of (C, H, W); colours: per
+    image (rows, cols, 3) in [0, 1]; similarities: per image (rows, cols); picked: per image (row, col)."""
+    plt = _pyplot()
+    count = len(images)
+    figure, axes = plt.subplots(3, count, figsize=(2.2 * count + 0.4, 7.0), squeeze=False)
+    for index in range(count):
+        height, width = images[index].shape[-2:]
+        rows, cols = similarities[index].shape
+        extent = (0, width, height, 0)  # the grid's cells drawn over the image's pixels
+        axes[0, index].imshow(_tile(images[index]), cmap="gray", interpolation="nearest")
+        axes[1, index].imshow(colours[index].numpy(), interpolation="nearest", extent=extent)
+        axes[2, index].imshow(similarities[index].numpy(), cmap="magma", vmin=-1, vmax=1, extent=extent)
+        row, col = picked[index]
+        axes[2, index].plot((col + 0.5) * width / cols, (row + 0.5) * height / rows, "c+", markersize=12, mew=2)
+        for axis in axes[:, index]:
+            axis.axis("off")
+        if captions:
+            axes[0, index].set_title(captions[index], fontsize=11)
+    axes[1, 0].set_title("patch features: PCA as RGB", fontsize=9, loc="left")
+    axes[2, 0].set_title("cosine similarity to + ", fontsize=9, loc="left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)
+
+
 def plot_filter_components(components, ratios, path: str | Path) -> Path:
     """Figure 7 (left): principal components of the patch-embedding filters, one tile each."""
     import math

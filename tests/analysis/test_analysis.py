@@ -139,12 +139,19 @@ def test_analyze_writes_every_figure_and_the_report(digits_model, tmp_path):
     from vitlab.analysis.report import analyze
 
     summary = analyze(digits_model, ["digits"], out=tmp_path, num_shown=4, num_distance_images=40)
-    for name in ("rollout", "attention_distance", "position_similarity", "filters", "class_token_attention"):
+    for name in (
+        "rollout",
+        "attention_distance",
+        "position_similarity",
+        "filters",
+        "dense_features",
+        "class_token_attention",
+    ):
         assert (tmp_path / f"{name}.png").stat().st_size > 2000, name
     assert np.array(summary["mean_attention_distance"]).shape == (2, 2)
     assert len(summary["predictions"]) == 4 and summary["predictions"][0]["label"] is not None
     page = (tmp_path / "report.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 5 and "Model configuration" in page
+    assert page.count('src="data:image/png;base64,') == 6 and "What the model sees at every patch" in page
     rows = (tmp_path / "attention_distance.csv").read_text().splitlines()
     assert rows[0] == "layer,head,mean_distance_pixels" and len(rows) == 1 + 2 * 2
 

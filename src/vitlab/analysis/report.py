@@ -19,6 +19,8 @@ from vitlab.analysis.embeddings import patch_embedding_pca, position_embedding_s
 from vitlab.checkpoint import load_model
 from vitlab.data.loaders import gather_images
 from vitlab.data.preprocess import normalize
+from vitlab.dense.features import dense_features
+from vitlab.dense.pictures import patch_similarity, pca_rgb
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import resolve_device
 from vitlab.runs import analysis_folder
@@ -117,6 +119,10 @@ def analyze(
     ]
     title = "Attention rollout (class token)" if config.class_token else "Attention rollout (mean over patch tokens)"
     files["rollout"] = plots.plot_attention_overlays(shown, rollout_maps, folder / "rollout.png", captions, title)
+    colours, similarities, picked = dense_pictures(model, shown, config, target)
+    files["dense_features"] = plots.plot_dense_pictures(
+        shown, colours, similarities, picked, folder / "dense_features.png", captions
+    )
     if cls_maps:
         files["class_token_attention"] = plots.plot_attention_grid(
             torch.stack(cls_maps),
@@ -186,6 +192,25 @@ def looked_at(model: Any, inputs: torch.Tensor, grid: tuple[int, int], keep_clas
     return {"rollout": list(maps), "logits": list(logits), "class_maps": class_maps}
 
 
+@torch.no_grad()
+def dense_pictures(
+    model: Any, images: torch.Tensor | list[torch.Tensor], config, target: torch.device
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[tuple[int, int]]]:
+    """Per image: its last block's patch features (after the final norm) as PCA colours (rows, cols, 3), and their
+    cosine similarity to its centre patch (rows, cols), with that patch's (row, col)."""
+    colours: list[torch.Tensor] = [torch.empty(0)] * len(images)
+    similarities: list[torch.Tensor] = [torch.empty(0)] * len(images)
+    picked: list[tuple[int, int]] = [(0, 0)] * len(images)
+    for members, group in same_size_groups(images):
+        grids = dense_features(model, normalize(group, config).to(target), "last").grids[0].float().cpu()
+        for position, index in enumerate(members):
+            rows, cols = grids[position].shape[-2:]
+            picked[index] = (rows // 2, cols // 2)
+            colours[index] = pca_rgb(grids[position])
+            similarities[index] = patch_similarity(grids[position], *picked[index])
+    return colours, similarities, picked
+
+
 CAPTIONS = {
     "filters": (
         "Patch-embedding filters (paper Figure 7, left)",
@@ -215,6 +240,12 @@ CAPTIONS = {
         "and the decoder's reconstruction with the visible patches pasted back (right), at the end "
         "of the self-supervised run (He et al. 2021, Figure 2).",
     ),
+    "dense_features": (
+        "What the model sees at every patch",
+        "Each image (top); the first three principal components of its last block's patch features as red, "
+        "green and blue (middle: patches of one colour are described alike, DINOv2's and DINOv3's figure); the "
+        "cosine similarity of every patch's features to the centre patch (+, bottom).",
+    ),
     "class_token_attention": (
         "Raw class-token attention",
         "The class token's attention to each patch, per layer (rows) and head (columns), for the first image.",
@@ -235,6 +266,7 @@ def write_report(folder: Path, config, summary: dict[str, Any], files: dict[str,
         "attention_distance",
         "position_similarity",
         "filters",
+        "dense_features",
         "class_token_attention",
     ):
         if key in files:
