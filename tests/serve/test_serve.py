@@ -177,6 +177,24 @@ def test_explain_gives_the_overlay_as_png_or_the_map_as_json(server, digit_files
     assert status == 200 and heat.shape == (4, 4) and abs(heat.sum() - 1) < 1e-5 and (heat >= 0).all()
 
 
+def test_patches_gives_the_pca_colours_and_every_patchs_similarity_map(server, tiny_run, digit_files):
+    from vitlab.data.images import read_image
+    from vitlab.data.preprocess import prepare
+    from vitlab.dense.features import dense_features
+    from vitlab.dense.pictures import patch_similarity, pca_rgb
+
+    status, kind, answer = server.post_image(digit_files[2].read_bytes(), "/v1/patches")
+    seen = json.loads(answer)
+    assert status == 200 and kind == "application/json" and seen["grid"] == [4, 4]
+    model = load_model(tiny_run).eval()
+    pixels = read_image(digit_files[2], (8, 8), 1)  # (C, H, W), as the server decodes it
+    grid = dense_features(model, prepare(pixels[None], 255.0, model.config)).grids[0][0]
+    np.testing.assert_allclose(np.array(seen["colours"]), pca_rgb(grid).numpy(), atol=1e-5)
+    similarity = np.array(seen["similarity"])  # row i: patch i's map, row-major
+    assert similarity.shape == (16, 16)
+    np.testing.assert_allclose(similarity[1 * 4 + 2].reshape(4, 4), patch_similarity(grid, 1, 2).numpy(), atol=1e-5)
+
+
 def test_explain_gives_the_image_as_the_model_sees_it(server, digit_files):
     from vitlab.data.images import read_image
 

@@ -28,7 +28,7 @@ from typing import Any
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import read_image
 from vitlab.data.source import batch_of
-from vitlab.errors import DataError
+from vitlab.errors import DataError, UsageError
 from vitlab.serve.batcher import DynamicBatcher
 from vitlab.serve.engine import Engine
 
@@ -38,7 +38,7 @@ IMAGE_TYPES = ("image/", "application/octet-stream")
 # thread and back; larger ones (photos: milliseconds) go to a worker thread.
 INLINE_DECODE_BYTES = 16 << 10
 # Label values of the path in metrics: the known routes, everything else as "other" (bounded cardinality).
-ROUTES = ("/", "/v1/predict", "/v1/explain", "/v1/model", "/health", "/metrics")
+ROUTES = ("/", "/v1/predict", "/v1/explain", "/v1/patches", "/v1/model", "/health", "/metrics")
 
 
 class Problem(Exception):
@@ -323,6 +323,24 @@ def create_app(
         png = await loop.run_in_executor(None, render_overlay, pixels, heat)
         return Response(png, media_type="image/png")
 
+    async def patches(request):
+        """What the model sees at every patch of an uploaded image: PCA colours and every patch's similarity map."""
+        started = time.perf_counter()
+        if engine.explainer is None:
+            raise Problem(
+                501,
+                "patch features need the PyTorch model; serve the checkpoint or run folder the .onnx file was "
+                "exported from",
+            )
+        pixels = await decode(request)
+        try:
+            seen = await asyncio.get_running_loop().run_in_executor(inference_thread, engine.patches, pixels)
+        except UsageError as error:
+            raise Problem(413, str(error)) from None
+        return JSONResponse(
+            {"model": engine.name, **seen, "latency_ms": round(1000 * (time.perf_counter() - started), 3)}
+        )
+
     async def model_info(request):
         return JSONResponse(engine.describe())
 
@@ -343,6 +361,7 @@ def create_app(
         Route("/", home),
         Route("/v1/predict", guarded(predict), methods=["POST"]),
         Route("/v1/explain", guarded(explain), methods=["POST"]),
+        Route("/v1/patches", guarded(patches), methods=["POST"]),
         Route("/v1/model", model_info),
         Route("/health", health),
         Route("/metrics", prometheus),

@@ -23,6 +23,8 @@ from vitlab.checkpoint import load_model
 from vitlab.counts import model_size
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.preprocess import describe_preprocessing, prepare
+from vitlab.dense.features import dense_features
+from vitlab.dense.pictures import pca_rgb
 from vitlab.errors import UsageError
 from vitlab.eval.classify import require_head
 from vitlab.export.checks import require_one_input_size
@@ -48,6 +50,10 @@ BACKENDS = ("torch", "onnx", "pt2e")
 # The batch the fp32 kernel is measured at: requests batch up to `vitlab serve`'s --max-batch (default 32), and
 # under load the batches sit between that and one image.
 SERVED_BATCH = 16
+
+
+# The page receives every patch's similarity map at once: 1,024 patches (a 32 x 32 grid) make 1M numbers.
+MAX_SIMILARITY_PATCHES = 1024
 
 
 def onnx_runtime_installed() -> bool:
@@ -242,6 +248,31 @@ class Engine:
         grid = (pixels.shape[-2] // patch[0], pixels.shape[-1] // patch[1])
         flow = rollout_patch_maps(rollout.result, self.config, grid)[0]  # under NaFlex the image's own grid
         return (flow / flow.sum().clamp_min(1e-12)).cpu()
+
+    def patches(self, pixels: torch.Tensor) -> dict[str, Any]:
+        """uint8 pixels (C, H, W) of one image -> what the model sees at every patch of its last block: the grid,
+        the first three principal components of the patch features as colours (rows, cols, 3) in [0, 1], and the
+        cosine similarity of every patch to every other ((rows * cols) x (rows * cols), row-major), for the page to
+        show any patch's map without asking again."""
+        if self.explainer is None:
+            raise UsageError(
+                "patch features need the PyTorch model; serve the checkpoint or run folder the .onnx file was "
+                "exported from"
+            )
+        grid = dense_features(self.explainer, prepare(pixels[None], 255.0, self.config).to(self.device)).grids[0]
+        features = grid[0].float().cpu()  # (D, rows, cols)
+        channels, rows, cols = features.shape
+        if rows * cols > MAX_SIMILARITY_PATCHES:
+            raise UsageError(
+                f"a grid of {rows} x {cols} patches is too large to send every patch's similarity map "
+                f"(at most {MAX_SIMILARITY_PATCHES} patches)"
+            )
+        tokens = torch.nn.functional.normalize(features.reshape(channels, rows * cols).T, dim=1)
+        return {
+            "grid": [rows, cols],
+            "colours": pca_rgb(features).tolist(),
+            "similarity": (tokens @ tokens.T).tolist(),
+        }
 
     def describe(self) -> dict[str, Any]:
         """`GET /v1/model`: what is served and what input it takes."""

@@ -81,7 +81,7 @@ def serve(
     print(
         f"serving {engine.name} ({engine.backend} {engine.precision} on {engine.device}, {len(engine.class_names)} classes, "
         f"{'x'.join(map(str, engine.config.image_size))} input) on http://{shown}:{bound_port}/  "
-        f"(page at /, API at /v1/predict, /v1/explain, /v1/model, /metrics; dynamic batching up to {max_batch} "
+        f"(page at /, API at /v1/predict, /v1/explain, /v1/patches, /v1/model, /metrics; dynamic batching up to {max_batch} "
         f"images or {max_wait_ms:g} ms)\nprecision: {engine.precision} ({engine.choice.reason})",
         flush=True,
     )
