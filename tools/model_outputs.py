@@ -86,9 +86,8 @@ def gradients(model, inputs) -> dict:
 
 
 def set_dynamic(model, on: bool) -> None:
-    for attribute in ("dynamic_image_size", "dynamic_size"):
-        if hasattr(model, attribute):
-            setattr(model, attribute, on)
+    """The dynamic-size switch, under its name before issue 48 (dynamic_image_size) or after (dynamic_size)."""
+    setattr(model, "dynamic_size" if "dynamic_size" in vars(model) else "dynamic_image_size", on)
 
 
 def outputs_of(name: str, model) -> dict:

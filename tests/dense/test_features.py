@@ -56,7 +56,7 @@ def test_layer_choices_read_as_said(layers, blocks):
     assert chosen_blocks(4, layers) == blocks
 
 
-@pytest.mark.parametrize("layers", ["last5", "first", 4, [-5]])
+@pytest.mark.parametrize("layers", ["last5", "first", 4, [-5], []])
 def test_a_layer_choice_the_model_lacks_is_refused_in_one_line(layers):
-    with pytest.raises(UsageError, match="4-block model|'last', 'last1'..'last4'"):
+    with pytest.raises(UsageError, match="4-block model|'last', 'last1'..'last4'|no block chosen"):
         chosen_blocks(4, layers)

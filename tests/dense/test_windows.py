@@ -55,3 +55,9 @@ def test_a_size_that_is_not_whole_patches_is_named():
         sliding_window_features(model, torch.randn(1, 3, 16, 16), window=(8, 10), stride=4)
     with pytest.raises(UsageError, match="one image"):
         sliding_window_features(model, torch.randn(2, 3, 16, 16), window=8, stride=4)
+
+
+def test_a_stride_past_the_window_is_refused_not_left_empty():
+    model = randomised(pos_embed="rope")
+    with pytest.raises(UsageError, match="leaves patches no window covers"):
+        sliding_window_features(model, torch.randn(1, 3, 32, 32), window=8, stride=16)

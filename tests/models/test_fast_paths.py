@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vitlab.config import ViTConfig
-from vitlab.layers.attention import KERNELS, Attention, AttentionContext
+from vitlab.layers.attention import KERNELS, PLAIN, Attention, AttentionContext
 from vitlab.layers.block import Block
 from vitlab.layers.mlp import Mlp
 from vitlab.models import create_model, fast_paths
@@ -154,17 +154,21 @@ def test_attending_from_the_prefix_gives_the_full_calls_rows_and_gradients():
         ({"classifier": "layer_weighted"}, None),
     ],
 )
-def test_a_class_token_head_skips_the_last_blocks_other_tokens_with_the_same_logits(fields, pruned):
+def test_a_class_token_head_skips_the_last_blocks_other_tokens_with_the_same_logits(fields, pruned, monkeypatch):
     config = ViTConfig(**{**TINY, **fields})
     model = randomised(config)
     assert fast_paths.head_tokens(config) == pruned
     images = torch.randn(4, 3, 16, 16)
-    calls = []
-    # The last MLP's tokens, however it lays them out ((B, T, D), or (B*Q, D) rows when pruned).
-    hook = model.blocks[-1].mlp.register_forward_hook(lambda module, args, out: calls.append(out[..., 0].numel()))
+    trimmed = []
+    attend_first = fast_paths.attend_first
+
+    def spy(attention, x, context, queries):  # what the last block computes, without a hook that would stop it
+        trimmed.append(queries)
+        return attend_first(attention, x, context, queries)
+
+    monkeypatch.setattr(fast_paths, "attend_first", spy)
     logits = model(images)
-    hook.remove()
-    assert calls == [len(images) * (pruned or config.num_tokens)]
+    assert trimmed == ([pruned] if pruned else [])
     model.fast_paths = False
     torch.testing.assert_close(logits, model(images), rtol=1e-5, atol=1e-5)
 
@@ -204,3 +208,32 @@ def test_a_hook_on_a_block_sees_its_whole_output_with_the_fast_paths_on():
     with torch.no_grad():
         model(torch.randn(2, 3, 16, 16))
     assert seen == [(2, 17, 32)]
+
+
+def test_a_backward_hook_or_a_block_of_its_own_kind_turns_the_fast_path_off_for_that_block():
+    model = randomised(ViTConfig(**TINY)).train()
+    fired = []
+    model.blocks[1].register_full_backward_hook(lambda module, grad_in, grad_out: fired.append("block 1"))
+    model(torch.randn(2, 3, 16, 16)).sum().backward()
+    assert fired == ["block 1"]
+
+    class Halving(Block):  # a subclass whose forward is its own: it must run, not the equations of Block
+        def forward(self, x, context=PLAIN, **options):
+            out = super().forward(x, context, **options)
+            return torch.cat([out[..., :16] / 2, out[..., 16:]], dim=-1)  # half the channels: no norm undoes it
+
+    model.eval()
+    with torch.no_grad():
+        before = model.forward_features(torch.ones(1, 3, 16, 16))
+        model.blocks[2].__class__ = Halving
+        after = model.forward_features(torch.ones(1, 3, 16, 16))
+    assert not torch.allclose(before, after)
+
+
+def test_hooks_on_the_last_blocks_parts_see_every_token():
+    model = randomised(ViTConfig(**TINY))
+    shapes = []
+    model.blocks[-1].mlp.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    with torch.no_grad():
+        model(torch.randn(2, 3, 16, 16))
+    assert shapes == [(2, 17, 32)]  # not the trimmed (B * 1, D) rows

@@ -290,3 +290,28 @@ def test_a_model_without_dynamic_size_names_both_ways_to_another_size():
     model = create_model(ViTConfig(**TINY)).eval()
     with pytest.raises(UsageError, match=r"set model.dynamic_size = True .* or load it with image_size=\(20, 20\)"):
         model(torch.randn(1, 3, 20, 20))
+
+
+def test_forward_intermediates_keeps_the_model_whole_and_only_the_chosen_blocks():
+    model = randomise(create_model(ViTConfig(**TINY)))
+    images = torch.randn(2, 3, 16, 16)
+    depths = []
+    model.blocks[0].register_forward_hook(lambda module, args, out: depths.append(len(model.blocks)))
+    with torch.no_grad():
+        model.forward_intermediates(images, [0], stop_early=True)
+        every = model.forward_analysis(images, attention_layers=None)["hidden_states"]
+        tokens, layout = model.prepare_tokens(images)
+        _, kept = model.forward_blocks(tokens, layout, keep_states={1})
+    assert depths[0] == 3  # the blocks are never swapped for a shorter list, even while the call runs
+    assert len(kept) == 1 and torch.equal(kept[0], every[1])
+
+
+def test_old_names_are_told_not_ignored():
+    model = create_model(ViTConfig(**TINY))
+    with pytest.raises(UsageError, match="forward_analysis"):
+        model.forward_intermediates(torch.randn(1, 3, 16, 16), "all")
+    with pytest.raises(UsageError, match="no block chosen"):
+        model.forward_intermediates(torch.randn(1, 3, 16, 16), [])
+    with pytest.warns(DeprecationWarning, match="dynamic_size"):
+        model.dynamic_image_size = True
+    assert model.dynamic_size is True

@@ -47,6 +47,8 @@ def chosen_blocks(depth: int, layers: LayerChoice) -> list[int]:
             )
         return list(range(depth - count, depth))
     indices = [layers] if isinstance(layers, int) else list(layers)
+    if not indices:
+        raise UsageError(f"no block chosen; use 'last', 'last1'..'last{depth}' or block indices 0..{depth - 1}")
     for index in indices:
         if not -depth <= int(index) < depth:
             raise UsageError(

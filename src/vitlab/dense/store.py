@@ -6,7 +6,8 @@ a picture of one photo). A `.npy` file is one header and the raw array, so `np.l
 image's rows without reading the rest, in every language NumPy's format has a reader for; Parquet (what `vitlab
 embed` writes for one vector per image) would read and decode whole row groups, and safetensors files cannot be
 appended to. Shards, rather than one file, let a killed run keep what it wrote: each shard is written whole under a
-temporary name and moved into place, so a shard on disk is complete, and a run that starts again with the same
+temporary name, synced and moved into place (`files.atomic_write_bytes`), its index first, so a shard on disk is
+complete, and a run that starts again with the same
 settings continues after the last one (`DenseWriter.resume_position`).
 
 The folder:
@@ -20,6 +21,7 @@ The folder:
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from vitlab.errors import DataError, UsageError
+from vitlab.files import atomic_write_bytes
 
 DTYPES = ("float32", "float16")
 
@@ -70,27 +73,26 @@ class DenseWriter:
                     "differ); delete it to start over, or write to another folder"
                 )
         else:
-            write_atomically(path, json.dumps(self.settings, indent=1, sort_keys=True))
+            atomic_write_bytes(path, json.dumps(self.settings, indent=1, sort_keys=True).encode())
         return max((stop for _, stop in shard_spans(self.folder)), default=0)
 
     def write(self, first: int, stop: int, images: list[DenseImage], tokens: np.ndarray) -> None:
         """One shard: images first..stop-1 (those readable), their tokens (rows, channels) in order."""
         name = f"part-{first:012d}-{stop:012d}"
-        staged = self.folder / f"{name}.npy.tmp"
-        with open(staged, "wb") as handle:
-            np.save(handle, tokens.astype(self.settings["dtype"], copy=False), allow_pickle=False)
-        write_atomically(self.folder / f"{name}.json", json.dumps([entry.__dict__ for entry in images]))
-        staged.replace(self.folder / f"{name}.npy")  # last: the shard counts once its array is in place
+        array = io.BytesIO()  # the shard's bytes once more in memory while written: flat in the number of images
+        np.save(array, tokens.astype(self.settings["dtype"], copy=False), allow_pickle=False)
+        atomic_write_bytes(self.folder / f"{name}.json", json.dumps([entry.__dict__ for entry in images]).encode())
+        atomic_write_bytes(self.folder / f"{name}.npy", array.getvalue())  # last: the shard counts from here
 
     def unreadable(self) -> list[str]:
         path = self.folder / "unreadable.json"
         return json.loads(path.read_text()) if path.is_file() else []
 
     def record_unreadable(self, entries: list[str]) -> None:
-        write_atomically(self.folder / "unreadable.json", json.dumps(entries))
+        atomic_write_bytes(self.folder / "unreadable.json", json.dumps(entries).encode())
 
     def finish(self, images: int) -> None:
-        write_atomically(self.folder / "complete.json", json.dumps({"images": images}))
+        atomic_write_bytes(self.folder / "complete.json", json.dumps({"images": images}).encode())
 
 
 def shard_spans(folder: Path) -> list[tuple[int, int]]:
@@ -101,12 +103,6 @@ def shard_spans(folder: Path) -> list[tuple[int, int]]:
         if (folder / f"{path.stem}.json").is_file():
             spans.append((int(first), int(stop)))
     return sorted(spans)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    staged = path.with_name(path.name + ".tmp")
-    staged.write_text(text)
-    staged.replace(path)
 
 
 class DenseFeatureFile:

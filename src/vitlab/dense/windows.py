@@ -57,6 +57,11 @@ def sliding_window_features(
     ):
         if value <= 0 or value % patch:
             raise UsageError(f"{name} {value} is not a positive multiple of the patch size {patch}")
+    if stride_h > window_h or stride_w > window_w:
+        raise UsageError(
+            f"a stride of {stride_h}x{stride_w} pixels past a window of {window_h}x{window_w} leaves patches no "
+            "window covers; use a stride at most the window (DINOv3: 512-pixel windows, stride 341)"
+        )
     rows, cols = height // patch_h, width // patch_w
     cells_h, cells_w = min(window_h // patch_h, rows), min(window_w // patch_w, cols)
     boxes = [

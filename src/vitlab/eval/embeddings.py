@@ -162,7 +162,7 @@ def from_position(source: BatchSource, start: int) -> BatchSource:
         return ImageFiles(source.paths[start:], source.image_size, source.channels, source.preprocessing, source.name)
     subset = getattr(source, "subset", None)
     if subset is None:
-        raise UsageError(f"{source.name} cannot be continued part-way; delete the .parts folder to start over")
+        raise UsageError(f"{source.name} cannot be continued part-way; delete what the killed run wrote to start over")
     return subset(torch.arange(start, len(source)), source.name)
 
 

@@ -19,8 +19,9 @@ other summation orders).
    training short sequences: `hardware.TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS`): a backward that copies less
    (layers/explicit_attention.py; `python benchmarks/attention_backward.py`).
 
-Module hooks keep their meaning: a block, attention or MLP with a forward hook (or a hook on every module) runs
-through its own `forward`, so the hook sees what it always saw.
+Module hooks and wrappers keep their meaning: a block, attention or MLP that is a subclass or a wrapper, or that a
+hook of any kind watches (its own or one on every module), or that was compiled on its own, runs through its own
+call, so the hook, checkpointing wrapper or compiled graph sees what it always saw.
 """
 
 from __future__ import annotations
@@ -52,8 +53,13 @@ def head_tokens(config: ViTConfig) -> int | None:
 
 def run_block(block: Block, x: torch.Tensor, context: AttentionContext, queries: int | None = None) -> torch.Tensor:
     """Block.forward's two equations, x (B, T, D) -> (B, T, D), with the speed paths; queries: only the first
-    `queries` tokens' outputs, (B, queries, D) (item 1 of the module docstring)."""
-    if has_hooks(block) or (queries is not None and has_hooks(block.attn)):
+    `queries` tokens' outputs, (B, queries, D) (item 1 of the module docstring). A block that is not exactly
+    `Block` (a subclass, a checkpointing or FSDP wrapper), or that anything watches (a hook of any kind, a compiled
+    call), runs through its own call; so does a last block any part of which is watched, whose hooks would
+    otherwise see the trimmed tokens."""
+    if not runs_as_written(block, Block):
+        return block(x, context)
+    if queries is not None and (type(block.attn) is not Attention or any(watched(part) for part in block.modules())):
         return block(x, context)
     if queries is None:
         x = x + block.drop_path(block.ls1(attend(block.attn, block.norm1(x), context)))
@@ -76,7 +82,7 @@ def attend(attention: Attention, x: torch.Tensor, context: AttentionContext) -> 
         and attention.key_bias
         and isinstance(attention.q_norm, nn.Identity)
         and not (attention.training and attention.attn_drop.p > 0)
-        and not has_hooks(attention)
+        and runs_as_written(attention, Attention)
     ):
         return attention(x, **context.kwargs())
     heads = explicit_attention(attention.qkv(x), attention.num_heads, attention.scale)
@@ -100,7 +106,7 @@ def attend_first(attention: Attention, x: torch.Tensor, context: AttentionContex
 
 def mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """MLP(x), with GELU written over fc1's output where nothing else can see it (item 2)."""
-    if not (isinstance(module, Mlp) and isinstance(module.act, nn.GELU) and fc1_output_is_private(module)):
+    if not (runs_as_written(module, Mlp) and isinstance(module.act, nn.GELU) and fc1_output_is_private(module)):
         return module(x)
     hidden = torch.ops.aten.gelu_(module.fc1(x), approximate=module.act.approximate)
     return module.drop2(module.fc2(module.drop1(hidden)))
@@ -112,14 +118,26 @@ def fc1_output_is_private(module: Mlp) -> bool:
     module could have kept it or expects to be called."""
     if torch.is_grad_enabled():
         return False
-    return not (has_hooks(module) or has_hooks(module.fc1) or has_hooks(module.act))
+    return not (watched(module) or watched(module.fc1) or watched(module.act))
 
 
-def has_hooks(module: nn.Module) -> bool:
-    """Whether a forward hook watches `module`: its own, or one registered for every module."""
+def runs_as_written(module: nn.Module, kind: type[nn.Module]) -> bool:
+    """Whether `module` is exactly `kind` (not a subclass with a forward of its own, nor a wrapper) and nothing
+    watches its call: only then may its equations be computed here instead of by its `forward`."""
+    return type(module) is kind and not watched(module)
+
+
+def watched(module: nn.Module) -> bool:
+    """Whether anything hangs on `module`'s call: a forward, forward-pre, backward or backward-pre hook of its own
+    or registered for every module, or a compiled call (`module.compile()`)."""
     return bool(
         module._forward_hooks
         or module._forward_pre_hooks
+        or module._backward_hooks
+        or module._backward_pre_hooks
+        or getattr(module, "_compiled_call_impl", None) is not None
         or module_hooks._global_forward_hooks
         or module_hooks._global_forward_pre_hooks
+        or module_hooks._global_backward_hooks
+        or module_hooks._global_backward_pre_hooks
     )

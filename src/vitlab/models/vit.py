@@ -21,6 +21,7 @@ their logits are the mean of both heads', as DeiT infers.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -276,24 +277,29 @@ class VisionTransformer(nn.Module):
         tokens: torch.Tensor,
         layout: PatchLayout,
         *,
-        keep_states: bool = False,
+        keep_states: bool | Collection[int] = False,
+        stop: int | None = None,
         attention_layers: Collection[int] = frozenset(),
         on_attention: AttentionCallback | None = None,
         outputs: int | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Eqs. 2-3: z_0 (B, T, D) -> (z_L before the final norm, every block's output if keep_states, else []).
+        """Eqs. 2-3: z_0 (B, T, D) -> (z_L before the final norm, the kept blocks' outputs in block order).
 
         layout: where the patch tokens sit (from `prepare_tokens`; MAE's kept patches: `layout.keep(indices)`), for
-        the positions of every block, the padding mask and the pooling. Blocks in `attention_layers` take the
-        explicit-softmax path and hand their weights to `on_attention(index, weights)`. outputs: only the first
-        `outputs` tokens of z_L are wanted; the fast paths then compute no others in the last block, so z_L may
-        come back as (B, outputs, D)."""
+        the positions of every block, the padding mask and the pooling. keep_states: True for every block's output,
+        or the indices of the blocks whose outputs to keep (memory holds those only). stop: run the blocks before
+        this index only (z_L is then that block's output). Blocks in `attention_layers` take the explicit-softmax
+        path and hand their weights to `on_attention(index, weights)`. outputs: only the first `outputs` tokens of
+        z_L are wanted; the fast paths then compute no others in the last block, so z_L may come back as
+        (B, outputs, D)."""
         context = self.block_context(layout, tokens.shape[0])
         tables, attention = context.tables, context.attention
-        states: list[torch.Tensor] = []
+        kept: list[torch.Tensor] = []
         x = tokens
-        last = len(self.blocks) - 1
+        last = (len(self.blocks) if stop is None else stop) - 1
         for index, block in enumerate(self.blocks):
+            if index > last:
+                break
             if tables is not None:  # Table 8's "every layer" columns: own tables, or one shared
                 x = add_positions(x, tables[index if len(tables) > 1 else 0], self.config)
             if index in attention_layers:
@@ -303,9 +309,9 @@ class VisionTransformer(nn.Module):
                 x = fast_paths.run_block(block, x, attention, outputs if index == last else None)
             else:
                 x = block(x, attention)
-            if keep_states:
-                states.append(x)
-        return x, states
+            if keep_states is True or (keep_states is not False and index in keep_states):
+                kept.append(x)
+        return x, kept
 
     def forward_intermediates(
         self,
@@ -334,19 +340,20 @@ class VisionTransformer(nn.Module):
                 "patches with their own coordinates (a PatchInput, e.g. NaFlex) have no common grid to lay "
                 "out as NCHW; ask output_fmt='NLC' (the real tokens of each image are inputs.valid)"
             )
+        if isinstance(indices, (str, dict)):
+            raise UsageError(
+                f"forward_intermediates takes block indices (timm's), got {indices!r}; the named intermediates "
+                "(attention weights, every block's output) are forward_analysis's"
+            )
         chosen = self._block_indices(indices)
         tokens, layout = self.prepare_tokens(inputs)
-        blocks = self.blocks
-        if stop_early:
-            self.blocks = blocks[: max(chosen) + 1]  # type: ignore[assignment]
-        try:
-            kept: list[torch.Tensor] = []
-            x, states = self.forward_blocks(tokens, layout, keep_states=True)
-        finally:
-            self.blocks = blocks
+        x, states = self.forward_blocks(
+            tokens, layout, keep_states=set(chosen), stop=max(chosen) + 1 if stop_early else None
+        )
+        kept: list = []
         prefix = self.config.num_prefix_tokens
-        for index in sorted(chosen):
-            state = self.norm(states[index]) if norm else states[index]
+        for state in states:  # the chosen blocks', in block order
+            state = self.norm(state) if norm else state
             patches = state[:, prefix:]
             if output_fmt == "NCHW":
                 rows, cols = layout.grid
@@ -520,6 +527,8 @@ class VisionTransformer(nn.Module):
         depth = len(self.blocks)
         if indices is None:
             return list(range(depth))
+        if not isinstance(indices, int) and len(indices) == 0:
+            raise UsageError(f"no block chosen; give indices 0..{depth - 1}, -{depth}..-1, or None for every block")
         if isinstance(indices, int):
             if not 0 < indices <= depth:
                 raise UsageError(f"the last {indices} blocks of a {depth}-block model: ask for 1..{depth}")
@@ -530,6 +539,17 @@ class VisionTransformer(nn.Module):
                     f"layer {index} is out of range for a {depth}-block model; use 0..{depth - 1} or -{depth}..-1"
                 )
         return sorted({int(index) % depth for index in indices})
+
+    @property
+    def dynamic_image_size(self) -> bool:
+        """The name of `dynamic_size` before vitlab 0.2 (issue 48), kept so that old code is not silently ignored."""
+        warnings.warn("VisionTransformer.dynamic_image_size is now dynamic_size", DeprecationWarning, stacklevel=2)
+        return self.dynamic_size
+
+    @dynamic_image_size.setter
+    def dynamic_image_size(self, value: bool) -> None:
+        warnings.warn("VisionTransformer.dynamic_image_size is now dynamic_size", DeprecationWarning, stacklevel=2)
+        self.dynamic_size = value
 
     # ----------------------------------------------------------------------------------------- resolution
     def set_image_size(self, image_size: int | tuple[int, int], mode: str = "bilinear") -> None:
