@@ -114,6 +114,31 @@ def add_inference_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help=DEVICE_HELP)
 
 
+def add_collection_options(parser: argparse.ArgumentParser, out_help: str) -> None:
+    """A checkpoint, the images of a collection (DATA, or --dataset with --data-dir and --split) and -o: what
+    `embed` and `dense` read and write."""
+    parser.add_argument("checkpoint", help=CHECKPOINT_HELP)
+    parser.add_argument(
+        "data",
+        nargs="?",
+        help="a folder (of class sub-folders, or of images), a .csv/.jsonl manifest, .tar shards, a .parquet or "
+        "saved Hugging Face dataset, or hf:NAME; or leave it out and give --dataset",
+    )
+    parser.add_argument("-o", "--out", required=True, help=out_help)
+    parser.add_argument("--dataset", help="a data set by name instead of DATA (digits, mnist, cifar10, ...)")
+    parser.add_argument("--data-dir", help="with --dataset: where its files are")
+    parser.add_argument(
+        "--split", choices=("train", "val", "test"), default="train", help="with --dataset (default train)"
+    )
+
+
+def add_collection_run_options(parser: argparse.ArgumentParser) -> None:
+    """--precision, --workers and --json, for the commands that run a model over a collection (embed, dense)."""
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help=INFERENCE_PRECISION_HELP)
+    parser.add_argument("--workers", type=int, help="decoding processes for streamed data (default: the cores)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
 def add_frozen_feature_options(parser: argparse.ArgumentParser) -> None:
     """A model and data set, or a pair of embedding files: what fewshot and linear-probe measure frozen features
     of."""

@@ -21,9 +21,7 @@ from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, den
 from vitlab.dense.store import DenseImage, DenseWriter
 from vitlab.eval.batches import run_batches
 from vitlab.eval.embeddings import from_position, locations
-from vitlab.eval.fewshot import checkpoint_digest
-from vitlab.eval.retrieval import model_spec, open_data
-from vitlab.hardware import available_cores
+from vitlab.eval.retrieval import collection_run
 
 PART_IMAGES = 256  # images per shard: 150 MB of B/16 float32 tokens, and what a killed run can lose
 
@@ -164,24 +162,10 @@ def run_dense(
     workers: int | None = None,
 ) -> dict[str, Any]:
     """`vitlab dense`: the model of `checkpoint`, the images of DATA (or --dataset), written to the folder `out`."""
-    from vitlab.eval.predict import inference_precision
-
     model = checkpoints.load_model(checkpoint)
     blocks = chosen_blocks(len(model.blocks), parse_layers(layers))  # refused before any image is read
-    chosen = inference_precision(model, precision)
-    source = open_data(model, data, dataset, data_dir, split, available_cores() if workers is None else workers)
-    return extract_dense(
-        model,
-        source,
-        out,
-        model_spec=model_spec(checkpoint),
-        weights_digest=checkpoint_digest(checkpoint),
-        layers=blocks,
-        norm=norm,
-        dtype=dtype,
-        batch_size=batch_size,
-        precision=chosen.value,
-    )
+    source, run = collection_run(model, checkpoint, data, dataset, data_dir, split, precision, workers)
+    return extract_dense(model, source, out, layers=blocks, norm=norm, dtype=dtype, batch_size=batch_size, **run)
 
 
 def parse_layers(text: str) -> LayerChoice:

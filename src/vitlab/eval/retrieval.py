@@ -78,22 +78,33 @@ def run_embed(
     precision: str = "auto",
     workers: int | None = None,
 ) -> dict[str, Any]:
+    model = checkpoints.load_model(checkpoint)
+    source, run = collection_run(model, checkpoint, data, dataset, data_dir, split, precision, workers)
+    return embed(model, source, out, pool=pool, dtype=dtype, batch_size=batch_size, **run)
+
+
+def collection_run(
+    model: Any,
+    checkpoint: str,
+    data: str | None,
+    dataset: str | None,
+    data_dir: str | None,
+    split: str,
+    precision: str,
+    workers: int | None,
+) -> tuple[BatchSource, dict[str, Any]]:
+    """What `embed` and `dense` open before they run a model over a collection: the images (`open_data`, decoded by
+    `workers` processes, the cores by default) and the keywords that name the run: the model's spec and weights
+    digest (checked when a killed run continues) and the precision chosen for this machine."""
     from vitlab.eval.predict import inference_precision
 
-    model = checkpoints.load_model(checkpoint)
     chosen = inference_precision(model, precision)
     source = open_data(model, data, dataset, data_dir, split, available_cores() if workers is None else workers)
-    return embed(
-        model,
-        source,
-        out,
-        model_spec=model_spec(checkpoint),
-        weights_digest=checkpoint_digest(checkpoint),
-        pool=pool,
-        dtype=dtype,
-        batch_size=batch_size,
-        precision=chosen.value,
-    )
+    return source, {
+        "model_spec": model_spec(checkpoint),
+        "weights_digest": checkpoint_digest(checkpoint),
+        "precision": chosen.value,
+    }
 
 
 def format_embed(report: dict[str, Any]) -> str:
