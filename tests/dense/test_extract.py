@@ -81,3 +81,30 @@ def test_images_at_their_own_aspect_ratio_keep_their_own_grids(tmp_path):
     grids = {entry.path.rsplit("/", 1)[-1]: (entry.rows, entry.cols) for entry in stored.entries}
     assert grids["wide.png"][1] > grids["wide.png"][0] and grids["tall.png"][0] > grids["tall.png"][1]
     assert all(rows * cols <= 12 for rows, cols in grids.values())
+
+
+def test_a_fixed_size_reads_every_image_on_the_larger_grid(tiny_run, tmp_path):
+    assert run_dense(tiny_run, tmp_path / "dense", "--size", "32x48") == 0
+    stored = DenseFeatureFile(tmp_path / "dense")
+    model = load_model(tiny_run).eval()
+    patch_h, patch_w = model.config.pixel_patch_size
+    assert stored[0].shape == (16, 32 // patch_h, 48 // patch_w)
+    assert run_dense(tiny_run, tmp_path / "dense", "--size", "model") == 2  # another reading of the same folder
+
+
+def test_own_aspect_ratio_for_any_model(tiny_run, tmp_path):
+    folder = tmp_path / "photos"
+    three_shapes(folder)
+    out = tmp_path / "dense"
+    assert main(["dense", str(tiny_run), str(folder), "-o", str(out), "--size", "aspect", "--workers", "0"]) == 0
+    stored = DenseFeatureFile(out)
+    shapes = {grid.shape[1:] for grid in (stored[index] for index in range(len(stored)))}
+    assert len(shapes) == 3  # a wide, a tall and a square photo: three grids
+    model = load_model(tiny_run)
+    assert all(rows * cols <= model.config.num_patches for rows, cols in shapes)
+
+
+def test_a_size_that_cuts_patches_is_refused_with_the_nearest_one(tiny_run, tmp_path, capsys):
+    patch_h, patch_w = load_model(tiny_run).config.pixel_patch_size
+    assert run_dense(tiny_run, tmp_path / "dense", "--size", f"{4 * patch_h + 1}x{4 * patch_w}") == 2
+    assert f"use {4 * patch_h}x{4 * patch_w}" in capsys.readouterr().err

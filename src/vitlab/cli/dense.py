@@ -25,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="the blocks' outputs as they are, without the model's final norm (applied by default)",
     )
+    parser.add_argument(
+        "--size",
+        default="model",
+        help="how images are sized: model (default: the model's size and preprocessing), a size in pixels (448 or "
+        "448x672, whole patches: more patches, finer grids), or aspect[:N] (each image's own aspect ratio within N "
+        "patches, default the model's count)",
+    )
     parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="stored feature type")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     add_collection_run_options(parser)

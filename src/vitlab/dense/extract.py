@@ -1,8 +1,11 @@
 """`vitlab dense`: the patch-feature grids of every image of a collection, written as memory-mapped shards
 (dense/store.py), streamed through the data workers, resumable after a kill, memory flat in the number of images.
 
-Each image is read as the model reads it: resized to the model's size by its preprocessing contract, or at its own
-aspect ratio for a NaFlex model (its grid then is its own). A shard holds `part_images` images' tokens; the images'
+Each image is read as the model reads it (`--size model`, the default): resized to the model's size by its
+preprocessing contract, or at its own aspect ratio for a NaFlex model (its grid then is its own). `--size 448` or
+`448x672` reads every image at that size instead (the model's positions resampled to the larger grid: more patches
+per image, finer features); `--size aspect` (or `aspect:N`) keeps each image's aspect ratio, resized to the largest
+grid of whole patches within N patches (default the model's own count), as NaFlex does, for any model. A shard holds `part_images` images' tokens; the images'
 paths and labels come from the data, as `vitlab embed` records them.
 """
 
@@ -16,12 +19,14 @@ import numpy as np
 import torch
 
 from vitlab import checkpoint as checkpoints
+from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.source import BatchSource
 from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features
 from vitlab.dense.store import DenseImage, DenseWriter
+from vitlab.errors import UsageError
 from vitlab.eval.batches import run_batches
 from vitlab.eval.embeddings import from_position, locations
-from vitlab.eval.retrieval import collection_run
+from vitlab.eval.retrieval import Reading, collection_run
 
 PART_IMAGES = 256  # images per shard: 150 MB of B/16 float32 tokens, and what a killed run can lose
 
@@ -47,10 +52,12 @@ def extract_dense(
     batch_size: int = 64,
     precision: str = "fp32",
     part_images: int | None = None,
+    reading: Reading | None = None,
 ) -> dict[str, Any]:
     """Write the dense features of every image of `source` to the folder `out`; returns a summary: the images
     written, those unreadable, the channels and grid, where the run started (0 unless it continued). part_images:
-    images per shard (PART_IMAGES)."""
+    images per shard (PART_IMAGES); reading: the size and contract the source's images were opened at
+    (`reading_for`; default the model's own), recorded so that a continued run reads them the same way."""
     part_images = part_images or PART_IMAGES
     blocks = chosen_blocks(len(model.blocks), layers)
     contract = getattr(source, "preprocessing", None)
@@ -62,7 +69,7 @@ def extract_dense(
         "dtype": dtype,
         "channels": len(blocks) * model.config.embed_dim,
         "precision": precision,
-        "image_size": list(model.config.image_size),
+        "image_size": list((reading or model.config).image_size),
         "patch_size": list(model.config.pixel_patch_size),
         "preprocessing": contract.to_dict() if contract is not None and hasattr(contract, "to_dict") else None,
         "data": source.name,
@@ -101,7 +108,7 @@ def extract_dense(
     try:
         if start < len(source):
             for batch, features in run_batches(
-                model, remaining, batch_size, precision=precision, forward=forward, progress=label
+                model, remaining, batch_size, precision=precision, forward=forward, progress=label, spec=reading
             ):
                 positions = (batch.indices + start).tolist()
                 paths = locations(source, positions)
@@ -160,12 +167,56 @@ def run_dense(
     batch_size: int = 64,
     precision: str = "auto",
     workers: int | None = None,
+    size: str = "model",
 ) -> dict[str, Any]:
     """`vitlab dense`: the model of `checkpoint`, the images of DATA (or --dataset), written to the folder `out`."""
     model = checkpoints.load_model(checkpoint)
     blocks = chosen_blocks(len(model.blocks), parse_layers(layers))  # refused before any image is read
-    source, run = collection_run(model, checkpoint, data, dataset, data_dir, split, precision, workers)
-    return extract_dense(model, source, out, layers=blocks, norm=norm, dtype=dtype, batch_size=batch_size, **run)
+    reading = reading_for(model, size)
+    source, run = collection_run(model, checkpoint, data, dataset, data_dir, split, precision, workers, reading)
+    return extract_dense(
+        model, source, out, layers=blocks, norm=norm, dtype=dtype, batch_size=batch_size, reading=reading, **run
+    )
+
+
+def reading_for(model: Any, size: str) -> Reading | None:
+    """`--size`: "model" (None: the model's own size and contract), "N" or "HxW" pixels (a fixed size, whole
+    patches; the model's positions resampled to it), or "aspect" / "aspect:N" (each image's own aspect ratio within
+    N patches, default the model's own count). Sets `model.dynamic_size` where the size needs it."""
+    config = model.config
+    text = size.strip().lower()
+    if text == "model":
+        return None
+    patch_h, patch_w = config.pixel_patch_size
+    own = resolved_preprocessing(config, "files")
+    if text.startswith("aspect"):
+        budget = text[len("aspect") :].lstrip(":")
+        if budget and not budget.isdigit():
+            raise UsageError(f"--size {size!r}: use aspect or aspect:N, N a number of patches (e.g. aspect:1024)")
+        max_patches = int(budget) if budget else config.num_patches
+        hybrid = config.resnet_layers is not None
+        if patch_h != patch_w or hybrid or max_patches < 1:
+            raise UsageError(
+                f"--size {size!r} cuts each image into its own grid of square patches: it needs a model with square "
+                f"patches and no convolutional stem (this one: {patch_h}x{patch_w} pixels a patch"
+                f"{', a ResNet stem' if hybrid else ''}) and N >= 1; use --size HxW"
+            )
+        contract = Preprocessing.naflex(patch_h, max_patches, resize=own.resize, grey=own.grey)
+        return Reading.of(config, tuple(config.image_size), contract)
+    parts = text.split("x")
+    if len(parts) not in (1, 2) or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise UsageError(f"--size {size!r}: use model, a size in pixels (448 or 448x672), or aspect[:N]")
+    height, width = int(parts[0]), int(parts[-1])
+    if height % patch_h or width % patch_w:
+        raise UsageError(
+            f"--size {height}x{width} is not a whole number of the model's {patch_h}x{patch_w}-pixel patches; use "
+            f"{max(patch_h, height // patch_h * patch_h)}x{max(patch_w, width // patch_w * patch_w)}"
+        )
+    if (height, width) != tuple(config.image_size):
+        model.dynamic_size = True  # positions resampled to the grid of this size (kept, nothing trains them)
+    # A NaFlex model's own contract keeps each image's aspect ratio; a fixed size stretches to it instead.
+    contract = own if own.mode != "naflex" else Preprocessing(mode="stretch", resize=own.resize, grey=own.grey)
+    return Reading.of(config, (height, width), contract)
 
 
 def parse_layers(text: str) -> LayerChoice:

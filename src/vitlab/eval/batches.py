@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.data.preprocess import prepare, to_unit_range
+from vitlab.data.preprocess import InputSpec, prepare, to_unit_range
 from vitlab.data.source import Batch, BatchSource
 from vitlab.distributed import DistEnv
 from vitlab.kernels import model_fp32_kernel
@@ -39,6 +39,7 @@ def run_batches(
     precision: str = "fp32",
     forward: Callable[[Any, ModelInput], Any] = call_model,
     progress: str | None = None,
+    spec: InputSpec | None = None,
 ) -> Iterator[tuple[Batch, Any]]:
     """(batch, outputs) for this rank's share of `source` (all of it on one process), in order.
 
@@ -46,11 +47,13 @@ def run_batches(
     (under bf16 autocast with precision "bf16"; in fp32 on a CPU its linear layers on the fp32 kernel that
     measured fastest here, `vitlab.kernels`) and left in the mode it was in; or an ONNX Runtime classifier
     (`vitlab.export.onnx.OnnxClassifier`), given [0, 1] images. forward(model, inputs): what to call (default
-    `model(inputs)`, e.g. `forward_pre_logits` for features). progress: a label shows a progress bar."""
+    `model(inputs)`, e.g. `forward_pre_logits` for features). progress: a label shows a progress bar. spec: the size
+    and contract the images are prepared to (default the model's own; `vitlab dense --size` reads them larger)."""
     env = env or DistEnv()
     torch_model = isinstance(model, nn.Module)
     core = getattr(model, "module", model)
     config = core.config
+    spec = spec or config
     was_training = torch_model and model.training
     if torch_model:
         model.eval()
@@ -65,12 +68,12 @@ def run_batches(
         with kernel:
             for batch in source.evaluation_batches(batch_size, env.rank, env.world_size):
                 if torch_model:
-                    inputs = prepare(batch.images, batch.max_value, config).to(device)
+                    inputs = prepare(batch.images, batch.max_value, spec).to(device)
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                         outputs = forward(model, inputs)
                 else:
                     pixels = require_pixels(batch.images, f"{type(model).__name__} (an exported graph of whole images)")
-                    outputs = model.classify_unit(to_unit_range(pixels, batch.max_value, config))
+                    outputs = model.classify_unit(to_unit_range(pixels, batch.max_value, spec))
                 if bar is not None:
                     bar.update(len(batch))
                 yield batch, outputs

@@ -4,6 +4,7 @@ images of an embedding file, and its near-duplicates)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,23 @@ from vitlab.eval.neighbours import KNN_K, KNN_TEMPERATURE, knn_accuracy, near_du
 from vitlab.hardware import available_cores
 
 
+@dataclass(frozen=True)
+class Reading:
+    """The size images are read at, and under which contract, where a command reads them otherwise than the model
+    was trained to (`vitlab dense --size`): an `InputSpec`, the model's channels and statistics at another size."""
+
+    image_size: tuple[int, int]
+    patch_size: tuple[int, int]
+    in_chans: int
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    preprocessing: Preprocessing
+
+    @classmethod
+    def of(cls, config: Any, image_size: tuple[int, int], preprocessing: Preprocessing) -> Reading:
+        return cls(image_size, config.patch_size, config.in_chans, config.image_mean, config.image_std, preprocessing)
+
+
 def model_spec(spec: str | Path) -> str:
     """How the embedding file names its model: a local path made absolute (a search may run elsewhere), a
     catalogue or hub name as given."""
@@ -29,14 +47,28 @@ def model_spec(spec: str | Path) -> str:
 
 
 def open_data(
-    model: Any, data: str | None, dataset: str | None, data_dir: str | None, split: str, workers: int
+    model: Any,
+    data: str | None,
+    dataset: str | None,
+    data_dir: str | None,
+    split: str,
+    workers: int,
+    reading: Reading | None = None,
 ) -> BatchSource:
     """The images to embed: a data set by name (`--dataset`, one split), or DATA: a folder of class sub-folders,
     a manifest, tar shards or a Hugging Face dataset (streamed through worker processes), or a folder of image
-    files without classes (read in this process)."""
+    files without classes (read in this process). reading: the size and contract to decode them at (default the
+    model's own)."""
     config = model.config
+    image_size, contract = (
+        (reading.image_size, reading.preprocessing)
+        if reading is not None
+        else (config.image_size, resolved_preprocessing(config, "files"))
+    )
     if dataset is not None:
-        request = DataRequest.for_model(config, dataset, data_dir=data_dir, val_size=0, workers=workers)
+        request = DataRequest.for_model(config, dataset, data_dir=data_dir, val_size=0, workers=workers).replace(
+            image_size=image_size, preprocessing=contract
+        )
         source = open_split(request, split)
         if source is None:
             raise DataError(f"{dataset} has no {split} split")
@@ -51,17 +83,11 @@ def open_data(
         files = collect_images([path])
         if not files:
             raise DataError(f"{path} holds no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})")
-        return ImageFiles(files, config.image_size, config.in_chans, resolved_preprocessing(config, "files"), path.name)
+        return ImageFiles(files, image_size, config.in_chans, contract, path.name)
     from vitlab.data.stream.loader import StreamingSource
     from vitlab.data.stream.open import open_index
 
-    return StreamingSource(
-        open_index(data),
-        config.image_size,
-        config.in_chans,
-        contract=resolved_preprocessing(config, "files"),
-        workers=workers,
-    )
+    return StreamingSource(open_index(data), image_size, config.in_chans, contract=contract, workers=workers)
 
 
 def run_embed(
@@ -92,6 +118,7 @@ def collection_run(
     split: str,
     precision: str,
     workers: int | None,
+    reading: Reading | None = None,
 ) -> tuple[BatchSource, dict[str, Any]]:
     """What `embed` and `dense` open before they run a model over a collection: the images (`open_data`, decoded by
     `workers` processes, the cores by default) and the keywords that name the run: the model's spec and weights
@@ -99,7 +126,9 @@ def collection_run(
     from vitlab.eval.predict import inference_precision
 
     chosen = inference_precision(model, precision)
-    source = open_data(model, data, dataset, data_dir, split, available_cores() if workers is None else workers)
+    source = open_data(
+        model, data, dataset, data_dir, split, available_cores() if workers is None else workers, reading
+    )
     return source, {
         "model_spec": model_spec(checkpoint),
         "weights_digest": checkpoint_digest(checkpoint),
