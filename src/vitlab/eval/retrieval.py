@@ -22,7 +22,7 @@ from vitlab.eval.neighbours import KNN_K, KNN_TEMPERATURE, knn_accuracy, near_du
 from vitlab.hardware import available_cores
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: an InputSpec's fields are plain attributes
 class Reading:
     """The size images are read at, and under which contract, where a command reads them otherwise than the model
     was trained to (`vitlab dense --size`): an `InputSpec`, the model's channels and statistics at another size."""
