@@ -32,7 +32,7 @@ class Reading:
     in_chans: int
     image_mean: tuple[float, ...]
     image_std: tuple[float, ...]
-    preprocessing: Preprocessing
+    preprocessing: Preprocessing | None  # as InputSpec declares it; always set here
 
     @classmethod
     def of(cls, config: Any, image_size: tuple[int, int], preprocessing: Preprocessing) -> Reading:
