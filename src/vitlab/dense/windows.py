@@ -10,9 +10,11 @@ stitched features differ from it; that is the price of the memory a 2048-pixel p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from vitlab.dense.features import LayerChoice, chosen_blocks, dense_features
+from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features
 from vitlab.errors import UsageError
 
 
@@ -34,13 +36,21 @@ def sliding_window_features(
     layers: LayerChoice = "last",
     norm: bool = True,
     batch_size: int = 4,
+    head_input: Callable[[DenseFeatures], torch.Tensor] = DenseFeatures.concatenated,
+    prefix_tokens: bool = False,
 ) -> torch.Tensor:
     """image (1, C, H, W), normalised, its sides multiples of the patch size -> the chosen blocks' features stitched
     on the whole image's patch grid, (1, len(blocks) * D, H / P, W / P).
 
     window, stride: in pixels (a side, or (height, width)), multiples of the patch size; a window larger than the
     image shrinks to it. The model must take the window's size (its own, or any: `dynamic_size`, rotary positions).
-    Windows run `batch_size` at a time, so memory holds that many windows' activations, never the whole image's."""
+    Windows run `batch_size` at a time, so memory holds that many windows' activations, never the whole image's.
+
+    head_input: what a head reads of a window's features, (n, C', cells_h, cells_w) (default the chosen blocks
+    side by side); averaged over windows like the features. A linear head's logits of the averaged input are the
+    average of its logits per window (mmsegmentation's slide averages logits): the same thing, for a linear head.
+    The depth probe's input holds each window's class token (prefix_tokens=True), so its windows' class tokens
+    are averaged with it."""
     if image.ndim != 4 or image.shape[0] != 1:
         raise UsageError(f"sliding windows take one image (1, C, H, W), got {tuple(image.shape)}")
     patch_h, patch_w = model.config.pixel_patch_size
@@ -80,7 +90,7 @@ def sliding_window_features(
                 for top, left in chunk
             ]
         )
-        features = dense_features(model, crops, layers, norm=norm).concatenated()  # (n, blocks * D, cells_h, cells_w)
+        features = head_input(dense_features(model, crops, layers, norm=norm, prefix_tokens=prefix_tokens))
         if total is None:
             total = features.new_zeros(1, features.shape[1], rows, cols)
         for (top, left), one in zip(chunk, features):
