@@ -1,0 +1,369 @@
+"""`vitlab dense-probe`: DINOv3's dense probes of a frozen model, from data to figures (issue 49, item 4).
+
+    features of the training views, computed once    (views.training_view: the shorter side to `side`, centre crop)
+    -> a head per learning rate, trained on them      (segmentation_probe / depth_probe)
+    -> the head of the best validation score          (never the test split's)
+    -> the test split, each image whole               (views.evaluation_view; sliding windows past `window` pixels)
+       the head's output upsampled to the target's own size, scored, and written beside the figures if asked
+
+A task is one row of `TASKS`: what its head reads of the features, how it trains, how one image's output is scored
+and written. Segmentation reads the chosen blocks' patch tokens (DINOv3's linear head; `last` by default); depth
+reads them with each block's class token (DINOv2's linear depth head; `last4` by default).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitlab.data.preprocess import match_channels, normalize, resolved_preprocessing
+from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features
+from vitlab.dense.probe_data import DenseExample, Examples, ProbeData
+from vitlab.dense.views import evaluation_view, training_view
+from vitlab.dense.windows import sliding_window_features
+from vitlab.errors import DataError, UsageError
+
+LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # DINOv3 sweeps its linear heads' rate; the top is rarely best
+FEATURE_BATCH = 32  # training views per forward pass
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    layers: LayerChoice
+    side: int  # pixels: the training crop, the evaluation view's shorter side and the default window
+    window: int  # pixels: the sliding window over an evaluation view larger than it
+    stride: int
+    epochs: int = 10
+    learning_rates: tuple[float, ...] = LEARNING_RATES
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Trained:
+    head: torch.nn.Module
+    learning_rate: float
+    validation: dict[str, Any]  # the chosen head's validation scores
+    tried: dict[float, float]  # learning rate -> validation score (mIoU, or RMSE for depth)
+
+
+class Task:
+    """One dense task: its head's input, training, scoring and written outputs."""
+
+    name: str
+    prefix_tokens: bool  # the head reads the class token
+    default_layers: str
+    score_name: str  # the validation score a learning rate is chosen by
+
+    def head_input(self, features: DenseFeatures) -> torch.Tensor: ...
+    def train(
+        self, inputs: torch.Tensor, targets: torch.Tensor, val_inputs, val_targets, data, settings
+    ) -> Trained: ...
+    def meter(self, data: ProbeData) -> Any: ...
+    def predict(self, head: torch.nn.Module, inputs: torch.Tensor, size: tuple[int, int]) -> torch.Tensor: ...
+    def scores(self, meter: Any, data: ProbeData) -> dict[str, Any]: ...
+    def write(self, prediction: torch.Tensor, path: Path) -> Path: ...
+
+
+class SegmentationTask(Task):
+    name, prefix_tokens, default_layers, score_name = "segmentation", False, "last", "mean_iou"
+
+    def head_input(self, features: DenseFeatures) -> torch.Tensor:
+        return features.concatenated()
+
+    def train(self, inputs, targets, val_inputs, val_targets, data, settings) -> Trained:
+        from vitlab.dense.segmentation_probe import train_segmentation_probe
+
+        result = train_segmentation_probe(
+            inputs,
+            targets,
+            val_inputs,
+            val_targets,
+            data.num_classes,
+            learning_rates=settings.learning_rates,
+            epochs=settings.epochs,
+            seed=settings.seed,
+        )
+        return Trained(result.head, result.learning_rate, segmentation_report(result.validation, data), result.tried)
+
+    def meter(self, data: ProbeData):
+        from vitlab.eval.segmentation import ConfusionMatrix
+
+        return ConfusionMatrix(data.num_classes)
+
+    def predict(self, head, inputs, size) -> torch.Tensor:
+        return head(inputs.float(), size).argmax(dim=1)[0]  # (H, W) labels
+
+    def scores(self, meter, data: ProbeData) -> dict[str, Any]:
+        return segmentation_report(meter.scores(), data)
+
+    def write(self, prediction, path: Path) -> Path:
+        from vitlab.data.dense_sets import write_palette_png
+
+        target = path.with_suffix(".png")
+        write_palette_png(prediction.to(torch.uint8).numpy(), target)
+        return target
+
+
+def segmentation_report(scores, data: ProbeData) -> dict[str, Any]:
+    names = data.class_names or [str(index) for index in range(len(scores.per_class_iou))]
+    return {
+        "mean_iou": scores.mean_iou,
+        "pixel_accuracy": scores.pixel_accuracy,
+        "mean_class_accuracy": scores.mean_class_accuracy,
+        "per_class_iou": {name: round(value, 4) for name, value in zip(names, scores.per_class_iou)},
+        "pixels": scores.pixels,
+    }
+
+
+TASKS: dict[str, Task] = {"segmentation": SegmentationTask()}
+
+
+# ------------------------------------------------------------------------------------------------ running
+def model_input(model: Any, image: torch.Tensor) -> torch.Tensor:
+    """(C, H, W) or (B, C, H, W) in [0, 1] -> the model's channels, normalised with its statistics."""
+    config = model.config
+    batch = image if image.ndim == 4 else image[None]
+    grey = resolved_preprocessing(config, "files").grey
+    return normalize(match_channels(batch.float(), config.in_chans, grey), config)
+
+
+@torch.no_grad()
+def training_features(
+    model: Any, examples: Examples, task: Task, settings: ProbeSettings, label: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head inputs of every example's training view, float16 (N, C, rows, cols), and its targets (N, side,
+    side): computed once, the probe's epochs then cost a head's work only."""
+    inputs, targets, images, batch_targets = [], [], [], []
+
+    def flush() -> None:
+        if images:
+            features = dense_features(
+                model, model_input(model, torch.stack(images)), settings.layers, prefix_tokens=task.prefix_tokens
+            )
+            inputs.append(task.head_input(features).to(torch.float16))
+            targets.append(torch.stack(batch_targets))
+            images.clear()
+            batch_targets.clear()
+
+    for example in progress_over(examples, label):
+        image, target = training_view(example.image, example.target, settings.side)
+        images.append(image)
+        batch_targets.append(target)
+        if len(images) == FEATURE_BATCH:
+            flush()
+    flush()
+    if not inputs:
+        raise DataError(f"no {label} example could be read: {examples.skipped[:1] or 'the split is empty'}")
+    return torch.cat(inputs), torch.cat(targets)
+
+
+def evaluate(
+    model: Any,
+    head: torch.nn.Module,
+    examples: Examples,
+    task: Task,
+    data: ProbeData,
+    settings: ProbeSettings,
+    predictions: Path | None = None,
+) -> dict[str, Any]:
+    """The head's scores on every example, each whole at its evaluation view (`views.evaluation_view`), its output
+    upsampled to the target's own size; each prediction written to `predictions` (named after its image) if given.
+
+    A view within the window is one pass (views of one size go `FEATURE_BATCH` at a time); a larger one is covered
+    by overlapping windows stitched on the patch grid (`sliding_window_features`)."""
+    meter = task.meter(data)
+    head.eval()
+    written = 0
+    pending: list[tuple[DenseExample, torch.Tensor]] = []
+
+    def score(example: DenseExample, inputs: torch.Tensor) -> None:
+        nonlocal written
+        prediction = task.predict(head, inputs, tuple(example.target.shape))
+        meter.update(prediction[None], example.target[None])
+        if predictions is not None:
+            task.write(prediction, predictions / Path(example.name.replace(":", "_")).stem)
+            written += 1
+
+    def flush() -> None:
+        if pending:
+            views = torch.cat([view for _, view in pending])
+            inputs = task.head_input(dense_features(model, views, settings.layers, prefix_tokens=task.prefix_tokens))
+            for (example, _), one in zip(pending, inputs):
+                score(example, one[None])
+            pending.clear()
+
+    patch = model.config.pixel_patch_size
+    with torch.no_grad():
+        for example in progress_over(examples, f"{task.name} test"):
+            view = model_input(model, evaluation_view(example.image, settings.side, patch))  # (1, C, h, w)
+            if max(view.shape[-2:]) > settings.window:
+                flush()
+                inputs = sliding_window_features(
+                    model,
+                    view,
+                    settings.window,
+                    settings.stride,
+                    settings.layers,
+                    head_input=task.head_input,
+                    prefix_tokens=task.prefix_tokens,
+                )
+                score(example, inputs)
+                continue
+            if pending and pending[0][1].shape != view.shape:
+                flush()
+            pending.append((example, view))
+            if len(pending) == FEATURE_BATCH:
+                flush()
+        flush()
+    return {**task.scores(meter, data), "predictions_written": written}
+
+
+def progress_over(examples: Examples, label: str):
+    from vitlab.progress import progress
+
+    bar = progress(len(examples), label, unit="img")
+    try:
+        for example in examples:
+            yield example
+            bar.update(1)
+    finally:
+        bar.close()
+
+
+def probe_settings(
+    model: Any, task: Task, data: ProbeData, layers: str | None, side: int | None, **options
+) -> ProbeSettings:
+    """Settings checked against the model: its blocks, and sides that are whole patches."""
+    from vitlab.dense.extract import parse_layers
+
+    config = model.config
+    chosen = parse_layers(layers or task.default_layers)
+    chosen_blocks(len(model.blocks), chosen)  # a bad choice refused before any image is read
+    patch_h, patch_w = config.pixel_patch_size
+    side = side or data.side or config.image_size[0]
+    window = options.pop("window", None) or side
+    stride = options.pop("stride", None) or max(patch_h, round(window * 2 / 3 / patch_h) * patch_h)
+    for name, value in (("--size", side), ("--window", window), ("--stride", stride)):
+        if value % patch_h or value % patch_w:
+            raise UsageError(
+                f"{name} {value} is not a whole number of the model's {patch_h}x{patch_w}-pixel patches; use "
+                f"{max(patch_h, value // patch_h * patch_h)}"
+            )
+    if stride > window:
+        raise UsageError(f"--stride {stride} past --window {window} leaves pixels no window sees; use at most {window}")
+    return ProbeSettings(chosen, side, window, stride, **options)
+
+
+def run_probe(
+    model: Any,
+    data: ProbeData,
+    settings: ProbeSettings,
+    predictions: str | Path | None = None,
+) -> dict[str, Any]:
+    """Train the task's head on `data`'s training split, choose its learning rate on the validation split, and
+    measure the test split once; returns the report."""
+    task = TASKS[data.task]
+    model.eval()
+    if settings.side != model.config.image_size[0] or settings.side != model.config.image_size[1]:
+        model.dynamic_size = True  # positions resampled to the views' grids (kept: nothing trains them)
+    started = time.perf_counter()
+    train_inputs, train_targets = training_features(model, data.train, task, settings, f"{task.name} train")
+    val_inputs, val_targets = training_features(model, data.validation, task, settings, f"{task.name} validation")
+    extracted = time.perf_counter()
+    trained = task.train(train_inputs, train_targets, val_inputs.float(), val_targets, data, settings)
+    fitted = time.perf_counter()
+    folder = Path(predictions) if predictions is not None else None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    test = evaluate(model, trained.head, data.test, task, data, settings, folder)
+    return {
+        "task": task.name,
+        "data": data.name,
+        "layers": chosen_blocks(len(model.blocks), settings.layers),
+        "side": settings.side,
+        "window": settings.window,
+        "stride": settings.stride,
+        "grid": list(train_inputs.shape[-2:]),
+        "channels": train_inputs.shape[1],
+        "examples": {"train": len(train_inputs), "validation": len(val_inputs), "test": len(data.test)},
+        "learning_rates": {f"{rate:g}": score for rate, score in trained.tried.items()},
+        "chosen_learning_rate": trained.learning_rate,
+        "chosen_by": f"validation {task.score_name}",
+        "validation": trained.validation,
+        "test": test,
+        "predictions": str(folder) if folder is not None else None,
+        "skipped": list(data.skipped),
+        "seconds": {
+            "features": round(extracted - started, 1),
+            "probe": round(fitted - extracted, 1),
+            "test": round(time.perf_counter() - fitted, 1),
+        },
+        "threads": torch.get_num_threads(),
+    }
+
+
+def format_probe(report: dict[str, Any]) -> str:
+    test = report["test"]
+    if report["task"] == "segmentation":
+        figures = f"mIoU {100 * test['mean_iou']:.2f}%, pixel accuracy {100 * test['pixel_accuracy']:.2f}%"
+    else:
+        figures = f"RMSE {test['rmse']:.3f} m, AbsRel {test['abs_rel']:.3f}, delta<1.25 {100 * test['delta1']:.1f}%"
+    lines = [
+        f"{report['task']} probe on {report['data']} (blocks {', '.join(map(str, report['layers']))}, "
+        f"{report['side']} px, grid {report['grid'][0]}x{report['grid'][1]}): test {figures}",
+        f"  learning rate {report['chosen_learning_rate']:g} chosen by {report['chosen_by']} among "
+        + ", ".join(f"{rate} ({score:.4f})" for rate, score in report["learning_rates"].items()),
+        f"  {report['examples']['train']} training, {report['examples']['validation']} validation, "
+        f"{report['examples']['test']} test examples; features {report['seconds']['features']} s, probe "
+        f"{report['seconds']['probe']} s, test {report['seconds']['test']} s",
+    ]
+    if report["predictions"]:
+        lines.append(f"  predictions written to {report['predictions']}")
+    if report["skipped"]:
+        lines.append(f"  {len(report['skipped'])} left out: {report['skipped'][0]}")
+    return "\n".join(lines)
+
+
+def run_dense_probe(
+    checkpoint: str,
+    data: str | None = None,
+    *,
+    dataset: str | None = None,
+    data_dir: str | None = None,
+    task: str | None = None,
+    layers: str | None = None,
+    size: int | None = None,
+    window: int | None = None,
+    stride: int | None = None,
+    epochs: int = 10,
+    learning_rates: tuple[float, ...] = LEARNING_RATES,
+    validation_fraction: float = 0.1,
+    canvas: int = 56,
+    predictions: str | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """`vitlab dense-probe`: the model of `checkpoint` probed on DATA (a VOC, ADE20K, manifest or depth-pair
+    folder) or `--dataset mnist-scenes`."""
+    from vitlab import checkpoint as checkpoints
+    from vitlab.dense.probe_data import open_probe_data
+
+    model = checkpoints.load_model(checkpoint)
+    probe_data = open_probe_data(data, dataset, data_dir, task, validation_fraction, canvas, seed)
+    settings = probe_settings(
+        model,
+        TASKS[probe_data.task],
+        probe_data,
+        layers,
+        size,
+        window=window,
+        stride=stride,
+        epochs=epochs,
+        learning_rates=tuple(learning_rates),
+        seed=seed,
+    )
+    torch.manual_seed(seed)
+    return {"model": checkpoint, **run_probe(model, probe_data, settings, predictions)}

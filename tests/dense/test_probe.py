@@ -1,0 +1,108 @@
+"""dense/probe.py and probe_data.py: `vitlab dense-probe` from a data folder to figures and written predictions;
+the splits (the test split never trained or chosen on), sliding windows over wider test images, bad masks left
+out in one line."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitlab.cli import main
+from vitlab.data.dense_sets import write_palette_png
+from vitlab.dense import probe
+from vitlab.dense.probe_data import open_probe_data
+from vitlab.eval.segmentation import ConfusionMatrix
+
+
+def scene(seed: int, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """A black image with a white box (label 1) and a grey box (label 2): uint8 (H, W, 3) and labels (H, W)."""
+    rng = np.random.default_rng(seed)
+    pixels, labels = np.zeros((height, width, 3), np.uint8), np.zeros((height, width), np.uint8)
+    for value, label in ((255, 1), (110, 2)):
+        top, left = rng.integers(0, height - 3), rng.integers(0, width - 3)
+        pixels[top : top + 4, left : left + 4] = value
+        labels[top : top + 4, left : left + 4] = label
+    return pixels, labels
+
+
+def make_voc(root, train=10, val=4, size=(12, 8)):
+    """A Pascal VOC folder: `train` and `val` images of `size` (width, height) with palette masks."""
+    voc = root / "VOC2012"
+    stems = {"train": [f"t{i}" for i in range(train)], "val": [f"v{i}" for i in range(val)]}
+    for split, names in stems.items():
+        for seed, stem in enumerate(names):
+            pixels, labels = scene(seed + (100 if split == "val" else 0), *size)
+            (voc / "JPEGImages").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels).save(voc / "JPEGImages" / f"{stem}.jpg", quality=95)
+            write_palette_png(labels, voc / "SegmentationClass" / f"{stem}.png")
+    lists = voc / "ImageSets" / "Segmentation"
+    lists.mkdir(parents=True)
+    for split, names in stems.items():
+        (lists / f"{split}.txt").write_text("\n".join(names) + "\n")
+    return voc
+
+
+def test_the_probe_scores_what_it_writes_and_leaves_out_a_bad_mask(tiny_run, tmp_path, capsys):
+    voc = make_voc(tmp_path)
+    write_palette_png(np.zeros((5, 5), np.uint8), voc / "SegmentationClass" / "v3.png")  # not its image's size
+    out = tmp_path / "predictions"
+    args = ["dense-probe", str(tiny_run), str(voc), "--epochs", "2", "--lr", "1e-2,1e-1", "--predictions", str(out)]
+    assert main(args + ["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["task"] == "segmentation" and report["data"] == "voc2012"
+    assert report["examples"] == {"train": 9, "validation": 1, "test": 4}  # VOC's val is the test split
+    assert set(report["learning_rates"]) == {"0.01", "0.1"}
+    assert report["chosen_by"] == "validation mean_iou"
+    assert len(report["skipped"]) == 1 and "v3.png" in report["skipped"][0] and "\n" not in report["skipped"][0]
+    # The figure is the written predictions' own: recount them against the masks.
+    confusion = ConfusionMatrix(21)
+    written = sorted(out.iterdir())
+    assert [path.name for path in written] == ["v0.png", "v1.png", "v2.png"]
+    for path in written:
+        predicted = Image.open(path)
+        assert predicted.mode == "P" and predicted.size == (12, 8)
+        truth = np.array(Image.open(voc / "SegmentationClass" / path.name))
+        confusion.update(torch.from_numpy(np.array(predicted)).long()[None], torch.from_numpy(truth)[None])
+    assert confusion.scores().mean_iou == pytest.approx(report["test"]["mean_iou"], abs=1e-12)
+
+
+def test_test_images_wider_than_the_window_slide_windows_and_others_take_one_pass(tiny_run, tmp_path, monkeypatch):
+    from vitlab.checkpoint.formats import load_model
+
+    voc = make_voc(tmp_path, train=4, val=2)
+    data = open_probe_data(str(voc), None, None, None, validation_fraction=0.25)
+    model = load_model(tiny_run)
+    task = probe.TASKS["segmentation"]
+    calls = []
+    real = probe.sliding_window_features
+    monkeypatch.setattr(probe, "sliding_window_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    narrow = probe.probe_settings(model, task, data, None, 8, window=8, stride=6)
+    wide = probe.probe_settings(model, task, data, None, 8, window=12, stride=12)
+    model.dynamic_size = True
+    train = probe.training_features(model, data.train, task, narrow, "train")
+    validation = probe.training_features(model, data.validation, task, narrow, "validation")
+    trained = task.train(*train, validation[0].float(), validation[1], data, narrow)
+    slid = probe.evaluate(model, trained.head, data.test, task, data, narrow)
+    assert len(calls) == 2  # 8x12 views past an 8-pixel window: windows at columns 0 and 4 (flush with the end)
+    whole = probe.evaluate(model, trained.head, data.test, task, data, wide)
+    assert len(calls) == 2  # a 12-pixel window holds the view: one pass, no windows
+    assert 0 <= slid["mean_iou"] <= 1 and 0 <= whole["mean_iou"] <= 1
+
+
+def test_one_split_data_has_its_test_carved_apart(tmp_path):
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    rows = ["image,mask"]
+    for index in range(20):
+        pixels, labels = scene(index, 12, 8)
+        Image.fromarray(pixels).save(folder / f"{index}.png")
+        write_palette_png(labels, folder / f"{index}_mask.png")
+        rows.append(f"{index}.png,{index}_mask.png")
+    (folder / "pairs.csv").write_text("\n".join(rows) + "\n")
+    data = open_probe_data(str(folder / "pairs.csv"), None, None, None, validation_fraction=0.25)
+    splits = [set(examples.names) for examples in (data.train, data.validation, data.test)]
+    assert [len(names) for names in splits] == [12, 4, 4]
+    assert not (splits[0] & splits[2]) and not (splits[1] & splits[2]) and not (splits[0] & splits[1])
+    assert data.num_classes == 3  # read from the masks: labels 0..2
