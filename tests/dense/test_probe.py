@@ -53,7 +53,7 @@ def test_the_probe_scores_what_it_writes_and_leaves_out_a_bad_mask(tiny_run, tmp
     report = json.loads(capsys.readouterr().out)
     assert report["task"] == "segmentation" and report["data"] == "voc2012"
     assert report["examples"] == {"train": 9, "validation": 1, "test": 4}  # VOC's val is the test split
-    assert set(report["learning_rates"]) == {"0.01", "0.1"}
+    assert set(report["tried"]) == {"0.01", "0.1"} and report["head"] == "linear"
     assert report["chosen_by"] == "validation mean_iou"
     assert len(report["skipped"]) == 1 and "v3.png" in report["skipped"][0] and "\n" not in report["skipped"][0]
     # The figure is the written predictions' own: recount them against the masks.
@@ -106,3 +106,15 @@ def test_one_split_data_has_its_test_carved_apart(tmp_path):
     assert [len(names) for names in splits] == [12, 4, 4]
     assert not (splits[0] & splits[2]) and not (splits[1] & splits[2]) and not (splits[0] & splits[1])
     assert data.num_classes == 3  # read from the masks: labels 0..2
+
+
+def test_the_training_free_head_chooses_its_k_on_validation(tiny_run, tmp_path, capsys):
+    voc = make_voc(tmp_path)
+    args = ["dense-probe", str(tiny_run), str(voc), "--head", "knn", "--neighbours", "1,3", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["head"] == "knn" and set(report["tried"]) == {"1", "3"}
+    assert report["chosen"]["k"] in (1, 3) and report["tried"][str(report["chosen"]["k"])] == max(
+        report["tried"].values()
+    )
+    assert 0 <= report["test"]["mean_iou"] <= 1 and report["examples"]["test"] == 4

@@ -56,6 +56,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="learning rates to try, chosen by the validation score (default 1e-3,3e-3,1e-2,3e-2,1e-1)",
     )
     parser.add_argument(
+        "--head",
+        choices=("linear", "knn"),
+        default="linear",
+        help="segmentation: linear (DINOv3's BatchNorm + linear probe, the default) or knn (training-free: each test "
+        "patch takes the label distribution of its k nearest training patches, k chosen on validation)",
+    )
+    parser.add_argument(
+        "--neighbours",
+        type=lambda text: tuple(int(part) for part in text.split(",")),
+        default=(1, 5, 10, 20),
+        help="with --head knn: the k to try (default 1,5,10,20)",
+    )
+    parser.add_argument(
+        "--bank-patches",
+        type=positive_int,
+        default=1_000_000,
+        help="with --head knn: training patches kept (a seeded sample past it; memory: patches x channels x 4 bytes)",
+    )
+    parser.add_argument(
         "--validation-fraction",
         type=float,
         default=0.1,

@@ -29,6 +29,7 @@ from vitlab.errors import DataError, UsageError
 
 LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # DINOv3 sweeps its linear heads' rate; the top is rarely best
 FEATURE_BATCH = 32  # training views per forward pass
+BANK_PATCHES = 1_000_000  # knn: 768 MB of 192-channel float32 features; a random sample past it (seeded)
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,18 @@ class ProbeSettings:
     epochs: int = 10
     learning_rates: tuple[float, ...] = LEARNING_RATES
     seed: int = 0
+    head: str = "linear"  # segmentation: "linear" (DINOv3's probe) or "knn" (nearest labelled training patches)
+    neighbours: tuple[int, ...] = (1, 5, 10, 20)  # knn: the k tried on validation
+    bank_patches: int = BANK_PATCHES  # knn: training patches kept in the bank, at most
 
 
 @dataclass(frozen=True)
 class Trained:
     head: torch.nn.Module
-    learning_rate: float
+    choice: str  # what was chosen on validation: "learning_rate" or "k"
+    chosen: float  # its chosen value
     validation: dict[str, Any]  # the chosen head's validation scores
-    tried: dict[float, float]  # learning rate -> validation score (mIoU, or RMSE for depth)
+    tried: dict[float, float]  # each value tried -> its validation score (mIoU, or RMSE for depth)
 
 
 class Task:
@@ -77,6 +82,21 @@ class SegmentationTask(Task):
     def train(self, inputs, targets, val_inputs, val_targets, data, settings) -> Trained:
         from vitlab.dense.segmentation_probe import train_segmentation_probe
 
+        if settings.head == "knn":
+            from vitlab.dense.neighbour_segmentation import train_neighbour_probe
+
+            found = train_neighbour_probe(
+                inputs,
+                targets,
+                val_inputs,
+                val_targets,
+                data.num_classes,
+                ks=settings.neighbours,
+                max_patches=settings.bank_patches,
+                seed=settings.seed,
+            )
+            validation = segmentation_report(found.validation, data)
+            return Trained(found.head, "k", found.k, validation, {float(k): v for k, v in found.tried.items()})
         result = train_segmentation_probe(
             inputs,
             targets,
@@ -87,7 +107,8 @@ class SegmentationTask(Task):
             epochs=settings.epochs,
             seed=settings.seed,
         )
-        return Trained(result.head, result.learning_rate, segmentation_report(result.validation, data), result.tried)
+        validation = segmentation_report(result.validation, data)
+        return Trained(result.head, "learning_rate", result.learning_rate, validation, result.tried)
 
     def meter(self, data: ProbeData):
         from vitlab.eval.segmentation import ConfusionMatrix
@@ -290,8 +311,9 @@ def run_probe(
         "grid": list(train_inputs.shape[-2:]),
         "channels": train_inputs.shape[1],
         "examples": {"train": len(train_inputs), "validation": len(val_inputs), "test": len(data.test)},
-        "learning_rates": {f"{rate:g}": score for rate, score in trained.tried.items()},
-        "chosen_learning_rate": trained.learning_rate,
+        "head": settings.head if task.name == "segmentation" else "linear",
+        "tried": {f"{value:g}": score for value, score in trained.tried.items()},
+        "chosen": {trained.choice: trained.chosen},
         "chosen_by": f"validation {task.score_name}",
         "validation": trained.validation,
         "test": test,
@@ -308,15 +330,16 @@ def run_probe(
 
 def format_probe(report: dict[str, Any]) -> str:
     test = report["test"]
+    ((choice, value),) = report["chosen"].items()
     if report["task"] == "segmentation":
         figures = f"mIoU {100 * test['mean_iou']:.2f}%, pixel accuracy {100 * test['pixel_accuracy']:.2f}%"
     else:
         figures = f"RMSE {test['rmse']:.3f} m, AbsRel {test['abs_rel']:.3f}, delta<1.25 {100 * test['delta1']:.1f}%"
     lines = [
-        f"{report['task']} probe on {report['data']} (blocks {', '.join(map(str, report['layers']))}, "
+        f"{report['task']} probe ({report['head']} head) on {report['data']} (blocks {', '.join(map(str, report['layers']))}, "
         f"{report['side']} px, grid {report['grid'][0]}x{report['grid'][1]}): test {figures}",
-        f"  learning rate {report['chosen_learning_rate']:g} chosen by {report['chosen_by']} among "
-        + ", ".join(f"{rate} ({score:.4f})" for rate, score in report["learning_rates"].items()),
+        f"  {choice.replace('_', ' ')} {value:g} chosen by {report['chosen_by']} among "
+        + ", ".join(f"{tried} ({score:.4f})" for tried, score in report["tried"].items()),
         f"  {report['examples']['train']} training, {report['examples']['validation']} validation, "
         f"{report['examples']['test']} test examples; features {report['seconds']['features']} s, probe "
         f"{report['seconds']['probe']} s, test {report['seconds']['test']} s",
@@ -345,6 +368,9 @@ def run_dense_probe(
     canvas: int = 56,
     predictions: str | None = None,
     seed: int = 0,
+    head: str = "linear",
+    neighbours: tuple[int, ...] = (1, 5, 10, 20),
+    bank_patches: int = BANK_PATCHES,
 ) -> dict[str, Any]:
     """`vitlab dense-probe`: the model of `checkpoint` probed on DATA (a VOC, ADE20K, manifest or depth-pair
     folder) or `--dataset mnist-scenes`."""
@@ -364,6 +390,9 @@ def run_dense_probe(
         epochs=epochs,
         learning_rates=tuple(learning_rates),
         seed=seed,
+        head=head,
+        neighbours=tuple(neighbours),
+        bank_patches=bank_patches,
     )
     torch.manual_seed(seed)
     return {"model": checkpoint, **run_probe(model, probe_data, settings, predictions)}

@@ -50,16 +50,17 @@ class ProbeResult:
 
 
 def predicted_masks(
-    head: LinearSegmentationHead, features: torch.Tensor, size: tuple[int, int], batch_size: int = 256
+    head: nn.Module, features: torch.Tensor, size: tuple[int, int], batch_size: int = 256
 ) -> torch.Tensor:
-    """features (N, C, rows, cols) -> the predicted label of every pixel (N, H, W), int64."""
+    """features (N, C, rows, cols) -> the predicted label of every pixel (N, H, W), int64. head: any module whose
+    forward(features, size) gives class scores (the linear head, the nearest-neighbour head)."""
     head.eval()
     with torch.no_grad():
         return torch.cat([head(chunk, size).argmax(dim=1) for chunk in features.split(batch_size)])
 
 
 def segmentation_scores(
-    head: LinearSegmentationHead, features: torch.Tensor, masks: torch.Tensor, num_classes: int, batch_size: int = 256
+    head: nn.Module, features: torch.Tensor, masks: torch.Tensor, num_classes: int, batch_size: int = 256
 ) -> SegmentationScores:
     """The head's mIoU, per-class IoU and pixel accuracy on features (N, C, rows, cols) against masks (N, H, W)."""
     confusion = ConfusionMatrix(num_classes, IGNORE_LABEL, features.device)
