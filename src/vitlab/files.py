@@ -11,7 +11,7 @@ import contextlib
 import os
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 
@@ -30,8 +30,9 @@ def current_umask() -> int:
     return mask
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the complete new one, never a partial one.
+def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview | Sequence[bytes | memoryview]) -> None:
+    """Write `data` to `path` so that readers see the old file or the complete new one, never a partial one. data:
+    bytes, or buffers written one after the other (a header and an array's own memory: nothing copied to join them).
 
     The bytes go to a temporary file in the same folder, are flushed to disk, and replace the target in one
     rename. On failure (disk full, permission) the temporary file is removed and the previous file stays untouched.
@@ -41,7 +42,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for part in [data] if isinstance(data, (bytes, memoryview)) else data:
+                handle.write(part)
             handle.flush()
             os.fsync(handle.fileno())
             # mkstemp makes the file private (0600); give it the mode any other file of the user gets.

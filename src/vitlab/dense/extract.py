@@ -15,14 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from vitlab import checkpoint as checkpoints
 from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.source import BatchSource
 from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features
-from vitlab.dense.store import DenseImage, DenseWriter
+from vitlab.dense.store import DenseImage, DenseWriter, ShardBuffer
 from vitlab.errors import UsageError
 from vitlab.eval.batches import run_batches
 from vitlab.eval.embeddings import from_position, locations
@@ -88,18 +87,16 @@ def extract_dense(
         return earlier + [entry for entry in getattr(remaining, "skipped", []) or [] if entry not in earlier]
 
     images: list[DenseImage] = []
-    tokens: list[np.ndarray] = []
-    offset = 0
+    tokens = ShardBuffer(settings["channels"], dtype)
     first = stop = start
 
     def flush() -> None:
-        nonlocal first, offset
+        nonlocal first
         if images:
             writer.record_unreadable(unreadable())  # before the shard: a rerun meets those files again
-            writer.write(first, stop, images, np.concatenate(tokens))
+            writer.write(first, stop, images, tokens.taken())
             images.clear()
             tokens.clear()
-            offset = 0
         first = stop
 
     forward = lambda module, inputs: dense_features(module, inputs, blocks, norm=norm)  # noqa: E731
@@ -114,10 +111,9 @@ def extract_dense(
                 paths = locations(source, positions)
                 labels = batch.labels.tolist() if batch.labels is not None else [-1] * len(positions)
                 for path, label_value, grid in zip(paths, labels, image_grids(features)):
-                    channels, rows, cols = grid.shape
-                    tokens.append(grid.float().permute(1, 2, 0).reshape(rows * cols, channels).cpu().numpy())
-                    images.append(DenseImage(path, int(label_value) if label_value >= 0 else None, rows, cols, offset))
-                    offset += rows * cols
+                    offset = tokens.add(grid.cpu())
+                    label_or_none = int(label_value) if label_value >= 0 else None
+                    images.append(DenseImage(path, label_or_none, grid.shape[1], grid.shape[2], offset))
                 written += len(positions)
                 stop = positions[-1] + 1
                 if len(images) >= part_images:

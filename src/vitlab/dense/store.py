@@ -77,12 +77,15 @@ class DenseWriter:
         return max((stop for _, stop in shard_spans(self.folder)), default=0)
 
     def write(self, first: int, stop: int, images: list[DenseImage], tokens: np.ndarray) -> None:
-        """One shard: images first..stop-1 (those readable), their tokens (rows, channels) in order."""
+        """One shard: images first..stop-1 (those readable), their tokens (rows, channels) in order, written from
+        the array's own memory (a .npy header, then its bytes: no copy of the shard is made)."""
         name = f"part-{first:012d}-{stop:012d}"
-        array = io.BytesIO()  # the shard's bytes once more in memory while written: flat in the number of images
-        np.save(array, tokens.astype(self.settings["dtype"], copy=False), allow_pickle=False)
+        tokens = np.ascontiguousarray(tokens.astype(self.settings["dtype"], copy=False))
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(tokens))
         atomic_write_bytes(self.folder / f"{name}.json", json.dumps([entry.__dict__ for entry in images]).encode())
-        atomic_write_bytes(self.folder / f"{name}.npy", array.getvalue())  # last: the shard counts from here
+        # Last: the shard counts from here.
+        atomic_write_bytes(self.folder / f"{name}.npy", [header.getvalue(), memoryview(tokens).cast("B")])
 
     def unreadable(self) -> list[str]:
         path = self.folder / "unreadable.json"
@@ -93,6 +96,36 @@ class DenseWriter:
 
     def finish(self, images: int) -> None:
         atomic_write_bytes(self.folder / "complete.json", json.dumps({"images": images}).encode())
+
+
+class ShardBuffer:
+    """The tokens of the shard being gathered, in one array kept from shard to shard (grown when a shard needs more
+    rows, never shrunk): memory holds one shard's tokens once, in the stored dtype, whatever the number of images."""
+
+    def __init__(self, channels: int, dtype: str) -> None:
+        self.array = np.empty((0, channels), dtype)
+        self.rows = 0
+
+    def add(self, grid: Any) -> int:
+        """One image's grid, a tensor (channels, rows, cols), appended row-major; returns its first row."""
+        import torch
+
+        channels, rows, cols = grid.shape
+        count, offset = rows * cols, self.rows
+        if offset + count > len(self.array):
+            grown = np.empty((max(offset + count, 2 * len(self.array)), channels), self.array.dtype)
+            grown[:offset] = self.array[:offset]
+            self.array = grown
+        torch.from_numpy(self.array[offset : offset + count]).copy_(grid.permute(1, 2, 0).reshape(count, channels))
+        self.rows += count
+        return offset
+
+    def taken(self) -> np.ndarray:
+        """The rows gathered so far (a view, valid until the next `add` after `clear`)."""
+        return self.array[: self.rows]
+
+    def clear(self) -> None:
+        self.rows = 0
 
 
 def shard_spans(folder: Path) -> list[tuple[int, int]]:
