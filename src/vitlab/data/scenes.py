@@ -19,6 +19,9 @@ labels every pixel by the digit drawn there:
 - pixels: each digit is white ink over what lies below, its grey level its opacity (alpha-over of white:
   `out = ink + (1 - ink) * below`, in 0..1), so ink only brightens and the top digit's core stays white.
 
+Each scene also records the size each digit was drawn at and which digit every digit pixel of its mask comes from
+(`Scenes.sizes`, `Scenes.instances`): `data.scene_depth` turns them into depth maps.
+
 Scenes are deterministic: scene i of a (seed, stream) is drawn by its own NumPy Generator seeded with
 (seed, stream, i), so it is the same whether 100 or 10,000 scenes are built, on any machine. Digits are resized
 with PIL's bilinear filter (fixed-point arithmetic on 8-bit images, so the same bytes everywhere; anti-aliased
@@ -31,7 +34,7 @@ test scenes from its test digits, and validation scenes from training digits hel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +66,11 @@ class Scenes:
     name: str = "mnist-scenes"
     class_names: tuple[str, ...] = tuple(CLASS_NAMES)
     ignore_label: int = IGNORE_LABEL
+    # int64 (N, max digits per scene): the side in pixels each digit was drawn at, aligned with `sources`, then -1.
+    sizes: torch.Tensor | None = None
+    # uint8 (N, H, W): which digit the mask's label at a pixel comes from, 1 + its place in `sources` (1 = drawn
+    # first); 0 where the mask is not a digit's (background, rim). `scene_depth` reads these two.
+    instances: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.images)
@@ -96,7 +104,8 @@ def make_scenes(
     of the canvas's shorter side: 16-40 px on 64, around MNIST's own 28), and its position uniformly among those
     that keep it inside the canvas. Digits may overlap; a later one is drawn on top.
     canvas_size: H = W, or (H, W). stream: which of the seed's independent streams (the splits of one seed use
-    `SPLIT_STREAMS`). Returns `Scenes`: images uint8 (count, 1, H, W), masks uint8 (count, H, W), sources.
+    `SPLIT_STREAMS`). Returns `Scenes`: images uint8 (count, 1, H, W), masks uint8 (count, H, W), sources, sizes
+    and instances.
     """
     digits, labels = np.asarray(digits), np.asarray(labels)
     if digits.ndim == 4 and digits.shape[1] == 1:
@@ -125,6 +134,8 @@ def make_scenes(
     images = np.zeros((count, 1, height, width), np.uint8)
     masks = np.zeros((count, height, width), np.uint8)
     sources = np.full((count, most), -1, np.int64)
+    drawn_sizes = np.full((count, most), -1, np.int64)
+    instances = np.zeros((count, height, width), np.uint8)
     for scene in range(count):
         random = np.random.default_rng([seed, stream, scene])
         number = int(random.integers(fewest, most + 1))
@@ -134,7 +145,9 @@ def make_scenes(
         composite = np.zeros((height, width), np.float32)  # ink so far, 0..1
         owner = np.zeros((height, width), np.uint8)  # label of the top digit whose own ink is >= the threshold
         touched = np.zeros((height, width), np.uint8)  # label of the top digit with any ink
-        for index, size, (down, across) in zip(chosen.tolist(), sizes.tolist(), corners):
+        owner_place = np.zeros((height, width), np.uint8)  # 1 + the place (in drawing order) of `owner`'s digit
+        touched_place = np.zeros((height, width), np.uint8)  # ... of `touched`'s
+        for place, (index, size, (down, across)) in enumerate(zip(chosen.tolist(), sizes.tolist(), corners)):
             ink = np.asarray(Image.fromarray(digits[index]).resize((size, size), Image.Resampling.BILINEAR))
             top, left = int(down * (height - size + 1)), int(across * (width - size + 1))
             window = (slice(top, top + size), slice(left, left + size))
@@ -143,13 +156,23 @@ def make_scenes(
             label = labels[index] + 1
             owner[window][ink >= ink_threshold] = label  # later digits overwrite: the top one wins
             touched[window][ink > 0] = label
+            owner_place[window][ink >= ink_threshold] = place + 1
+            touched_place[window][ink > 0] = place + 1
         sources[scene, :number] = chosen
+        drawn_sizes[scene, :number] = sizes
         image = images[scene, 0]
         image[:] = np.rint(composite * 255).astype(np.uint8)
         inked, rim = image >= ink_threshold, (image > 0) & (image < ink_threshold)
         masks[scene][inked] = np.where(owner > 0, owner, touched)[inked]  # touched: two rims crossing, no owner
         masks[scene][rim] = IGNORE_LABEL if ignore_rim else BACKGROUND_LABEL
-    return Scenes(torch.from_numpy(images), torch.from_numpy(masks), torch.from_numpy(sources))
+        instances[scene][inked] = np.where(owner > 0, owner_place, touched_place)[inked]
+    return Scenes(
+        torch.from_numpy(images),
+        torch.from_numpy(masks),
+        torch.from_numpy(sources),
+        sizes=torch.from_numpy(drawn_sizes),
+        instances=torch.from_numpy(instances),
+    )
 
 
 def mnist_scene_splits(
@@ -186,7 +209,7 @@ def mnist_scene_splits(
     def build(images: torch.Tensor, labels: torch.Tensor, pool: torch.Tensor, count: int, split: str) -> Scenes:
         scenes = make_scenes(images[pool], labels[pool], count, seed, stream=SPLIT_STREAMS[split], **scene_options)
         in_split = torch.where(scenes.sources >= 0, pool[scenes.sources.clamp(min=0)], -1)
-        return Scenes(scenes.images, scenes.masks, in_split)
+        return replace(scenes, sources=in_split)
 
     every_test_digit = torch.arange(len(mnist_test))
     return SceneSplits(
