@@ -118,3 +118,42 @@ def test_the_training_free_head_chooses_its_k_on_validation(tiny_run, tmp_path, 
         report["tried"].values()
     )
     assert 0 <= report["test"]["mean_iou"] <= 1 and report["examples"]["test"] == 4
+
+
+def make_depth_pairs(root, count=12, size=(12, 8)):
+    """An NYUv2-style folder: images/ and depth/ (16-bit PNG, millimetres), depth growing with brightness."""
+    from vitlab.data.dense_sets import write_depth_png
+
+    for index in range(count):
+        rng = np.random.default_rng(index)
+        depth = np.full((size[1], size[0]), 4.0, np.float32)
+        top, left = rng.integers(0, size[1] - 3), rng.integers(0, size[0] - 3)
+        depth[top : top + 4, left : left + 4] = 1.5
+        depth[0, 0] = 0.0  # no measurement
+        pixels = np.repeat((depth * 50).astype(np.uint8)[..., None], 3, axis=2)
+        (root / "images").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(root / "images" / f"{index}.png")
+        write_depth_png(depth, root / "depth" / f"{index}.png")
+    return root
+
+
+def test_the_depth_probe_scores_what_it_writes(tiny_run, tmp_path, capsys):
+    from vitlab.eval.depth import DepthMeter
+
+    pairs = make_depth_pairs(tmp_path / "nyu")
+    out = tmp_path / "depths"
+    args = ["dense-probe", str(tiny_run), str(pairs), "--epochs", "2", "--lr", "1e-2", "--predictions", str(out)]
+    assert main(args + ["--max-depth", "5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["task"] == "depth" and report["chosen_by"] == "validation rmse"
+    assert report["layers"] == [0]  # last4 of a one-block model: its one block
+    assert report["examples"] == {"train": 9, "validation": 1, "test": 2}  # one split: a fifth carved as test
+    meter = DepthMeter(1e-3, 5.0)
+    for path in sorted(out.iterdir()):
+        predicted = np.array(Image.open(path), dtype=np.float32) / 1000.0  # millimetres, rounded
+        assert predicted.shape == (8, 12)
+        truth = np.array(Image.open(pairs / "depth" / path.name), dtype=np.float32) / 1000.0
+        meter.update(torch.from_numpy(predicted)[None], torch.from_numpy(truth)[None])
+    # The written maps are the scored ones, to the half millimetre the 16-bit PNG rounds to.
+    assert meter.scores().rmse == pytest.approx(report["test"]["rmse"], abs=1e-3)
+    assert meter.scores().images == report["test"]["images"] == report["examples"]["test"]

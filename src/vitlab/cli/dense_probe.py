@@ -81,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="of the training split, held out to choose the learning rate where the data has no own validation split "
         "(default 0.1)",
     )
+    parser.add_argument(
+        "--min-depth", type=float, help="depth: metres the bins and metrics start above (default 0.001, NYUv2's)"
+    )
+    parser.add_argument(
+        "--max-depth", type=float, help="depth: metres the bins and metrics end at (default 10, NYUv2's; KITTI: 80)"
+    )
     parser.add_argument("--canvas", type=positive_int, default=56, help="mnist-scenes' canvas side (default 56)")
     parser.add_argument(
         "--predictions",

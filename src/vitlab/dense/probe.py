@@ -13,6 +13,7 @@ reads them with each block's class token (DINOv2's linear depth head; `last4` by
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,59 @@ def segmentation_report(scores, data: ProbeData) -> dict[str, Any]:
     }
 
 
-TASKS: dict[str, Task] = {"segmentation": SegmentationTask()}
+class DepthTask(Task):
+    """DINOv2's linear depth probe: patch tokens with each block's class token, depth as classification over 256
+    bins (`depth_probe.py`), chosen by validation RMSE."""
+
+    name, prefix_tokens, default_layers, score_name = "depth", True, "last4", "rmse"
+
+    def head_input(self, features: DenseFeatures) -> torch.Tensor:
+        from vitlab.dense.depth_probe import depth_head_input
+
+        return depth_head_input(features)
+
+    def train(self, inputs, targets, val_inputs, val_targets, data, settings) -> Trained:
+        from vitlab.dense.depth_probe import train_depth_probe
+
+        result = train_depth_probe(
+            inputs,
+            targets,
+            val_inputs,
+            val_targets,
+            data.min_depth,
+            data.max_depth,
+            learning_rates=settings.learning_rates,
+            epochs=settings.epochs,
+            seed=settings.seed,
+        )
+        return Trained(
+            result.head, "learning_rate", result.learning_rate, depth_report(result.validation), result.tried
+        )
+
+    def meter(self, data: ProbeData):
+        from vitlab.eval.depth import DepthMeter
+
+        return DepthMeter(data.min_depth, data.max_depth)
+
+    def predict(self, head, inputs, size) -> torch.Tensor:
+        return head(inputs.float(), size)[0]  # (H, W) metres
+
+    def scores(self, meter, data: ProbeData) -> dict[str, Any]:
+        return depth_report(meter.scores())
+
+    def write(self, prediction, path: Path) -> Path:
+        from vitlab.data.dense_sets import write_depth_png
+
+        target = path.with_suffix(".png")
+        write_depth_png(prediction.numpy(), target)
+        return target
+
+
+def depth_report(scores) -> dict[str, Any]:
+    return dataclasses.asdict(scores)
+
+
+TASKS: dict[str, Task] = {"segmentation": SegmentationTask(), "depth": DepthTask()}
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -262,7 +315,9 @@ def probe_settings(
     from vitlab.dense.extract import parse_layers
 
     config = model.config
-    chosen = parse_layers(layers or task.default_layers)
+    # The default "last4" of a model with fewer blocks is all of them (DINOv2's linear4 reads 4 of 12 or more).
+    default = task.default_layers if task.default_layers == "last" else f"last{min(4, len(model.blocks))}"
+    chosen = parse_layers(layers or default)
     chosen_blocks(len(model.blocks), chosen)  # a bad choice refused before any image is read
     patch_h, patch_w = config.pixel_patch_size
     side = side or data.side or config.image_size[0]
@@ -371,6 +426,8 @@ def run_dense_probe(
     head: str = "linear",
     neighbours: tuple[int, ...] = (1, 5, 10, 20),
     bank_patches: int = BANK_PATCHES,
+    min_depth: float | None = None,
+    max_depth: float | None = None,
 ) -> dict[str, Any]:
     """`vitlab dense-probe`: the model of `checkpoint` probed on DATA (a VOC, ADE20K, manifest or depth-pair
     folder) or `--dataset mnist-scenes`."""
@@ -379,6 +436,12 @@ def run_dense_probe(
 
     model = checkpoints.load_model(checkpoint)
     probe_data = open_probe_data(data, dataset, data_dir, task, validation_fraction, canvas, seed)
+    probe_data.min_depth = probe_data.min_depth if min_depth is None else min_depth
+    probe_data.max_depth = probe_data.max_depth if max_depth is None else max_depth
+    if not 0 <= probe_data.min_depth < probe_data.max_depth:
+        raise UsageError(
+            f"depths {probe_data.min_depth}..{probe_data.max_depth} m: give 0 <= --min-depth < --max-depth"
+        )
     settings = probe_settings(
         model,
         TASKS[probe_data.task],

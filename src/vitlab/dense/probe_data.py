@@ -89,9 +89,9 @@ def scene_data(data_dir: str | None, task: str, canvas: int, seed: int = 0, allo
     if task == "segmentation":
         data.num_classes, data.class_names = len(CLASS_NAMES), list(CLASS_NAMES)
     else:
-        from vitlab.data.scene_depth import FAR_WALL_DEPTH
+        from vitlab.data.scene_depth import MAX_DEPTH
 
-        data.max_depth = FAR_WALL_DEPTH
+        data.max_depth = MAX_DEPTH
     return data
 
 
