@@ -3,7 +3,7 @@ measures, for a trained checkpoint or for an architecture at random initialisati
 
     python benchmarks/dense_probe_scenes.py --checkpoint runs/mnist [--task segmentation] [--head linear]
     python benchmarks/dense_probe_scenes.py --random mnist-28 [--layers last4] [--task depth]
-      [--data-dir ../shared/data/mnist] [--canvas 56] [--epochs 10] [--seed 0]
+      [--data-dir ../shared/data/mnist] [--canvas 56] [--epochs 10] [--seed 0] [--lr 1e-3,1e-2,1e-1]
 
 For a checkpoint this is the same run as `vitlab dense-probe CHECKPOINT --dataset mnist-scenes --data-dir DIR ...`
 (`vitlab.dense.probe.run_probe`); `--random NAME` builds the variant with torch's seed `--seed` instead. Scenes:
@@ -38,7 +38,9 @@ def main() -> None:
     parser.add_argument("--canvas", type=int, default=56)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", default=None, help="learning rates to try, e.g. 1e-3,1e-2,1e-1 (default vitlab's)")
     args = parser.parse_args()
+    learning_rates = tuple(float(part) for part in args.lr.split(",")) if args.lr else LEARNING_RATES
     torch.manual_seed(args.seed)
     model = load_model(args.checkpoint) if args.checkpoint else create_model(args.random)
     data = scene_data(args.data_dir, args.task, args.canvas, args.seed, allow_download=False)
@@ -49,7 +51,7 @@ def main() -> None:
         args.layers,
         None,
         epochs=args.epochs,
-        learning_rates=LEARNING_RATES,
+        learning_rates=learning_rates,
         seed=args.seed,
         head=args.head,
     )
