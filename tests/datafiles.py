@@ -8,6 +8,7 @@ import io
 import pickle
 import struct
 import tarfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,36 @@ def write_photos(root, per_class=24, classes=("cats", "dogs"), size=(40, 30), se
             pixels = generator.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
             Image.fromarray(pixels).save(root / name / f"{index:03d}.jpg", quality=90)
     return root
+
+
+def write_bad_image(path: Path, kind: str) -> Path:
+    """One unreadable image file of a kind users meet: "corrupt" (a JPEG's first bytes, then noise), "truncated"
+    (the first half of a JPEG), "empty", "text" (text named .jpg) or "bomb" (a PNG whose header claims 20000 x 20000
+    pixels, over Pillow's limit: refused from the header, before any pixel is decoded)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    photo = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(photo, "JPEG")
+    jpeg = photo.getvalue()
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    header = struct.pack(">IIBBBBB", 20000, 20000, 8, 0, 0, 0, 0)  # width, height, 8-bit grey
+    bomb = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(bytes(20001)))
+        + chunk(b"IEND", b"")
+    )
+    contents = {
+        "corrupt": jpeg[:20] + bytes(range(256)) * 2,
+        "truncated": jpeg[: len(jpeg) // 2],
+        "empty": b"",
+        "text": b"these are notes, not a photo",
+        "bomb": bomb,
+    }
+    path.write_bytes(contents[kind])
+    return path
 
 
 def three_shapes(folder):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from datafiles import write_photos
+from datafiles import write_bad_image, write_photos
 from runfiles import assert_a_stopped_run_resumes_exactly, stream_config
 from vitlab.data.formats import index_from_spec
 from vitlab.data.stream.crops import TrainCrop, crop_image, inception_box, sample_rng
@@ -119,7 +119,7 @@ def test_unreadable_files_are_replaced_counted_and_listed(tmp_path):
     ) == ["cats/005.jpg", "dogs/007.jpg", "dogs/009.jpg"]
     strict = StreamingSource(index_from_spec("folder", root), (16, 16), 3, TrainCrop(), max_bad_fraction=0.02)
     OPENED.append(strict)
-    with pytest.raises(DataError, match="unreadable, more than 2% .* the data are damaged"):
+    with pytest.raises(DataError, match=r"\d of 80 images .* are unreadable, more than 2%: the data are damaged"):
         list(strict.training_batches(epoch_seed=1, batch_size=16))
 
 
@@ -174,6 +174,61 @@ def test_bad_files_held_in_memory_and_streamed_are_reported_the_same_way(tmp_pat
     assert listed[False] == listed[True]
     assert listed[False][0].endswith("011.jpg: not a readable image: empty file (0 bytes)")
     assert listed[False][1].endswith("012.jpg: not a readable image: no image format recognised")
+
+
+def bad_file_trees(root, extra_bad=0):
+    """train/, val/ and test/ trees of 24x24 photos (20, 4 and 4 per class) with unreadable files in every split:
+    a corrupt file and a decompression bomb in train/ (2 of 42), an empty file in val/ (1 of 9: over 10% of that
+    split) and a truncated file and text named .jpg in test/ (2 of 10); 5 of the data set's 61 files, 8%.
+    `extra_bad` more empty files in train/ put the data set over 10%. Returns the bad files, relative to root."""
+    for tree, per_class, seed in (("train", 20, 0), ("val", 4, 1), ("test", 4, 2)):
+        write_photos(root / tree, per_class=per_class, size=(24, 24), seed=seed)
+    bad = {
+        "train/cats/corrupt.jpg": "corrupt",
+        "train/dogs/bomb.png": "bomb",
+        "val/cats/empty.jpg": "empty",
+        "test/cats/truncated.jpg": "truncated",
+        "test/dogs/notes.jpg": "text",
+        **{f"train/dogs/empty{index}.jpg": "empty" for index in range(extra_bad)},
+    }
+    for name, kind in bad.items():
+        write_bad_image(root / name, kind)
+    return sorted(bad)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_limit_of_bad_files_is_the_data_sets_and_every_split_s_are_listed(tmp_path, stream):
+    """Issue items 1 and 2: a streamed run applied the 10% limit to each split after training (2 bad files of a
+    9-image test split stopped a run of 3 in 43, with no model written), and the test split's bad files went
+    unlisted. Now the limit is the data set's, the run finishes and lists every split's files, and the test line
+    counts the images measured and those left out."""
+    root = tmp_path / "photos"
+    bad = bad_file_trees(root)
+    summary = train(stream_config(tmp_path, root, epochs=2, ema_decay=0.0, stream=stream, workers=0))
+    run = tmp_path / "run"
+    assert summary["status"] == "finished" and (run / "model.safetensors").is_file()
+    listed = (run / "skipped.txt").read_text().splitlines()
+    assert sorted(line.split(": ")[0].split("photos/")[1] for line in listed) == bad
+    assert summary["skipped_files"] == 5
+    # Streamed, the test split holds its 2 bad files and leaves them out; held in memory, they were left out of
+    # it when the folder was read.
+    assert summary["test_count"] == 8 and summary["test_left_out"] == (2 if stream else 0)
+    test_line = next(line for line in (run / "summary.txt").read_text().splitlines() if "test " in line)
+    assert ("(8 of 10 images, 2 unreadable left out, measured" if stream else "(8 images, measured") in test_line
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_data_set_over_the_limit_stops_before_an_epoch_ends(tmp_path, stream, capsys):
+    """Over 10% of the data set's files unreadable (11 of 67), the run stops with one line: held in memory when
+    the folder is read, before training starts; streamed as soon as the files met while training are over it."""
+    root = tmp_path / "photos"
+    bad_file_trees(root, extra_bad=6)
+    counted = r"\d+ of 67" if stream else r"11 of 67"
+    with pytest.raises(DataError, match=counted + r" images of .* are unreadable, more than 10%: the data are damaged"):
+        train(stream_config(tmp_path, root, epochs=2, ema_decay=0.0, stream=stream, workers=0))
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert not (metrics.exists() and metrics.read_text())  # no epoch ended
+    assert (" train / " in capsys.readouterr().out) == stream  # held in memory: refused before the start line
 
 
 def test_memory_does_not_grow_with_the_number_of_files(tmp_path):

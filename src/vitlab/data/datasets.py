@@ -26,7 +26,7 @@ import torch
 from vitlab.data.carving import TEST_CARVING, TEST_FRACTION, TEST_SEED, carve_splits
 from vitlab.data.contract import Preprocessing
 from vitlab.data.formats import resolve_format
-from vitlab.data.images import MAX_BAD_FRACTION, read_image
+from vitlab.data.images import read_image, refuse_damaged
 from vitlab.data.source import (
     Batch,
     BatchSource,
@@ -52,6 +52,7 @@ class ImageDataset:
     max_value: float = 255.0  # pixel value that means "white" (16 for digits)
     hflip: bool = False  # whether a horizontal flip keeps the label (photos yes, digits no)
     skipped: list[str] = field(default_factory=list)  # files that could not be read
+    files: int = 0  # the image files it was read from, readable or not (a folder's); 0 for stored arrays
     # How stored pixels become model input: arrays kept at their own size and resized per batch (digits, MNIST,
     # CIFAR) by default; a folder's files are decoded under the contract given to `load_folder`. A model trained
     # on the data records it, so `predict`, `eval`, `serve` and the exports read images as training saw them.
@@ -149,6 +150,7 @@ class ImageDataset:
             self.hflip,
             preprocessing=self.preprocessing,
             skipped=self.skipped,  # the folder's unreadable files stay reported, whichever classes are kept
+            files=self.files,
         )
 
     def subset(self, indices: torch.Tensor, name: str | None = None) -> ImageDataset:
@@ -161,6 +163,7 @@ class ImageDataset:
             self.hflip,
             preprocessing=self.preprocessing,
             skipped=self.skipped,  # carved parts report the folder's unreadable files (listed once: summary.py)
+            files=self.files,
         )
 
 
@@ -379,11 +382,8 @@ def load_folder(
             labels.append(label)
         except DataError as error:  # "location: why", as the streamed path lists them (skipped.txt, the summary)
             skipped.append(str(error))
-    if len(skipped) > MAX_BAD_FRACTION * len(samples):
-        raise DataError(
-            f"{len(skipped)} of {len(samples)} images in {root} are unreadable (more than "
-            f"{MAX_BAD_FRACTION:.0%}); first: {skipped[0]}"
-        )
+    if not images:  # nothing to hold, whatever the other splits hold: damaged (the caller limits the rest)
+        refuse_damaged(skipped, len(samples), str(root))
     dataset = ImageDataset(
         torch.stack(images),
         torch.tensor(labels),
@@ -392,7 +392,7 @@ def load_folder(
         hflip=True,
         preprocessing=preprocessing or Preprocessing.image_files(),
     )
-    dataset.skipped = skipped
+    dataset.skipped, dataset.files = skipped, len(samples)
     return dataset
 
 
@@ -438,10 +438,19 @@ def load_splits(
             channels=channels,
             classes=classes,
             preprocessing=preprocessing,
+            limit_unreadable=False,  # decided below, over the data set
         )
 
     train, test = load("train"), load("test")
     official = has_official_validation(name, data_dir)
+    validation, source = (load("val"), "official") if official else (None, "none")
+    # The limit of unreadable files is the data set's, decided now, before training: over every tree's files, not
+    # a tree's (2 bad files in a test/ tree of 9 are not a damaged data set of 43). A folder of one tree is read
+    # whole for either split, and both carry all of its files.
+    one_tree = test_carving(name, data_dir) != "official"
+    read = [train] if one_tree else [part for part in (train, validation, test) if part is not None]
+    files = sum(part.files for part in read)
+    refuse_damaged(list(dict.fromkeys(line for part in read for line in part.skipped)), files, str(data_dir or name))
     carving = carve_splits(
         train.labels,
         0 if official else val_size,
@@ -450,12 +459,11 @@ def load_splits(
         class_count=train.num_classes,
         name=train.name,
     )
-    validation, source = (load("val"), "official") if official else (None, "none")
     if carving.validation is not None:
         validation, source = train.subset(carving.validation, f"{train.name} validation"), "carved"
     if len(carving.train) < len(train):
         train = train.subset(carving.train)
-    return Splits(train, validation, test, source, test_carving(name, data_dir))
+    return Splits(train, validation, test, source, test_carving(name, data_dir), files=files)
 
 
 def test_carving(name: str, data_dir: str | Path | None) -> str:
@@ -481,10 +489,13 @@ def load_dataset(
     seed: int = TEST_SEED,
     classes: list[int] | None = None,
     preprocessing: Preprocessing | None = None,
+    limit_unreadable: bool = True,
 ) -> ImageDataset:
     """A data set split ("train", "test", or "val" where the data set has an official one) by name; see the
     module docstring for the names. `classes` keeps
     only those classes, relabelled in the order given (e.g. digits [5, 6, 7, 8, 9] become labels 0-4).
+    `limit_unreadable`: a folder with more than 10% of its files unreadable is refused (False: the caller decides
+    over every split it reads, as `load_splits` does).
 
     folder: `data_dir` holds train/, val/ and test/ trees (an official validation split), train/ and test/ (or
     train/ and val/, the val/ tree then being the test split), or one tree that is split stratified
@@ -506,6 +517,7 @@ def load_dataset(
             test_fraction,
             seed,
             preprocessing=preprocessing,
+            limit_unreadable=limit_unreadable,
         ).select_classes(list(classes))
     if name != "folder" and name not in STORED_ARRAYS:
         raise DataError(
@@ -523,8 +535,12 @@ def load_dataset(
         trees = folder_trees(root)
         if trees:  # the val/ tree is the test split where there is no test/
             tree = {"train": "train", "val": "val", "test": "test" if "test" in trees else "val"}[split]
-            return load_folder(root / tree, size, channels, preprocessing)
+            root = root / tree
         dataset = load_folder(root, size, channels, preprocessing)
+        if limit_unreadable:
+            refuse_damaged(dataset.skipped, dataset.files, str(root))
+        if trees:
+            return dataset
         carving = carve_splits(dataset.labels, test_fraction=test_fraction, test_seed=seed)
         return dataset.subset(carving.train if split == "train" else carving.test)
     return read_as_asked(STORED_ARRAYS[name](name, split, root, allow_download), preprocessing)

@@ -7,7 +7,7 @@ analyze, the export checks) take these from here, so none of them has to import 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -20,6 +20,16 @@ IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".
 # One stated limit for image files held in memory and streamed: above this share of unreadable files the data
 # are taken as damaged and the run stops.
 MAX_BAD_FRACTION = 0.1
+
+
+def refuse_damaged(unreadable: Sequence[str], files: int, name: str, max_fraction: float = MAX_BAD_FRACTION) -> None:
+    """Stop (DataError, one line) when the `unreadable` files ("location: why" each) are more than `max_fraction`
+    of `files`, the files the data were read from, readable or not: the data are damaged."""
+    if len(unreadable) > max_fraction * files:
+        raise DataError(
+            f"{len(unreadable)} of {files} images of {name} are unreadable, more than {max_fraction:.0%}: the data "
+            f"are damaged (first: {unreadable[0]}); repair or remove them"
+        )
 
 
 def collect_images(inputs: Iterable[str | Path]) -> list[Path]:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from vitlab.data.contract import Preprocessing, resolved_preprocessing
-from vitlab.data.images import read_image, reason
+from vitlab.data.images import read_image, reason, refuse_damaged
 from vitlab.data.preprocess import InputSpec
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import DataError
@@ -137,17 +137,31 @@ class BatchSource(Protocol):
 @dataclass
 class Splits:
     """The three splits of a data set as a training run uses them. `validation` chooses (best checkpoint,
-    hyper-parameters); `test` is measured once at the end. `validation` is None when the request asks for none."""
+    hyper-parameters); `test` is measured once at the end. `validation` is None when the request asks for none.
+
+    The limit of unreadable files is the data set's, not a split's (2 bad files in a test split of 9 are not a
+    damaged data set of 43): whoever reads the splits decides it with `refuse_if_damaged`, over every split's
+    files. Data held in memory are decided when they are read; a streamed split meets its bad files as it is read,
+    and does not decide alone."""
 
     train: BatchSource
     validation: BatchSource | None
     test: BatchSource
     validation_source: str  # "carved" (from the training images), "official" or "none"
     test_source: str = "official"  # or how it was carved from a single tree of images ("carved: 20% of ...")
+    # The image files the splits were read from, readable or not (a folder held in memory: every file decoded);
+    # 0: the splits' images, as a streamed split holds every file, bad ones too.
+    files: int = 0
 
     def parts(self) -> list[BatchSource]:
         """The splits there are: train, validation (when there is one), test."""
         return [part for part in (self.train, self.validation, self.test) if part is not None]
+
+    def refuse_if_damaged(self, unreadable: Sequence[str], name: str) -> None:
+        """Stop (DataError) when the data set's unreadable files (`unreadable`: every split's, under DDP every
+        rank's, so that every rank decides alike) are over the limit of its files (`refuse_damaged`); `name`: the
+        data set, as the message calls it."""
+        refuse_damaged(unreadable, self.files or sum(len(part) for part in self.parts()), name)
 
     def close(self) -> None:
         """Close every split (a streamed split's worker processes go now, not when the objects are collected)."""

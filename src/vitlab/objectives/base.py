@@ -229,13 +229,14 @@ class Objective(ABC):
             "val_loss": val["loss"] if val else None,
             "test_loss": final["loss"],
             "test_count": final["count"],
+            "test_left_out": left_out(final, splits.test),
             "best_checkpoint_test_loss": best_test["loss"] if best_test else None,
         }
         figures.update({f"test_{name}": final[name] for name in self.figure_names})
         extra = "".join(f"  {name.replace('_top1', '')} top-1 {100 * final[name]:.2f}%" for name in self.figure_names)
         lines = [
             f"  test         final model: {self.description} loss {final['loss']:.4f}{extra}  "
-            f"({final['count']} images, measured once, at the end)"
+            f"({measured_on(final, splits.test)}, measured once, at the end)"
         ]
         if best_test is not None:
             lines.append(
@@ -258,6 +259,21 @@ BATCH_AUGMENTATION = (
     "mixup_alpha",
     "cutmix_alpha",
 )
+
+
+def left_out(result: dict[str, Any], split: BatchSource) -> int:
+    """The images of `split` an evaluation of it (`result`, with its "count") could not measure: the unreadable
+    files a streamed split meets as it is read (data held in memory left theirs out when read)."""
+    return max(0, len(split) - int(result["count"]))
+
+
+def measured_on(result: dict[str, Any], split: BatchSource) -> str:
+    """What an evaluation of `split` measured, for a summary line: "200 images", or with files it could not read
+    "200 of 202 images, 2 unreadable left out"."""
+    missing = left_out(result, split)
+    if not missing:
+        return f"{result['count']} images"
+    return f"{result['count']} of {len(split)} images, {missing} unreadable left out"
 
 
 def refuse_batch_augmentation(augment: AugmentConfig | None) -> None:

@@ -18,7 +18,7 @@ from vitlab.errors import DataError
 from vitlab.eval import classify
 from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models.vit import VisionTransformer
-from vitlab.objectives.base import Objective, refuse_batch_augmentation
+from vitlab.objectives.base import Objective, left_out, measured_on, refuse_batch_augmentation
 
 
 class Classification(Objective):
@@ -114,13 +114,14 @@ class Classification(Objective):
             "test_top5": final["top5"],
             "test_loss": final["loss"],
             "test_count": final["count"],
+            "test_left_out": left_out(final, splits.test),
             "best_checkpoint_test_top1": best_test["top1"] if best_test else None,
             "per_class_top1": dict(zip(final["class_names"], final["per_class"])),
         }
         worst = sorted(figures["per_class_top1"].items(), key=lambda item: item[1])[:3]
         lines = [
             f"  test         final model: top-1 {100 * final['top1']:.2f}%  top-5 {100 * final['top5']:.2f}%  "
-            f"loss {final['loss']:.4f}  ({final['count']} images, measured once, at the end)"
+            f"loss {final['loss']:.4f}  ({measured_on(final, splits.test)}, measured once, at the end)"
         ]
         if best_test is not None:
             lines.append(

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vitlab.data.source import Batch
+from vitlab.data.source import Batch, Splits
 from vitlab.data.transforms import Draws
 from vitlab.distributed import DistEnv, any_ranks, gather_lists, sum_over_ranks
 from vitlab.model_input import to_device
@@ -22,6 +22,7 @@ from vitlab.train.clock import PeriodicSave, StopFlag
 from vitlab.train.figures import StepFigures
 from vitlab.train.state import Position
 from vitlab.train.step import TrainingStep
+from vitlab.train.summary import unreadable_files
 from vitlab.train.watchdog import Heartbeat
 
 
@@ -49,7 +50,7 @@ def train_one_epoch(
     epoch_seed: int,
     stop: StopFlag | None = None,
     on_step: Callable[[Position, list[float], float], None] | None = None,
-    unreadable: Any = None,
+    unreadable: UnreadableCount | None = None,
     guards: Safeguards | None = None,
 ) -> bool:
     """Run the rest of one epoch from `position` (the batches must start at its step); returns False if a stop was
@@ -58,9 +59,9 @@ def train_one_epoch(
 
     The host reads the device every `guards.read_every` steps (and at the epoch's end, and where a save by steps is
     due), never between: then the steps' figures are added to the epoch's and checked, `on_step(position, epoch
-    sums, images per second)` reports progress, `unreadable` (a streamed training source whose limit of unreadable
-    files is decided here on every rank's sum, under DDP) is counted, and a stop or a save within the epoch is
-    agreed by every rank. Reading once per step (the CPU) checks each loss before its update. A non-finite loss
+    sums, images per second)` reports progress, `unreadable` (the data set's unreadable files, whose limit is
+    decided here on every rank's, under DDP) is counted, and a stop or a save within the epoch is agreed by every
+    rank. Reading once per step (the CPU) checks each loss before its update. A non-finite loss
     raises NonFiniteLoss with `epoch` and `step` set; nothing has been saved after it."""
     augment_rng = torch.Generator()
     if position.augment_state is not None:
@@ -72,7 +73,7 @@ def train_one_epoch(
     guards = guards or Safeguards()
     figures = StepFigures(position.epoch_sums)
     step.check_finite = guards.read_every == 1  # read after every step: refuse a non-finite loss before its update
-    unreadable_counted = UnreadableCount(unreadable, env)
+    unreadable = unreadable or UnreadableCount(None, env)
     images_since_read, seconds_since_read = 0, 0.0
     guards.heartbeat.at("loading data", position.global_step)
     for index, batch in enumerate(batches, start=position.step_in_epoch):
@@ -104,7 +105,7 @@ def train_one_epoch(
             if on_step is not None:
                 on_step(position, position.epoch_sums, images_since_read / (seconds_since_read + waited))
             images_since_read, seconds_since_read = 0, 0.0
-            unreadable_counted.check()
+            unreadable.check()
         guards.heartbeat.at("after its step", position.global_step)
         hooks.after_step(hooks.AfterStep(env.rank, position.global_step, guards.run, guards.heartbeat.report))
         if not reads:
@@ -128,21 +129,27 @@ def train_one_epoch(
 
 @dataclass
 class UnreadableCount:
-    """A streamed training source's unreadable files, decided on every rank's count under DDP (`source`: one with
-    `skipped` and `refuse_if_too_many`, or None where there is nothing to decide)."""
+    """The unreadable files a run has met in its data set, every split's (a streamed split meets them as it is
+    read), limited over the data set's files (`Splits.refuse_if_damaged`) and under DDP decided on every rank's
+    together. `splits`: the run's (None: nothing to decide); `name`: the data set, as the message calls it."""
 
-    source: Any
+    splits: Splits | None
     env: DistEnv
+    name: str = "the data"
     synced: int = 0  # this rank's unreadable files already counted in a union
 
     def check(self) -> None:
-        if self.source is None or not sum_over_ranks(len(self.source.skipped) - self.synced, self.env):
+        """Call on every rank at once: stops (DataError) every rank alike when the data set is damaged."""
+        if self.splits is None:
+            return
+        met = unreadable_files(self.splits)
+        if not sum_over_ranks(len(met) - self.synced, self.env):
             return
         # Some rank met a new unreadable file (rare): every rank takes the union of the ranks' lists (a stand-in
         # read for a bad file may be read by two ranks) and decides on its size, together.
-        union = gather_lists(self.source.skipped, self.env)
-        self.synced = len(self.source.skipped)
-        self.source.refuse_if_too_many(len(union))
+        union = gather_lists(met, self.env)
+        self.synced = len(met)
+        self.splits.refuse_if_damaged(union, self.name)
 
 
 def read_figures(figures: StepFigures, position: Position) -> None:

@@ -43,7 +43,7 @@ from vitlab.train.budget import fit_to_budget
 from vitlab.train.clock import RunClock, StopFlag, seconds_since_launch
 from vitlab.train.config import TrainConfig
 from vitlab.train.elastic import shared_store_hazard
-from vitlab.train.epoch import Safeguards, train_one_epoch
+from vitlab.train.epoch import Safeguards, UnreadableCount, train_one_epoch
 from vitlab.train.epoch_end import end_epoch
 from vitlab.train.figures import read_interval
 from vitlab.train.restarts import continued_after_restart, set_aside_damaged_state
@@ -126,10 +126,15 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
     guards = Safeguards(
         session.heartbeat, session.saving, save_within_epoch, session.run, read_interval(config.sync_every, env.device)
     )
+    # The limit of unreadable files is the data set's, every split's files, decided on every rank's together: at
+    # the reads of the steps, and before each epoch (the files the last validation met). Never after the last
+    # epoch: a run whose training finished writes its model, and lists the files the test split met.
+    unreadable = UnreadableCount(session.splits, env, str(config.data_dir or config.dataset))
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):
             if epoch >= config.epochs:  # shortened to fit the budget
                 break
+            unreadable.check()
             progress = EpochProgress(session, epoch, clock)
             epoch_started = time.perf_counter()
             seconds_before = position.train_seconds
@@ -137,12 +142,6 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
             batches = session.splits.train.training_batches(
                 epoch_seed, config.batch_size, position.step_in_epoch, env.rank, env.world_size
             )
-            # Under DDP a streamed source's limit of unreadable files is decided on every rank's sum, each step.
-            unreadable = (
-                session.splits.train if env.enabled and hasattr(session.splits.train, "limit_by_caller") else None
-            )
-            if unreadable is not None:
-                unreadable.limit_by_caller = True
             try:
                 finished = train_one_epoch(
                     session.step, session.objective, batches, steps, env, position, epoch_seed,
@@ -194,8 +193,9 @@ def finish(session: Session) -> dict[str, Any]:
     # Training is over: its streaming workers go before the test split's start (the run's memory peaked with the
     # training, validation and test workers all alive at the end; issue 38).
     session.splits.train.close()
-    session.unreadable = gather_lists(unreadable_files(session.splits), env)  # every rank's, for the summary
     results = final_results(session, session.run / BEST)
+    # Every rank's, every split's, for the summary: the test split's too, met just now.
+    session.unreadable = gather_lists(unreadable_files(session.splits), env)
     replica_diff = replica_difference(session.model, env)
     summary = {"status": "finished", "run_dir": str(session.run), "replica_max_abs_diff": replica_diff}
     if env.is_main:

@@ -10,7 +10,9 @@ run after the loader, on the training device, as for the in-memory data.
 
 A file that cannot be read (corrupt, truncated, empty, not an image) is replaced by the next readable image of
 the epoch's order, so every batch keeps its size and every rank its random-number draws; it is counted, named in
-`skipped` and, above `max_bad_fraction` of the data, stops the run with a message.
+`skipped` and, above `max_bad_fraction` of the source's files, stops the reading with a message. The splits of a
+data set read together leave that to their reader (`limit_by_caller`), which decides over the whole data set
+(`vitlab.data.source.Splits.refuse_if_damaged`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from vitlab.data.contract import Preprocessing
-from vitlab.data.images import MAX_BAD_FRACTION  # one stated limit for held and streamed image files
+from vitlab.data.images import MAX_BAD_FRACTION, refuse_damaged  # one stated limit for held and streamed files
 from vitlab.data.preprocess import decode_image, resized_size
 from vitlab.data.source import (
     Batch,
@@ -148,6 +150,7 @@ class StreamingSource:
         pin_memory: bool = False,
         max_bad_fraction: float = MAX_BAD_FRACTION,
         shard_order: str = "auto",
+        limit_by_caller: bool = False,
     ) -> None:
         self.index = index
         self.name = index.name
@@ -165,9 +168,11 @@ class StreamingSource:
         self.max_bad_fraction = max_bad_fraction
         self.shard_order = shard_order  # see DataRequest.shard_order
         self.skipped: list[str] = []  # every unreadable file met ("location: why"), in the order met, each once
-        # Under DDP the training loop sums the ranks' counts after each step and calls `refuse_if_too_many` on every
-        # rank at once (one rank stopping alone left the others waiting in a collective).
-        self.limit_by_caller = False
+        # The splits of a data set read together (`stream_splits`) do not stop on their own counts: the limit is the
+        # data set's, every split's files (a test split of 9 with 2 bad files stopped a run of 3 in 43 after its
+        # training), and under DDP every rank decides it at once (one rank stopping alone left the others waiting
+        # in a collective).
+        self.limit_by_caller = limit_by_caller
         self._seen_skipped: set[str] = set()
         self.reader = SampleReader(index, self.image_size, channels, self.crop, self.preprocessing, seed, hflip)
         self._pools: dict[str, DecodePool] = {}  # "train", "eval": this source's own workers
@@ -340,23 +345,14 @@ class StreamingSource:
             ) from None
 
     def record(self, batch: dict[str, Any]) -> None:
-        """Note the batch's unreadable files; stop when there are too many, or when no stand-in could be read."""
+        """Note the batch's unreadable files; stop when there are too many of this source's (unless the caller
+        decides: `limit_by_caller`)."""
         for location, message in batch["skipped"]:
             if location not in self._seen_skipped:
                 self._seen_skipped.add(location)
                 self.skipped.append(message)
         if not self.limit_by_caller:
-            self.refuse_if_too_many(len(self.skipped))
-
-    def refuse_if_too_many(self, count: int) -> None:
-        """Stop (DataError) when `count` unreadable files, this process's or (under DDP) every rank's summed by the
-        training loop, are over `max_bad_fraction` of the data; every rank decides on the same count, together."""
-        if count > self.max_bad_fraction * len(self):
-            first = self.skipped[0] if self.skipped else "listed by another process"
-            raise DataError(
-                f"{count} files of {self.name} are unreadable, more than {self.max_bad_fraction:.0%} of its "
-                f"{len(self)}: the data are damaged (first: {first}); repair or remove them"
-            )
+            refuse_damaged(self.skipped, len(self), self.name, self.max_bad_fraction)
 
 
 class ReaderSet(torch.utils.data.Dataset):

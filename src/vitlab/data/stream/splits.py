@@ -115,6 +115,7 @@ def stream_splits(
             hflip=augment.hflip,
             pin_memory=pin_memory,
             shard_order=shard_order,
+            limit_by_caller=True,  # the limit of bad files is the data set's: `Splits.refuse_if_damaged`
         )
 
     training = source_of(train, crop)
@@ -161,4 +162,7 @@ def open_split(request: DataRequest, split: str) -> BatchSource | None:
     # "train" is every training image, as for data held in memory: nothing carved off, nothing left out.
     carving = {"val_size": 0, "max_train_images": None} if split == "train" else {}
     splits = open_splits(request.replace(**carving))
-    return {"train": splits.train, "val": splits.validation, "test": splits.test}[split]
+    part = {"train": splits.train, "val": splits.validation, "test": splits.test}[split]
+    if isinstance(part, StreamingSource):  # read alone, the split is all the data its reader has: its own limit
+        part.limit_by_caller = False
+    return part
