@@ -109,8 +109,9 @@ class LinearDepthHead(nn.Module):
         if self.upsample > 1:
             logits = F.interpolate(logits, scale_factor=self.upsample, mode="bilinear", align_corners=False)
         weights = torch.relu(logits) + LINEAR_NORM_EPS
-        probabilities = weights / weights.sum(dim=1, keepdim=True)
-        depths = torch.einsum("bkhw,k->bhw", probabilities, self.bin_depths)
+        # sum_k p_k d_k with p = w / sum w, as one ratio of two sums: no normalised copy of the (bins, H, W) tensor
+        # (nor its backward) is made, the largest cost of a training step on a CPU.
+        depths = torch.einsum("bkhw,k->bhw", weights, self.bin_depths) / weights.sum(dim=1)
         if size is not None and tuple(size) != tuple(depths.shape[-2:]):
             depths = F.interpolate(depths[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
         return depths
