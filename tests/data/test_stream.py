@@ -17,7 +17,7 @@ from vitlab.data.stream.crops import TrainCrop, crop_image, inception_box, sampl
 from vitlab.data.stream.loader import StreamingSource
 from vitlab.data.stream.splits import stream_splits
 from vitlab.errors import DataError
-from vitlab.train.loop import train
+from vitlab.train.loop import resume, train
 
 OPENED: list[StreamingSource] = []  # the sources a test made, closed when it ends (see close_sources)
 
@@ -215,6 +215,11 @@ def test_the_limit_of_bad_files_is_the_data_sets_and_every_split_s_are_listed(tm
     assert summary["test_count"] == 8 and summary["test_left_out"] == (2 if stream else 0)
     test_line = next(line for line in (run / "summary.txt").read_text().splitlines() if "test " in line)
     assert ("(8 of 10 images, 2 unreadable left out, measured" if stream else "(8 images, measured") in test_line
+    # A run whose outputs were not written after its training (as the runs stopped by this issue) finishes on
+    # --resume, listing the files met before it was resumed too (the training split's are not read again).
+    for name in ("model.safetensors", "summary.json", "summary.txt", "skipped.txt"):
+        (run / name).unlink()
+    assert resume(run)["skipped_files"] == 5 and len((run / "skipped.txt").read_text().splitlines()) == 5
 
 
 @pytest.mark.parametrize("stream", [True, False])

@@ -131,11 +131,13 @@ def train_one_epoch(
 class UnreadableCount:
     """The unreadable files a run has met in its data set, every split's (a streamed split meets them as it is
     read), limited over the data set's files (`Splits.refuse_if_damaged`) and under DDP decided on every rank's
-    together. `splits`: the run's (None: nothing to decide); `name`: the data set, as the message calls it."""
+    together. `splits`: the run's (None: nothing to decide); `name`: the data set, as the message calls it;
+    `earlier`: those the run met before it was resumed (every rank's)."""
 
     splits: Splits | None
     env: DistEnv
     name: str = "the data"
+    earlier: list[str] = field(default_factory=list)
     synced: int = 0  # this rank's unreadable files already counted in a union
 
     def check(self) -> None:
@@ -149,7 +151,7 @@ class UnreadableCount:
         # read for a bad file may be read by two ranks) and decides on its size, together.
         union = gather_lists(met, self.env)
         self.synced = len(met)
-        self.splits.refuse_if_damaged(union, self.name)
+        self.splits.refuse_if_damaged(list(dict.fromkeys([*self.earlier, *union])), self.name)
 
 
 def read_figures(figures: StepFigures, position: Position) -> None:

@@ -44,7 +44,7 @@ def end_epoch(
             session.evaluated, splits.test, config.evaluation_batch(env.world_size), env, session.precision.value
         )
         row.update({f"test_{name}": value for name, value in objective.row_figures(test).items()})
-    skipped = gather_lists(unreadable_files(splits), env)  # every rank's share
+    skipped = position.unreadable = unreadable_so_far(session)
     if skipped:
         row["skipped_files"] = len(skipped)
     position.elapsed_seconds = clock.elapsed()
@@ -75,6 +75,13 @@ def end_epoch(
     session.heartbeat.at("saving state")
     session.save_state()
     return row, improved
+
+
+def unreadable_so_far(session: Session) -> list[str]:
+    """The run's unreadable files, each once: those its saved state recorded (met before a resume) and those every
+    rank has met since, in every split. A collective: call on every rank at once."""
+    met = gather_lists(unreadable_files(session.splits), session.env)
+    return list(dict.fromkeys([*session.position.unreadable, *met]))
 
 
 def save_best(session: Session) -> None:

@@ -28,7 +28,6 @@ from vitlab.data.source import BatchSource
 from vitlab.distributed import (
     any_rank,
     cleanup,
-    gather_lists,
     init_distributed,
     is_collective_timeout,
     replica_difference,
@@ -44,12 +43,12 @@ from vitlab.train.clock import RunClock, StopFlag, seconds_since_launch
 from vitlab.train.config import TrainConfig
 from vitlab.train.elastic import shared_store_hazard
 from vitlab.train.epoch import Safeguards, UnreadableCount, train_one_epoch
-from vitlab.train.epoch_end import end_epoch
+from vitlab.train.epoch_end import end_epoch, unreadable_so_far
 from vitlab.train.figures import read_interval
 from vitlab.train.restarts import continued_after_restart, set_aside_damaged_state
 from vitlab.train.session import Session
 from vitlab.train.state import read_resumable
-from vitlab.train.summary import EpochProgress, show_epoch, stop_line, unreadable_files, write_outputs
+from vitlab.train.summary import EpochProgress, show_epoch, stop_line, write_outputs
 from vitlab.train.watchdog import Heartbeat
 
 
@@ -129,7 +128,7 @@ def run_epochs(session: Session) -> dict[str, Any] | None:
     # The limit of unreadable files is the data set's, every split's files, decided on every rank's together: at
     # the reads of the steps, and before each epoch (the files the last validation met). Never after the last
     # epoch: a run whose training finished writes its model, and lists the files the test split met.
-    unreadable = UnreadableCount(session.splits, env, str(config.data_dir or config.dataset))
+    unreadable = UnreadableCount(session.splits, env, str(config.data_dir or config.dataset), position.unreadable)
     with StopFlag() as stop:
         for epoch in range(position.epoch, config.epochs):
             if epoch >= config.epochs:  # shortened to fit the budget
@@ -194,8 +193,7 @@ def finish(session: Session) -> dict[str, Any]:
     # training, validation and test workers all alive at the end; issue 38).
     session.splits.train.close()
     results = final_results(session, session.run / BEST)
-    # Every rank's, every split's, for the summary: the test split's too, met just now.
-    session.unreadable = gather_lists(unreadable_files(session.splits), env)
+    session.unreadable = unreadable_so_far(session)  # for the summary: the test split's too, met just now
     replica_diff = replica_difference(session.model, env)
     summary = {"status": "finished", "run_dir": str(session.run), "replica_max_abs_diff": replica_diff}
     if env.is_main:

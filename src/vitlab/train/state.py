@@ -52,6 +52,9 @@ class Position:
     best_elapsed_seconds: float = -1.0  # wall time at which the best validation accuracy was reached
     augment_state: torch.Tensor | None = None  # generator state mid-epoch
     epoch_sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # loss sum, correct, count so far
+    # The data set's unreadable files met by the run at its last epoch end, every rank's ("location: why"): a
+    # resumed run still counts and lists those it will not meet again (a run resumed after its last epoch).
+    unreadable: list[str] = field(default_factory=list)
 
     def to_state(self) -> dict[str, Any]:
         """Every field under its own name (epoch_sums as a float64 tensor, which weights_only loading takes)."""
