@@ -6,10 +6,13 @@ figures (BENCHMARKS.md, benchmarks/multinode_restarts.py): torchrun runs this sc
 and every worker sets `vitlab.train.hooks.after_step` to the fault before it runs the CLI on the rest of the
 arguments. `kill:rank=1:step=7` SIGKILLs rank 1 after its 7th optimizer step of the run, `stop:rank=1:step=7`
 SIGSTOPs it (a hung rank), `damage-and-kill:rank=0:step=7` first overwrites the end of checkpoints/last.pt (a
-state torn by the crash). A fault fires on the first attempt only, so the group torchrun restarts runs through."""
+state torn by the crash), and `abort-at-exit:rank=1` aborts rank 1 as its process exits after the command (SIGABRT,
+exit -6: a rank of a finished run failing in its teardown). A fault fires on the first attempt only, so the group
+torchrun restarts runs through."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -19,22 +22,23 @@ from vitlab.runs import CHECKPOINTS
 from vitlab.train import hooks
 from vitlab.train.elastic import restart_count
 
-KINDS = ("kill", "stop", "damage-and-kill")
+KINDS = ("kill", "stop", "damage-and-kill", "abort-at-exit")
 
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str  # kill, stop or damage-and-kill
+    kind: str  # one of KINDS
     rank: int
-    step: int  # after this optimizer step of the run (global_step)
+    step: int = -1  # after this optimizer step of the run (global_step); none for abort-at-exit
 
     @classmethod
     def parse(cls, text: str) -> Fault:
         kind, *fields = text.split(":")
         values = dict(field.split("=", 1) for field in fields)
-        if kind not in KINDS or set(values) != {"rank", "step"}:
+        expected = {"rank"} if kind == "abort-at-exit" else {"rank", "step"}
+        if kind not in KINDS or set(values) != expected:
             raise ValueError(f"fault {text!r}: expected e.g. kill:rank=1:step=7 ({', '.join(KINDS)})")
-        return cls(kind, int(values["rank"]), int(values["step"]))
+        return cls(kind, int(values["rank"]), int(values.get("step", -1)))
 
     def __call__(self, point: hooks.AfterStep) -> None:
         """Kill or stop this process when it is the fault's rank at the fault's step, after reporting its progress
@@ -60,6 +64,9 @@ if __name__ == "__main__":
     from vitlab.cli import main
 
     fault = fault_for_this_attempt(sys.argv[1])
-    if fault is not None:
+    if fault is not None and fault.kind == "abort-at-exit":
+        if int(os.environ.get("RANK", "0")) == fault.rank:
+            atexit.register(os.abort)
+    elif fault is not None:
         hooks.after_step = fault
     sys.exit(main(sys.argv[2:]))

@@ -162,6 +162,27 @@ def test_a_rank_killed_on_one_of_two_machines_is_restarted_with_separate_stores(
     assert max_difference(load_file(tmp_path / "run" / "model.safetensors"), uninterrupted) <= 1e-5
 
 
+@pytest.mark.slow
+def test_a_restart_of_a_resume_that_finished_its_run_exits_0(tmp_path):
+    """`train --resume` finishes the run, then a rank fails as it exits (torch's teardown abort, SIGABRT): the agent
+    starts the same command again, which finds the run this job finished and exits 0, where it was refused as a
+    resume of a finished run. A resume of a run that had finished before the job is still refused."""
+    one_epoch = [*RECIPE, "--set", "epochs=1", "--set", "run_name=run", "--out-dir", str(tmp_path)]
+    first = subprocess.run([sys.executable, "-m", "vitlab", "train", *one_epoch], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1"]
+    resume = ["train", "--resume", str(tmp_path / "run"), "--epochs", "2"]
+    extended = subprocess.run(
+        [*launcher, FAULTY_VITLAB, "abort-at-exit:rank=1", *resume], capture_output=True, text=True, timeout=240
+    )
+    output = extended.stdout + extended.stderr
+    assert extended.returncode == 0, output[-4000:]
+    assert "exitcode: -6" in output and "had finished; nothing to do again" in output
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 2
+    again = subprocess.run([*launcher, "-m", "vitlab", *resume], capture_output=True, text=True, timeout=240)
+    assert again.returncode != 0 and "has finished its 2 epochs; nothing to resume" in again.stderr
+
+
 def test_a_job_of_several_machines_sharing_one_store_across_restarts_is_told_how_to_launch(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
@@ -264,6 +285,7 @@ def test_a_fault_fires_on_the_first_attempt_only_and_a_bad_one_is_refused(monkey
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     with pytest.raises(ValueError, match="expected e.g. kill:rank=1:step=7"):
         fault_for_this_attempt("explode:rank=1")
+    assert fault_for_this_attempt("abort-at-exit:rank=1") == Fault("abort-at-exit", 1)  # as its process exits
 
 
 def test_the_loops_test_hook_sees_every_step_and_does_nothing_by_default(monkeypatch, tmp_path):

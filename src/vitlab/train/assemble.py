@@ -28,7 +28,7 @@ from vitlab.objectives.base import BATCH_AUGMENTATION
 from vitlab.runs import RunFolder, default_run_name
 from vitlab.train.config import TrainConfig
 from vitlab.train.data import choose_streaming, training_splits
-from vitlab.train.elastic import remember_run
+from vitlab.train.elastic import remember_resumed, remember_run
 from vitlab.train.optim import EMA, build_optimizer
 from vitlab.train.schedule import build_scheduler, fit_schedule, suggested_batch_size
 from vitlab.train.session import Session
@@ -46,6 +46,8 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     if config.tensorboard and env.is_main:
         require_tensorboard()  # fail before anything is written if tensorboard is missing
     run = RunFolder(run_dir) if run_dir is not None else new_run_folder(config, env)
+    if run_dir is not None and env.is_main:  # a restart of this job then knows the run it finishes (train.restarts)
+        remember_resumed(run)
     if config.init_from:  # the recipe and summary name the checkpoint the model comes from, not a variant default
         config.model = str(config.init_from)
     pretrained = None

@@ -89,6 +89,24 @@ def remember_run(run: RunFolder, config: Any) -> None:
         atomic_write_bytes(marker, json.dumps({"run_dir": str(run.path), "recipe": recipe_digest(config)}).encode())
 
 
+def remember_resumed(run: RunFolder) -> None:
+    """Rank 0, on resuming `run` under an elastic agent that may restart it: note it for the restarts of this job,
+    which then know that a finished `run` was finished by this job (`resumed_in_this_job`). A note of this job's
+    already there (a restart of a new run, which resumes it) is kept."""
+    marker = job_marker(run.path.parent)
+    if marker is not None and not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(marker, json.dumps({"run_dir": str(run.path)}).encode())
+
+
+def resumed_in_this_job(run_dir: str | Path) -> bool:
+    """Whether an earlier attempt of this torchrun job noted `run_dir` as its run (resumed or started by it)."""
+    marker = job_marker(Path(run_dir).parent)
+    if marker is None or not marker.is_file():
+        return False
+    return Path(json.loads(marker.read_text())["run_dir"]).resolve() == Path(run_dir).resolve()
+
+
 def holds_state(run: RunFolder) -> bool:
     """The folder holds a training state (last.pt, or previous.pt alone: a crash between a save's two renames)."""
     return any((run.checkpoints / name).exists() for name in ("last.pt", "previous.pt"))

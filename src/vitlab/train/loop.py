@@ -45,9 +45,9 @@ from vitlab.train.elastic import shared_store_hazard
 from vitlab.train.epoch import Safeguards, UnreadableCount, train_one_epoch
 from vitlab.train.epoch_end import end_epoch, unreadable_so_far
 from vitlab.train.figures import read_interval
-from vitlab.train.restarts import continued_after_restart, set_aside_damaged_state
+from vitlab.train.restarts import continued_after_restart, finished_in_this_job, set_aside_damaged_state
 from vitlab.train.session import Session
-from vitlab.train.state import read_resumable
+from vitlab.train.state import RunFinished, read_resumable
 from vitlab.train.summary import EpochProgress, show_epoch, stop_line, write_outputs
 from vitlab.train.watchdog import Heartbeat
 
@@ -66,7 +66,10 @@ def train(
     notes: list[str] = []
     state = None
     if resume is not None:
-        state, config = read_resumable(Path(resume), use_previous, epochs, notes)
+        try:
+            state, config = read_resumable(Path(resume), use_previous, epochs, notes)
+        except RunFinished as refusal:
+            return finished_in_this_job(Path(resume), refusal)
     env = init_distributed(config.collective_timeout_seconds())
     hazard = shared_store_hazard()
     if hazard is not None:

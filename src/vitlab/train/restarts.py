@@ -1,7 +1,7 @@
 """What a run does when it starts again: the decisions beside `vitlab.train.elastic` (which finds the run a
 torchrun restart belongs to). `continued_after_restart` chooses, for every rank at once, whether a restarted
-attempt resumes its run, starts it again or finds it finished; `set_aside_damaged_state` keeps a damaged last
-state out of the way of the next save."""
+attempt resumes its run, starts it again or finds it finished; `finished_in_this_job` is that last answer for a
+restarted `train --resume`; `set_aside_damaged_state` keeps a damaged last state out of the way of the next save."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from vitlab.distributed import DistEnv, broadcast_object, synchronize
 from vitlab.messages import say
 from vitlab.runs import RunFolder
 from vitlab.train.config import TrainConfig
-from vitlab.train.elastic import holds_state, restart_count, restarted, run_to_continue
+from vitlab.train.elastic import holds_state, restart_count, restarted, resumed_in_this_job, run_to_continue
+from vitlab.train.state import RunFinished
 
 
 def continued_after_restart(config: TrainConfig, env: DistEnv, notes: list[str]) -> Path | dict | None:
@@ -47,6 +48,20 @@ def continued_after_restart(config: TrainConfig, env: DistEnv, notes: list[str])
     config.out_dir, config.run_name = str(run.path.parent), run.path.name
     notes.append(f"restart of this torchrun job: {run} had saved no state yet; starting it again")
     return None
+
+
+def finished_in_this_job(run_dir: Path, refusal: RunFinished) -> dict[str, Any]:
+    """`train --resume RUN` started again by torchrun's agent after this job had finished RUN (a rank failed as it
+    exited, and the agent restarts the whole group): the summary of a finished run, so the restart exits 0 as the
+    attempt it repeats should have. A resume of a run that had finished before this job raises `refusal`. Every rank
+    reads the same note (the output folder is shared), so all take the same way without a process group."""
+    if not resumed_in_this_job(run_dir):
+        raise refusal
+    if int(os.environ.get("RANK", "0")) == 0:
+        say(
+            f"note: restart {restart_count()} of this torchrun job: {RunFolder(run_dir)} had finished; nothing to do again"
+        )
+    return {"status": "finished", "run_dir": str(run_dir), "restarted": True}
 
 
 def set_aside_damaged_state(state: dict[str, Any], run_dir: Path, env: DistEnv, notes: list[str]) -> None:

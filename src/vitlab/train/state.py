@@ -248,12 +248,16 @@ def read_resumable(
     return state, config
 
 
+class RunFinished(ConfigError):
+    """A resume of a run with nothing left to train (a restart of the job that finished it exits 0 instead)."""
+
+
 def refuse_finished(state: dict[str, Any], run_dir: Path, config: TrainConfig) -> None:
     """A run whose every epoch is trained and whose summary is written has nothing left to resume. (One stopped
     after its last state was saved but before its summary resumes into `finish`, which writes it.)"""
     summary = RunFolder(run_dir).summary()
     if state["epoch"] >= config.epochs and summary is not None and summary.get("status") == "finished":
-        raise ConfigError(
+        raise RunFinished(
             f"{run_dir} has finished its {config.epochs} epochs; nothing to resume. To train it "
             f"longer, add --epochs N (more than {config.epochs}); to start again, train a new run"
         )
