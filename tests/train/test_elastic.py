@@ -225,6 +225,39 @@ def test_the_stuck_rank_is_the_one_behind_or_silent():
     assert "not known" in describe_stuck({}, 0, 2, 60, 105.0)
 
 
+def test_a_report_under_way_when_the_run_ends_is_waited_for_before_the_interpreter_exits(monkeypatch):
+    """The heartbeat's thread may still be in a store call after the run's end (a store slower than __exit__ waits).
+    As a daemon thread it was ended by force there when the interpreter finalized, and C++ aborted the rank of a
+    finished run ("terminate called without an active exception", exit -6; a daemon thread looping over a real
+    store's `set` under torchrun aborts both ranks so at every exit). No daemon, it is waited for."""
+    import threading
+
+    from vitlab.distributed import DistEnv
+    from vitlab.train import watchdog
+
+    class SlowStore:
+        def __init__(self):
+            self.release, self.calls = threading.Event(), 0
+
+        def set(self, key, value):
+            self.calls += 1
+            if self.calls > 1:  # the thread's first report blocks until released; __enter__'s own does not
+                self.release.wait(10)
+
+    monkeypatch.setattr(watchdog, "REPORT_SECONDS", 0.05)
+    heartbeat = watchdog.Heartbeat(DistEnv())
+    heartbeat.store = store = SlowStore()
+    with heartbeat:
+        heartbeat.at("training step", 1)
+        while store.calls < 2:
+            time.sleep(0.01)
+    thread = heartbeat._thread
+    assert thread.is_alive() and not thread.daemon  # still reporting: the interpreter's exit waits for it
+    store.release.set()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
 def test_save_every_takes_steps_or_a_duration():
     assert save_interval(500) == ("steps", 500) and save_interval("500") == ("steps", 500)
     assert save_interval("10m") == ("seconds", 600.0) and save_interval("1h30m") == ("seconds", 5400.0)

@@ -64,18 +64,20 @@ class Heartbeat:
     def __enter__(self) -> Heartbeat:
         if self.store is not None:
             self.report()
-            self._thread = threading.Thread(target=self._run, name="vitlab-heartbeat", daemon=True)
+            # No daemon: the interpreter waits for it before it finalizes. A daemon thread inside a store call (C++,
+            # the GIL released) as the interpreter finalizes is ended there by force, and C++ aborts the process
+            # ("terminate called without an active exception", exit -6): a rank of a finished run failed so when
+            # the wait in __exit__ ran out during a slow report.
+            self._thread = threading.Thread(target=self._run, name="vitlab-heartbeat")
             self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._done.set()
         self._changed.set()
-        if self._thread is not None:
+        if self._thread is not None:  # a report still under way after this wait ends before the interpreter exits
             self._thread.join(timeout=2 * REPORT_SECONDS)
-        # The process group's store must go with the group: one kept alive to the interpreter's exit was destroyed
-        # there, and a rank then aborted after a finished run ("terminate called without an active exception").
-        self.store = None
+        self.store = None  # the process group's store goes with the group
 
     def _run(self) -> None:
         # On every change (coalesced while a report is under way), and once a second regardless: a report's age
