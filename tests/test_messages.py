@@ -37,3 +37,10 @@ def test_an_error_logged_under_vitlab_keeps_its_traceback_on_stderr(capsys):
         logging.getLogger("vitlab.serve").exception("error while answering %s", "/v1/predict")
     err = capsys.readouterr().err
     assert err.startswith("error while answering /v1/predict\nTraceback") and "ValueError: broken" in err
+
+
+def test_counts_take_the_number_of_their_noun():
+    assert messages.counted(1, "unreadable file") == "1 unreadable file"
+    assert messages.counted(0, "pair") == "0 pairs" and messages.counted(3, "process", "processes") == "3 processes"
+    assert messages.unreadable_line(["a.jpg: broken"]) == "1 unreadable file left out: a.jpg: broken"
+    assert messages.unreadable_line(["a.jpg: x", "b.jpg: y"]) == "2 unreadable files left out: a.jpg: x, ..."

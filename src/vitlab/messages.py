@@ -43,3 +43,16 @@ def say(text: str, to_stderr: bool = False) -> None:
     """Tell the user `text` (one or more lines), at INFO level; `to_stderr` for what the CLI writes to stderr
     (progress while a result is being made, failures of a part)."""
     LOGGER.info(text, extra={"to_stderr": to_stderr})
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and its noun in the number it takes: "1 unreadable file", "3 unreadable files", "0 pairs".
+    plural: where the noun does not take an "s" ("1 process", plural "processes")."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def unreadable_line(unreadable: list[str], left: str = "left out") -> str:
+    """ "1 unreadable file left out: a.jpg: why" / "3 unreadable files left out: a.jpg: why, ...": the count and
+    the first, with "..." only where there are more."""
+    more = ", ..." if len(unreadable) > 1 else ""
+    return f"{counted(len(unreadable), 'unreadable file')} {left}: {unreadable[0]}{more}"

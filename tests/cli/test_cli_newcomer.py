@@ -324,7 +324,7 @@ def test_analyze_carries_on_past_an_unreadable_image(tiny_run, images, tmp_path,
     (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     assert main(["analyze", str(tiny_run), "--images", str(images), "--out", str(tmp_path / "a")]) == 0
     captured = capsys.readouterr()
-    assert "analysed" in captured.out and "(1 unreadable skipped)" in captured.out
+    assert "analysed" in captured.out and "(1 unreadable file skipped)" in captured.out
     assert f"skipped {images / 'broken.png'}" in captured.err
 
 

@@ -157,6 +157,26 @@ def test_search_finds_the_query_image_itself_first(tmp_path, capsys):
     assert [(pair["first"], pair["second"]) for pair in pairs] == [(str(flat / "copy.jpg"), str(query))]
 
 
+def test_duplicates_come_most_similar_first_and_are_counted_in_words(tmp_path, capsys):
+    import pyarrow
+    import pyarrow.parquet
+
+    # Pairs at similarity 0.96 (rows 0, 1) and 1.0 (rows 2, 3): the file's order is not the similarity's.
+    vectors = np.array([[1.0, 0.0], [0.96, 0.28], [0.0, 1.0], [0.0, 2.0]], dtype=np.float32)
+    table = pyarrow.table(
+        {
+            "path": ["a", "b", "c", "d"],
+            "vector": pyarrow.FixedSizeListArray.from_arrays(pyarrow.array(vectors.reshape(-1)), 2),
+        }
+    )
+    pyarrow.parquet.write_table(table, tmp_path / "index.parquet")
+    pairs = run_duplicates(str(tmp_path / "index.parquet"), 0.9)
+    assert [(pair["first"], pair["second"]) for pair in pairs] == [("c", "d"), ("a", "b")]
+    assert pairs[0]["similarity"] > pairs[1]["similarity"]
+    assert main(["search", str(tmp_path / "index.parquet"), "--duplicates", "0.99"]) == 0
+    assert capsys.readouterr().out.startswith("1 pair at cosine similarity >= 0.99\n")
+
+
 def test_search_with_no_queries_is_refused_by_run_search_as_by_the_command(tmp_path, capsys):
     """The check lives in `run_search`: a Python caller gets the command's message, before any file is read."""
     missing = str(tmp_path / "never-written.parquet")

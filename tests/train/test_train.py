@@ -500,6 +500,16 @@ def test_progress_shows_time_left():
     assert "left" not in epoch_line(dict(row, epoch=10), 10, 0.0, False, Classification(2))
 
 
+def test_an_epoch_line_counts_unreadable_files_in_the_number_they_take():
+    row = dict(epoch=3, train_loss=0.5, train_top1=0.9, val_top1=0.95, images_per_second=1000.0, elapsed_seconds=30.0)
+    assert "(1 unreadable file skipped, see" in epoch_line(
+        dict(row, skipped_files=1), 10, 7.0, False, Classification(2)
+    )
+    assert "(2 unreadable files skipped, see" in epoch_line(
+        dict(row, skipped_files=2), 10, 7.0, False, Classification(2)
+    )
+
+
 SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
 
 

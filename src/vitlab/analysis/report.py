@@ -23,6 +23,7 @@ from vitlab.dense.features import dense_features
 from vitlab.dense.pictures import patch_similarity, pca_rgb
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import resolve_device
+from vitlab.messages import counted
 from vitlab.runs import analysis_folder
 
 
@@ -328,7 +329,7 @@ def format_analysis(summary: dict[str, Any]) -> str:
     per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
     lines = [
         f"analysed {summary['checkpoint']} on {summary['images_for_distance']} images"
-        + (f" ({len(summary['skipped'])} unreadable skipped)" if summary["skipped"] else ""),
+        + (f" ({counted(len(summary['skipped']), 'unreadable file')} skipped)" if summary["skipped"] else ""),
         f"  mean attention distance per layer (pixels): {per_layer}",
     ]
     lines += [f"  {name:<22} {path}" for name, path in summary["files"].items()]

@@ -26,6 +26,7 @@ from vitlab.errors import UsageError
 from vitlab.eval.batches import run_batches
 from vitlab.eval.embeddings import from_position, locations
 from vitlab.eval.retrieval import Reading, collection_run
+from vitlab.messages import unreadable_line
 
 PART_IMAGES = 256  # images per shard: 150 MB of B/16 float32 tokens, and what a killed run can lose
 
@@ -236,5 +237,5 @@ def format_dense(report: dict[str, Any]) -> str:
         + f" in {report['seconds']:.1f} s ({report['images_per_second']:.1f} images/s)"
     )
     if report["unreadable"]:
-        line += f"\n  {len(report['unreadable'])} unreadable, left out: {report['unreadable'][0]}, ..."
+        line += f"\n  {unreadable_line(report['unreadable'])}"
     return line

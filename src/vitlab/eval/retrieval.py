@@ -20,6 +20,7 @@ from vitlab.eval.embeddings import both_files, embed, labelled_splits, pooled_fe
 from vitlab.eval.fewshot import cached_features, checkpoint_digest
 from vitlab.eval.neighbours import KNN_K, KNN_TEMPERATURE, knn_accuracy, near_duplicates, nearest
 from vitlab.hardware import available_cores
+from vitlab.messages import counted, unreadable_line
 
 
 @dataclass  # not frozen: an InputSpec's fields are plain attributes
@@ -146,7 +147,7 @@ def format_embed(report: dict[str, Any]) -> str:
         + f" in {report['seconds']:.1f} s ({report['images_per_second']:.0f} images/s)"
     ]
     if report["unreadable"]:
-        lines.append(f"  {len(report['unreadable'])} unreadable, left out: {report['unreadable'][0]}, ...")
+        lines.append(f"  {unreadable_line(report['unreadable'])}")
     return "\n".join(lines)
 
 
@@ -261,17 +262,18 @@ def format_search(rows: list[dict[str, Any]]) -> str:
 
 
 def run_duplicates(index_path: str, threshold: float) -> list[dict[str, Any]]:
-    """Every pair of the index's images at or above `threshold` cosine similarity."""
+    """Every pair of the index's images at or above `threshold` cosine similarity, the most similar first."""
     if not -1 <= threshold <= 1:
         raise UsageError(f"--duplicates {threshold}: a cosine similarity, in [-1, 1] (e.g. 0.95)")
     index = read_embeddings(index_path)
-    return [
+    pairs = [
         {"first": index.paths[i], "second": index.paths[j], "similarity": score}
         for i, j, score in near_duplicates(torch.from_numpy(index.vectors), threshold)
     ]
+    return sorted(pairs, key=lambda pair: -pair["similarity"])  # the closest first; ties in the file's order
 
 
 def format_duplicates(pairs: list[dict[str, Any]], threshold: float) -> str:
-    lines = [f"{len(pairs)} pair(s) at cosine similarity >= {threshold}"]
+    lines = [f"{counted(len(pairs), 'pair')} at cosine similarity >= {threshold}"]
     lines.extend(f"  {pair['similarity']:.4f}  {pair['first']}  {pair['second']}" for pair in pairs)
     return "\n".join(lines)

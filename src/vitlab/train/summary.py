@@ -12,7 +12,7 @@ from vitlab.data.source import BatchSource, Splits
 from vitlab.distributed import DistEnv
 from vitlab.files import atomic_write_bytes
 from vitlab.hardware import Choice
-from vitlab.messages import say
+from vitlab.messages import counted, say
 from vitlab.objectives.base import Objective
 from vitlab.progress import LogLines, format_duration
 from vitlab.runs import MODEL, RunFolder
@@ -155,7 +155,7 @@ def epoch_line(
     if row["epoch"] < epochs:
         text += f", {format_duration(seconds_left)} left"
     if row.get("skipped_files"):
-        text += f"  ({row['skipped_files']} unreadable files skipped, see skipped.txt at the end)"
+        text += f"  ({counted(row['skipped_files'], 'unreadable file')} skipped, see skipped.txt at the end)"
     return text + ("  best" if improved else "")
 
 
@@ -238,7 +238,9 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
     summary["skipped_files"] = len(skipped)
     if skipped:
         atomic_write_bytes(run_dir / "skipped.txt", "".join(line + "\n" for line in skipped).encode())
-        lines.append(f"  skipped      {len(skipped)} unreadable files (listed in skipped.txt), e.g. {skipped[0]}")
+        lines.append(
+            f"  skipped      {counted(len(skipped), 'unreadable file')} (listed in skipped.txt), e.g. {skipped[0]}"
+        )
         pictures = [*pictures, "skipped.txt"]
     lines.append(
         f"  files        {model_path}, checkpoints/, metrics.jsonl, curves.png"
