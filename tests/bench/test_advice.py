@@ -104,8 +104,8 @@ def test_quick_takes_the_measured_leaders_and_every_int8_path(machine):
 def test_the_margin_names_the_runner_up():
     result = bench_result({"eager-fp32": 5.0, "onnx-int8": 22.0, "eager-bf16": 16.0})
     for row in result["paths"]:
-        row["name"] = row["path"].replace("-", " ")
-    assert runner.winner_line(result) == "margin: onnx int8 1.38x the next, eager bf16"
+        row["name"] = row["path"].replace("-", " ")  # the JSON's description; the line names the paths
+    assert runner.winner_line(result) == "margin: onnx-int8 1.38x the next, eager-bf16"
 
 
 @pytest.mark.run_level

@@ -131,7 +131,7 @@ def test_every_inference_path_computes_the_same_logits_and_accuracy_matches_eval
             100 * int8["gflops_per_second"] / result["peaks_gflops_per_second"]["int8"]
         )
     table = format_table(result)
-    assert "onnxruntime int8" in table and "fastest:" in table and "top-1" in table
+    assert "\nonnx-int8 " in table and "fastest:" in table and "top-1" in table
 
 
 def test_bench_cli_writes_json_and_skips_what_cannot_run(tmp_path, capsys, monkeypatch):
@@ -291,6 +291,38 @@ def test_the_table_shows_sub_millisecond_latencies_with_their_digits():
     assert "2151.3" in format_table(result)
 
 
+def test_the_table_names_every_path_as_paths_takes_it_measured_or_skipped():
+    row = {
+        "path": "eager-fp32",
+        "name": "eager fp32",
+        "precision": "fp32",
+        "seconds_per_batch": 0.5,
+        "images_per_second": 2.0,
+        "gflops_per_second": 1.0,
+        "percent_of_peak": None,
+        "vs_eager_fp32": 1.0,
+        "vs_reference": None,
+    }
+    result = {
+        "mode": "inference",
+        "model": "tiny",
+        "config": {"embed_dim": 32, "depth": 2},
+        "image_size": [8, 8],
+        "batch_size": 1,
+        "gflops_per_image": 0.0278,
+        "machine": {"cpu": "cpu", "threads": 2, "torch": "x"},
+        "peaks_gflops_per_second": {},
+        "repetitions": 3,
+        "warmup": 1,
+        "paths": [row],
+        "skipped": {"eager-bf16": "not run"},
+        "fastest": "eager-fp32",
+    }
+    lines = format_table(result).splitlines()
+    assert [line.split()[0] for line in lines if line.startswith("eager")] == ["eager-fp32", "eager-bf16"]
+    assert "fastest: eager-fp32, 1.00x eager-fp32" in lines
+
+
 @pytest.mark.run_level
 def test_the_transformers_reference_of_a_grey_model_runs_without_library_noise(capsys):
     result = run_bench("digits-8", batch_size=8, paths=["eager-fp32", "transformers"], show=True, **FAST)
@@ -409,8 +441,9 @@ def test_quick_gives_a_table_whose_header_names_the_cpus_units(monkeypatch, caps
     out = capsys.readouterr().out
     assert "machine:" in out and "(AVX2 (no VNNI, no bf16 units)" in out
     assert "3 interleaved rounds after 1 warm-up calls; each path within a 45 s budget, the table within 150 s" in out
-    for name in ("eager fp32", "onnxruntime int8", "transformers fp32"):
-        assert name in out
+    for path in ("eager-fp32", "onnx-int8", "transformers"):  # one naming: the paths as --paths takes them
+        assert f"\n{path} " in out
+    assert "onnxruntime int8" not in out and "eager fp32" not in out
     assert "not run by --quick" in out and "fastest:" in out and "margin: " in out and "x the next" in out
 
 

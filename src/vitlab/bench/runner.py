@@ -427,7 +427,8 @@ def theoretical_line(peaks: dict[str, Any]) -> str:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """The result as a plain-text table, one row per path."""
+    """The result as a plain-text table, one row per path, each named as `--paths` takes it (the JSON keeps the
+    longer description, "name")."""
     config, machine = result["config"], result["machine"]
     lines = [
         f"vitlab bench ({result['mode']}): {result['model']}, {config['embed_dim']} wide x {config['depth']} deep, "
@@ -449,7 +450,7 @@ def format_table(result: dict[str, Any]) -> str:
         "",
     ]
     has_accuracy = any("top1" in row for row in result["paths"])
-    width = max([26] + [len(row["name"]) for row in result["paths"]] + [len(key) for key in result["skipped"]])
+    width = max([26] + [len(row["path"]) for row in result["paths"]] + [len(key) for key in result["skipped"]])
     header = (
         f"{'path':<{width}} {'images/s':>9} {'ms/batch':>9} {'GFLOP/s':>8} {'% peak':>7} {'vs eager':>9} {'vs ref':>7}"
     )
@@ -459,7 +460,7 @@ def format_table(result: dict[str, Any]) -> str:
     for row in result["paths"]:
         milliseconds = 1000 * row["seconds_per_batch"]  # batch-1 latencies of small models are below 1 ms
         line = (
-            f"{row['name']:<{width}} {row['images_per_second']:>9.1f} "
+            f"{row['path']:<{width}} {row['images_per_second']:>9.1f} "
             f"{milliseconds:>9.{1 if milliseconds >= 10 else 3}f} "
             f"{row['gflops_per_second']:>8.1f} "
             f"{'' if row['percent_of_peak'] is None else format(row['percent_of_peak'], '.0f') + '%':>7} "
@@ -475,13 +476,13 @@ def format_table(result: dict[str, Any]) -> str:
     for row in result["paths"]:
         if (row["percent_of_peak"] or 0) > 100:
             lines.append(
-                f"note: {row['name']} runs above the {row['precision']} peak: its kernels (fused or pre-packed) beat "
+                f"note: {row['path']} runs above the {row['precision']} peak: its kernels (fused or pre-packed) beat "
                 "every plain matmul timed here, so that peak understates this machine"
             )
     for key, reason in result["skipped"].items():
         lines.append(f"{key:<{width}} skipped: {reason}")
     short = [
-        f"{row['name']} {row['rounds']} of {result['repetitions']}"
+        f"{row['path']} {row['rounds']} of {result['repetitions']}"
         for row in result["paths"]
         if row.get("rounds", result["repetitions"]) < result["repetitions"]
     ]
@@ -491,9 +492,9 @@ def format_table(result: dict[str, Any]) -> str:
         fastest = next(row for row in result["paths"] if row["path"] == result["fastest"])
         lines += [
             "",
-            f"fastest: {fastest['name']}"
-            + (f", {fastest['vs_eager_fp32']:.2f}x eager fp32" if fastest["vs_eager_fp32"] else "")
-            + (f", {fastest['vs_reference']:.2f}x transformers fp32" if fastest["vs_reference"] else ""),
+            f"fastest: {fastest['path']}"
+            + (f", {fastest['vs_eager_fp32']:.2f}x eager-fp32" if fastest["vs_eager_fp32"] else "")
+            + (f", {fastest['vs_reference']:.2f}x transformers" if fastest["vs_reference"] else ""),
         ]
         margin = winner_line(result)
         if margin:
@@ -507,4 +508,4 @@ def winner_line(result: dict[str, Any]) -> str | None:
     if len(rows) < 2:
         return None
     first, second = rows[0], rows[1]
-    return f"margin: {first['name']} {first['images_per_second'] / second['images_per_second']:.2f}x the next, {second['name']}"
+    return f"margin: {first['path']} {first['images_per_second'] / second['images_per_second']:.2f}x the next, {second['path']}"
