@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from vitlab.download import cache_dir
@@ -505,17 +505,20 @@ def path_speeds_key(threads: int | None = None) -> str:
     return f"{libraries_key()} | {threads or torch.get_num_threads()} threads"
 
 
-def path_speeds(gflops_per_image: float | None = None) -> dict | None:
+def path_speeds(gflops_per_image: float | None = None, measuring: Collection[str] = ()) -> dict | None:
     """The inference paths measured on this machine with these libraries and threads (`vitlab bench`, or the
     advice's calibration), for the measured model nearest in size to one of `gflops_per_image` (forward), else the
     latest measured: {"model", "image_size", "batch_size", "gflops_per_image", "speed_vs_eager_fp32": {path:
-    ratio}, "source", "date", "measured_at"}, or None."""
+    ratio}, "source", "date", "measured_at"}, or None. measuring: only the records that measured one of these
+    paths (the export advice's formats: a bench of two paths on a small model says nothing of them)."""
     import math
 
     records = [
         record
         for record in read_measurements("paths").get(path_speeds_key(), {}).values()
-        if isinstance(record, dict) and "speed_vs_eager_fp32" in record
+        if isinstance(record, dict)
+        and "speed_vs_eager_fp32" in record
+        and (not measuring or any(path in record["speed_vs_eager_fp32"] for path in measuring))
     ]
     if not records:
         return None

@@ -27,7 +27,7 @@ def machine(monkeypatch, tmp_path):
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2,avx512,vnni,avx512_bf16")
     monkeypatch.setenv("VITLAB_CALIBRATE", "1")
 
-    def no_calibration(show=True):
+    def no_calibration(show=True, why=""):
         raise AssertionError("calibrated although figures were kept")
 
     monkeypatch.setattr(advice, "calibrate", no_calibration)  # the export advice's
@@ -60,7 +60,7 @@ def test_a_simulated_cpu_kind_is_advised_by_its_own_figures_only(machine):
     assert path_speeds() is None
     calibrated = []
 
-    def calibrate(show=True):
+    def calibrate(show=True, why=""):
         calibrated.append(1)
         records.record_path_speeds(bench_result({"eager-fp32": 5.0, "pt2e-int8-bf16": 36.0, "onnx-int8": 15.0}, "S/16"))
         return path_speeds()
@@ -71,8 +71,28 @@ def test_a_simulated_cpu_kind_is_advised_by_its_own_figures_only(machine):
     assert advice.fastest_export_format().value == "onnx --int8"  # the first kind's figures are still its own
 
 
+def test_a_bench_of_other_paths_on_a_nearer_model_does_not_hide_the_formats_measured(machine):
+    """The issue's case: `bench --quick` kept the formats of B/16; a bench of eager and torch int8 on the digits
+    model, nearer in size to the model exported, made `export` calibrate as if nothing had been measured."""
+    records.record_path_speeds(bench_result(ZEN5))
+    records.record_path_speeds(bench_result({"eager-fp32": 50.0, "torch-int8": 60.0}, "digits-8"))
+    choice = advice.fastest_export_format(GFLOPS["digits-8"])  # the fixture fails on a calibration
+    assert choice.value == "onnx --int8" and "B/16 at 224 px" in choice.reason
+
+
+def test_a_calibration_says_what_was_kept_when_it_was_no_export_format(machine):
+    records.record_path_speeds(bench_result({"eager-fp32": 50.0, "torch-int8": 60.0}, "digits-8"))
+    reasons = []
+    machine.setattr(advice, "calibrate", lambda show=True, why="": reasons.append(why))
+    assert advice.fastest_export_format(GFLOPS["digits-8"]) is None
+    assert reasons == [
+        "no export format measured on this CPU yet (kept: eager-fp32, torch-int8, digits-8 at 224 px, batch 16, "
+        f"vitlab bench on this CPU, {path_speeds()['date']})"
+    ]
+
+
 def test_nothing_measurable_says_so(machine):
-    machine.setattr(advice, "calibrate", lambda show=True: None)
+    machine.setattr(advice, "calibrate", lambda show=True, why="": None)
     assert advice.fastest_export_format() is None
     assert "not measured" in advice.fastest_format_line("onnx")
 

@@ -21,6 +21,17 @@ FORMAT_PATHS = {
 }
 
 
+EXPORT_PATHS = tuple(path for paths in FORMAT_PATHS.values() for path in paths)
+
+
+def missing_formats(kept: dict[str, Any] | None) -> str:
+    """Why the advice calibrates: nothing kept on this CPU, or only paths that are no export format."""
+    if kept is None:
+        return "no speeds measured on this CPU yet"
+    measured = ", ".join(sorted(kept["speed_vs_eager_fp32"]))
+    return f"no export format measured on this CPU yet (kept: {measured}, {describe_record(kept)})"
+
+
 def format_speeds(record: dict[str, Any]) -> dict[str, tuple[str, float]]:
     """{format: (its fastest measured path, speed against eager fp32)} for the export formats the record measured."""
     speeds = record["speed_vs_eager_fp32"]
@@ -36,9 +47,11 @@ def fastest_export_format(gflops_per_image: float | None = None, calibrate_if_ne
     """The `vitlab export` format that ran fastest on this machine for the measured model nearest in size to one
     of `gflops_per_image`, with the figures that say so; None where no format was measured here (and none could
     be)."""
-    record = path_speeds(gflops_per_image)
-    if record is None or not format_speeds(record):
-        record = calibrate() if calibrate_if_needed and calibration_allowed() else None
+    # The nearest model that measured a format: a bench of other paths (eager and torch int8 on a small model, say)
+    # says nothing of the formats, and another model's figures do (the one-time calibration once ran again here).
+    record = path_speeds(gflops_per_image, measuring=EXPORT_PATHS)
+    if record is None and calibrate_if_needed and calibration_allowed():
+        record = calibrate(why=missing_formats(path_speeds()))
     if record is None or not format_speeds(record):
         return None
     formats = format_speeds(record)

@@ -133,10 +133,11 @@ def measured_or_calibrated(gflops_per_image: float | None) -> dict[str, Any] | N
     return path_speeds(gflops_per_image) or (calibrate() if calibration_allowed() else None)
 
 
-def calibrate(show: bool = True) -> dict[str, Any] | None:
+def calibrate(show: bool = True, why: str = "no speeds measured on this CPU yet") -> dict[str, Any] | None:
     """Measure the deployment paths on a small model within CALIBRATION_SECONDS and keep the figures; None where
     nothing could be measured. Paths that do not fit are left out of the record (and so of the advice). A bench
-    run of its own, so it lives beside `run_bench` (`--quick` calibrates a machine with no figures first)."""
+    run of its own, so it lives beside `run_bench` (`--quick` calibrates a machine with no figures first). why:
+    what the first line says was missing."""
     # Quick to build first (ONNX Runtime's and PyTorch's int8), PT2E last: its compilation can take the budget.
     paths = ["eager-fp32", *installed_int8_paths(), "onnx-fp32"]
     if cpu_units().bf16:
@@ -145,7 +146,7 @@ def calibrate(show: bool = True) -> dict[str, Any] | None:
     paths.sort(key=lambda path: path.startswith("pt2e"))
     if show:
         say(
-            f"vitlab: no speeds measured on this CPU yet; measuring {', '.join(paths)} on {CALIBRATION_MODEL} at "
+            f"vitlab: {why}; measuring {', '.join(paths)} on {CALIBRATION_MODEL} at "
             f"{CALIBRATION_IMAGE_SIZE} px (at most {CALIBRATION_SECONDS:.0f} s, once per machine)",
             to_stderr=True,
         )
