@@ -352,3 +352,35 @@ def test_train_and_evaluate_on_a_manifest_and_on_tar_shards(tmp_path):
         )
     )
     assert shards["test_count"] == summary["test_count"]
+
+
+HANDOVER = """
+import os, socket, sys, time
+from multiprocessing import resource_sharer
+if sys.argv[1] == "worker":
+    from vitlab.data.stream.loader import start_worker
+
+    start_worker(0)
+shared = resource_sharer.DupFd(os.open(os.devnull, os.O_RDONLY))  # what a worker does for each tensor it hands over
+address, _ = shared._id
+parent = socket.socket(socket.AF_UNIX)
+parent.connect(address)
+time.sleep(0.3)  # the worker's challenge waits, unread
+parent.close()  # the parent hangs up mid-handshake, as one interrupted (SIGINT to it alone) does
+time.sleep(0.5)
+print("done")
+"""
+
+
+def test_a_worker_leaves_a_hand_over_its_interrupted_parent_dropped_to_the_parent():
+    """Issue: SIGINT to `embed`'s main process printed the worker's ConnectionResetError traceback before
+    "interrupted" (1 run in 3). Here the parent's side of the hand-over is a socket closed mid-handshake."""
+    import subprocess
+    import sys
+
+    plain, worker = (
+        subprocess.run([sys.executable, "-c", HANDOVER, role], capture_output=True, text=True, timeout=60)
+        for role in ("plain", "worker")
+    )
+    assert plain.stdout == "done\n" and "ConnectionResetError" in plain.stderr  # what a worker printed
+    assert worker.stdout == "done\n" and worker.stderr == ""

@@ -14,7 +14,7 @@ from vitlab.data.stream.open import index_from_spec
 from vitlab.errors import UsageError
 from vitlab.eval import embeddings
 from vitlab.eval.embeddings import embed, read_embeddings
-from vitlab.eval.retrieval import model_spec, open_data, run_duplicates, run_knn, run_search
+from vitlab.eval.retrieval import format_embed, model_spec, open_data, run_duplicates, run_knn, run_search
 
 CHECKPOINT = FIXTURES / "hf_vit"  # 16x16 images, class token
 
@@ -93,6 +93,10 @@ def test_a_killed_run_continues_where_its_last_part_ended_and_writes_the_same_fi
     assert report["unreadable"] == whole["unreadable"]
     assert (tmp_path / "resumed.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
     assert not (tmp_path / "resumed.parquet.parts").exists()
+    # Run again on the finished file: nothing to do, and the earlier runs' unreadable files are still listed.
+    again = embed_folder(root, tmp_path / "resumed.parquet", part_rows=8)
+    assert again["already_written"] and again["unreadable"] == whole["unreadable"]
+    assert format_embed(again).endswith(f"nothing to do\n  1 unreadable file left out: {whole['unreadable'][0]}")
 
 
 def test_parts_of_other_settings_are_refused_not_mixed(tmp_path, monkeypatch):

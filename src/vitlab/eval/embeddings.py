@@ -5,7 +5,8 @@ The file: one row per readable image, columns `path` (where the image came from)
 when the data have none) and `vector` (a fixed-size list of float32, or float16 on request), in the data's order;
 the file's metadata (key "vitlab") records the model (its spec and the sha256 of its weights), the pooling, the
 preprocessing contract the images were read under, the class names and the data's name and size, so a search can
-embed its query images as the index's images were.
+embed its query images as the index's images were; and the files left out as unreadable, over every run that wrote
+it (a continued run's and those before it: `FILE.parts/unreadable.json` keeps them between runs).
 
 A run writes parts (`FILE.parts/part-<first>-<stop>.parquet`, each atomically, every `part_rows` images) and joins
 them into FILE at the end, so a run that is killed continues where its last part ended when started again with
@@ -318,7 +319,7 @@ def embed(
                 "another -o: an embedding file is never overwritten by another run's vectors"
             )
         source.close()
-        return summary(out, written, [], start=0, seconds=0.0, embedded=0)
+        return summary(out, written, written.get("unreadable", []), start=0, seconds=0.0, embedded=0)
     parts = PartWriter(out, meta)
     start = parts.resume_position()
     remaining = from_position(source, start)
@@ -370,7 +371,7 @@ def embed(
     seconds = time.perf_counter() - started
     rows = sum(parquet_rows(part) for part in parts.parts())
     left_out = unreadable()
-    parts.join({"rows": rows})
+    parts.join({"rows": rows, "unreadable": left_out})  # kept in the file: a rerun reports them as dense's does
     return summary(out, dict(meta, rows=rows), left_out, start, seconds, embedded)
 
 

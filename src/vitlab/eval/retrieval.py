@@ -138,17 +138,17 @@ def collection_run(
 
 
 def format_embed(report: dict[str, Any]) -> str:
+    left_out = [f"  {unreadable_line(report['unreadable'])}"] if report["unreadable"] else []
     if report["already_written"]:
-        return f"{report['file']} is already written with these settings ({report['rows']} vectors); nothing to do"
+        written = f"{report['file']} is already written with these settings ({report['rows']} vectors); nothing to do"
+        return "\n".join([written, *left_out])
     lines = [
         f"wrote {report['file']}: {report['rows']} vectors of {report['dim']} ({report['dtype']}, pool "
         f"{report['pool']}) of {report['images']} images"
         + (f", continuing from image {report['started_at']}" if report["started_at"] else "")
         + f" in {report['seconds']:.1f} s ({report['images_per_second']:.0f} images/s)"
     ]
-    if report["unreadable"]:
-        lines.append(f"  {unreadable_line(report['unreadable'])}")
-    return "\n".join(lines)
+    return "\n".join(lines + left_out)
 
 
 def run_knn(

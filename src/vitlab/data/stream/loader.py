@@ -442,8 +442,41 @@ class DecodePool:
 
 def start_worker(worker_id: int) -> None:
     """Each worker gives its decoded images' memory back when done with them: with the allocator settings of the
-    training process (`vitlab.hardware`), which a forked worker inherits, it grew with every batch."""
+    training process (`vitlab.hardware`), which a forked worker inherits, it grew with every batch. And it leaves
+    a hand-over its parent dropped to the parent to report (`quiet_dropped_handovers`)."""
     return_freed_memory()
+    quiet_dropped_handovers()
+
+
+def quiet_dropped_handovers() -> None:
+    """A worker hands each batch's tensors to its parent as file descriptors, through a socket served by a
+    thread of multiprocessing's `resource_sharer`, which prints any error it meets with `sys.excepthook`. A
+    parent interrupted (Ctrl-C, SIGINT to it alone) while it took one hangs up mid-handshake, and the worker
+    printed a ConnectionResetError traceback before the parent's own "interrupted" (1 run in 3 where a batch is
+    many tensors, NaFlex images of their own sizes). The parent knows why it stopped and says so: here the
+    connection errors of that thread are dropped; every other error is shown as before."""
+    import sys
+
+    shown = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        if issubclass(kind, (ConnectionError, EOFError)) and from_resource_sharer(trace):
+            return
+        shown(kind, error, trace)
+
+    sys.excepthook = hook
+
+
+def from_resource_sharer(trace: Any) -> bool:
+    """Whether any frame of a traceback is in multiprocessing's resource_sharer (its serving thread's loop)."""
+    from pathlib import Path
+
+    while trace is not None:
+        path = Path(trace.tb_frame.f_code.co_filename)
+        if path.name == "resource_sharer.py" and path.parent.name == "multiprocessing":
+            return True
+        trace = trace.tb_next
+    return False
 
 
 def share_evaluation_workers(sources: list[StreamingSource | None], starts_with: StreamingSource) -> None:
