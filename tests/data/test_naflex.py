@@ -44,6 +44,17 @@ def test_the_grid_is_the_processors_fits_the_budget_and_keeps_the_aspect_ratio(b
             assert -1e-9 <= rows - height * scale < 1 and -1e-9 <= cols - width * scale < 1
 
 
+def test_without_upscale_an_image_that_fits_keeps_its_own_size_and_a_larger_one_shrinks_as_before():
+    """Issue: under input=naflex the 8x8 digits (2x2 patches, budget 256) became a 16x16 grid, 256 tokens where
+    their own grid is 16. SigLIP 2's processor enlarges so; vitlab's default keeps an image that fits."""
+    assert naflex_grid(8, 8, 2, 256) == (16, 16)  # SigLIP 2's: the largest grid that fits
+    assert naflex_grid(8, 8, 2, 256, upscale=False) == (4, 4)
+    assert naflex_grid(9, 7, 2, 256, upscale=False) == (5, 4)  # sides rounded up to whole patches, no more
+    assert naflex_grid(8, 8, 2, 12, upscale=False) == naflex_grid(8, 8, 2, 12) == (3, 3)  # 16 do not fit: shrunk
+    for height, width in [(375, 500), (100, 1000), (3000, 17)]:
+        assert naflex_grid(height, width, 16, 256, upscale=False) == naflex_grid(height, width, 16, 256)
+
+
 def test_a_4_by_3_photo_at_256_patches():
     import io
 
@@ -85,6 +96,11 @@ def test_the_naflex_contract_is_checked_and_old_contracts_read_as_before():
 
     contract = Preprocessing.naflex(16, 256)
     assert Preprocessing.from_dict(contract.to_dict()) == contract
+    assert "upscale" not in contract.to_dict()  # SigLIP 2's, as every NaFlex contract written before the field
+    own_size = Preprocessing.naflex(16, 256, upscale=False)
+    assert own_size.to_dict()["upscale"] is False and Preprocessing.from_dict(own_size.to_dict()) == own_size
+    with pytest.raises(ConfigError, match="upscale must be true or false in mode 'naflex' and true otherwise"):
+        Preprocessing(mode="crop", upscale=False)
     assert "max_patches" not in Preprocessing.image_files().to_dict()  # contracts written before NaFlex, unchanged
     with pytest.raises(ConfigError, match="max_patches must be a whole number >= 1 in mode 'naflex' and 0 otherwise"):
         Preprocessing(mode="crop", max_patches=16)
@@ -330,6 +346,33 @@ def test_digits_train_naflex_with_their_batch_augmentation_and_pretraining_refus
     for method in ("mae", "mpp"):
         with pytest.raises(ConfigError, match="input=naflex: .* masks and reconstructs the model's one grid"):
             train(pretrain_micro(tmp_path, method, epochs=1, input="naflex", max_patches=12))
+
+
+def test_digits_under_input_naflex_keep_their_own_4x4_grid_and_say_so(tmp_path):
+    from runfiles import micro_config
+    from vitlab.checkpoint import load_model
+    from vitlab.data.loaders import open_split
+    from vitlab.data.preprocess import describe_preprocessing, prepare
+    from vitlab.data.source import DataRequest
+    from vitlab.serve.server import input_words
+    from vitlab.train.loop import train
+
+    run = train(micro_config(tmp_path, epochs=1, input="naflex", max_train_images=200))
+    config = load_model(run["run_dir"]).config
+    assert (config.preprocessing.mode, config.preprocessing.max_patches, config.preprocessing.upscale) == (
+        "naflex",
+        256,
+        False,
+    )
+    test = open_split(DataRequest.for_model(config, "digits"), "test")
+    batch = next(iter(test.evaluation_batches(4)))
+    assert prepare(batch.images, batch.max_value, config).shape[-2:] == (8, 8)  # 4x4 patches of 2x2, not 16x16
+    own = "at most 256 patches of 2x2, at its own size where that fits, else shrunk to fit (NaFlex)"
+    assert own in input_words(config) and own in describe_preprocessing(config)["resize"]
+    enlarged = micro_config(tmp_path, epochs=1, input="naflex", naflex_upscale=True, max_train_images=200)
+    enlarged.run_name = "enlarged"
+    grown = load_model(train(enlarged)["run_dir"]).config
+    assert grown.preprocessing.upscale and "enlarged or shrunk to the largest grid" in input_words(grown)
 
 
 def test_the_serve_engine_classifies_a_padded_batch_as_each_image_alone(tmp_path):

@@ -12,7 +12,8 @@ from vitlab.errors import UsageError
 
 MAX_PATCHES_HELP = (
     "shorthand for --set max_patches=N: with --set input=naflex, each image at its own aspect ratio on at most N "
-    "patches (default 256)"
+    "patches (default 256), at its own size where that fits (--set naflex_upscale=true: enlarged to the largest "
+    "grid that fits, as SigLIP 2)"
 )
 
 

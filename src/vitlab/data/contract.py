@@ -38,6 +38,10 @@ class Preprocessing:
     # Siglip2ImageProcessor keeps the same two numbers (patch_size, max_num_patches). 0 for the other modes.
     max_patches: int = 0
     patch: int = 0
+    # "naflex": an image whose own grid of patches (its sides rounded up to whole patches) fits the budget is
+    # enlarged to the largest grid that does (True: SigLIP 2's processor, which makes 8x8 digits 256 patches of
+    # 2x2), or kept at its own size (False: vitlab's input=naflex default); a larger one is shrunk to fit either way.
+    upscale: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -61,6 +65,11 @@ class Preprocessing:
                     f"preprocessing {name} must be a whole number >= 1 in mode 'naflex' and 0 otherwise, "
                     f"got {value!r} in mode {self.mode!r}"
                 )
+        if not isinstance(self.upscale, bool) or (not naflex and not self.upscale):
+            raise ConfigError(
+                f"preprocessing upscale must be true or false in mode 'naflex' and true otherwise, got "
+                f"{self.upscale!r} in mode {self.mode!r}"
+            )
         if naflex and self.crop_fraction != 1.0:
             raise ConfigError("mode 'naflex' resizes whole images, never crops: leave crop_fraction at 1.0")
         if self.mode == "stretch" and self.crop_fraction != 1.0:
@@ -85,14 +94,29 @@ class Preprocessing:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def naflex(cls, patch: int, max_patches: int, resize: str = "bilinear", grey: str = "luma") -> Preprocessing:
-        """SigLIP 2's NaFlex input: the aspect ratio kept under a budget of `max_patches` patches of `patch` pixels."""
-        return cls(mode="naflex", resize=resize, grey=grey, max_patches=max_patches, patch=patch)
+    def naflex(
+        cls, patch: int, max_patches: int, resize: str = "bilinear", grey: str = "luma", upscale: bool = True
+    ) -> Preprocessing:
+        """SigLIP 2's NaFlex input: the aspect ratio kept under a budget of `max_patches` patches of `patch` pixels;
+        `upscale` False keeps an image that fits at its own size."""
+        return cls(mode="naflex", resize=resize, grey=grey, max_patches=max_patches, patch=patch, upscale=upscale)
+
+    def naflex_words(self) -> str:
+        """A NaFlex contract in words, for start lines and model descriptions: "each image at its own aspect ratio
+        on at most 256 patches of 16x16, at its own size where that fits (NaFlex)"."""
+        fit = (
+            "enlarged or shrunk to the largest grid that fits (NaFlex, as SigLIP 2)"
+            if self.upscale
+            else "at its own size where that fits, else shrunk to fit (NaFlex)"
+        )
+        return f"each image at its own aspect ratio on at most {self.max_patches} patches of {self.patch}x{self.patch}, {fit}"
 
     def to_dict(self) -> dict[str, Any]:
         fields = dataclasses.asdict(self)
         if self.mode != "naflex":  # every contract written before NaFlex reads and writes as it did
             del fields["max_patches"], fields["patch"]
+        if self.upscale:  # and every NaFlex contract written before `upscale` (SigLIP 2's, enlarging)
+            del fields["upscale"]
         return fields
 
     @classmethod

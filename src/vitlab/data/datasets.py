@@ -553,7 +553,9 @@ def read_as_asked(stored: ImageDataset, preprocessing: Preprocessing | None) -> 
     if preprocessing is None or preprocessing.mode != "naflex":
         return stored
     own = stored.preprocessing
-    contract = Preprocessing.naflex(preprocessing.patch, preprocessing.max_patches, resize=own.resize, grey=own.grey)
+    contract = Preprocessing.naflex(
+        preprocessing.patch, preprocessing.max_patches, resize=own.resize, grey=own.grey, upscale=preprocessing.upscale
+    )
     return dataclasses.replace(stored, preprocessing=contract)
 
 

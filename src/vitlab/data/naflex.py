@@ -8,6 +8,10 @@ The grid is the one SigLIP 2's image processor finds (transformers' `get_image_s
 bisection over the scale): the largest scale s with ceil(H s / P) * ceil(W s / P) <= max_patches, each side at
 least one patch. Both counts are step functions of s that rise just after s = k P / H (or k P / W), so that largest
 scale is one of those steps: the candidates are tried from the largest down, exactly, instead of bisected.
+
+That largest scale enlarges an image smaller than the budget: SigLIP 2's processor makes the 8x8 digits 256 patches
+of 2x2 (32 x 32 pixels) where their own grid is 16. Without `upscale` (vitlab's input=naflex default) an image
+whose own grid, its sides rounded up to whole patches, fits the budget keeps it: scale 1 at most.
 """
 
 from __future__ import annotations
@@ -20,12 +24,17 @@ from vitlab.errors import UsageError
 from vitlab.model_input import PatchInput
 
 
-def naflex_grid(height: int, width: int, patch_size: int, max_patches: int) -> tuple[int, int]:
-    """(rows, cols) of patches for an image of `height` x `width` pixels under the budget (see the module)."""
+def naflex_grid(height: int, width: int, patch_size: int, max_patches: int, upscale: bool = True) -> tuple[int, int]:
+    """(rows, cols) of patches for an image of `height` x `width` pixels under the budget (see the module).
+    upscale False: an image whose own grid (its sides rounded up to whole patches) fits keeps it instead of being
+    enlarged to the largest grid that fits (8x8 digits in 2x2 patches: 4x4, not 16x16 at a budget of 256)."""
     if max_patches < 1:
         raise UsageError(f"--max-patches {max_patches}: at least one patch per image")
     if height < 1 or width < 1:
         raise UsageError(f"an image of {height} x {width} pixels has nothing to cut into patches")
+    own = math.ceil(height / patch_size), math.ceil(width / patch_size)
+    if not upscale and own[0] * own[1] <= max_patches:
+        return own
 
     def grid(scale: float) -> tuple[int, int]:
         # The small tolerance keeps k P / H * H / P == k from rounding up to k + 1.
@@ -42,9 +51,11 @@ def naflex_grid(height: int, width: int, patch_size: int, max_patches: int) -> t
     return 1, 1  # a sliver thinner than 1 / max_patches of its length: one patch
 
 
-def naflex_pixel_size(height: int, width: int, patch_size: int, max_patches: int) -> tuple[int, int]:
+def naflex_pixel_size(
+    height: int, width: int, patch_size: int, max_patches: int, upscale: bool = True
+) -> tuple[int, int]:
     """The (height, width) in pixels an image of `height` x `width` is resized to: its NaFlex grid of patches."""
-    rows, cols = naflex_grid(height, width, patch_size, max_patches)
+    rows, cols = naflex_grid(height, width, patch_size, max_patches, upscale)
     return rows * patch_size, cols * patch_size
 
 

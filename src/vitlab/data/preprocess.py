@@ -54,7 +54,7 @@ def resized_size(height: Any, width: Any, image_size: tuple[int, int], contract:
     if contract.mode == "naflex":
         from vitlab.data.naflex import naflex_pixel_size
 
-        return naflex_pixel_size(int(height), int(width), contract.patch, contract.max_patches)
+        return naflex_pixel_size(int(height), int(width), contract.patch, contract.max_patches, contract.upscale)
     target_h, target_w = (cropped_side(side, contract.crop_fraction) for side in image_size)
     # floor(target_w * h / w) <= target_h exactly when the height needs the larger scale, so the max picks it.
     return torch.sym_max(target_h, (target_w * height) // width), torch.sym_max(target_w, (target_h * width) // height)
@@ -330,10 +330,7 @@ def describe_preprocessing(spec: InputSpec, source: str = "files") -> dict[str, 
     if contract.mode == "stretch":
         resize = f"stretched to {height}x{width} ({contract.resize}, aspect ratio not kept)"
     elif contract.mode == "naflex":
-        resize = (
-            f"resized ({contract.resize}) keeping the aspect ratio to the largest grid of at most "
-            f"{contract.max_patches} patches of {contract.patch}x{contract.patch} (NaFlex), not cropped"
-        )
+        resize = f"{contract.naflex_words()}, resized {contract.resize}, not cropped"
     else:
         cover = f"{cropped_side(height, contract.crop_fraction)}x{cropped_side(width, contract.crop_fraction)}"
         resize = (

@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from vitlab.errors import UsageError
 
@@ -30,6 +31,15 @@ def require_serve_packages() -> None:
             f"vitlab serve needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
             f"not installed; {INSTALL_HINT}"
         )
+
+
+def input_words(config: Any) -> str:
+    """What the served model reads, for the start line: "8x8 input", or under NaFlex its budget and whether an
+    image keeps its own size."""
+    contract = config.naflex_contract
+    if contract is not None:
+        return f"input: {contract.naflex_words()}"
+    return f"{'x'.join(map(str, config.image_size))} input"
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -80,7 +90,7 @@ def serve(
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     print(
         f"serving {engine.name} ({engine.backend} {engine.precision} on {engine.device}, {len(engine.class_names)} classes, "
-        f"{'x'.join(map(str, engine.config.image_size))} input) on http://{shown}:{bound_port}/  "
+        f"{input_words(engine.config)}) on http://{shown}:{bound_port}/  "
         f"(page at /, API at /v1/predict, /v1/explain, /v1/patches, /v1/model, /metrics; dynamic batching up to {max_batch} "
         f"images or {max_wait_ms:g} ms)\nprecision: {engine.precision} ({engine.choice.reason})",
         flush=True,

@@ -102,11 +102,15 @@ class TrainConfig:
     # "auto" is sequential for shards in object storage (s3://, gs://, https://) and random for local ones.
     shard_order: str = "auto"
     # How image files become input: "square" (the model's contract: resized and cropped, or stretched, to the input
-    # size) or "naflex" (SigLIP 2: each image, and each training crop, at its own aspect ratio on the largest grid of
-    # at most `max_patches` patches; streamed; the model records the contract). A model's table of positions is
-    # resampled to each image's grid; rotary positions need nothing.
+    # size) or "naflex" (SigLIP 2: each image, and each training crop, at its own aspect ratio on a grid of at most
+    # `max_patches` patches, at its own size where that fits; streamed; the model records the contract). A model's
+    # table of positions is resampled to each image's grid; rotary positions need nothing.
     input: str = "square"
     max_patches: int = 256
+    # input=naflex: an image whose own grid of patches fits max_patches keeps its own size (False), or is enlarged
+    # to the largest grid that fits (True: SigLIP 2's processor, which makes the 8x8 digits 256 patches of 2x2
+    # instead of 16). A model whose contract is NaFlex already (a SigLIP 2 checkpoint) keeps its own.
+    naflex_upscale: bool = False
     # Images per evaluation batch and process. None: the training step's batch per process (batch_size / grad_accum
     # / processes): an inference batch holds a fraction of what a training step of that size does, so a run's memory
     # peaks in training, never in the test pass at its end (with 512, a streamed Ti/16 run's test pass held 45% more
@@ -238,6 +242,7 @@ class TrainConfig:
             ("workers", lambda v: whole(v) and v >= 0),
             ("input", lambda v: v in ("square", "naflex")),
             ("max_patches", lambda v: whole(v) and v > 0),
+            ("naflex_upscale", lambda v: isinstance(v, bool)),
             ("stream", lambda v: isinstance(v, bool)),
             ("max_train_images", lambda v: whole(v) and v > 0),
             ("classes", lambda v: isinstance(v, list) and v and all(whole(c) and c >= 0 for c in v)),

@@ -115,7 +115,9 @@ def file_preprocessing(
         return contract  # build_model names the unknown variant
     if patch[0] != patch[1]:
         raise ConfigError(f"input=naflex cuts square patches; this model's are {patch[0]}x{patch[1]}")
-    return Preprocessing.naflex(patch[0], config.max_patches, resize=contract.resize, grey=contract.grey)
+    return Preprocessing.naflex(
+        patch[0], config.max_patches, resize=contract.resize, grey=contract.grey, upscale=config.naflex_upscale
+    )
 
 
 def model_input_size(
