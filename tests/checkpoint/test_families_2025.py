@@ -79,6 +79,21 @@ def test_siglip2_naflex_runs_each_image_at_its_own_aspect_ratio_in_one_padded_ba
     assert_close(pooled, io["naflex_features"])
 
 
+def test_a_siglip2_folder_without_its_processor_reads_naflex_on_its_num_patches_and_says_so(capsys):
+    """Issue: config.json and weights alone (what `Siglip2VisionModel.save_pretrained` writes) were read as a
+    stretch to the table's square; the model type is NaFlex, with config.json's num_patches as the budget."""
+    from vitlab.checkpoint.families import siglip2
+
+    siglip2.NOTED.clear()
+    contract = load_model(FIXTURES / "hf_siglip2_vision").config.preprocessing
+    assert (contract.mode, contract.patch, contract.max_patches, contract.upscale) == ("naflex", 4, 16, True)
+    said = capsys.readouterr()
+    assert said.out == "" and "no preprocessor_config.json beside it" in said.err
+    assert "on at most 16 patches of 4x4 (config.json's num_patches)" in said.err
+    load_model(FIXTURES / "hf_siglip2_vision")
+    assert capsys.readouterr().err == ""  # once per checkpoint and process
+
+
 def test_a_whole_model_folder_and_model_type_alone_choose_the_same_rows():
     for name, row in [("hf_dinov3", "hf-dinov3"), ("hf_aimv2_vision", "hf-aimv2"), ("hf_siglip2_vision", "hf-siglip2")]:
         config, _, kind = read_checkpoint(FIXTURES / name)

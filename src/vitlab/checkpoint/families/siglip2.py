@@ -23,6 +23,7 @@ from vitlab.checkpoint.io import Weights, apply_hints, require_layout
 from vitlab.config import MODEL_SIZES, ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
+from vitlab.messages import say
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
     import torch
@@ -32,8 +33,10 @@ if TYPE_CHECKING:  # torch is imported where tensors are made: the family table 
 MODEL_TYPES = ("siglip2_vision_model", "siglip2")
 PATCH_WEIGHT = "embeddings.patch_embedding.weight"
 # Siglip2ImageProcessor: bilinear, into [-1, 1]. Its aspect-preserving resize to a patch budget (NaFlex) is read
-# from a preprocessor_config.json that names `max_num_patches` (`Preprocessing.naflex`); without one, images are
-# stretched to the table's square size.
+# from a preprocessor_config.json that names `max_num_patches` (`Preprocessing.naflex`); without one (a folder
+# `Siglip2VisionModel.save_pretrained` wrote: config.json and weights), the model type is still NaFlex, so the budget
+# is config.json's `num_patches`, said in a note. (Stretching to the table's square, as once, read every photo
+# squashed.)
 PROCESSOR_DEFAULTS: dict[str, Any] = dict(
     image_mean=(0.5,), image_std=(0.5,), preprocessing=Preprocessing(mode="stretch", resize="bilinear")
 )
@@ -90,7 +93,26 @@ def read_config(weights: Weights) -> ViTConfig:
         budget = weights.processor.get("max_num_patches")
         if budget:  # a NaFlex processor: each image at its own aspect ratio under this many patches
             config = config.replace(preprocessing=Preprocessing.naflex(patch, int(budget)))
+    else:
+        budget = side * side
+        config = config.replace(preprocessing=Preprocessing.naflex(patch, budget))
+        note_once(
+            weights.source,
+            f"note: {weights.source}: no preprocessor_config.json beside it; a SigLIP 2 NaFlex model reads each image at "
+            f"its own aspect ratio, here on at most {budget} patches of {patch}x{patch} (config.json's num_patches). "
+            'For another budget put {"max_num_patches": N} in a preprocessor_config.json beside it',
+        )
     return apply_hints(config, weights.hints)
+
+
+NOTED: set[str] = set()  # the checkpoints whose note was said in this process (a command may read one twice)
+
+
+def note_once(source: str, text: str) -> None:
+    """Say `text` on stderr (a command's --json output stays clean), once per checkpoint and process."""
+    if source not in NOTED:
+        NOTED.add(source)
+        say(text, to_stderr=True)
 
 
 def hf_clip_rows(weights: Weights) -> int:
