@@ -32,19 +32,89 @@ def test_without_affinity_the_core_count_is_the_machines(monkeypatch):
     assert available_cores() == 1
 
 
-def test_trains_thread_default_follows_the_affinity(monkeypatch):
-    from vitlab.train.setup import default_threads
+@pytest.fixture
+def command(monkeypatch):
+    """Threads chosen as a `vitlab` command chooses them, with no OMP_NUM_THREADS and torch's count restored after."""
+    import torch
+
+    from vitlab.hardware import command_chooses_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    before = torch.get_num_threads()
+    with command_chooses_threads():
+        yield
+    torch.set_num_threads(before)
+
+
+def test_trains_thread_default_follows_the_affinity(monkeypatch, command):
+    from vitlab.train.config import TrainConfig
+    from vitlab.train.setup import use_training_threads
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert default_threads(DistEnv()) == 1
+    assert str(use_training_threads(TrainConfig(), DistEnv())) == "1 thread: the cores this process may use"
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two torchrun processes on this machine share the 8 cores
-    assert default_threads(DistEnv(world_size=4)) == 4
+    threads = use_training_threads(TrainConfig(), DistEnv(world_size=4))
+    assert str(threads) == "4 threads: the 8 cores this process may use, shared by 2 processes"
 
 
-def test_serve_and_ablate_follow_the_affinity(three_cores):
+def test_omp_num_threads_and_an_explicit_count_come_before_the_cores(monkeypatch, three_cores, command):
+    """Issue: `train` took every core whatever OMP_NUM_THREADS said; on a machine busy with other jobs 2 threads
+    trained at 100 images/s where 1 trained at 1,000."""
+    from vitlab.hardware import choose_threads
+
+    assert str(choose_threads()) == "3 threads: the cores this process may use"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert str(choose_threads()) == "1 thread: OMP_NUM_THREADS=1"
+    assert str(choose_threads(2)) == "2 threads: --set threads=2"  # asked for: above everything
+    monkeypatch.setenv("OMP_NUM_THREADS", "lots")  # not a count: the cores
+    assert choose_threads().count == 3
+
+
+def test_torchruns_own_omp_num_threads_is_not_the_users(monkeypatch, three_cores, command):
+    """torchrun sets OMP_NUM_THREADS=1 for several processes where the user set none; its agent's environment (the
+    one it started with) then lacks it, and the processes share the cores instead."""
+    from vitlab import hardware
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(hardware, "launcher_environment", lambda: {"PATH": "/usr/bin"})
+    assert hardware.choose_threads(processes=3).reason == "the 3 cores this process may use, shared by 3 processes"
+    monkeypatch.setattr(hardware, "launcher_environment", lambda: {"OMP_NUM_THREADS": "1"})  # the user's own 1
+    assert str(hardware.choose_threads(processes=3)) == "1 thread: OMP_NUM_THREADS=1"
+
+
+def test_a_python_caller_keeps_the_count_it_gave_torch(monkeypatch):
+    import torch
+
+    from vitlab.hardware import choose_threads, use_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert str(use_threads()) == "3 threads: torch's setting in this process" and torch.get_num_threads() == 3
+        assert choose_threads(2).count == 2  # threads=2 in the recipe still wins
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_start_line_says_how_many_threads_and_why(tmp_path, monkeypatch, capsys, command):
+    from runfiles import MICRO
+    from vitlab.cli import main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = ["train", "--out-dir", str(tmp_path), "--set", "epochs=1", "--set", f"model_overrides={MICRO}"]
+    assert main([*args, "--set", "progress=false", "--set", "max_train_images=200"]) == 0
+    start_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("training "))
+    assert "1 process(es) on cpu, 1 thread each (OMP_NUM_THREADS=1); run folder" in start_line
+
+
+def test_serve_and_ablate_follow_the_affinity(three_cores, command):
     from vitlab.ablate.plan import Ablation, plan
     from vitlab.ablate.runner import choose_jobs
     from vitlab.serve.engine import serving_threads
@@ -52,6 +122,7 @@ def test_serve_and_ablate_follow_the_affinity(three_cores):
 
     assert serving_threads(variant_config("B/16")) == 3
     assert serving_threads(variant_config("mnist-28")) == 1  # a tiny model: one thread whatever the cores
+    assert serving_threads(variant_config("mnist-28"), 2) == 2  # --threads 2
     small = plan(Ablation("s", TrainConfig(), {"lr": [1e-3]}))[0]
     assert choose_jobs("auto", small) == 3
 

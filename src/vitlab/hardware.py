@@ -10,10 +10,12 @@ one intra-op thread for a served model (0.1 GFLOPs) and one training process per
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from vitlab.download import cache_dir
 from vitlab.environment import read_variable
@@ -28,6 +30,102 @@ def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
+
+
+# ----------------------------------------------------------------------------------------------- threads
+@dataclass(frozen=True)
+class Threads:
+    """How many intra-op threads torch runs in this process, and why, for the start lines."""
+
+    count: int
+    reason: str  # "the cores this process may use", "OMP_NUM_THREADS=1", "--set threads=1", ...
+
+    def __str__(self) -> str:
+        return f"{self.count} thread{'' if self.count == 1 else 's'}: {self.reason}"
+
+
+# True while a `vitlab` command runs (vitlab.cli.main): the process is vitlab's, whose threads it chooses. A Python
+# caller of the library keeps the count it gave torch (torch.set_num_threads).
+_COMMAND_RUNNING = contextvars.ContextVar("vitlab_command_running", default=False)
+
+
+@contextlib.contextmanager
+def command_chooses_threads() -> Iterator[None]:
+    """While it lasts, `choose_threads` decides this process's threads by the command's rule."""
+    token = _COMMAND_RUNNING.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_RUNNING.reset(token)
+
+
+def choose_threads(
+    requested: int | None = None, processes: int = 1, asked_as: str = "--set threads", default: Threads | None = None
+) -> Threads:
+    """The intra-op threads for one of `processes` processes on this machine, by the first rule that applies:
+    the count asked for (`asked_as`=N); in a Python caller's process (not a `vitlab` command), torch's count as the
+    caller left it (torch.set_num_threads, or torch's default, which follows OMP_NUM_THREADS and the affinity); the
+    user's OMP_NUM_THREADS; `default` (serve: one thread for a tiny model); else the cores this process may use (its
+    affinity: `available_cores`), shared evenly among `processes`. On a machine busy with other jobs the default is
+    too many: OMP_NUM_THREADS, taskset or `--set threads` say so."""
+    if requested is not None:
+        return Threads(requested, f"{asked_as}={requested}")
+    from_environment = users_omp_threads()
+    if not _COMMAND_RUNNING.get():
+        import torch
+
+        count = torch.get_num_threads()
+        if count == from_environment:
+            return Threads(count, f"OMP_NUM_THREADS={count}")
+        return Threads(count, "torch's setting in this process")
+    if from_environment is not None:
+        return Threads(from_environment, f"OMP_NUM_THREADS={from_environment}")
+    if default is not None:
+        return default
+    cores = available_cores()
+    if processes <= 1:
+        return Threads(cores, "the cores this process may use")
+    return Threads(
+        max(1, cores // processes), f"the {cores} cores this process may use, shared by {processes} processes"
+    )
+
+
+def use_threads(
+    requested: int | None = None, processes: int = 1, asked_as: str = "--set threads", default: Threads | None = None
+) -> Threads:
+    """`choose_threads`, and torch told to run that many; returns the choice."""
+    import torch
+
+    choice = choose_threads(requested, processes, asked_as, default)
+    torch.set_num_threads(choice.count)
+    return choice
+
+
+def users_omp_threads() -> int | None:
+    """OMP_NUM_THREADS as the user set it (its first level), None where it is unset or not a count. torchrun sets 1
+    itself for several processes on a machine where the user set none; that 1, absent from the environment
+    torchrun's agent started with, is not the user's (where that environment cannot be read, it is taken as
+    torchrun's)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if not value.isdigit() or int(value) < 1:
+        return None
+    several = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) > 1
+    if value == "1" and several and "TORCHELASTIC_RUN_ID" in os.environ:
+        agent = launcher_environment()
+        if agent is None or "OMP_NUM_THREADS" not in agent:
+            return None
+    return int(value)
+
+
+def launcher_environment() -> dict[str, str] | None:
+    """The environment this process's parent (torchrun's agent) was started with, before it set anything in its
+    own (Linux's /proc); None where it cannot be read."""
+    try:
+        raw = Path(f"/proc/{os.getppid()}/environ").read_bytes()
+    except OSError:
+        return None
+    entries = raw.decode(errors="replace").split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
 
 
 # ------------------------------------------------------------------------------------------------ memory

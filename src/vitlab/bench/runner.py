@@ -29,7 +29,15 @@ from vitlab.checkpoint import load_model
 from vitlab.data.preprocess import prepare
 from vitlab.errors import UsageError
 from vitlab.eval.runner import evaluation_data
-from vitlab.hardware import cpu_name, cpu_units, path_speeds, record_peaks, resolve_device, theoretical_peaks
+from vitlab.hardware import (
+    cpu_name,
+    cpu_units,
+    path_speeds,
+    record_peaks,
+    resolve_device,
+    theoretical_peaks,
+    use_threads,
+)
 from vitlab.messages import say
 from vitlab.models import create_model, model_stats
 from vitlab.runs import RunFolder
@@ -215,10 +223,9 @@ def run_bench(
     budget = budget_seconds or (QUICK_PATH_BUDGET_SECONDS if quick else PATH_BUDGET_SECONDS)
     if batch_size < 1 or repetitions < 1 or warmup < 0 or budget <= 0:
         raise UsageError("--batch-size and --repetitions must be at least 1, --warmup at least 0, --budget above 0")
-    if threads is not None:
-        if threads < 1:
-            raise UsageError(f"--threads must be at least 1, got {threads}")
-        torch.set_num_threads(threads)
+    if threads is not None and threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {threads}")
+    use_threads(threads, asked_as="--threads")  # as train and serve choose them: one rule
     if dataset is not None and checkpoint is None:
         raise UsageError(
             "accuracy needs a trained model: give --checkpoint with --dataset (random weights say "

@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.argv = list(argv) if argv is not None else sys.argv[1:]
     handler: Callable[[argparse.Namespace], int] = args.handler
-    from vitlab.hardware import keep_freed_memory
+    from vitlab.hardware import command_chooses_threads, keep_freed_memory
 
     # Process-wide allocator settings, made here on purpose (for the command, not for a Python caller of the
     # library): glibc's malloc is told (mallopt) to keep freed memory for reuse, so every step of a training loop
@@ -120,7 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # VITLAB_MALLOC=system, or a preloaded jemalloc or tcmalloc, leaves the allocator alone.
     keep_freed_memory()
     try:
-        code = handler(args)
+        with command_chooses_threads():  # the command's threads follow vitlab's rule; a caller's keep its own
+            code = handler(args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at interpreter exit
         return code
     except BrokenPipeError:

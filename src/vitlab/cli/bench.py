@@ -66,7 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repetitions", type=int, default=5, help="timed rounds; the median is reported")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls per path first")
     parser.add_argument(
-        "--threads", type=int, help="intra-op threads for PyTorch and ONNX Runtime (default: PyTorch's)"
+        "--threads",
+        type=int,
+        help="intra-op threads for PyTorch and ONNX Runtime (default: OMP_NUM_THREADS, else the cores this process "
+        "may use)",
     )
     parser.add_argument("--train", action="store_true", help="time training steps (forward + backward + AdamW) instead")
     parser.add_argument("--dataset", help="also measure each path's test accuracy and agreement (needs --checkpoint)")

@@ -58,7 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--top-k", type=positive_int, default=5, help="labels per answer unless ?top_k= says (default 5)"
     )
-    parser.add_argument("--threads", type=positive_int, help="intra-op threads for the model (default: PyTorch's)")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        help="intra-op threads for the model (default: OMP_NUM_THREADS, else 1 for a tiny model, else the cores "
+        "this process may use)",
+    )
     parser.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
 
 

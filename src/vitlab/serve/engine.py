@@ -34,8 +34,9 @@ from vitlab.hardware import (
     PRECISIONS,
     SERVE_ONE_THREAD_BELOW_GFLOPS,
     Choice,
-    available_cores,
+    Threads,
     choose_precision,
+    choose_threads,
     path_speeds,
     resolve_device,
 )
@@ -62,11 +63,13 @@ def onnx_runtime_installed() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
 
 
-def serving_threads(config) -> int:
-    """Intra-op threads to serve a model of this config with: 1 for a tiny one (under
-    SERVE_ONE_THREAD_BELOW_GFLOPS per image, where a second thread only takes the core the HTTP handling needs),
-    else every core this process may use."""
-    return 1 if model_size(config)[1] < SERVE_ONE_THREAD_BELOW_GFLOPS else available_cores()
+def serving_threads(config, requested: int | None = None) -> int:
+    """Intra-op threads to serve a model of this config with, by vitlab's one rule (`choose_threads`): `--threads`,
+    else OMP_NUM_THREADS, else 1 for a tiny model (under SERVE_ONE_THREAD_BELOW_GFLOPS per image, where a second
+    thread only takes the core the HTTP handling needs), else every core this process may use."""
+    tiny = model_size(config)[1] < SERVE_ONE_THREAD_BELOW_GFLOPS
+    one = Threads(1, "a model this small serves fastest on one thread") if tiny else None
+    return choose_threads(requested, asked_as="--threads", default=one).count
 
 
 class Engine:
@@ -106,7 +109,7 @@ class Engine:
                 raise UsageError("ONNX Runtime runs the export as it was written (fp32 or int8); drop --precision bf16")
 
             # The thread count depends on the model, whose config is only known once the session has read it.
-            self.runner = OnnxClassifier(source, threads=threads or available_cores())
+            self.runner = OnnxClassifier(source, threads=choose_threads(threads, asked_as="--threads").count)
             self.config = self.runner.config
             if threads is None and serving_threads(self.config) == 1:  # a tiny model: one thread serves it faster
                 self.runner = OnnxClassifier(source, threads=1)
@@ -125,7 +128,7 @@ class Engine:
             if backend != "torch":
                 require_one_input_size(self.config, f"--backend {backend}")
             self.explainer = model
-            threads = threads or serving_threads(self.config)
+            threads = serving_threads(self.config, threads)
             torch.set_num_threads(threads)
             self.choice = self._choose_precision(precision)
             self.precision = self.choice.value
@@ -170,7 +173,7 @@ class Engine:
                 f"vitlab export {source} --format pt2e"
             )
 
-        threads = threads or serving_threads(read_pt2e(path, tensors=False)[0])  # set before compiling
+        threads = serving_threads(read_pt2e(path, tensors=False)[0], threads)  # set before compiling
         torch.set_num_threads(threads)
         self.runner = Pt2eClassifier(path)
         self.config, self.explainer = self.runner.config, self.runner.model

@@ -32,7 +32,7 @@ from vitlab.train.elastic import remember_resumed, remember_run
 from vitlab.train.optim import EMA, build_optimizer
 from vitlab.train.schedule import build_scheduler, fit_schedule, suggested_batch_size
 from vitlab.train.session import Session
-from vitlab.train.setup import apply_freezing, build_model, default_threads, training_attention_kernel
+from vitlab.train.setup import apply_freezing, build_model, training_attention_kernel, use_training_threads
 from vitlab.train.state import Position, check_resumable, restore, restored_model
 from vitlab.train.step import TrainingStep
 from vitlab.train.summary import announce, say_note
@@ -41,7 +41,7 @@ from vitlab.train.summary import announce, say_note
 def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_dir: Path | None) -> Session:
     """Data, model, optimizer and schedule of a run, fresh or restored from `state` (of the run in `run_dir`);
     the run folder's recipe written."""
-    torch.set_num_threads(config.threads or default_threads(env))
+    threads = use_training_threads(config, env)
     torch.manual_seed(config.seed + env.rank)
     if config.tensorboard and env.is_main:
         require_tensorboard()  # fail before anything is written if tensorboard is missing
@@ -150,6 +150,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         step,
         data_fingerprint,
         precision,
+        threads=threads,
         writer=run.tensorboard_writer() if config.tensorboard and env.is_main else None,
     )
     if env.is_main:

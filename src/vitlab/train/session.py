@@ -11,7 +11,7 @@ from torch import nn
 
 from vitlab.data.source import Splits
 from vitlab.distributed import DistEnv, gather_rng_states
-from vitlab.hardware import Choice
+from vitlab.hardware import Choice, Threads
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective
 from vitlab.runs import RunFolder
@@ -44,6 +44,7 @@ class Session:
     step: TrainingStep
     data_fingerprint: dict[str, Any]  # of the training split, recorded in the saved state
     precision: Choice  # what the recipe's precision ("auto") resolved to on this machine, and why
+    threads: Threads | None = None  # torch's threads in this process, and why (`vitlab.hardware.choose_threads`)
     writer: Any = None  # TensorBoard
     elapsed_seconds: float = 0.0  # wall time of the run when its last epoch ended, over all its sessions
     launched: float = 0.0  # time.perf_counter() when this sitting began (before its data were read)

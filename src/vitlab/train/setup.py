@@ -12,7 +12,7 @@ from vitlab.checkpoint.formats import model_from_state, read_checkpoint
 from vitlab.data.source import BatchSource
 from vitlab.distributed import DistEnv
 from vitlab.errors import ConfigError
-from vitlab.hardware import TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS, available_cores
+from vitlab.hardware import TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS, Threads, available_cores, use_threads
 from vitlab.models.registry import create_model
 from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_index
 from vitlab.train.config import TrainConfig
@@ -108,14 +108,18 @@ def training_attention_kernel(config: TrainConfig, model: VisionTransformer, dev
     return "explicit" if model.config.num_tokens <= TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS else "sdpa"
 
 
-def default_threads(env: DistEnv) -> int:
-    """Torch threads for one training process: the cores this process may use, shared evenly among the
-    processes torchrun started on this machine (LOCAL_WORLD_SIZE), at least 1."""
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
-    return max(1, available_cores() // local_world)
+def processes_on_this_machine(env: DistEnv) -> int:
+    """The training processes torchrun started on this machine (LOCAL_WORLD_SIZE), which share its cores."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+
+
+def use_training_threads(config: TrainConfig, env: DistEnv) -> Threads:
+    """Torch threads for one training process, set now (`vitlab.hardware.choose_threads`: `--set threads`, else
+    OMP_NUM_THREADS, else the cores this process may use shared among this machine's processes), and why."""
+    return use_threads(config.threads, processes_on_this_machine(env))
 
 
 def default_workers(env: DistEnv) -> int:
     """Decoding processes per training process when data are streamed: the cores this machine's processes share,
     as for threads (decoding and the training step then take turns on them)."""
-    return default_threads(env)
+    return max(1, available_cores() // processes_on_this_machine(env))

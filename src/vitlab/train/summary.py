@@ -11,7 +11,7 @@ from vitlab.config import ViTConfig
 from vitlab.data.source import BatchSource, Splits
 from vitlab.distributed import DistEnv
 from vitlab.files import atomic_write_bytes
-from vitlab.hardware import Choice
+from vitlab.hardware import Choice, Threads
 from vitlab.messages import counted, say
 from vitlab.objectives.base import Objective
 from vitlab.progress import LogLines, format_duration
@@ -47,7 +47,7 @@ def announce(session: Session, resumed: bool) -> None:
         f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
         f"{len(splits.train)} train / {validation} / {test} images, {config.epochs} epochs of "
         f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
-        f"{session.env.device.type}; run folder {session.run}"
+        f"{session.env.device.type}{threads_each(session.threads)}; run folder {session.run}"
     )
     say(f"precision: {describe_precision(session.precision)}")
     adaptation = data_adaptation(splits.train, model.config)
@@ -58,6 +58,13 @@ def announce(session: Session, resumed: bool) -> None:
             f"resuming at epoch {session.position.epoch + 1}, step {session.position.step_in_epoch} of "
             f"{session.steps_per_epoch}"
         )
+
+
+def threads_each(threads: Threads | None) -> str:
+    """ ", 2 threads each (the cores this process may use)": the start line's words for each process's threads."""
+    if threads is None:
+        return ""
+    return f", {threads.count} thread{'' if threads.count == 1 else 's'} each ({threads.reason})"
 
 
 def data_adaptation(data: BatchSource, config: ViTConfig) -> str | None:
