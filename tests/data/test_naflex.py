@@ -348,7 +348,7 @@ def test_digits_train_naflex_with_their_batch_augmentation_and_pretraining_refus
             train(pretrain_micro(tmp_path, method, epochs=1, input="naflex", max_patches=12))
 
 
-def test_digits_under_input_naflex_keep_their_own_4x4_grid_and_say_so(tmp_path):
+def test_digits_under_input_naflex_keep_their_own_4x4_grid_and_say_so(tmp_path, capsys):
     from runfiles import micro_config
     from vitlab.checkpoint import load_model
     from vitlab.data.loaders import open_split
@@ -358,6 +358,10 @@ def test_digits_under_input_naflex_keep_their_own_4x4_grid_and_say_so(tmp_path):
     from vitlab.train.loop import train
 
     run = train(micro_config(tmp_path, epochs=1, input="naflex", max_train_images=200))
+    said = capsys.readouterr().out
+    own = "at most 256 patches of 2x2, at its own size where that fits, else shrunk to fit (NaFlex)"
+    assert f"\ninput: each image at its own aspect ratio on {own}; the 8x8 images here: 4x4 = 16 patches\n" in said
+    assert f"M parameters, each image at its own aspect ratio on {own}" in said  # the summary's model line
     config = load_model(run["run_dir"]).config
     assert (config.preprocessing.mode, config.preprocessing.max_patches, config.preprocessing.upscale) == (
         "naflex",
@@ -367,12 +371,12 @@ def test_digits_under_input_naflex_keep_their_own_4x4_grid_and_say_so(tmp_path):
     test = open_split(DataRequest.for_model(config, "digits"), "test")
     batch = next(iter(test.evaluation_batches(4)))
     assert prepare(batch.images, batch.max_value, config).shape[-2:] == (8, 8)  # 4x4 patches of 2x2, not 16x16
-    own = "at most 256 patches of 2x2, at its own size where that fits, else shrunk to fit (NaFlex)"
     assert own in input_words(config) and own in describe_preprocessing(config)["resize"]
     enlarged = micro_config(tmp_path, epochs=1, input="naflex", naflex_upscale=True, max_train_images=200)
     enlarged.run_name = "enlarged"
     grown = load_model(train(enlarged)["run_dir"]).config
     assert grown.preprocessing.upscale and "enlarged or shrunk to the largest grid" in input_words(grown)
+    assert "the 8x8 images here: 16x16 = 256 patches" in capsys.readouterr().out
 
 
 def test_the_serve_engine_classifies_a_padded_batch_as_each_image_alone(tmp_path):

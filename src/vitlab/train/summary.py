@@ -8,6 +8,8 @@ from typing import Any
 
 from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig
+from vitlab.data.datasets import ImageDataset
+from vitlab.data.naflex import naflex_grid
 from vitlab.data.source import BatchSource, Splits
 from vitlab.distributed import DistEnv
 from vitlab.files import atomic_write_bytes
@@ -50,6 +52,9 @@ def announce(session: Session, resumed: bool) -> None:
         f"{session.env.device.type}{threads_each(session.threads)}; run folder {session.run}"
     )
     say(f"precision: {describe_precision(session.precision)}")
+    naflex = naflex_input(splits.train, model.config)
+    if naflex:
+        say(naflex)
     adaptation = data_adaptation(splits.train, model.config)
     if adaptation and not resumed:
         say(f"note: {adaptation}")
@@ -67,6 +72,21 @@ def threads_each(threads: Threads | None) -> str:
     return f", {threads.count} thread{'' if threads.count == 1 else 's'} each ({threads.reason})"
 
 
+def naflex_input(data: BatchSource, config: ViTConfig) -> str | None:
+    """The start line that says a run reads NaFlex ("input: each image at its own aspect ratio on at most 256
+    patches of 2x2, at its own size where that fits, else shrunk to fit (NaFlex); the 8x8 images here: 4x4 = 16
+    patches"), or None for square input."""
+    contract = config.naflex_contract
+    if contract is None:
+        return None
+    text = f"input: {contract.naflex_words()}"
+    if isinstance(data, ImageDataset):  # stored arrays, all of one size: one grid
+        height, width = data.image_size
+        rows, cols = naflex_grid(height, width, contract.patch, contract.max_patches, contract.upscale)
+        text += f"; the {height}x{width} images here: {rows}x{cols} = {rows * cols} patches"
+    return text
+
+
 def data_adaptation(data: BatchSource, config: ViTConfig) -> str | None:
     """How the training images become the model's input when they differ from it, in words ("8x8 grey images are
     resized to 16x16 and repeated to 3 channels"), or None when they already match."""
@@ -74,7 +94,7 @@ def data_adaptation(data: BatchSource, config: ViTConfig) -> str | None:
     size, channels = tuple(config.image_size), config.in_chans
     kind = {1: "grey", 3: "RGB"}.get(data.channels, f"{data.channels}-channel")
     changes = []
-    if stored is not None and stored != size:
+    if stored is not None and stored != size and config.naflex_contract is None:  # NaFlex: `naflex_input` says
         changes.append(f"resized to {size[0]}x{size[1]}")
     if data.channels != channels:
         changes.append(
@@ -264,5 +284,5 @@ def input_in_words(config: Any) -> str:
     patch = f"{config.patch_size[0]}x{config.patch_size[1]}"
     contract = config.naflex_contract
     if contract is not None:
-        return f"at most {contract.max_patches} patches of {patch}, each image at its own aspect ratio (NaFlex)"
+        return contract.naflex_words()
     return f"{config.num_patches} patches of {patch} on {config.image_size[0]}x{config.image_size[1]} images"
