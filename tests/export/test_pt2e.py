@@ -195,6 +195,40 @@ def test_the_quantization_follows_the_cpu_that_runs_it(monkeypatch, tmp_path):
     assert pt2e.rest_precision(config).value == "int8"
 
 
+def int8_matmuls(run, images: torch.Tensor, capfd) -> int:
+    """How many int8 matrix products (uint8 activations times int8 weights) oneDNN runs in `run(images)`, read from
+    its verbose log, which names the operand types on every CPU (AVX2, VNNI, AMX) whatever kernel it picks."""
+    capfd.readouterr()
+    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+        run(images)
+    log = capfd.readouterr().out.splitlines()
+    return sum(",primitive,exec," in line and "src:u8" in line and "wei:s8" in line for line in log)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("units", ["avx2", AMX])
+def test_the_linear_layers_run_int8_kernels_under_the_callers_inference_mode(units, monkeypatch, tmp_path, capfd):
+    """Issue 52: vitlab bench builds and runs the pt2e paths under inference mode, where the first (frozen) call
+    saw an inference tensor and the bench's batch, a plain one, compiled the graph again unfrozen: every linear
+    layer ran in fp32 (9.2 img/s at B/16 instead of 47). Each block's four linear layers run int8, with 8-bit or
+    7-bit activations, in the bench's compiled model and in a file's AOTInductor package."""
+    from vitlab.config import ViTConfig
+    from vitlab.models import create_model
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    monkeypatch.setenv("VITLAB_CPU_UNITS", units)
+    config = ViTConfig(image_size=8, patch_size=4, embed_dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3)
+    model = create_model(config).eval()
+    images = torch.randn(4, 3, 8, 8)  # made outside inference mode, as the bench's batch is
+    linear_layers = 4 * config.depth  # qkv, proj, fc1, fc2; the head stays in float
+    with torch.inference_mode():
+        quantized = pt2e.QuantizedModel(model, pt2e.calibrate(model, images), "fp32")
+        assert int8_matmuls(quantized, images, capfd) == linear_layers
+        assert int8_matmuls(quantized, images[:1].clone(), capfd) == linear_layers  # an inference tensor, batch 1
+        package = pt2e.compile_ahead_of_time(quantized, tmp_path / "model.pt2")
+        assert int8_matmuls(package, images, capfd) == linear_layers
+
+
 @pytest.mark.slow
 def test_a_second_load_does_not_compile_and_a_damaged_package_is_rebuilt(exported, monkeypatch, tmp_path):
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))  # a CPU kind's first load

@@ -20,6 +20,7 @@ torchao is an optional extra (`pip install 'vitlab[int8]'`); it is imported here
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib.metadata
@@ -178,23 +179,40 @@ class QuantizedModel:
                 return
             # dynamic: one compiled graph for every batch size (a batch of 1 is padded to 2, which the symbolic
             # batch would otherwise specialise and compile again). Freezing turns the weights into constants, so
-            # Inductor pre-packs them for oneDNN; it happens at the first call, which must run inside the patch.
+            # Inductor pre-packs them for oneDNN and lowers the quantized linears to its int8 kernel; it happens at
+            # the first call, which must run inside the patch (a graph compiled again later is not frozen).
             self.compiled = torch.compile(converted, dynamic=True)
             started = time.perf_counter()
-            with self._autocast(), inductor_config.patch(freezing=True), torch.no_grad():
-                self.compiled(example)
+            with self._modes(), inductor_config.patch(freezing=True):
+                self.compiled(plain_tensor(example))
             self.compile_seconds = time.perf_counter() - started
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.choice.value == "int8+bf16")
 
-    @torch.no_grad()
+    def _modes(self) -> contextlib.ExitStack:
+        """The modes of every call, the first one's included: Dynamo guards on them and on the input's dispatch
+        keys, and compiles again, unfrozen (the linear layers then run in fp32), where a call differs from the
+        first. Outside inference mode, so a caller's inference mode (vitlab bench's) changes nothing."""
+        modes = contextlib.ExitStack()
+        modes.enter_context(torch.inference_mode(False))
+        modes.enter_context(torch.no_grad())
+        modes.enter_context(self._autocast())
+        return modes
+
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         count = len(images)
         if count == 1:
             images = images.repeat(2, 1, 1, 1)
-        with self._autocast():
-            return self.compiled(images.float().contiguous())[:count].float()
+        # A call that would still compile again raises instead of running the linear layers in fp32 unnoticed.
+        with self._modes(), torch.compiler.set_stance("fail_on_recompile"):
+            return self.compiled(plain_tensor(images.float().contiguous()))[:count].float()
+
+
+def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, copied into a normal tensor where it was made under inference mode (an inference tensor has
+    other dispatch keys, on which a compiled graph's guards fail); call outside inference mode."""
+    return tensor.clone() if tensor.is_inference() else tensor
 
 
 # ------------------------------------------------------------------------------------------------ the file
