@@ -241,6 +241,36 @@ def test_pt2e_static_int8_agrees_with_fp32_on_a_trained_model(trained_checkpoint
             assert rows[key]["percent_of_peak"] is not None
 
 
+def test_the_dynamic_int8_paths_run_every_linear_layer_on_int8_kernels(tmp_path):
+    """Issue 52: an int8 path whose linear layers fall back to fp32 still agrees with fp32, so agreement cannot
+    tell; the kernels that ran can. Every linear layer (the head's too) of torch's and ONNX Runtime's dynamic int8
+    paths, built as vitlab bench builds them (under inference mode), runs an int8 product; the pt2e paths are
+    checked in tests/export/test_pt2e.py."""
+    import collections
+
+    model = create_model(TINY).eval()
+    sample = torch.randn(4, 3, 8, 8)
+    linear_layers = 4 * TINY.depth + 1
+    with torch.inference_mode():
+        torch_int8 = bench_paths.torch_int8(model, sample)
+        with torch.profiler.profile() as profile:
+            torch_int8.run(sample)
+    assert collections.Counter(event.name for event in profile.events())["quantized::linear_dynamic"] == linear_layers
+    pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
+
+    with torch.inference_mode():
+        onnx_int8 = bench_paths.onnx_int8(model, sample)
+    options = ort.SessionOptions()  # the bench's file again, in a session that records each node it runs
+    options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / "ort")
+    session = ort.InferenceSession(str(onnx_int8.run.path), options, providers=["CPUExecutionProvider"])
+    session.run(None, {session.get_inputs()[0].name: sample.numpy()})
+    ran = json.loads(open(session.end_profiling()).read())
+    kinds = collections.Counter(e["args"]["op_name"] for e in ran if e["name"].endswith("_kernel_time"))
+    # MatMulInteger, fused with its input's quantization where ONNX Runtime's optimiser can (DynamicQuantizeMatMul)
+    assert kinds["DynamicQuantizeMatMul"] + kinds["MatMulInteger"] == linear_layers, kinds
+
+
 def test_the_onednn_int8_peak_kernel_computes_the_quantized_product():
     from vitlab.bench.peaks import matmul_candidates, onednn_int8_matmul
 
