@@ -6,7 +6,7 @@
 Writes the first N of MNIST's test digits as PNG files (a folder of images, as a user's photos are: decoded one
 batch at a time), runs `vitlab dense CHECKPOINT FOLDER -o OUT --size S` in a child process for each N, and reads
 the child's peak resident memory from the kernel (`os.wait4`'s ru_maxrss). `--size 112` reads the 28-pixel digits
-at 112 pixels: a 16 x 16 grid of 192 features for the mnist-28 model, 196 KB of float32 tokens per image (1 GB
+at 112 pixels: a 16 x 16 grid of 128 features for the mnist-28 model, 128 KB of float32 tokens per image (640 MB
 for 5,000), so memory that grew with the images would show. Prints one JSON line.
 """
 
