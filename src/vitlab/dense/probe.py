@@ -69,7 +69,10 @@ class Task:
         self, inputs: torch.Tensor, targets: torch.Tensor, val_inputs, val_targets, data, settings
     ) -> Trained: ...
     def meter(self, data: ProbeData) -> Any: ...
-    def predict(self, head: torch.nn.Module, inputs: torch.Tensor, size: tuple[int, int]) -> torch.Tensor: ...
+    def predict(self, head: torch.nn.Module, inputs: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """inputs (B, C, rows, cols) -> predictions (B, H, W) at `size`."""
+        ...
+
     def scores(self, meter: Any, data: ProbeData) -> dict[str, Any]: ...
     def write(self, prediction: torch.Tensor, path: Path) -> Path: ...
 
@@ -117,7 +120,7 @@ class SegmentationTask(Task):
         return ConfusionMatrix(data.num_classes)
 
     def predict(self, head, inputs, size) -> torch.Tensor:
-        return head(inputs.float(), size).argmax(dim=1)[0]  # (H, W) labels
+        return head(inputs.float(), size).argmax(dim=1)  # (B, H, W) labels
 
     def scores(self, meter, data: ProbeData) -> dict[str, Any]:
         return segmentation_report(meter.scores(), data)
@@ -176,7 +179,7 @@ class DepthTask(Task):
         return DepthMeter(data.min_depth, data.max_depth)
 
     def predict(self, head, inputs, size) -> torch.Tensor:
-        return head(inputs.float(), size)[0]  # (H, W) metres
+        return head(inputs.float(), size)  # (B, H, W) metres
 
     def scores(self, meter, data: ProbeData) -> dict[str, Any]:
         return depth_report(meter.scores())
@@ -254,20 +257,26 @@ def evaluate(
     written = 0
     pending: list[tuple[DenseExample, torch.Tensor]] = []
 
-    def score(example: DenseExample, inputs: torch.Tensor) -> None:
+    def score(batch: list[DenseExample], inputs: torch.Tensor) -> None:
+        """The head on inputs (B, C, rows, cols) of examples whose targets share one size: one call for the batch
+        (the nearest-neighbour head builds its search index once per call)."""
         nonlocal written
-        prediction = task.predict(head, inputs, tuple(example.target.shape))
-        meter.update(prediction[None], example.target[None])
-        if predictions is not None:
-            task.write(prediction, predictions / Path(example.name.replace(":", "_")).stem)
-            written += 1
+        predicted = task.predict(head, inputs, tuple(batch[0].target.shape))  # (B, H, W)
+        for example, prediction in zip(batch, predicted):
+            meter.update(prediction[None], example.target[None])
+            if predictions is not None:
+                task.write(prediction, predictions / Path(example.name.replace(":", "_")).stem)
+                written += 1
 
     def flush() -> None:
         if pending:
             views = torch.cat([view for _, view in pending])
             inputs = task.head_input(dense_features(model, views, settings.layers, prefix_tokens=task.prefix_tokens))
-            for (example, _), one in zip(pending, inputs):
-                score(example, one[None])
+            examples_by_size: dict[tuple[int, ...], list[int]] = {}
+            for index, (example, _) in enumerate(pending):
+                examples_by_size.setdefault(tuple(example.target.shape), []).append(index)
+            for indices in examples_by_size.values():
+                score([pending[index][0] for index in indices], inputs[indices])
             pending.clear()
 
     patch = model.config.pixel_patch_size
@@ -285,7 +294,7 @@ def evaluate(
                     head_input=task.head_input,
                     prefix_tokens=task.prefix_tokens,
                 )
-                score(example, inputs)
+                score([example], inputs)
                 continue
             if pending and pending[0][1].shape != view.shape:
                 flush()
