@@ -29,6 +29,8 @@ NOT_RUN_HERE = {
     "--image-size 384": "a ViT-B/16 at 384x384 takes minutes on a CPU (the stand-in fixture would need GBs)",
     "vitlab bench": "timings take minutes; tests/bench/test_bench.py runs every path of the command",
     "vitlab serve": "a server runs until it is stopped; tests/serve/test_serve.py runs it on an ephemeral port",
+    "--dataset mnist-scenes": "needs MNIST's files; tests/dense/test_probe.py runs the command on VOC, manifest and "
+    "depth folders",
     "vitlab ablate configs/ablations": "57 runs take 10 minutes (digits) or more; tests/ablate/test_ablate.py runs the "
     "command on short recipes",
 }
