@@ -294,7 +294,8 @@ def test_a_naflex_model_serves_each_upload_at_its_own_aspect_ratio(tmp_path):
             width, height = Image.open(io.BytesIO(answer)).size
             assert width * grid[0] == height * grid[1]  # the view the overlay is drawn on: the image's own shape
         info = json.loads(naflex_server.get("/v1/model")[2])
-        assert "at most 12 patches of 16x16 (NaFlex)" in info["preprocessing"]["resize"]
+        assert "at most 12 patches of 16x16" in info["preprocessing"]["resize"]
+        assert "(NaFlex, as SigLIP 2)" in info["preprocessing"]["resize"]
     finally:
         naflex_server.stop()
 
