@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -45,7 +44,7 @@ from PIL import Image
 
 from vitlab.data.images import IMAGE_EXTENSIONS
 from vitlab.data.preprocess import decoding
-from vitlab.data.stream.manifest import JSON_LINES_SUFFIXES, manifest_text
+from vitlab.data.stream.manifest import JSON_LINES_SUFFIXES, json_lines, manifest_text
 from vitlab.errors import DataError, UsageError
 from vitlab.files import atomic_write_bytes
 
@@ -249,16 +248,7 @@ def manifest_rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, obje
             reader.fieldnames = columns
             rows = [(reader.line_num, dict(row)) for row in reader]
             return columns, rows
-        for line_number, line in enumerate(text, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(
-                    f"{path}, line {line_number}: not JSON ({error.msg}); each line must be an object like "
-                    '{"image": "a.jpg", "mask": "a.png"}'
-                ) from None
+        for line_number, line, row in json_lines(text, str(path), '{"image": "a.jpg", "mask": "a.png"}'):
             if not isinstance(row, dict):
                 raise DataError(f"{path}, line {line_number}: expected a JSON object, got {line.strip()[:80]}")
             rows.append((line_number, row))

@@ -103,18 +103,23 @@ def read_csv(lines: Iterable[str], name: str) -> Iterator[tuple[int, str, str | 
         yield reader.line_num, file_path, label
 
 
-def read_json_lines(lines: Iterable[str], name: str) -> Iterator[tuple[int, str, object | None]]:
-    """(line number, path, label or None) per line of a JSON-lines manifest (blank lines skipped)."""
+def json_lines(lines: Iterable[str], name: str, example: str) -> Iterator[tuple[int, str, object]]:
+    """(line number, the line, its parsed value) per non-blank line of a JSON-lines file; a line that is not JSON
+    is a DataError naming it, with `example` (the object a line should be)."""
     for line_number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield line_number, line, json.loads(line)
         except json.JSONDecodeError as error:
             raise DataError(
-                f"{name}, line {line_number}: not JSON ({error.msg}); each line must be an object "
-                'like {"path": "cat/1.jpg", "label": "cat"}'
+                f"{name}, line {line_number}: not JSON ({error.msg}); each line must be an object like {example}"
             ) from None
+
+
+def read_json_lines(lines: Iterable[str], name: str) -> Iterator[tuple[int, str, object | None]]:
+    """(line number, path, label or None) per line of a JSON-lines manifest (blank lines skipped)."""
+    for line_number, line, row in json_lines(lines, name, '{"path": "cat/1.jpg", "label": "cat"}'):
         if not isinstance(row, dict) or not isinstance(row.get("path"), str) or not row["path"]:
             raise DataError(
                 f'{name}, line {line_number}: expected an object with a non-empty "path" string, '
