@@ -88,6 +88,8 @@ MlpName = Literal["mlp", "swiglu"]
 MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu"]
 SinCosOrder = Literal["rows_first", "columns_first"]
 PositionResampling = Literal["bilinear", "bicubic", "bilinear_antialias"]
+DenseHead = Literal["none", "eomt", "dpt"]
+DepthRange = Literal["relative", "metric"]
 PLACEMENTS: tuple[str, ...] = get_args(Placement)
 CLASSIFIERS: tuple[str, ...] = get_args(Classifier)
 NORMS: tuple[str, ...] = get_args(NormName)
@@ -125,6 +127,10 @@ FIELD_CHECKS: dict[str, tuple[Any, str]] = {
     "tuple[int, ...] | None": (
         is_optional(lambda value: isinstance(value, (list, tuple)) and all(is_whole(n) and n > 0 for n in value)),
         "a list of positive whole numbers or null",
+    ),
+    "tuple[int, ...]": (
+        lambda value: isinstance(value, (list, tuple)) and all(is_whole(n) and n >= 0 for n in value),
+        "a list of whole numbers >= 0",
     ),
     "tuple[float, ...]": (
         lambda value: (
@@ -253,6 +259,25 @@ class ViTConfig:
     # Hybrid only: ResNet stages of the stem (bottleneck units per stage) and its width multiplier.
     resnet_layers: tuple[int, ...] | None = None
     resnet_width_factor: float = 1.0
+    # A dense head: the model predicts per pixel, not one vector per image (models/registry.py builds its class).
+    # "none": a classifier or a backbone. "eomt": EoMT (Kerssies et al. 2025, "Your ViT is secretly an image
+    # segmentation model"; models/eomt.py): eomt_queries learned queries join the tokens before the last eomt_blocks
+    # blocks; each query gets a class (num_classes + 1 logits, the last "no object") and a mask, the dot product of
+    # its embedding with the patch grid upscaled x2 by each of eomt_upscale_blocks. "dpt": Depth Anything (Yang et
+    # al. 2024; models/depth_anything.py): DPT's neck (Ranftl et al. 2021) reassembles the patch tokens of blocks
+    # dpt_layers (0-based, four of them) into maps of dpt_neck_sizes channels at 4x, 2x, 1x and 1/2x the patch grid,
+    # fuses them into dpt_fusion_dim channels, and its head (dpt_head_dim channels) gives one depth per pixel:
+    # "relative" (ReLU; inverse depth up to scale and shift) or "metric" (sigmoid x max_depth metres).
+    dense_head: DenseHead = "none"
+    eomt_queries: int = 100
+    eomt_blocks: int = 4
+    eomt_upscale_blocks: int = 2
+    dpt_layers: tuple[int, ...] = ()
+    dpt_neck_sizes: tuple[int, ...] = ()
+    dpt_fusion_dim: int = 64
+    dpt_head_dim: int = 32
+    depth_range: DepthRange = "relative"
+    max_depth: float = 1.0
     # ------------------------------------------------------------------------------------ the preprocessing
     # Preprocessing the weights expect: pixels scaled to [0, 1], then (x - mean) / std per channel (one value
     # for all channels, or one per channel). The official code and the paper use 0.5 / 0.5, i.e. [-1, 1].
@@ -304,6 +329,8 @@ class ViTConfig:
         self.patch_size = to_pair(self.patch_size, "patch_size")
         if self.resnet_layers is not None:
             self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
+        self.dpt_layers = tuple(int(n) for n in self.dpt_layers)
+        self.dpt_neck_sizes = tuple(int(n) for n in self.dpt_neck_sizes)
         if isinstance(self.preprocessing, dict):  # as from_json hands it over
             self.preprocessing = Preprocessing.from_dict(self.preprocessing)
         for name in ("image_mean", "image_std"):
@@ -366,6 +393,31 @@ class ViTConfig:
                 "classifier='token', and no representation layer or fc_norm"
             )
         patch_grid(self.image_size, self.patch_size, stem_stride(self.resnet_layers))  # the patch divides the image
+        self.check_dense_head()
+
+    def check_dense_head(self) -> None:
+        """The dense head's sizes against the encoder it reads."""
+        if self.dense_head == "eomt":
+            if self.num_classes <= 0:
+                raise ConfigError("an EoMT model needs num_classes > 0 (its queries' classes, without 'no object')")
+            if not 0 < self.eomt_blocks <= self.depth:
+                raise ConfigError(f"eomt_blocks must be in 1..depth ({self.depth}), got {self.eomt_blocks}")
+            if not 0 < self.eomt_queries <= 4096:
+                raise ConfigError(f"eomt_queries must be in 1..4096, got {self.eomt_queries}")
+            if not 0 <= self.eomt_upscale_blocks <= 6:
+                raise ConfigError(f"eomt_upscale_blocks must be in 0..6, got {self.eomt_upscale_blocks}")
+        if self.dense_head == "dpt":
+            if len(self.dpt_layers) != 4 or len(self.dpt_neck_sizes) != 4:
+                raise ConfigError(
+                    f"a DPT head reads four blocks into four maps: dpt_layers {list(self.dpt_layers)} and "
+                    f"dpt_neck_sizes {list(self.dpt_neck_sizes)} need four entries each"
+                )
+            if max(self.dpt_layers) >= self.depth:
+                raise ConfigError(f"dpt_layers {list(self.dpt_layers)} name blocks beyond the {self.depth} there are")
+            if min(self.dpt_neck_sizes) <= 0 or self.dpt_fusion_dim <= 0 or self.dpt_head_dim <= 0:
+                raise ConfigError("dpt_neck_sizes, dpt_fusion_dim and dpt_head_dim must be positive")
+            if self.max_depth <= 0:
+                raise ConfigError(f"max_depth must be positive, got {self.max_depth}")
 
     def check_preprocessing(self) -> None:
         """The statistics and the contract against the architecture that reads their output."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -10,13 +11,28 @@ from vitlab.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
 from vitlab.variants import variant_config
 
+# The class of each dense head (ViTConfig.dense_head): each is a VisionTransformer with a few modules on top, so
+# every command that takes a ViT takes it. Named, not imported: each module imports this one's VisionTransformer.
+DENSE_MODELS: dict[str, str] = {
+    "none": "vitlab.models.vit:VisionTransformer",
+    "eomt": "vitlab.models.eomt:EoMT",
+    "dpt": "vitlab.models.depth_anything:DepthAnything",
+}
+
+
+def model_class(config: ViTConfig) -> type[VisionTransformer]:
+    """The class that builds `config`: the plain VisionTransformer, or the model of its dense head."""
+    module, name = DENSE_MODELS[config.dense_head].split(":")
+    return getattr(importlib.import_module(module), name)
+
 
 def create_model(variant: str | ViTConfig, **overrides: Any) -> VisionTransformer:
-    """A freshly initialised VisionTransformer for a variant name or a ViTConfig, with config fields overridden."""
+    """A freshly initialised model for a variant name or a ViTConfig, with config fields overridden: a
+    VisionTransformer, or the dense model its `dense_head` names (`DENSE_MODELS`)."""
     config = variant if isinstance(variant, ViTConfig) else variant_config(variant, **overrides)
     if isinstance(variant, ViTConfig) and overrides:
         config = config.replace(**overrides)
-    return VisionTransformer(config)
+    return model_class(config)(config)
 
 
 def model_stats(config: ViTConfig) -> tuple[int, float]:
