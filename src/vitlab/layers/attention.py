@@ -39,7 +39,9 @@ class AttentionContext:
     """What one forward pass tells every block's attention (the model builds it per call)."""
 
     rope: RotaryTable | None = None  # 2-D rotary positions: how to turn the patch tokens' queries and keys
-    attn_mask: torch.Tensor | None = None  # (B, 1, 1, T) bool: False for padding tokens, which no query reads
+    # (B, 1, 1, T) bool: False for padding tokens, which no query reads; or (B, 1, T, T): False where query i may
+    # not read key j (EoMT's masked attention: a query reads the patches of its predicted mask)
+    attn_mask: torch.Tensor | None = None
     kernel: str = "sdpa"  # "sdpa" or "explicit" (see the module docstring)
     stretch_relative: bool = False  # relative attention: stretch the offset table to this input's length
 
@@ -133,7 +135,8 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """softmax(q k^T / sqrt(d) + relative bias) v: q (B, heads, Q, head_dim), k and v (B, heads, T, head_dim) ->
         (the heads' outputs (B, heads, Q, head_dim), the weights (B, heads, Q, T) if return_weights, else None).
-        attn_mask (B, 1, 1, T) bool: keys a query may read (False: padding). kernel: see the module docstring."""
+        attn_mask (B, 1, 1, T) or (B, 1, Q, T) bool: keys a query may read (False: padding, or outside an EoMT
+        query's mask). kernel: see the module docstring."""
         bias = None
         if self.rel_pos_keys is not None:
             tokens = k.shape[-2]
@@ -164,8 +167,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """MSA(x) = [head_1; ...; head_h] W_o, head_i = softmax(q_i k_i^T / sqrt(d)) v_i (eqs. 5-8):
         x (B, T, D) -> (B, T, D); with return_weights also the attention weights (B, heads, T, T).
-        rope: turn the patch tokens' queries and keys (2-D rotary positions). attn_mask (B, 1, 1, T) bool: keys a
-        query may read (False: padding). kernel: "sdpa" or "explicit". stretch_relative: relative attention's
+        rope: turn the patch tokens' queries and keys (2-D rotary positions). attn_mask (B, 1, 1, T) or (B, 1, T, T)
+        bool: keys a query may read (False: padding, or outside an EoMT query's mask). kernel: "sdpa" or "explicit". stretch_relative: relative attention's
         offset table stretched to T (a dynamic image size)."""
         q, k, v = self.queries_keys_values(x, rope)
         heads, weights = self.attend(q, k, v, attn_mask, kernel, stretch_relative, return_weights)

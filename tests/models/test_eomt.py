@@ -1,0 +1,173 @@
+"""EoMT (models/eomt.py): the forward passes, masked attention, building from a backbone, and the configs refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitlab.config import ViTConfig
+from vitlab.errors import ConfigError, UsageError
+from vitlab.models.eomt import EoMT, SegmentationOutput, eomt_from_backbone
+from vitlab.models.registry import create_model
+
+# DINOv2-style as the released EoMT models: class token, 4 registers without positions, LayerScale.
+TINY = dict(
+    image_size=32,
+    patch_size=8,
+    embed_dim=32,
+    depth=3,
+    num_heads=2,
+    mlp_dim=64,
+    num_classes=3,
+    register_tokens=4,
+    prefix_positions=False,
+    layer_scale=1.0,
+    dense_head="eomt",
+    eomt_queries=5,
+    eomt_blocks=2,
+    eomt_upscale_blocks=1,
+)
+
+
+def tiny_eomt(**changes) -> EoMT:
+    torch.manual_seed(0)
+    model = create_model(ViTConfig(**{**TINY, **changes})).eval()
+    assert isinstance(model, EoMT)
+    return model
+
+
+def test_forward_gives_class_and_mask_logits_per_query():
+    model = tiny_eomt()
+    out = model(torch.randn(2, 3, 32, 32))
+    assert isinstance(out, SegmentationOutput)
+    assert out.class_logits.shape == (2, 5, 4)  # K + 1: "no object" last
+    assert out.mask_logits.shape == (2, 5, 8, 8)  # the 4x4 grid upscaled x2 once
+
+
+def test_forward_train_without_masking_ends_with_forward():
+    model = tiny_eomt()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        final = model(images)
+        predictions = model.forward_train(images, [0.0, 0.0])
+    assert len(predictions) == 3  # before each of the 2 query blocks, then the final one
+    torch.testing.assert_close(predictions[-1].class_logits, final.class_logits, rtol=0, atol=0)
+    torch.testing.assert_close(predictions[-1].mask_logits, final.mask_logits, rtol=0, atol=0)
+
+
+def test_masked_attention_changes_the_prediction():
+    model = tiny_eomt()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        open_ = model.forward_train(images, [0.0, 0.0])
+        masked = model.forward_train(images, [1.0, 1.0])
+    # The first prediction comes before any masked block; the ones after differ.
+    torch.testing.assert_close(masked[0].mask_logits, open_[0].mask_logits)
+    assert (masked[-1].mask_logits - open_[-1].mask_logits).abs().max() > 1e-3
+
+
+def test_the_mask_restricts_queries_to_their_patches():
+    model = tiny_eomt()
+    logits = torch.full((1, 5, 8, 8), -1.0)
+    logits[0, 0, :4, :4] = 1.0  # query 0: the top-left quarter of the grid (2x2 patches)
+    mask = model.masked_attention(logits, (4, 4), probability=1.0)[0, 0]  # (T, T)
+    prefix = model.query_prefix  # 5 queries + class + 4 registers
+    assert mask.shape == (prefix + 16, prefix + 16)
+    assert mask[0, :prefix].all()  # queries, class and registers: always read
+    assert mask[0, prefix:].view(4, 4)[:2, :2].all() and mask[0, prefix:].sum() == 4
+    assert not mask[1, prefix:].any()  # an empty mask reads no patch
+    assert mask[prefix:].all()  # patch tokens read everything
+
+
+def test_forward_train_checks_its_probabilities():
+    model = tiny_eomt()
+    with pytest.raises(UsageError, match="one masking probability"):
+        model.forward_train(torch.randn(1, 3, 32, 32), [0.5])
+
+
+def test_gradients_reach_queries_and_heads():
+    model = tiny_eomt().train()
+    predictions = model.forward_train(torch.randn(2, 3, 32, 32), [0.5, 0.5])
+    sum(p.class_logits.sum() + p.mask_logits.sum() for p in predictions).backward()
+    for name in (
+        "q.weight",
+        "class_head.weight",
+        "mask_head.0.weight",
+        "upscale.0.conv1.weight",
+        "blocks.0.attn.qkv.weight",
+    ):
+        assert model.get_parameter(name).grad is not None, name
+
+
+def test_rotary_encoder_takes_any_grid():
+    model = tiny_eomt(pos_embed="rope", key_bias=False)
+    out = model(torch.randn(1, 3, 32, 48))
+    assert out.mask_logits.shape == (1, 5, 8, 12)
+
+
+@pytest.mark.parametrize(
+    "backbone",
+    [
+        # DINOv3-style: rotary positions, registers, LayerScale, patch 16 -> 2 upscaling blocks.
+        dict(
+            image_size=32,
+            patch_size=16,
+            pos_embed="rope",
+            register_tokens=2,
+            layer_scale=1.0,
+            key_bias=False,
+            num_classes=0,
+        ),
+        # SigLIP-style: no class token, attention pooling, patch 8 -> 1 upscaling block.
+        dict(image_size=32, patch_size=8, classifier="map", class_token=False, num_classes=7),
+        # timm's "avg" models: the final norm on the pooled vector (fc_norm), given to every token here.
+        dict(image_size=32, patch_size=8, classifier="gap", fc_norm=True, num_classes=7),
+    ],
+    ids=["dinov3", "siglip", "fc_norm"],
+)
+def test_eomt_from_backbone_keeps_the_encoder(backbone):
+    torch.manual_seed(0)
+    shape = dict(embed_dim=32, depth=3, num_heads=2, mlp_dim=64)
+    base = create_model(ViTConfig(**shape, **backbone)).eval()
+    model = eomt_from_backbone(base, num_classes=4, queries=6, blocks=2, class_names=list("abcd")).eval()
+    assert model.config.eomt_upscale_blocks == (2 if backbone["patch_size"] == 16 else 1)
+    assert model.config.class_names == list("abcd")
+    for name, value in base.state_dict().items():
+        if name.startswith(("patch_embed.", "blocks.", "cls_token", "reg_token", "pos_embed")):
+            torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0)
+    if backbone.get("fc_norm"):
+        torch.testing.assert_close(model.norm.weight, base.fc_norm.weight)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = model(images)
+        tokens, _ = base.forward_blocks(*base.prepare_tokens(images), stop=1)
+        ours, _ = model.forward_blocks(*model.prepare_tokens(images), stop=1)
+    torch.testing.assert_close(ours, tokens)  # the encoder's blocks before the queries are the backbone's
+    grid = 32 // backbone["patch_size"] * 2**model.config.eomt_upscale_blocks
+    assert out.class_logits.shape == (2, 6, 5) and out.mask_logits.shape == (2, 6, grid, grid)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(num_classes=0), "needs num_classes > 0"),
+        (dict(eomt_blocks=4), "eomt_blocks must be in 1..depth"),
+        (dict(eomt_queries=0), "eomt_queries must be in"),
+        (dict(pos_embed="relative", prefix_positions=True), "relative attention"),
+        (dict(pos_embed_placement="every_block", prefix_positions=True), "positions added before every block"),
+    ],
+)
+def test_bad_configs_are_refused_with_one_clear_error(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        create_model(ViTConfig(**{**TINY, **changes}))
+
+
+def test_eomt_refuses_a_config_without_its_head():
+    with pytest.raises(ConfigError, match="dense_head='eomt'"):
+        EoMT(ViTConfig(**{**TINY, "dense_head": "none"}))
+
+
+def test_reset_head_gives_a_fresh_class_head():
+    model = tiny_eomt()
+    model.reset_head(7, class_names=list("abcdefg"))
+    assert model(torch.randn(1, 3, 32, 32)).class_logits.shape == (1, 5, 8)
