@@ -272,6 +272,10 @@ class ViTConfig:
     eomt_queries: int = 100
     eomt_blocks: int = 4
     eomt_upscale_blocks: int = 2
+    # How EoMT reads a photo (its processor's choice; dense/inference.py): False: resized to fit the input size and
+    # padded (`do_pad`, the panoptic COCO models); True: short side to the input's side, cut into overlapping square
+    # crops whose class scores are averaged (`do_split_image`, the semantic ADE20K and Cityscapes models).
+    eomt_crops: bool = False
     dpt_layers: tuple[int, ...] = ()
     dpt_neck_sizes: tuple[int, ...] = ()
     dpt_fusion_dim: int = 64
