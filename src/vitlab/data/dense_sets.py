@@ -597,11 +597,21 @@ def voc_palette(count: int = 256) -> np.ndarray:
 
 
 def write_palette_png(
-    mask: np.ndarray, path: str | Path, palette: np.ndarray | Sequence[Sequence[int]] | None = None
+    mask: np.ndarray,
+    path: str | Path,
+    palette: np.ndarray | Sequence[Sequence[int]] | None = None,
+    text: dict[str, str] | None = None,
 ) -> None:
     """Write labels, integer (H, W) with values 0..255, as a palette PNG (mode P, the pixel values the labels,
-    as VOC's SegmentationClass files are) coloured by `palette` ((N <= 256, 3) RGB, default `voc_palette()`).
-    Written atomically (`vitlab.files.atomic_write_bytes`)."""
+    as VOC's SegmentationClass files are) coloured by `palette` ((N <= 256, 3) RGB, default `voc_palette()`), with
+    `text` as PNG text chunks (key -> value). Written atomically (`vitlab.files.atomic_write_bytes`)."""
+    atomic_write_bytes(path, palette_png_bytes(mask, palette, text))
+
+
+def palette_png_bytes(
+    mask: np.ndarray, palette: np.ndarray | Sequence[Sequence[int]] | None = None, text: dict[str, str] | None = None
+) -> bytes:
+    """The PNG file `write_palette_png` writes, as bytes (for an HTTP answer)."""
     labels = np.asarray(mask)
     if labels.ndim != 2 or not np.issubdtype(labels.dtype, np.integer):
         raise UsageError(f"a mask to write must be integer labels (H, W), got {labels.dtype} {labels.shape}")
@@ -614,19 +624,37 @@ def write_palette_png(
         raise UsageError(f"a palette must be (N, 3) RGB with 1 <= N <= 256, got shape {colours.shape}")
     image = Image.fromarray(labels.astype(np.uint8))
     image.putpalette(colours.astype(np.uint8).tobytes())  # turns the grey image into mode P, values unchanged
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    atomic_write_bytes(path, buffer.getvalue())
+    return png_bytes(image, text)
 
 
-def write_depth_png(depth_m: np.ndarray, path: str | Path, depth_scale: float = DEPTH_PNG_SCALE) -> None:
+def write_depth_png(
+    depth_m: np.ndarray, path: str | Path, depth_scale: float = DEPTH_PNG_SCALE, text: dict[str, str] | None = None
+) -> None:
     """Write depth, float (H, W) in metres, as a 16-bit grey PNG of millimetres (`depth_scale` file values per
-    metre): rounded, clipped to 0..65535 (65.535 m), NaN written as 0 (no measurement). Written atomically."""
+    metre): rounded, clipped to 0..65535 (65.535 m), NaN written as 0 (no measurement); `text` as PNG text chunks.
+    Written atomically."""
+    atomic_write_bytes(path, depth_png_bytes(depth_m, depth_scale, text))
+
+
+def depth_png_bytes(
+    depth_m: np.ndarray, depth_scale: float = DEPTH_PNG_SCALE, text: dict[str, str] | None = None
+) -> bytes:
+    """The PNG file `write_depth_png` writes, as bytes (for an HTTP answer)."""
     depth = np.asarray(depth_m, dtype=np.float64)
     if depth.ndim != 2:
         raise UsageError(f"a depth map to write must be (H, W), got shape {depth.shape}")
     units = np.nan_to_num(np.rint(depth * depth_scale), nan=0.0, posinf=65535.0, neginf=0.0)
-    image = Image.fromarray(np.clip(units, 0, 65535).astype(np.uint16))  # mode I;16
+    return png_bytes(Image.fromarray(np.clip(units, 0, 65535).astype(np.uint16)), text)  # mode I;16
+
+
+def png_bytes(image: Image.Image, text: dict[str, str] | None = None) -> bytes:
+    """`image` as PNG bytes, with `text` (key -> value) as its tEXt chunks: what a reader of the file needs to know
+    about its pixel values (class names, a depth scale)."""
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    for key, value in (text or {}).items():
+        info.add_text(key, value)
     buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    atomic_write_bytes(path, buffer.getvalue())
+    image.save(buffer, format="PNG", pnginfo=info)
+    return buffer.getvalue()
