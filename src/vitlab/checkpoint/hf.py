@@ -237,14 +237,16 @@ def hf_layer_to_block(
 
 
 def block_to_hf_layer(
-    state: dict[str, torch.Tensor], block: str, hf_layer: str, qkv_bias: bool
+    state: dict[str, torch.Tensor], block: str, hf_layer: str, qkv_bias: bool, dinov2: bool = False
 ) -> dict[str, torch.Tensor]:
-    """The inverse of `hf_layer_to_block` for ViT's layer layout: vitlab's `Block` under `block` -> HF names under
-    `hf_layer`, the fused `attn.qkv` split into query, key and value."""
+    """The inverse of `hf_layer_to_block` for ViT's layer layout (or DINOv2's, with its LayerScale): vitlab's `Block`
+    under `block` -> HF names under `hf_layer`, the fused `attn.qkv` split into query, key and value."""
     out: dict[str, torch.Tensor] = {}
-    for hf_name, name in LAYER_RENAMES:
+    for hf_name, name in DINOV2_LAYER_RENAMES if dinov2 else LAYER_RENAMES:
         out[hf_layer + hf_name + ".weight"] = state[block + name + ".weight"]
         out[hf_layer + hf_name + ".bias"] = state[block + name + ".bias"]
+    for hf_name, name in DINOV2_LAYER_SCALES if dinov2 else []:
+        out[hf_layer + hf_name] = state[block + name]
     names = ["weight", "bias"] if qkv_bias else ["weight"]
     for kind in names:
         for part, tensor in zip(("query", "key", "value"), state[block + f"attn.qkv.{kind}"].chunk(3)):
