@@ -198,3 +198,26 @@ def test_bad_targets_say_what_is_wrong():
         loss(class_logits, mask_logits, [semantic_targets(torch.zeros(4, 4, dtype=torch.int64))] * 2)
     with pytest.raises(DataError, match="a loss for 3 classes expects 4"):
         MaskClassificationLoss(3)(class_logits, mask_logits, [semantic_targets(torch.zeros(4, 4, dtype=torch.int64))])
+
+
+def test_under_torchrun_the_mask_terms_are_divided_by_the_mean_count_over_processes(monkeypatch):
+    """A second process with 3 more segments than this one: the divisor is the mean of the two counts."""
+    from vitlab import distributed
+    from vitlab.objectives import mask_loss
+
+    class_logits, mask_logits = random_prediction(2, 6, 8, seed=9)
+    targets = [semantic_targets(label_map) for label_map in random_label_maps(2, 16, seed=10)]
+    count = sum(len(target.labels) for target in targets)
+    monkeypatch.setattr(mask_loss, "all_reduce_sum", lambda tensor, env: tensor + (tensor + 3))
+    env = distributed.DistEnv(rank=0, world_size=2)
+
+    _, alone = MaskClassificationLoss(NUM_CLASSES, num_points=32)(
+        class_logits, mask_logits, targets, generator=torch.Generator().manual_seed(0)
+    )
+    _, shared = MaskClassificationLoss(NUM_CLASSES, num_points=32, env=env)(
+        class_logits, mask_logits, targets, generator=torch.Generator().manual_seed(0)
+    )
+    scale = count / (count + 1.5)
+    torch.testing.assert_close(shared["mask"], alone["mask"] * scale)
+    torch.testing.assert_close(shared["dice"], alone["dice"] * scale)
+    torch.testing.assert_close(shared["class"], alone["class"])

@@ -10,14 +10,16 @@ A prediction is Q queries, each a class distribution over K classes plus "no obj
    importance sampling: mostly where the mask logit is near 0, the rest uniform), not on every pixel: the masks are
    compared at any resolution by bilinear point sampling (`grid_sample`), so a (h, w) mask meets its (H, W) target
    without upsampling either.
-The mask terms are summed over matched masks and divided by the number of target segments in the batch.
+The mask terms are summed over matched masks and divided by the number of target segments in the batch (the mean
+over processes under torchrun), as transformers does; the original EoMT divides by the number of matched segments,
+the same number unless an image has more segments than queries.
 
 Reference: tue-mps/eomt (training/mask_classification_loss.py, built on transformers' Mask2FormerLoss) and
 transformers' `EomtLoss`; tests/objectives/test_mask_loss.py compares the three parts with `EomtLoss` on one batch.
 
 Ignored pixels: `semantic_targets` leaves them out of every target segment, as the original EoMT's data sets do
 (a pixel whose label is not a class gets no mask), so for a matched query they are points where the target mask is
-0. The original loss has no ignore mask beyond that, and neither has this one.
+0 (background), not points left out: the original loss has no ignore mask beyond that, and neither has this one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.errors import DataError
 
 
@@ -160,7 +163,11 @@ class MaskClassificationLoss:
     """EoMT's loss for one prediction: weighted class cross-entropy + mask BCE + dice after Hungarian matching.
 
     Defaults are EoMT's (and Mask2Former's): class 2, mask 5, dice 5, "no object" 0.1, 12544 = 112 * 112 points,
-    3x oversampling, 75% of them by uncertainty."""
+    3x oversampling, 75% of them by uncertainty.
+
+    env: under torchrun, the number of target segments that divides the mask terms is the mean over processes (as
+    EoMT and transformers do), so every process's masks weigh the same in the averaged gradient; every process
+    must then call the loss at the same steps. None or one process: this process's count."""
 
     def __init__(
         self,
@@ -172,6 +179,7 @@ class MaskClassificationLoss:
         num_points: int = 12544,
         oversample_ratio: float = 3.0,
         importance_sample_ratio: float = 0.75,
+        env: DistEnv | None = None,
     ) -> None:
         self.num_classes = num_classes
         self.class_weight = class_weight
@@ -181,6 +189,7 @@ class MaskClassificationLoss:
         self.num_points = num_points
         self.oversample_ratio = oversample_ratio
         self.importance_sample_ratio = importance_sample_ratio
+        self.env = env
 
     def __call__(
         self,
@@ -222,12 +231,19 @@ class MaskClassificationLoss:
             )
             for i, target in enumerate(targets)
         ]
-        # Mask terms are averaged over the batch's target segments (at least 1), as Mask2Former does.
-        num_masks = max(sum(len(target.labels) for target in targets), 1)
+        num_masks = self.num_masks(targets, class_logits.device)
         class_loss = self.class_loss(class_logits, targets, matches)
         mask_loss, dice_loss = self.mask_losses(mask_logits, targets, matches, num_masks, generator)
         total = self.class_weight * class_loss + self.mask_weight * mask_loss + self.dice_weight * dice_loss
         return total, {"class": class_loss, "mask": mask_loss, "dice": dice_loss}
+
+    def num_masks(self, targets: list[MaskTargets], device: torch.device) -> Tensor:
+        """What the mask terms are divided by: the batch's target segments (the mean over processes under
+        torchrun), at least 1, as Mask2Former and EoMT do."""
+        count = torch.tensor(float(sum(len(target.labels) for target in targets)), device=device)
+        if self.env is not None and self.env.enabled:
+            count = all_reduce_sum(count, self.env) / self.env.world_size
+        return count.clamp(min=1)
 
     def class_loss(
         self, class_logits: Tensor, targets: list[MaskTargets], matches: list[tuple[Tensor, Tensor]]
@@ -248,7 +264,7 @@ class MaskClassificationLoss:
         mask_logits: Tensor,
         targets: list[MaskTargets],
         matches: list[tuple[Tensor, Tensor]],
-        num_masks: int,
+        num_masks: Tensor,
         generator: torch.Generator | None,
     ) -> tuple[Tensor, Tensor]:
         """BCE and dice of the matched queries' masks on importance-sampled points, each summed over the M matched
