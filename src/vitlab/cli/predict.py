@@ -1,4 +1,5 @@
-"""`vitlab predict`: top-k labels for images or folders of images, one row each."""
+"""`vitlab predict`: top-k labels for images or folders of images, one row each; for a dense model (EoMT, Depth
+Anything), each photo's mask, overlay or depth pictures written to a folder and one line saying what it holds."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from vitlab.cli.options import (
 )
 
 NAME = "predict"
-HELP = "top-k labels for images or folders of images"
+HELP = "top-k labels for images or folders of images; masks or depth maps from a dense model"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("table", "json", "csv"),
         default="table",
         help="every input gets a row, an unreadable one with its error; exit code 1 if any failed",
+    )
+    parser.add_argument(
+        "-o",
+        "--out",
+        metavar="DIR",
+        help="a dense model (EoMT, Depth Anything): the folder its mask, overlay or depth pictures go to "
+        "(default predictions)",
     )
     add_inference_options(parser)
     add_checkpoint_options(parser)

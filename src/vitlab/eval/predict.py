@@ -1,4 +1,4 @@
-"""Top-k predictions for image files and folders."""
+"""Top-k predictions for image files and folders (a dense model's pictures: `vitlab.eval.predict_dense`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from vitlab.counts import model_size
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import collect_images
 from vitlab.data.source import ImageFiles
+from vitlab.dense.inference import dense_task
 from vitlab.errors import UsageError
 from vitlab.eval.batches import run_batches
 from vitlab.eval.classify import require_head
+from vitlab.eval.predict_dense import format_dense_row, predict_dense_files
 from vitlab.export.onnx import OnnxClassifier
 from vitlab.export.pt2e import Pt2eClassifier, is_pt2e_file
 from vitlab.hardware import Choice, choose_precision, resolve_device
@@ -139,12 +141,18 @@ def run_predict(
     device: str | None = None,
     image_size: int | tuple[int, int] | None = None,
     num_heads: int | None = None,
+    out: str | Path | None = None,
 ) -> dict[str, Any]:
     """What `vitlab predict` does: load `checkpoint` (as `load_classifier`), choose its precision (as
-    `inference_precision`) and predict every image of `inputs` (files, or folders searched for images).
-    Returns {"rows": `predict`'s rows, "precision": "fp32" | "bf16" | "int8", "precision_reason": why}."""
+    `inference_precision`) and predict every image of `inputs` (files, or folders searched for images); a dense
+    model (EoMT, Depth Anything) writes each photo's mask, overlay or depth files into `out` instead
+    (`vitlab.eval.predict_dense`). Returns {"rows": `predict`'s rows (or `predict_dense_files`'), "precision":
+    "fp32" | "bf16" | "int8", "precision_reason": why}."""
     model = load_classifier(checkpoint, backend, image_size, num_heads, device)
     choice = inference_precision(model, precision)
+    if dense_task(model.config) is not None:
+        rows = predict_dense_files(model, inputs, out, precision=choice.value)
+        return {"rows": rows, "precision": choice.value, "precision_reason": choice.reason}
     rows = predict(model, inputs, top_k=top_k, batch_size=batch_size, precision=choice.value)
     return {"rows": rows, "precision": choice.value, "precision_reason": choice.reason}
 
@@ -156,6 +164,11 @@ def format_predictions(rows: list[dict[str, Any]], fmt: str = "table") -> str:
         import json
 
         return json.dumps(rows, indent=1)
+    if any("task" in row for row in rows):  # a dense model's rows: what each photo holds, and where its files went
+        if fmt == "csv":
+            raise UsageError("a dense model's predictions are files; print them as --format table or json")
+        width = max(len(row["path"]) for row in rows)
+        return "\n".join(format_dense_row(row, width) for row in rows)
     if fmt == "csv":
         import csv
         import io

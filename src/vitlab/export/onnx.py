@@ -282,7 +282,8 @@ def write_model(proto, path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ running
 class OnnxClassifier:
     """An exported vitlab model in ONNX Runtime. Call it with uint8 pixels (B, C, H, W) (or, for a graph without
-    baked-in preprocessing, normalised float images) to get logits (B, K) as a torch tensor."""
+    baked-in preprocessing, normalised float images) to get logits (B, K) as a torch tensor; a dense model's graph
+    gives its outputs (`vitlab.dense.inference.DenseTask.outputs`: EoMT's two as a tuple, the depth as a tensor)."""
 
     def __init__(self, path: str | Path, threads: int | None = None) -> None:
         require_onnx("running an ONNX model", ("onnxruntime",))
@@ -315,6 +316,8 @@ class OnnxClassifier:
         array = np.ascontiguousarray(images.numpy() if self.preprocess else images.float().numpy())
         if self.preprocess and array.dtype != np.uint8:
             raise UsageError(f"{self.path} takes uint8 pixels, got {array.dtype}")
+        if len(self.session.get_outputs()) > 1:  # a dense graph (EoMT: class_logits, mask_logits), any batch
+            return tuple(torch.from_numpy(output) for output in self.session.run(None, {self.input_name: array}))
         fixed = self.metadata.get("batch_size")
         if not fixed or len(array) == fixed:
             return torch.from_numpy(self.session.run(None, {self.input_name: array})[0])

@@ -1,0 +1,93 @@
+"""`vitlab predict` on dense models: a non-square photo gives its mask, overlay and panoptic files (EoMT) or its
+16-bit depth and coloured depth (Depth Anything), all at the photo's own size, and one line saying what it holds."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitlab.checkpoint.io import save_model
+from vitlab.cli import main
+from vitlab.eval.predict import format_predictions, run_predict
+from vitlab.models import create_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dense"))
+from test_inference import dpt_config, eomt_config, photo  # noqa: E402
+
+HEIGHT, WIDTH = 45, 70
+
+
+@pytest.fixture
+def photo_file(tmp_path) -> Path:
+    path = tmp_path / "street.png"
+    Image.fromarray(photo(HEIGHT, WIDTH).permute(1, 2, 0).numpy()).save(path)
+    return path
+
+
+def saved(config, tmp_path: Path, name: str) -> Path:
+    torch.manual_seed(0)
+    model = create_model(config)
+    if config.dense_head == "dpt":  # a fresh head's ReLU gives 0 everywhere: lift the last layer's bias
+        with torch.no_grad():
+            model.depth_head.scratch.output_conv2[2].bias.fill_(0.5)
+    return save_model(model, tmp_path / f"{name}.safetensors")
+
+
+def test_a_segmentation_model_writes_mask_overlay_and_panoptic_files_at_the_photos_size(tmp_path, photo_file):
+    checkpoint = saved(eomt_config(), tmp_path, "eomt")
+    result = run_predict(checkpoint, [photo_file], out=tmp_path / "out", precision="fp32")
+    (row,) = result["rows"]
+    out = tmp_path / "out"
+    assert sorted(Path(f).name for f in row["files"]) == sorted(
+        f"street.{suffix}" for suffix in ("mask.png", "overlay.png", "panoptic.png", "segments.json")
+    )
+    mask = Image.open(out / "street.mask.png")
+    assert mask.mode == "P" and mask.size == (WIDTH, HEIGHT)
+    assert json.loads(mask.text["vitlab:classes"]) == ["sky", "road", "car"]
+    labels = np.asarray(mask)
+    assert {c["index"] for c in row["classes"]} == set(np.unique(labels).tolist())
+    assert sum(c["pixels"] for c in row["classes"]) == HEIGHT * WIDTH
+    overlay = Image.open(out / "street.overlay.png")
+    assert overlay.height >= HEIGHT and overlay.width > WIDTH  # the photo and its legend
+    panoptic = np.asarray(Image.open(out / "street.panoptic.png").convert("RGB")).astype(np.int64)
+    assert panoptic.shape == (HEIGHT, WIDTH, 3)
+    ids = panoptic[..., 0] + 256 * panoptic[..., 1] + 65536 * panoptic[..., 2]
+    segments = json.loads((out / "street.segments.json").read_text())["segments"]
+    for segment in segments:
+        assert int((ids == segment["id"]).sum()) == segment["pixels"] > 0
+    line = format_predictions(result["rows"])
+    assert "street.png" in line and row["classes"][0]["label"] in line and str(out) in line
+
+
+def test_a_depth_model_writes_16_bit_depth_and_colours_at_the_photos_size(tmp_path, photo_file):
+    checkpoint = saved(dpt_config(), tmp_path, "dpt")
+    (row,) = run_predict(checkpoint, [photo_file], out=tmp_path / "out", precision="fp32")["rows"]
+    depth = Image.open(tmp_path / "out" / "street.depth.png")
+    assert depth.mode.startswith("I;16") and depth.size == (WIDTH, HEIGHT)
+    meaning = json.loads(depth.text["vitlab:depth"])
+    assert meaning["kind"] == "relative" and meaning["scale"] == row["scale"]
+    values = np.asarray(depth).astype(np.float64) / meaning["scale"]  # back to relative inverse depth
+    assert abs(values.max() - row["max"]) <= 1 / meaning["scale"] and int(np.asarray(depth).max()) == 65535
+    colour = Image.open(tmp_path / "out" / "street.depth-colour.png")
+    assert colour.mode == "RGB" and colour.width >= WIDTH and colour.height > HEIGHT  # the map, its scale below
+
+
+def test_a_metric_depth_model_writes_millimetres(tmp_path, photo_file):
+    checkpoint = saved(dpt_config(depth_range="metric", max_depth=20.0), tmp_path, "metric")
+    (row,) = run_predict(checkpoint, [photo_file], out=tmp_path / "out", precision="fp32")["rows"]
+    depth = np.asarray(Image.open(tmp_path / "out" / "street.depth.png")).astype(np.float64)
+    assert abs(depth.max() / 1000 - row["max"]) <= 1e-3 and 0 <= row["min"] <= row["max"] <= 20.0
+
+
+def test_the_command_prints_one_line_per_photo(tmp_path, photo_file, capsys):
+    checkpoint = saved(eomt_config(), tmp_path, "eomt")
+    code = main(["predict", str(checkpoint), str(photo_file), "-o", str(tmp_path / "out"), "--precision", "fp32"])
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and len(printed) == 1 and printed[0].startswith(str(photo_file))
+    assert (tmp_path / "out" / "street.overlay.png").is_file()
