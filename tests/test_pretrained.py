@@ -504,7 +504,21 @@ def test_the_pretrained_table_lists_real_checkpoints(capsys):
     for row in pretrained_table():
         assert (
             row["family"]
-            in ("vit", "deit", "dino", "dinov2", "mae", "clip", "siglip", "dinov3", "siglip2", "aimv2", "pe", "eomt")
+            in (
+                "vit",
+                "deit",
+                "dino",
+                "dinov2",
+                "mae",
+                "clip",
+                "siglip",
+                "dinov3",
+                "siglip2",
+                "aimv2",
+                "pe",
+                "eomt",
+                "depth_anything",
+            )
             and row["verified"]
         )
         assert row["size_mib"] > 0 and row["licence"] and (row["top1"] is None or row["top1_source"])
