@@ -88,7 +88,7 @@ MlpName = Literal["mlp", "swiglu"]
 MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu"]
 SinCosOrder = Literal["rows_first", "columns_first"]
 PositionResampling = Literal["bilinear", "bicubic", "bilinear_antialias"]
-DenseHead = Literal["none", "eomt", "dpt"]
+DenseHead = Literal["none", "eomt", "dpt", "linear", "upsampling"]
 DepthRange = Literal["relative", "metric"]
 PLACEMENTS: tuple[str, ...] = get_args(Placement)
 CLASSIFIERS: tuple[str, ...] = get_args(Classifier)
@@ -280,6 +280,10 @@ class ViTConfig:
     dpt_neck_sizes: tuple[int, ...] = ()
     dpt_fusion_dim: int = 64
     dpt_head_dim: int = 32
+    # "linear" and "upsampling": the plain segmentation heads EoMT is compared with (models/segmentation_heads.py;
+    # `vitlab finetune --set objective=segmentation`): a 1x1 convolution on the last patch tokens, or SETR's
+    # progressive upsampling with convolutions of upsampling_dim channels; num_classes logits per pixel.
+    upsampling_dim: int = 256
     depth_range: DepthRange = "relative"
     max_depth: float = 1.0
     # ------------------------------------------------------------------------------------ the preprocessing
@@ -422,6 +426,11 @@ class ViTConfig:
                 raise ConfigError("dpt_neck_sizes, dpt_fusion_dim and dpt_head_dim must be positive")
             if self.max_depth <= 0:
                 raise ConfigError(f"max_depth must be positive, got {self.max_depth}")
+        if self.dense_head in ("linear", "upsampling"):
+            if self.num_classes <= 0:
+                raise ConfigError(f"a {self.dense_head} segmentation head needs num_classes > 0 (classes per pixel)")
+            if self.upsampling_dim <= 0:
+                raise ConfigError(f"upsampling_dim must be positive, got {self.upsampling_dim}")
 
     def check_preprocessing(self) -> None:
         """The statistics and the contract against the architecture that reads their output."""

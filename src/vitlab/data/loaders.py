@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from vitlab.data import datasets
+from vitlab.data import datasets, segmentation
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.formats import AUTO, FORMATS, DataFormat, format_named, resolve_format
 from vitlab.data.images import collect_images, read_image, reason
@@ -54,6 +54,9 @@ def loader_for(data_format: DataFormat) -> Loader:
 # The openers of every format, by name, made from the registry's rows. A data source written outside vitlab, with
 # its own opener, plugs in here under its own name (the data seam's contract test, tests/data/test_loaders.py, does).
 LOADERS: dict[str, Loader] = {name: loader_for(row) for name, row in FORMATS.items()}
+# Segmentation data (images with a mask each, `vitlab.data.segmentation`): held in memory, their batches carry the
+# label maps; only a segmentation objective trains on them.
+LOADERS.update({name: Loader(held=segmentation) for name in segmentation.OPENERS})
 
 
 def loader_of(dataset: str) -> Loader:

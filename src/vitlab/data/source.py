@@ -63,6 +63,9 @@ class Batch:
     shard: slice = field(default_factory=lambda: slice(None))  # this rank's rows of the global batch
     # The source cropped and flipped each image already (streamed files): the batch's crop and flip are skipped.
     per_image_augmented: bool = False
+    # Segmentation data (`vitlab.data.segmentation`): int64 (B, H, W), each pixel's class, 255 where it is left out
+    # of the loss and the metrics; aligned with `images`. None for every other source.
+    label_maps: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.images)

@@ -17,6 +17,8 @@ DENSE_MODELS: dict[str, str] = {
     "none": "vitlab.models.vit:VisionTransformer",
     "eomt": "vitlab.models.eomt:EoMT",
     "dpt": "vitlab.models.depth_anything:DepthAnything",
+    "linear": "vitlab.models.segmentation_heads:LinearSegmenter",
+    "upsampling": "vitlab.models.segmentation_heads:UpsamplingSegmenter",
 }
 
 

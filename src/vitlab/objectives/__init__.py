@@ -35,6 +35,12 @@ def build_mae(config: Any, train_data: Any) -> Objective:
     return MaskedAutoencoding(config.pretrain, config.augment, config.init_from)
 
 
+def build_segmentation(config: Any, train_data: Any) -> Objective:
+    from vitlab.objectives.segmentation import build
+
+    return build(config, train_data)
+
+
 @dataclass(frozen=True)
 class ObjectiveRow:
     """One objective of the table: how it is built, and whether `vitlab pretrain` offers it."""
@@ -50,6 +56,7 @@ OBJECTIVES: dict[str, ObjectiveRow] = {
     "classification": ObjectiveRow(build_classification),
     "mpp": ObjectiveRow(build_mpp, pretraining=True, help="the paper's masked patch prediction (section 4.6)"),
     "mae": ObjectiveRow(build_mae, pretraining=True, help="masked autoencoder"),  # He et al. 2021
+    "segmentation": ObjectiveRow(build_segmentation),  # a class per pixel: EoMT, linear or upsampling head
 }
 
 

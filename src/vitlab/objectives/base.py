@@ -91,6 +91,18 @@ class Objective(ABC):
         the model is an encoder."""
         return {"num_classes": 0, "class_names": None}
 
+    def adapt_model(self, model: VisionTransformer) -> VisionTransformer:
+        """The model the run trains and saves, made from the one built for the recipe (a fresh variant, or a
+        checkpoint prepared for fine-tuning, with the head `model_fields` asked for): the model itself (default), or
+        another model on its encoder (segmentation: EoMT or a segmentation head). Called once, for a new run; a
+        resumed run restores the model it saved."""
+        return model
+
+    def learning_rate_scales(self, trained: nn.Module) -> dict[str, float]:
+        """Each trained parameter's learning rate as a share of the recipe's, by name (those not named: 1). Default:
+        {}, one rate (before layer-wise decay) for every parameter."""
+        return {}
+
     def attach(self, model: VisionTransformer) -> nn.Module:
         """The module the optimizer trains and DDP wraps: the model itself (default), or a module holding it and
         the objective's own parameters (MAE's decoder, masked patch prediction's [mask] embedding and head), whose

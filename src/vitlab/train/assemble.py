@@ -66,6 +66,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         model = restored_model(state)
     else:
         model = build_model(config, splits.train, pretrained, objective.model_fields(splits.train))
+        model = objective.adapt_model(model)  # e.g. a segmentation head on the encoder
     apply_freezing(model, config)
     model.set_attention_kernel(training_attention_kernel(config, model, env.device))
     if config.augment.hflip and not objective.allows_flips(splits.train):
@@ -98,6 +99,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         config.momentum,
         config.layer_decay,
         config.adam_betas,
+        objective.learning_rate_scales(trained),
     )
     warmup_steps, notes = fit_schedule(config, len(splits.train), steps_per_epoch)
     if state is None:  # a resumed run was told at its start

@@ -16,6 +16,7 @@ from vitlab.config import checked_fields, parse_classes, parse_image_size
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import ConfigError, UsageError
 from vitlab.objectives import objective_names, pretraining_methods
+from vitlab.objectives.segmentation_settings import SegmentationConfig
 from vitlab.objectives.settings import PretrainConfig
 
 
@@ -32,6 +33,8 @@ class TrainConfig:
     classes: list[int] | None = None  # train on these classes only, relabelled 0..n-1 (e.g. [5, 6, 7, 8, 9])
     objective: str = "classification"  # what the run optimises and chooses by (vitlab.objectives.OBJECTIVES)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # the objectives mpp and mae (`vitlab pretrain`)
+    # The objective segmentation: its head (eomt, linear, upsampling), learning rates, EoMT's settings, the loss.
+    segmentation: SegmentationConfig = field(default_factory=SegmentationConfig)
     # Model selection. The best checkpoint (and any choice made from a run) follows the validation split: a
     # fraction of the training images (< 1) or a count, stratified, fixed by `seed`; 0 = none. A data set with an
     # official validation split keeps it. The test split is measured at the end only.
@@ -129,6 +132,10 @@ class TrainConfig:
             self.augment = AugmentConfig(**self.augment)
         if isinstance(self.pretrain, dict):
             self.pretrain = PretrainConfig(**checked_fields(PretrainConfig, self.pretrain, "pretrain settings"))
+        if isinstance(self.segmentation, dict):
+            self.segmentation = SegmentationConfig(
+                **checked_fields(SegmentationConfig, self.segmentation, "segmentation settings")
+            )
         # Checked in order, each only after the ones before it passed (batch_size % grad_accum needs
         # grad_accum > 0: the fuzz run found `--set grad_accum=0` dividing by zero when they were eager).
         checks = [

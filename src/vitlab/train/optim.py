@@ -3,6 +3,8 @@ the learning-rate schedule is `vitlab.train.schedule`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -17,29 +19,39 @@ def layer_id(name: str, depth: int) -> int:
     return depth + 1 if block is None else block + 1
 
 
-def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0, layer_decay: float = 1.0) -> list[dict]:
+def param_groups(
+    model: nn.Module,
+    weight_decay: float,
+    lr: float = 1.0,
+    layer_decay: float = 1.0,
+    lr_scales: Mapping[str, float] | None = None,
+) -> list[dict]:
     """Parameter groups: weight decay on the weight matrices, none on norms, biases, position embedding and
     class token (1-D tensors and the names the model lists in `no_weight_decay`); with layer_decay < 1 each
     depth gets lr * layer_decay^(depth + 1 - id), so early layers move least (BEiT-style fine-tuning).
+    lr_scales: a further factor by parameter name (an objective's, e.g. a fine-tuned encoder's lower rate than its
+    new head's; `Objective.learning_rate_scales`), 1 where not named.
     Frozen parameters (requires_grad False) are left out."""
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
     depth = len(getattr(model, "blocks", []))
-    groups: dict[tuple[int, bool], dict] = {}
+    lr_scales = lr_scales or {}
+    groups: dict[tuple[int, bool, float], dict] = {}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
         decays = not (parameter.ndim <= 1 or name in skip or name.split(".")[-1] in skip)
         depth_id = layer_id(name, depth) if layer_decay < 1 else depth + 1
+        scale = lr_scales.get(name, 1.0)
         group = groups.setdefault(
-            (depth_id, decays),
+            (depth_id, decays, scale),
             {
                 "params": [],
                 "weight_decay": weight_decay if decays else 0.0,
-                "lr": lr * layer_decay ** (depth + 1 - depth_id),
+                "lr": lr * layer_decay ** (depth + 1 - depth_id) * scale,
             },
         )
         group["params"].append(parameter)
-    return [groups[key] for key in sorted(groups, key=lambda k: (k[0], not k[1]))]
+    return [groups[key] for key in sorted(groups, key=lambda k: (k[0], not k[1], k[2]))]
 
 
 def build_optimizer(
@@ -50,8 +62,9 @@ def build_optimizer(
     momentum: float = 0.9,
     layer_decay: float = 1.0,
     betas: tuple[float, float] | list[float] = (0.9, 0.999),
+    lr_scales: Mapping[str, float] | None = None,
 ) -> torch.optim.Optimizer:
-    groups = param_groups(model, weight_decay, lr, layer_decay)
+    groups = param_groups(model, weight_decay, lr, layer_decay, lr_scales)
     # The fused kernels update every tensor in one pass (CPU and CUDA); on the CPU PyTorch otherwise loops over
     # the tensors one by one. Devices without fused kernels fall back to the default implementation.
     if name == "sgd":
