@@ -48,6 +48,16 @@ TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its module's presets) at a 
         pool_heads=2,
         layer_scale=0.1,
     ),
+    "depth_anything": ViTConfig(  # four blocks for the neck's four maps; DINOv2's whole-number mlp_ratio
+        **{**TINY, "depth": 4, "mlp_dim": 64},
+        family="depth_anything",
+        layer_scale=1.0,
+        dense_head="dpt",
+        dpt_layers=(0, 1, 2, 3),
+        dpt_neck_sizes=(4, 8, 12, 16),
+        dpt_fusion_dim=8,
+        dpt_head_dim=4,
+    ),
     **{
         name: ViTConfig(**{**fields, **TINY})
         for name, fields in (
