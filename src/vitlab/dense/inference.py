@@ -99,11 +99,14 @@ class DenseTask:
     task: Task
     outputs: tuple[str, ...]  # the model's outputs in order, as the ONNX graph names them
     view: Callable[[ViTConfig, tuple[int, int]], View]
+    # Whether the input's size follows each photo (DPT's keep-aspect resize), so an export must take any size of
+    # whole patches; EoMT's inputs are always the model's input size (padded, or square crops).
+    sizes_vary: bool
 
 
 DENSE_TASKS: dict[str, DenseTask] = {
-    "eomt": DenseTask("segmentation", ("class_logits", "mask_logits"), eomt_view),
-    "dpt": DenseTask("depth", ("depth",), dpt_view),
+    "eomt": DenseTask("segmentation", ("class_logits", "mask_logits"), eomt_view, sizes_vary=False),
+    "dpt": DenseTask("depth", ("depth",), dpt_view, sizes_vary=True),
 }
 
 

@@ -82,6 +82,17 @@ def compare_logits(expected: torch.Tensor, got: torch.Tensor) -> dict[str, Any]:
     }
 
 
+def compare_outputs(expected: torch.Tensor, got: torch.Tensor) -> dict[str, Any]:
+    """A dense export's output (any shape: mask logits, depth) against PyTorch's: max and mean |difference| and the
+    image count."""
+    difference = (expected.float() - got.float()).abs()
+    return {
+        "max_abs_diff": float(difference.max()),
+        "mean_abs_diff": float(difference.mean()),
+        "images": int(expected.shape[0]),
+    }
+
+
 @dataclass(frozen=True)
 class Int8Tolerance:
     """What an int8 export must keep of the fp32 model on real images. int8 rounds every product, so the bound is
@@ -169,6 +180,9 @@ def check_lines(validation: dict[str, Any], against: str, images_given: bool) ->
         *(
             f"  {name:<18} max |logit diff| {check['max_abs_diff']:.2e}   top-1 agreement "
             f"{100 * check['top1_agreement']:.1f}% ({check['images']} images)"
+            if "top1_agreement" in check
+            else f"  {name:<26} max |diff| {check['max_abs_diff']:.2e}   mean {check['mean_abs_diff']:.2e} "
+            f"({check['images']} images)"  # a dense output: no class to agree on
             for name, check in validation["checks"].items()
         ),
         *([validation["verdict"]] if "verdict" in validation else []),

@@ -28,11 +28,13 @@ from torch import nn
 from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.preprocess import describe_preprocessing, normalize, prepare, resize_unit_images
+from vitlab.dense.inference import dense_task, output_tensors, require_dense
 from vitlab.errors import CheckpointError, UsageError
 from vitlab.export.checks import (
     INT8_TOLERANCE,
     check_lines,
     compare_logits,
+    compare_outputs,
     place_checked_export,
     quiet_loggers,
     require_one_input_size,
@@ -44,6 +46,7 @@ INSTALL_HINT = "pip install 'vitlab[onnx]' (or: pip install onnx onnxscript onnx
 # ONNX keeps a model and its weights in one protobuf only below 2 GiB; bigger ones (H/14) get a .data file beside.
 SINGLE_FILE_LIMIT = 1_800_000_000
 METADATA_KEY = "vitlab"
+DENSE_CHECK_IMAGES = 4  # real images a dense export is checked on (each output holds every pixel's answer)
 
 
 def require_onnx(purpose: str = "ONNX export", packages: tuple[str, ...] = ONNX_PACKAGES) -> None:
@@ -86,6 +89,31 @@ class PreprocessAndClassify(nn.Module):
         images = pixels.float() / 255.0
         images = resize_unit_images(images, self.image_size, self.preprocessing)
         return self.model(normalize(images, self.model.config))
+
+
+class DenseOutputs(nn.Module):
+    """A dense model whose graph gives plain tensors in `DenseTask.outputs` order (EoMT's class_logits and
+    mask_logits, Depth Anything's depth), not the model's named tuple."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return output_tensors(self.model(images))
+
+
+def require_fp32_pixels_out(task: str, preprocess: bool, int8: bool) -> None:
+    """Refuse what a dense export does not do: its graph takes normalised images (vitlab sizes each photo as the
+    family's processor does, which a fixed resize in the graph would not) and stays fp32 (int8's check is written
+    for class logits)."""
+    if preprocess:
+        raise UsageError(
+            f"--preprocess: a {task} model's photo is sized as its family's processor does (aspect ratio kept, "
+            "padded or cropped), outside the graph; export without --preprocess"
+        )
+    if int8:
+        raise UsageError(f"--int8: a {task} model exports in fp32 for now; export without --int8")
 
 
 def input_contract(config: ViTConfig, preprocess: bool, dynamic_size: bool) -> str:
@@ -135,9 +163,15 @@ def export_onnx(
     require_onnx()
 
     config: ViTConfig = model.config
+    dense = dense_task(config)
+    if dense is not None:
+        require_fp32_pixels_out(dense.task, preprocess, int8)
+        dynamic_size = dynamic_size or dense.sizes_vary  # each photo's own input size (Depth Anything)
     model = copy.deepcopy(model).float().eval()
     model.dynamic_size = dynamic_size and not preprocess
     module: nn.Module = PreprocessAndClassify(model) if preprocess else model
+    if dense is not None:
+        module = DenseOutputs(model)
     height, width = config.image_size
     if dynamic_batch:
         batch_size = max(batch_size, 2)  # an example batch of 1 would let torch.export specialise the batch to 1
@@ -163,7 +197,7 @@ def export_onnx(
             (example,),
             dynamo=True,
             input_names=[input_name],
-            output_names=["logits"],
+            output_names=list(dense.outputs) if dense is not None else ["logits"],
             dynamic_shapes=(dims,) if dims else None,
             external_data=False,
             verbose=False,
@@ -178,6 +212,7 @@ def export_onnx(
     metadata = {
         "config": config.to_dict(),
         "input": input_name,
+        "outputs": list(dense.outputs) if dense is not None else ["logits"],
         "input_layout": input_contract(config, preprocess, dynamic_size),
         "preprocess": preprocess,
         "dynamic_batch": dynamic_batch,
@@ -388,6 +423,8 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
             return model(prepare(images, 255.0, config))
 
         runtime_of = runtime.classify_pixels
+    if dense_task(config) is not None:
+        return validate_dense_export(model, runtime, pixels)
     reference = reference_of(pixels)
     checks = {"at export size": (reference, runtime_of(pixels))}
     if runtime.metadata["dynamic_batch"]:
@@ -405,6 +442,35 @@ def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) ->
             checks[f"input {other[0]}x{other[1]}"] = (model(images), runtime(images))
     results = {name: compare_logits(expected, got) for name, (expected, got) in checks.items()}
     return {"int8": bool(runtime.metadata["int8"]), "checks": results}
+
+
+def validate_dense_export(model: nn.Module, runtime: OnnxClassifier, pixels: torch.Tensor) -> dict[str, Any]:
+    """A dense export against PyTorch on real images (uint8 (B, C, H, W) at the model's size): max and mean
+    |difference| of each output (`compare_outputs`) at the export's size, at batch 1 and, for a graph of any image
+    size, at a second, non-square size."""
+    config: ViTConfig = model.config
+    names = runtime.metadata.get("outputs") or list(require_dense(config, "a dense export").outputs)
+
+    def both(images: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        return output_tensors(model(images)), output_tensors(runtime(images))
+
+    images = prepare(pixels, 255.0, config)
+    runs = {"at export size": both(images)}
+    if runtime.metadata["dynamic_batch"]:
+        runs["batch 1"] = both(images[:1])
+    if runtime.metadata["dynamic_size"]:
+        height, width = config.image_size
+        step_h, step_w = config.pixel_patch_size
+        other = (height + step_h, width + 2 * step_w)
+        larger = F.interpolate(pixels.float(), size=other, mode="bilinear", align_corners=False).round().to(torch.uint8)
+        model.dynamic_size = True
+        runs[f"input {other[0]}x{other[1]}"] = both(prepare(larger, 255.0, config.replace(image_size=other)))
+    checks = {
+        f"{name} {where}": compare_outputs(expected[index], got[index])
+        for where, (expected, got) in runs.items()
+        for index, name in enumerate(names)
+    }
+    return {"int8": False, "checks": checks}
 
 
 def run_export(
@@ -427,6 +493,8 @@ def run_export(
     if batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {batch_size}")
     pixels = validation_pixels(model.config) if pixels is None else pixels
+    if dense_task(model.config) is not None:  # a dense model's outputs are per pixel: a few images check them
+        pixels = pixels[:DENSE_CHECK_IMAGES]
 
     def check(staged: Path) -> dict[str, Any]:
         validation = validate_export(model, staged, pixels)
@@ -435,7 +503,7 @@ def run_export(
             return INT8_TOLERANCE.judge(validation, out)
         if not worst <= tolerance:
             raise CheckpointError(
-                f"the ONNX export's logits differ from PyTorch's by {worst:.2e} (> {tolerance:g}) "
+                f"the ONNX export's outputs differ from PyTorch's by {worst:.2e} (> {tolerance:g}) "
                 f"on real images; nothing was written to {out}. Run with --debug and report it"
             )
         return {**validation, "verdict": f"fp32 tolerance: max |logit diff| <= {tolerance:g}: passed"}
@@ -468,7 +536,8 @@ def format_export(summary: dict[str, Any], images_given: bool) -> str:
         )
     lines = [
         f"wrote {summary['path']} ({summary['bytes'] / 1e6:.1f} MB, {kind}); "
-        f"input {summary['input']!r}: {summary['input_layout']}, batch {summary['batch_size'] or 'any'}",
+        f"input {summary['input']!r}: {summary['input_layout']}, batch {summary['batch_size'] or 'any'}"
+        + (f"; outputs {', '.join(summary['outputs'])}" if summary.get("outputs", ["logits"]) != ["logits"] else ""),
         *check_lines(summary["validation"], "PyTorch", images_given),
     ]
     return "\n".join(lines)
