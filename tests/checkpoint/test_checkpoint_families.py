@@ -48,6 +48,17 @@ TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its module's presets) at a 
         pool_heads=2,
         layer_scale=0.1,
     ),
+    "eomt": ViTConfig(
+        **{**TINY, "num_classes": 3},
+        family="eomt",
+        register_tokens=4,
+        layer_scale=1.0,
+        prefix_positions=False,
+        dense_head="eomt",
+        eomt_queries=5,
+        eomt_blocks=1,
+        eomt_upscale_blocks=1,
+    ),
     "depth_anything": ViTConfig(  # four blocks for the neck's four maps; DINOv2's whole-number mlp_ratio
         **{**TINY, "depth": 4, "mlp_dim": 64},
         family="depth_anything",

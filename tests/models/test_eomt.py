@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
+from paths import FIXTURES
+from vitlab.checkpoint.formats import export_checkpoint, load_model
 from vitlab.config import ViTConfig
-from vitlab.errors import ConfigError, UsageError
+from vitlab.errors import CheckpointError, ConfigError, UsageError
 from vitlab.models.eomt import EoMT, SegmentationOutput, eomt_from_backbone
 from vitlab.models.registry import create_model
+from vitlab.variants import variant_config
 
 # DINOv2-style as the released EoMT models: class token, 4 registers without positions, LayerScale.
 TINY = dict(
@@ -171,3 +176,93 @@ def test_reset_head_gives_a_fresh_class_head():
     model = tiny_eomt()
     model.reset_head(7, class_names=list("abcdefg"))
     assert model(torch.randn(1, 3, 32, 32)).class_logits.shape == (1, 5, 8)
+
+
+# ------------------------------------------------------------------------------ transformers' checkpoints
+# Written by tools/make_eomt_fixtures.py with transformers' EomtForUniversalSegmentation (DINOv2-style encoder) and
+# EomtDinov3ForUniversalSegmentation; the .io.npz holds what transformers computed.
+FIXTURE_NAMES = ("hf_eomt", "hf_eomt_dinov3")
+
+
+def reference(name: str) -> dict[str, torch.Tensor]:
+    with np.load(FIXTURES / f"{name}.io.npz") as arrays:
+        return {key: torch.from_numpy(arrays[key]) for key in arrays.files}
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_transformers_checkpoint_loads_with_its_logits(name):
+    model = load_model(FIXTURES / name).eval()
+    expected = reference(name)
+    assert isinstance(model, EoMT) and model.config.class_names == ["sky", "road", "cat"]
+    assert model.config.pos_embed == ("rope" if "dinov3" in name else "learned")  # told by its tensors
+    with torch.no_grad():
+        out = model(expected["input_nchw"])
+    torch.testing.assert_close(out.class_logits, expected["class_logits"], rtol=0, atol=1e-4)
+    torch.testing.assert_close(out.mask_logits, expected["mask_logits"], rtol=0, atol=1e-4)
+
+
+def test_transformers_dinov3_checkpoint_matches_on_a_non_square_grid():
+    model = load_model(FIXTURES / "hf_eomt_dinov3").eval()
+    expected = reference("hf_eomt_dinov3")
+    with torch.no_grad():
+        out = model(expected["input_wide"])  # 32x48: a 4x6 grid
+    torch.testing.assert_close(out.class_logits, expected["class_logits_wide"], rtol=0, atol=1e-4)
+    torch.testing.assert_close(out.mask_logits, expected["mask_logits_wide"], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_masked_attention_matches_transformers_with_every_query_masked(name):
+    """transformers with attn_mask_probs at 1 masks every query by its predicted mask before each query block (no
+    random draw); its predictions before those blocks and the final one are forward_train's with probabilities 1."""
+    model = load_model(FIXTURES / name).eval()
+    expected = reference(name)
+    assert (expected["masked_mask_logits"][-1] - expected["mask_logits"]).abs().max() > 1e-2  # masking mattered
+    with torch.no_grad():
+        predictions = model.forward_train(expected["input_nchw"], [1.0] * model.config.eomt_blocks)
+    assert len(predictions) == len(expected["masked_class_logits"])
+    for index, prediction in enumerate(predictions):
+        torch.testing.assert_close(prediction.class_logits, expected["masked_class_logits"][index], rtol=0, atol=1e-4)
+        torch.testing.assert_close(prediction.mask_logits, expected["masked_mask_logits"][index], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
+def test_export_to_hf_loads_back_in_transformers_with_the_same_logits(tmp_path, name):
+    transformers = pytest.importorskip("transformers")
+    model = load_model(FIXTURES / name).eval()
+    expected = reference(name)
+    folder = export_checkpoint(model, tmp_path / name, to="hf")
+    reference_class = "EomtDinov3ForUniversalSegmentation" if "dinov3" in name else "EomtForUniversalSegmentation"
+    theirs = getattr(transformers, reference_class).from_pretrained(folder).eval()
+    with torch.no_grad():
+        output = theirs(pixel_values=expected["input_nchw"])
+    torch.testing.assert_close(output.class_queries_logits, expected["class_logits"], rtol=0, atol=1e-4)
+    torch.testing.assert_close(output.masks_queries_logits, expected["mask_logits"], rtol=0, atol=1e-4)
+    again = load_model(folder)
+    assert again.config == model.config.replace(preprocessing=again.config.preprocessing)
+
+
+def test_a_file_with_annealing_unfinished_is_read_with_a_warning(tmp_path):
+    folder = tmp_path / "eomt"
+    folder.mkdir()
+    (folder / "config.json").write_text((FIXTURES / "hf_eomt" / "config.json").read_text())
+    tensors = load_file(FIXTURES / "hf_eomt" / "model.safetensors")
+    tensors["attn_mask_probs"] = torch.ones_like(tensors["attn_mask_probs"])
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match="attn_mask_probs"):
+        load_model(folder)
+
+
+def test_a_checkpoint_without_its_config_is_refused_clearly(tmp_path):
+    folder = tmp_path / "eomt"
+    folder.mkdir()
+    save_file(load_file(FIXTURES / "hf_eomt" / "model.safetensors"), folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match="num_blocks"):
+        load_model(folder)
+
+
+def test_released_preset_builds():
+    config = variant_config("eomt-L/16")
+    assert (config.eomt_queries, config.num_classes, config.eomt_blocks, config.register_tokens) == (200, 133, 4, 4)
+    with torch.device("meta"):
+        model = create_model(config)
+    assert isinstance(model, EoMT) and len(model.upscale) == 2

@@ -30,6 +30,7 @@ Weights read, files say nothing of the pooling; pass `--set classifier=gap` for 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
@@ -128,7 +129,6 @@ def read_hf_config(weights: Weights) -> ViTConfig:
 
 def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
     """HF DINOv3 names -> vitlab's, fusing queries, keys and values (a zero slice for the missing key bias)."""
-    import torch
 
     picker = TensorPicker(file_names(state), source, "Hugging Face DINOv3")
     take = picker.take
@@ -142,26 +142,37 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
     if config.register_tokens:
         out["reg_token"] = take("embeddings.register_tokens")
     picker.skip(["embeddings.mask_token"])  # masked pre-training's token; vitlab's models do not read it
-    mlp = GATED_MLP if config.mlp == "swiglu" else PLAIN_MLP
     for layer in range(config.depth):
-        hf, block = f"layer.{layer}.", f"blocks.{layer}."
-        for hf_name, name in NORMS + mlp:
-            out[block + name + ".weight"] = take(hf + hf_name + ".weight")
-            if name.startswith("norm") or config.mlp_bias:
-                out[block + name + ".bias"] = take(hf + hf_name + ".bias")
-        parts = [hf + f"attention.{part}_proj" for part in ("q", "k", "v")]
-        out[block + "attn.qkv.weight"] = torch.cat([take(part + ".weight") for part in parts])
-        if config.qkv_bias:
-            query = take(parts[0] + ".bias")
-            key = take(parts[1] + ".bias") if config.key_bias else torch.zeros_like(query)
-            out[block + "attn.qkv.bias"] = torch.cat([query, key, take(parts[2] + ".bias")])
-        out[block + "attn.proj.weight"] = take(hf + "attention.o_proj.weight")
-        if config.proj_bias:
-            out[block + "attn.proj.bias"] = take(hf + "attention.o_proj.bias")
-        if config.layer_scale is not None:
-            out[block + "ls1.gamma"] = take(hf + "layer_scale1.lambda1")
-            out[block + "ls2.gamma"] = take(hf + "layer_scale2.lambda1")
+        out.update(hf_layer_to_block(take, f"layer.{layer}.", f"blocks.{layer}.", config))
     picker.check_all_taken()
+    return out
+
+
+def hf_layer_to_block(
+    take: Callable[[str], torch.Tensor], hf_layer: str, block: str, config: ViTConfig
+) -> dict[str, torch.Tensor]:
+    """One HF DINOv3 layer (names under `hf_layer`, e.g. "layer.3.", read through `take`) -> vitlab's `Block`
+    names under `block` ("blocks.3."), queries, keys and values fused (a zero slice for a missing key bias).
+    EoMT's layers are DINOv3's (checkpoint/families/eomt.py)."""
+    import torch
+
+    out: dict[str, torch.Tensor] = {}
+    for hf_name, name in NORMS + (GATED_MLP if config.mlp == "swiglu" else PLAIN_MLP):
+        out[block + name + ".weight"] = take(hf_layer + hf_name + ".weight")
+        if name.startswith("norm") or config.mlp_bias:
+            out[block + name + ".bias"] = take(hf_layer + hf_name + ".bias")
+    parts = [hf_layer + f"attention.{part}_proj" for part in ("q", "k", "v")]
+    out[block + "attn.qkv.weight"] = torch.cat([take(part + ".weight") for part in parts])
+    if config.qkv_bias:
+        query = take(parts[0] + ".bias")
+        key = take(parts[1] + ".bias") if config.key_bias else torch.zeros_like(query)
+        out[block + "attn.qkv.bias"] = torch.cat([query, key, take(parts[2] + ".bias")])
+    out[block + "attn.proj.weight"] = take(hf_layer + "attention.o_proj.weight")
+    if config.proj_bias:
+        out[block + "attn.proj.bias"] = take(hf_layer + "attention.o_proj.bias")
+    if config.layer_scale is not None:
+        out[block + "ls1.gamma"] = take(hf_layer + "layer_scale1.lambda1")
+        out[block + "ls2.gamma"] = take(hf_layer + "layer_scale2.lambda1")
     return out
 
 
@@ -181,25 +192,36 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
         "norm.weight": state["norm.weight"],
         "norm.bias": state["norm.bias"],
     }
-    mlp = GATED_MLP if config.mlp == "swiglu" else PLAIN_MLP
     for layer in range(config.depth):
-        hf, block = f"layer.{layer}.", f"blocks.{layer}."
-        for hf_name, name in NORMS + mlp:
-            out[hf + hf_name + ".weight"] = state[block + name + ".weight"]
-            if block + name + ".bias" in state:
-                out[hf + hf_name + ".bias"] = state[block + name + ".bias"]
-        weight = state[block + "attn.qkv.weight"]
-        for index, part in enumerate(("q", "k", "v")):
-            out[hf + f"attention.{part}_proj.weight"] = weight[index * dim : (index + 1) * dim]
-            bias = state.get(block + "attn.qkv.bias")
-            if bias is not None and (part != "k" or config.key_bias):
-                out[hf + f"attention.{part}_proj.bias"] = bias[index * dim : (index + 1) * dim]
-        out[hf + "attention.o_proj.weight"] = state[block + "attn.proj.weight"]
-        if block + "attn.proj.bias" in state:
-            out[hf + "attention.o_proj.bias"] = state[block + "attn.proj.bias"]
-        for index in (1, 2):
-            gamma = state.get(block + f"ls{index}.gamma")
-            out[hf + f"layer_scale{index}.lambda1"] = gamma if gamma is not None else torch.ones(dim)
+        out.update(block_to_hf_layer(state, f"blocks.{layer}.", f"layer.{layer}.", config))
+    return out
+
+
+def block_to_hf_layer(
+    state: dict[str, torch.Tensor], block: str, hf_layer: str, config: ViTConfig
+) -> dict[str, torch.Tensor]:
+    """The inverse of `hf_layer_to_block`: vitlab's `Block` under `block` -> HF DINOv3 names under `hf_layer`, the
+    fused `attn.qkv` split (no key bias written where the model has none), LayerScale of ones where it has none."""
+    import torch
+
+    dim = config.embed_dim
+    out: dict[str, torch.Tensor] = {}
+    for hf_name, name in NORMS + (GATED_MLP if config.mlp == "swiglu" else PLAIN_MLP):
+        out[hf_layer + hf_name + ".weight"] = state[block + name + ".weight"]
+        if block + name + ".bias" in state:
+            out[hf_layer + hf_name + ".bias"] = state[block + name + ".bias"]
+    weight = state[block + "attn.qkv.weight"]
+    for index, part in enumerate(("q", "k", "v")):
+        out[hf_layer + f"attention.{part}_proj.weight"] = weight[index * dim : (index + 1) * dim]
+        bias = state.get(block + "attn.qkv.bias")
+        if bias is not None and (part != "k" or config.key_bias):
+            out[hf_layer + f"attention.{part}_proj.bias"] = bias[index * dim : (index + 1) * dim]
+    out[hf_layer + "attention.o_proj.weight"] = state[block + "attn.proj.weight"]
+    if block + "attn.proj.bias" in state:
+        out[hf_layer + "attention.o_proj.bias"] = state[block + "attn.proj.bias"]
+    for index in (1, 2):
+        gamma = state.get(block + f"ls{index}.gamma")
+        out[hf_layer + f"layer_scale{index}.lambda1"] = gamma if gamma is not None else torch.ones(dim)
     return out
 
 
