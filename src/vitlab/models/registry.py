@@ -52,9 +52,24 @@ def model_stats(config: ViTConfig) -> tuple[int, float]:
             model.forward_analysis(images, attention_layers=None, hidden_states=False)
         return sum(p.numel() for p in model.parameters()), counter.get_total_flops()
 
+    if config.dense_head != "none":
+        return dense_model_stats(config)
     # Every block has the same shapes, so counting depths 1 and 2 and extrapolating is exact, and it keeps
     # `vitlab models` fast (counting dispatches every op in Python).
     params_1, flops_1 = count(1)
     params_2, flops_2 = count(2)
     extra_blocks = config.depth - 1
     return params_1 + extra_blocks * (params_2 - params_1), (flops_1 + extra_blocks * (flops_2 - flops_1)) / 1e9
+
+
+def dense_model_stats(config: ViTConfig) -> tuple[int, float]:
+    """`model_stats` of a model with a dense head, counted whole: its blocks differ (EoMT's last ones carry the
+    queries) and its head's work depends on the image size, so depths 1 and 2 do not extrapolate."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = model_class(config)(config)
+        images = torch.empty(1, config.in_chans, *config.image_size)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.eval()(images)
+    return sum(p.numel() for p in model.parameters()), counter.get_total_flops() / 1e9
