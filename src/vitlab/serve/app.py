@@ -1,7 +1,10 @@
 """The HTTP service of `vitlab serve` (Starlette, run by uvicorn).
 
     GET  /             the page: choose or drop an image, see the top-k labels and where the model looked
-    POST /v1/predict   an image (multipart field "file", or the raw bytes) -> top-k labels, probabilities, latency
+    POST /v1/predict   an image (multipart field "file", or the raw bytes) -> top-k labels, probabilities, latency;
+                       from a dense model, at the photo's own size: segmentation: the mask as a base64 palette PNG
+                       and each class's area (and the panoptic segments), depth: the map as a base64 16-bit PNG
+                       with its min, max and scale; ?overlay=1 adds the overlay (or the coloured depth) as base64 PNG
     POST /v1/explain   an image -> the attention-rollout overlay as PNG (?format=png), or the map (?format=json),
                        or the image as the model sees it (resized and cropped, or under NaFlex resized at its
                        own aspect ratio; ?format=input; any backend)
@@ -20,6 +23,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import io
+import json
 import logging
 import time
 from importlib import resources
@@ -27,6 +31,7 @@ from typing import Any
 
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import read_image
+from vitlab.data.preprocess import decode_image
 from vitlab.data.source import batch_of
 from vitlab.errors import DataError, UsageError
 from vitlab.serve.batcher import DynamicBatcher
@@ -197,6 +202,27 @@ def render_overlay(pixels, heat) -> bytes:
     return out.getvalue()
 
 
+def dense_answer(answer, pixels, names: list[str], with_picture: bool) -> dict[str, Any]:
+    """The JSON body of a dense model's answer for one photo (uint8 pixels (C, H, W)): the files `vitlab predict`
+    writes, as base64 PNGs ("mask_png", "panoptic_png", "depth_png", and with `with_picture` "overlay_png": the
+    overlay, or the coloured depth), beside what its row says (classes and areas, or depth min, max and scale)."""
+    import base64
+
+    from vitlab.eval.predict_dense import dense_row
+
+    row, files = dense_row(answer, pixels, names)
+    body: dict[str, Any] = {"size": list(pixels.shape[-2:]), **row}
+    for suffix, data in files.items():
+        if suffix == "segments.json":
+            body["segments"] = json.loads(data)["segments"]
+        elif suffix in ("overlay.png", "depth-colour.png"):
+            if with_picture:
+                body["overlay_png"] = base64.b64encode(data).decode()
+        else:
+            body[suffix.replace(".", "_")] = base64.b64encode(data).decode()
+    return body
+
+
 def create_app(
     engine: Engine, max_batch: int = 32, max_wait_ms: float = 5.0, max_body_bytes: int = 10 << 20, top_k: int = 5
 ):
@@ -270,7 +296,31 @@ def create_app(
     async def home(request):
         return HTMLResponse(page)
 
+    async def decode_photo(request):
+        """An upload at its own size (a dense model sizes it as its family's processor does)."""
+        data, name = await read_upload(request, max_body_bytes)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, lambda: decode_image(data, None, config.in_chans, name=name)
+            )
+        except DataError as error:
+            raise Problem(422, str(error)) from None
+
+    async def predict_dense(request):
+        """One photo, not batched: photos differ in size, and one dense answer is a whole map."""
+        started = time.perf_counter()
+        with_picture = request.query_params.get("overlay", "0") not in ("0", "false", "")
+        pixels = await decode_photo(request)
+        loop = asyncio.get_running_loop()
+        answer = await loop.run_in_executor(inference_thread, engine.predict_dense, pixels)
+        body = await loop.run_in_executor(None, dense_answer, answer, pixels, engine.class_names, with_picture)
+        return JSONResponse(
+            {"model": engine.name, **body, "latency_ms": round(1000 * (time.perf_counter() - started), 3)}
+        )
+
     async def predict(request):
+        if engine.dense is not None:
+            return await predict_dense(request)
         started = time.perf_counter()
         k = request.query_params.get("top_k", str(top_k))
         if not k.isdigit() or int(k) < 1:
@@ -299,9 +349,11 @@ def create_app(
         if fmt not in ("png", "json", "input"):
             raise Problem(400, f"format must be png, json or input, got {fmt!r}")
         if fmt == "input":  # what the model sees: the page shows it beside the overlay, which is drawn on it
-            pixels = await decode(request)
+            pixels = await (decode_photo(request) if engine.dense is not None else decode(request))
             png = await asyncio.get_running_loop().run_in_executor(None, render_overlay, pixels, None)
             return Response(png, media_type="image/png")
+        if engine.dense is not None:
+            raise Problem(400, "a dense model's answer is its mask or depth map: POST /v1/predict?overlay=1")
         if engine.explainer is None:
             raise Problem(
                 501,

@@ -6,6 +6,8 @@ Backends: "torch" (the checkpoint in fp32, bf16 weights, or PyTorch's dynamic in
 `vitlab export --format pt2e` file, compiled for this CPU at start: int8 linear layers, the rest in bf16 where it
 pays). Explaining needs the
 attention weights, so it runs the PyTorch model: available whenever a checkpoint (not only an .onnx file) was given.
+A dense model (EoMT segmentation, Depth Anything depth) answers `predict_dense` instead of `classify`: one photo at
+its own size, in fp32 or bf16 (torch) or fp32 (onnx).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from vitlab.counts import model_size
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.preprocess import describe_preprocessing, prepare
 from vitlab.dense.features import dense_features
+from vitlab.dense.inference import Depth, Segmentation, dense_task, names_of, predict_dense
 from vitlab.dense.pictures import pca_rgb
 from vitlab.errors import UsageError
 from vitlab.eval.classify import require_head
@@ -148,8 +151,10 @@ class Engine:
                 kernel = model_fp32_kernel(self.config, "inference", SERVED_BATCH)
                 use_fp32_kernel(model, kernel.value)
                 self.choice = Choice(self.precision, f"{self.choice.reason}; {describe_kernel(kernel)}")
-        require_head(self.config, str(source))
-        self.class_names = self.config.class_names or [str(i) for i in range(self.config.num_classes)]
+        self.dense = dense_task(self.config)  # a dense model answers with a mask or a depth map (`predict_dense`)
+        if self.dense is None:
+            require_head(self.config, str(source))
+        self.class_names = list(names_of(self.config)) if self.config.num_classes else []
 
         self.name = display_name(source)
 
@@ -188,12 +193,18 @@ class Engine:
                 f"int8 serving runs on the CPU (PyTorch dynamic quantization); on {self.device} use "
                 "--precision bf16 or fp32"
             )
+        if requested == "int8" and dense_task(self.config) is not None:
+            raise UsageError("a dense model is served in fp32 or bf16; drop --precision int8")
         choice = choose_precision(requested, self.device, model_size(self.config)[1], "serve")
+        if choice.value == "int8" and dense_task(self.config) is not None:
+            return Choice("fp32", f"{choice.reason}, but a dense model is served in fp32 or bf16")
         if self.backend == "onnx" and choice.value == "bf16":
             return Choice("fp32", f"{choice.reason}, but ONNX Runtime serves fp32 or int8")
         return choice
 
     def _prepare(self, model, backend: str, precision: str, threads: int | None):
+        if dense_task(model.config) is not None and backend == "torch":
+            return model  # bf16 runs under autocast (`predict_dense`): its pictures come from fp32 weights
         if backend == "onnx":
             if precision == "bf16":
                 raise UsageError("the ONNX Runtime backend serves fp32 or int8; use --backend torch for bf16")
@@ -230,6 +241,14 @@ class Engine:
                 images = images.to(torch.bfloat16)
             logits = self.runner(images)
         return logits.float().softmax(dim=-1).cpu()
+
+    @torch.no_grad()
+    def predict_dense(self, pixels: torch.Tensor) -> Segmentation | Depth:
+        """uint8 pixels (C, H, W) of one photo at its own size -> a dense model's answer at that size (its mask and
+        panoptic segments, or its depth): `vitlab.dense.inference.predict_dense`."""
+        if self.dense is None:
+            raise UsageError(f"{self.name} is a classifier; it answers with classes, not a mask or a depth map")
+        return predict_dense(self.runner, pixels, self.precision, panoptic=not self.config.eomt_crops)
 
     @torch.no_grad()
     def explain(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -288,6 +307,7 @@ class Engine:
             "precision_reason": self.choice.reason,
             "device": str(self.device),
             "classes": self.class_names,
+            "task": self.dense.task if self.dense is not None else "classification",
             "input_size": list(config.image_size),
             "channels": config.in_chans,
             "preprocessing": describe_preprocessing(config, "files"),  # what decoding an upload does

@@ -33,6 +33,15 @@ def require_serve_packages() -> None:
         )
 
 
+def answers(engine) -> str:
+    """What the model answers, for the start line: "10 classes", "segmentation into 150 classes" or "depth"."""
+    count = f"{len(engine.class_names)} classes"
+    task = engine.dense.task if engine.dense is not None else None
+    return {"segmentation": f"segmentation into {count}", "depth": f"{engine.config.depth_range} depth"}.get(
+        task, count
+    )
+
+
 def input_words(config: Any) -> str:
     """What the served model reads, for the start line: "8x8 input", or under NaFlex its budget and whether an
     image keeps its own size."""
@@ -89,7 +98,7 @@ def serve(
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     print(
-        f"serving {engine.name} ({engine.backend} {engine.precision} on {engine.device}, {len(engine.class_names)} classes, "
+        f"serving {engine.name} ({engine.backend} {engine.precision} on {engine.device}, {answers(engine)}, "
         f"{input_words(engine.config)}) on http://{shown}:{bound_port}/  "
         f"(page at /, API at /v1/predict, /v1/explain, /v1/patches, /v1/model, /metrics; dynamic batching up to {max_batch} "
         f"images or {max_wait_ms:g} ms)\nprecision: {engine.precision} ({engine.choice.reason})",
