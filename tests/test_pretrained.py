@@ -509,6 +509,7 @@ def test_the_pretrained_table_lists_real_checkpoints(capsys):
                 "deit",
                 "dino",
                 "dinov2",
+                "webssl",
                 "mae",
                 "clip",
                 "siglip",
@@ -536,7 +537,7 @@ def test_the_pretrained_table_lists_real_checkpoints(capsys):
     assert table_row("hf-hub:apple/aimv2-large-patch14-224")["top1_of"] == "attentive probe"
     assert main(["pretrained", "--family", "dinov2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {row["family"] for row in rows} == {"dinov2"} and len(rows) == 6
+    assert {row["family"] for row in rows} == {"dinov2"} and len(rows) == 8  # S, B, L, g; with registers too
     assert main(["pretrained"]) == 0
     assert "augreg:B/16 " in capsys.readouterr().out
     assert main(["pretrained", "--family", "resnet"]) == 2

@@ -22,6 +22,7 @@ FAMILIES = [
     ("DINOv2, HF Dinov2Model", "hf_dinov2", False, "layer_scale"),
     ("DINOv2 with registers, HF", "hf_dinov2_registers", False, "register_tokens"),
     ("DINOv2 with registers, timm", "timm_dinov2_registers.safetensors", False, "register_tokens"),
+    ("DINOv2 with SwiGLU (giant, Web-SSL), HF", "hf_dinov2_swiglu", False, "mlp=swiglu"),
     ("CLIP image tower, HF with projection", "hf_clip_vision", False, "projection"),
     ("CLIP, whole HF CLIPModel (image tower)", "hf_clip", False, "pre_norm"),
     ("CLIP image tower, timm QuickGELU", "timm_clip_quickgelu.safetensors", False, "projection"),

@@ -55,6 +55,9 @@ DINOV2_LAYER_RENAMES = [
     ("mlp.fc2", "mlp.fc2"),
 ]
 DINOV2_LAYER_SCALES = [("layer_scale1.lambda1", "ls1.gamma"), ("layer_scale2.lambda1", "ls2.gamma")]
+# DINOv2 with `use_swiglu_ffn` (the giant model, Web-SSL) gates its MLP: `mlp.weights_in` holds the gate's rows,
+# then the value's (transformers chunks it into gate_proj and up_proj on loading), `mlp.weights_out` the output.
+DINOV2_SWIGLU_IN, DINOV2_SWIGLU_OUT = "mlp.weights_in", "mlp.weights_out"
 # DeiT with its teacher's distillation head: (HF classifier, vitlab head).
 DEIT_HEADS = [("cls_classifier", "head"), ("distillation_classifier", "head_dist")]
 
@@ -62,6 +65,11 @@ DEIT_HEADS = [("cls_classifier", "head"), ("distillation_classifier", "head_dist
 def is_dinov2(keys: set[str]) -> bool:
     """Whether tensor names (without the "vit." / "deit." prefix) are DINOv2's block layout."""
     return "encoder.layer.0.norm1.weight" in keys
+
+
+def is_dinov2_swiglu(keys: set[str]) -> bool:
+    """Whether tensor names (without the prefix) are DINOv2's gated MLP (`use_swiglu_ffn=True`)."""
+    return f"encoder.layer.0.{DINOV2_SWIGLU_IN}.weight" in keys
 
 
 def is_mae_pretraining(keys: set[str]) -> bool:
@@ -129,8 +137,9 @@ def config_from_hf(
     if image_size is None:
         rows = state["embeddings.position_embeddings"].shape[1] - 1 - int(distilled)
         image_size = image_size_from_positions(rows, tuple(proj.shape[2:]), 1, source, given_image_size)
+    swiglu = is_dinov2_swiglu(set(state))
     activation = hf_config.get("hidden_act", "gelu")
-    if activation not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+    if not swiglu and activation not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
         raise CheckpointError(f"{source}: hidden_act={activation!r} is not supported (vitlab has exact and tanh GELU)")
     teacher_heads = distilled and "distillation_classifier.weight" in state
     classifier = "cls_classifier" if teacher_heads else "classifier"
@@ -148,6 +157,9 @@ def config_from_hf(
         if all(labels) and labels != [f"LABEL_{i}" for i in range(num_classes)]:
             class_names = [str(label) for label in labels]
     fc1 = "encoder.layer.0.mlp.fc1.weight" if dinov2 else "encoder.layer.0.intermediate.dense.weight"
+    # The gated MLP's hidden width is half its fused input's rows (transformers rounds 2/3 of mlp_ratio * D up to
+    # a multiple of 8 to build it; the tensor already holds the result). Its gate is SiLU whatever hidden_act says.
+    mlp_dim = state[f"encoder.layer.0.{DINOV2_SWIGLU_IN}.weight"].shape[0] // 2 if swiglu else state[fc1].shape[0]
     return ViTConfig(
         image_size=image_size,
         patch_size=tuple(proj.shape[2:]),
@@ -156,7 +168,8 @@ def config_from_hf(
         embed_dim=embed_dim,
         depth=depth,
         num_heads=num_heads,
-        mlp_dim=state[fc1].shape[0],
+        mlp_dim=mlp_dim,
+        mlp="swiglu" if swiglu else "mlp",
         qkv_bias="encoder.layer.0.attention.attention.query.bias" in state,
         classifier="token",
         representation_size=representation,
@@ -200,7 +213,8 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
         out["cls_token"] = out["cls_token"] + out["pos_embed"][:, :1]
         out["pos_embed"] = out["pos_embed"][:, 1:]
     for layer in range(config.depth):
-        out.update(hf_layer_to_block(take, f"encoder.layer.{layer}.", f"blocks.{layer}.", config.qkv_bias, dinov2))
+        hf_layer, block = f"encoder.layer.{layer}.", f"blocks.{layer}."
+        out.update(hf_layer_to_block(take, hf_layer, block, config.qkv_bias, dinov2, gated=config.mlp == "swiglu"))
     if config.distilled:
         out["dist_token"] = take("embeddings.distillation_token")
     heads = DEIT_HEADS if config.has_distillation_head else [("classifier", "head")]
@@ -216,15 +230,28 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
 
 
 def hf_layer_to_block(
-    take: Callable[[str], torch.Tensor], hf_layer: str, block: str, qkv_bias: bool, dinov2: bool = False
+    take: Callable[[str], torch.Tensor],
+    hf_layer: str,
+    block: str,
+    qkv_bias: bool,
+    dinov2: bool = False,
+    gated: bool = False,
 ) -> dict[str, torch.Tensor]:
     """One HF Transformer layer (names under `hf_layer`, e.g. "encoder.layer.3.", read through `take`) -> vitlab's
     `Block` names under `block` ("blocks.3."), query/key/value fused into `attn.qkv`. MAE's decoder layers have
-    the same layout, so `checkpoint/hf_mae.py` maps them with this too."""
+    the same layout, so `checkpoint/hf_mae.py` maps them with this too. `gated`: DINOv2's SwiGLU MLP, its fused
+    `weights_in` split into vitlab's gate (`fc1_g`) and value (`fc1_x`)."""
     import torch
 
     out: dict[str, torch.Tensor] = {}
-    for hf_name, name in DINOV2_LAYER_RENAMES if dinov2 else LAYER_RENAMES:
+    renames = DINOV2_LAYER_RENAMES if dinov2 else LAYER_RENAMES
+    if gated:
+        renames = [(hf_name, name) for hf_name, name in renames if not name.startswith("mlp.")]
+        for kind in ("weight", "bias"):
+            gate, value = take(f"{hf_layer}{DINOV2_SWIGLU_IN}.{kind}").chunk(2)  # (2H, D) -> two (H, D)
+            out[f"{block}mlp.fc1_g.{kind}"], out[f"{block}mlp.fc1_x.{kind}"] = gate, value
+            out[f"{block}mlp.fc2.{kind}"] = take(f"{hf_layer}{DINOV2_SWIGLU_OUT}.{kind}")
+    for hf_name, name in renames:
         out[block + name + ".weight"] = take(hf_layer + hf_name + ".weight")
         out[block + name + ".bias"] = take(hf_layer + hf_name + ".bias")
     for hf_name, name in DINOV2_LAYER_SCALES if dinov2 else []:
