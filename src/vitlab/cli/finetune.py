@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--dataset",
         help="data set to fine-tune on (digits, mnist, fashion-mnist, cifar10, cifar100, "
-        "folder; streamed image files: manifest, shards, hf)",
+        "folder; streamed image files: manifest, shards, hf; with --set objective=segmentation: "
+        "mnist-scenes, or segmentation for a VOC, ADE20K or image + mask manifest --data-dir)",
     )
     add_shorthand(parser, "--data-dir", help=DATA_DIR_HELP)
     add_shorthand(
