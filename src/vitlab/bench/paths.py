@@ -26,6 +26,7 @@ from torch import nn
 from vitlab.checkpoint.families import reference_class, reference_inputs
 from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.data.preprocess import denormalize
+from vitlab.dense.inference import dense_task, output_tensors
 from vitlab.distributed import DistEnv
 from vitlab.errors import UsageError, VitlabError
 from vitlab.eval.batches import call_model
@@ -44,6 +45,21 @@ from vitlab.train.step import TrainingStep
 
 class Unavailable(Exception):
     """This path cannot run here; the message says why."""
+
+
+def as_float(output: Any) -> Any:
+    """A path's output in float32: logits (B, K), or a dense model's outputs (a tuple: EoMT's class and mask logits;
+    Depth Anything's depth (B, H, W) is one tensor)."""
+    if isinstance(output, torch.Tensor):
+        return output.float()
+    return tuple(tensor.float() for tensor in output_tensors(output))
+
+
+def largest_difference(got: Any, expected: Any) -> float:
+    """max |difference| over every output of two paths (logits, or each of a dense model's outputs)."""
+    return max(
+        float((a.float() - b.float()).abs().max()) for a, b in zip(output_tensors(got), output_tensors(expected))
+    )
 
 
 @dataclass
@@ -91,7 +107,7 @@ def eager_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return BenchPath(
         "eager bf16",
         "bf16",
-        lambda images: bf16(images.to(torch.bfloat16)).float(),
+        lambda images: as_float(bf16(images.to(torch.bfloat16))),
         "bf16 weights and activations (oneDNN bf16 matmuls)",
     )
 
@@ -112,7 +128,7 @@ def _compiled(model: nn.Module, sample: torch.Tensor, dtype: torch.dtype) -> Cal
             compiled(sample.to(dtype))
     except Exception as error:  # noqa: BLE001 - a missing C++ compiler and friends show up as many types
         raise Unavailable(f"torch.compile failed: {str(error).splitlines()[0][:200]}") from None
-    return lambda images: compiled(images.to(dtype)).float()
+    return lambda images: as_float(compiled(images.to(dtype)))
 
 
 def compiled_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
@@ -253,13 +269,17 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):  # where torchao loads
         warnings.simplefilter("ignore")
         loaded = getattr(transformers, class_name).from_pretrained(folder.name).eval()
-    pooled = PooledAsLogits(loaded, reference_inputs(model.config))
-    reference = GreyAsRGB(loaded if class_name.endswith("Classification") else pooled)
-    reference = reference.to(sample.device)
+    dense = dense_task(model.config)
+    if dense is not None:  # its dense outputs (mask logits, depth), not a pooled vector
+        reference = GreyAsRGB(DenseAsLogits(loaded, dense.reference_outputs)).to(sample.device)
+    else:
+        pooled = PooledAsLogits(loaded, reference_inputs(model.config))
+        reference = GreyAsRGB(loaded if class_name.endswith("Classification") else pooled).to(sample.device)
     with torch.no_grad():
-        difference = float((reference(pixel_values=sample).logits - model(sample)).abs().max())
+        difference = largest_difference(reference(pixel_values=sample).logits, model(sample))
     if difference > 1e-3:
-        raise Unavailable(f"transformers' logits differ from vitlab's by {difference:.1e}; not a fair reference")
+        what = "outputs" if dense is not None else "logits"
+        raise Unavailable(f"transformers' {what} differ from vitlab's by {difference:.1e}; not a fair reference")
     note = f"{class_name} {transformers.__version__}, attention {loaded.config._attn_implementation}"
     return reference, note, folder
 
@@ -283,6 +303,23 @@ class PooledAsLogits(nn.Module):
         return types.SimpleNamespace(logits=self.inner(**kwargs).pooler_output)
 
 
+class DenseAsLogits(nn.Module):
+    """A transformers dense model (EomtForUniversalSegmentation, DepthAnythingForDepthEstimation) whose outputs
+    `names` (`DenseTask.reference_outputs`) stand for the logits, as a tuple in vitlab's order (a lone output as
+    its tensor), so every path's answer compares with it."""
+
+    def __init__(self, inner: nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.config = inner.config
+        self.names = names
+
+    def forward(self, pixel_values: torch.Tensor, **kwargs) -> object:
+        output = self.inner(pixel_values=pixel_values, **kwargs)
+        values = tuple(getattr(output, name) for name in self.names)
+        return types.SimpleNamespace(logits=values[0] if len(values) == 1 else values)
+
+
 def transformers_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     reference, note, folder = transformers_reference(model, sample)
     return BenchPath(
@@ -295,6 +332,8 @@ def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     with all graph optimisations, at the benchmark's fixed batch as vitlab's ONNX paths: the route a transformers
     user takes to a faster CPU model, so vitlab's paths are compared with it too."""
     require_cpu(sample, "ONNX Runtime")
+    if dense_task(model.config) is not None:
+        raise Unavailable("transformers' ONNX path is measured for classifiers; see transformers for a dense model")
     try:
         require_onnx("the ONNX Runtime paths")
     except UsageError as error:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from vitlab.bench.budget import OverBudget, deadline, rounds_within
-from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, BenchPath, Unavailable
+from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, BenchPath, Unavailable, largest_difference
 from vitlab.bench.peaks import fastest_kernels, matmul_candidates
 from vitlab.bench.records import (
     calibration_allowed,
@@ -27,6 +27,7 @@ from vitlab.bench.records import (
 )
 from vitlab.checkpoint import load_model
 from vitlab.data.preprocess import prepare
+from vitlab.dense.inference import dense_task
 from vitlab.errors import UsageError
 from vitlab.eval.runner import evaluation_data
 from vitlab.hardware import (
@@ -128,6 +129,36 @@ def choose_paths(
                 left_out.setdefault(key, "not run by --quick (name it in --paths)")
         chosen = [key for key in kept if key in chosen]
     return chosen, left_out
+
+
+# The paths that run a dense model (EoMT, Depth Anything) as it is: the int8 exports and pt2e are written and checked
+# for classifiers' logits, and transformers' ONNX route for classifiers.
+DENSE_PATHS = (
+    "eager-fp32",
+    "eager-fp32-torch",
+    "eager-bf16",
+    "compile-fp32",
+    "compile-bf16",
+    "onnx-fp32",
+    "torch-int8",
+    "transformers",
+)
+
+
+def dense_paths(config, train: bool, dataset: str | None, chosen: list[str], skipped: dict[str, str]) -> list[str]:
+    """The chosen paths a dense model runs (`DENSE_PATHS`); the others go to `skipped` with the reason. Its outputs
+    are compared with eager fp32's and transformers' (max |difference| of every output); accuracy (--dataset) and
+    training steps (--train) are measured for classifiers."""
+    task = dense_task(config)
+    if train or dataset is not None:
+        raise UsageError(
+            f"{'--train' if train else '--dataset'} measures a classifier; a {task.task} model's bench times its "
+            "inference paths and compares their outputs with eager fp32 and transformers' (drop the flag)"
+        )
+    for key in chosen:
+        if key not in DENSE_PATHS:
+            skipped[key] = f"not run: measured for classifiers (a {task.task} model runs {', '.join(DENSE_PATHS)})"
+    return [key for key in chosen if key in DENSE_PATHS]
 
 
 CALIBRATION_MODEL = "S/16"
@@ -238,6 +269,8 @@ def run_bench(
     _, gflops_forward = model_stats(config)
     gflops_per_image = 3 * gflops_forward if train else gflops_forward  # backward costs about twice the forward
     chosen, skipped = choose_paths(train, quick, target, paths, gflops_forward)
+    if dense_task(config) is not None:
+        chosen = dense_paths(config, train, dataset, chosen, skipped)
     sample = torch.randn(
         batch_size, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0)
     ).to(target)
@@ -311,12 +344,11 @@ def run_bench(
             timings = time_interleaved(
                 candidates, repetitions, max(warmup - 1, 0), min_sample_seconds, show=show, rounds=rounds, inner=inner
             )
-            expected = model(sample).float() if not train else None
+            expected = model(sample) if not train else None
             agreement = {}
-            if expected is not None:
+            if expected is not None:  # logits, or every dense output (class and mask logits, depth)
                 for key, path in built.items():
-                    logits = path.run(sample).float()
-                    agreement[key] = {"max_abs_diff_vs_eager": float((logits - expected).abs().max())}
+                    agreement[key] = {"max_abs_diff_vs_eager": largest_difference(path.run(sample), expected)}
             accuracy = measure_accuracy(built, model, dataset, data_dir, checkpoint, batch_size) if dataset else {}
     finally:  # temporary folders (ONNX files, the transformers copy) go also when a path fails mid-run
         for path in built.values():
@@ -375,8 +407,10 @@ def run_bench(
         "skipped": skipped,
         "fastest": fastest["path"] if fastest else None,
         "dataset": dataset,
+        "task": dense_task(config).task if dense_task(config) is not None else "classification",
     }
-    if record and target.type == "cpu":
+    # A dense model's speeds are not a classifier's: the advice and `auto` read only classifiers' records.
+    if record and target.type == "cpu" and result["task"] == "classification":
         record_path_speeds(result)
     return result
 
@@ -487,6 +521,15 @@ def format_table(result: dict[str, Any]) -> str:
                 f"note: {row['path']} runs above the {row['precision']} peak: its kernels (fused or pre-packed) beat "
                 "every plain matmul timed here, so that peak understates this machine"
             )
+    if result.get("task", "classification") != "classification":  # what the dense outputs agree to
+        lines.append(
+            f"{result['task']} outputs, max |difference| from eager fp32's: "
+            + ", ".join(
+                f"{row['path']} {row['max_abs_diff_vs_eager']:.1e}"
+                for row in result["paths"]
+                if row["path"] != "eager-fp32" and "max_abs_diff_vs_eager" in row
+            )
+        )
     for key, reason in result["skipped"].items():
         lines.append(f"{key:<{width}} skipped: {reason}")
     short = [

@@ -102,11 +102,19 @@ class DenseTask:
     # Whether the input's size follows each photo (DPT's keep-aspect resize), so an export must take any size of
     # whole patches; EoMT's inputs are always the model's input size (padded, or square crops).
     sizes_vary: bool
+    # The same outputs of transformers' class (`vitlab bench` compares them): attributes of its output object.
+    reference_outputs: tuple[str, ...]
 
 
 DENSE_TASKS: dict[str, DenseTask] = {
-    "eomt": DenseTask("segmentation", ("class_logits", "mask_logits"), eomt_view, sizes_vary=False),
-    "dpt": DenseTask("depth", ("depth",), dpt_view, sizes_vary=True),
+    "eomt": DenseTask(
+        "segmentation",
+        ("class_logits", "mask_logits"),
+        eomt_view,
+        sizes_vary=False,
+        reference_outputs=("class_queries_logits", "masks_queries_logits"),
+    ),
+    "dpt": DenseTask("depth", ("depth",), dpt_view, sizes_vary=True, reference_outputs=("predicted_depth",)),
 }
 
 
