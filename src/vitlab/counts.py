@@ -20,9 +20,10 @@ def formula_covers(config: ViTConfig) -> bool:
     2025 backbones' parts (register tokens, LayerScale, rotary positions, RMSNorm, SwiGLU, the biases each on its
     own, the patch norm, MAP and AIMv2's probe heads); the rest (distillation, CLIP's pre-norm and projection,
     query-key norm, relative and 2-D learned positions, every-block tables, GeM, max and layer-weighted pooling)
-    is left to the exact count."""
+    is left to the exact count, as are the dense heads (EoMT, DPT, the segmentation heads)."""
     return (
-        config.classifier in ("token", "gap", "map", "probe")
+        config.dense_head == "none"
+        and config.classifier in ("token", "gap", "map", "probe")
         and position_traits(config.pos_embed).parameters in ("table", None)  # a table of a row per token, or none
         and config.pos_embed_placement == "input"
         and not config.distilled
