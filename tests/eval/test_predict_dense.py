@@ -91,3 +91,68 @@ def test_the_command_prints_one_line_per_photo(tmp_path, photo_file, capsys):
     printed = capsys.readouterr().out.strip().splitlines()
     assert code == 0 and len(printed) == 1 and printed[0].startswith(str(photo_file))
     assert (tmp_path / "out" / "street.overlay.png").is_file()
+
+
+# ------------------------------------------------------------------------------ against transformers, on the fixtures
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def test_eomt_fixture_predicts_as_transformers_model_and_processor_on_a_non_square_photo():
+    """tests/fixtures/hf_eomt (written by transformers) loaded by vitlab, against EomtForUniversalSegmentation with
+    EomtImageProcessorPil padding as the panoptic releases do, and its panoptic post-processing."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.eomt.image_processing_pil_eomt import EomtImageProcessorPil
+
+    from vitlab.checkpoint import load_model
+    from vitlab.dense.inference import model_inputs, output_tensors, segmentation_answer
+
+    pixels = photo(HEIGHT, WIDTH, seed=7)
+    model = load_model(FIXTURES / "hf_eomt").eval()
+    reference = transformers.EomtForUniversalSegmentation.from_pretrained(FIXTURES / "hf_eomt").eval()
+    processor = EomtImageProcessorPil(size={"shortest_edge": 32, "longest_edge": 32}, do_pad=True)
+    encoded = processor(pixels.permute(1, 2, 0).numpy(), return_tensors="pt")
+    with torch.no_grad():
+        expected = reference(pixel_values=encoded["pixel_values"])
+        images, view = model_inputs(pixels, model.config)
+        class_logits, mask_logits = output_tensors(model(images))
+    torch.testing.assert_close(mask_logits, expected.masks_queries_logits, atol=1e-4, rtol=1e-4)
+    panoptic = processor.post_process_panoptic_segmentation(expected, target_sizes=[(HEIGHT, WIDTH)], threshold=0.3)[0]
+    answer = segmentation_answer(class_logits, mask_logits, view, threshold=0.3)
+    assert panoptic["segments_info"], "a random fixture needs a low threshold to give segments"
+    assert torch.equal(answer.panoptic.segmentation, panoptic["segmentation"].long())
+    assert [s["label_id"] for s in answer.panoptic.segments] == [s["label_id"] for s in panoptic["segments_info"]]
+
+
+@pytest.mark.parametrize("fixture", ["hf_depth_anything", "hf_depth_anything_metric"])
+def test_depth_anything_fixture_predicts_as_transformers_model_and_processor(fixture, tmp_path, photo_file):
+    """The fixtures (written by transformers) through `vitlab predict`, against DepthAnythingForDepthEstimation with
+    DPTImageProcessorPil (keep aspect, multiple of 14 -> here of the fixture's patch 4) and its post-processing."""
+    transformers = pytest.importorskip("transformers")
+    from PIL import Image as PILImage
+    from transformers.models.dpt.image_processing_pil_dpt import DPTImageProcessorPil
+
+    from vitlab.checkpoint import load_model
+    from vitlab.dense.inference import predict_dense
+
+    pixels = torch.from_numpy(np.asarray(PILImage.open(photo_file).convert("RGB")).copy()).permute(2, 0, 1)
+    reference = transformers.DepthAnythingForDepthEstimation.from_pretrained(FIXTURES / fixture).eval()
+    processor = DPTImageProcessorPil(
+        size={"height": 16, "width": 16},
+        keep_aspect_ratio=True,
+        ensure_multiple_of=4,
+        resample=PILImage.Resampling.BICUBIC,
+        do_pad=False,
+        image_mean=[0.485, 0.456, 0.406],  # Depth Anything's preprocessor_config (DPT's own defaults are 0.5)
+        image_std=[0.229, 0.224, 0.225],
+    )
+    encoded = processor(pixels.permute(1, 2, 0).numpy(), return_tensors="pt")
+    with torch.no_grad():
+        outputs = reference(pixel_values=encoded["pixel_values"])
+    expected = processor.post_process_depth_estimation(outputs, target_sizes=[(HEIGHT, WIDTH)])[0]["predicted_depth"]
+    answer = predict_dense(load_model(FIXTURES / fixture).eval(), pixels)
+    torch.testing.assert_close(answer.depth, expected, atol=1e-4, rtol=1e-4)
+    (row,) = run_predict(FIXTURES / fixture, [photo_file], out=tmp_path, precision="fp32")["rows"]
+    written = np.asarray(Image.open(tmp_path / "street.depth.png")).astype(np.float64) / row["scale"]
+    # The file holds whole units of 1/scale, from 0 up: bicubic resizing overshoots a little below 0 at the edges.
+    closest = np.clip(expected.numpy(), 0, None)
+    np.testing.assert_allclose(written, closest, atol=0.5 / row["scale"] + 1e-4 * float(expected.max()))
