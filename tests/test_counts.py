@@ -42,6 +42,31 @@ def test_formula_equals_the_traced_count_for_every_variant(name):
             ),
         ),
         ("digits-8", dict(classifier="map", class_token=False, key_bias=False, qkv_bias=True, num_classes=3)),
+        # the dense heads: EoMT on a DINOv3 encoder (rotary positions, registers, LayerScale), non-square, with no
+        # upscaling and with two blocks of it, its queries in some blocks or in all of them
+        (
+            "dinov3-S/16",
+            dict(dense_head="eomt", num_classes=5, eomt_queries=7, eomt_upscale_blocks=0, image_size=(64, 96)),
+        ),
+        (
+            "dinov3-S/16",
+            dict(
+                dense_head="eomt",
+                num_classes=3,
+                eomt_queries=9,
+                eomt_blocks=12,
+                eomt_upscale_blocks=2,
+                image_size=(80, 48),
+            ),
+        ),
+        # DPT at a non-square size (an odd grid: the 1/2x map has ceil(rows / 2) rows), and stopping before the last
+        # block
+        ("depth-anything-v2-S/14", dict(image_size=(70, 126))),
+        ("depth-anything-v2-S/14", dict(image_size=(42, 56), dpt_layers=(0, 2, 4, 6), depth_range="metric")),
+        # the segmentation heads on 7-pixel patches (three upsampling stages); an unused MAP pool is still built
+        ("mnist-28", dict(dense_head="linear", num_classes=4, image_size=(28, 42))),
+        ("mnist-28", dict(dense_head="upsampling", num_classes=4, upsampling_dim=24, image_size=(42, 28))),
+        ("mnist-28", dict(dense_head="upsampling", num_classes=3, classifier="map", class_token=False, norm="rmsnorm")),
     ],
 )
 def test_formula_equals_the_traced_count_for_other_shapes(name, changes):
