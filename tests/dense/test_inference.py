@@ -166,3 +166,21 @@ def test_a_non_square_photo_comes_back_at_its_own_size_from_both_models():
     assert isinstance(segmentation, Segmentation) and segmentation.labels.shape == (45, 70)
     assert int(segmentation.labels.max()) < 3
     assert isinstance(depth, Depth) and depth.depth.shape == (45, 70) and depth.kind == "relative"
+
+
+def test_a_linear_segmenter_reads_the_photo_at_its_aspect_ratio_and_answers_at_its_size():
+    import torch.nn.functional as F
+
+    config = ViTConfig(
+        image_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3, dense_head="linear"
+    )
+    torch.manual_seed(0)
+    model = create_model(config).eval()
+    pixels = photo(45, 70)
+    answer = predict_dense(model, pixels)
+    images, view = model_inputs(pixels, config)
+    assert view.resized == (32, 48)  # shorter side 32, the longer one whole patches of 8
+    with torch.no_grad():
+        logits = F.interpolate(model(images), size=(45, 70), mode="bilinear", align_corners=False)[0]
+    assert isinstance(answer, Segmentation) and answer.panoptic is None
+    assert torch.equal(answer.labels, logits.argmax(0))

@@ -259,6 +259,9 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     except ImportError:
         raise Unavailable("transformers is not installed (pip install transformers)") from None
 
+    dense = dense_task(model.config)
+    if dense is not None and not dense.reference_outputs:
+        raise Unavailable(f"transformers has no model of this dense head ({model.config.dense_head})")
     folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-hf-")
     try:
         export_checkpoint(copy.deepcopy(model).cpu(), folder.name, to="hf")
@@ -269,7 +272,6 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):  # where torchao loads
         warnings.simplefilter("ignore")
         loaded = getattr(transformers, class_name).from_pretrained(folder.name).eval()
-    dense = dense_task(model.config)
     if dense is not None:  # its dense outputs (mask logits, depth), not a pooled vector
         reference = GreyAsRGB(DenseAsLogits(loaded, dense.reference_outputs)).to(sample.device)
     else:

@@ -15,6 +15,8 @@ table), so a photo is never squashed to a square:
 - Depth Anything (`DPTImageProcessor` with keep_aspect_ratio and ensure_multiple_of = the patch): each side scaled
   by the one factor (of the two that reach the input size) nearer to 1, rounded to whole patches; PIL bicubic. The
   depth comes back bicubically resized to the photo, as `post_process_depth_estimation` does.
+- the linear and upsampling segmenters of `vitlab finetune` (per-pixel class logits): the shorter side to the
+  input's, whole patches, as the dense probes evaluate; the logits resized bilinearly to the photo.
 
 Post-processing is session C's `vitlab.dense.segmentation_maps` (equal to transformers' processor); this module
 only sizes, runs and undoes the sizing.
@@ -92,6 +94,16 @@ def dpt_view(config: ViTConfig, photo: tuple[int, int]) -> View:
     )
 
 
+def evaluation_view(config: ViTConfig, photo: tuple[int, int]) -> View:
+    """The linear and upsampling segmenters (`vitlab finetune --set objective=segmentation`): the photo's shorter side
+    resized to the input's and both sides rounded to whole patches, as the dense probes evaluate
+    (`vitlab.dense.views.evaluation_size`); PIL bilinear."""
+    from vitlab.dense.views import evaluation_size
+
+    resized = evaluation_size(photo[0], photo[1], min(config.image_size), config.pixel_patch_size)
+    return View(photo, resized, (0, 0), "bilinear")
+
+
 @dataclass(frozen=True)
 class DenseTask:
     """What a dense head predicts and how a photo is sized for it: one row of `DENSE_TASKS`."""
@@ -102,8 +114,27 @@ class DenseTask:
     # Whether the input's size follows each photo (DPT's keep-aspect resize), so an export must take any size of
     # whole patches; EoMT's inputs are always the model's input size (padded, or square crops).
     sizes_vary: bool
-    # The same outputs of transformers' class (`vitlab bench` compares them): attributes of its output object.
+    # The same outputs of transformers' class (`vitlab bench` compares them): attributes of its output object; ()
+    # where transformers has no such model.
     reference_outputs: tuple[str, ...]
+    # The outputs for one photo's input, its view, the config and whether panoptic segments are wanted -> the
+    # answer at the photo's size.
+    answer: Callable[[tuple[torch.Tensor, ...], View, ViTConfig, bool], Segmentation | Depth]
+
+
+def eomt_answer(outputs: tuple[torch.Tensor, ...], view: View, config: ViTConfig, panoptic: bool) -> Segmentation:
+    return segmentation_answer(outputs[0], outputs[1], view, panoptic=panoptic)
+
+
+def dpt_answer(outputs: tuple[torch.Tensor, ...], view: View, config: ViTConfig, panoptic: bool) -> Depth:
+    return depth_answer(outputs[0], view, config.depth_range)
+
+
+def logits_answer(outputs: tuple[torch.Tensor, ...], view: View, config: ViTConfig, panoptic: bool) -> Segmentation:
+    """Per-pixel class logits (1, K, h, w) at the input's size -> the photo's `Segmentation`: the logits resized
+    bilinearly to the photo, their softmax the scores; no segments."""
+    logits = F.interpolate(outputs[0].float(), size=view.photo, mode="bilinear", align_corners=False)[0]
+    return Segmentation(logits.argmax(0), logits.softmax(0), None)
 
 
 DENSE_TASKS: dict[str, DenseTask] = {
@@ -113,8 +144,15 @@ DENSE_TASKS: dict[str, DenseTask] = {
         eomt_view,
         sizes_vary=False,
         reference_outputs=("class_queries_logits", "masks_queries_logits"),
+        answer=eomt_answer,
     ),
-    "dpt": DenseTask("depth", ("depth",), dpt_view, sizes_vary=True, reference_outputs=("predicted_depth",)),
+    "dpt": DenseTask(
+        "depth", ("depth",), dpt_view, sizes_vary=True, reference_outputs=("predicted_depth",), answer=dpt_answer
+    ),
+    **{
+        head: DenseTask("segmentation", ("logits",), evaluation_view, True, reference_outputs=(), answer=logits_answer)
+        for head in ("linear", "upsampling")
+    },
 }
 
 
@@ -229,15 +267,14 @@ def predict_dense(
     row = require_dense(config, "dense prediction")
     images, view = model_inputs(pixels, config)
     if isinstance(model, torch.nn.Module):
+        model.dynamic_size = model.dynamic_size or row.sizes_vary  # each photo's own grid of whole patches
         device = next(model.parameters()).device
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             outputs = output_tensors(model.eval()(images.to(device)))
         outputs = tuple(output.float().cpu() for output in outputs)
     else:
         outputs = output_tensors(model(images))
-    if row.task == "segmentation":
-        return segmentation_answer(*outputs, view, panoptic=panoptic)
-    return depth_answer(outputs[0], view, config.depth_range)
+    return row.answer(outputs, view, config, panoptic)
 
 
 def names_of(config: ViTConfig) -> Sequence[str]:

@@ -27,7 +27,7 @@ import torch
 from vitlab.data.dense_sets import depth_png_bytes, palette_png_bytes, png_bytes
 from vitlab.data.images import collect_images
 from vitlab.data.preprocess import decode_image
-from vitlab.dense.inference import Depth, Segmentation, names_of, predict_dense
+from vitlab.dense.inference import Depth, Segmentation, names_of, predict_dense, require_dense
 from vitlab.dense.overlay import class_areas, depth_picture, overlay_picture
 from vitlab.errors import DataError, UsageError
 from vitlab.files import atomic_write_bytes
@@ -114,7 +114,7 @@ def predict_dense_files(
     config = model.config
     folder = Path(out or DEFAULT_OUT)
     folder.mkdir(parents=True, exist_ok=True)
-    names = list(names_of(config)) if config.dense_head == "eomt" else []
+    names = list(names_of(config)) if require_dense(config, "dense prediction").task == "segmentation" else []
     panoptic = not config.eomt_crops
     rows: list[dict[str, Any]] = []
     used: set[str] = set()
