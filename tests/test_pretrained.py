@@ -510,6 +510,7 @@ def test_the_pretrained_table_lists_real_checkpoints(capsys):
                 "dino",
                 "dinov2",
                 "webssl",
+                "radio",
                 "mae",
                 "clip",
                 "siglip",

@@ -5,7 +5,8 @@ itself, as tools/make_hf_fixtures.py writes the others: random init, every param
     python tools/make_backbone_fixtures.py [NAME ...]   (transformers is a test dependency of vitlab)
 
 Each fixture: NAME/ (config.json + model.safetensors) and NAME.io.npz: `input_nchw` (2, 3, H, W) float32 and what
-transformers computed for it (named per fixture below).
+transformers computed for it (named per fixture below). RADIO's take [0, 1] pixels, `pixels` (2, 3, S, S) at the
+model's size (the input's sigmoid) and `pixels_wide` (non-square), with `summary`, `features` and `last_hidden_state` for each.
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ DINOV2_SWIGLU_SHAPE = dict(
 )
 
 
+RADIO_SHAPE = dict(
+    image_size=16,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    mlp_ratio=2.0,
+    max_img_size=32,
+    num_cls_tokens=3,
+    num_registers=2,
+    summary_idxs=[0, 2],
+)
+# Each RADIO fixture's second input: non-square, a 4x6 grid at patch 4 and a 5x8 grid at patch 8 (its table resized
+# to the longer side and cropped).
+RADIO_WIDE = {"hf_radio": (16, 24), "hf_radio_swiglu": (40, 64)}
+
+
 def models():
     import transformers
 
@@ -31,11 +48,34 @@ def models():
         "hf_dinov2_swiglu": lambda: transformers.Dinov2Model(
             transformers.Dinov2Config(**DINOV2_SWIGLU_SHAPE, use_swiglu_ffn=True)
         ),
+        # C-RADIO: an 8x8 table for up to 32x32 pixels, 3 summary tokens (the summary reads 0 and 2) and 2
+        # registers; the plain MLP at patch 4, and SwiGLU at patch 8 on 32x32 with a 12x12 table (up to 96 pixels).
+        "hf_radio": lambda: transformers.RadioModel(transformers.RadioConfig(**RADIO_SHAPE, patch_size=4)),
+        "hf_radio_swiglu": lambda: transformers.RadioModel(
+            transformers.RadioConfig(
+                **{**RADIO_SHAPE, "image_size": 32, "max_img_size": 96}, patch_size=8, use_swiglu_ffn=True
+            )
+        ),
     }
 
 
 def reference_output(name: str, model, images: torch.Tensor) -> dict[str, np.ndarray]:
     """What the fixture's .io.npz holds besides its input."""
+    if name.startswith("hf_radio"):
+        # RadioModel takes [0, 1] pixels (its conditioner normalises them): the model's size, then a non-square one.
+        wide = torch.rand(2, 3, *RADIO_WIDE[name])
+        out = {}
+        for suffix, pixels in (("", images.sigmoid()), ("_wide", wide)):
+            output = model(pixel_values=pixels)
+            out.update(
+                {
+                    f"pixels{suffix}": pixels.numpy(),
+                    f"summary{suffix}": output.summary.numpy(),
+                    f"features{suffix}": output.features.numpy(),
+                    f"last_hidden_state{suffix}": output.last_hidden_state.numpy(),
+                }
+            )
+        return out
     output = model(pixel_values=images)
     # Dinov2Model: the hidden states after the final LayerNorm, and its pooled output (the class token).
     return {"last_hidden_state": output.last_hidden_state.numpy(), "features": output.pooler_output.numpy()}
@@ -53,7 +93,8 @@ def main(names: list[str]) -> None:
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.add_(0.05 * torch.randn_like(parameter))
-        images = torch.randn(2, 3, 16, 16)
+        side = model.config.image_size
+        images = torch.randn(2, 3, side, side)
         with torch.no_grad():
             expected = reference_output(name, model, images)
         model.save_pretrained(FIXTURES / name)

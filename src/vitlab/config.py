@@ -253,6 +253,12 @@ class ViTConfig:
     # grid of a NaFlex batch): "bilinear", "bicubic", or "bilinear_antialias" (SigLIP 2's, which shrinks a table
     # by averaging rather than sampling).
     pos_resample: PositionResampling = "bilinear"
+    # pos_embed "cpe" (C-RADIO's cropped position embedding): the side in pixels of the largest image its table
+    # covers (RADIO's max_img_size); the table holds (cpe_max_size / patch)^2 rows whatever the image size.
+    cpe_max_size: int | None = None
+    # The tokens whose outputs, concatenated, are the pooled output of classifier "token" (C-RADIO's summary_idxs,
+    # indices among the prefix tokens: a (B, len * D) summary); empty: the class token alone, the paper's.
+    summary_tokens: tuple[int, ...] = ()
     dropout: float = 0.0  # after the position embedding, the attention projection and in the MLP
     attention_dropout: float = 0.0  # on the attention weights
     drop_path: float = 0.0  # stochastic depth: the rate of the last block, rising linearly from 0 at the first
@@ -339,6 +345,7 @@ class ViTConfig:
             self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
         self.dpt_layers = tuple(int(n) for n in self.dpt_layers)
         self.dpt_neck_sizes = tuple(int(n) for n in self.dpt_neck_sizes)
+        self.summary_tokens = tuple(int(n) for n in self.summary_tokens)
         if isinstance(self.preprocessing, dict):  # as from_json hands it over
             self.preprocessing = Preprocessing.from_dict(self.preprocessing)
         for name in ("image_mean", "image_std"):
@@ -489,6 +496,16 @@ class ViTConfig:
                 f"pos_embed {self.pos_embed!r} ({traits.summary}) needs embed_dim divisible by "
                 f"{traits.width_multiple}, got {self.embed_dim}"
             )
+        if (self.pos_embed == "cpe") != (self.cpe_max_size is not None):
+            raise ConfigError(
+                f"cpe_max_size (the largest image a cropped position table covers) goes with pos_embed 'cpe' and "
+                f"only with it; got pos_embed {self.pos_embed!r} and cpe_max_size {self.cpe_max_size!r}"
+            )
+        if self.summary_tokens and (self.classifier != "token" or max(self.summary_tokens) >= self.num_prefix_tokens):
+            raise ConfigError(
+                f"summary_tokens {list(self.summary_tokens)} must be indices among the {self.num_prefix_tokens} "
+                f"prefix tokens of a classifier 'token' model, got classifier {self.classifier!r}"
+            )
         head_dim = self.embed_dim // max(self.num_heads, 1)
         if head_dim % traits.head_multiple:
             raise ConfigError(
@@ -523,6 +540,11 @@ class ViTConfig:
         """Tokens before the patch tokens: the class token if any, then DeiT's distillation token or the
         register tokens if any."""
         return int(bool(self.class_token)) + int(self.distilled) + self.register_tokens
+
+    @property
+    def pooled_dim(self) -> int:
+        """Width of the pooled output, before any pre-logits layer: D, or D per summary token (C-RADIO)."""
+        return self.embed_dim * max(len(self.summary_tokens), 1)
 
     @property
     def num_tokens(self) -> int:

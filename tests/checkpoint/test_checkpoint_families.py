@@ -24,6 +24,7 @@ from vitlab.checkpoint.families import (
     family_of,
     hf_model_types,
     model_families,
+    radio,
     siglip2,
     supported_families,
 )
@@ -75,6 +76,7 @@ TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its module's presets) at a 
             ("siglip2", siglip2.ARCHITECTURE),
             ("dinov3", dinov3.ARCHITECTURE),
             ("aimv2", aimv2.ARCHITECTURE),
+            ("radio", {**radio.ARCHITECTURE, "cpe_max_size": 32}),  # an 8x8 table, not C-RADIO's 512x512
         )
     },
 }

@@ -6,7 +6,10 @@ The transformers fixtures (tests/fixtures/hf_dinov2_swiglu, ...) were written by
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pytest
 import torch
 
 from conftest import FIXTURES
@@ -47,3 +50,86 @@ def test_webssl_is_a_family_of_the_dinov2_layout():
     from vitlab.checkpoint.families import model_families
 
     assert {model.name: model.layouts for model in model_families()}["webssl"] == ("hf-dinov2",)
+
+
+# ------------------------------------------------------------------------------ C-RADIO
+def radio_outputs(model, pixels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(summary, features, last_hidden_state) of a vitlab C-RADIO model for [0, 1] pixels, normalised first with
+    the config's statistics (RadioModel's input conditioner)."""
+    mean, std = (torch.tensor(values).view(-1, 1, 1) for values in (model.config.image_mean, model.config.image_std))
+    hidden, pooled = outputs(model, (torch.from_numpy(pixels) - mean) / std)
+    return pooled, hidden[:, model.config.num_prefix_tokens :], hidden
+
+
+@pytest.mark.parametrize("name", ["hf_radio", "hf_radio_swiglu"])
+def test_a_radio_file_gives_its_summary_features_and_hidden_states_at_its_size_and_a_non_square_one(name):
+    io = reference(name)
+    config, _, kind = read_checkpoint(FIXTURES / name)
+    assert kind == "hf" and config.family == "radio" and config.pos_embed == "cpe" and not config.final_norm
+    assert config.summary_tokens == (0, 2) and config.num_prefix_tokens == 5 and not config.prefix_positions
+    assert config.mlp == ("swiglu" if name.endswith("swiglu") else "mlp")
+    model = load_model(FIXTURES / name)
+    model.dynamic_size = True
+    for suffix in ("", "_wide"):  # the model's size, then 16x24 (patch 4) or 40x64 (patch 8)
+        summary, features, hidden = radio_outputs(model, io["pixels" + suffix])
+        assert_close(summary, io["summary" + suffix])
+        assert_close(features, io["features" + suffix])
+        assert_close(hidden, io["last_hidden_state" + suffix])
+
+
+def test_the_cropped_table_is_resized_to_the_longer_side_then_cut():
+    """A 4x6 grid of the 8x8 table: the table resized to 6x6, its first four rows kept (not a 4x6 resize)."""
+    import torch.nn.functional as F
+
+    model = load_model(FIXTURES / "hf_radio")
+    table = model.pos_embed.detach().reshape(1, 8, 8, -1).permute(0, 3, 1, 2)  # (1, D, 8, 8)
+    square = F.interpolate(table, size=(6, 6), mode="bilinear", align_corners=False)
+    expected = square[:, :, :4, :].flatten(2).transpose(1, 2)  # (1, 24, D)
+    torch.testing.assert_close(model.positions.table(model, (4, 6)), expected)
+
+
+@pytest.mark.parametrize("name", ["hf_radio", "hf_radio_swiglu"])
+def test_vitlab_writes_radio_back_and_transformers_loads_it_equal(tmp_path, name):
+    transformers = pytest.importorskip("transformers")
+    from vitlab.checkpoint.formats import export_checkpoint
+
+    io = reference(name)
+    export_checkpoint(load_model(FIXTURES / name), tmp_path / "out", to="hf")
+    reloaded = transformers.RadioModel.from_pretrained(tmp_path / "out").eval()
+    for suffix in ("", "_wide"):
+        with torch.no_grad():
+            output = reloaded(pixel_values=torch.from_numpy(io["pixels" + suffix]))
+        assert_close(output.summary, io["summary" + suffix])
+        assert_close(output.features, io["features" + suffix])
+        assert_close(output.last_hidden_state, io["last_hidden_state" + suffix])
+
+
+@pytest.mark.slow
+def test_radio_works_in_the_commands(tmp_path, capsys):
+    """info, embed, knn, fewshot, linear-probe, analyze, finetune, dense features and ONNX export on the tiny
+    C-RADIO (16x16 digits at patch 4): the summary (2 tokens of 32) is its 64-wide pooled output."""
+    from vitlab.cli import main
+
+    checkpoint = str(FIXTURES / "hf_radio")
+    assert main(["info", checkpoint, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)["config"]
+    assert info["family"] == "radio" and info["pos_embed"] == "cpe" and info["summary_tokens"] == [0, 2]
+    out = str(tmp_path / "embed.parquet")
+    assert main(["embed", checkpoint, "--dataset", "digits", "--split", "test", "-o", out, "--workers", "0"]) == 0
+    assert main(["knn", checkpoint, "--dataset", "digits", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["fewshot", checkpoint, "--dataset", "digits", "--shots", "1,2", "--seeds", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["feature_dim"] == 64
+    assert main(["linear-probe", checkpoint, "--dataset", "digits", "--json"]) == 0
+    assert 0 <= json.loads(capsys.readouterr().out)["test_top1"] <= 1
+    analysis = ["analyze", checkpoint, "--images", "digits", "--out", str(tmp_path / "analysis")]
+    assert main([*analysis, "--num-images", "2", "--distance-images", "8"]) == 0
+    assert (tmp_path / "analysis" / "report.html").is_file()
+    finetune = ["finetune", "--from", checkpoint, "--dataset", "digits", "--classes", "0-4", "--epochs", "1"]
+    assert main([*finetune, "--out-dir", str(tmp_path), "--set", "run_name=ft", "--set", "progress=false"]) == 0
+    tuned = load_model(tmp_path / "ft")
+    assert tuned.head.in_features == 64 and tuned.head.out_features == 5
+    dense = ["dense", checkpoint, "--dataset", "digits", "--split", "test", "-o", str(tmp_path / "dense")]
+    assert main([*dense, "--size", "16x24", "--workers", "0"]) == 0
+    pytest.importorskip("onnxruntime")
+    assert main(["export", checkpoint, "-o", str(tmp_path / "model.onnx"), "--dynamic-batch"]) == 0

@@ -40,7 +40,7 @@ from vitlab.models.positions.kinds import position_traits
 
 def head_tokens(config: ViTConfig) -> int | None:
     """How many leading tokens of z_L the head of a model of `config` reads when that is all it reads: 1 for the
-    paper's class token (2 with DeiT's distillation token), else None (pooling over patches, attention pooling, a
+    paper's class token (2 with DeiT's distillation token, up to the last summary token for C-RADIO), else None (pooling over patches, attention pooling, a
     mix of blocks, relative attention, whose offsets need every query)."""
     if (
         config.classifier != "token"
@@ -48,6 +48,8 @@ def head_tokens(config: ViTConfig) -> int | None:
         or not config.class_token
     ):
         return None
+    if config.summary_tokens:  # C-RADIO's summary reads several class tokens
+        return max(config.summary_tokens) + 1
     return 2 if config.distilled else 1
 
 

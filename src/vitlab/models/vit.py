@@ -142,8 +142,10 @@ class VisionTransformer(nn.Module):
         self.layer_weights = nn.Parameter(torch.zeros(config.depth)) if config.classifier == "layer_weighted" else None
         self.pre_logits: nn.Module = nn.Identity()
         if config.representation_size:
-            self.pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(dim, config.representation_size), act=nn.Tanh()))
-        head_in = config.representation_size or dim
+            self.pre_logits = nn.Sequential(
+                OrderedDict(fc=nn.Linear(config.pooled_dim, config.representation_size), act=nn.Tanh())
+            )
+        head_in = config.representation_size or config.pooled_dim
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else nn.Identity()
         self.head_dist = nn.Linear(dim, config.num_classes) if config.has_distillation_head else None
         # Off by default: a wrong image size is then an error rather than a silent resampling (`_embed_patches`);
@@ -191,7 +193,7 @@ class VisionTransformer(nn.Module):
 
     def reset_head(self, num_classes: int, class_names: list[str] | None = None) -> None:
         """Replace the head by a zero-initialised D x K one (the paper's fine-tuning head)."""
-        head_in = self.config.representation_size or self.config.embed_dim
+        head_in = self.config.representation_size or self.config.pooled_dim
         device = self.patch_embed.proj.weight.device
         self.head = nn.Linear(head_in, num_classes, device=device) if num_classes else nn.Identity()
         # A new head classifies: a CLIP tower's projection is replaced, not kept.
@@ -497,6 +499,8 @@ class VisionTransformer(nn.Module):
         classifier = self.config.classifier
         prefix = self.config.num_prefix_tokens
         patch_tokens = tokens[:, prefix:]
+        if classifier == "token" and self.config.summary_tokens:  # C-RADIO: (B, S, D) -> (B, S * D)
+            return tokens[:, list(self.config.summary_tokens)].flatten(1)
         if classifier == "token":
             return tokens[:, 0]
         if classifier == "gap":

@@ -1,7 +1,7 @@
 """What each position kind is, declared once: the config, the counts and the model ask these traits, never a name.
 
 Torch-free, so that `vitlab.config` can check a config against its kind without importing torch (`vitlab models`
-runs without it). The kinds' code is one module each beside this file (absolute.py, relative.py, rotary.py),
+runs without it). The kinds' code is one module each beside this file (absolute.py, cropped.py, relative.py, rotary.py),
 keyed by the same names in POSITION_KINDS (positions/__init__.py).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-PositionName = Literal["learned", "none", "learned_2d", "relative", "sincos2d", "rope", "pe_rope"]
+PositionName = Literal["learned", "none", "learned_2d", "relative", "sincos2d", "rope", "pe_rope", "cpe"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,9 @@ POSITION_TRAITS: dict[str, PositionTraits] = {
     "rope": PositionTraits("DINOv3's 2-D rotary positions", rotary=True, head_multiple=4),
     "pe_rope": PositionTraits(
         "Perception Encoder's learned table and 2-D rotary positions", "table", rotary=True, head_multiple=4
+    ),
+    "cpe": PositionTraits(
+        "C-RADIO's cropped table: one learned table for the largest image, cut to each grid", "table"
     ),
 }
 POSITION_NAMES: tuple[str, ...] = tuple(POSITION_TRAITS)

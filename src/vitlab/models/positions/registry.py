@@ -7,6 +7,7 @@ from typing import Any
 
 from vitlab.models.positions.absolute import AxialTable, LearnedTable, SinCosTable
 from vitlab.models.positions.base import PositionKind
+from vitlab.models.positions.cropped import CroppedTable
 from vitlab.models.positions.relative import RelativeOffsets
 from vitlab.models.positions.rotary import PerceptionRotary, Rotary2D
 
@@ -18,6 +19,7 @@ POSITION_KINDS: dict[str, type[PositionKind]] = {
     "sincos2d": SinCosTable,
     "rope": Rotary2D,
     "pe_rope": PerceptionRotary,
+    "cpe": CroppedTable,
 }
 
 
