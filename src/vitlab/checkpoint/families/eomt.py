@@ -383,7 +383,10 @@ MODELS = (
         presets={
             # COCO panoptic (133 classes, 200 queries, 640x640) and ADE20K semantic (150 classes, 100 queries, 512).
             "eomt-L/16": dict(MODEL_SIZES["L"], **RELEASED, image_size=640, num_classes=133, eomt_queries=200),
-            "eomt-L/16-ade20k": dict(MODEL_SIZES["L"], **RELEASED, image_size=512, num_classes=150, eomt_queries=100),
+            # A semantic model reads a photo as overlapping square crops (its processor's do_split_image).
+            "eomt-L/16-ade20k": dict(
+                MODEL_SIZES["L"], **RELEASED, image_size=512, num_classes=150, eomt_queries=100, eomt_crops=True
+            ),
             "eomt-B/16": dict(MODEL_SIZES["B"], **RELEASED, image_size=640, num_classes=133, eomt_queries=200),
         },
         reference_class="EomtForUniversalSegmentation",
