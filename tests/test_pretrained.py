@@ -511,6 +511,7 @@ def test_the_pretrained_table_lists_real_checkpoints(capsys):
                 "dinov2",
                 "webssl",
                 "radio",
+                "eupe",
                 "mae",
                 "clip",
                 "siglip",

@@ -133,3 +133,23 @@ def test_radio_works_in_the_commands(tmp_path, capsys):
     assert main([*dense, "--size", "16x24", "--workers", "0"]) == 0
     pytest.importorskip("onnxruntime")
     assert main(["export", checkpoint, "-o", str(tmp_path / "model.onnx"), "--dynamic-batch"]) == 0
+
+
+# ------------------------------------------------------------------------------ EUPE
+def test_an_eupe_file_is_timm_dinov3_with_a_qkv_bias_and_gives_the_dinov3_reference(tmp_path):
+    """timm's EUPE models (`vit_*_patch16_dinov3_qkvb.eupe_lvd1689m`) are its DINOv3 EVA layout with q_bias and
+    v_bias: the transformers DINOv3 fixture under timm's names (test_families_2025's own table) reads as one and
+    gives DINOv3ViTModel's outputs."""
+    from safetensors.torch import load_file, save_file
+    from test_families_2025 import timm_dinov3_from_hf
+
+    io = reference("hf_dinov3")
+    hf = load_file(FIXTURES / "hf_dinov3" / "model.safetensors")
+    save_file(timm_dinov3_from_hf(hf, 2), tmp_path / "eupe.safetensors")
+    config, _, kind = read_checkpoint(tmp_path / "eupe.safetensors", {"num_heads": 4})
+    assert kind == "timm" and config.family == "dinov3" and config.qkv_bias and not config.key_bias
+    model = load_model(tmp_path / "eupe.safetensors", num_heads=4)
+    model.config = model.config.replace(image_size=16)  # timm's EUPE input is 256
+    hidden, pooled = outputs(model, torch.from_numpy(io["input_nchw"]))
+    assert_close(hidden, io["last_hidden_state"])
+    assert_close(pooled, io["features"])

@@ -410,6 +410,9 @@ MODELS = (
         presets={f"dinov3-{size}/16": dict(MODEL_SIZES[size], **ARCHITECTURE, patch_size=16) for size in "SBL"},
         reference_class="DINOv3ViTModel",
     ),
+    # EUPE (Meta, "Efficient Universal Perception Encoder", arXiv 2603.22387): small ViTs in DINOv3's arithmetic with
+    # a qkv bias (timm's `vit_{tiny,small,base}_patch16_dinov3_qkvb.eupe_lvd1689m`), read by the timm row above.
+    ModelFamily("eupe", "EUPE", released="2026-03", layouts=("timm-dinov3",)),
 )
 LAYOUTS = (
     Family(
