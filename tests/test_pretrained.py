@@ -512,6 +512,7 @@ def test_the_pretrained_table_lists_real_checkpoints(capsys):
                 "webssl",
                 "radio",
                 "eupe",
+                "tipsv2",
                 "mae",
                 "clip",
                 "siglip",

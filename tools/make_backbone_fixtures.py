@@ -56,6 +56,10 @@ def models():
                 **{**RADIO_SHAPE, "image_size": 32, "max_img_size": 96}, patch_size=8, use_swiglu_ffn=True
             )
         ),
+        # TIPSv2's image tower: DINOv2 with one register; its table is resized bilinearly with antialiasing.
+        "hf_tipsv2_vision": lambda: transformers.Tipsv2VisionModel(
+            transformers.Tipsv2VisionConfig(**DINOV2_SWIGLU_SHAPE, num_register_tokens=1)
+        ),
     }
 
 
@@ -76,6 +80,16 @@ def reference_output(name: str, model, images: torch.Tensor) -> dict[str, np.nda
                 }
             )
         return out
+    if name == "hf_tipsv2_vision":  # also an 8x12 input: a 2x3 grid, the 4x4 table shrunk (where antialias counts)
+        small = torch.rand(2, 3, 8, 12)
+        output = model(pixel_values=small)
+        out = {
+            "input_small": small.numpy(),
+            "last_hidden_state_small": output.last_hidden_state.numpy(),
+            "features_small": output.pooler_output.numpy(),
+        }
+        output = model(pixel_values=images)
+        return {**out, "last_hidden_state": output.last_hidden_state.numpy(), "features": output.pooler_output.numpy()}
     output = model(pixel_values=images)
     # Dinov2Model: the hidden states after the final LayerNorm, and its pooled output (the class token).
     return {"last_hidden_state": output.last_hidden_state.numpy(), "features": output.pooler_output.numpy()}

@@ -153,3 +153,46 @@ def test_an_eupe_file_is_timm_dinov3_with_a_qkv_bias_and_gives_the_dinov3_refere
     hidden, pooled = outputs(model, torch.from_numpy(io["input_nchw"]))
     assert_close(hidden, io["last_hidden_state"])
     assert_close(pooled, io["features"])
+
+
+# ------------------------------------------------------------------------------ TIPSv2
+def test_a_tipsv2_tower_gives_its_hidden_states_and_pooled_output_at_its_size_and_a_smaller_one():
+    """Tipsv2VisionModel: DINOv2 with one register, told by config.json's model_type; its table shrunk to a 2x3
+    grid bilinearly with antialiasing (DINOv2 would resize bicubic); [0, 1] pixels, no mean or std."""
+    io = reference("hf_tipsv2_vision")
+    config, _, kind = read_checkpoint(FIXTURES / "hf_tipsv2_vision")
+    assert kind == "hf" and config.family == "tipsv2" and config.register_tokens == 1
+    assert config.pos_resample == "bilinear_antialias" and (config.image_mean, config.image_std) == ((0.0,), (1.0,))
+    model = load_model(FIXTURES / "hf_tipsv2_vision")
+    hidden, pooled = outputs(model, torch.from_numpy(io["input_nchw"]))
+    assert_close(hidden, io["last_hidden_state"])
+    assert_close(pooled, io["features"])
+    model.dynamic_size = True
+    hidden, pooled = outputs(model, torch.from_numpy(io["input_small"]))
+    assert_close(hidden, io["last_hidden_state_small"])
+    assert_close(pooled, io["features_small"])
+
+
+def test_a_tipsv2_file_is_told_by_its_tensor_names_without_its_config(tmp_path):
+    """TIPS's own names (`register_tokens`, `mlp.c_fc`), which Tipsv2VisionModel's files keep, tell it from timm's
+    ViT without config.json."""
+    import shutil
+
+    shutil.copy(FIXTURES / "hf_tipsv2_vision" / "model.safetensors", tmp_path / "model.safetensors")
+    config = read_checkpoint(tmp_path / "model.safetensors", {"num_heads": 4})[0]
+    assert config.family == "tipsv2" and config.register_tokens == 1 and config.image_size == (16, 16)
+
+
+def test_the_image_tower_of_a_whole_tipsv2_model_loads_with_its_text_half_set_aside(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    vision = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=99)
+    whole = transformers.Tipsv2Model(transformers.Tipsv2Config(vision_config=vision, text_config=text)).eval()
+    whole.save_pretrained(tmp_path / "tipsv2")
+    model = load_model(tmp_path / "tipsv2")
+    images = torch.rand(2, 3, 16, 16)
+    with torch.no_grad():
+        expected = whole.vision_model(pixel_values=images).pooler_output
+    assert model.config.family == "tipsv2"
+    torch.testing.assert_close(outputs(model, images)[1], expected, atol=TOLERANCE, rtol=0)
