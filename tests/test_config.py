@@ -12,7 +12,8 @@ def test_variant_table_decodes_paper_names():
     assert variant_config("L/32").depth == 24 and variant_config("H/14").embed_dim == 1280
     hybrid = variant_config("R50+B/16")
     assert hybrid.resnet_layers == (3, 4, 9) and hybrid.patch_size == (1, 1) and hybrid.grid_size == (14, 14)
-    assert len(variant_names()) == 5 * 4 + 3 + 3 + 5  # + the 2025 backbones' architectures
+    # + the 2025 backbones' architectures (5), C-RADIO (1) and the dense models: Depth Anything (3), EoMT (3)
+    assert len(variant_names()) == 5 * 4 + 3 + 3 + 5 + 1 + 3 + 3
 
 
 def test_the_2025_presets_build_each_familys_arithmetic():
