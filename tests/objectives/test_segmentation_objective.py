@@ -1,5 +1,5 @@
 """The segmentation objective (`vitlab.objectives.segmentation`): EoMT's mask annealing, evaluation by mIoU, the
-encoder's lower learning rate, the heads it builds, and what it refuses."""
+encoder's lower learning rate, the heads it builds, the module EoMT trains through, and what it refuses."""
 
 from types import SimpleNamespace
 
@@ -114,6 +114,38 @@ def test_the_head_is_built_on_the_encoder_and_the_encoder_trains_slower(head, ki
     heads = [name for name in named if name not in scales]
     assert heads and all(rate[id(named[name])] == pytest.approx(1e-3) for name in heads)
     assert not any(name.startswith("blocks.") for name in heads)
+
+
+def test_eomt_trains_through_a_module_of_its_own_parameters_under_their_names():
+    """`attach` hands the loop an EoMTTraining (DDP wraps it and syncs what runs through its call): its forward is
+    forward_train, its parameters are the EoMT's under the same names, so the optimizer's groups, layer decay's
+    included, are the EoMT's; train/eval reach the EoMT."""
+    from vitlab.objectives.segmentation import EoMTTraining
+
+    objective = objective_for(head="eomt", queries=5, blocks=2, backbone_lr_scale=0.25)
+    model = objective.adapt_model(create_model("digits-8", num_classes=0))
+    trained = objective.attach(model)
+    assert isinstance(trained, EoMTTraining)
+    assert [(n, id(p)) for n, p in trained.named_parameters()] == [(n, id(p)) for n, p in model.named_parameters()]
+
+    def groups(module: nn.Module) -> list:
+        scales = objective.learning_rate_scales(module)
+        optimizer = build_optimizer(module, "adamw", 1e-3, 0.05, layer_decay=0.75, lr_scales=scales)
+        return [
+            (group["lr"], group["weight_decay"], [id(p) for p in group["params"]]) for group in optimizer.param_groups
+        ]
+
+    assert groups(trained) == groups(model) and len(groups(model)) > 4
+    images = torch.randn(2, 1, 8, 8)
+    torch.manual_seed(0)
+    ours = trained(images, [0.5, 0.0], torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    theirs = model.forward_train(images, [0.5, 0.0], torch.Generator().manual_seed(1))
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    trained.eval()
+    assert not model.training and not model.blocks[0].training
+    trained.train()
+    assert model.training and model.blocks[0].training
 
 
 def test_a_zero_encoder_rate_freezes_the_encoder():

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,16 +29,18 @@ ARGS = [
 ]
 
 
-def one_and_two_processes(tmp_path, args: list[str]) -> tuple[dict, dict, subprocess.CompletedProcess]:
-    """The same recipe as one process that accumulates two micro-batches per step and as two torchrun processes,
-    each on one thread: both final weights, and the two-process run (its output)."""
+def one_and_two_processes(
+    tmp_path, args: list[str], command: str = "train"
+) -> tuple[dict, dict, subprocess.CompletedProcess]:
+    """The same recipe (of `vitlab COMMAND`) as one process that accumulates two micro-batches per step and as two
+    torchrun processes, each on one thread: both final weights, and the two-process run (its output)."""
     one_thread = ["--set", "threads=1"]  # a kernel may split its sums by the thread count: the same on both sides
     single = subprocess.run(
         [
             sys.executable,
             "-m",
             "vitlab",
-            "train",
+            command,
             "--out-dir",
             str(tmp_path),
             "--set",
@@ -55,7 +58,7 @@ def one_and_two_processes(tmp_path, args: list[str]) -> tuple[dict, dict, subpro
     double = subprocess.run(
         [
             *two_processes(SPARE),
-            "train",
+            command,
             "--out-dir",
             str(tmp_path),
             "--set",
@@ -172,6 +175,81 @@ def test_a_stopped_two_process_run_resumes_exactly(all_cores, tmp_path):
     b = load_file(tmp_path / "stopped" / "model.safetensors")
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def segmentation_pairs(folder, counts: dict[str, int]) -> Path:
+    """16-pixel grey images and their masks, each with all three classes (background 0 and one box of class 1 and
+    of class 2, of random size and place, apart), listed with their split in a manifest; returns the manifest."""
+    import numpy as np
+    from PIL import Image
+
+    generator = np.random.default_rng(0)
+    folder.mkdir()
+    rows = ["image,mask,split"]
+    for split, count in counts.items():
+        for index in range(count):
+            mask = np.zeros((16, 16), np.uint8)
+            for label, columns in ((1, (0, 8)), (2, (8, 16))):  # boxes of 4-6 px: a 0.75 zoom keeps every class
+                height, width = generator.integers(4, 7, 2)
+                top, left = generator.integers(0, 16 - height), generator.integers(columns[0], columns[1] - width + 1)
+                mask[top : top + height, left : left + width] = label
+            pixels = np.array([40, 150, 250], np.uint8)[mask] + generator.integers(0, 5, mask.shape).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"{split}{index}.png")
+            Image.fromarray(mask).save(folder / f"{split}{index}-mask.png")
+            rows.append(f"{split}{index}.png,{split}{index}-mask.png,{split}")
+    (folder / "pairs.csv").write_text("\n".join(rows) + "\n")
+    return folder / "pairs.csv"
+
+
+# What can differ, and so the bound: what `test_two_processes_match_one` gives, nothing, if the segmentation loss
+# does the same arithmetic on a rank's half of the batch as on the same half as a micro-batch. It does, where:
+# - the random draws are the same. Which queries a masked block masks, the matching's points and the importance-
+#   sampled points are drawn from a generator per micro-batch, seeded by its first image's seed, which
+#   `training_inputs` draws for the global batch (`Draws`): rank 1's half draws what the second micro-batch draws.
+#   (The run's global generator, seeded by rank, is not drawn from; drop_path, which draws from it, is 0 here.)
+# - the mask terms are divided alike. Under DDP `MaskClassificationLoss(env=...)` divides by the mean over the ranks
+#   of their halves' segment counts, one process accumulating by each micro-batch's own count: the same number only
+#   where the halves count the same segments. Here every image holds three after augmentation (a zoom of 0.75-1
+#   drops no box: it shrinks, padding with ignored pixels), so both divide by 3 x 4 = 12, exactly.
+# - Hungarian matching (scipy) on equal costs picks equal pairs.
+# The bound is zero: bit for bit, weights and both ranks alike. Mask annealing runs over epochs 0.5-1.5 (steps 2-6
+# of 8, two query blocks): steps 3 and 5 mask with probabilities strictly between 0 and 1, and so draw.
+@pytest.mark.slow
+def test_two_processes_fine_tune_eomt_segmentation_as_one(all_cores, tmp_path):
+    from vitlab.checkpoint.formats import export_checkpoint
+    from vitlab.models.registry import create_model
+
+    manifest = segmentation_pairs(tmp_path / "pairs", {"train": 32, "val": 8, "test": 8})
+    torch.manual_seed(0)
+    backbone = export_checkpoint(create_model("digits-8", image_size=16, depth=3), tmp_path / "backbone.safetensors")
+    args = ["--from", str(backbone), "--dataset", "segmentation", "--data-dir", str(manifest)]
+    recipe = {
+        "objective": "segmentation",
+        "optimizer": "adamw",
+        "lr": 3e-3,
+        "epochs": 2,
+        "batch_size": 8,
+        "warmup_epochs": 0.5,
+        "augment.crop_padding": 0,  # segmentation moves image and mask together, by its own zoom
+        "segmentation.head": "eomt",
+        "segmentation.queries": 8,
+        "segmentation.blocks": 2,
+        "segmentation.num_points": 64,
+        "segmentation.scale_range": "[0.75,1.0]",
+        "progress": "false",
+    }
+    for key, value in recipe.items():
+        args += ["--set", f"{key}={value}"]
+    one, two, double = one_and_two_processes(tmp_path, args, command="finetune")
+    summary = json.loads((tmp_path / "double" / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["replica_max_abs_diff"] == 0.0  # identical on every rank
+    assert one.keys() == two.keys() and "q.weight" in one
+    assert_equal_weights(one, two)
+    single_rows = [json.loads(r) for r in (tmp_path / "single" / "metrics.jsonl").read_text().splitlines()]
+    double_rows = [json.loads(r) for r in (tmp_path / "double" / "metrics.jsonl").read_text().splitlines()]
+    assert len(single_rows) == len(double_rows) == 2
+    for a, b in zip(single_rows, double_rows):  # the same weights, measured over every rank's share
+        assert a["val_miou"] == b["val_miou"] and abs(a["train_loss"] - b["train_loss"]) < 1e-6
 
 
 def test_fetch_once_runs_on_one_process_per_machine_before_the_others(monkeypatch):

@@ -73,14 +73,19 @@ class EoMT(VisionTransformer):
             x = self.run_block(block, x, attention)
         return self.predict(x, grid)
 
-    def forward_train(self, inputs: ModelInput, mask_probabilities: Sequence[float]) -> list[SegmentationOutput]:
+    def forward_train(
+        self,
+        inputs: ModelInput,
+        mask_probabilities: Sequence[float],
+        generator: torch.Generator | None = None,
+    ) -> list[SegmentationOutput]:
         """images (B, C, H, W) -> every prediction the training loss reads: one before each of the last
         eomt_blocks blocks, then the final one (eomt_blocks + 1 in all, the final last).
 
         mask_probabilities[i]: the probability that block i of the last eomt_blocks masks a query's attention by
         the prediction made before it (per image and query; 1: every query, 0: none, as at inference). Mask
-        annealing lowers them from 1 to 0 over training. Random draws use torch's global generator, as
-        transformers does."""
+        annealing lowers them from 1 to 0 over training. Which queries are masked is drawn from `generator` (on the
+        inputs' device; None: torch's global generator, as transformers draws)."""
         probabilities = [float(p) for p in mask_probabilities]
         if len(probabilities) != self.config.eomt_blocks or not all(0 <= p <= 1 for p in probabilities):
             raise UsageError(
@@ -93,7 +98,7 @@ class EoMT(VisionTransformer):
             prediction = self.predict(x, grid)
             predictions.append(prediction)
             if probability > 0:
-                mask = self.masked_attention(prediction.mask_logits, grid, probability)
+                mask = self.masked_attention(prediction.mask_logits, grid, probability, generator)
                 x = self.run_block(block, x, dataclasses.replace(attention, attn_mask=mask))
             else:
                 x = self.run_block(block, x, attention)
@@ -142,16 +147,23 @@ class EoMT(VisionTransformer):
         mask_logits = torch.einsum("bqd,bdhw->bqhw", self.mask_head(queries), mask_features)
         return SegmentationOutput(class_logits, mask_logits)
 
-    def masked_attention(self, mask_logits: torch.Tensor, grid: tuple[int, int], probability: float) -> torch.Tensor:
+    def masked_attention(
+        self,
+        mask_logits: torch.Tensor,
+        grid: tuple[int, int],
+        probability: float,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """The attention mask of a query block (B, 1, T, T) bool, True where a query may read a key: each query reads
         the patches of its predicted mask (logit > 0 after bilinear resampling to the patch grid), and every
-        query, class and register token; with probability 1 - `probability` per image and query, every patch.
-        Every other token reads everything."""
+        query, class and register token; with probability 1 - `probability` per image and query (drawn from
+        `generator`; None: the global one), every patch. Every other token reads everything."""
         batch, num_queries = mask_logits.shape[:2]
         segments = F.interpolate(mask_logits, size=grid, mode="bilinear") > 0  # (B, Q, rows, cols)
         segments = segments.flatten(2)  # (B, Q, N)
         if probability < 1:
-            unmasked = torch.rand(batch, num_queries, device=mask_logits.device) > probability  # (B, Q)
+            draws = torch.rand(batch, num_queries, device=mask_logits.device, generator=generator)
+            unmasked = draws > probability  # (B, Q)
             segments = segments | unmasked[..., None]
         tokens = self.query_prefix + segments.shape[-1]
         mask = torch.ones(batch, tokens, tokens, dtype=torch.bool, device=mask_logits.device)

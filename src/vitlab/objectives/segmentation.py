@@ -9,7 +9,11 @@ the head `segmentation.head` names:
   before each query block, then the final one). Mask annealing: query block i masks its queries' attention by
   the masks predicted before it with a probability that falls from 1 to 0 as (1 - progress) ** 0.9 over its
   share of the annealing window, the blocks one after the other, as tue-mps' `mask_annealing` does; by the
-  window's end no block masks, so the trained model runs as it is evaluated, without masks.
+  window's end no block masks, so the trained model runs as it is evaluated, without masks. The training pass runs
+  as the forward of `EoMTTraining` (what `attach` hands the loop), so that DDP synchronises its gradients; its random
+  draws (masked queries, the loss's points) come from a generator per micro-batch seeded for the global batch's
+  rows, so two processes train as one accumulating two micro-batches (where their halves count as many segments:
+  the mask terms are divided by the mean count over processes, or by a micro-batch's own).
 - "linear": a 1x1 convolution on the last patch tokens, upsampled bilinearly; "upsampling": SETR's progressive
   upsampling (`vitlab.models.segmentation_heads`). Both train with per-pixel cross-entropy.
 
@@ -22,10 +26,8 @@ pixel accuracy. The saved model is the dense model itself (its config's dense_he
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,8 @@ class Segmentation(Objective):
         self.ignore_label = IGNORE_LABEL
         self.step = 0  # optimizer steps taken: where mask annealing stands (saved with the run: `extra_state`)
         self.step_probabilities = [0.0] * settings.blocks  # the masking of this step's query blocks
+        # A seed per image of this step's batch not yet run (`training_inputs` draws them, `forward` takes them).
+        self.row_seeds = torch.zeros(0, dtype=torch.int64)
         weights = (settings.class_weight, settings.mask_weight, settings.dice_weight, settings.no_object_weight)
         points = (settings.num_points, settings.oversample_ratio, settings.importance_sample_ratio)
         # Training divides the mask terms by the segments of every process's batch, as EoMT does under DDP;
@@ -120,6 +124,8 @@ class Segmentation(Objective):
         return segmenter_from_backbone(model, settings.head, self.num_classes, self.class_names, settings.head_dim)
 
     def attach(self, model: VisionTransformer) -> nn.Module:
+        """EoMT trains through `EoMTTraining` (its training pass as a module's forward, for DDP to wrap), a head
+        model as it is; a frozen encoder (backbone_lr_scale 0) is frozen here."""
         # The encoder's parameters are those of the same ViT without any head (built on the meta device: no memory).
         with torch.device("meta"):
             encoder = create_model(model.config.replace(dense_head="none", num_classes=0, class_names=None))
@@ -128,7 +134,7 @@ class Segmentation(Objective):
             for name, parameter in model.named_parameters():
                 if name in self.backbone_names:
                     parameter.requires_grad_(False)
-        return model
+        return EoMTTraining(model) if isinstance(model, EoMT) else model
 
     def learning_rate_scales(self, trained: nn.Module) -> dict[str, float]:
         return {name: self.settings.backbone_lr_scale for name in self.backbone_names}
@@ -145,7 +151,8 @@ class Segmentation(Objective):
     # ------------------------------------------------------------------------------------- training
     def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[ModelInput, dict[str, torch.Tensor]]:
         """The images in [0, 1] and their label maps, zoomed, cropped (and flipped, where allowed) together;
-        the images normalised as the model takes them."""
+        the images normalised as the model takes them. EoMT: a seed per image as well, drawn for the global batch,
+        for the random draws of the micro-batch it begins (`forward`)."""
         if batch.label_maps is None:
             raise DataError("segmentation needs a mask per image; this data source gives none")
         images = to_unit_range(require_pixels(batch.images, "segmentation"), batch.max_value, spec)
@@ -153,6 +160,8 @@ class Segmentation(Objective):
         low, high = self.settings.scale_range
         flips = self.augment is not None and self.augment.hflip
         images, label_maps = augment_pairs(images, label_maps, draws, (low, high), flips, self.ignore_label)
+        if self.eomt:
+            self.row_seeds = draws.integers(2**62)
         self.step_probabilities = self.mask_probabilities(self.step)
         self.step += 1
         return normalize(images, spec), {"label_map": label_maps}
@@ -178,18 +187,28 @@ class Segmentation(Objective):
         return probabilities
 
     def forward(self, model: nn.Module, inputs: ModelInput) -> Any:
-        """EoMT: every prediction of `forward_train` at this step's masking probabilities; a head: its logits."""
+        """EoMT: (every prediction of `forward_train` at this step's masking probabilities, the generator its
+        masking drew from and the loss draws from); a head: its logits. `model` is `attach`'s module (an
+        `EoMTTraining`), or its DDP or compiled wrapper.
+
+        The micro-batch's draws (which queries are masked, the loss's matching and sampled points) come from a
+        generator seeded by its first image's seed (`training_inputs`): the draws of the global batch's rows, so two
+        processes draw what one process accumulating two micro-batches draws."""
         if not self.eomt:
             return model(inputs)
-        with training_forward(model, self.step_probabilities):
-            return model(inputs)
+        seeds, self.row_seeds = self.row_seeds[: len(inputs)], self.row_seeds[len(inputs) :]
+        generator = None  # a forward pass without `training_inputs` before it: the global generator
+        if len(seeds):
+            generator = torch.Generator(inputs.device).manual_seed(int(seeds[0]))
+        return model(inputs, self.step_probabilities, generator), generator
 
     def loss(self, outputs: Any, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         label_maps = targets["label_map"]
         if self.eomt:
-            loss = self.mask_loss(outputs, label_maps, self.criterion)
+            predictions, generator = outputs
+            loss = self.mask_loss(predictions, label_maps, self.criterion, generator)
             predicted = semantic_map(
-                outputs[-1].class_logits.float(), outputs[-1].mask_logits.float(), pixel_size(label_maps)
+                predictions[-1].class_logits.float(), predictions[-1].mask_logits.float(), pixel_size(label_maps)
             )
         else:
             logits = outputs.float()
@@ -318,6 +337,38 @@ class Segmentation(Objective):
         return figures, lines, []
 
 
+class EoMTTraining(nn.Module):
+    """An EoMT whose `forward` is its training pass, `forward_train`: what the optimizer trains and DDP wraps
+    (`Segmentation.attach`), since DDP synchronises gradients only for what runs through its own call.
+
+    It holds the EoMT's parameters, buffers and parts under their own names ("blocks.3.attn.qkv.weight", not
+    "eomt.blocks..."), sharing the EoMT's registries rather than holding it as a submodule: the optimizer's groups go
+    by those names (weight decay's exemptions, layer decay's blocks, the encoder's rate) and stay as they were, and
+    moving the module moves the EoMT, which the run saves and evaluates as it is."""
+
+    eomt: EoMT
+
+    def __init__(self, model: EoMT) -> None:
+        super().__init__()
+        self._parameters, self._buffers, self._modules = model._parameters, model._buffers, model._modules
+        self._non_persistent_buffers_set = model._non_persistent_buffers_set
+        self.__dict__["eomt"] = model  # not registered: its parts are this module's already
+
+    def forward(
+        self, inputs: ModelInput, mask_probabilities: Sequence[float], generator: torch.Generator | None = None
+    ) -> list[SegmentationOutput]:
+        """`EoMT.forward_train`: images (B, C, H, W) -> its eomt_blocks + 1 predictions."""
+        return self.eomt.forward_train(inputs, mask_probabilities, generator)
+
+    def train(self, mode: bool = True) -> EoMTTraining:
+        self.eomt.train(mode)  # its parts are this module's; its own flag too
+        self.training = mode
+        return self
+
+    def no_weight_decay(self) -> set[str]:
+        return self.eomt.no_weight_decay()
+
+
 # ------------------------------------------------------------------------------------------------ helpers
 def build(config: Any, train_data: BatchSource) -> Segmentation:
     """The objective a recipe asks for (`vitlab.objectives.OBJECTIVES`), for its training data (its classes)."""
@@ -346,21 +397,3 @@ def model_sized(label_maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor
     if tuple(label_maps.shape[-2:]) == size:
         return label_maps
     return F.interpolate(label_maps[:, None].float(), size=size, mode="nearest")[:, 0].long()
-
-
-@contextlib.contextmanager
-def training_forward(module: nn.Module, mask_probabilities: list[float]) -> Iterator[None]:
-    """For one call of `module` (an EoMT, or its DDP or compiled wrapper), the EoMT inside runs `forward_train`:
-    DDP synchronises gradients only for what runs through its own call, and EoMT's training pass is a method
-    apart from `forward`."""
-    model = module
-    while not isinstance(model, EoMT):
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
-            raise TypeError(f"an EoMT objective trains an EoMT model, got {type(module).__name__}")
-        model = inner
-    model.forward = functools.partial(model.forward_train, mask_probabilities=mask_probabilities)  # type: ignore[method-assign, assignment]
-    try:
-        yield
-    finally:
-        del model.forward
