@@ -439,7 +439,7 @@ def test_quick_without_measurements_takes_every_int8_path_and_bf16_by_the_units(
     has_bf16 = "amx" in units
     chosen, left_out = choose_paths(False, True, cpu, None)
     bf16 = ["pt2e-int8-bf16", "compile-bf16"] if has_bf16 else []
-    assert chosen == ["eager-fp32", "onnx-int8", "torch-int8", "pt2e-int8", *bf16, "transformers"]
+    assert chosen == ["eager-fp32", "onnx-int8", "torch-int8", "pt2e-int8", "openvino-int8", *bf16, "transformers"]
     everything, left_out = choose_paths(False, False, cpu, None)
     assert ("eager-bf16" in everything) == has_bf16 and ("compile-bf16" in everything) == has_bf16
     if not has_bf16:
@@ -543,3 +543,16 @@ def test_onnx_runtimes_int8_peak_kernel_computes_the_integer_product():
     expected = (activations.long() - 128) @ weight.long()  # uint8 around its zero point 128, exact in int32
     assert torch.equal(torch.from_numpy(run()[0]).long(), expected)
     assert "matmul int8 onnxruntime" in matmul_candidates(create_model("digits-8"), 4)
+
+
+@pytest.mark.run_level
+@pytest.mark.parametrize("fixture", ["hf_radio", "hf_siglip2_vision"])
+def test_the_transformers_reference_of_a_family_with_its_own_inputs_and_output(fixture):
+    """C-RADIO's RadioModel normalises [0, 1] pixels itself and answers `summary`; SigLIP 2's NaFlex tower takes cut
+    patches: each family's `reference_inputs` / `reference_output` make the reference agree with vitlab's model
+    (the bench refuses a reference more than 1e-3 away), so the row is timed, not skipped."""
+    from pathlib import Path
+
+    checkpoint = Path(__file__).resolve().parents[1] / "fixtures" / fixture
+    result = run_bench(checkpoint=str(checkpoint), batch_size=2, paths=["eager-fp32", "transformers"], **FAST)
+    assert [row["path"] for row in result["paths"]] == ["eager-fp32", "transformers"], result["skipped"]

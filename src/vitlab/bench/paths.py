@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.checkpoint.families import reference_class, reference_inputs
+from vitlab.checkpoint.families import reference_class, reference_inputs, reference_output
 from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.data.preprocess import denormalize
 from vitlab.dense.inference import dense_task, output_tensors
@@ -275,7 +275,7 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     if dense is not None:  # its dense outputs (mask logits, depth), not a pooled vector
         reference = GreyAsRGB(DenseAsLogits(loaded, dense.reference_outputs)).to(sample.device)
     else:
-        pooled = PooledAsLogits(loaded, reference_inputs(model.config))
+        pooled = PooledAsLogits(loaded, reference_inputs(model.config), reference_output(model.config))
         reference = GreyAsRGB(loaded if class_name.endswith("Classification") else pooled).to(sample.device)
     with torch.no_grad():
         difference = largest_difference(reference(pixel_values=sample).logits, model(sample))
@@ -287,22 +287,28 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
 
 
 class PooledAsLogits(nn.Module):
-    """A transformers backbone whose pooled output stands for the logits (`.logits`), as a classifier's would;
-    `inputs` (pixels, patch size) -> its keyword arguments where it takes other inputs than pixels (the family
+    """A transformers backbone whose pooled output (`output`) stands for the logits (`.logits`), as a classifier's
+    would; `inputs` (pixels, its config) -> its keyword arguments where it takes other inputs than pixels (the family
     module's `reference_inputs`)."""
 
-    def __init__(self, inner: nn.Module, inputs: Callable[[torch.Tensor, int], dict] | None = None) -> None:
+    def __init__(
+        self,
+        inner: nn.Module,
+        inputs: Callable[[torch.Tensor, Any], dict] | None = None,
+        output: str = "pooler_output",
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.config = inner.config
         self.inputs = inputs
+        self.output = output  # the family's `reference_output`
 
     def forward(self, pixel_values: torch.Tensor, **kwargs) -> object:
         if self.inputs is not None:
-            kwargs.update(self.inputs(pixel_values, self.config.patch_size))
+            kwargs.update(self.inputs(pixel_values, self.config))
         else:
             kwargs["pixel_values"] = pixel_values
-        return types.SimpleNamespace(logits=self.inner(**kwargs).pooler_output)
+        return types.SimpleNamespace(logits=getattr(self.inner(**kwargs), self.output))
 
 
 class DenseAsLogits(nn.Module):

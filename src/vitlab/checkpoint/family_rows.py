@@ -39,9 +39,13 @@ class ModelFamily:
     # transformers' class that `bench` compares a model of this family with (vitlab exports it, transformers loads
     # it); None: ViTForImageClassification. A backbone's pooled output stands for the logits.
     reference_class: str | None = None
-    # (pixels (B, C, H, W), patch size) -> the reference's keyword arguments, for a reference class that does not
-    # take pixels (SigLIP 2's NaFlex tower takes cut patches); None: pixel_values.
-    reference_inputs: Callable[[Any, int], dict[str, Any]] | None = field(default=None, compare=False)
+    # (pixels (B, C, H, W) as vitlab's model takes them, the reference's transformers config) -> the reference's
+    # keyword arguments, for a reference class that takes other inputs (SigLIP 2's NaFlex tower takes cut patches;
+    # C-RADIO normalises [0, 1] pixels inside); None: pixel_values.
+    reference_inputs: Callable[[Any, Any], dict[str, Any]] | None = field(default=None, compare=False)
+    # The reference's output that stands for the logits: a backbone's pooled vector ("pooler_output"; C-RADIO's
+    # RadioModel calls its summary "summary").
+    reference_output: str = "pooler_output"
 
 
 @dataclass(frozen=True)

@@ -213,10 +213,16 @@ def reference_class(config: ViTConfig) -> str:
     return model.reference_class if model is not None and model.reference_class else "ViTForImageClassification"
 
 
-def reference_inputs(config: ViTConfig) -> Callable[[Any, int], dict[str, Any]] | None:
+def reference_inputs(config: ViTConfig) -> Callable[[Any, Any], dict[str, Any]] | None:
     """How `bench` hands pixels to the reference class of `config`'s family where it takes other inputs, else None."""
     model = model_family_of(config)
     return model.reference_inputs if model is not None else None
+
+
+def reference_output(config: ViTConfig) -> str:
+    """The output of `config`'s reference class that `bench` compares with vitlab's pooled output."""
+    model = model_family_of(config)
+    return model.reference_output if model is not None else "pooler_output"
 
 
 def model_family_of(config: ViTConfig) -> ModelFamily | None:

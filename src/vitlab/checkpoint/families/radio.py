@@ -256,6 +256,18 @@ ARCHITECTURE: dict[str, Any] = dict(
     image_mean=OPENAI_MEAN,
     image_std=OPENAI_STD,
 )
+
+
+def conditioned_inputs(pixel_values: torch.Tensor, reference_config: Any) -> dict[str, Any]:
+    """RadioModel's inputs for pixels normalised as vitlab's model takes them: (x - mean) / std undone, because
+    RadioModel's input conditioner normalises [0, 1] pixels itself (with the same statistics)."""
+    import torch
+
+    mean = torch.tensor(reference_config.norm_mean, dtype=pixel_values.dtype, device=pixel_values.device)
+    std = torch.tensor(reference_config.norm_std, dtype=pixel_values.dtype, device=pixel_values.device)
+    return dict(pixel_values=pixel_values * std[:, None, None] + mean[:, None, None])
+
+
 MODELS = (
     ModelFamily(
         "radio",
@@ -268,6 +280,8 @@ MODELS = (
             )
         },
         reference_class="RadioModel",
+        reference_inputs=conditioned_inputs,
+        reference_output="summary",
     ),
 )
 LAYOUTS = (

@@ -214,13 +214,14 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
     }
 
 
-def naflex_inputs(pixel_values: torch.Tensor, patch: int) -> dict[str, Any]:
+def naflex_inputs(pixel_values: torch.Tensor, reference_config: Any) -> dict[str, Any]:
     """transformers' Siglip2VisionModel inputs of a batch of pixels (B, C, H, W): every patch of each image, cut and
     flattened (B, N, P * P * C), all valid, with each image's grid."""
     import torch
 
     from vitlab.layers.patch_embed import patchify
 
+    patch = reference_config.patch_size
     grid = pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch
     return dict(
         pixel_values=patchify(pixel_values, patch),
