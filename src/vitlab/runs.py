@@ -152,6 +152,12 @@ def pt2e_output(checkpoint: str | Path) -> Path:
     return export_output(checkpoint, "-int8.pt2e")
 
 
+def openvino_output(checkpoint: str | Path, int8: bool = False) -> Path:
+    """`vitlab export --format openvino`'s default file: RUN/model.xml (model-int8.xml), or NAME.xml beside a
+    checkpoint file; the weights go to the .bin of the same name."""
+    return export_output(checkpoint, "-int8.xml" if int8 else ".xml")
+
+
 def export_output(checkpoint: str | Path, suffix: str) -> Path:
     """RUN/model<suffix> for a run folder, NAME<suffix> beside a checkpoint file (or in the current folder, for a
     pre-trained name)."""

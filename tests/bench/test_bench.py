@@ -556,3 +556,30 @@ def test_the_transformers_reference_of_a_family_with_its_own_inputs_and_output(f
     checkpoint = Path(__file__).resolve().parents[1] / "fixtures" / fixture
     result = run_bench(checkpoint=str(checkpoint), batch_size=2, paths=["eager-fp32", "transformers"], **FAST)
     assert [row["path"] for row in result["paths"]] == ["eager-fp32", "transformers"], result["skipped"]
+
+
+OPENVINO_PATHS = ["openvino-fp32", "openvino-int8", "transformers-openvino-fp32", "transformers-openvino-int8"]
+
+
+@pytest.mark.run_level
+def test_openvino_rows_beside_the_peers_when_installed_and_skipped_saying_so_when_not(monkeypatch):
+    if importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None:
+        pytest.skip("the OpenVINO rows need openvino and nncf (pip install -e '.[openvino]')")
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("the peer rows need transformers")
+    result = run_bench("digits-8", batch_size=4, paths=["eager-fp32", "transformers", *OPENVINO_PATHS], **FAST)
+    rows = {row["path"]: row for row in result["paths"]}
+    assert set(OPENVINO_PATHS) <= set(rows), result["skipped"]
+    assert rows["openvino-fp32"]["max_abs_diff_vs_eager"] < 1e-4
+    assert rows["transformers-openvino-fp32"]["name"] == "transformers openvino fp32"
+    table = format_table(result)
+    assert "openvino " in table.splitlines()[1] and "the best peer (transformers" in table
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("openvino", "nncf") else real_find_spec(name, *a)
+    )
+    result = run_bench("digits-8", batch_size=4, paths=["eager-fp32", *OPENVINO_PATHS], **FAST)
+    assert [row["path"] for row in result["paths"]] == ["eager-fp32"]
+    for path in OPENVINO_PATHS:
+        assert "not installed; pip install 'vitlab[openvino]'" in result["skipped"][path]

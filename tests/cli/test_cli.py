@@ -90,7 +90,7 @@ def test_export_refuses_contradicting_options_from_python_too(tmp_path):
         export_checkpoint(nothing, format="pt2e", preprocess=True)
     with pytest.raises(UsageError, match=r"-o m\.onnx: a pt2e model is written to a \.pt2e file"):
         export_checkpoint(nothing, "m.onnx", format="pt2")
-    with pytest.raises(UsageError, match="format must be onnx or pt2e, got 'tflite'"):
+    with pytest.raises(UsageError, match="format must be one of onnx, pt2e, pt2, openvino, got 'tflite'"):
         export_checkpoint(nothing, format="tflite")
 
 

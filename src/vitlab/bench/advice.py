@@ -18,6 +18,8 @@ FORMAT_PATHS = {
     "pt2e": ("pt2e-int8-bf16", "pt2e-int8"),
     "onnx --int8": ("onnx-int8", "onnx-int8-static"),
     "onnx": ("onnx-fp32",),
+    "openvino --int8": ("openvino-int8",),
+    "openvino": ("openvino-bf16", "openvino-fp32"),  # one fp32 file, compiled in bf16 where that pays
 }
 
 

@@ -4,8 +4,10 @@ and returns a `BenchPath` whose `run(images)` maps normalised float32 images (B,
 
 Inference: eager fp32; bf16 weights (eager and compiled); torch.compile fp32 (Inductor with weight freezing, which
 pre-packs the weights for oneDNN); ONNX Runtime fp32, dynamic int8 and static int8 (`vitlab.export.onnx`); PyTorch's
-own dynamic int8; PyTorch 2 export static int8 (torchao), alone or with the unquantized rest in bf16; and, as the
-reference, transformers' ViTForImageClassification with the same weights, in PyTorch and exported to ONNX Runtime.
+own dynamic int8; PyTorch 2 export static int8 (torchao), alone or with the unquantized rest in bf16; OpenVINO fp32,
+bf16 and int8 (`vitlab.export.openvino`); and, as the reference, transformers' ViTForImageClassification with the
+same weights, in PyTorch, exported to ONNX Runtime and converted to OpenVINO (fp32, bf16 and NNCF int8): the peers,
+the best deployment stacks a transformers user has on this CPU.
 Training steps: eager fp32, bf16 autocast, compiled fp32, and transformers fp32.
 """
 
@@ -32,6 +34,7 @@ from vitlab.errors import UsageError, VitlabError
 from vitlab.eval.batches import call_model
 from vitlab.export.checks import quiet_loggers
 from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
+from vitlab.export.openvino import OpenVinoClassifier, export_openvino, quantize_int8, require_openvino
 from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
 from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
 from vitlab.kernels import describe_kernel, model_fp32_kernel
@@ -181,6 +184,46 @@ def onnx_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
 
 def onnx_int8_static(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return _onnx(model, sample, int8=True, static=True)
+
+
+def _openvino(model: nn.Module, sample: torch.Tensor, precision: str) -> BenchPath:
+    """vitlab's model as `vitlab export --format openvino` writes it, compiled for the benchmark's fixed batch (as
+    the ONNX paths are) in `precision`; int8 is calibrated on the benchmark's own batch, enough for speed (accuracy:
+    --dataset), and runs the rest in bf16 where that pays (`openvino_precision`)."""
+    require_cpu(sample, "OpenVINO's CPU plugin")
+    try:
+        require_openvino("the OpenVINO paths", ("openvino", "nncf") if precision == "int8" else ("openvino",))
+    except UsageError as error:
+        raise Unavailable(str(error)) from None
+    folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-openvino-")
+    path = Path(folder.name) / "model.xml"
+    int8 = precision == "int8"
+    calibration = (denormalize(sample.float(), model.config) * 255).round().clamp(0, 255).to(torch.uint8)
+    try:
+        export_openvino(model, path, int8=int8, calibration=calibration if int8 else None)
+    except UsageError as error:  # a model it does not export yet (a dense one)
+        raise Unavailable(str(error)) from None
+    runtime = OpenVinoClassifier(
+        path, threads=torch.get_num_threads(), precision="auto" if int8 else precision, batch_size=len(sample)
+    )
+    note = {
+        "fp32": "the IR in f32",
+        "bf16": "the IR with INFERENCE_PRECISION_HINT bf16",
+        "int8": f"NNCF static int8 (ModelType.TRANSFORMER), head in float; {runtime.choice.reason}",
+    }[precision]
+    return BenchPath(f"openvino {precision}", precision, runtime, f"vitlab export --format openvino: {note}", [folder])
+
+
+def openvino_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return _openvino(model, sample, "fp32")
+
+
+def openvino_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return _openvino(model, sample, "bf16")
+
+
+def openvino_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return _openvino(model, sample, "int8")
 
 
 def torch_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
@@ -351,20 +394,11 @@ def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     reference, note, hf_folder = transformers_reference(model, sample)
     folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-hf-onnx-")
     path = Path(folder.name) / "transformers.onnx"
-
-    class Logits(nn.Module):  # the exporter wants tensors out, not transformers' output object
-        def __init__(self, inner: nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-            return self.inner(pixel_values=pixel_values).logits
-
     try:
         with torch.no_grad(), warnings.catch_warnings(), quiet_loggers("torch.onnx"):
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
-                Logits(reference),
+                ReferenceLogits(reference),
                 (sample,),
                 dynamo=True,
                 input_names=["pixel_values"],
@@ -396,6 +430,79 @@ def transformers_onnx(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     )
 
 
+class ReferenceLogits(nn.Module):
+    """transformers' model with tensors out, not its output object: what exporters and converters take."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.inner(pixel_values=pixel_values).logits
+
+
+# The plugin's INFERENCE_PRECISION_HINT per peer path; int8 takes OpenVINO's default for the rest (bf16 on a CPU
+# with bf16 units), as a user running NNCF's model gets.
+PEER_OPENVINO_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None}
+
+
+def _transformers_openvino(model: nn.Module, sample: torch.Tensor, precision: str) -> BenchPath:
+    """transformers' own model converted by `openvino.convert_model` (from the module, as OpenVINO's documentation
+    does for transformers' models), at the benchmark's fixed batch, compiled in f32 or bf16, or quantized by NNCF
+    with its defaults for transformers (`ModelType.TRANSFORMER`, calibrated on the benchmark's batch): the route a
+    transformers user takes to the fastest CPU model, so vitlab's paths are compared with it."""
+    require_cpu(sample, "OpenVINO's CPU plugin")
+    if dense_task(model.config) is not None:
+        raise Unavailable("transformers' OpenVINO path is measured for classifiers; see transformers for a dense model")
+    try:
+        require_openvino("the OpenVINO paths", ("openvino", "nncf") if precision == "int8" else ("openvino",))
+    except UsageError as error:
+        raise Unavailable(str(error)) from None
+    import openvino as ov
+
+    reference, note, hf_folder = transformers_reference(model, sample)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            converted = ov.convert_model(ReferenceLogits(reference).eval(), example_input=sample)
+    except Exception as error:  # noqa: BLE001 - the converter raises many types on models it cannot take
+        raise Unavailable(
+            f"OpenVINO could not convert transformers' model: {str(error).splitlines()[0][:200]}"
+        ) from None
+    converted.reshape({converted.inputs[0]: list(sample.shape)})
+    if precision == "int8":
+        converted = quantize_int8(converted, [sample.numpy()], keep_head_float=False)
+    hint = PEER_OPENVINO_HINTS[precision]
+    options: dict[str, Any] = {"INFERENCE_NUM_THREADS": torch.get_num_threads()}
+    if hint is not None:
+        options["INFERENCE_PRECISION_HINT"] = hint
+    compiled = ov.Core().compile_model(converted, "CPU", options)
+
+    def run(images: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(compiled(images.numpy())[0])
+
+    how = "NNCF int8 (ModelType.TRANSFORMER), the rest at OpenVINO's default" if hint is None else f"hint {hint}"
+    return BenchPath(
+        f"transformers openvino {precision}",
+        precision,
+        run,
+        f"{note}; openvino.convert_model, OpenVINO {ov.__version__}, {how}",
+        cleanup=[hf_folder],
+    )
+
+
+def transformers_openvino_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return _transformers_openvino(model, sample, "fp32")
+
+
+def transformers_openvino_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return _transformers_openvino(model, sample, "bf16")
+
+
+def transformers_openvino_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+    return _transformers_openvino(model, sample, "int8")
+
+
 INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "eager-fp32": eager_fp32,
     "eager-fp32-torch": eager_fp32_torch,
@@ -408,8 +515,14 @@ INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "torch-int8": torch_int8,
     "pt2e-int8": pt2e_int8,
     "pt2e-int8-bf16": pt2e_int8_bf16,
+    "openvino-fp32": openvino_fp32,
+    "openvino-bf16": openvino_bf16,
+    "openvino-int8": openvino_int8,
     "transformers": transformers_fp32,
     "transformers-onnx": transformers_onnx,
+    "transformers-openvino-fp32": transformers_openvino_fp32,
+    "transformers-openvino-bf16": transformers_openvino_bf16,
+    "transformers-openvino-int8": transformers_openvino_int8,
 }
 
 

@@ -19,7 +19,12 @@ from vitlab.hardware import cpu_units, path_speeds_key, update_measurements
 
 # Each runtime's int8 path, in `--quick` wherever the runtime is installed (the int8 paths are where CPU kinds
 # differ most), and the packages it needs (the ONNX path exports through onnx and onnxscript).
-INT8_PATHS = {"onnx-int8": ("onnxruntime", "onnx", "onnxscript"), "torch-int8": ("torch",), "pt2e-int8": ("torchao",)}
+INT8_PATHS = {
+    "onnx-int8": ("onnxruntime", "onnx", "onnxscript"),
+    "torch-int8": ("torch",),
+    "pt2e-int8": ("torchao",),
+    "openvino-int8": ("openvino", "nncf"),
+}
 
 
 def installed(*packages: str) -> bool:

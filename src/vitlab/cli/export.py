@@ -1,5 +1,5 @@
-"""`vitlab export`: a checkpoint as an ONNX (fp32 or int8) or pt2e (int8) file, checked against PyTorch; the
-options are checked by `vitlab.export.exporter`, so a Python caller gets the same refusals."""
+"""`vitlab export`: a checkpoint as an ONNX (fp32 or int8), pt2e (int8) or OpenVINO (fp32 or int8) file, checked
+against PyTorch; the options are checked by `vitlab.export.exporter`, so a Python caller gets the same refusals."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from vitlab.export.formats import FORMATS
 
 NAME = "export"
 HELP = (
-    "export a checkpoint for deployment (ONNX fp32 or int8, or pt2e int8), checked "
+    "export a checkpoint for deployment (ONNX fp32 or int8, pt2e int8, OpenVINO fp32 or int8), checked "
     "against PyTorch; the output names the fastest format on this CPU"
 )
 
@@ -22,30 +22,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=FORMATS,
         default="onnx",
-        help="onnx (default: ONNX Runtime, fp32 or --int8) or pt2e (pt2 is the same): static int8 by "
-        "PyTorch 2 export quantization, compiled by Inductor for the machine that runs it, the "
-        "fastest path on CPUs with VNNI or AMX; needs vitlab[int8]",
+        help="onnx (default: ONNX Runtime, fp32 or --int8); pt2e (pt2 is the same): static int8 by "
+        "PyTorch 2 export quantization, compiled by Inductor for the machine that runs it; needs vitlab[int8]; "
+        "openvino: an OpenVINO IR (.xml and .bin), fp32 (run in bf16 where that pays) or --int8 (NNCF, "
+        "calibrated like pt2e); needs vitlab[openvino]",
     )
     parser.add_argument(
         "-o",
         "--output",
-        help="the file to write (default: model.onnx, model-int8.onnx or "
-        "model-int8.pt2e in a run folder, NAME.onnx, NAME-int8.onnx or NAME-int8.pt2e beside a "
-        "checkpoint file)",
+        help="the file to write (default: model.onnx, model-int8.onnx, model-int8.pt2e, model.xml or "
+        "model-int8.xml in a run folder, NAME.onnx, NAME-int8.onnx, ... beside a checkpoint file)",
     )
     parser.add_argument(
         "--int8",
         action="store_true",
         help="int8 weights (ONNX Runtime dynamic quantization; with "
-        "--calibrate, static quantization of activations too)",
+        "--calibrate, static quantization of activations too); with --format openvino, NNCF's static int8, "
+        "calibrated on --calibrate or a run folder's own training data",
     )
     parser.add_argument(
         "--calibrate",
         nargs="+",
         metavar="DATASET_OR_IMAGES",
         help="static int8: activation ranges measured on a data set's training split (e.g. mnist; never "
-        "the test split) or on image files / folders; for --int8, and for pt2e (default there: a "
-        "run folder's own training data)",
+        "the test split) or on image files / folders; for --int8, and for pt2e (default there and for "
+        "openvino --int8: a run folder's own training data)",
     )
     parser.add_argument(
         "--calibration-images", type=positive_int, default=256, help="images to calibrate on (default 256)"
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.counts import model_size
     from vitlab.export.exporter import export_checkpoint
     from vitlab.export.onnx import format_export
+    from vitlab.export.openvino import format_openvino_export
     from vitlab.export.pt2e import format_pt2e_export
 
     summary = call_with_options(export_checkpoint, args)
@@ -90,11 +92,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=1))
         return 0
     images_given = bool(args.images)
-    if summary["format"] == "pt2e":
-        print(format_pt2e_export(summary, images_given))
-        written = "pt2e"
-    else:
-        print(format_export(summary, images_given))
-        written = "onnx --int8" if summary["int8"] else "onnx"
+    # format: (its report, the name the advice gives it)
+    reports = {
+        "pt2e": (format_pt2e_export, "pt2e"),
+        "onnx": (format_export, "onnx --int8" if summary.get("int8") else "onnx"),
+        "openvino": (format_openvino_export, "openvino --int8" if summary.get("int8") else "openvino"),
+    }
+    report, written = reports[summary["format"]]
+    print(report(summary, images_given))
     print(fastest_format_line(written, model_size(ViTConfig.from_dict(summary["config"]))[1]))
     return 0

@@ -79,17 +79,19 @@ def positive_int(text: str) -> int:
 CHECKPOINT_HELP = (
     "run folder, checkpoint file or folder of any kind vitlab loads, or a pre-trained name (vitlab pretrained)"
 )
-EXPORTED_CHECKPOINT_HELP = CHECKPOINT_HELP + ", or a .onnx or .pt2e file written by `vitlab export`"
+EXPORTED_CHECKPOINT_HELP = CHECKPOINT_HELP + ", or a .onnx, .pt2e or OpenVINO .xml file written by `vitlab export`"
 CHECKPOINT_IMAGE_SIZE_HELP = (
     "N or HxW. A checkpoint whose position table is a square grid implies its own size, "
     "and this is the size to resample it to; one whose table is not square (e.g. 48x32 "
     "images) implies none, and this is the size it was made for"
 )
 BACKEND_HELP = (
-    "auto (default: onnx for a .onnx file, pt2e for a .pt2e file, else torch), torch, onnx (ONNX Runtime) or "
-    "pt2e (int8, compiled for this CPU as it loads) on a file written by `vitlab export`; a run folder "
-    "with onnx or pt2e uses its model.onnx or model-int8.pt2e"
+    "auto (default: onnx for a .onnx file, pt2e for a .pt2e file, openvino for a .xml file, else torch), torch, "
+    "onnx (ONNX Runtime), pt2e (int8, compiled for this CPU as it loads) or openvino (OpenVINO, fp32, bf16 or "
+    "int8) on a file written by `vitlab export`; a run folder with onnx, pt2e or openvino uses its model.onnx, "
+    "model-int8.pt2e or model.xml"
 )
+BACKENDS = ("auto", "torch", "onnx", "pt2e", "openvino")
 DEVICE_HELP = "cpu, cuda or cuda:N (default auto: a GPU when PyTorch sees one, else the CPU)"
 INFERENCE_PRECISION_HELP = (
     "auto (default: bf16 autocast where this machine's bf16 matmuls pay and the model is large "
@@ -109,7 +111,7 @@ def add_checkpoint_options(parser: argparse.ArgumentParser) -> None:
 
 def add_inference_options(parser: argparse.ArgumentParser) -> None:
     """--backend, --precision and --device, for the commands that run a classifier (eval, predict)."""
-    parser.add_argument("--backend", choices=("auto", "torch", "onnx", "pt2e"), help=BACKEND_HELP)
+    parser.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help=INFERENCE_PRECISION_HELP)
     parser.add_argument("--device", help=DEVICE_HELP)
 

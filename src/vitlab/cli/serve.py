@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from vitlab.cli.options import BACKEND_HELP, DEVICE_HELP, EXPORTED_CHECKPOINT_HELP, call_with_options, positive_int
+from vitlab.cli.options import (
+    BACKEND_HELP,
+    BACKENDS,
+    DEVICE_HELP,
+    EXPORTED_CHECKPOINT_HELP,
+    call_with_options,
+    positive_int,
+)
 
 NAME = "serve"
 HELP = "an HTTP inference service with a web page (needs the extra: vitlab[serve])"
@@ -31,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=port_arg, default=8000, help="port (default 8000; 0 picks a free one and prints it)"
     )
-    parser.add_argument("--backend", choices=("auto", "torch", "onnx", "pt2e"), help=BACKEND_HELP)
+    parser.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
     parser.add_argument(
         "--precision",
         choices=("auto", "fp32", "bf16", "int8"),

@@ -20,9 +20,10 @@ from vitlab.eval.batches import run_batches
 from vitlab.eval.classify import require_head
 from vitlab.eval.predict_dense import format_dense_row, predict_dense_files
 from vitlab.export.onnx import OnnxClassifier
+from vitlab.export.openvino import OpenVinoClassifier, is_openvino_file
 from vitlab.export.pt2e import Pt2eClassifier, is_pt2e_file
 from vitlab.hardware import Choice, choose_precision, resolve_device
-from vitlab.runs import onnx_output, pt2e_output
+from vitlab.runs import onnx_output, openvino_output, pt2e_output
 
 
 def load_classifier(
@@ -33,14 +34,28 @@ def load_classifier(
     device: str | None = None,
 ):
     """A model to classify with: a VisionTransformer (backend torch) on `device` (default: a GPU when there is
-    one), an `OnnxClassifier` (backend onnx) or a `Pt2eClassifier` (backend pt2e, compiled for this CPU as it
-    loads), both on the CPU. With no backend (or "auto") a .onnx or .pt2e file picks its own; with onnx or pt2e
-    a run folder (or a checkpoint file) means the file `vitlab export` wrote beside it."""
+    one), an `OnnxClassifier` (backend onnx), a `Pt2eClassifier` (backend pt2e, compiled for this CPU as it
+    loads) or an `OpenVinoClassifier` (backend openvino), all on the CPU. With no backend (or "auto") a .onnx,
+    .pt2e or .xml file picks its own; with onnx, pt2e or openvino a run folder (or a checkpoint file) means the
+    file `vitlab export` wrote beside it (model.onnx, model-int8.pt2e, model.xml)."""
     # backend: (is `path` such a file, the file `vitlab export` writes beside a run, the command that writes it, what
-    # it is called in messages).
+    # it is called in messages, what runs it).
     exports = {
-        "onnx": (Path(path).suffix.lower() == ".onnx", onnx_output, f"vitlab export {path}", "an ONNX export"),
-        "pt2e": (is_pt2e_file(path), pt2e_output, f"vitlab export {path} --format pt2e", "a pt2e export"),
+        "onnx": (Path(path).suffix.lower() == ".onnx", onnx_output, f"vitlab export {path}", "an ONNX export", onnx),
+        "pt2e": (
+            is_pt2e_file(path),
+            pt2e_output,
+            f"vitlab export {path} --format pt2e",
+            "a pt2e export",
+            Pt2eClassifier,
+        ),
+        "openvino": (
+            is_openvino_file(path),
+            openvino_output,
+            f"vitlab export {path} --format openvino",
+            "an OpenVINO export",
+            OpenVinoClassifier,  # which checks the recorded checksums of its .xml and .bin itself
+        ),
     }
     given = next((name for name, (is_kind, *_) in exports.items() if is_kind), None)
     if backend in (None, "auto"):
@@ -57,7 +72,7 @@ def load_classifier(
             f"{path}: the {backend} backend runs an export, whose input size was fixed when it was "
             "written; drop --image-size and --num-heads (export again with --image-size to change it)"
         )
-    _, default_output, command, called = exports[backend]
+    _, default_output, command, called, runtime = exports[backend]
     if given is None:  # a run folder or checkpoint: the export written beside it
         exported = default_output(path)
         if not exported.is_file():
@@ -65,10 +80,11 @@ def load_classifier(
                 f"--backend {backend} runs {called}, and {exported} does not exist; make it with: {command}"
             )
         path = exported
-    path = Path(path)
-    if backend == "pt2e":
-        return Pt2eClassifier(path)  # which checks the file's recorded checksum itself
-    check_written_content(path)
+    return runtime(Path(path))
+
+
+def onnx(path: Path) -> OnnxClassifier:
+    check_written_content(path)  # (a pt2e or OpenVINO file's runtime checks its own)
     return OnnxClassifier(path)
 
 
@@ -79,6 +95,8 @@ def inference_precision(model, requested: str = "auto") -> Choice:
     from torch import nn
 
     if not isinstance(model, nn.Module):
+        if hasattr(model, "use_precision"):  # an OpenVINO file: compiled for the precision chosen here
+            return model.use_precision(requested)
         if hasattr(model, "choice"):  # a pt2e file: int8 linear layers, the rest as this CPU suits
             if requested != "auto":
                 raise UsageError(

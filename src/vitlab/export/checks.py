@@ -1,7 +1,8 @@
-"""What the ONNX and pt2e exports share: the real images an export is checked and calibrated on, the comparison
+"""What the ONNX, pt2e and OpenVINO exports share: the real images an export is checked and calibrated on, the comparison
 of its logits with PyTorch's, the staging that moves only a checked file into place, and the report's lines.
 
-Both `vitlab.export.onnx` and `vitlab.export.pt2e` import this module, never each other.
+`vitlab.export.onnx`, `vitlab.export.pt2e` and `vitlab.export.openvino` import this module; onnx and pt2e never
+import each other (openvino reuses the ONNX export's checks).
 """
 
 from __future__ import annotations
@@ -134,9 +135,10 @@ def place_checked_export(
     suffix: str = ".onnx",
 ) -> dict[str, Any]:
     """Write an export beside `out` (`write(staged_path) -> summary`), check it (`check(staged_path) ->
-    validation`, which raises to refuse it), then move it into place; into a run folder its SHA-256 is recorded
-    first, so the run's checksums never miss a file it holds. Returns the summary with the validation and the
-    largest logit difference."""
+    validation`, which raises to refuse it), then move it into place with every file written beside it (ONNX's
+    .data weights of a large model, OpenVINO's .bin); into a run folder their SHA-256s are recorded first, so the
+    run's checksums never miss a file it holds. Returns the summary with the validation, the bytes of all its files
+    and the largest logit difference."""
     path = Path(out)
     if path.is_dir():
         raise UsageError(f"{path} is a folder; give the output file, e.g. {path / ('model' + suffix)}")
@@ -145,14 +147,18 @@ def place_checked_export(
         staged = Path(folder) / path.name
         summary = write(staged)
         validation = check(staged)
-        data_file = staged.with_name(staged.name + ".data")
-        if data_file.exists():
-            os.replace(data_file, path.with_name(path.name + ".data"))
-        if (path.parent / CHECKSUMS).is_file():  # into a run folder: recorded, before it replaces the old one
+        companions = sorted(file for file in Path(folder).iterdir() if file != staged)
+        into_run = (path.parent / CHECKSUMS).is_file()
+        for companion in companions:
+            if into_run and companion.suffix != ".data":  # (a .data file was never recorded: kept so)
+                record_checksum(path.parent, companion.name, sha256_file(companion))
+            os.replace(companion, path.with_name(companion.name))
+        if into_run:  # into a run folder: recorded, before it replaces the old one
             record_checksum(path.parent, path.name, sha256_file(staged))
         os.replace(staged, path)
     worst = max(item["max_abs_diff"] for item in validation["checks"].values())
-    return {**summary, "path": str(path), "bytes": path.stat().st_size, "validation": validation, "max_abs_diff": worst}
+    size = sum(path.with_name(file.name).stat().st_size for file in [staged, *companions])
+    return {**summary, "path": str(path), "bytes": size, "validation": validation, "max_abs_diff": worst}
 
 
 @contextlib.contextmanager

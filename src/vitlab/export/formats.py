@@ -2,4 +2,4 @@
 importing torch."""
 
 # --format's values; pt2 is another name for pt2e.
-FORMATS = ("onnx", "pt2e", "pt2")
+FORMATS = ("onnx", "pt2e", "pt2", "openvino")

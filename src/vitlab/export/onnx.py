@@ -396,14 +396,15 @@ def require_identity_at_input_size(config: ViTConfig, what: str) -> None:
 
 # ------------------------------------------------------------------------------------------------ checking
 @torch.no_grad()
-def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor) -> dict[str, Any]:
-    """Compare an export with PyTorch on real images. pixels: uint8 (B, C, H, W) at the model's size.
+def validate_export(model: nn.Module, path: str | Path, pixels: torch.Tensor, runtime: Any = None) -> dict[str, Any]:
+    """Compare an export with PyTorch on real images. pixels: uint8 (B, C, H, W) at the model's size. runtime: what
+    runs the file (default an `OnnxClassifier` of `path`; an `OpenVinoClassifier` has the same calls and metadata).
 
     Returns max |logit difference| and top-1 agreement at the export's size, and, where the export has them, at
     batch size 1 and at a second image size (the model in `dynamic_size` mode, or with the resize done in
     PyTorch for a graph with preprocessing).
     """
-    runtime = OnnxClassifier(path)
+    runtime = OnnxClassifier(path) if runtime is None else runtime
     config: ViTConfig = model.config
     model = copy.deepcopy(model).float().eval()
     if runtime.preprocess:

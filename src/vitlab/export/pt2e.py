@@ -462,10 +462,15 @@ def run_pt2e_export(
 
 
 def calibration_for(
-    checkpoint: str | Path, config: ViTConfig, calibrate: list[str] | None, data_dir: str | None, count: int = 256
+    checkpoint: str | Path,
+    config: ViTConfig,
+    calibrate: list[str] | None,
+    data_dir: str | None,
+    count: int = 256,
+    kind: str = "a pt2e file",
 ) -> tuple[torch.Tensor, str]:
     """(uint8 pixels (N, C, H, W) to calibrate on, what they are): the images or data set named by --calibrate,
-    else a run folder's own training data; never a test split."""
+    else a run folder's own training data; never a test split. kind: the file, as the refusal names it."""
     if calibrate:
         pixels = calibration_pixels(config, calibrate, data_dir, count)
         return (
@@ -478,7 +483,7 @@ def calibration_for(
         pixels = calibration_pixels(config, [dataset], data_dir or recipe.get("data_dir"), count)
         return pixels, f"{len(pixels)} training images of {dataset} (the run's own data)"
     raise UsageError(
-        f"{checkpoint} is not a run folder, so vitlab does not know what images it sees; a pt2e file is "
+        f"{checkpoint} is not a run folder, so vitlab does not know what images it sees; {kind} is "
         "static int8, calibrated on such images: give them with --calibrate DATASET_OR_IMAGES (a data "
         "set's training split, e.g. --calibrate cifar10, or image files and folders)"
     )

@@ -4,7 +4,8 @@ probabilities) and `explain` (one image -> its attention-rollout map), plus the 
 Backends: "torch" (the checkpoint in fp32, bf16 weights, or PyTorch's dynamic int8), "onnx" (ONNX Runtime on a
 `vitlab export` file, or on an export made at start from a checkpoint: fp32, or int8 weights) and "pt2e" (a
 `vitlab export --format pt2e` file, compiled for this CPU at start: int8 linear layers, the rest in bf16 where it
-pays). Explaining needs the
+pays) and "openvino" (a `vitlab export --format openvino` file, fp32 or int8, or a checkpoint converted at start;
+compiled in bf16 where it pays; auto takes it for a checkpoint where `vitlab bench` measured it faster here). Explaining needs the
 attention weights, so it runs the PyTorch model: available whenever a checkpoint (not only an .onnx file) was given.
 A dense model (EoMT segmentation, Depth Anything depth) answers `predict_dense` instead of `classify`: one photo at
 its own size, in fp32 or bf16 (torch) or fp32 (onnx).
@@ -32,6 +33,14 @@ from vitlab.errors import UsageError
 from vitlab.eval.classify import require_head
 from vitlab.export.checks import require_one_input_size
 from vitlab.export.onnx import OnnxClassifier, export_onnx, require_identity_at_input_size, require_onnx
+from vitlab.export.openvino import (
+    OpenVinoClassifier,
+    export_openvino,
+    is_openvino_file,
+    read_openvino_config,
+    require_classifier,
+    require_openvino,
+)
 from vitlab.export.pt2e import Pt2eClassifier, is_pt2e_file, read_pt2e
 from vitlab.hardware import (
     PRECISIONS,
@@ -46,9 +55,12 @@ from vitlab.hardware import (
 from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.model_input import ModelInput
-from vitlab.runs import display_name, pt2e_output
+from vitlab.runs import display_name, openvino_output, pt2e_output
 
-BACKENDS = ("torch", "onnx", "pt2e")
+BACKENDS = ("torch", "onnx", "pt2e", "openvino")
+# The bench paths that stand for serving a precision with PyTorch and with OpenVINO: auto serves a checkpoint with
+# OpenVINO where this machine measured its path faster (`vitlab bench`'s records).
+TORCH_AND_OPENVINO_PATHS = {"fp32": ("eager-fp32", "openvino-fp32"), "bf16": ("eager-bf16", "openvino-bf16")}
 
 
 # The batch the fp32 kernel is measured at: requests batch up to `vitlab serve`'s --max-batch (default 32), and
@@ -64,6 +76,12 @@ def onnx_runtime_installed() -> bool:
     import importlib.util
 
     return all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
+
+
+def openvino_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("openvino") is not None
 
 
 def serving_threads(config, requested: int | None = None) -> int:
@@ -86,14 +104,16 @@ class Engine:
     ) -> None:
         is_onnx = Path(source).suffix.lower() == ".onnx"  # else a checkpoint path or a pre-trained name
         is_pt2e = is_pt2e_file(source)
+        is_openvino = is_openvino_file(source)
         auto_backend = backend in (None, "auto")
-        backend = backend if not auto_backend else ("onnx" if is_onnx else "pt2e" if is_pt2e else "torch")
+        if auto_backend:
+            backend = "onnx" if is_onnx else "pt2e" if is_pt2e else "openvino" if is_openvino else "torch"
         if backend not in BACKENDS or precision not in PRECISIONS:
             raise UsageError(f"backend must be one of {BACKENDS} and precision one of {PRECISIONS}")
         self.source, self.backend, self.precision = str(source), backend, precision
         self.explainer = None  # the fp32 PyTorch model, for attention rollout
         self._temporary = None
-        if backend in ("onnx", "pt2e"):
+        if backend in ("onnx", "pt2e", "openvino"):
             if device not in (None, "auto") and resolve_device(device).type != "cpu":
                 raise UsageError(
                     f"--device {device}: the {backend} backend runs on the CPU; serve the checkpoint "
@@ -105,6 +125,8 @@ class Engine:
         self.choice = Choice(precision, "as asked")
         if backend == "pt2e":
             self._serve_pt2e(source, is_pt2e, is_onnx, precision, threads)
+        elif is_openvino:
+            self._serve_openvino_file(source, backend, precision, threads)
         elif is_onnx:
             if backend != "onnx":
                 raise UsageError(f"{source} is an ONNX export; serve it with --backend onnx (or leave --backend out)")
@@ -125,6 +147,9 @@ class Engine:
         else:
             if is_pt2e:
                 raise UsageError(f"{source} is a pt2e export; serve it with --backend pt2e (or leave --backend out)")
+            if backend == "openvino" and precision == "int8":  # a run folder's own int8 export, if it made one
+                self._serve_openvino_file(openvino_output(source, int8=True), backend, precision, threads, source)
+                return self._finish(source)
             model = load_model(source).to(self.device)
             self.config = model.config
             naflex = self.config.naflex_contract is not None
@@ -146,17 +171,64 @@ class Engine:
                     f"{self.choice.reason}; served by ONNX Runtime, whose int8 kernels "
                     "ran faster than PyTorch's on every CPU measured",
                 )
+            faster = self._openvino_measured_faster(model) if auto_backend and not naflex else None
+            if faster is not None:
+                self.backend = backend = "openvino"
+                self.choice = Choice(self.precision, f"{self.choice.reason}; served by OpenVINO: {faster}")
             self.runner = self._prepare(model, backend, self.precision, threads)
             if self.runner is model and self.device.type == "cpu":  # fp32 on the CPU: the fastest kernel here
                 kernel = model_fp32_kernel(self.config, "inference", SERVED_BATCH)
                 use_fp32_kernel(model, kernel.value)
                 self.choice = Choice(self.precision, f"{self.choice.reason}; {describe_kernel(kernel)}")
+        self._finish(source)
+
+    def _finish(self, source: str | Path) -> None:
         self.dense = dense_task(self.config)  # a dense model answers with a mask or a depth map (`predict_dense`)
         if self.dense is None:
             require_head(self.config, str(source))
         self.class_names = list(names_of(self.config)) if self.config.num_classes else []
 
         self.name = display_name(source)
+
+    def _serve_openvino_file(
+        self, path: str | Path, backend: str, precision: str, threads: int | None, checkpoint: str | Path | None = None
+    ) -> None:
+        """A `vitlab export --format openvino` file, compiled for this CPU in the precision chosen here
+        (`openvino_precision`); with `checkpoint` (int8 asked of a run folder), the model-int8.xml beside it, whose
+        fp32 weights then explain."""
+        if backend != "openvino":
+            raise UsageError(f"{path} is an OpenVINO export; serve it with --backend openvino (or leave --backend out)")
+        if not Path(path).is_file():
+            raise UsageError(
+                f"--backend openvino --precision int8 serves an int8 OpenVINO export, and {path} does not exist; "
+                f"make it with: vitlab export {checkpoint} --format openvino --int8"
+            )
+        threads = serving_threads(read_openvino_config(path), threads)
+        self.runner = OpenVinoClassifier(path, threads=threads, precision=precision)
+        self.config, self.choice = self.runner.config, self.runner.choice
+        self.precision = self.choice.value
+        if checkpoint is not None:
+            self.explainer = load_model(checkpoint)
+        if self.runner.preprocess:  # uploads are decoded under the contract before the graph sees them
+            require_identity_at_input_size(self.config, str(path))
+
+    def _openvino_measured_faster(self, model) -> str | None:
+        """Where this machine's `vitlab bench` measured OpenVINO's path of the chosen precision faster than PyTorch's
+        (for the measured model nearest in size), what the figures say; None otherwise, or where OpenVINO is not
+        installed, or for a model or device it does not serve."""
+        paths = TORCH_AND_OPENVINO_PATHS.get(self.precision)
+        if paths is None or self.device.type != "cpu" or dense_task(self.config) is not None:
+            return None
+        if not openvino_installed():
+            return None
+        speeds = (path_speeds(model_size(self.config)[1]) or {}).get("speed_vs_eager_fp32", {})
+        torch_path, openvino_path = paths
+        if not speeds.get(openvino_path, 0) > speeds.get(torch_path, float("inf")):
+            return None
+        return (
+            f"{openvino_path} ran {speeds[openvino_path]:.2f}x eager fp32 on this CPU, {torch_path} "
+            f"{speeds[torch_path]:.2f}x (vitlab bench)"
+        )
 
     def _serve_pt2e(
         self, source: str | Path, is_pt2e: bool, is_onnx: bool, precision: str, threads: int | None
@@ -198,6 +270,12 @@ class Engine:
         choice = choose_precision(requested, self.device, model_size(self.config)[1], "serve")
         if choice.value == "int8" and dense_task(self.config) is not None:
             return Choice("fp32", f"{choice.reason}, but a dense model is served in fp32 or bf16")
+        if self.backend == "openvino" and choice.value == "int8":
+            return Choice(
+                "fp32",
+                f"{choice.reason}, but a checkpoint is served by OpenVINO in fp32 or bf16 (int8: serve the file "
+                "of vitlab export CKPT --format openvino --int8)",
+            )
         if self.backend == "onnx" and choice.value == "bf16":
             return Choice("fp32", f"{choice.reason}, but ONNX Runtime serves fp32 or int8")
         return choice
@@ -205,6 +283,13 @@ class Engine:
     def _prepare(self, model, backend: str, precision: str, threads: int | None):
         if dense_task(model.config) is not None and backend == "torch":
             return model  # bf16 runs under autocast (`predict_dense`): its pictures come from fp32 weights
+        if backend == "openvino":  # converted now (fp32 IR), compiled in the precision chosen
+            require_openvino("the openvino backend", ("openvino",))
+            require_classifier(model.config)
+            self._temporary = tempfile.TemporaryDirectory(prefix="vitlab-serve-")
+            path = Path(self._temporary.name) / "model.xml"
+            export_openvino(model, path)
+            return OpenVinoClassifier(path, threads=threads, precision=precision)
         if backend == "onnx":
             if precision == "bf16":
                 raise UsageError("the ONNX Runtime backend serves fp32 or int8; use --backend torch for bf16")
@@ -233,7 +318,7 @@ class Engine:
     def classify(self, pixels: ModelInput) -> torch.Tensor:
         """uint8 pixels (B, C, H, W) at the model's size, or under NaFlex their patches padded into one batch
         (`vitlab.data.source.batch_of`) -> class probabilities (B, K), float32."""
-        if self.backend in ("onnx", "pt2e"):
+        if self.backend in ("onnx", "pt2e", "openvino"):
             logits = self.runner.classify_pixels(pixels)
         else:
             images = prepare(pixels, 255.0, self.config).to(self.device)
