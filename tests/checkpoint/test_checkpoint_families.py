@@ -70,6 +70,9 @@ TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its module's presets) at a 
         dpt_fusion_dim=8,
         dpt_head_dim=4,
     ),
+    "dinov2": ViTConfig(  # with registers (Dinov2WithRegistersModel) and SwiGLU, 48 = what mlp_ratio 2 builds
+        **TINY, family="dinov2", layer_scale=1.0, register_tokens=2, prefix_positions=False, mlp="swiglu"
+    ),
     **{
         name: ViTConfig(**{**fields, **TINY})
         for name, fields in (

@@ -52,6 +52,47 @@ def test_webssl_is_a_family_of_the_dinov2_layout():
     assert {model.name: model.layouts for model in model_families()}["webssl"] == ("hf-dinov2",)
 
 
+@pytest.mark.parametrize("name", ["hf_dinov2", "hf_dinov2_registers", "hf_dinov2_swiglu"])
+def test_vitlab_writes_dinov2_back_and_transformers_loads_it_equal(tmp_path, name):
+    """`export --to hf` of a DINOv2 file: Dinov2Model's layout (Dinov2WithRegistersModel's with registers, the class
+    token's folded position a zero row again; SwiGLU's gate and value fused back into `weights_in`), every tensor
+    found by transformers, and the reloaded model equal to transformers' own on the fixture; `bench` compares with the
+    same class."""
+    transformers = pytest.importorskip("transformers")
+    from vitlab.checkpoint.families import reference_class
+    from vitlab.checkpoint.formats import export_checkpoint
+
+    io = reference(name)
+    model = load_model(FIXTURES / name)
+    export_checkpoint(model, tmp_path / "out", to="hf")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    expected_class = "Dinov2WithRegistersModel" if model.config.register_tokens else "Dinov2Model"
+    assert model.config.family == "dinov2" and written["architectures"] == [expected_class]
+    assert reference_class(model.config) == expected_class
+    dinov2_class = getattr(transformers, expected_class)
+    reloaded, loading = dinov2_class.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not any(loading.values()), loading  # no tensor missing, unexpected or mismatched
+    original = dinov2_class.from_pretrained(FIXTURES / name).eval()
+    images = torch.from_numpy(io["input_nchw"])
+    with torch.no_grad():
+        theirs, ours = original(pixel_values=images), reloaded.eval()(pixel_values=images)
+    for output in ("last_hidden_state", "pooler_output"):
+        torch.testing.assert_close(getattr(ours, output), getattr(theirs, output), atol=1e-5, rtol=0)
+    assert_close(ours.pooler_output, io["features"])
+    assert_close(outputs(model, images)[1], io["features"])  # vitlab's pooled output is Dinov2Model's pooler_output
+
+
+def test_a_dinov2_model_transformers_cannot_hold_is_refused_before_anything_is_written(tmp_path):
+    from vitlab.checkpoint.formats import export_checkpoint
+    from vitlab.errors import CheckpointError
+
+    model = load_model(FIXTURES / "hf_dinov2_swiglu")
+    model.config = model.config.replace(mlp_dim=44)  # no whole mlp_ratio gives a SwiGLU 44 wide (a multiple of 8)
+    with pytest.raises(CheckpointError, match="transformers' DINOv2 needs an MLP width a whole mlp_ratio builds"):
+        export_checkpoint(model, tmp_path / "out", to="hf")
+    assert not (tmp_path / "out").exists()
+
+
 # ------------------------------------------------------------------------------ C-RADIO
 def radio_outputs(model, pixels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(summary, features, last_hidden_state) of a vitlab C-RADIO model for [0, 1] pixels, normalised first with

@@ -37,8 +37,9 @@ class ModelFamily:
     # `vitlab models`, `bench`); image_size defaults to 224.
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
     # transformers' class that `bench` compares a model of this family with (vitlab exports it, transformers loads
-    # it); None: ViTForImageClassification. A backbone's pooled output stands for the logits.
-    reference_class: str | None = None
+    # it), or config -> that class where it depends on the model (DINOv2 with registers is another class); None:
+    # ViTForImageClassification. A backbone's pooled output stands for the logits.
+    reference_class: str | Callable[[ViTConfig], str] | None = None
     # (pixels (B, C, H, W) as vitlab's model takes them, the reference's transformers config) -> the reference's
     # keyword arguments, for a reference class that takes other inputs (SigLIP 2's NaFlex tower takes cut patches;
     # C-RADIO normalises [0, 1] pixels inside); None: pixel_values.

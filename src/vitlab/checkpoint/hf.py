@@ -13,6 +13,7 @@ checkpoint has no classifier (a classifier in HF never reads the pooler).
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections.abc import Callable
@@ -161,6 +162,7 @@ def config_from_hf(
     # a multiple of 8 to build it; the tensor already holds the result). Its gate is SiLU whatever hidden_act says.
     mlp_dim = state[f"encoder.layer.0.{DINOV2_SWIGLU_IN}.weight"].shape[0] // 2 if swiglu else state[fc1].shape[0]
     return ViTConfig(
+        family="dinov2" if dinov2 else None,  # written back as DINOv2 (families/dinov2.py), not as ViT
         image_size=image_size,
         patch_size=tuple(proj.shape[2:]),
         in_chans=proj.shape[1],
@@ -264,12 +266,27 @@ def hf_layer_to_block(
 
 
 def block_to_hf_layer(
-    state: dict[str, torch.Tensor], block: str, hf_layer: str, qkv_bias: bool, dinov2: bool = False
+    state: dict[str, torch.Tensor],
+    block: str,
+    hf_layer: str,
+    qkv_bias: bool,
+    dinov2: bool = False,
+    gated: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The inverse of `hf_layer_to_block` for ViT's layer layout (or DINOv2's, with its LayerScale): vitlab's `Block`
-    under `block` -> HF names under `hf_layer`, the fused `attn.qkv` split into query, key and value."""
+    under `block` -> HF names under `hf_layer`, the fused `attn.qkv` split into query, key and value. `gated`:
+    DINOv2's SwiGLU MLP, vitlab's gate (`fc1_g`) and value (`fc1_x`) fused into `weights_in` in that order."""
+    import torch
+
     out: dict[str, torch.Tensor] = {}
-    for hf_name, name in DINOV2_LAYER_RENAMES if dinov2 else LAYER_RENAMES:
+    renames = DINOV2_LAYER_RENAMES if dinov2 else LAYER_RENAMES
+    if gated:
+        renames = [(hf_name, name) for hf_name, name in renames if not name.startswith("mlp.")]
+        for kind in ("weight", "bias"):
+            gate, value = state[f"{block}mlp.fc1_g.{kind}"], state[f"{block}mlp.fc1_x.{kind}"]
+            out[f"{hf_layer}{DINOV2_SWIGLU_IN}.{kind}"] = torch.cat([gate, value])  # two (H, D) -> (2H, D)
+            out[f"{hf_layer}{DINOV2_SWIGLU_OUT}.{kind}"] = state[f"{block}mlp.fc2.{kind}"]
+    for hf_name, name in renames:
         out[hf_layer + hf_name + ".weight"] = state[block + name + ".weight"]
         out[hf_layer + hf_name + ".bias"] = state[block + name + ".bias"]
     for hf_name, name in DINOV2_LAYER_SCALES if dinov2 else []:
@@ -358,6 +375,31 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
         "id2label": {str(i): name for i, name in enumerate(names)},
         "label2id": {name: i for i, name in enumerate(names)},
     }
+
+
+def dinov2_mlp_width(embed_dim: int, mlp_ratio: float, gated: bool) -> int:
+    """The MLP width transformers' DINOv2-style models (Dinov2MLP, Dinov2SwiGLUFFN and their copies in TIPSv2 and
+    C-RADIO) build from `mlp_ratio`: int(D * ratio), of which the gated MLP keeps two thirds, rounded up to a
+    multiple of 8."""
+    width = int(embed_dim * mlp_ratio)
+    return (int(width * 2 / 3) + 7) // 8 * 8 if gated else width
+
+
+def dinov2_mlp_ratio(config: ViTConfig, whole: bool = True) -> float | None:
+    """The `mlp_ratio` from which transformers' DINOv2-style models build `config`'s MLP width (`dinov2_mlp_width`):
+    a whole number where one does (Dinov2Config types it int), else, where `whole` is False (TIPSv2's config takes
+    a float), the nearest float that does; None where none does (a SwiGLU width that is no multiple of 8)."""
+    gated = config.mlp == "swiglu"
+    estimate = config.mlp_dim * (1.5 if gated else 1) / config.embed_dim
+    for ratio in range(max(1, math.floor(estimate)), math.ceil(estimate) + 2):
+        if dinov2_mlp_width(config.embed_dim, ratio, gated) == config.mlp_dim:
+            return ratio
+    ratio = estimate
+    for _ in range(4 if not whole else 0):  # D * (H / D) can fall a rounding short of H
+        if dinov2_mlp_width(config.embed_dim, ratio, gated) == config.mlp_dim:
+            return ratio
+        ratio = math.nextafter(ratio, math.inf)
+    return None
 
 
 def side_or_pair(size: tuple[int, int]) -> int | list[int]:

@@ -210,7 +210,9 @@ def family_presets() -> dict[str, Mapping[str, Any]]:
 def reference_class(config: ViTConfig) -> str:
     """transformers' class that `bench` compares `config`'s model with: its family's, else ViTForImageClassification."""
     model = model_family_of(config)
-    return model.reference_class if model is not None and model.reference_class else "ViTForImageClassification"
+    if model is None or model.reference_class is None:
+        return "ViTForImageClassification"
+    return model.reference_class if isinstance(model.reference_class, str) else model.reference_class(config)
 
 
 def reference_inputs(config: ViTConfig) -> Callable[[Any, Any], dict[str, Any]] | None:
