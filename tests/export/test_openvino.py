@@ -218,3 +218,21 @@ def test_a_dense_model_and_an_uncalibrated_int8_export_are_one_message_each(tmp_
     dense = SMALL.replace(dense_head="linear", num_classes=3, class_names=None)
     with pytest.raises(UsageError, match="a segmentation model exports to ONNX"):
         openvino.require_classifier(dense)
+
+
+@pytest.mark.run_level
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # DINOv3's layout: rotary positions, registers, layer scale, SwiGLU, RMSNorm, qk-norm
+        dict(pos_embed="rope", register_tokens=2, layer_scale=0.1, mlp="swiglu", norm="rmsnorm", qk_norm=True),
+        dict(classifier="map"),  # SigLIP's attention-pooling head
+        dict(classifier="gap", fc_norm=True, class_token=False),
+    ],
+)
+def test_the_2025_backbones_layouts_round_trip_at_any_size(fields, tmp_path):
+    config = SMALL.replace(**fields)
+    summary = openvino.run_openvino_export(
+        randomised(config), tmp_path / "m.xml", dynamic_size=True, pixels=validation_pixels(config)
+    )
+    assert summary["max_abs_diff"] <= 1e-4 and "input 10x16" in summary["validation"]["checks"]
