@@ -73,6 +73,14 @@ TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its module's presets) at a 
     "dinov2": ViTConfig(  # with registers (Dinov2WithRegistersModel) and SwiGLU, 48 = what mlp_ratio 2 builds
         **TINY, family="dinov2", layer_scale=1.0, register_tokens=2, prefix_positions=False, mlp="swiglu"
     ),
+    "tipsv2": ViTConfig(  # one register, the class token's position folded in; 48 = mlp_ratio 1.5
+        **TINY,
+        family="tipsv2",
+        layer_scale=1.0,
+        register_tokens=1,
+        prefix_positions=False,
+        pos_resample="bilinear_antialias",
+    ),
     **{
         name: ViTConfig(**{**fields, **TINY})
         for name, fields in (

@@ -237,3 +237,50 @@ def test_the_image_tower_of_a_whole_tipsv2_model_loads_with_its_text_half_set_as
         expected = whole.vision_model(pixel_values=images).pooler_output
     assert model.config.family == "tipsv2"
     torch.testing.assert_close(outputs(model, images)[1], expected, atol=TOLERANCE, rtol=0)
+
+
+def tipsv2_tower(transformers, **fields):
+    """A tiny Tipsv2VisionModel built from a config alone, every parameter perturbed as the fixtures' are."""
+    torch.manual_seed(0)
+    shape = dict(image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    tower = transformers.Tipsv2VisionModel(transformers.Tipsv2VisionConfig(**shape, **fields)).eval()
+    with torch.no_grad():
+        for parameter in tower.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    return tower
+
+
+@pytest.mark.parametrize(
+    "tower, mlp",
+    [
+        (None, ("mlp", 64)),  # the fixture, also at 8x12 (its table shrunk with antialiasing on both sides)
+        (dict(mlp_ratio=2, use_swiglu_ffn=True), ("swiglu", 48)),  # the giant's fused w12: 2/3 of 64, rounded up
+        (dict(mlp_ratio=1.875), ("mlp", 60)),  # a float mlp_ratio, as SO400M's
+    ],
+    ids=["fixture", "swiglu", "float_mlp_ratio"],
+)
+def test_vitlab_writes_a_tipsv2_tower_back_and_transformers_loads_it_equal(tmp_path, tower, mlp):
+    transformers = pytest.importorskip("transformers")
+    from vitlab.checkpoint.families import reference_class
+    from vitlab.checkpoint.formats import export_checkpoint
+
+    io = reference("hf_tipsv2_vision")
+    if tower is None:
+        source, inputs = FIXTURES / "hf_tipsv2_vision", [io["input_nchw"], io["input_small"]]
+    else:
+        source, inputs = tmp_path / "tower", [io["input_nchw"]]
+        tipsv2_tower(transformers, **tower).save_pretrained(source)
+    model = load_model(source)
+    assert (model.config.mlp, model.config.mlp_dim) == mlp
+    export_checkpoint(model, tmp_path / "out", to="hf")
+    assert reference_class(model.config) == "Tipsv2VisionModel"
+    reloaded, loading = transformers.Tipsv2VisionModel.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not any(loading.values()), loading  # no tensor missing, unexpected or mismatched
+    original = transformers.Tipsv2VisionModel.from_pretrained(source).eval()
+    model.dynamic_size = True
+    for images in map(torch.from_numpy, inputs):
+        with torch.no_grad():
+            theirs, ours = original(pixel_values=images), reloaded.eval()(pixel_values=images)
+        for output in ("last_hidden_state", "pooler_output"):
+            torch.testing.assert_close(getattr(ours, output), getattr(theirs, output), atol=1e-5, rtol=0)
+        torch.testing.assert_close(outputs(model, images)[1], theirs.pooler_output, atol=TOLERANCE, rtol=0)

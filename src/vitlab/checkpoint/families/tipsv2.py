@@ -1,6 +1,6 @@
-"""TIPSv2 (Google DeepMind, "TIPSv2", arXiv 2604.12012; an image-text model), its image tower on the way in: the
-files of transformers' Tipsv2VisionModel (model_type "tipsv2_vision_model"), which keep the original TIPS names,
-alone or under `vision_encoder.` in a whole model (the text tower is set aside). timm's
+"""TIPSv2 (Google DeepMind, "TIPSv2", arXiv 2604.12012; an image-text model), its image tower: the files of
+transformers' Tipsv2VisionModel (model_type "tipsv2_vision_model"), which keep the original TIPS names, read alone
+or under `vision_encoder.` in a whole model (the text tower is set aside), and written back as the tower alone. timm's
 `vit_*_patch14_reg1_tipsv2.webli` models are timm's ViT names with one register, read by the "timm" row (all but
 the giant, whose packed SwiGLU `mlp.fc1` that row does not read).
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from vitlab.checkpoint import hf
 from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
-from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions
+from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_layout
 from vitlab.config import ViTConfig
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
@@ -123,7 +123,123 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
     return out
 
 
-MODELS = (ModelFamily("tipsv2", "TIPSv2", released="2026-04", layouts=("hf-tipsv2", "timm"), tower=True),)
+def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+    """vitlab's names -> TIPS's, as Tipsv2VisionModel's files have them (the inverse of `hf_to_state_dict`): the
+    class token's position a zero row again (vitlab folded it into the token), `reg_token` -> `register_tokens`, the
+    MLP renamed (SwiGLU's gate and value fused into `w12`), and a zero mask token, which inference never reads."""
+    import torch
+
+    require_layout("transformers' TIPSv2 image tower", layout_checks(config), "export this model as vitlab's own file")
+    table = state["pos_embed"]  # (1, N, D) -> (1, 1 + N, D)
+    out = {
+        "patch_embed.proj.weight": state["patch_embed.proj.weight"],
+        "patch_embed.proj.bias": state["patch_embed.proj.bias"],
+        "cls_token": state["cls_token"],
+        "register_tokens": state["reg_token"],
+        "pos_embed": torch.cat([table.new_zeros(1, 1, config.embed_dim), table], dim=1),
+        "mask_token": state["cls_token"].new_zeros(1, config.embed_dim),
+        "norm.weight": state["norm.weight"],
+        "norm.bias": state["norm.bias"],
+    }
+    for layer in range(config.depth):
+        block = f"blocks.{layer}."
+        for name in TIMM_NAMED:
+            for kind in ("weight", "bias") if config.qkv_bias or name != "attn.qkv" else ("weight",):
+                out[f"{block}{name}.{kind}"] = state[f"{block}{name}.{kind}"]
+        for index in (1, 2):
+            out[f"{block}ls{index}.gamma"] = state[f"{block}ls{index}.gamma"]
+        for kind in ("weight", "bias"):
+            if config.mlp == "swiglu":  # two (H, D) -> (2H, D): the gate's rows, then the value's
+                gate, value = state[f"{block}mlp.fc1_g.{kind}"], state[f"{block}mlp.fc1_x.{kind}"]
+                out[f"{block}mlp.w12.{kind}"] = torch.cat([gate, value])
+                out[f"{block}mlp.w3.{kind}"] = state[f"{block}mlp.fc2.{kind}"]
+                continue
+            for theirs, name in PLAIN_MLP:
+                out[f"{block}{theirs}.{kind}"] = state[f"{block}{name}.{kind}"]
+    return {key: value.contiguous() for key, value in out.items()}
+
+
+def layout_checks(config: ViTConfig) -> list[tuple[str, bool]]:
+    """What Tipsv2VisionModel needs of a vitlab model: (what, whether this one lacks it)."""
+    return [
+        ("no head (num_classes 0)", config.num_classes != 0 or config.representation_size is not None),
+        (
+            "the class token after the final norm as its output",
+            not config.class_token
+            or config.classifier != "token"
+            or config.fc_norm
+            or bool(config.summary_tokens)
+            or not config.final_norm,
+        ),
+        ("LayerScale", config.layer_scale is None),
+        (
+            "TIPS's blocks (LayerNorm, every bias but perhaps the qkv's, no query-key norm)",
+            config.norm != "layernorm"
+            or config.qk_norm
+            or not (config.key_bias and config.proj_bias and config.mlp_bias),
+        ),
+        ("a GELU MLP or SwiGLU", config.mlp == "mlp" and config.mlp_activation not in ("gelu", "gelu_tanh")),
+        (
+            "register tokens without positions, the class token with one",
+            config.register_tokens == 0 or config.prefix_positions,
+        ),
+        (
+            "a learned position table at the input, resampled bilinearly with antialiasing",
+            config.pos_embed != "learned"
+            or config.pos_embed_placement != "input"
+            or config.pos_resample != "bilinear_antialias",
+        ),
+        (
+            "the paper's stem (no hybrid, no distillation token, no pre-encoder or patch norm, no projection)",
+            config.resnet_layers is not None
+            or config.distilled
+            or config.pre_norm
+            or config.patch_norm
+            or config.projection
+            or config.dense_head != "none",
+        ),
+        (
+            "a square input size and patch (TIPS's square position table)",
+            config.image_size[0] != config.image_size[1] or config.patch_size[0] != config.patch_size[1],
+        ),
+        (
+            f"an MLP width an mlp_ratio builds (not {config.mlp_dim} at width {config.embed_dim})",
+            hf.dinov2_mlp_ratio(config, whole=False) is None,
+        ),
+    ]
+
+
+def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
+    """The config.json of a Tipsv2VisionModel with this config."""
+    return {
+        "model_type": MODEL_TYPE,
+        "architectures": ["Tipsv2VisionModel"],
+        "image_size": config.image_size[0],
+        "patch_size": config.patch_size[0],
+        "num_channels": config.in_chans,
+        "hidden_size": config.embed_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "mlp_ratio": hf.dinov2_mlp_ratio(config, whole=False),  # a float where the width needs one (SO400M's)
+        "use_swiglu_ffn": config.mlp == "swiglu",
+        "hidden_act": "gelu_pytorch_tanh" if config.mlp_activation == "gelu_tanh" else "gelu",  # SwiGLU: SiLU
+        "qkv_bias": config.qkv_bias,
+        "layer_norm_eps": config.layer_norm_eps,
+        "layerscale_value": config.layer_scale,
+        "num_register_tokens": config.register_tokens,
+    }
+
+
+MODELS = (
+    ModelFamily(
+        "tipsv2",
+        "TIPSv2",
+        released="2026-04",
+        layouts=("hf-tipsv2", "timm"),
+        tower=True,
+        reference_class="Tipsv2VisionModel",
+    ),
+)
 LAYOUTS = (
     Family(
         "hf-tipsv2",
@@ -134,8 +250,11 @@ LAYOUTS = (
         matches=is_hf_tipsv2,
         read_config=read_hf_config,
         to_vitlab=hf_to_state_dict,
+        from_vitlab=state_dict_to_hf,
         model_types=(MODEL_TYPE, "tipsv2"),  # the tower alone, or a whole Tipsv2Model
         preprocessing={MODEL_TYPE: hf.preprocessing_from_hf(None, MODEL_TYPE, "TIPSv2 defaults", HF_PROCESSOR)},
+        config_family="tipsv2",
+        hf_config=hf_config_dict,  # the tower alone: Tipsv2VisionModel
         checked_before=("timm",),
     ),
 )
