@@ -284,3 +284,58 @@ def test_vitlab_writes_a_tipsv2_tower_back_and_transformers_loads_it_equal(tmp_p
         for output in ("last_hidden_state", "pooler_output"):
             torch.testing.assert_close(getattr(ours, output), getattr(theirs, output), atol=1e-5, rtol=0)
         torch.testing.assert_close(outputs(model, images)[1], theirs.pooler_output, atol=TOLERANCE, rtol=0)
+
+
+# ------------------------------------------------------------------------------ timm's packed SwiGLU (DINOv2's giant)
+def timm_dinov2_from_hf(hf: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
+    """The transformers DINOv2 SwiGLU fixture's weights under timm's names (vision_transformer.py,
+    `vit_giant_patch14_dinov2`): fused qkv, LayerScale `ls1.gamma` / `ls2.gamma`, and timm's `SwiGLUPacked` MLP, one
+    `mlp.fc1` of the gate's rows then the value's (GluMlp with gate_last=False: act(first half) * second half), the
+    order of transformers' `weights_in`."""
+    out = {
+        "cls_token": hf["embeddings.cls_token"],
+        "pos_embed": hf["embeddings.position_embeddings"],  # (1, 1 + N, D): timm's DINOv2 gives the class token a row
+        "patch_embed.proj.weight": hf["embeddings.patch_embeddings.projection.weight"],
+        "patch_embed.proj.bias": hf["embeddings.patch_embeddings.projection.bias"],
+        "norm.weight": hf["layernorm.weight"],
+        "norm.bias": hf["layernorm.bias"],
+    }
+    for i in range(depth):
+        layer, block = f"encoder.layer.{i}.", f"blocks.{i}."
+        for kind in ("weight", "bias"):
+            parts = [hf[f"{layer}attention.attention.{part}.{kind}"] for part in ("query", "key", "value")]
+            out[f"{block}attn.qkv.{kind}"] = torch.cat(parts)
+            for theirs, timm_name in [
+                ("attention.output.dense", "attn.proj"),
+                ("norm1", "norm1"),
+                ("norm2", "norm2"),
+                ("mlp.weights_in", "mlp.fc1"),
+                ("mlp.weights_out", "mlp.fc2"),
+            ]:
+                out[f"{block}{timm_name}.{kind}"] = hf[f"{layer}{theirs}.{kind}"]
+        out[block + "ls1.gamma"] = hf[layer + "layer_scale1.lambda1"]
+        out[block + "ls2.gamma"] = hf[layer + "layer_scale2.lambda1"]
+    return out
+
+
+def test_a_timm_dinov2_giant_file_with_packed_swiglu_gives_the_reference_outputs(tmp_path):
+    """timm's `vit_giant_patch14_dinov2` packs its SwiGLU into one `mlp.fc1` twice as wide as `fc2` reads: the timm
+    row splits it into vitlab's gate and value, and the transformers fixture under those names gives Dinov2Model's
+    outputs."""
+    from safetensors.torch import load_file, save_file
+
+    from vitlab.checkpoint.timm import hints_from_timm_json
+
+    io = reference("hf_dinov2_swiglu")
+    hf = load_file(FIXTURES / "hf_dinov2_swiglu" / "model.safetensors")
+    state = timm_dinov2_from_hf(hf, 2)
+    assert state["blocks.0.mlp.fc1.weight"].shape == (96, 32) and state["blocks.0.mlp.fc2.weight"].shape == (32, 48)
+    save_file(state, tmp_path / "giant.safetensors")
+    config, _, kind = read_checkpoint(tmp_path / "giant.safetensors", {"num_heads": 4})
+    assert kind == "timm" and (config.mlp, config.mlp_dim, config.register_tokens) == ("swiglu", 48, 0)
+    hidden, pooled = outputs(
+        load_model(tmp_path / "giant.safetensors", num_heads=4), torch.from_numpy(io["input_nchw"])
+    )
+    assert_close(hidden, io["last_hidden_state"])
+    assert_close(pooled, io["features"])
+    assert hints_from_timm_json({"architecture": "vit_giant_patch14_dinov2.lvd142m"})["num_heads"] == 24

@@ -1,4 +1,5 @@
-"""timm checkpoints: vitlab's parameter names are timm's, so a timm `VisionTransformer` state dict loads as it is.
+"""timm checkpoints: vitlab's parameter names are timm's, so a timm `VisionTransformer` state dict loads as it is,
+but for the MLP of DINOv2's giant (`SwiGLUPacked`: gate and value in one `fc1`), split into vitlab's SwiGLU.
 
 What a state dict cannot say (the head count, the pooling of an avg model with a class token) comes from a
 sidecar: a JSON of timm constructor arguments beside the weights (`<name>.json`), a timm hub `config.json`
@@ -39,6 +40,27 @@ def is_timm_layout(weights: Weights) -> bool:
     return is_timm_state_dict(set(weights.tensors))
 
 
+def is_packed_swiglu(state: dict[str, torch.Tensor]) -> bool:
+    """Whether a timm state dict's MLP is timm's `SwiGLUPacked` (`vit_giant_patch14_dinov2`): one `fc1` holding the
+    gate's rows, then the value's, twice as many as `fc2` reads (a plain MLP's fc1 has as many as fc2 reads)."""
+    fc1, fc2 = state.get("blocks.0.mlp.fc1.weight"), state.get("blocks.0.mlp.fc2.weight")
+    return fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]
+
+
+def timm_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str = "") -> dict[str, torch.Tensor]:
+    """timm's names are vitlab's, but for `SwiGLUPacked`'s one `fc1`, whose halves are vitlab's gate (`fc1_g`) and
+    value (`fc1_x`): timm's GluMlp with gate_last=False computes act(first half) * second half."""
+    if config.mlp != "swiglu" or not is_packed_swiglu(state):
+        return state
+    out = dict(state)
+    for layer in range(config.depth):
+        mlp = f"blocks.{layer}.mlp."
+        for kind in ("weight", "bias") if config.mlp_bias else ("weight",):
+            gate, value = out.pop(f"{mlp}fc1.{kind}").chunk(2)  # (2H, D) -> two (H, D)
+            out[f"{mlp}fc1_g.{kind}"], out[f"{mlp}fc1_x.{kind}"] = gate, value
+    return out
+
+
 def read_config(weights: Weights) -> ViTConfig:
     """The config of a timm state dict: the exact one that vitlab's timm export writes into the header, else
     `config_from_timm` of the names and shapes, completed by the timm JSON beside it and the caller's hints."""
@@ -64,6 +86,8 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
             hints["num_heads"] = {"so400m": 16, "large": 8, "huge": 12, "1b": 16, "3b": 24}[
                 named.group(1) or named.group(2)
             ]
+        if re.match(r"vit_giant_patch14_(?:reg\d+_)?dinov2", str(args["architecture"])):
+            hints["num_heads"] = 24  # DINOv2's giant: 1536 wide, 24 heads of 64 (timm's other giants are 1408 wide)
     for timm_name, our_name in (
         ("num_heads", "num_heads"),
         ("img_size", "image_size"),
@@ -155,7 +179,11 @@ def config_from_timm(
     embed_dim = proj.shape[0]
     depth = len({m.group(1) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))})
     gated = "blocks.0.mlp.fc1_g.weight" in state  # SwiGLU (AIMv2)
-    mlp_dim = state["blocks.0.mlp.fc1_g.weight" if gated else "blocks.0.mlp.fc1.weight"].shape[0]
+    packed = is_packed_swiglu(state)  # SwiGLU with gate and value in one fc1 (DINOv2's giant)
+    if packed:
+        mlp_dim = state["blocks.0.mlp.fc2.weight"].shape[1]
+    else:
+        mlp_dim = state["blocks.0.mlp.fc1_g.weight" if gated else "blocks.0.mlp.fc1.weight"].shape[0]
     rms = "blocks.0.norm1.weight" in state and "blocks.0.norm1.bias" not in state  # timm's RmsNorm has no bias
     class_token = "cls_token" in state
     distilled = "dist_token" in state  # timm's VisionTransformerDistilled (DeiT): dist_token and head_dist
@@ -229,7 +257,7 @@ def config_from_timm(
         # CLIP towers and AIMv2 (RMSNorm) use eps 1e-5; the others timm's 1e-6 (a state dict cannot say).
         layer_norm_eps=1e-5 if "norm_pre.weight" in state or rms else 1e-6,
         norm="rmsnorm" if rms else "layernorm",
-        mlp="swiglu" if gated else "mlp",
+        mlp="swiglu" if gated or packed else "mlp",
         qk_norm="blocks.0.attn.q_norm.weight" in state,
         proj_bias="blocks.0.attn.proj.weight" not in state or "blocks.0.attn.proj.bias" in state,
         mlp_bias="blocks.0.mlp.fc2.bias" in state,

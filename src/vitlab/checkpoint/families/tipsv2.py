@@ -1,8 +1,8 @@
 """TIPSv2 (Google DeepMind, "TIPSv2", arXiv 2604.12012; an image-text model), its image tower: the files of
 transformers' Tipsv2VisionModel (model_type "tipsv2_vision_model"), which keep the original TIPS names, read alone
 or under `vision_encoder.` in a whole model (the text tower is set aside), and written back as the tower alone. timm's
-`vit_*_patch14_reg1_tipsv2.webli` models are timm's ViT names with one register, read by the "timm" row (all but
-the giant, whose packed SwiGLU `mlp.fc1` that row does not read).
+`vit_*_patch14_reg1_tipsv2.webli` models are timm's ViT names with one register, read by the "timm" row (the
+giant's packed SwiGLU `mlp.fc1` split as that row splits DINOv2's giant's: timm's `SwiGLUPacked`, gate rows first).
 
 The tower is DINOv2 with registers: patch 14, one register token (TIPSv2 supervises it with synthetic captions
 as a second class token) with no position, LayerScale, a final LayerNorm, the class token as the pooled output.
