@@ -14,9 +14,12 @@ scenes, 1,000 validation scenes (which choose the best checkpoint), 2,000 test s
 same scenes as the frozen linear probe of the same model, `vitlab dense-probe /tmp/runs/mnist --dataset
 mnist-scenes` (19.86% test mIoU, last block; BENCHMARKS.md, "The dense probes on mnist-scenes").
 
-Measured: only a smoke run so far (300 training scenes, 1 epoch, `--set max_train_images=300 --set epochs=1`:
-see the issue's report); the full run's time and test mIoU are to be measured on a quiet machine and written here.
-The goal: at least 5 mIoU points above the frozen probe's 19.86%.
+Measured (2-core Intel Xeon with AMX, torch 2.13.0+cpu, bf16 autocast chosen by the run; seed 0, one run): 35m37s
+wall for the 10 epochs (48 images/s in training steps; the first half shared the cores with other work, the last
+epochs ran at 110 images/s), validation mIoU 9.6% after epoch 1 (mask annealing still at 1), 24.5% after epoch 5,
+36.85% at epoch 10 (the best); test mIoU 37.12%, pixel accuracy 96.17% (2,000 scenes, once, at the end): 17.3 points
+above the frozen linear probe's 19.86% (13.7 above its last-four-blocks 23.39%). BENCHMARKS.md, "EoMT fine-tuned on
+mnist-scenes".
 """
 
 from vitlab.data.transforms import AugmentConfig
