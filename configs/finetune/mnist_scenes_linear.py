@@ -10,8 +10,10 @@ schedule and augmentation as mnist_scenes_eomt.py, so the two differ in the head
 `--set segmentation.backbone_lr_scale=0` the encoder stays frozen (the setting of the dense probe, 19.86% test mIoU,
 though the probe's head is DINOv3's BatchNorm + 1x1 convolution with its own learning-rate sweep).
 
-Measured: only a smoke run so far (300 training scenes, 1 epoch: see the issue's report); the full run's time and
-test mIoU are to be measured on a quiet machine and written here.
+Measured (2-core Intel Xeon with AMX, torch 2.13.0+cpu, bf16 autocast; seed 0, one run, a quiet machine): 6m13s
+wall for the 10 epochs (279 images/s in training steps); validation mIoU 32.55% at epoch 10 (the best); test mIoU
+33.77%, pixel accuracy 94.99% (2,000 scenes, once, at the end). EoMT's recipe reaches 37.12% on the same scenes
+(BENCHMARKS.md, "EoMT fine-tuned on mnist-scenes").
 """
 
 from vitlab.data.transforms import AugmentConfig
