@@ -164,9 +164,12 @@ def place_checked_export(
 @contextlib.contextmanager
 def quiet_loggers(*names: str) -> Iterator[None]:
     """Raise the given loggers to ERROR for a while: the exporter notes that torchvision is missing and the
-    quantizer suggests a pre-processing step, neither of which the user can or needs to act on."""
+    quantizer suggests a pre-processing step, neither of which the user can or needs to act on. A handler the
+    library puts on the root logger meanwhile is taken off again: ONNX Runtime's static quantizer calls
+    `logging.basicConfig`, after which every later vitlab message was printed twice ("INFO:vitlab:...")."""
     loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
+    root_handlers = list(logging.root.handlers)
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
@@ -174,6 +177,8 @@ def quiet_loggers(*names: str) -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+        for handler in [handler for handler in logging.root.handlers if handler not in root_handlers]:
+            logging.root.removeHandler(handler)
 
 
 # ------------------------------------------------------------------------------------------------ reporting
