@@ -286,6 +286,88 @@ def test_vitlab_writes_a_tipsv2_tower_back_and_transformers_loads_it_equal(tmp_p
         torch.testing.assert_close(outputs(model, images)[1], theirs.pooler_output, atol=TOLERANCE, rtol=0)
 
 
+def timm_tipsv2_from_hf(hf: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
+    """The transformers TIPSv2 fixture's weights under timm's names (vision_transformer.py,
+    `vit_*_patch14_reg1_tipsv2`: VisionTransformer with reg_tokens=1, no_embed_class=True, init_values=1.0), as
+    timm's `_convert_dinov2` makes them: `register_tokens` -> `reg_token`, the class token's position row added to
+    the class token (neither prefix token has a position), `mlp.c_fc` / `mlp.c_proj` -> `mlp.fc1` / `mlp.fc2`, the
+    mask token dropped."""
+    table = hf["pos_embed"]  # (1, 1 + N, D): the class token's row, then the patches'
+    out = {
+        "cls_token": hf["cls_token"] + table[:, :1],
+        "reg_token": hf["register_tokens"],
+        "pos_embed": table[:, 1:],
+        "patch_embed.proj.weight": hf["patch_embed.proj.weight"],
+        "patch_embed.proj.bias": hf["patch_embed.proj.bias"],
+        "norm.weight": hf["norm.weight"],
+        "norm.bias": hf["norm.bias"],
+    }
+    renamed = {"mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+    for i in range(depth):
+        block = f"blocks.{i}."
+        for name in ["norm1", "attn.qkv", "attn.proj", "norm2", "mlp.c_fc", "mlp.c_proj"]:
+            for kind in ("weight", "bias"):
+                out[f"{block}{renamed.get(name, name)}.{kind}"] = hf[f"{block}{name}.{kind}"]
+        out[block + "ls1.gamma"] = hf[block + "ls1.gamma"]
+        out[block + "ls2.gamma"] = hf[block + "ls2.gamma"]
+    return out
+
+
+def test_a_timm_tipsv2_file_gives_the_reference_outputs_at_its_size_and_a_smaller_one(tmp_path):
+    """timm's `vit_*_patch14_reg1_tipsv2.webli` on the hub: its tensors and config.json (architecture, the fixture's
+    shape as model_args, timm's pretrained cfg: no mean or std). The architecture makes it TIPSv2 (its table shrunk
+    bilinearly with antialiasing, as Tipsv2VisionModel does), so the fixture's outputs come back at 16x16 and 8x12."""
+    from safetensors.torch import load_file, save_file
+
+    io = reference("hf_tipsv2_vision")
+    hf = load_file(FIXTURES / "hf_tipsv2_vision" / "model.safetensors")
+    folder = tmp_path / "vit_base_patch14_reg1_tipsv2.webli"
+    folder.mkdir()
+    save_file(timm_tipsv2_from_hf(hf, 2), folder / "model.safetensors")
+    timm_config = {
+        "architecture": "vit_base_patch14_reg1_tipsv2",
+        "num_classes": 0,
+        "num_features": 32,
+        "global_pool": "token",
+        "model_args": {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 4, "img_size": 16},
+        "pretrained_cfg": {
+            "tag": "webli",
+            "input_size": [3, 16, 16],
+            "interpolation": "bicubic",
+            "crop_pct": 1.0,
+            "crop_mode": "center",
+            "mean": [0.0, 0.0, 0.0],
+            "std": [1.0, 1.0, 1.0],
+            "num_classes": 0,
+        },
+    }
+    (folder / "config.json").write_text(json.dumps(timm_config))
+    config, _, kind = read_checkpoint(folder)
+    assert kind == "timm" and config.family == "tipsv2" and config.register_tokens == 1
+    assert not config.prefix_positions and config.classifier == "token" and config.layer_scale is not None
+    assert (
+        config.pos_resample == "bilinear_antialias"
+        and set(config.image_mean) == {0.0}
+        and set(config.image_std) == {1.0}
+    )
+    model = load_model(folder)
+    hidden, pooled = outputs(model, torch.from_numpy(io["input_nchw"]))
+    assert_close(hidden, io["last_hidden_state"])
+    assert_close(pooled, io["features"])
+    model.dynamic_size = True
+    hidden, pooled = outputs(model, torch.from_numpy(io["input_small"]))
+    assert_close(hidden, io["last_hidden_state_small"])
+    assert_close(pooled, io["features_small"])
+
+
+def test_timm_names_tipsv2s_giant_with_24_heads():
+    from vitlab.checkpoint.timm import hints_from_timm_json
+
+    hints = hints_from_timm_json({"architecture": "vit_giant_patch14_reg1_tipsv2.webli"})
+    assert hints["num_heads"] == 24 and hints["family"] == "tipsv2"
+    assert hints_from_timm_json({"architecture": "vit_so400m_patch14_reg1_tipsv2.webli"})["num_heads"] == 16
+
+
 # ------------------------------------------------------------------------------ timm's packed SwiGLU (DINOv2's giant)
 def timm_dinov2_from_hf(hf: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
     """The transformers DINOv2 SwiGLU fixture's weights under timm's names (vision_transformer.py,
@@ -339,3 +421,120 @@ def test_a_timm_dinov2_giant_file_with_packed_swiglu_gives_the_reference_outputs
     assert_close(hidden, io["last_hidden_state"])
     assert_close(pooled, io["features"])
     assert hints_from_timm_json({"architecture": "vit_giant_patch14_dinov2.lvd142m"})["num_heads"] == 24
+
+
+# ------------------------------------------------------------------------------ the commands on issue 51's fixtures
+COMMAND_FIXTURES = ["hf_radio", "hf_tipsv2_vision", "hf_dinov2_swiglu"]
+
+
+def reference_patches(model, name: str) -> tuple[torch.Tensor, np.ndarray]:
+    """(the model's input, the reference's patch tokens (B, N, D)) of a fixture: C-RADIO's `features` for pixels
+    normalised as vitlab's preprocessing does, the others' last hidden state less its prefix tokens."""
+    io = reference(name)
+    if name == "hf_radio":
+        mean, std = (
+            torch.tensor(values).view(-1, 1, 1) for values in (model.config.image_mean, model.config.image_std)
+        )
+        return (torch.from_numpy(io["pixels"]) - mean) / std, io["features"]
+    return torch.from_numpy(io["input_nchw"]), io["last_hidden_state"][:, model.config.num_prefix_tokens :]
+
+
+@pytest.mark.parametrize("name", COMMAND_FIXTURES)
+def test_dense_features_are_the_reference_patch_tokens(name):
+    """What `vitlab dense` stores (`dense_features`, the last block after the model's final norm; C-RADIO has none)
+    is the reference's patch tokens on their grid."""
+    from vitlab.dense.features import dense_features
+
+    model = load_model(FIXTURES / name)
+    images, expected = reference_patches(model, name)
+    grid = dense_features(model, images).grids[0]  # (B, D, rows, cols)
+    assert grid.shape[-2:] == (4, 4)
+    assert_close(grid.flatten(2).transpose(1, 2), expected)
+
+
+async def asgi_request(app, method: str, target: str, body: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP request through the ASGI app, as uvicorn makes it: (status, body)."""
+    path, _, query = target.partition("?")
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "headers": [(b"content-type", b"image/png"), (b"content-length", str(len(body)).encode())],
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("test", 80),
+        "client": ("test", 1),
+        "root_path": "",
+    }
+    messages: list[dict] = []
+    delivered = False
+
+    async def receive() -> dict:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        messages.append(message)
+
+    await app(scope, receive, send)
+    status = next(m["status"] for m in messages if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+
+
+@pytest.mark.parametrize("name", COMMAND_FIXTURES)
+def test_the_families_serve_predictions_patches_and_explanations(tmp_path, name):
+    """`vitlab serve` on each fixture given a 3-class head (an encoder alone is refused: it has no classes): the
+    app started as uvicorn starts it (its batcher in the lifespan), a 30x20 photo's classes, patch colours and
+    attention map."""
+    import asyncio
+    import io as bytes_io
+
+    from PIL import Image
+
+    pytest.importorskip("starlette")
+    from vitlab.checkpoint.io import save_model
+    from vitlab.serve.app import create_app
+    from vitlab.serve.engine import Engine
+
+    model = load_model(FIXTURES / name)
+    torch.manual_seed(0)
+    model.reset_head(3, ["a", "b", "c"])
+    engine = Engine(save_model(model, tmp_path / "model.safetensors"), precision="fp32", device="cpu")
+    app = create_app(engine)
+    buffer = bytes_io.BytesIO()
+    Image.fromarray((np.random.default_rng(0).random((20, 30, 3)) * 255).astype(np.uint8)).save(buffer, format="PNG")
+
+    async def session() -> list[tuple[int, bytes]]:
+        to_app, from_app = asyncio.Queue(), asyncio.Queue()
+        lifespan = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"}}, to_app.get, from_app.put))
+        await to_app.put({"type": "lifespan.startup"})
+        assert (await from_app.get())["type"] == "lifespan.startup.complete"
+        targets = ["/v1/predict", "/v1/patches", "/v1/explain?format=json"]
+        answers = [await asgi_request(app, "POST", target, buffer.getvalue()) for target in targets]
+        await to_app.put({"type": "lifespan.shutdown"})
+        await lifespan
+        return answers
+
+    (predicted, prediction), (patched, patches), (explained, explanation) = asyncio.run(session())
+    assert predicted == 200 and {p["label"] for p in json.loads(prediction)["predictions"]} == {"a", "b", "c"}
+    assert patched == 200 and json.loads(patches)["grid"] == [4, 4]
+    assert explained == 200 and np.asarray(json.loads(explanation)["map"]).shape == (4, 4)
+
+
+@pytest.mark.parametrize("name", COMMAND_FIXTURES)
+def test_the_families_export_to_onnx_and_analyze(tmp_path, capsys, name):
+    """`vitlab export` (ONNX, checked against PyTorch by the command itself) and `vitlab analyze` on each fixture."""
+    pytest.importorskip("onnxruntime")
+    from vitlab.cli import main
+
+    checkpoint = str(FIXTURES / name)
+    assert main(["export", checkpoint, "-o", str(tmp_path / "model.onnx"), "--dynamic-batch"]) == 0
+    assert "fp32 tolerance: max |logit diff| <= 0.0001: passed" in capsys.readouterr().out
+    analysis = ["analyze", checkpoint, "--images", "digits", "--out", str(tmp_path / "analysis")]
+    assert main([*analysis, "--num-images", "2", "--distance-images", "8"]) == 0
+    assert (tmp_path / "analysis" / "report.html").is_file()

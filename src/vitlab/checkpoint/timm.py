@@ -86,8 +86,11 @@ def hints_from_timm_json(data: dict[str, Any]) -> dict[str, Any]:
             hints["num_heads"] = {"so400m": 16, "large": 8, "huge": 12, "1b": 16, "3b": 24}[
                 named.group(1) or named.group(2)
             ]
-        if re.match(r"vit_giant_patch14_(?:reg\d+_)?dinov2", str(args["architecture"])):
-            hints["num_heads"] = 24  # DINOv2's giant: 1536 wide, 24 heads of 64 (timm's other giants are 1408 wide)
+        if re.match(r"vit_giant_patch14_(?:reg\d+_)?(?:dinov2|tipsv2)", str(args["architecture"])):
+            # DINOv2's giant and TIPSv2's: 1536 wide, 24 heads of 64 (timm's other giants are 1408 wide)
+            hints["num_heads"] = 24
+        if re.match(r"vit_\w+_reg1_tipsv2", str(args["architecture"])):
+            hints["family"] = "tipsv2"  # timm's vit_*_patch14_reg1_tipsv2: TIPSv2's image tower under timm's names
     for timm_name, our_name in (
         ("num_heads", "num_heads"),
         ("img_size", "image_size"),
@@ -156,6 +159,18 @@ TIMM_FAMILY_PREPROCESSING: dict[str, dict[str, Any]] = {
         image_std=(0.5,),
         preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=0.9),
     ),
+    # TIPSv2 (timm's vit_*_reg1_tipsv2.webli cfgs): [0, 1] pixels, no mean or std, the centre at crop_pct 1.0.
+    "tipsv2": dict(
+        image_mean=(0.0,),
+        image_std=(1.0,),
+        preprocessing=Preprocessing(mode="crop", resize="bicubic", crop_fraction=1.0),
+    ),
+}
+# The families whose timm files are theirs in vitlab's config too (`ViTConfig.family`, so `export --to hf` writes
+# their transformers layout), with the arithmetic a state dict cannot say: TIPSv2 resizes its position table
+# bilinearly with antialiasing, as the reference model does (timm's own dynamic resize is bicubic).
+TIMM_FAMILY_FIELDS: dict[str, dict[str, Any]] = {
+    "tipsv2": dict(family="tipsv2", pos_resample="bilinear_antialias"),
 }
 
 
@@ -272,6 +287,7 @@ def config_from_timm(
     clip_like = fields["pre_norm"] or (rms and fields["patch_norm"])
     family = hints.pop("family", None) or ("deit" if distilled else "clip" if clip_like else "augreg")
     fields.update(TIMM_FAMILY_PREPROCESSING[family])
+    fields.update(TIMM_FAMILY_FIELDS.get(family, {}))
     fields.update(hints)
     if fields["pre_norm"] and "mlp_activation" not in hints:
         warnings.warn(

@@ -2,7 +2,8 @@
 transformers' Tipsv2VisionModel (model_type "tipsv2_vision_model"), which keep the original TIPS names, read alone
 or under `vision_encoder.` in a whole model (the text tower is set aside), and written back as the tower alone. timm's
 `vit_*_patch14_reg1_tipsv2.webli` models are timm's ViT names with one register, read by the "timm" row (the
-giant's packed SwiGLU `mlp.fc1` split as that row splits DINOv2's giant's: timm's `SwiGLUPacked`, gate rows first).
+giant's packed SwiGLU `mlp.fc1` split as that row splits DINOv2's giant's: timm's `SwiGLUPacked`, gate rows first);
+the architecture in their config.json makes them this family (checkpoint/timm.py's TIMM_FAMILY_FIELDS).
 
 The tower is DINOv2 with registers: patch 14, one register token (TIPSv2 supervises it with synthetic captions
 as a second class token) with no position, LayerScale, a final LayerNorm, the class token as the pooled output.
