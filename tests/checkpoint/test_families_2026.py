@@ -176,6 +176,35 @@ def test_radio_works_in_the_commands(tmp_path, capsys):
     assert main(["export", checkpoint, "-o", str(tmp_path / "model.onnx"), "--dynamic-batch"]) == 0
 
 
+def test_radios_torch_hub_release_is_refused_with_what_to_load_instead(tmp_path):
+    """NVlabs/RADIO's `.pth.tar` (hubconf.py: {"state_dict": base_model.*, input_conditioner.*, "args": an
+    argparse.Namespace}), made here of the fixture's tensors: weights_only=True refuses the Namespace, and the message
+    names it and points at the Hugging Face files, not at re-saving a state dict that would lack the settings."""
+    import argparse
+
+    from safetensors.torch import load_file
+
+    from vitlab.errors import CheckpointError
+
+    renamed = {"radio_model.model.": "base_model.", "radio_model.input_conditioner.": "input_conditioner."}
+    state = {
+        new + key.removeprefix(old): value
+        for key, value in load_file(FIXTURES / "hf_radio" / "model.safetensors").items()
+        for old, new in renamed.items()
+        if key.startswith(old)
+    }
+    args = argparse.Namespace(model="vit_huge_patch16_224", teachers=[{"name": "clip", "use_summary": True}])
+    torch.save({"state_dict": state, "args": args}, tmp_path / "c-radio_v3-b_half.pth.tar")
+    with pytest.raises(CheckpointError) as refused:
+        read_checkpoint(tmp_path / "c-radio_v3-b_half.pth.tar")
+    message = str(refused.value)
+    assert "argparse.Namespace" in message and "NVlabs/RADIO's torch.hub release" in message
+    assert "hf-hub:nvidia/C-RADIOv4-H" in message and "re-save its state_dict" not in message
+    torch.save({"state_dict": {"blocks.0.x": torch.zeros(1)}, "args": args}, tmp_path / "other.pth")
+    with pytest.raises(CheckpointError, match="argparse.Namespace.*re-save its state_dict"):
+        read_checkpoint(tmp_path / "other.pth")  # another file with a Namespace: the general advice
+
+
 # ------------------------------------------------------------------------------ EUPE
 def test_an_eupe_file_is_timm_dinov3_with_a_qkv_bias_and_gives_the_dinov3_reference(tmp_path):
     """timm's EUPE models (`vit_*_patch16_dinov3_qkvb.eupe_lvd1689m`) are its DINOv3 EVA layout with q_bias and

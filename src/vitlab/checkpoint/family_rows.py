@@ -77,6 +77,9 @@ class Family:
     # The rows whose key signatures also match this layout's files (it is a special case of theirs): this row is
     # tried first. Timm's DINOv3 is timm's ViT names plus EVA's LayerScale, so it is checked before "timm".
     checked_before: tuple[str, ...] = ()
+    # A release file of the family's that vitlab refuses because its pickle holds objects other than tensors (a
+    # training script's settings): (a tensor-name prefix that tells it, what to load instead), for the message.
+    pickled_release: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

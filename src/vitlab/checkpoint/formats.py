@@ -20,7 +20,15 @@ import torch
 from vitlab import runs
 from vitlab.checkpoint import families, hf
 from vitlab.checkpoint.hub import WEIGHT_FILES
-from vitlab.checkpoint.io import Weights, load_state_dict_checked, read_json, read_tensors, save_model, save_state_dict
+from vitlab.checkpoint.io import (
+    PickledObjectsError,
+    Weights,
+    load_state_dict_checked,
+    read_json,
+    read_tensors,
+    save_model,
+    save_state_dict,
+)
 from vitlab.checkpoint.resolve import resolve_checkpoint
 from vitlab.config import ViTConfig
 from vitlab.data.imagenet import NUM_CLASSES as IMAGENET_CLASSES
@@ -109,7 +117,10 @@ def read_weights(
     """`read_checkpoint` of a resolved weights file and its sidecar JSON, before class names are filled in: the
     file read whole (`io.read_tensors`), its family told (`families.family_of`), then read by that family's row."""
     source = str(weights)
-    container, tensors, metadata = read_tensors(weights)
+    try:
+        container, tensors, metadata = read_tensors(weights)
+    except PickledObjectsError as error:
+        raise families.explain_pickled_release(error) from None
     processor_path = weights.parent / PROCESSOR_FILE
     found = Weights(
         source,

@@ -173,22 +173,50 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
         ) from None
 
 
+class PickledObjectsError(CheckpointError):
+    """A PyTorch file refused because its pickle holds objects other than tensors. `names`: the strings in that pickle
+    (its keys and tensor names, `pickle_strings`), so a family can tell its own release file by them and say what
+    to load instead (`Family.pickled_release`)."""
+
+    def __init__(self, refusal: str, advice: str, names: frozenset[str]) -> None:
+        super().__init__(f"{refusal}. {advice}")
+        self.refusal, self.names = refusal, names  # the refusal without its advice, for a family's own
+
+
+def pickle_strings(path: Path) -> frozenset[str]:
+    """The strings in a PyTorch zip file's pickle (`data.pkl`: dict keys, tensor names, the names of the classes it
+    would build), read by `pickletools.genops`, which parses the opcodes and builds no object."""
+    import pickletools
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            member = next((name for name in archive.namelist() if name.rsplit("/", 1)[-1] == "data.pkl"), None)
+            data = archive.read(member) if member is not None else b""
+        return frozenset(arg for _, arg, _ in pickletools.genops(data) if isinstance(arg, str))
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return frozenset()
+
+
 def read_torch_file(path: Path) -> dict[str, torch.Tensor]:
     """A state dict from a PyTorch file, loaded with weights_only=True (no arbitrary unpickling).
 
     Accepts the common wrappers: {"state_dict": ...}, {"model": ...}, {"model_state": ...}.
     """
     import pickle
+    import re
 
     import torch
 
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        raise CheckpointError(
-            f"{path}: refused: the file holds pickled objects other than tensors, and unpickling them could run "
-            f"arbitrary code ({str(error).splitlines()[0]}). Only plain state dicts load; if you trust the file, "
-            "re-save its state_dict with torch.save or as safetensors"
+        refused = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+        what = f"an object of class {refused.group(1)}" if refused else "objects other than tensors"
+        raise PickledObjectsError(
+            f"{path}: refused: the file holds {what}, and unpickling it could run arbitrary code; vitlab loads "
+            "tensors only (torch.load with weights_only=True)",
+            "If you trust the file, re-save its state_dict with torch.save or as safetensors",
+            pickle_strings(path),
         ) from None
     except Exception as error:
         raise CheckpointError(f"{path}: not a readable PyTorch file ({error}); is it truncated or corrupt?") from None

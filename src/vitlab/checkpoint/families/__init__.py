@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from vitlab.checkpoint.family_rows import Family, ModelFamily, Sibling
-from vitlab.checkpoint.io import Weights
+from vitlab.checkpoint.io import PickledObjectsError, Weights
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
 
@@ -258,6 +258,15 @@ def family_of(weights: Weights) -> Family:
         f"{weights.source}: tensors named like {sorted(weights.tensors)[:3]} are no checkpoint "
         f"layout vitlab knows. vitlab loads {supported_families()}"
     )
+
+
+def explain_pickled_release(error: PickledObjectsError) -> CheckpointError:
+    """A refused PyTorch file as the release of the family whose `pickled_release` prefix its pickle's names have:
+    why it is refused, what it is and what to load instead; the refusal as it was for any other file."""
+    for row in FAMILIES:
+        if row.pickled_release is not None and any(name.startswith(row.pickled_release[0]) for name in error.names):
+            return CheckpointError(f"{error.refusal}; {row.pickled_release[1]}")
+    return error
 
 
 def family_named_by(model_type: str, weights: Weights, readable: list[Family]) -> Family:

@@ -14,6 +14,9 @@ C-RADIO is the paper's pre-norm ViT with four changes, each a ViTConfig field:
 - no norm after the last block (`final_norm` False): `last_hidden_state` is the last block's output, `features`
   its patch tokens. Blocks are DINOv2's (LayerScale of ones where a file has none), optionally with SwiGLU.
 
+The original release (NVlabs/RADIO's `.pth.tar`, loaded with torch.hub) is refused with what to load instead: its
+training settings are a pickled object (`RELEASE_INSTEAD` says why).
+
 Names (the original RADIO code's, which RadioModel's files keep; transformers renames them on loading):
 radio_model.model.patch_generator.{embedder, pos_embed, cls_token.token} -> patch_embed.proj (reshaped to a
 convolution), pos_embed, cls_token + reg_token; radio_model.model.blocks.N.* -> blocks.N.* (timm's names, with
@@ -241,6 +244,19 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
     }
 
 
+# NVlabs/RADIO's torch.hub release (`radio_v2.5-h.pth.tar`, `c-radio_v3-b_half.pth.tar`, ...; hubconf.py loads it
+# with weights_only=False) is {"state_dict" or "state_dict_ema": base_model.*, input_conditioner.*, _heads.*, ...,
+# "args": argparse.Namespace}. torch.load(weights_only=True) refuses the Namespace, and its tensors are in the same
+# pickle; the model is not in the tensors alone either: the summary tokens come from args.teachers, the timm
+# architecture (head count) from args.model, spectral reparametrisation from args.spectral_reparam. NVIDIA's
+# Hugging Face repositories hold the same models as safetensors and a config.json, which this module reads.
+RELEASE_INSTEAD = (
+    "this is NVlabs/RADIO's torch.hub release, whose `args` (the training settings that say the summary tokens and "
+    "the architecture) are a pickled argparse.Namespace, and a re-saved state_dict would lack them. Load the "
+    "model's Hugging Face repository instead (model.safetensors and config.json, transformers' RadioModel "
+    "layout), e.g. hf-hub:nvidia/C-RADIOv4-H (`vitlab pretrained` lists the catalogued ones)"
+)
+
 # C-RADIO's arithmetic (transformers' RadioConfig defaults, written for nvidia/C-RADIOv4-H): 3 summary tokens of
 # which the summary reads the first two, 7 registers, a table for up to 2048 pixels, CLIP's statistics.
 ARCHITECTURE: dict[str, Any] = dict(
@@ -299,5 +315,6 @@ LAYOUTS = (
         preprocessing={MODEL_TYPE: dict(image_mean=OPENAI_MEAN, image_std=OPENAI_STD)},
         config_family="radio",
         hf_config=hf_config_dict,
+        pickled_release=("base_model.patch_generator.", RELEASE_INSTEAD),
     ),
 )
