@@ -99,7 +99,7 @@ def test_train_help_lists_every_set_key_with_its_default():
     text = vitlab("train", "--help").stdout
     config = TrainConfig()
     for key, value in config.to_dict().items():
-        if isinstance(value, dict) and key in ("augment", "pretrain"):
+        if isinstance(value, dict) and key in ("augment", "pretrain", "segmentation"):
             for inner, inner_value in value.items():
                 assert f"{key}.{inner}" in text and repr(inner_value) in text
         else:
