@@ -21,6 +21,9 @@ POSITION_CELLS = [
     for kind, placement in itertools.product(POSITION_EMBEDDINGS, PLACEMENTS)
     if not (kind in ("none", "relative", "rope") and placement != "input")
     and not (kind == "sincos2d" and placement == "every_block")
+    # C-RADIO's cropped table is a family's arithmetic (no prefix positions, a table for the largest image), not a
+    # cell of the ablation: tests/checkpoint/test_families_2026.py tests it.
+    and kind != "cpe"
 ]
 POOLINGS = [c for c in CLASSIFIERS]
 
