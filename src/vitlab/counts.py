@@ -34,7 +34,6 @@ def formula_covers(config: ViTConfig) -> bool:
         and not config.projection
         and not config.qk_norm
         and not config.fc_norm
-        and config.final_norm
         and config.pool_mlp_dim is None
     )
 
@@ -121,7 +120,9 @@ def encoder_counts(config: ViTConfig) -> tuple[int, int]:
     params += in_chans * patch_h * patch_w * dim + dim + (norm if config.patch_norm else 0)
     flops += 2 * in_chans * patch_h * patch_w * dim * config.num_patches
     params += config.num_prefix_tokens * dim
-    if position_traits(config.pos_embed).parameters == "table":  # rotary positions and "none" have no table
+    if config.pos_embed == "cpe":  # C-RADIO's square table for its largest image (models/positions/cropped.py)
+        params += (int(config.cpe_max_size or 0) // patch_h) ** 2 * dim
+    elif position_traits(config.pos_embed).parameters == "table":  # rotary positions and "none" have no table
         params += (config.num_position_prefix + config.num_patches) * dim
     # Eqs. 2-3, per block: two norms, qkv and output projections, the MLP (two matrices, or SwiGLU's three).
     mlp_matrices = 3 if config.mlp == "swiglu" else 2
@@ -129,7 +130,7 @@ def encoder_counts(config: ViTConfig) -> tuple[int, int]:
     block_params += dim if config.proj_bias else 0
     block_params += mlp_matrices * dim * mlp + ((mlp_matrices - 1) * mlp + dim if config.mlp_bias else 0)
     block_params += 2 * dim if config.layer_scale is not None else 0
-    params += config.depth * block_params + norm  # and the final norm
+    params += config.depth * block_params + (norm if config.final_norm else 0)  # and the final norm
     # The image-level pooling a config asks for (MAP, AIMv2's probe, the representation layer) is built by every
     # model, dense ones included, though only the classifier runs it.
     params += pooling_counts(config)[0]
@@ -171,7 +172,7 @@ def pooling_counts(config: ViTConfig) -> tuple[int, int]:
 def classifier_counts(config: ViTConfig) -> tuple[int, int]:
     """dense_head "none": every block on every token, the pooling and the classifier (models/vit.py)."""
     flops = config.depth * block_flops(config, config.num_tokens) + pooling_counts(config)[1]
-    head_in = config.representation_size or config.embed_dim
+    head_in = config.representation_size or config.pooled_dim  # C-RADIO's summary: D per summary token
     if not config.num_classes:
         return 0, flops
     return head_in * config.num_classes + config.num_classes, flops + 2 * head_in * config.num_classes
