@@ -603,12 +603,16 @@ def path_speeds_key(threads: int | None = None) -> str:
     return f"{libraries_key()} | {threads or torch.get_num_threads()} threads"
 
 
-def path_speeds(gflops_per_image: float | None = None, measuring: Collection[str] = ()) -> dict | None:
+def path_speeds(
+    gflops_per_image: float | None = None, measuring: Collection[str] = (), batch_size: int | None = None
+) -> dict | None:
     """The inference paths measured on this machine with these libraries and threads (`vitlab bench`, or the
     advice's calibration), for the measured model nearest in size to one of `gflops_per_image` (forward), else the
     latest measured: {"model", "image_size", "batch_size", "gflops_per_image", "speed_vs_eager_fp32": {path:
     ratio}, "source", "date", "measured_at"}, or None. measuring: only the records that measured one of these
-    paths (the export advice's formats: a bench of two paths on a small model says nothing of them)."""
+    paths (the export advice's formats: a bench of two paths on a small model says nothing of them). batch_size:
+    of the records of that model, the one measured at the batch nearest to it (`serve` asks for 1: the order of
+    the paths differs between batch 1 and 16, BENCHMARKS.md "Batch 1")."""
     import math
 
     records = [
@@ -620,9 +624,19 @@ def path_speeds(gflops_per_image: float | None = None, measuring: Collection[str
     ]
     if not records:
         return None
+
+    def batch_distance(record: dict) -> float:
+        return abs(math.log(record["batch_size"] / batch_size)) if batch_size else 0.0
+
     if gflops_per_image is None or gflops_per_image <= 0:
-        return max(records, key=lambda record: record["measured_at"])
-    return min(records, key=lambda record: abs(math.log(record["gflops_per_image"] / gflops_per_image)))
+        return max(records, key=lambda record: (-batch_distance(record), record["measured_at"]))
+    return min(
+        records,
+        key=lambda record: (
+            round(abs(math.log(record["gflops_per_image"] / gflops_per_image)), 6),
+            batch_distance(record),
+        ),
+    )
 
 
 def measured_peaks() -> dict[str, float]:

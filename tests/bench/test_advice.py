@@ -8,13 +8,13 @@ from vitlab.hardware import choose_precision, path_speeds
 GFLOPS = {"B/16": 17.6, "S/16": 4.6, "digits-8": 0.0003}
 
 
-def bench_result(speeds, model="B/16"):
+def bench_result(speeds, model="B/16", batch_size=16):
     """What `run_bench` returns, as far as the advice reads it."""
     return {
         "mode": "inference",
         "model": model,
         "image_size": [224, 224],
-        "batch_size": 16,
+        "batch_size": batch_size,
         "gflops_per_image": GFLOPS[model],
         "paths": [{"path": path, "images_per_second": value} for path, value in speeds.items()],
     }
@@ -110,7 +110,8 @@ def test_auto_precision_follows_the_measured_paths(machine):
 
 def test_quick_takes_the_measured_leaders_and_every_int8_path(machine):
     machine.setattr(records, "installed", lambda *packages: "torchao" not in packages)
-    records.record_path_speeds(bench_result(ZEN5))
+    # the fastest path measured is a peer (transformers' model in OpenVINO int8): not one of vitlab's leaders
+    records.record_path_speeds(bench_result({**ZEN5, "transformers-openvino-int8": 30.0}))
     assert records.quick_paths(False, runner.measured_or_calibrated(None)) == [
         "eager-fp32",
         "onnx-int8",
@@ -196,3 +197,18 @@ def test_the_onnx_int8_path_needs_every_package_its_export_uses(machine):
         "compile-bf16",
         "transformers",
     ]
+
+
+def test_serve_reads_the_figures_measured_at_the_batch_nearest_to_one(machine):
+    """The order of the paths changes with the batch (BENCHMARKS.md "Batch 1"): a server, which meets single
+    images most, takes the batch-1 figures of the model nearest in size, whichever batch was measured last."""
+    from vitlab.config import ViTConfig
+    from vitlab.serve.engine import served_speeds
+
+    records.record_path_speeds(bench_result({"eager-fp32": 5.0, "openvino-fp32": 6.0}, batch_size=1))
+    records.record_path_speeds(bench_result({"eager-fp32": 5.0, "openvino-fp32": 4.0}, batch_size=16))
+    records.record_path_speeds(bench_result({"eager-fp32": 50.0, "openvino-fp32": 25.0}, "digits-8", batch_size=1))
+    assert path_speeds(GFLOPS["B/16"], batch_size=1)["speed_vs_eager_fp32"]["openvino-fp32"] == 1.2
+    assert path_speeds(GFLOPS["B/16"], batch_size=32)["batch_size"] == 16
+    b16 = ViTConfig(image_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_dim=3072)
+    assert served_speeds(b16) == {"eager-fp32": 1.0, "openvino-fp32": 1.2}

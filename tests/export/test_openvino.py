@@ -107,6 +107,30 @@ def test_fp32_round_trip_of_any_batch_and_size_is_within_the_tolerance(model, pi
 
 
 @pytest.mark.run_level
+def test_a_batch_size_that_comes_again_runs_a_graph_compiled_for_it(model, tmp_path):
+    path = tmp_path / "m.xml"
+    openvino.export_openvino(model, path)
+    runtime = openvino.OpenVinoClassifier(path, precision="fp32")
+    images = {size: torch.randn(size, 3, 8, 12) for size in (1, 3, 5)}
+
+    def batch_dimension(size: int):
+        return runtime.compiled_for(size).inputs[0].get_partial_shape()[0]
+
+    for _ in range(2):  # the first call of a size runs the any-batch graph; the second compiles one for it
+        assert set(runtime.static) == set()
+        torch.testing.assert_close(runtime(images[3]), model(images[3]).detach(), atol=1e-4, rtol=0)
+    assert set(runtime.static) == {3} and batch_dimension(3).is_static and batch_dimension(3).get_length() == 3
+    runtime.prepare_batch(1)
+    assert set(runtime.static) == {1, 3} and len(runtime.static) == openvino.STATIC_BATCH_SLOTS
+    for _ in range(2):  # the slots are taken: a third size keeps running the any-batch graph, correctly
+        torch.testing.assert_close(runtime(images[5]), model(images[5]).detach(), atol=1e-4, rtol=0)
+    assert set(runtime.static) == {1, 3} and batch_dimension(5).is_dynamic
+    torch.testing.assert_close(runtime(images[1]), model(images[1]).detach(), atol=1e-4, rtol=0)
+    runtime.use_precision("bf16")  # compiled again for another precision: the fixed-batch graphs too
+    assert set(runtime.static) == {1, 3} and runtime.hint == "bf16"
+
+
+@pytest.mark.run_level
 def test_preprocessing_inside_the_model_takes_uint8_pixels_of_any_size(model, pixels, tmp_path):
     from vitlab.export.onnx import PreprocessAndClassify
 

@@ -21,6 +21,7 @@ openvino and nncf are an optional extra (`pip install 'vitlab[openvino]'`); they
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import importlib.util
@@ -61,6 +62,8 @@ SUFFIX = ".xml"  # the weights go to a .bin file of the same name beside it
 OPENVINO_PACKAGES = ("openvino", "nncf")
 INSTALL_HINT = "pip install 'vitlab[openvino]' (or: pip install openvino nncf)"
 METADATA_KEY = "vitlab"
+# Graphs compiled for one batch size kept beside the any-batch one (`OpenVinoClassifier.compiled_for`).
+STATIC_BATCH_SLOTS = 2
 HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32", "int8+bf16": "bf16"}  # a choice -> the plugin's hint
 
 
@@ -259,7 +262,9 @@ class OpenVinoClassifier:
     """A `vitlab export --format openvino` file compiled by OpenVINO's CPU plugin. Call it with uint8 pixels
     (B, C, H, W) (or, for a graph without the preprocessing inside, normalised float images) to get logits (B, K) as
     a torch tensor. precision: as `openvino_precision`; `use_precision` compiles it again for another. batch_size:
-    compile for this batch only (the bench's fixed batch), else any."""
+    compile for this batch only (the bench's fixed batch), else any: the graph compiled for any batch runs each
+    call, and the first STATIC_BATCH_SLOTS batch sizes that come a second time (an eval's batch, serve's single
+    images) get a graph compiled for their size (`prepare_batch` compiles one at once)."""
 
     def __init__(
         self, path: str | Path, threads: int | None = None, precision: str = "auto", batch_size: int | None = None
@@ -281,7 +286,10 @@ class OpenVinoClassifier:
             shape[0] = batch_size
             self.model.reshape({self.model.inputs[0]: shape})
         self.threads = threads or torch.get_num_threads()
+        self.fixed_batch = batch_size
         self.compiled, self.hint = None, None
+        self.static: dict[int, Any] = {}  # batch size -> the graph compiled for it
+        self.calls: collections.Counter[int] = collections.Counter()
         self.use_precision(precision)
 
     def use_precision(self, requested: str = "auto") -> Choice:
@@ -289,15 +297,45 @@ class OpenVinoClassifier:
         self.choice = openvino_precision(self.config, bool(self.metadata["int8"]), requested)
         hint = HINTS[self.choice.value]
         if hint != self.hint:
-            options = {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": self.threads}
-            self.compiled, self.hint = self.core.compile_model(self.model, "CPU", options), hint
+            self.hint = hint
+            self.compiled = self._compile(self.model)
+            self.static = {size: self._compile(self._with_batch(size)) for size in self.static}
         return self.choice
+
+    def _compile(self, model: Any) -> Any:
+        options = {"INFERENCE_PRECISION_HINT": self.hint, "INFERENCE_NUM_THREADS": self.threads}
+        return self.core.compile_model(model, "CPU", options)
+
+    def _with_batch(self, size: int) -> Any:
+        """The model with its batch dimension fixed at `size` (the other dimensions as they were)."""
+        model = self.model.clone()
+        shape = model.inputs[0].get_partial_shape()
+        shape[0] = size
+        model.reshape({model.inputs[0]: shape})
+        return model
+
+    def prepare_batch(self, size: int) -> None:
+        """Compile a graph for batches of `size` now (where a slot is free), not at its second call."""
+        if self.fixed_batch is None and size not in self.static and len(self.static) < STATIC_BATCH_SLOTS:
+            self.static[size] = self._compile(self._with_batch(size))
+
+    def compiled_for(self, size: int) -> Any:
+        """The compiled graph that runs a batch of `size`: one compiled for that size where there is one, else the
+        one for any batch. A graph whose batch is fixed ran 1.19-1.21x the any-batch one for B/16 int8 at batch 1
+        and 16 (2-core AMX Xeon, `benchmarks/openvino_shapes.py`), and costs a compile (0.5-0.8 s) and the memory of
+        a second copy of the packed weights (160-210 MB there), so only sizes that repeat get one."""
+        if size in self.static:
+            return self.static[size]
+        self.calls[size] += 1
+        if self.calls[size] >= 2:
+            self.prepare_batch(size)
+        return self.static.get(size, self.compiled)
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         array = np.ascontiguousarray(images.numpy() if self.preprocess else images.float().numpy())
         if self.preprocess and array.dtype != np.uint8:
             raise UsageError(f"{self.path} takes uint8 pixels, got {array.dtype}")
-        return torch.from_numpy(self.compiled(array)[0])
+        return torch.from_numpy(self.compiled_for(len(array))(array)[0])
 
     # The same contract as the ONNX runtime's: [0, 1] images or prepared uint8 pixels, preprocessing here or inside.
     classify_unit = OnnxClassifier.classify_unit

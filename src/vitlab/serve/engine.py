@@ -93,6 +93,13 @@ def serving_threads(config, requested: int | None = None) -> int:
     return choose_threads(requested, asked_as="--threads", default=one).count
 
 
+def served_speeds(config) -> dict[str, float]:
+    """{bench path: speed against eager fp32} this machine measured for the model nearest in size to `config`'s,
+    at the batch nearest to one: the single images a server meets most (the order of the paths differs between
+    batch 1 and 16 on a CPU, BENCHMARKS.md "Batch 1"); {} where nothing was measured."""
+    return (path_speeds(model_size(config)[1], batch_size=1) or {}).get("speed_vs_eager_fp32", {})
+
+
 class Engine:
     def __init__(
         self,
@@ -161,7 +168,7 @@ class Engine:
             self.choice = self._choose_precision(precision)
             self.precision = self.choice.value
             onnx_int8 = auto_backend and self.precision == "int8" and self.device.type == "cpu" and not naflex
-            speeds = (path_speeds(model_size(self.config)[1]) or {}).get("speed_vs_eager_fp32", {})
+            speeds = served_speeds(self.config)
             if onnx_int8 and onnx_runtime_installed() and not speeds.get("torch-int8", 0) > speeds.get("onnx-int8", 0):
                 # ONNX Runtime's int8 kernels beat PyTorch's dynamic int8 at B/16 on every CPU measured so far
                 # (BENCHMARKS.md); a bench on this machine that says otherwise keeps PyTorch's.
@@ -205,6 +212,7 @@ class Engine:
             )
         threads = serving_threads(read_openvino_config(path), threads)
         self.runner = OpenVinoClassifier(path, threads=threads, precision=precision)
+        self.runner.prepare_batch(1)  # single images are what a server meets most: their graph is ready at once
         self.config, self.choice = self.runner.config, self.runner.choice
         self.precision = self.choice.value
         if checkpoint is not None:
@@ -221,7 +229,7 @@ class Engine:
             return None
         if not openvino_installed():
             return None
-        speeds = (path_speeds(model_size(self.config)[1]) or {}).get("speed_vs_eager_fp32", {})
+        speeds = served_speeds(self.config)
         torch_path, openvino_path = paths
         if not speeds.get(openvino_path, 0) > speeds.get(torch_path, float("inf")):
             return None
@@ -289,7 +297,9 @@ class Engine:
             self._temporary = tempfile.TemporaryDirectory(prefix="vitlab-serve-")
             path = Path(self._temporary.name) / "model.xml"
             export_openvino(model, path)
-            return OpenVinoClassifier(path, threads=threads, precision=precision)
+            runner = OpenVinoClassifier(path, threads=threads, precision=precision)
+            runner.prepare_batch(1)  # as in `_serve_openvino_file`
+            return runner
         if backend == "onnx":
             if precision == "bf16":
                 raise UsageError("the ONNX Runtime backend serves fp32 or int8; use --backend torch for bf16")
