@@ -595,3 +595,21 @@ def test_openvino_rows_beside_the_peers_when_installed_and_skipped_saying_so_whe
     assert [row["path"] for row in result["paths"]] == ["eager-fp32"]
     for path in OPENVINO_PATHS:
         assert "not installed; pip install 'vitlab[openvino]'" in result["skipped"][path]
+
+
+def test_with_a_dataset_the_paths_are_timed_and_calibrated_on_its_training_images(trained_checkpoint):
+    """The static int8 paths calibrate on the timing batch: with --dataset it is the data set's first training
+    images (the accuracy measured is then the one an export calibrated on the run's images gives), not noise."""
+    from vitlab.bench.runner import timing_batch
+    from vitlab.checkpoint import load_model
+    from vitlab.data.preprocess import prepare
+    from vitlab.eval.runner import evaluation_data
+
+    config = load_model(str(trained_checkpoint)).config
+    batch = timing_batch(config, 8, "digits", None, str(trained_checkpoint))
+    data = evaluation_data(config, "digits", "train")
+    first = next(iter(data.evaluation_batches(8)))
+    data.close()
+    assert torch.equal(batch, prepare(first.images, first.max_value, config))
+    noise = timing_batch(config, 8, None, None, None)
+    assert noise.shape == batch.shape and not torch.equal(noise, batch)

@@ -276,9 +276,7 @@ def run_bench(
     chosen, skipped = choose_paths(train, quick, target, paths, gflops_forward)
     if dense_task(config) is not None:
         chosen = dense_paths(config, train, dataset, chosen, skipped)
-    sample = torch.randn(
-        batch_size, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0)
-    ).to(target)
+    sample = timing_batch(config, batch_size, dataset, data_dir, checkpoint).to(target)
 
     def synchronised(run: Callable[[], Any]) -> Callable[[], Any]:
         if target.type != "cuda":
@@ -418,6 +416,26 @@ def run_bench(
     if record and target.type == "cpu" and result["task"] == "classification":
         record_path_speeds(result)
     return result
+
+
+def timing_batch(
+    config, batch_size: int, dataset: str | None, data_dir: str | None, checkpoint: str | None
+) -> torch.Tensor:
+    """The batch every path is timed on, and the one the static int8 paths (pt2e, ONNX Runtime static, OpenVINO)
+    calibrate on: with `dataset`, its first training images, prepared as the model takes them, so the accuracy
+    measured is the one an export calibrated on the run's own images gives; else normal noise (speed only)."""
+    if dataset is None or dense_task(config) is not None:  # a dense model's accuracy is not measured here
+        return torch.randn(batch_size, config.in_chans, *config.image_size, generator=torch.Generator().manual_seed(0))
+    classes = (RunFolder(checkpoint).recipe() or {}).get("classes") if checkpoint else None
+    data = evaluation_data(config, dataset, "train", data_dir, classes)
+    try:
+        batch = next(iter(data.evaluation_batches(batch_size)))
+    finally:
+        data.close()
+    images = prepare(batch.images, batch.max_value, config)
+    if len(images) < batch_size:  # a data set smaller than one batch: its images again
+        images = images.repeat(-(-batch_size // len(images)), 1, 1, 1)[:batch_size]
+    return images
 
 
 def measure_accuracy(
