@@ -131,6 +131,20 @@ def test_a_batch_size_that_comes_again_runs_a_graph_compiled_for_it(model, tmp_p
 
 
 @pytest.mark.run_level
+def test_a_large_fixed_batch_runs_as_two_halves_on_two_streams_with_the_same_logits(model, tmp_path):
+    path = tmp_path / "m.xml"
+    openvino.export_openvino(model, path)
+    images = torch.randn(openvino.TWO_STREAMS_MIN_BATCH, 3, 8, 12)
+    expected = model(images).detach()
+    for threads, halves in ((2, True), (1, False)):
+        runtime = openvino.OpenVinoClassifier(path, threads=threads, precision="fp32", batch_size=len(images))
+        assert isinstance(runtime.compiled, openvino.HalvesOnTwoStreams) == halves
+        for _ in range(2):  # the requests are reused: a second call returns its own logits, not the first's
+            torch.testing.assert_close(runtime(images), expected, atol=1e-4, rtol=0)
+            torch.testing.assert_close(runtime(images.flip(0)), expected.flip(0), atol=1e-4, rtol=0)
+
+
+@pytest.mark.run_level
 def test_preprocessing_inside_the_model_takes_uint8_pixels_of_any_size(model, pixels, tmp_path):
     from vitlab.export.onnx import PreprocessAndClassify
 

@@ -34,7 +34,13 @@ from vitlab.errors import UsageError, VitlabError
 from vitlab.eval.batches import call_model
 from vitlab.export.checks import quiet_loggers
 from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
-from vitlab.export.openvino import OpenVinoClassifier, export_openvino, quantize_int8, require_openvino
+from vitlab.export.openvino import (
+    OpenVinoClassifier,
+    compile_for_batch,
+    export_openvino,
+    quantize_int8,
+    require_openvino,
+)
 from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
 from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
 from vitlab.kernels import describe_kernel, model_fp32_kernel
@@ -448,7 +454,8 @@ PEER_OPENVINO_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": None}
 
 def _transformers_openvino(model: nn.Module, sample: torch.Tensor, precision: str) -> BenchPath:
     """transformers' own model converted by `openvino.convert_model` (from the module, as OpenVINO's documentation
-    does for transformers' models), at the benchmark's fixed batch, compiled in f32 or bf16, or quantized by NNCF
+    does for transformers' models), at the benchmark's fixed batch (on two streams where vitlab's OpenVINO paths
+    take two: `compile_for_batch`), compiled in f32 or bf16, or quantized by NNCF
     with its defaults for transformers (`ModelType.TRANSFORMER`, calibrated on the benchmark's batch): the route a
     transformers user takes to the fastest CPU model, so vitlab's paths are compared with it."""
     require_cpu(sample, "OpenVINO's CPU plugin")
@@ -476,7 +483,7 @@ def _transformers_openvino(model: nn.Module, sample: torch.Tensor, precision: st
     options: dict[str, Any] = {"INFERENCE_NUM_THREADS": torch.get_num_threads()}
     if hint is not None:
         options["INFERENCE_PRECISION_HINT"] = hint
-    compiled = ov.Core().compile_model(converted, "CPU", options)
+    compiled = compile_for_batch(ov.Core(), converted, len(sample), options)  # as vitlab's OpenVINO paths
 
     def run(images: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(compiled(images.numpy())[0])
