@@ -257,7 +257,13 @@ def _pt2e(model: nn.Module, sample: torch.Tensor, mixed_bf16: bool) -> Callable[
     except UsageError as error:
         raise Unavailable(str(error)) from None
     try:
-        return QuantizedModel(model, calibrate(model, sample.float()), "bf16" if mixed_bf16 else "fp32")
+        # A single image runs the graph compiled for one, as `vitlab serve` prepares it (`prepare_single`).
+        return QuantizedModel(
+            model,
+            calibrate(model, sample.float()),
+            "bf16" if mixed_bf16 else "fp32",
+            batch_size=1 if len(sample) == 1 else None,
+        )
     except Exception as error:  # noqa: BLE001 - export, quantizer and Inductor raise many types
         raise Unavailable(f"PT2E quantization failed: {str(error).splitlines()[0][:200]}") from None
 

@@ -149,12 +149,14 @@ class QuantizedModel:
         precision: str = "auto",
         source: str = "the model",
         compile: bool = True,
+        batch_size: int | None = None,
     ) -> None:
         with _quiet():
             from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
         import torch._inductor.config as inductor_config
 
         self.config: ViTConfig = model.config
+        self.batch_size = batch_size
         self.choice = rest_precision(self.config, precision)
         example = torch.zeros(2, self.config.in_chans, *self.config.image_size)
         prepared = prepared_for_this_cpu(model, example)
@@ -178,10 +180,14 @@ class QuantizedModel:
             if not compile:  # the caller compiles it ahead of time (`Pt2eClassifier`)
                 return
             # dynamic: one compiled graph for every batch size (a batch of 1 is padded to 2, which the symbolic
-            # batch would otherwise specialise and compile again). Freezing turns the weights into constants, so
-            # Inductor pre-packs them for oneDNN and lowers the quantized linears to its int8 kernel; it happens at
-            # the first call, which must run inside the patch (a graph compiled again later is not frozen).
-            self.compiled = torch.compile(converted, dynamic=True)
+            # batch would otherwise specialise and compile again), unless `batch_size` asks for a graph of that
+            # batch only (the bench's single-image row, as `Pt2eClassifier.prepare_single` serves). Freezing turns
+            # the weights into constants, so Inductor pre-packs them for oneDNN and lowers the quantized linears to
+            # its int8 kernel; it happens at the first call, which must run inside the patch (a graph compiled
+            # again later is not frozen).
+            self.compiled = torch.compile(converted, dynamic=batch_size is None)
+            if batch_size is not None:
+                example = torch.zeros(batch_size, self.config.in_chans, *self.config.image_size)
             started = time.perf_counter()
             with self._modes(), inductor_config.patch(freezing=True):
                 self.compiled(plain_tensor(example))
@@ -202,7 +208,7 @@ class QuantizedModel:
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         count = len(images)
-        if count == 1:
+        if count == 1 and self.batch_size != 1:
             images = images.repeat(2, 1, 1, 1)
         # A call that would still compile again raises instead of running the linear layers in fp32 unnoticed.
         with self._modes(), torch.compiler.set_stance("fail_on_recompile"):
@@ -292,12 +298,14 @@ def read_pt2e(
     return config, state, observers, json.loads(metadata.get("pt2e", "{}"))
 
 
-def compiled_package_path(path: Path, precision: str) -> Path:
-    """Where the compiled graph of this file's content is kept for this CPU kind, torch version and precision."""
+def compiled_package_path(path: Path, precision: str, batch_size: int | None = None) -> Path:
+    """Where the compiled graph of this file's content is kept for this CPU kind, torch version and precision (and
+    the batch size of a graph compiled for one)."""
     content = sha256_file(path)[:24]
     machine = hashlib.sha256(machine_key().encode()).hexdigest()[:12]
     versions = f"torch{torch.__version__}-torchao{importlib.metadata.version('torchao')}"  # the quantizer's passes
-    return cache_dir() / "pt2e" / f"{content}-{precision}-{machine}-{versions}.pt2"
+    batch = "" if batch_size is None else f"-batch{batch_size}"
+    return cache_dir() / "pt2e" / f"{content}-{precision}{batch}-{machine}-{versions}.pt2"
 
 
 def load_compiled(package: Path) -> Any:
@@ -320,18 +328,18 @@ def load_compiled(package: Path) -> Any:
         return None
 
 
-def compile_ahead_of_time(quantized: QuantizedModel, package: Path) -> Any:
-    """Export the quantized graph with a dynamic batch and compile it with AOTInductor (weights frozen and packed
-    for oneDNN, the rest under bf16 autocast where chosen) into `package`, written atomically; a cache that cannot
-    be written gets a temporary package (compiled again next time)."""
+def compile_ahead_of_time(quantized: QuantizedModel, package: Path, batch_size: int | None = None) -> Any:
+    """Export the quantized graph with a dynamic batch (or for batches of `batch_size` only) and compile it with
+    AOTInductor (weights frozen and packed for oneDNN, the rest under bf16 autocast where chosen) into `package`,
+    written atomically; a cache that cannot be written gets a temporary package (compiled again next time)."""
     config = quantized.config
-    example = torch.zeros(2, config.in_chans, *config.image_size)
-    batch = torch.export.Dim("batch", min=1, max=65536)
+    example = torch.zeros(batch_size or 2, config.in_chans, *config.image_size)
+    dynamic = None if batch_size else ({0: torch.export.Dim("batch", min=1, max=65536)},)
     import torch._inductor.config as inductor_config
 
     with warnings.catch_warnings(), _quiet(), torch.no_grad(), quantized._autocast():
         warnings.simplefilter("ignore")
-        program = torch.export.export(quantized.converted, (example,), dynamic_shapes=({0: batch},))
+        program = torch.export.export(quantized.converted, (example,), dynamic_shapes=dynamic)
         try:
             package.parent.mkdir(parents=True, exist_ok=True)
             staged = package.with_name(f"{package.stem}.{os.getpid()}.tmp.pt2")  # AOTInductor wants .pt2
@@ -381,18 +389,38 @@ class Pt2eClassifier:
         if threads:
             torch.set_num_threads(threads)
         self.choice = rest_precision(self.config, precision)
+        self.observers, self.precision = observers, precision
         self.package = compiled_package_path(self.path, self.choice.value)
         self.compile_seconds = 0.0
-        self.compiled = load_compiled(self.package)
-        if self.compiled is None:  # the first load on this CPU kind with this torch: compile once, keep it
-            quantized = QuantizedModel(self.model, observers, precision, str(self.path), compile=False)
+        self.compiled = self._load_or_compile(None)
+        # A graph compiled for single images, where one was kept on this machine (`prepare_single`): the any-batch
+        # graph runs one image padded to two.
+        self.single = load_compiled(compiled_package_path(self.path, self.choice.value, 1))
+
+    def _load_or_compile(self, batch_size: int | None) -> Any:
+        """The graph kept for this file, CPU kind and torch (any batch, or `batch_size` only), or, the first time,
+        compiled now and kept (`compile_seconds` adds the time)."""
+        package = compiled_package_path(self.path, self.choice.value, batch_size)
+        compiled = load_compiled(package)
+        if compiled is None:
+            quantized = QuantizedModel(self.model, self.observers, self.precision, str(self.path), compile=False)
             started = time.perf_counter()
-            self.compiled = compile_ahead_of_time(quantized, self.package)
-            self.compile_seconds = time.perf_counter() - started
+            compiled = compile_ahead_of_time(quantized, package, batch_size)
+            self.compile_seconds += time.perf_counter() - started
+        return compiled
+
+    def prepare_single(self) -> None:
+        """Load, or compile once per CPU kind and keep, the graph for single images: 1.6x the padded any-batch
+        graph for B/16 int8 + bf16 on a 2-core AMX Xeon (33 against 53 ms; BENCHMARKS.md "Batch 1"), at the cost
+        of a second compile (about 25 s there) the first time. `vitlab serve` calls it at start."""
+        if self.single is None:
+            self.single = self._load_or_compile(1)
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         count = len(images)
+        if count == 1 and self.single is not None:
+            return self.single(images.float().contiguous()).float()
         if count == 1:  # as `QuantizedModel` runs it: batch 1 padded to 2
             images = images.repeat(2, 1, 1, 1)
         return self.compiled(images.float().contiguous())[:count].float()

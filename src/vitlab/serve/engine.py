@@ -261,6 +261,7 @@ class Engine:
         threads = serving_threads(read_pt2e(path, tensors=False)[0], threads)  # set before compiling
         torch.set_num_threads(threads)
         self.runner = Pt2eClassifier(path)
+        self.runner.prepare_single()  # single images are what a server meets most: their own graph, kept
         self.config, self.explainer = self.runner.config, self.runner.model
         self.choice = self.runner.choice
         self.precision = self.choice.value
