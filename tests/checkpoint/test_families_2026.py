@@ -315,6 +315,24 @@ def test_vitlab_writes_a_tipsv2_tower_back_and_transformers_loads_it_equal(tmp_p
         torch.testing.assert_close(outputs(model, images)[1], theirs.pooler_output, atol=TOLERANCE, rtol=0)
 
 
+def test_a_tipsv2_tower_transformers_cannot_hold_is_refused_naming_tips_in_the_rows_it_shares_with_dinov2(tmp_path):
+    """The rows TIPSv2's writer shares with DINOv2's (hf.dinov2_style_checks) name TIPS, and keep TIPS's order."""
+    from vitlab.checkpoint.formats import export_checkpoint
+    from vitlab.errors import CheckpointError
+
+    model = load_model(FIXTURES / "hf_tipsv2_vision")
+    model.config = model.config.replace(qk_norm=True, image_size=(16, 32))
+    expected = (
+        "transformers' TIPSv2 image tower needs TIPS's blocks (LayerNorm, every bias but perhaps the qkv's, no "
+        "query-key norm), a square input size and patch (TIPS's square position table); export this model as "
+        "vitlab's own file"
+    )
+    with pytest.raises(CheckpointError) as refused:
+        export_checkpoint(model, tmp_path / "out", to="hf")
+    assert str(refused.value) == expected
+    assert not (tmp_path / "out").exists()
+
+
 def timm_tipsv2_from_hf(hf: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
     """The transformers TIPSv2 fixture's weights under timm's names (vision_transformer.py,
     `vit_*_patch14_reg1_tipsv2`: VisionTransformer with reg_tokens=1, no_embed_class=True, init_values=1.0), as

@@ -17,7 +17,7 @@ import math
 import re
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_plain_blocks
 from vitlab.config import HEADS_BY_WIDTH, ViTConfig
@@ -400,6 +400,64 @@ def dinov2_mlp_ratio(config: ViTConfig, whole: bool = True) -> float | None:
             return ratio
         ratio = math.nextafter(ratio, math.inf)
     return None
+
+
+class Dinov2StyleChecks(NamedTuple):
+    """The rows (what the layout needs, whether the model lacks it) that the writers of transformers' DINOv2-style
+    layouts (families/dinov2.py, families/tipsv2.py) share; each family puts them in its `layout_checks` among its
+    own rows, in its own order."""
+
+    class_token: tuple[str, bool]
+    layer_scale: tuple[str, bool]
+    blocks: tuple[str, bool]
+    mlp: tuple[str, bool]
+    stem: tuple[str, bool]
+    square: tuple[str, bool]
+    mlp_width: tuple[str, bool]
+
+
+def dinov2_style_checks(
+    config: ViTConfig, name: str, biases: str = "every bias", whole_mlp_ratio: bool = True
+) -> Dinov2StyleChecks:
+    """The shared layout rows for `config`, with the family's `name` ("DINOv2", "TIPS") where a row names it,
+    `biases` as the family's blocks hold them, and `whole_mlp_ratio` where its config types mlp_ratio an int
+    (`dinov2_mlp_ratio`'s `whole`)."""
+    return Dinov2StyleChecks(
+        class_token=(
+            "the class token after the final norm as its output",
+            not config.class_token
+            or config.classifier != "token"
+            or config.fc_norm
+            or bool(config.summary_tokens)
+            or not config.final_norm,
+        ),
+        layer_scale=("LayerScale", config.layer_scale is None),
+        blocks=(
+            f"{name}'s blocks (LayerNorm, {biases}, no query-key norm)",
+            config.norm != "layernorm"
+            or config.qk_norm
+            or not (config.key_bias and config.proj_bias and config.mlp_bias),
+        ),
+        mlp=("a GELU MLP or SwiGLU", config.mlp == "mlp" and config.mlp_activation not in ("gelu", "gelu_tanh")),
+        stem=(
+            "the paper's stem (no hybrid, no distillation token, no pre-encoder or patch norm, no projection)",
+            config.resnet_layers is not None
+            or config.distilled
+            or config.pre_norm
+            or config.patch_norm
+            or config.projection
+            or config.dense_head != "none",
+        ),
+        square=(
+            f"a square input size and patch ({name}'s square position table)",
+            config.image_size[0] != config.image_size[1] or config.patch_size[0] != config.patch_size[1],
+        ),
+        mlp_width=(
+            f"an MLP width {'a whole' if whole_mlp_ratio else 'an'} mlp_ratio builds "
+            f"(not {config.mlp_dim} at width {config.embed_dim})",
+            dinov2_mlp_ratio(config, whole=whole_mlp_ratio) is None,
+        ),
+    )
 
 
 def side_or_pair(size: tuple[int, int]) -> int | list[int]:

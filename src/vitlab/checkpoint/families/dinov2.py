@@ -59,49 +59,24 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
 
 def layout_checks(config: ViTConfig) -> list[tuple[str, bool]]:
     """What transformers' DINOv2 needs of a vitlab model: (what, whether this one lacks it)."""
+    shared = hf.dinov2_style_checks(config, "DINOv2")
     return [
         (
             "no head (num_classes 0; Dinov2ForImageClassification's head reads the mean patch token too)",
             config.num_classes != 0 or config.representation_size is not None,
         ),
-        (
-            "the class token after the final norm as its output",
-            not config.class_token
-            or config.classifier != "token"
-            or config.fc_norm
-            or bool(config.summary_tokens)
-            or not config.final_norm,
-        ),
-        ("LayerScale", config.layer_scale is None),
-        (
-            "DINOv2's blocks (LayerNorm, every bias, no query-key norm)",
-            config.norm != "layernorm"
-            or config.qk_norm
-            or not (config.key_bias and config.proj_bias and config.mlp_bias),
-        ),
-        ("a GELU MLP or SwiGLU", config.mlp == "mlp" and config.mlp_activation not in ("gelu", "gelu_tanh")),
+        shared.class_token,
+        shared.layer_scale,
+        shared.blocks,
+        shared.mlp,
         (
             "a learned position table at the input",
             config.pos_embed != "learned" or config.pos_embed_placement != "input",
         ),
-        (
-            "the paper's stem (no hybrid, no distillation token, no pre-encoder or patch norm, no projection)",
-            config.resnet_layers is not None
-            or config.distilled
-            or config.pre_norm
-            or config.patch_norm
-            or config.projection
-            or config.dense_head != "none",
-        ),
+        shared.stem,
         ("no positions for the register tokens", config.register_tokens > 0 and config.prefix_positions),
-        (
-            "a square input size and patch (DINOv2's square position table)",
-            config.image_size[0] != config.image_size[1] or config.patch_size[0] != config.patch_size[1],
-        ),
-        (
-            f"an MLP width a whole mlp_ratio builds (not {config.mlp_dim} at width {config.embed_dim})",
-            hf.dinov2_mlp_ratio(config) is None,
-        ),
+        shared.square,
+        shared.mlp_width,
     ]
 
 

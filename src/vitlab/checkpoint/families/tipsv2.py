@@ -162,24 +162,14 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
 
 def layout_checks(config: ViTConfig) -> list[tuple[str, bool]]:
     """What Tipsv2VisionModel needs of a vitlab model: (what, whether this one lacks it)."""
+    # Tipsv2Config takes a float mlp_ratio (SO400M's width needs one); its blocks may leave the qkv bias out.
+    shared = hf.dinov2_style_checks(config, "TIPS", "every bias but perhaps the qkv's", whole_mlp_ratio=False)
     return [
         ("no head (num_classes 0)", config.num_classes != 0 or config.representation_size is not None),
-        (
-            "the class token after the final norm as its output",
-            not config.class_token
-            or config.classifier != "token"
-            or config.fc_norm
-            or bool(config.summary_tokens)
-            or not config.final_norm,
-        ),
-        ("LayerScale", config.layer_scale is None),
-        (
-            "TIPS's blocks (LayerNorm, every bias but perhaps the qkv's, no query-key norm)",
-            config.norm != "layernorm"
-            or config.qk_norm
-            or not (config.key_bias and config.proj_bias and config.mlp_bias),
-        ),
-        ("a GELU MLP or SwiGLU", config.mlp == "mlp" and config.mlp_activation not in ("gelu", "gelu_tanh")),
+        shared.class_token,
+        shared.layer_scale,
+        shared.blocks,
+        shared.mlp,
         (
             "register tokens without positions, the class token with one",
             config.register_tokens == 0 or config.prefix_positions,
@@ -190,23 +180,9 @@ def layout_checks(config: ViTConfig) -> list[tuple[str, bool]]:
             or config.pos_embed_placement != "input"
             or config.pos_resample != "bilinear_antialias",
         ),
-        (
-            "the paper's stem (no hybrid, no distillation token, no pre-encoder or patch norm, no projection)",
-            config.resnet_layers is not None
-            or config.distilled
-            or config.pre_norm
-            or config.patch_norm
-            or config.projection
-            or config.dense_head != "none",
-        ),
-        (
-            "a square input size and patch (TIPS's square position table)",
-            config.image_size[0] != config.image_size[1] or config.patch_size[0] != config.patch_size[1],
-        ),
-        (
-            f"an MLP width an mlp_ratio builds (not {config.mlp_dim} at width {config.embed_dim})",
-            hf.dinov2_mlp_ratio(config, whole=False) is None,
-        ),
+        shared.stem,
+        shared.square,
+        shared.mlp_width,
     ]
 
 
