@@ -5,6 +5,7 @@ and serve run the file; the refusals name what to do."""
 import importlib.util
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -255,15 +256,27 @@ def test_options_an_openvino_file_has_no_use_for_are_refused_before_loading(tmp_
     check_export_options("openvino", int8=True, preprocess=True, dynamic_size=True)  # these it takes
 
 
-def test_a_dense_model_and_an_uncalibrated_int8_export_are_one_message_each(tmp_path, model):
+def test_a_dense_models_int8_or_preprocess_and_an_uncalibrated_int8_export_are_one_message_each(tmp_path, model):
+    from vitlab.export.exporter import export_checkpoint
+
     checkpoint = save_model(model, tmp_path / "m.safetensors")
     with pytest.raises(UsageError, match="not a run folder.*an int8 OpenVINO file is static int8.*--calibrate"):
-        from vitlab.export.exporter import export_checkpoint
-
         export_checkpoint(checkpoint, format="openvino", int8=True)
     dense = SMALL.replace(dense_head="linear", num_classes=3, class_names=None)
-    with pytest.raises(UsageError, match="a segmentation model exports to ONNX"):
-        openvino.require_classifier(dense)
+    assert openvino.require_exportable(dense).task == "segmentation"  # fp32 without preprocessing: taken
+    with pytest.raises(UsageError, match="^--int8: a segmentation model exports in fp32 for now; export without"):
+        openvino.require_exportable(dense, int8=True)
+    with pytest.raises(
+        UsageError, match="^--preprocess: a segmentation model's photo is sized .* without --preprocess"
+    ):
+        openvino.require_exportable(dense, preprocess=True)
+    # Through `vitlab export`: refused before it looks for calibration images (a checkpoint file has none).
+    dense_checkpoint = save_model(randomised(dense), tmp_path / "dense.safetensors")
+    with pytest.raises(UsageError, match="^--int8: a segmentation model exports in fp32"):
+        export_checkpoint(dense_checkpoint, format="openvino", int8=True)
+    with pytest.raises(UsageError, match="^--int8: a segmentation model exports in fp32"):
+        openvino.export_openvino(randomised(dense), tmp_path / "d.xml", int8=True, calibration=torch.zeros(1))
+    assert not (tmp_path / "dense.xml").exists() and not (tmp_path / "d.xml").exists()
 
 
 @pytest.mark.run_level
@@ -282,3 +295,125 @@ def test_the_2025_backbones_layouts_round_trip_at_any_size(fields, tmp_path):
         randomised(config), tmp_path / "m.xml", dynamic_size=True, pixels=validation_pixels(config)
     )
     assert summary["max_abs_diff"] <= 1e-4 and "input 10x16" in summary["validation"]["checks"]
+
+
+# ------------------------------------------------------------------------------ dense models (EoMT, Depth Anything)
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+PHOTO_HEIGHT, PHOTO_WIDTH = 45, 70
+
+
+@pytest.fixture
+def photo_file(tmp_path) -> Path:
+    """A smooth non-square photo (resizing it is well conditioned, unlike noise)."""
+    rows, cols = np.linspace(0, 1, PHOTO_HEIGHT)[:, None], np.linspace(0, 1, PHOTO_WIDTH)[None, :]
+    channels = [np.sin(3 * rows + 2 * cols + phase) * 0.5 + 0.5 for phase in (0.3, 1.4, 2.2)]
+    path = tmp_path / "street.png"
+    Image.fromarray((np.stack(channels, axis=-1) * 255).round().astype(np.uint8)).save(path)
+    return path
+
+
+def photo_pixels(path: Path) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(Image.open(path).convert("RGB")).copy()).permute(2, 0, 1)
+
+
+@pytest.mark.run_level
+def test_eomt_fixture_round_trips_both_outputs_and_predicts_and_serves_as_pytorch(tmp_path, photo_file, capsys):
+    from vitlab.checkpoint import load_model
+    from vitlab.dense.inference import predict_dense
+    from vitlab.eval.predict import run_predict
+    from vitlab.serve.engine import Engine
+
+    model = load_model(FIXTURES / "hf_eomt").eval()
+    path = tmp_path / "eomt.xml"
+    summary = openvino.run_openvino_export(model, path)
+    assert summary["outputs"] == ["class_logits", "mask_logits"] and summary["max_abs_diff"] <= 1e-4
+    checks = summary["validation"]["checks"]
+    assert set(checks) == {f"{name} {where}" for name in summary["outputs"] for where in ("at export size", "batch 1")}
+    assert all(check["images"] in (4, 1) for check in checks.values())  # a few images: per-pixel outputs
+    report = openvino.format_openvino_export(summary, images_given=False)
+    assert "outputs class_logits, mask_logits" in report and "max |diff| of every output <= 0.0001: passed" in report
+    assert "mask_logits at export size" in report
+
+    runtime = openvino.OpenVinoClassifier(path, precision="fp32")
+    assert [sorted(output.get_names()) for output in runtime.model.outputs] == [["class_logits"], ["mask_logits"]]
+    pixels = photo_pixels(photo_file)
+    expected, got = predict_dense(model, pixels), predict_dense(runtime, pixels)
+    torch.testing.assert_close(got.scores, expected.scores, atol=1e-4, rtol=0)
+    assert got.panoptic is not None and got.labels.shape == (PHOTO_HEIGHT, PHOTO_WIDTH)
+
+    ours = run_predict(path, [photo_file], out=tmp_path / "ov", precision="fp32")
+    theirs = run_predict(FIXTURES / "hf_eomt", [photo_file], out=tmp_path / "torch", precision="fp32")
+    assert ours["precision"] == "fp32"
+    assert [Path(f).name for f in ours["rows"][0]["files"]] == [Path(f).name for f in theirs["rows"][0]["files"]]
+    mask = Image.open(tmp_path / "ov" / "street.mask.png")
+    assert mask.size == (PHOTO_WIDTH, PHOTO_HEIGHT)
+    assert np.array_equal(np.asarray(mask), np.asarray(Image.open(tmp_path / "torch" / "street.mask.png")))
+    assert main(["predict", str(path), str(photo_file), "-o", str(tmp_path / "cli"), "--precision", "fp32"]) == 0
+    assert capsys.readouterr().out.startswith(str(photo_file)) and (tmp_path / "cli" / "street.overlay.png").is_file()
+
+    served = Engine(path, precision="fp32")  # the .xml file, and a checkpoint converted at start
+    assert served.backend == "openvino" and served.describe()["task"] == "segmentation"
+    torch.testing.assert_close(served.predict_dense(pixels).scores, expected.scores, atol=1e-4, rtol=0)
+    converted = Engine(FIXTURES / "hf_eomt", backend="openvino", precision="fp32")
+    torch.testing.assert_close(converted.predict_dense(pixels).scores, expected.scores, atol=1e-4, rtol=0)
+
+
+@pytest.mark.run_level
+def test_depth_anything_fixture_round_trips_at_a_second_size_and_predicts_the_photos_depth(tmp_path, photo_file):
+    from vitlab.checkpoint import load_model
+    from vitlab.dense.inference import predict_dense
+    from vitlab.eval.predict import run_predict
+
+    model = load_model(FIXTURES / "hf_depth_anything").eval()
+    path = tmp_path / "depth.xml"
+    summary = openvino.run_openvino_export(model, path)  # any size of whole patches: each photo's own
+    assert summary["outputs"] == ["depth"] and summary["dynamic_size"] and summary["max_abs_diff"] <= 1e-4
+    assert {"depth at export size", "depth batch 1", "depth input 20x24"} == set(summary["validation"]["checks"])
+    runtime = openvino.OpenVinoClassifier(path, precision="fp32")
+    pixels = photo_pixels(photo_file)  # keep-aspect: a non-square input, not the export's 16 x 16
+    expected, got = predict_dense(model, pixels), predict_dense(runtime, pixels)
+    assert got.depth.shape == (PHOTO_HEIGHT, PHOTO_WIDTH) and float(expected.depth.abs().max()) > 0
+    np.testing.assert_allclose(got.depth.numpy(), expected.depth.numpy(), atol=1e-4)
+    (row,) = run_predict(path, [photo_file], out=tmp_path / "out", precision="fp32")["rows"]
+    depth = Image.open(tmp_path / "out" / "street.depth.png")
+    assert depth.mode.startswith("I;16") and depth.size == (PHOTO_WIDTH, PHOTO_HEIGHT)
+    assert (tmp_path / "out" / "street.depth-colour.png").is_file()
+    assert row["max"] == pytest.approx(float(expected.depth.max()), abs=1e-4)
+
+
+@pytest.mark.run_level
+def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(tmp_path):
+    from vitlab.bench.paths import Unavailable, largest_difference, openvino_fp32, openvino_int8
+    from vitlab.bench.runner import run_bench
+    from vitlab.checkpoint import load_model
+
+    result = run_bench(
+        checkpoint=str(FIXTURES / "hf_eomt"),
+        batch_size=2,
+        paths=["eager-fp32", "openvino-fp32", "openvino-bf16", "openvino-int8"],
+        repetitions=1,
+        warmup=0,
+        min_sample_seconds=0.0,
+        budget_seconds=120,
+        device="cpu",
+        record=False,
+    )
+    rows = {row["path"]: row for row in result["paths"]}
+    assert {"eager-fp32", "openvino-fp32", "openvino-bf16"} <= set(rows), result["skipped"]
+    assert rows["openvino-fp32"]["max_abs_diff_vs_eager"] <= 1e-4 and "openvino-int8" in result["skipped"]
+
+    model = load_model(FIXTURES / "hf_eomt").eval()
+    sample = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(sample)
+    got = openvino_fp32(model, sample).run(sample)
+    assert isinstance(got, tuple) and len(got) == 2 and largest_difference(got, expected) <= 1e-4
+    with pytest.raises(Unavailable, match="segmentation model's OpenVINO export is fp32"):
+        openvino_int8(model, sample)
+    # A fixed batch of 8 on two threads runs as two halves on two streams: both outputs are joined.
+    openvino.export_openvino(model, tmp_path / "eomt.xml")
+    images = torch.randn(openvino.TWO_STREAMS_MIN_BATCH, 3, 32, 32)
+    halves = openvino.OpenVinoClassifier(tmp_path / "eomt.xml", threads=2, precision="fp32", batch_size=len(images))
+    assert isinstance(halves.compiled, openvino.HalvesOnTwoStreams)
+    with torch.no_grad():
+        assert largest_difference(halves(images), model(images)) <= 1e-4

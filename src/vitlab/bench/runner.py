@@ -137,7 +137,7 @@ def choose_paths(
 
 
 # The paths that run a dense model (EoMT, Depth Anything) as it is: the int8 exports and pt2e are written and checked
-# for classifiers' logits, and transformers' ONNX route for classifiers.
+# for classifiers' logits, and transformers' ONNX and OpenVINO routes for classifiers.
 DENSE_PATHS = (
     "eager-fp32",
     "eager-fp32-torch",
@@ -145,6 +145,8 @@ DENSE_PATHS = (
     "compile-fp32",
     "compile-bf16",
     "onnx-fp32",
+    "openvino-fp32",
+    "openvino-bf16",
     "torch-int8",
     "transformers",
 )

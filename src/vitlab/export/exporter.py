@@ -16,7 +16,7 @@ from vitlab.export.checks import calibration_pixels, validation_pixels
 from vitlab.export.formats import FORMATS
 from vitlab.export.onnx import require_onnx, run_export
 from vitlab.export.openvino import SUFFIX as OPENVINO_SUFFIX
-from vitlab.export.openvino import require_openvino, run_openvino_export
+from vitlab.export.openvino import require_exportable, require_openvino, run_openvino_export
 from vitlab.export.pt2e import SUFFIX as PT2E_SUFFIX
 from vitlab.export.pt2e import calibration_for, require_torchao, run_pt2e_export
 from vitlab.runs import onnx_output, openvino_output, pt2e_output
@@ -166,6 +166,7 @@ def export_checkpoint(
         calibration, source = calibration_for(checkpoint, model.config, calibrate, data_dir, calibration_images)
         summary = run_pt2e_export(model, output or pt2e_output(checkpoint), calibration, source, pixels=pixels)
     else:
+        require_exportable(model.config, preprocess, int8)  # a dense model's --int8, before looking for calibration
         calibration, source = (
             calibration_for(checkpoint, model.config, calibrate, data_dir, calibration_images, "an int8 OpenVINO file")
             if int8

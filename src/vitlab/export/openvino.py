@@ -16,6 +16,10 @@ int8 is NNCF's post-training quantization (`ModelType.TRANSFORMER`: SmoothQuant,
 calibrated uint8 activations on every matmul, the attention's included) on the model's own training images; the
 classifier head stays in float, as in the pt2e export (its rounding lands on the logits themselves).
 
+A dense model (EoMT segmentation, Depth Anything depth) converts as in the ONNX export: its graph gives the outputs
+of `vitlab.dense.inference.DenseTask.outputs` by those names, takes normalised images (any size of whole patches
+where its photos' sizes vary), is fp32 only and checked output by output against PyTorch.
+
 openvino and nncf are an optional extra (`pip install 'vitlab[openvino]'`); they are imported here only.
 """
 
@@ -39,7 +43,7 @@ from vitlab.checkpoint.formats import check_written_content
 from vitlab.config import ViTConfig
 from vitlab.counts import model_size
 from vitlab.data.preprocess import prepare
-from vitlab.dense.inference import dense_task
+from vitlab.dense.inference import DenseTask, dense_task
 from vitlab.errors import CheckpointError, UsageError
 from vitlab.export.checks import (
     INT8_TOLERANCE,
@@ -50,10 +54,13 @@ from vitlab.export.checks import (
     validation_pixels,
 )
 from vitlab.export.onnx import (
+    DENSE_CHECK_IMAGES,
+    DenseOutputs,
     OnnxClassifier,
     PreprocessAndClassify,
     graph_preprocessing,
     input_contract,
+    require_fp32_pixels_out,
     validate_export,
 )
 from vitlab.hardware import Choice, choose_precision
@@ -86,17 +93,6 @@ def is_openvino_file(path: str | Path) -> bool:
     return Path(path).suffix.lower() == SUFFIX
 
 
-def require_classifier(config: ViTConfig) -> None:
-    """Refuse a dense model (EoMT, Depth Anything): its outputs are checked per pixel, which this export does not
-    do yet; the ONNX export takes it."""
-    dense = dense_task(config)
-    if dense is not None:
-        raise UsageError(
-            f"--format openvino exports classifiers and backbones for now; a {dense.task} model exports to ONNX "
-            "(vitlab export CKPT), which vitlab predict, eval and serve run"
-        )
-
-
 def require_stretch(config: ViTConfig) -> None:
     """The preprocessing a converted graph can hold: a resize of the whole image to the input size (see the module
     docstring: the TorchScript trace keeps the resized size constant, which a crop's is not)."""
@@ -110,15 +106,32 @@ def require_stretch(config: ViTConfig) -> None:
         )
 
 
+def require_exportable(config: ViTConfig, preprocess: bool = False, int8: bool = False) -> DenseTask | None:
+    """Refuse what this export cannot write for `config`, with one message each, before anything is converted or
+    calibrated: a NaFlex model, the options a dense model's export refuses as the ONNX export does
+    (`require_fp32_pixels_out`), a preprocessing the converter cannot hold (`require_stretch`). Returns the model's
+    dense row (None for a classifier or backbone)."""
+    require_one_input_size(config)
+    dense = dense_task(config)
+    if dense is not None:
+        require_fp32_pixels_out(dense.task, preprocess, int8)
+    if preprocess:
+        require_stretch(config)
+    return dense
+
+
 def convert(model: nn.Module, preprocess: bool = False, dynamic_size: bool = False):
     """`model` (a VisionTransformer) as an `openvino.Model`: normalised float32 images (B, C, H, W) at the model's
-    size (any size whose sides are multiples of the patch size with dynamic_size) -> logits (B, K); with
-    preprocess, uint8 pixels (B, C, H, W) of any size -> logits. The batch is any."""
+    size (any size whose sides are multiples of the patch size with dynamic_size) -> logits (B, K), or a dense
+    model's outputs named as `DenseTask.outputs`; with preprocess, uint8 pixels (B, C, H, W) of any size -> logits.
+    The batch is any."""
     import openvino as ov
 
     config: ViTConfig = model.config
+    dense = dense_task(config)
     model = copy.deepcopy(model).float().eval()
     model.dynamic_size = dynamic_size and not preprocess
+    module: nn.Module = DenseOutputs(model) if dense is not None else model
     height, width = config.image_size
     with torch.no_grad(), warnings.catch_warnings(), quiet_loggers("torch.export", "torch._dynamo"):
         warnings.simplefilter("ignore")  # the tracer's notes on shapes it keeps constant (the model's own size)
@@ -135,9 +148,10 @@ def convert(model: nn.Module, preprocess: bool = False, dynamic_size: bool = Fal
                 dims[2] = step_h * torch.export.Dim("patch_rows", min=1, max=max(2, 16384 // step_h))
                 dims[3] = step_w * torch.export.Dim("patch_cols", min=1, max=max(2, 16384 // step_w))
             example = torch.randn(2, config.in_chans, height, width)
-            converted = ov.convert_model(torch.export.export(model, (example,), dynamic_shapes=(dims,)))
+            converted = ov.convert_model(torch.export.export(module, (example,), dynamic_shapes=(dims,)))
     converted.inputs[0].get_tensor().set_names({"pixels" if preprocess else "images"})
-    converted.outputs[0].get_tensor().set_names({"logits"})
+    for output, name in zip(converted.outputs, dense.outputs if dense is not None else ("logits",)):
+        output.get_tensor().set_names({name})
     return converted
 
 
@@ -181,7 +195,10 @@ class HalvesOnTwoStreams:
             request.start_async({0: part})
         for request in self.requests:
             request.wait()
-        return [np.concatenate([request.get_output_tensor(0).data for request in self.requests])]
+        return [
+            np.concatenate([request.get_output_tensor(index).data for request in self.requests])
+            for index in range(len(self.compiled.outputs))  # a dense model's every output (EoMT has two)
+        ]
 
     def get_runtime_model(self) -> Any:
         return self.compiled.get_runtime_model()
@@ -232,17 +249,16 @@ def export_openvino(
     import openvino as ov
 
     config: ViTConfig = model.config
-    require_one_input_size(config)
-    require_classifier(config)
-    if preprocess:
-        require_stretch(config)
+    dense = require_exportable(config, preprocess, int8)
+    if dense is not None:
+        dynamic_size = dynamic_size or dense.sizes_vary  # each photo's own input size (Depth Anything)
     if int8 and calibration is None:
         raise UsageError("an int8 OpenVINO export is calibrated: give calibration images (--calibrate)")
     converted = convert(model, preprocess, dynamic_size)
     metadata = {
         "config": config.to_dict(),
         "input": "pixels" if preprocess else "images",
-        "outputs": ["logits"],
+        "outputs": list(dense.outputs) if dense is not None else ["logits"],
         "input_layout": input_contract(config, preprocess, dynamic_size),
         "preprocess": preprocess,
         "dynamic_batch": True,
@@ -307,10 +323,12 @@ def read_openvino_config(path: str | Path) -> ViTConfig:
 class OpenVinoClassifier:
     """A `vitlab export --format openvino` file compiled by OpenVINO's CPU plugin. Call it with uint8 pixels
     (B, C, H, W) (or, for a graph without the preprocessing inside, normalised float images) to get logits (B, K) as
-    a torch tensor. precision: as `openvino_precision`; `use_precision` compiles it again for another. batch_size:
-    compile for this batch only (the bench's fixed batch), else any: the graph compiled for any batch runs each
-    call, and the first STATIC_BATCH_SLOTS batch sizes that come a second time (an eval's batch, serve's single
-    images) get a graph compiled for their size (`prepare_batch` compiles one at once)."""
+    a torch tensor; a dense model's file gives its outputs as `OnnxClassifier` does (EoMT's two as a tuple, the
+    depth as a tensor), which `predict_dense` takes. precision: as `openvino_precision`; `use_precision` compiles
+    it again for another. batch_size: compile for this batch only (the bench's fixed batch), else any: the graph
+    compiled for any batch runs each call, and the first STATIC_BATCH_SLOTS batch sizes that come a second time (an
+    eval's batch, serve's single images) get a graph compiled for their size (`prepare_batch` compiles one at
+    once)."""
 
     def __init__(
         self, path: str | Path, threads: int | None = None, precision: str = "auto", batch_size: int | None = None
@@ -372,7 +390,10 @@ class OpenVinoClassifier:
         array = np.ascontiguousarray(images.numpy() if self.preprocess else images.float().numpy())
         if self.preprocess and array.dtype != np.uint8:
             raise UsageError(f"{self.path} takes uint8 pixels, got {array.dtype}")
-        return torch.from_numpy(self.compiled_for(len(array))(array)[0])
+        outputs = self.compiled_for(len(array))(array)
+        if len(self.model.outputs) > 1:  # a dense graph (EoMT: class_logits, mask_logits)
+            return tuple(torch.from_numpy(outputs[index]) for index in range(len(self.model.outputs)))
+        return torch.from_numpy(outputs[0])
 
     # The same contract as the ONNX runtime's: [0, 1] images or prepared uint8 pixels, preprocessing here or inside.
     classify_unit = OnnxClassifier.classify_unit
@@ -405,24 +426,31 @@ def run_openvino_export(
 ) -> dict[str, Any]:
     """`vitlab export --format openvino`: export, check against PyTorch on real images (`pixels`, default
     `validation_pixels`) with `vitlab.export.onnx.validate_export`'s checks, and only then move the .xml and its
-    .bin into place. fp32 is checked at fp32 (the IR's own; bf16 is a choice where it runs), within `tolerance`;
-    int8 at what runs here, within `INT8_TOLERANCE`."""
-    require_one_input_size(model.config)
-    require_classifier(model.config)
+    .bin into place. fp32 is checked at fp32 (the IR's own; bf16 is a choice where it runs), within `tolerance`
+    (a dense model's every output, on a few images); int8 at what runs here, within `INT8_TOLERANCE`."""
+    dense = require_exportable(model.config, preprocess, int8)
     pixels = validation_pixels(model.config) if pixels is None else pixels
+    if dense is not None:  # a dense model's outputs are per pixel: a few images check them
+        pixels = pixels[:DENSE_CHECK_IMAGES]
 
     def check(staged: Path) -> dict[str, Any]:
         runtime = OpenVinoClassifier(staged, precision="auto" if int8 else "fp32")
         validation = {**validate_export(model, staged, pixels, runtime), "precision": runtime.choice.value}
         if int8:
             return INT8_TOLERANCE.judge(validation, out)
-        worst = max(item["max_abs_diff"] for item in validation["checks"].values())
+        where, worst = max(
+            ((name, item["max_abs_diff"]) for name, item in validation["checks"].items()), key=lambda pair: pair[1]
+        )
         if not worst <= tolerance:
+            # Which output differed, and where: a dense check is named "mask_logits batch 1" and the like.
+            output, place = where.split(" ", 1) if dense is not None else ("logits", where)
+            what = f"{output} ({place})"
             raise CheckpointError(
-                f"the OpenVINO export's logits differ from PyTorch's by {worst:.2e} (> {tolerance:g}) on real "
+                f"the OpenVINO export's {what} differ from PyTorch's by {worst:.2e} (> {tolerance:g}) on real "
                 f"images; nothing was written to {out}. Run with --debug and report it"
             )
-        return {**validation, "verdict": f"fp32 tolerance: max |logit diff| <= {tolerance:g}: passed"}
+        what = "|diff| of every output" if dense is not None else "|logit diff|"
+        return {**validation, "verdict": f"fp32 tolerance: max {what} <= {tolerance:g}: passed"}
 
     summary = place_checked_export(
         out,
@@ -448,7 +476,8 @@ def format_openvino_export(summary: dict[str, Any], images_given: bool) -> str:
     lines = [
         f"wrote {summary['path']} and {Path(summary['path']).with_suffix('.bin').name} "
         f"({summary['bytes'] / 1e6:.1f} MB, {kind}); input {summary['input']!r}: {summary['input_layout']}, "
-        "batch any",
+        "batch any"
+        + (f"; outputs {', '.join(summary['outputs'])}" if summary.get("outputs", ["logits"]) != ["logits"] else ""),
         *check_lines(summary["validation"], f"PyTorch (OpenVINO at {checked_at})", images_given),
     ]
     return "\n".join(lines)

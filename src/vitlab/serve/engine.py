@@ -8,7 +8,7 @@ pays) and "openvino" (a `vitlab export --format openvino` file, fp32 or int8, or
 compiled in bf16 where it pays; auto takes it for a checkpoint where `vitlab bench` measured it faster here). Explaining needs the
 attention weights, so it runs the PyTorch model: available whenever a checkpoint (not only an .onnx file) was given.
 A dense model (EoMT segmentation, Depth Anything depth) answers `predict_dense` instead of `classify`: one photo at
-its own size, in fp32 or bf16 (torch) or fp32 (onnx).
+its own size, in fp32 or bf16 (torch, openvino) or fp32 (onnx).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from vitlab.export.openvino import (
     export_openvino,
     is_openvino_file,
     read_openvino_config,
-    require_classifier,
     require_openvino,
 )
 from vitlab.export.pt2e import Pt2eClassifier, is_pt2e_file, read_pt2e
@@ -294,7 +293,6 @@ class Engine:
             return model  # bf16 runs under autocast (`predict_dense`): its pictures come from fp32 weights
         if backend == "openvino":  # converted now (fp32 IR), compiled in the precision chosen
             require_openvino("the openvino backend", ("openvino",))
-            require_classifier(model.config)
             self._temporary = tempfile.TemporaryDirectory(prefix="vitlab-serve-")
             path = Path(self._temporary.name) / "model.xml"
             export_openvino(model, path)
