@@ -2,7 +2,7 @@
 itself, as tools/make_hf_fixtures.py writes the others: random init, every parameter perturbed with Gaussian noise
 (std 0.05) so zero-initialised tokens and LayerScales cannot hide a wrong mapping, eval mode, `save_pretrained`.
 
-    python tools/make_backbone_fixtures.py [NAME ...]   (transformers is a test dependency of vitlab)
+    python tools/make_backbone_fixtures.py [NAME ...] [--out DIR]   (transformers is a test dependency of vitlab)
 
 Each fixture: NAME/ (config.json + model.safetensors) and NAME.io.npz: `input_nchw` (2, 3, H, W) float32 and what
 transformers computed for it (named per fixture below). RADIO's take [0, 1] pixels, `pixels` (2, 3, S, S) at the
@@ -11,12 +11,10 @@ model's size (the input's sigmoid) and `pixels_wide` (non-square), with `summary
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import fixture_writing
 import numpy as np
 import torch
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 # DINOv2 with `use_swiglu_ffn` (the giant model, Web-SSL): mlp_ratio 2 on width 32 is 64, which the gated MLP
 # keeps two thirds of, rounded up to a multiple of 8: 48.
 DINOV2_SWIGLU_SHAPE = dict(
@@ -95,28 +93,5 @@ def reference_output(name: str, model, images: torch.Tensor) -> dict[str, np.nda
     return {"last_hidden_state": output.last_hidden_state.numpy(), "features": output.pooler_output.numpy()}
 
 
-def main(names: list[str]) -> None:
-    """Write every fixture, or those named on the command line (the others' files stay as they are)."""
-    import transformers
-
-    for index, (name, build) in enumerate(models().items()):
-        if names and name not in names:
-            continue
-        torch.manual_seed(index)
-        model = build().eval()
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.add_(0.05 * torch.randn_like(parameter))
-        side = model.config.image_size
-        images = torch.randn(2, 3, side, side)
-        with torch.no_grad():
-            expected = reference_output(name, model, images)
-        model.save_pretrained(FIXTURES / name)
-        np.savez(FIXTURES / f"{name}.io.npz", input_nchw=images.numpy(), **expected)
-        print(f"{name}: transformers {transformers.__version__}, {type(model).__name__}")
-
-
 if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])
+    fixture_writing.main(__doc__, models, reference_output, image_size=None)  # each model's own size

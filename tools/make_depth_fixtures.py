@@ -3,7 +3,7 @@ tools/make_hf_fixtures.py writes the encoders': a tiny random `DepthAnythingForD
 DPT's neck and head), every parameter perturbed with Gaussian noise (std 0.05) so that zero-initialised biases
 cannot hide a wrong mapping, eval mode, `save_pretrained`.
 
-    python tools/make_depth_fixtures.py [NAME ...]   (transformers is a test dependency of vitlab)
+    python tools/make_depth_fixtures.py [NAME ...] [--out DIR]   (transformers is a test dependency of vitlab)
 
 Each fixture: NAME/ (config.json + model.safetensors) and NAME.io.npz with `input_nchw` (2, 3, 16, 16), the
 backbone's own size, and `input_wide` (2, 3, 20, 28), a 5x7 grid that makes the positions resample (bicubic) and
@@ -14,12 +14,10 @@ max_depth 20).
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import fixture_writing
 import numpy as np
 import torch
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 # Five blocks read at 0-based blocks 0, 1, 3, 4 (out_indices count the embeddings as stage 0), so that an
 # off-by-one or a "last four blocks" reading cannot pass.
 BACKBONE = dict(
@@ -60,35 +58,15 @@ def models():
     }
 
 
-def main(names: list[str]) -> None:
-    """Write every fixture, or those named on the command line (the others' files stay as they are)."""
-    import transformers
-
-    for index, (name, build) in enumerate(models().items()):
-        if names and name not in names:
-            continue
-        torch.manual_seed(index + 1)
-        model = build().eval()
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.add_(0.05 * torch.randn_like(parameter))
-        images = torch.randn(2, 3, BACKBONE["image_size"], BACKBONE["image_size"])
-        wide = torch.randn(2, 3, *WIDE)
-        with torch.no_grad():
-            depth = model(pixel_values=images).predicted_depth
-            depth_wide = model(pixel_values=wide).predicted_depth
-        model.save_pretrained(FIXTURES / name)
-        np.savez(
-            FIXTURES / f"{name}.io.npz",
-            input_nchw=images.numpy(),
-            depth=depth.numpy(),
-            input_wide=wide.numpy(),
-            depth_wide=depth_wide.numpy(),
-        )
-        print(f"{name}: transformers {transformers.__version__}, {type(model).__name__}, depth {tuple(depth.shape)}")
+def reference_output(name: str, model, images: torch.Tensor) -> dict[str, np.ndarray]:
+    """What the fixture's .io.npz holds besides its input: its depth, then a wide input and the depth for that."""
+    wide = torch.randn(2, 3, *WIDE)
+    return {
+        "depth": model(pixel_values=images).predicted_depth.numpy(),
+        "input_wide": wide.numpy(),
+        "depth_wide": model(pixel_values=wide).predicted_depth.numpy(),
+    }
 
 
 if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])
+    fixture_writing.main(__doc__, models, reference_output, image_size=BACKBONE["image_size"], first_seed=1)

@@ -2,7 +2,7 @@
 writes the others: tiny random configs, every parameter perturbed with Gaussian noise (std 0.05), eval mode,
 `save_pretrained`.
 
-    python tools/make_eomt_fixtures.py [NAME ...]   (transformers is a test dependency of vitlab)
+    python tools/make_eomt_fixtures.py [NAME ...] [--out DIR]   (transformers is a test dependency of vitlab)
 
 Fixtures: hf_eomt (`EomtForUniversalSegmentation`: DINOv2-style encoder, learned positions of the patches only,
 2 registers, LayerScale) and hf_eomt_dinov3 (`EomtDinov3ForUniversalSegmentation`: rotary positions, no key
@@ -22,12 +22,10 @@ runs no masked attention. NAME.io.npz holds `input_nchw` (2, 3, 32, 32) and what
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import fixture_writing
 import numpy as np
 import torch
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 SHAPE = dict(
     image_size=32,
     patch_size=8,
@@ -98,27 +96,5 @@ def reference_output(name: str, model, images: torch.Tensor) -> dict[str, np.nda
     return out
 
 
-def main(names: list[str]) -> None:
-    """Write every fixture, or those named on the command line (the others' files stay as they are)."""
-    import transformers
-
-    for index, (name, build) in enumerate(models().items()):
-        if names and name not in names:
-            continue
-        torch.manual_seed(index)
-        model = build().eval()
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.add_(0.05 * torch.randn_like(parameter))
-        images = torch.randn(2, 3, SHAPE["image_size"], SHAPE["image_size"])
-        with torch.no_grad():
-            expected = reference_output(name, model, images)
-        model.save_pretrained(FIXTURES / name)
-        np.savez(FIXTURES / f"{name}.io.npz", input_nchw=images.numpy(), **expected)
-        print(f"{name}: transformers {transformers.__version__}, {type(model).__name__}")
-
-
 if __name__ == "__main__":
-    import sys
-
-    main(sys.argv[1:])
+    fixture_writing.main(__doc__, models, reference_output, image_size=SHAPE["image_size"])
