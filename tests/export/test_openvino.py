@@ -27,7 +27,7 @@ from vitlab.cli import main  # noqa: E402
 from vitlab.config import ViTConfig  # noqa: E402
 from vitlab.data.contract import Preprocessing  # noqa: E402
 from vitlab.data.preprocess import prepare  # noqa: E402
-from vitlab.errors import UsageError  # noqa: E402
+from vitlab.errors import CheckpointError, UsageError  # noqa: E402
 from vitlab.export import openvino  # noqa: E402
 from vitlab.export.checks import calibration_pixels, validation_pixels  # noqa: E402
 from vitlab.export.exporter import check_export_options  # noqa: E402
@@ -333,6 +333,11 @@ def test_eomt_fixture_round_trips_both_outputs_and_predicts_and_serves_as_pytorc
     report = openvino.format_openvino_export(summary, images_given=False)
     assert "outputs class_logits, mask_logits" in report and "max |diff| of every output <= 0.0001: passed" in report
     assert "mask_logits at export size" in report
+    with pytest.raises(
+        CheckpointError, match=r"OpenVINO export's (class|mask)_logits \((at export size|batch 1)\) differ"
+    ):
+        openvino.run_openvino_export(model, tmp_path / "tight.xml", tolerance=1e-12)  # names the output that differed
+    assert not (tmp_path / "tight.xml").exists()
 
     runtime = openvino.OpenVinoClassifier(path, precision="fp32")
     assert [sorted(output.get_names()) for output in runtime.model.outputs] == [["class_logits"], ["mask_logits"]]
