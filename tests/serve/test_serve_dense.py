@@ -68,7 +68,7 @@ def call(app, method: str, target: str, body: bytes = b"") -> tuple[int, bytes]:
     return status, b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
 
 
-def served(config, tmp_path: Path):
+def served(config, tmp_path: Path, backend: str | None = None):
     from vitlab.serve.app import create_app
     from vitlab.serve.engine import Engine
 
@@ -77,7 +77,7 @@ def served(config, tmp_path: Path):
     if config.dense_head == "dpt":  # a fresh head's ReLU gives 0 everywhere: lift the last layer's bias
         with torch.no_grad():
             model.depth_head.scratch.output_conv2[2].bias.fill_(0.5)
-    engine = Engine(save_model(model, tmp_path / "model.safetensors"), precision="fp32", device="cpu")
+    engine = Engine(save_model(model, tmp_path / "model.safetensors"), backend, precision="fp32", device="cpu")
     return engine, create_app(engine), model
 
 
@@ -131,3 +131,17 @@ def test_depth_answers_with_a_16_bit_map_and_its_range(tmp_path):
     np.testing.assert_allclose(np.asarray(depth) / answer["scale"], expected.numpy(), atol=1 / answer["scale"])
     status, body = call(app, "POST", "/v1/explain", png_of(pixels))
     assert status == 400 and b"/v1/predict?overlay=1" in body
+
+
+def test_a_checkpoint_served_by_onnx_runtime_answers_as_pytorch(tmp_path):
+    """`serve CKPT --backend onnx` exports the dense model at start, without the preprocessing a dense graph cannot
+    hold (it refused with a message about --preprocess, which the user had not asked for)."""
+    pytest.importorskip("onnxruntime")
+    engine, app, model = served(eomt_config(), tmp_path, backend="onnx")
+    assert engine.backend == "onnx"
+    pixels = photo(HEIGHT, WIDTH)
+    status, body = call(app, "POST", "/v1/predict", png_of(pixels))
+    assert status == 200, body
+    mask = np.asarray(decoded(json.loads(body)["mask_png"]))
+    agreement = (mask == predict_dense(model, pixels).labels.numpy()).mean()
+    assert agreement >= 0.99, agreement  # fp32 through ONNX Runtime: only near-ties may flip

@@ -307,10 +307,11 @@ class Engine:
             self._temporary = tempfile.TemporaryDirectory(prefix="vitlab-serve-")
             path = Path(self._temporary.name) / "model.onnx"
             # Uploads are decoded at the input size under the contract first; the graph's own resize is then a
-            # no-op, except for a crop fraction below 1, which it would apply twice: such a graph gets none.
-
+            # no-op, except for a crop fraction below 1, which it would apply twice: such a graph gets none. A
+            # dense model's graph never holds it (its photo is sized and answered at its own size outside).
             contract = resolved_preprocessing(model.config, "arrays")
-            preprocess = not (contract.mode == "crop" and contract.crop_fraction < 1)
+            cropped = contract.mode == "crop" and contract.crop_fraction < 1
+            preprocess = not cropped and dense_task(model.config) is None
             export_onnx(model, path, preprocess=preprocess, dynamic_batch=True, int8=precision == "int8")
             return OnnxClassifier(path, threads=threads)
         if precision == "bf16":
