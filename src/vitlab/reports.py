@@ -86,6 +86,8 @@ def checkpoint_info(
         return onnx_info(path)
     if Path(path).suffix.lower() == ".pt2e":
         return pt2e_info(path)
+    if Path(path).suffix.lower() == ".xml":
+        return openvino_info(path)
     if not Path(path).exists() and str(path) in variant_names():  # `vitlab info B/16`: the variant, no weights
         return variant_info(str(path), image_size)
     from vitlab.checkpoint.formats import read_checkpoint
@@ -150,6 +152,31 @@ def onnx_info(path: str | Path) -> dict[str, Any]:
         input=runtime.metadata["input"],
         input_layout=runtime.metadata["input_layout"],
         batch_size=runtime.metadata.get("batch_size"),
+    )
+
+
+def openvino_info(path: str | Path) -> dict[str, Any]:
+    """What an OpenVINO export by `vitlab export --format openvino` holds (read, not compiled): its config, input
+    contract and quantization, from the metadata it carries."""
+    from vitlab.errors import CheckpointError
+    from vitlab.export.openvino import read_metadata, require_openvino
+
+    require_openvino("reading an OpenVINO file", ("openvino",))
+    import openvino as ov
+
+    if not Path(path).is_file() or not Path(path).with_suffix(".bin").is_file():
+        raise CheckpointError(f"{path}: no such OpenVINO file (NAME.xml with NAME.bin beside it)")
+    _, metadata = read_metadata(ov.Core(), Path(path))
+    config = ViTConfig.from_dict(metadata["config"])
+    quantization = f", {metadata['quantization']}" if metadata.get("int8") else ""
+    return dict(
+        path=str(path),
+        kind=f"openvino {'int8' if metadata.get('int8') else 'fp32'}{quantization}",
+        params_m=model_size(config)[0] / 1e6,
+        config=config.to_dict(),
+        input=metadata["input"],
+        input_layout=metadata["input_layout"],
+        batch_size=metadata.get("batch_size"),
     )
 
 

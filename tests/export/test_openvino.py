@@ -221,6 +221,12 @@ def test_cli_export_then_predict_and_serve_give_pytorchs_labels(model, tmp_path,
     ]
     assert main(["predict", str(path), str(folder), "--backend", "onnx"]) == 2
     assert "is an OpenVINO export; run it with --backend openvino" in capsys.readouterr().err
+    assert main(["info", str(path)]) == 0  # read, not compiled: the config and input contract it carries
+    described = capsys.readouterr().out
+    assert described.startswith(f"{path}: openvino fp32 checkpoint") and "input 'images': float32 RGB" in described
+    assert "embed_dim            32" in described
+    assert main(["info", str(tmp_path / "absent.xml")]) == 1
+    assert "no such OpenVINO file" in capsys.readouterr().err
 
     pixels = torch.randint(0, 256, (4, 3, 8, 12), dtype=torch.uint8)
     reference = Engine(checkpoint, precision="fp32").classify(pixels)

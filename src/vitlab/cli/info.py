@@ -8,7 +8,9 @@ import json
 from vitlab.cli.options import EXPORTED_CHECKPOINT_HELP, add_checkpoint_options, call_with_options
 
 NAME = "info"
-HELP = "show what a checkpoint, ONNX export or variant (B/16) holds; --trace walks an image through it"
+HELP = (
+    "show what a checkpoint, export (ONNX, pt2e, OpenVINO) or variant (B/16) holds; --trace walks an image through it"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
