@@ -8,6 +8,7 @@ from __future__ import annotations
 from datafiles import Stripes
 from vitlab.data import datasets
 from vitlab.data.datasets import ImageDataset
+from vitlab.data.segmentation import SegmentationDataset
 from vitlab.data.source import BatchSource, ImageFiles, SplitsOpener
 from vitlab.data.stream import splits as streamed
 from vitlab.data.stream.loader import StreamingSource
@@ -19,8 +20,10 @@ from vitlab.objectives.mae import MaskedAutoencoding
 from vitlab.objectives.mpp import MaskedPatchPrediction
 
 
-def batch_sources(held: ImageDataset, streaming: StreamingSource, files: ImageFiles) -> list[BatchSource]:
-    return [held, streaming, files]
+def batch_sources(
+    held: ImageDataset, masks: SegmentationDataset, streaming: StreamingSource, files: ImageFiles
+) -> list[BatchSource]:
+    return [held, masks, streaming, files]  # the first two on source.InMemoryDataset
 
 
 def openers() -> list[SplitsOpener]:

@@ -16,7 +16,7 @@ import io
 import pickle
 import struct
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,24 +27,17 @@ from vitlab.data.carving import TEST_CARVING, TEST_FRACTION, TEST_SEED, carve_sp
 from vitlab.data.contract import Preprocessing
 from vitlab.data.formats import resolve_format
 from vitlab.data.images import read_image, refuse_damaged
-from vitlab.data.source import (
-    Batch,
-    BatchSource,
-    DataRequest,
-    Splits,
-    digest,
-    epoch_order,
-    evaluation_share,
-    rank_shard,
-    steps_per_epoch,
-)
+from vitlab.data.source import BatchSource, DataRequest, InMemoryDataset, Splits, digest
 from vitlab.data.stream.folder import folder_trees, index_folder
 from vitlab.download import RemoteFile, download
 from vitlab.errors import DataError
 
 
 @dataclass
-class ImageDataset:
+class ImageDataset(InMemoryDataset):
+    """Images and their labels (one per image, or none), held in memory: the batch source of classification data
+    (`vitlab.data.source`)."""
+
     images: torch.Tensor  # uint8 (N, C, H, W)
     labels: torch.Tensor | None  # int64 (N,); None for unlabeled images
     class_names: list[str]
@@ -59,8 +52,7 @@ class ImageDataset:
     preprocessing: Preprocessing = field(default_factory=Preprocessing.in_memory)
 
     def __post_init__(self) -> None:
-        if len(self.images) == 0:
-            raise DataError(f"data set {self.name!r} has no images")
+        super().__post_init__()
         if self.labels is None:
             return
         if len(self.images) != len(self.labels):
@@ -72,53 +64,6 @@ class ImageDataset:
                 f"data set {self.name!r}: label {int(self.labels[index])} of image {index} is out of range "
                 f"0..{len(self.class_names) - 1}; the files are corrupt or of another data set"
             )
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
-    def image_size(self) -> tuple[int, int]:
-        return int(self.images.shape[-2]), int(self.images.shape[-1])
-
-    @property
-    def channels(self) -> int:
-        return int(self.images.shape[1])
-
-    def training_batches(
-        self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
-    ) -> Iterator[Batch]:
-        """The rest of an epoch from `start_step`: this rank's shard of each global batch of a seeded order."""
-        order = epoch_order(len(self), epoch_seed)
-        shard = rank_shard(batch_size, rank, world_size)
-        for step in range(start_step, steps_per_epoch(len(self), batch_size)):
-            rows = order[step * batch_size : (step + 1) * batch_size][shard]
-            yield Batch(
-                self.images[rows],
-                self.labels[rows] if self.labels is not None else None,
-                rows,
-                self.max_value,
-                batch_size,
-                shard,
-            )
-
-    def evaluation_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
-        """Every image once, in order: this rank's contiguous share, in batches of at most `batch_size`."""
-        share = evaluation_share(len(self), rank, world_size)
-        for first in range(share.start, share.stop, batch_size):
-            rows = slice(first, min(first + batch_size, share.stop))
-            yield Batch(
-                self.images[rows],
-                self.labels[rows] if self.labels is not None else None,
-                torch.arange(rows.start, rows.stop),
-                self.max_value,
-            )
-
-    def close(self) -> None:
-        """Nothing to let go of: the images are tensors in this process."""
 
     def fingerprint(self) -> dict[str, object]:
         """What a saved run records of its data: the count, and hashes of the labels and of the pixels."""

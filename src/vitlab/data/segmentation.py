@@ -23,7 +23,6 @@ by its nearest pixel, so image and mask stay aligned to the pixel.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,17 +31,7 @@ import torch.nn.functional as F
 
 from vitlab.data.contract import Preprocessing
 from vitlab.data.preprocess import match_channels
-from vitlab.data.source import (
-    Batch,
-    BatchSource,
-    DataRequest,
-    Splits,
-    digest,
-    epoch_order,
-    evaluation_share,
-    rank_shard,
-    steps_per_epoch,
-)
+from vitlab.data.source import Batch, BatchSource, DataRequest, InMemoryDataset, Splits, digest
 from vitlab.data.transforms import Draws, on
 from vitlab.errors import DataError
 
@@ -57,7 +46,7 @@ DEFAULT_CANVAS = 56  # mnist-scenes without a model size (the dense probe's canv
 
 
 @dataclass
-class SegmentationDataset:
+class SegmentationDataset(InMemoryDataset):
     """Images and their label maps, held in memory: the batch source of segmentation data (`vitlab.data.source`).
     Its batches carry `label_maps`; its `labels` (one per image) are None."""
 
@@ -73,53 +62,18 @@ class SegmentationDataset:
     labels: torch.Tensor | None = None  # no label per image
 
     def __post_init__(self) -> None:
-        if len(self.images) == 0:
-            raise DataError(f"data set {self.name!r} has no images")
+        super().__post_init__()
         if self.label_maps.shape != (len(self.images), *self.images.shape[-2:]):
             raise DataError(
                 f"data set {self.name!r}: label maps {tuple(self.label_maps.shape)} do not fit images "
                 f"{tuple(self.images.shape)}; each image needs a mask of its own size"
             )
 
-    def __len__(self) -> int:
-        return len(self.images)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    @property
-    def image_size(self) -> tuple[int, int]:
-        return int(self.images.shape[-2]), int(self.images.shape[-1])
-
-    @property
-    def channels(self) -> int:
-        return int(self.images.shape[1])
-
     def batch(self, rows: torch.Tensor | slice, indices: torch.Tensor, **placing) -> Batch:
+        """The images at `rows` with their label maps (int64), and no label per image."""
         return Batch(
             self.images[rows], None, indices, self.max_value, label_maps=self.label_maps[rows].long(), **placing
         )
-
-    def training_batches(
-        self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
-    ) -> Iterator[Batch]:
-        """The rest of an epoch from `start_step`: this rank's shard of each global batch of a seeded order."""
-        order = epoch_order(len(self), epoch_seed)
-        shard = rank_shard(batch_size, rank, world_size)
-        for step in range(start_step, steps_per_epoch(len(self), batch_size)):
-            rows = order[step * batch_size : (step + 1) * batch_size][shard]
-            yield self.batch(rows, rows, global_size=batch_size, shard=shard)
-
-    def evaluation_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
-        """Every image once, in order: this rank's contiguous share, in batches of at most `batch_size`."""
-        share = evaluation_share(len(self), rank, world_size)
-        for first in range(share.start, share.stop, batch_size):
-            rows = slice(first, min(first + batch_size, share.stop))
-            yield self.batch(rows, torch.arange(rows.start, rows.stop))
-
-    def close(self) -> None:
-        """Nothing to let go of: the images are tensors in this process."""
 
     def fingerprint(self) -> dict[str, object]:
         """The count and hashes of the pixels and of the masks, which a saved run records."""

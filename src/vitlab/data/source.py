@@ -18,9 +18,9 @@ unreadable files met so far, and `close()` for worker processes.
 Turning stored pixels into model input (resize to the model, augmentation, normalisation) happens after the
 source, in batches, on the training device: `vitlab.data.preprocess` and the objective.
 
-Implementations: `ImageDataset` (data/datasets.py), the in-memory tensor; `StreamingSource`
-(data/stream/loader.py), image files decoded in worker processes; `ImageFiles` below, the files named on a
-command line.
+Implementations: `ImageDataset` (data/datasets.py) and `SegmentationDataset` (data/segmentation.py), tensors
+held in memory on one base (`InMemoryDataset` below); `StreamingSource` (data/stream/loader.py), image files
+decoded in worker processes; `ImageFiles` below, the files named on a command line.
 
 A data set is opened as `Splits` (train, validation, test) from a `DataRequest` by a module with the two
 functions of `SplitsOpener`; `vitlab.data.formats` decides a data set's format (by its name, or by what its
@@ -299,6 +299,65 @@ def batch_of(images: list[torch.Tensor] | torch.Tensor, contract: Preprocessing)
 
         return pad_patch_inputs(list(images), contract.patch, length=contract.max_patches)
     return images if isinstance(images, torch.Tensor) else torch.stack(images)
+
+
+class InMemoryDataset:
+    """What a data set whose arrays are held in memory does whatever its labels are: its sizes, and its images as
+    one tensor, sliced into batches. `ImageDataset` (data/datasets.py: a label per image) and `SegmentationDataset`
+    (data/segmentation.py: a label map per image) build on it. A subclass is a dataclass that holds the attributes
+    below (in the order of its own fields) and calls this `__post_init__` from its own; it overrides `batch` where
+    its batches carry more than a label per image."""
+
+    images: torch.Tensor  # uint8 (N, C, H, W)
+    labels: torch.Tensor | None  # int64 (N,); None where the images have no label of their own
+    class_names: list[str]
+    name: str
+    max_value: float  # the stored value that means white
+
+    def __post_init__(self) -> None:
+        if len(self.images) == 0:
+            raise DataError(f"data set {self.name!r} has no images")
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        return int(self.images.shape[-2]), int(self.images.shape[-1])
+
+    @property
+    def channels(self) -> int:
+        return int(self.images.shape[1])
+
+    def batch(self, rows: torch.Tensor | slice, indices: torch.Tensor, **placing) -> Batch:
+        """The images at `rows` (and their labels), `indices` their positions in the data set; `placing`: the
+        batch's `global_size` and `shard`, for a training batch."""
+        labels = self.labels[rows] if self.labels is not None else None
+        return Batch(self.images[rows], labels, indices, self.max_value, **placing)
+
+    def training_batches(
+        self, epoch_seed: int, batch_size: int, start_step: int = 0, rank: int = 0, world_size: int = 1
+    ) -> Iterator[Batch]:
+        """The rest of an epoch from `start_step`: this rank's shard of each global batch of a seeded order."""
+        order = epoch_order(len(self), epoch_seed)
+        shard = rank_shard(batch_size, rank, world_size)
+        for step in range(start_step, steps_per_epoch(len(self), batch_size)):
+            rows = order[step * batch_size : (step + 1) * batch_size][shard]
+            yield self.batch(rows, rows, global_size=batch_size, shard=shard)
+
+    def evaluation_batches(self, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
+        """Every image once, in order: this rank's contiguous share, in batches of at most `batch_size`."""
+        share = evaluation_share(len(self), rank, world_size)
+        for first in range(share.start, share.stop, batch_size):
+            rows = slice(first, min(first + batch_size, share.stop))
+            yield self.batch(rows, torch.arange(rows.start, rows.stop))
+
+    def close(self) -> None:
+        """Nothing to let go of: the images are tensors in this process."""
 
 
 class ImageFiles:
