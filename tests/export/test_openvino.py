@@ -401,7 +401,7 @@ def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(tmp_path):
     result = run_bench(
         checkpoint=str(FIXTURES / "hf_eomt"),
         batch_size=2,
-        paths=["eager-fp32", "openvino-fp32", "openvino-bf16", "openvino-int8"],
+        paths=["eager-fp32", "openvino-fp32", "openvino-int8"],  # bf16: the same file, compiled otherwise
         repetitions=1,
         warmup=0,
         min_sample_seconds=0.0,
@@ -410,7 +410,7 @@ def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(tmp_path):
         record=False,
     )
     rows = {row["path"]: row for row in result["paths"]}
-    assert {"eager-fp32", "openvino-fp32", "openvino-bf16"} <= set(rows), result["skipped"]
+    assert {"eager-fp32", "openvino-fp32"} <= set(rows), result["skipped"]
     assert rows["openvino-fp32"]["max_abs_diff_vs_eager"] <= 1e-4 and "openvino-int8" in result["skipped"]
 
     model = load_model(FIXTURES / "hf_eomt").eval()

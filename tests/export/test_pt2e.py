@@ -91,6 +91,11 @@ def test_eval_predict_and_serve_run_the_file_and_agree_with_fp32(exported, digit
     fp32 = Engine(digits_run)
     served = Engine(path)
     assert served.backend == "pt2e" and served.precision in ("int8", "int8+bf16")
+    # serve prepares the graph for single images, kept for the next load; it computes what the padded one does
+    one = torch.randn(1, 1, 8, 8)
+    assert served.runner.single is not None and pt2e.Pt2eClassifier(path).single is not None
+    padded = served.runner.compiled(one.repeat(2, 1, 1, 1))[:1]
+    torch.testing.assert_close(served.runner(one), padded, atol=1e-4, rtol=0)
     assert served.describe()["precision_reason"].startswith("int8 linear layers")
     reference, quantized = fp32.classify(pixels), served.classify(pixels)
     agreement = float((reference.argmax(1) == quantized.argmax(1)).float().mean())
@@ -227,12 +232,13 @@ def test_the_linear_layers_run_int8_kernels_under_the_callers_inference_mode(uni
         assert int8_matmuls(quantized, images[:1].clone(), capfd) == linear_layers  # an inference tensor, batch 1
         package = pt2e.compile_ahead_of_time(quantized, tmp_path / "model.pt2")
         assert int8_matmuls(package, images, capfd) == linear_layers
-        # The graphs compiled for single images (the bench's batch-1 row, serve's prepared graph). With the batch
-        # fixed, Inductor runs the last block past its attention on the class token alone (all the head reads), and
-        # computes that block's one-row attention projection from the dequantized int8 weights inside a fused
-        # kernel: one oneDNN int8 product fewer, the same quantized model.
-        single = pt2e.QuantizedModel(model, pt2e.calibrate(model, images), "fp32", batch_size=1)
-        assert int8_matmuls(single, images[:1].clone(), capfd) >= linear_layers - 1
+        # The graph compiled for single images that serve prepares (the bench's batch-1 rows compile the same
+        # graph just in time: `QuantizedModel(batch_size=1)`). With the batch fixed, Inductor runs the last block
+        # past its attention on the class token alone (all the head reads), and computes that block's one-row
+        # attention projection from the dequantized int8 weights inside a fused kernel: one oneDNN int8 product
+        # fewer, the same quantized model. Checked for one CPU kind: it differs from the any-batch graph by shape.
+        if units != AMX:
+            return
         package = pt2e.compile_ahead_of_time(quantized, tmp_path / "single.pt2", batch_size=1)
         assert int8_matmuls(package, images[:1].clone(), capfd) >= linear_layers - 1
 
@@ -255,16 +261,10 @@ def test_a_second_load_does_not_compile_and_a_damaged_package_is_rebuilt(exporte
     second = pt2e.Pt2eClassifier(path)
     assert len(compiles) == 1 and second.compile_seconds == 0.0
     assert torch.equal(first(images), second(images)) and second(images[:1]).shape == (1, 10)
-    assert first.single is None  # single images run padded, until a graph is prepared for them
-    padded = first(images[:1])
-    first.prepare_single()
-    assert len(compiles) == 2 and first.single is not None
-    torch.testing.assert_close(first(images[:1]), padded, atol=1e-4, rtol=0)  # the same int8 model, another graph
-    assert pt2e.Pt2eClassifier(path).single is not None and len(compiles) == 2  # kept: loaded, not compiled
-    compiles.clear()
+    assert first.single is None  # single images run padded until a graph is prepared for them (serve's test)
     first.package.write_bytes(b"not a package")
     third = pt2e.Pt2eClassifier(path)
-    assert len(compiles) == 1 and torch.equal(third(images), second(images))
+    assert len(compiles) == 2 and torch.equal(third(images), second(images))
     monkeypatch.setenv("VITLAB_CPU_UNITS", "avx2")  # another CPU kind gets its own package (not compiled here)
     assert pt2e.compiled_package_path(path, first.choice.value) != first.package
     # A cache that cannot be written: compiled into a temporary package, run, and nothing left behind.
