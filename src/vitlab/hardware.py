@@ -632,10 +632,7 @@ def path_speeds(
         return max(records, key=lambda record: (-batch_distance(record), record["measured_at"]))
     return min(
         records,
-        key=lambda record: (
-            round(abs(math.log(record["gflops_per_image"] / gflops_per_image)), 6),
-            batch_distance(record),
-        ),
+        key=lambda record: (abs(math.log(record["gflops_per_image"] / gflops_per_image)), batch_distance(record)),
     )
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitlab.bench.runner import format_table, run_bench
+from benchruns import quick_bench
+from vitlab.bench.runner import format_table
 from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
@@ -40,21 +41,6 @@ CONFIGS = {  # each family's arithmetic at a tiny size, so that transformers' cl
         dpt_head_dim=4,
     ),
 }
-
-
-def quick_bench(checkpoint, paths, **options):
-    return run_bench(
-        checkpoint=str(checkpoint),
-        batch_size=2,
-        paths=paths,
-        repetitions=1,
-        warmup=0,
-        min_sample_seconds=0.0,
-        budget_seconds=120,
-        device="cpu",
-        record=False,
-        **options,
-    )
 
 
 @pytest.mark.parametrize("family", ["eomt", "depth_anything"])

@@ -394,21 +394,12 @@ def test_depth_anything_fixture_round_trips_at_a_second_size_and_predicts_the_ph
 
 @pytest.mark.run_level
 def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(tmp_path):
+    from benchruns import quick_bench
     from vitlab.bench.paths import Unavailable, largest_difference, openvino_fp32, openvino_int8
-    from vitlab.bench.runner import run_bench
     from vitlab.checkpoint import load_model
 
-    result = run_bench(
-        checkpoint=str(FIXTURES / "hf_eomt"),
-        batch_size=2,
-        paths=["eager-fp32", "openvino-fp32", "openvino-int8"],  # bf16: the same file, compiled otherwise
-        repetitions=1,
-        warmup=0,
-        min_sample_seconds=0.0,
-        budget_seconds=120,
-        device="cpu",
-        record=False,
-    )
+    # bf16: the same file, compiled otherwise
+    result = quick_bench(FIXTURES / "hf_eomt", ["eager-fp32", "openvino-fp32", "openvino-int8"])
     rows = {row["path"]: row for row in result["paths"]}
     assert {"eager-fp32", "openvino-fp32"} <= set(rows), result["skipped"]
     assert rows["openvino-fp32"]["max_abs_diff_vs_eager"] <= 1e-4 and "openvino-int8" in result["skipped"]
@@ -419,7 +410,7 @@ def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(tmp_path):
         expected = model(sample)
     got = openvino_fp32(model, sample).run(sample)
     assert isinstance(got, tuple) and len(got) == 2 and largest_difference(got, expected) <= 1e-4
-    with pytest.raises(Unavailable, match="segmentation model's OpenVINO export is fp32"):
+    with pytest.raises(Unavailable, match="--int8: a segmentation model exports in fp32"):  # the export's refusal
         openvino_int8(model, sample)
     # A fixed batch of 8 on two threads runs as two halves on two streams: both outputs are joined.
     openvino.export_openvino(model, tmp_path / "eomt.xml")

@@ -196,14 +196,8 @@ def _openvino(model: nn.Module, sample: torch.Tensor, precision: str) -> BenchPa
     """vitlab's model as `vitlab export --format openvino` writes it, compiled for the benchmark's fixed batch (as
     the ONNX paths are) in `precision`; int8 is calibrated on the benchmark's own batch, enough for speed (accuracy:
     --dataset), and runs the rest in bf16 where that pays (`openvino_precision`). A dense model runs fp32 and bf16,
-    its every output returned (EoMT's two as a tuple), as the export writes it; its int8 is not written."""
+    its every output returned (EoMT's two as a tuple), as the export writes it; its int8 the export refuses."""
     require_cpu(sample, "OpenVINO's CPU plugin")
-    dense = dense_task(model.config)
-    if dense is not None and precision == "int8":
-        raise Unavailable(
-            f"a {dense.task} model's OpenVINO export is fp32 (its int8 would be judged on classifiers' logits); "
-            "see openvino fp32 and bf16"
-        )
     try:
         require_openvino("the OpenVINO paths", ("openvino", "nncf") if precision == "int8" else ("openvino",))
     except UsageError as error:
@@ -214,7 +208,7 @@ def _openvino(model: nn.Module, sample: torch.Tensor, precision: str) -> BenchPa
     calibration = (denormalize(sample.float(), model.config) * 255).round().clamp(0, 255).to(torch.uint8)
     try:
         export_openvino(model, path, int8=int8, calibration=calibration if int8 else None)
-    except UsageError as error:  # a model it does not export (NaFlex)
+    except UsageError as error:  # what the export refuses (NaFlex; a dense model's int8)
         raise Unavailable(str(error)) from None
     runtime = OpenVinoClassifier(
         path, threads=torch.get_num_threads(), precision="auto" if int8 else precision, batch_size=len(sample)

@@ -376,8 +376,8 @@ class OpenVinoClassifier:
 
     def compiled_for(self, size: int) -> Any:
         """The compiled graph that runs a batch of `size`: one compiled for that size where there is one, else the
-        one for any batch. A graph whose batch is fixed ran 1.19-1.21x the any-batch one for B/16 int8 at batch 1
-        and 16 (2-core AMX Xeon, `benchmarks/openvino_shapes.py`), and costs a compile (0.5-0.8 s) and the memory of
+        one for any batch. A graph whose batch is fixed ran 1.16x (batch 1) and 1.23x (batch 16) the any-batch one
+        for B/16 int8 (2-core AMX Xeon, `benchmarks/openvino_shapes.py`), and costs a compile (0.5-0.8 s) and the memory of
         a second copy of the packed weights (160-210 MB there), so only sizes that repeat get one."""
         if size in self.static:
             return self.static[size]

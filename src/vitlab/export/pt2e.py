@@ -298,10 +298,12 @@ def read_pt2e(
     return config, state, observers, json.loads(metadata.get("pt2e", "{}"))
 
 
-def compiled_package_path(path: Path, precision: str, batch_size: int | None = None) -> Path:
+def compiled_package_path(
+    path: Path, precision: str, batch_size: int | None = None, content: str | None = None
+) -> Path:
     """Where the compiled graph of this file's content is kept for this CPU kind, torch version and precision (and
-    the batch size of a graph compiled for one)."""
-    content = sha256_file(path)[:24]
+    the batch size of a graph compiled for one). content: the file's SHA-256, where the caller has it already."""
+    content = (content or sha256_file(path))[:24]
     machine = hashlib.sha256(machine_key().encode()).hexdigest()[:12]
     versions = f"torch{torch.__version__}-torchao{importlib.metadata.version('torchao')}"  # the quantizer's passes
     batch = "" if batch_size is None else f"-batch{batch_size}"
@@ -390,17 +392,21 @@ class Pt2eClassifier:
             torch.set_num_threads(threads)
         self.choice = rest_precision(self.config, precision)
         self.observers, self.precision = observers, precision
-        self.package = compiled_package_path(self.path, self.choice.value)
+        self.content = sha256_file(self.path)  # read once: every kept graph's name holds it
+        self.package = self._package(None)
         self.compile_seconds = 0.0
         self.compiled = self._load_or_compile(None)
         # A graph compiled for single images, where one was kept on this machine (`prepare_single`): the any-batch
         # graph runs one image padded to two.
-        self.single = load_compiled(compiled_package_path(self.path, self.choice.value, 1))
+        self.single = load_compiled(self._package(1))
+
+    def _package(self, batch_size: int | None) -> Path:
+        return compiled_package_path(self.path, self.choice.value, batch_size, self.content)
 
     def _load_or_compile(self, batch_size: int | None) -> Any:
         """The graph kept for this file, CPU kind and torch (any batch, or `batch_size` only), or, the first time,
         compiled now and kept (`compile_seconds` adds the time)."""
-        package = compiled_package_path(self.path, self.choice.value, batch_size)
+        package = self._package(batch_size)
         compiled = load_compiled(package)
         if compiled is None:
             quantized = QuantizedModel(self.model, self.observers, self.precision, str(self.path), compile=False)

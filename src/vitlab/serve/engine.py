@@ -99,6 +99,13 @@ def served_speeds(config) -> dict[str, float]:
     return (path_speeds(model_size(config)[1], batch_size=1) or {}).get("speed_vs_eager_fp32", {})
 
 
+def openvino_runner(path: str | Path, threads: int | None, precision: str) -> OpenVinoClassifier:
+    """An OpenVINO file compiled to serve, its graph for single images (what a server meets most) ready at once."""
+    runner = OpenVinoClassifier(path, threads=threads, precision=precision)
+    runner.prepare_batch(1)
+    return runner
+
+
 class Engine:
     def __init__(
         self,
@@ -210,8 +217,7 @@ class Engine:
                 f"make it with: vitlab export {checkpoint} --format openvino --int8"
             )
         threads = serving_threads(read_openvino_config(path), threads)
-        self.runner = OpenVinoClassifier(path, threads=threads, precision=precision)
-        self.runner.prepare_batch(1)  # single images are what a server meets most: their graph is ready at once
+        self.runner = openvino_runner(path, threads, precision)
         self.config, self.choice = self.runner.config, self.runner.choice
         self.precision = self.choice.value
         if checkpoint is not None:
@@ -296,9 +302,7 @@ class Engine:
             self._temporary = tempfile.TemporaryDirectory(prefix="vitlab-serve-")
             path = Path(self._temporary.name) / "model.xml"
             export_openvino(model, path)
-            runner = OpenVinoClassifier(path, threads=threads, precision=precision)
-            runner.prepare_batch(1)  # as in `_serve_openvino_file`
-            return runner
+            return openvino_runner(path, threads, precision)
         if backend == "onnx":
             if precision == "bf16":
                 raise UsageError("the ONNX Runtime backend serves fp32 or int8; use --backend torch for bf16")
