@@ -7,6 +7,10 @@ and `from a.b import c` (where c is a submodule) point at a/b/c.py; `from a.b im
 points at a/b.py or a/b/__init__.py. Python also runs every parent package's `__init__.py` on such an import; those
 edges are left out, because a package that re-exports its submodules would otherwise put each submodule that
 imports a sibling on a circle that no file of the two wrote. `importlib.import_module("...")` strings are not read.
+
+The same graph, each file folded into its first-level package (or single-file module), is checked against the
+declared layers (`LAYERS`): a package imports only packages of lower layers, so no two packages import each other
+either, around any circle.
 """
 
 from __future__ import annotations
@@ -20,6 +24,59 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # circles through src/vitlab/models/, layers/ or config.py (being rewritten elsewhere) would be listed here, each a
 # frozenset of its modules, until that rewrite removes them.
 ALLOWED_CIRCLES: dict[str, frozenset[str]] = {}
+
+# The first-level packages and single-file modules of src/vitlab in layers, lowest first (STYLE.md: import downward
+# only). A file may import the files of its own package and those of lower layers, never a name of its own layer or
+# of a higher one. "__init__" is src/vitlab/__init__.py (the package's face), "__main__" `python -m vitlab`.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # the ground: modules that import nothing of vitlab's
+    ("errors", "environment", "files", "messages", "lazy", "plots"),
+    # services on the ground: progress lines, the pre-trained catalogue, the patch input, processes, the cache
+    ("__init__", "progress", "pretrained", "model_input", "distributed", "download"),
+    ("timing", "runs", "hardware"),
+    # the Vision Transformer's parts, one concept per file
+    ("layers",),
+    # the CPU kernels a layer can run on; the data sets, loaders and the preprocessing contract
+    ("kernels", "data"),
+    # the model's config (it holds the preprocessing contract of `data`)
+    ("config",),
+    # named variants: config by name
+    ("variants",),
+    ("models",),
+    # the checkpoint formats and families (they build models); parameter and FLOP counts of a model
+    ("checkpoint", "counts"),
+    # what a model computes: patch features and dense predictions, exported graphs, then evaluation and prediction
+    ("dense",),
+    ("export",),
+    ("eval",),
+    # what reads them: the paper's analyses, the training objectives
+    ("analysis", "objectives"),
+    ("train", "serve", "reports"),
+    ("bench", "ablate"),
+    ("cli",),
+    ("__main__",),
+)
+
+# Imports that break the layers today, each (importing file, imported file) with its owner: the engineer whose
+# branch removes it. Remove an entry when that branch lands (the test fails on an entry whose import is gone).
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    # h/config (issue 59 item 2) rewrites config.py; the position kinds it names live in models/positions/.
+    ("vitlab.config", "vitlab.models.positions.kinds"): "h/config",
+    # h/features (issue 59 item 3) builds one features pipeline for `vitlab dense` and `vitlab embed`: the
+    # extraction loop and its batches stop living in eval/.
+    ("vitlab.dense.extract", "vitlab.eval.batches"): "h/features",
+    ("vitlab.dense.extract", "vitlab.eval.embeddings"): "h/features",
+    ("vitlab.dense.extract", "vitlab.eval.retrieval"): "h/features",
+    # h/layers (issue 59 item 4), fixed by the commits that follow this table's.
+    ("vitlab.data.segmentation", "vitlab.dense.probe_data"): "h/layers",
+    ("vitlab.dense.depth_probe", "vitlab.eval.depth"): "h/layers",
+    ("vitlab.dense.neighbour_segmentation", "vitlab.eval.neighbours"): "h/layers",
+    ("vitlab.dense.neighbour_segmentation", "vitlab.eval.segmentation"): "h/layers",
+    ("vitlab.dense.probe", "vitlab.eval.depth"): "h/layers",
+    ("vitlab.dense.probe", "vitlab.eval.segmentation"): "h/layers",
+    ("vitlab.dense.segmentation_probe", "vitlab.eval.segmentation"): "h/layers",
+    ("vitlab.variants", "vitlab.checkpoint.families"): "h/layers",
+}
 
 
 def module_names() -> dict[str, Path]:
@@ -56,6 +113,31 @@ def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str
 def import_graph() -> dict[str, set[str]]:
     modules = module_names()
     return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def package_of(module: str) -> str:
+    """The first-level name of `module` as `LAYERS` names it: "vitlab.train.loop" -> "train", "vitlab" -> "__init__"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`graph` with each file folded into its first-level package: {"train": {"data", "models", ...}, ...}."""
+    packages: dict[str, set[str]] = {package_of(name): set() for name in graph}
+    for name, imported in graph.items():
+        packages[package_of(name)] |= {package_of(other) for other in imported} - {package_of(name)}
+    return packages
+
+
+def imports_against_layers(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[tuple[str, str]]:
+    """The (importing file, imported file) pairs of `graph` whose package imports one of its own layer or higher."""
+    layer_of = {package: index for index, layer in enumerate(layers) for package in layer}
+    return sorted(
+        (name, other)
+        for name, imported in graph.items()
+        for other in imported
+        if package_of(name) != package_of(other) and layer_of[package_of(other)] >= layer_of[package_of(name)]
+    )
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -148,3 +230,44 @@ def test_the_graph_counts_imports_inside_functions_and_relative_ones(tmp_path):
         "vitlab.pkg.low",
         "vitlab.pkg.high",
     ]
+
+
+def test_every_package_imports_only_lower_layers():
+    graph = import_graph()
+    declared = [package for layer in LAYERS for package in layer]
+    assert len(declared) == len(set(declared)), "a package stands on two layers of LAYERS"
+    packages = {package_of(name) for name in graph}
+    assert not packages - set(declared), f"give {sorted(packages - set(declared))} a layer in LAYERS"
+    assert not set(declared) - packages, f"LAYERS names {sorted(set(declared) - packages)}, which are gone"
+    layer_of = {package: index for index, layer in enumerate(LAYERS) for package in layer}
+    against = imports_against_layers(graph, LAYERS)
+    for name, other in against:
+        if (name, other) not in ALLOWED_UPWARD:
+            print(f"{name} (layer {layer_of[package_of(name)]}) imports {other} (layer {layer_of[package_of(other)]})")
+    assert set(against) <= set(ALLOWED_UPWARD), (
+        "imports against the layers (printed above): move the piece both need down, or invert the import through "
+        "a table that the lower package keeps and the higher one fills"
+    )
+    gone = sorted(set(ALLOWED_UPWARD) - set(against))
+    assert not gone, f"remove these entries of ALLOWED_UPWARD, whose import is gone: {gone}"
+
+
+def test_the_layer_check_sees_a_sibling_and_a_higher_layer():
+    graph = {
+        "vitlab": {"vitlab.low"},
+        "vitlab.low": set(),
+        "vitlab.mid.a": {"vitlab.low", "vitlab.mid.b"},  # its own package: fine
+        "vitlab.mid.b": {"vitlab.high.c"},  # a higher layer
+        "vitlab.side": {"vitlab.mid.a"},  # its own layer
+        "vitlab.high.c": {"vitlab.mid.a", "vitlab"},
+    }
+    layers = (("low",), ("__init__",), ("mid", "side"), ("high",))
+    assert imports_against_layers(graph, layers) == [("vitlab.mid.b", "vitlab.high.c"), ("vitlab.side", "vitlab.mid.a")]
+    assert package_graph(graph) == {
+        "__init__": {"low"},
+        "low": set(),
+        "mid": {"low", "high"},
+        "side": {"mid"},
+        "high": {"mid", "__init__"},
+    }
+    assert strongly_connected(package_graph(graph)) == [{"mid", "high"}]
