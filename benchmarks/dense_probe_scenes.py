@@ -21,8 +21,8 @@ import json
 import torch
 
 from vitlab.checkpoint.formats import load_model
+from vitlab.data.probe_data import scene_data
 from vitlab.dense.probe import LEARNING_RATES, TASKS, probe_settings, run_probe
-from vitlab.dense.probe_data import scene_data
 from vitlab.models import create_model
 
 

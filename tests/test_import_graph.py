@@ -68,7 +68,6 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("vitlab.dense.extract", "vitlab.eval.embeddings"): "h/features",
     ("vitlab.dense.extract", "vitlab.eval.retrieval"): "h/features",
     # h/layers (issue 59 item 4), fixed by the commits that follow this table's.
-    ("vitlab.data.segmentation", "vitlab.dense.probe_data"): "h/layers",
     ("vitlab.dense.depth_probe", "vitlab.eval.depth"): "h/layers",
     ("vitlab.dense.neighbour_segmentation", "vitlab.eval.neighbours"): "h/layers",
     ("vitlab.dense.neighbour_segmentation", "vitlab.eval.segmentation"): "h/layers",

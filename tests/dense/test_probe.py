@@ -11,8 +11,8 @@ from PIL import Image
 
 from vitlab.cli import main
 from vitlab.data.dense_sets import write_palette_png
+from vitlab.data.probe_data import open_probe_data
 from vitlab.dense import probe
-from vitlab.dense.probe_data import open_probe_data
 from vitlab.eval.segmentation import ConfusionMatrix
 
 

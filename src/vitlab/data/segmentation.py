@@ -10,7 +10,7 @@ Two data sets, each one row of `vitlab.data.loaders.LOADERS` (held in memory; th
   on the same validation and test scenes. Training scenes: 10,000, or `max_train_images`; validation scenes:
   1,000, or `val_size` where it is a count (0: none); test scenes: 2,000.
 - `segmentation`: a dense layout on disk (`--data-dir`: Pascal VOC, ADE20K or an image + mask manifest;
-  `vitlab.data.dense_sets`), split as the dense probe splits it (`vitlab.dense.probe_data.open_probe_data`: the
+  `vitlab.data.dense_sets`), split as the dense probe splits it (`vitlab.data.probe_data.open_probe_data`: the
   official val split is the test split where there is no test split, validation carved from the training pairs
   by `val_size` and `seed`). Every pair is resized to the model's input size when read (the image bilinear,
   the mask nearest), so the figures are measured at that size, not at each image's own.
@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from vitlab.data.contract import Preprocessing
 from vitlab.data.preprocess import match_channels
+from vitlab.data.probe_data import open_probe_data
 from vitlab.data.source import Batch, BatchSource, DataRequest, InMemoryDataset, Splits, digest
 from vitlab.data.transforms import Draws, on
 from vitlab.errors import DataError
@@ -169,8 +170,6 @@ def scene_splits(request: DataRequest) -> Splits:
 def layout_splits(request: DataRequest) -> Splits:
     """A dense layout's three splits (VOC, ADE20K, a manifest in `request.data_dir`), split as the dense probe
     splits it, every pair resized to the model's input size."""
-    from vitlab.dense.probe_data import open_probe_data
-
     refuse_classes(request)
     if request.data_dir is None:
         raise DataError("--dataset segmentation reads a VOC or ADE20K folder or an image + mask manifest: --data-dir")

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from vitlab.data.preprocess import match_channels, normalize, resolved_preprocessing
+from vitlab.data.probe_data import DenseExample, Examples, ProbeData, open_probe_data
 from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features
-from vitlab.dense.probe_data import DenseExample, Examples, ProbeData
 from vitlab.dense.views import evaluation_view, training_view
 from vitlab.dense.windows import sliding_window_features
 from vitlab.errors import DataError, UsageError
@@ -441,7 +441,6 @@ def run_dense_probe(
     """`vitlab dense-probe`: the model of `checkpoint` probed on DATA (a VOC, ADE20K, manifest or depth-pair
     folder) or `--dataset mnist-scenes`."""
     from vitlab import checkpoint as checkpoints
-    from vitlab.dense.probe_data import open_probe_data
 
     model = checkpoints.load_model(checkpoint)
     probe_data = open_probe_data(data, dataset, data_dir, task, validation_fraction, canvas, seed)
