@@ -1,4 +1,4 @@
-"""Exact cosine search: vitlab's chunked matrix product (`vitlab.eval.neighbours.nearest`) against faiss-cpu's exact
+"""Exact cosine search: vitlab's chunked matrix product (`vitlab.metrics.neighbours.nearest`) against faiss-cpu's exact
 inner-product index (IndexFlatIP) on the same normalised vectors (issue 36: which library, and why).
 
     python benchmarks/search_exact.py [--bank 100000] [--queries 1000] [--dim 384] [-k 10]
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("-k", type=int, default=10)
     args = parser.parse_args()
-    from vitlab.eval.neighbours import nearest, normalised
+    from vitlab.metrics.neighbours import nearest, normalised
 
     generator = torch.Generator().manual_seed(0)
     bank = normalised(torch.randn(args.bank, args.dim, generator=generator))

@@ -36,8 +36,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("timing", "runs", "hardware"),
     # the Vision Transformer's parts, one concept per file
     ("layers",),
-    # the CPU kernels a layer can run on; the data sets, loaders and the preprocessing contract
-    ("kernels", "data"),
+    # the CPU kernels a layer can run on; the data sets, loaders and the preprocessing contract; the scores of
+    # predictions (mIoU, depth errors, k-NN) that evaluation, the dense probes and the objectives share
+    ("kernels", "data", "metrics"),
     # the model's config (it holds the preprocessing contract of `data`)
     ("config",),
     # named variants: config by name
@@ -68,12 +69,6 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("vitlab.dense.extract", "vitlab.eval.embeddings"): "h/features",
     ("vitlab.dense.extract", "vitlab.eval.retrieval"): "h/features",
     # h/layers (issue 59 item 4), fixed by the commits that follow this table's.
-    ("vitlab.dense.depth_probe", "vitlab.eval.depth"): "h/layers",
-    ("vitlab.dense.neighbour_segmentation", "vitlab.eval.neighbours"): "h/layers",
-    ("vitlab.dense.neighbour_segmentation", "vitlab.eval.segmentation"): "h/layers",
-    ("vitlab.dense.probe", "vitlab.eval.depth"): "h/layers",
-    ("vitlab.dense.probe", "vitlab.eval.segmentation"): "h/layers",
-    ("vitlab.dense.segmentation_probe", "vitlab.eval.segmentation"): "h/layers",
     ("vitlab.variants", "vitlab.checkpoint.families"): "h/layers",
 }
 

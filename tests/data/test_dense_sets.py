@@ -343,6 +343,6 @@ def test_depth_png_round_trip(tmp_path):
 
 
 def test_ignore_label_is_the_evaluations():
-    from vitlab.eval.segmentation import IGNORE_LABEL as EVALUATION_IGNORE_LABEL
+    from vitlab.metrics.segmentation import IGNORE_LABEL as EVALUATION_IGNORE_LABEL
 
     assert IGNORE_LABEL == EVALUATION_IGNORE_LABEL

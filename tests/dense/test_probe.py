@@ -13,7 +13,7 @@ from vitlab.cli import main
 from vitlab.data.dense_sets import write_palette_png
 from vitlab.data.probe_data import open_probe_data
 from vitlab.dense import probe
-from vitlab.eval.segmentation import ConfusionMatrix
+from vitlab.metrics.segmentation import ConfusionMatrix
 
 
 def scene(seed: int, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
@@ -138,7 +138,7 @@ def make_depth_pairs(root, count=12, size=(12, 8)):
 
 
 def test_the_depth_probe_scores_what_it_writes(tiny_run, tmp_path, capsys):
-    from vitlab.eval.depth import DepthMeter
+    from vitlab.metrics.depth import DepthMeter
 
     pairs = make_depth_pairs(tmp_path / "nyu")
     out = tmp_path / "depths"

@@ -16,8 +16,8 @@ predictions.
   flat. Depth is a 16-bit grey PNG of millimetres or a float `.npy` of metres; 0 = no measurement.
 
 Targets come out as the probes take them: segmentation uint8 (H, W), labels 0..K-1 and 255 ignored
-(`IGNORE_LABEL`, the same as `vitlab.eval.segmentation.IGNORE_LABEL`; defined here too because data sits below
-eval); depth float32 (H, W) in metres, 0 where there is no measurement.
+(`IGNORE_LABEL`, the same as `vitlab.metrics.segmentation.IGNORE_LABEL`; defined here too because data and metrics
+stand on one layer, neither importing the other); depth float32 (H, W) in metres, 0 where there is no measurement.
 
 Every file is untrusted input. A bad target is one `DataError` of one line that names the file, says what is wrong
 with the value and what to do (`read_target`); `check_targets` collects those lines for every pair, so a caller

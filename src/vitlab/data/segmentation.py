@@ -36,7 +36,7 @@ from vitlab.data.source import Batch, BatchSource, DataRequest, InMemoryDataset,
 from vitlab.data.transforms import Draws, on
 from vitlab.errors import DataError
 
-IGNORE_LABEL = 255  # as vitlab.data.dense_sets, vitlab.data.scenes and vitlab.eval.segmentation
+IGNORE_LABEL = 255  # as vitlab.data.dense_sets, vitlab.data.scenes and vitlab.metrics.segmentation
 SCENES = "mnist-scenes"
 LAYOUTS = "segmentation"  # --dataset segmentation --data-dir VOC|ADE20K|MANIFEST
 SCENE_SEED = 0  # mnist-scenes' scenes, the same for every run (see the module docstring)

@@ -28,7 +28,7 @@ Choices, and where this differs:
   code slices a (B, 1, H, W) batch with `[::2*i, ::2*i]` and `[0:-2, :]`, which, as we read it, run over the batch
   and channel axes rather than rows and columns (with its configs' 2 images per GPU the term is then zero); here it
   runs over the rows and columns of each image, as MegaDepth meant it.
-- Valid pixels: truth in (min_depth, max_depth], the same as the metrics (`eval.depth`); DINOv2's losses take
+- Valid pixels: truth in (min_depth, max_depth], the same as the metrics (`metrics.depth`); DINOv2's losses take
   truth > 0.
 
 The features are computed once and cached, so the probe's epochs cost a head's work only. The learning rate is
@@ -48,7 +48,7 @@ from torch.nn import functional as F
 
 from vitlab.dense.features import DenseFeatures
 from vitlab.errors import UsageError
-from vitlab.eval.depth import DepthMeter, DepthScores
+from vitlab.metrics.depth import DepthMeter, DepthScores
 
 BINS = 256  # DINOv2's n_bins
 UPSAMPLE = 4  # DINOv2's BNHead upsample: the bin distribution is formed at 4x the patch grid
@@ -126,7 +126,7 @@ class DepthProbeResult:
 
 
 def valid_depths(truth: torch.Tensor, min_depth: float, max_depth: float) -> torch.Tensor:
-    """The pixels that carry a measurement: min_depth < truth <= max_depth (0 = none), as `eval.depth` counts."""
+    """The pixels that carry a measurement: min_depth < truth <= max_depth (0 = none), as `metrics.depth` counts."""
     return (truth > min_depth) & (truth <= max_depth)
 
 
@@ -185,7 +185,7 @@ def predicted_depths(
 def depth_scores(
     head: LinearDepthHead, features: torch.Tensor, depths: torch.Tensor, batch_size: int = 256
 ) -> DepthScores:
-    """The head's RMSE, AbsRel, delta < 1.25 ... (`eval.depth`, per image then averaged) on features
+    """The head's RMSE, AbsRel, delta < 1.25 ... (`metrics.depth`, per image then averaged) on features
     (N, C, rows, cols) against true depths (N, H, W), counted in the head's (min_depth, max_depth]."""
     meter = DepthMeter(head.min_depth, head.max_depth, features.device)
     size = (depths.shape[-2], depths.shape[-1])

@@ -8,7 +8,7 @@
 This is the dense "nearest neighbour retrieval" evaluation of Hummingbird (Balazevic et al. 2023, "Towards In-context
 Scene Understanding"): a frozen encoder's patch features are judged by how well labelled patches of other images,
 found by similarity alone, label a new image. Nothing is trained; the only choice, k, is made on the validation
-split's mIoU (never the test split's). The weighted vote is DINO's k-NN classifier (`vitlab.eval.neighbours`), here
+split's mIoU (never the test split's). The weighted vote is DINO's k-NN classifier (`vitlab.metrics.neighbours`), here
 per patch.
 
 Why label distributions, not majority labels: a patch of 16 x 16 pixels often straddles an object's boundary. Its
@@ -20,7 +20,7 @@ with what they hold, and a query patch half road, half car scores both.
 Cost: the bank holds M x C float32 features and M x K float32 label distributions, every counted patch of the
 training split (1,464 VOC images at 32 x 32 patches and C = 768: 1.5 M patches, 4.6 GB of features; ADE20K's 20,210
 images: 20.7 M patches, 64 GB; pass `max_patches` to keep a uniform sample). Each of the Q query patches is compared
-with every bank patch, M x Q dot products, exactly, by `vitlab.eval.neighbours.nearest`: faiss where installed, else
+with every bank patch, M x Q dot products, exactly, by `vitlab.metrics.neighbours.nearest`: faiss where installed, else
 torch in chunks of 1,024 queries (memory: 1,024 x M similarities). Each call also copies the bank once (normalised,
 or into faiss's index), so a head called image by image pays M x C per image on top of the search. Choosing k costs
 one search: the validation patches' neighbours are found once for the largest k, and a smaller k reads the first k
@@ -37,8 +37,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from vitlab.errors import DataError, UsageError
-from vitlab.eval.neighbours import KNN_TEMPERATURE, nearest
-from vitlab.eval.segmentation import IGNORE_LABEL, ConfusionMatrix, SegmentationScores
+from vitlab.metrics.neighbours import KNN_TEMPERATURE, nearest
+from vitlab.metrics.segmentation import IGNORE_LABEL, ConfusionMatrix, SegmentationScores
 
 KS = (1, 5, 10, 20)  # the neighbour counts tried on the validation split
 MASK_CHUNK = 64  # images whose label distributions are counted at once (memory: chunk x H x W int64)

@@ -115,7 +115,7 @@ class SegmentationTask(Task):
         return Trained(result.head, "learning_rate", result.learning_rate, validation, result.tried)
 
     def meter(self, data: ProbeData):
-        from vitlab.eval.segmentation import ConfusionMatrix
+        from vitlab.metrics.segmentation import ConfusionMatrix
 
         return ConfusionMatrix(data.num_classes)
 
@@ -174,7 +174,7 @@ class DepthTask(Task):
         )
 
     def meter(self, data: ProbeData):
-        from vitlab.eval.depth import DepthMeter
+        from vitlab.metrics.depth import DepthMeter
 
         return DepthMeter(data.min_depth, data.max_depth)
 

@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from vitlab.errors import UsageError
-from vitlab.eval.segmentation import IGNORE_LABEL, ConfusionMatrix, SegmentationScores
+from vitlab.metrics.segmentation import IGNORE_LABEL, ConfusionMatrix, SegmentationScores
 
 
 class LinearSegmentationHead(nn.Module):

@@ -1,5 +1,5 @@
 """Frozen features as a product: `vitlab embed` writes one vector per image of a data set to a Parquet file, which
-`vitlab knn` and `vitlab search` read (`vitlab.eval.neighbours`).
+`vitlab knn` and `vitlab search` read (`vitlab.metrics.neighbours`).
 
 The file: one row per readable image, columns `path` (where the image came from), `label` (its class index, null
 when the data have none) and `vector` (a fixed-size list of float32, or float16 on request), in the data's order;

@@ -18,9 +18,9 @@ from vitlab.data.source import BatchSource, DataRequest, ImageFiles
 from vitlab.errors import DataError, UsageError
 from vitlab.eval.embeddings import both_files, embed, labelled_splits, pooled_features, read_embeddings
 from vitlab.eval.fewshot import cached_features, checkpoint_digest
-from vitlab.eval.neighbours import KNN_K, KNN_TEMPERATURE, knn_accuracy, near_duplicates, nearest
 from vitlab.hardware import available_cores
 from vitlab.messages import counted, unreadable_line
+from vitlab.metrics.neighbours import KNN_K, KNN_TEMPERATURE, knn_accuracy, near_duplicates, nearest
 
 
 @dataclass  # not frozen: an InputSpec's fields are plain attributes

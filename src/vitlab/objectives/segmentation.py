@@ -44,7 +44,7 @@ from vitlab.data.transforms import Draws
 from vitlab.dense.segmentation_maps import semantic_map
 from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.errors import ConfigError, DataError
-from vitlab.eval.segmentation import ConfusionMatrix
+from vitlab.metrics.segmentation import ConfusionMatrix
 from vitlab.model_input import ModelInput, require_pixels
 from vitlab.models.eomt import EoMT, SegmentationOutput, eomt_from_backbone
 from vitlab.models.registry import create_model

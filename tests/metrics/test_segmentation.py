@@ -1,4 +1,4 @@
-"""Segmentation metrics (vitlab.eval.segmentation): figures checked by hand on small label maps, an absent class and
+"""Segmentation metrics (vitlab.metrics.segmentation): figures checked by hand on small label maps, an absent class and
 the ignore label among them; counts that do not depend on how the pixels are batched; labels out of range refused."""
 
 import math
@@ -8,7 +8,7 @@ import torch
 
 from vitlab.distributed import DistEnv
 from vitlab.errors import DataError, UsageError
-from vitlab.eval.segmentation import IGNORE_LABEL, ConfusionMatrix
+from vitlab.metrics.segmentation import IGNORE_LABEL, ConfusionMatrix
 
 X = IGNORE_LABEL  # an ignored pixel, one letter so that the label maps below line up
 

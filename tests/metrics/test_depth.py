@@ -1,4 +1,4 @@
-"""Depth metrics (vitlab.eval.depth): figures checked by hand on tiny depth maps, pixels without a measurement
+"""Depth metrics (vitlab.metrics.depth): figures checked by hand on tiny depth maps, pixels without a measurement
 ignored, predictions clamped to the range, each metric a mean of per-image values, images with no valid pixel
 skipped, and sums that do not depend on how the images are batched."""
 
@@ -9,7 +9,7 @@ import torch
 
 from vitlab.distributed import DistEnv
 from vitlab.errors import UsageError
-from vitlab.eval.depth import DepthMeter
+from vitlab.metrics.depth import DepthMeter
 
 
 def test_a_two_by_two_image_checked_by_hand():

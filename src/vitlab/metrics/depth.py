@@ -48,7 +48,7 @@ class DepthScores:
 
 class DepthMeter:
     """Per-image depth metrics, summed over the images seen, batch by batch (the depth counterpart of
-    `eval.segmentation.ConfusionMatrix`).
+    `metrics.segmentation.ConfusionMatrix`).
 
     The sums live in one float64 tensor (`sums`) on the device of the depth maps: `update` adds a batch with device
     ops only (no host read per batch), and `all_reduce` sums it over processes in one collective. Its layout: the

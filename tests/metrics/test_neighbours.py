@@ -1,10 +1,10 @@
-"""k-NN classification and similarity search on frozen features (`vitlab.eval.neighbours`)."""
+"""k-NN classification and similarity search on frozen features (`vitlab.metrics.neighbours`)."""
 
 import math
 
 import torch
 
-from vitlab.eval.neighbours import knn_accuracy, knn_votes, near_duplicates, nearest
+from vitlab.metrics.neighbours import knn_accuracy, knn_votes, near_duplicates, nearest
 
 
 def test_knn_votes_match_a_hand_computed_example():
@@ -51,7 +51,7 @@ def test_near_duplicates_lists_each_pair_once():
 def test_faiss_and_torch_find_the_same_neighbours():
     import pytest
 
-    from vitlab.eval.neighbours import faiss_module
+    from vitlab.metrics.neighbours import faiss_module
 
     if faiss_module() is None:
         pytest.skip("faiss-cpu is not installed (pip install 'vitlab[search]')")
