@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "environment", "files", "messages", "lazy", "plots"),
     # services on the ground: progress lines, the pre-trained catalogue, the patch input, processes, the cache
     ("__init__", "progress", "pretrained", "model_input", "distributed", "download"),
+    # medians that survive a noisy machine, the run folder, what this machine has and the choices made from it
     ("timing", "runs", "hardware"),
     # the Vision Transformer's parts, one concept per file
     ("layers",),
@@ -41,7 +42,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("kernels", "data", "metrics"),
     # the model's config (it holds the preprocessing contract of `data`)
     ("config",),
-    # named variants: config by name
+    # the model families' preset architectures (torch-free, below the converters that read their checkpoints)
+    ("presets",),
+    # named variants: a config by name
     ("variants",),
     ("models",),
     # the checkpoint formats and families (they build models); parameter and FLOP counts of a model
@@ -68,8 +71,6 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     ("vitlab.dense.extract", "vitlab.eval.batches"): "h/features",
     ("vitlab.dense.extract", "vitlab.eval.embeddings"): "h/features",
     ("vitlab.dense.extract", "vitlab.eval.retrieval"): "h/features",
-    # h/layers (issue 59 item 4), fixed by the commits that follow this table's.
-    ("vitlab.variants", "vitlab.checkpoint.families"): "h/layers",
 }
 
 

@@ -14,6 +14,7 @@ from vitlab.data.contract import Preprocessing
 
 PREFIX, MARKER, MODEL_TYPE = "toy.", "toy.marker", "toy_vit"
 ARCHITECTURE: dict[str, Any] = dict(family="toy", embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=0)
+PRESETS = {"toy-Ti/4": dict(ARCHITECTURE, patch_size=4)}  # its rows of vitlab/presets.py's table
 PROCESSOR = dict(image_mean=(0.25,), image_std=(0.5,), preprocessing=Preprocessing(mode="stretch", resize="bilinear"))
 
 
@@ -48,7 +49,6 @@ MODELS = (
         "Toy ViT",
         released="2026-11",
         layouts=("hf-toy",),
-        presets={"toy-Ti/4": dict(ARCHITECTURE, patch_size=4)},
         reference_class="ToyVisionModel",
     ),
 )

@@ -1,14 +1,14 @@
 """Named model variants: the paper's ("B/16", its Table 1 in config.py), its hybrids ("R50+B/16"), the small-image
-presets ("digits-8") and each model family's presets ("dinov3-B/16"), which its module under checkpoint/families/
-declares. Above config.py and the family table, so that config.py (the layer below both) names no family; torch-free,
-for `vitlab models`.
+presets ("digits-8") and each model family's presets ("dinov3-B/16", presets.py). Above config.py and presets.py, so
+that config.py names no family; below checkpoint/, so that a model is built by name without its converters;
+torch-free, for `vitlab models`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from vitlab.checkpoint.families import family_presets
+from vitlab import presets
 from vitlab.config import HYBRIDS, MODEL_SIZES, PATCH_SIZES, SMALL_PRESETS, ViTConfig
 from vitlab.errors import ConfigError
 
@@ -17,7 +17,7 @@ def variant_names() -> list[str]:
     """Every name `variant_config` accepts, in table order: the paper's, its hybrids, the small presets, then the
     families' presets by the families' age."""
     names = [f"{size}/{patch}" for size in MODEL_SIZES for patch in PATCH_SIZES]
-    return names + list(HYBRIDS) + list(SMALL_PRESETS) + list(family_presets())
+    return names + list(HYBRIDS) + list(SMALL_PRESETS) + list(presets.FAMILY_PRESETS)
 
 
 def variant_config(name: str, **overrides: Any) -> ViTConfig:
@@ -26,13 +26,12 @@ def variant_config(name: str, **overrides: Any) -> ViTConfig:
     Paper variants and family presets default to 224x224 inputs; the paper's to 1000 classes, as in the reference
     parameter counts.
     """
-    presets = family_presets()
     if name in SMALL_PRESETS:
         fields = dict(SMALL_PRESETS[name])
     elif name in HYBRIDS:
         fields = dict(HYBRIDS[name], patch_size=1, image_size=224)
-    elif name in presets:
-        fields = dict(presets[name], image_size=224)
+    elif name in presets.FAMILY_PRESETS:
+        fields = dict(presets.FAMILY_PRESETS[name], image_size=224)
     else:
         size, _, patch = name.partition("/")
         if size not in MODEL_SIZES or not patch.isdigit():

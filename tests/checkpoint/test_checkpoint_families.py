@@ -15,19 +15,9 @@ from safetensors.torch import load_file, save_file
 
 import toy_family
 from conftest import FIXTURES
-from vitlab import load_model, read_checkpoint
+from vitlab import load_model, presets, read_checkpoint
 from vitlab.checkpoint import families, formats
-from vitlab.checkpoint.families import (
-    Family,
-    aimv2,
-    dinov3,
-    family_of,
-    hf_model_types,
-    model_families,
-    radio,
-    siglip2,
-    supported_families,
-)
+from vitlab.checkpoint.families import Family, family_of, hf_model_types, model_families, supported_families
 from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.checkpoint.io import Weights
 from vitlab.cli import main
@@ -38,7 +28,7 @@ from vitlab.pretrained import catalogue_families
 from vitlab.variants import variant_config, variant_names
 
 TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_dim=48, num_classes=0)
-TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its module's presets) at a tiny size
+TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its presets, vitlab/presets.py) at a tiny size
     "pe": ViTConfig(
         **TINY,
         family="pe",
@@ -84,10 +74,10 @@ TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its module's presets) at a 
     **{
         name: ViTConfig(**{**fields, **TINY})
         for name, fields in (
-            ("siglip2", siglip2.ARCHITECTURE),
-            ("dinov3", dinov3.ARCHITECTURE),
-            ("aimv2", aimv2.ARCHITECTURE),
-            ("radio", {**radio.ARCHITECTURE, "cpe_max_size": 32}),  # an 8x8 table, not C-RADIO's 512x512
+            ("siglip2", presets.SIGLIP2),
+            ("dinov3", presets.DINOV3),
+            ("aimv2", presets.AIMV2),
+            ("radio", {**presets.RADIO, "cpe_max_size": 32}),  # an 8x8 table, not C-RADIO's 512x512
         )
     },
 }
@@ -218,12 +208,15 @@ def test_the_sidecar_model_type_chooses_the_row_before_any_signature(monkeypatch
 # ------------------------------------------------------------------------------ a new family is one module
 @pytest.fixture
 def toy_registered(monkeypatch):
-    """tests/toy_family.py registered as a module of src/vitlab/checkpoint/families/ is, the tables restored after."""
+    """tests/toy_family.py registered as a module of src/vitlab/checkpoint/families/ is, with its presets as rows of
+    vitlab/presets.py's table, the tables restored after."""
     for table in ("MODULES", "FAMILIES", "MODEL_FAMILIES"):
         monkeypatch.setattr(families, table, getattr(families, table))
+    monkeypatch.setattr(presets, "FAMILY_PRESETS", dict(presets.FAMILY_PRESETS))
 
     def register():
         families.register(toy_family)
+        presets.register(toy_family.PRESETS)
 
     return register
 
@@ -245,7 +238,7 @@ def test_a_new_family_is_one_module_that_registers_itself(tmp_path, capsys, toy_
     with pytest.raises(ConfigError, match="unknown model variant 'toy-Ti/4'"):
         variant_config("toy-Ti/4")
 
-    toy_registered()  # what the package does for each of its own modules
+    toy_registered()  # what the package does for each of its own modules; its presets join presets.py's
 
     # readable, by its key signature or its config.json, with its processor defaults
     config, _, kind = read_checkpoint(folder)

@@ -1,6 +1,7 @@
 """What a family module declares (the seam of `checkpoint/families/`): its model families (`ModelFamily`: name,
-preset variants, transformers' reference class) and the checkpoint layouts their files come in (`Family`: key
-signature, config reader, converters both ways, processor defaults, HF config writer).
+age, transformers' reference class; their preset variants are rows of vitlab/presets.py) and the checkpoint layouts
+their files come in (`Family`: key signature, config reader, converters both ways, processor defaults, HF config
+writer).
 
 A module of `vitlab/checkpoint/families/` declares `MODELS` (a tuple of ModelFamily) and `LAYOUTS` (a tuple of
 Family), either may be empty; the package collects them into its tables (`families/__init__.py`). These classes
@@ -33,9 +34,6 @@ class ModelFamily:
     released: str  # "2020-10": year and month of its paper; lists name the families by age
     layouts: tuple[str, ...]  # the names of the rows (`Family`, of any module) its checkpoints come in
     tower: bool = False  # the image tower of an image-text model (CLIP, SigLIP)
-    # Variant name -> ViTConfig fields of its architectures at random weights (`vitlab.variants.variant_config`,
-    # `vitlab models`, `bench`); image_size defaults to 224.
-    presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
     # transformers' class that `bench` compares a model of this family with (vitlab exports it, transformers loads
     # it), or config -> that class where it depends on the model (DINOv2 with registers is another class); None:
     # ViTForImageClassification. A backbone's pooled output stands for the logits.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_plain_blocks
 from vitlab.config import HEADS_BY_WIDTH, ViTConfig
-from vitlab.data.contract import Preprocessing, cropped_side, resolved_preprocessing
+from vitlab.data.contract import IMAGENET_MEAN, IMAGENET_STD, Preprocessing, cropped_side, resolved_preprocessing
 from vitlab.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module (io.py says why)
@@ -468,7 +468,6 @@ def side_or_pair(size: tuple[int, int]) -> int | list[int]:
 # PIL's resampling filter numbers, as HF image processors store them.
 PIL_RESAMPLE = {"bilinear": 2, "bicubic": 3}
 RESIZE_OF_PIL = {code: name for name, code in PIL_RESAMPLE.items()}
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # What each model type's image processor does when no preprocessor_config.json says otherwise (transformers'
 # defaults): ViTImageProcessor stretches to 224x224 (bilinear, mean/std 0.5); DeiTImageProcessor resizes to
 # 256x256 bicubic and crops 224 with ImageNet statistics; Dinov2 ships BitImageProcessor (shortest edge 256,

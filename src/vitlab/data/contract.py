@@ -20,6 +20,9 @@ RESIZE_KERNELS = ("bilinear", "bicubic")  # what PIL, torch and ONNX Resize (lin
 MODES = ("stretch", "crop", "naflex")
 GREY_CONVERSIONS = ("mean", "luma")
 SOURCES = ("arrays", "files")  # stored uint8 arrays of a data set in memory; image files or uploaded bytes
+# The per-channel statistics most released models were trained with: ImageNet's, and OpenAI's CLIP's.
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+OPENAI_MEAN, OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)

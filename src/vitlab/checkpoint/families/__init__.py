@@ -4,9 +4,9 @@ collected here into the tables every other place reads (`FAMILIES`, `MODEL_FAMIL
 A family module (the seam's classes are in checkpoint/family_rows.py) declares two tuples:
 
     MODELS     its model families (`ModelFamily`): the name the catalogue (pretrained.json) and ViTConfig.family
-               use, its title, its paper's month, the layouts its checkpoints come in, its preset variants
-               ("dinov3-B/16", read by `vitlab.variants.variant_config`) and transformers' class that `bench`
-               compares it with
+               use, its title, its paper's month, the layouts its checkpoints come in and transformers' class that
+               `bench` compares it with (its preset variants, "dinov3-B/16", are rows of vitlab/presets.py, which
+               `vitlab.variants.variant_config` reads without importing this package)
     LAYOUTS    the checkpoint layouts it reads (`Family`, one row each): its key signature (`matches`), config reader
                (`read_config`), converters both ways (`to_vitlab`, `from_vitlab`), the transformers `model_type`s
                of its config.json, its processor defaults (`preprocessing`: the ViTConfig fields its images get
@@ -27,14 +27,14 @@ before those it names in `checked_before` (a layout that is a special case of an
 of timm's ViT); the other signatures exclude one another.
 
 The tables are torch-free at import (the family modules import torch where they make tensors), so `vitlab --help`
-lists the `pretrained --family` choices and `vitlab models` the presets without loading torch.
+lists the `pretrained --family` choices without loading torch.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -117,8 +117,9 @@ FAMILIES, MODEL_FAMILIES = tables(MODULES)
 
 
 def register(module: FamilyModule) -> None:
-    """Add a family module from outside this package (a plugin, a test's toy family): its model families, presets
-    and layouts join the tables as this package's own modules' do."""
+    """Add a family module from outside this package (a plugin, a test's toy family): its model families and
+    layouts join the tables as this package's own modules' do (its presets join vitlab/presets.py's by
+    `vitlab.presets.register`)."""
     global MODULES, FAMILIES, MODEL_FAMILIES
     FAMILIES, MODEL_FAMILIES = tables(MODULES + (module,))
     MODULES = MODULES + (module,)
@@ -200,11 +201,6 @@ def timm_writer(config: ViTConfig) -> Family:
         if row.kind == "timm" and row.config_family == config.family and row.model_args is not None:
             return row
     return family("timm")
-
-
-def family_presets() -> dict[str, Mapping[str, Any]]:
-    """Variant name -> ViTConfig fields of every model family's preset architectures ("dinov3-B/16"), by age."""
-    return {name: fields for model in MODEL_FAMILIES for name, fields in model.presets.items()}
 
 
 def reference_class(config: ViTConfig) -> str:

@@ -1,6 +1,6 @@
-"""AIMv2, its one module: the preset variant and Hugging Face's AIMv2 image towers (`Aimv2VisionModel`, model_type
-"aimv2_vision_model", and the vision half of a whole `Aimv2Model`, "aimv2"), both ways. timm's conversions of AIMv2
-are timm's ViT names and load through the "timm" row (checkpoint/timm.py).
+"""AIMv2, its one module (its preset variant: vitlab/presets.py): Hugging Face's AIMv2 image towers
+(`Aimv2VisionModel`, model_type "aimv2_vision_model", and the vision half of a whole `Aimv2Model`, "aimv2"), both
+ways. timm's conversions of AIMv2 are timm's ViT names and load through the "timm" row (checkpoint/timm.py).
 
 AIMv2 (Fini et al. 2025) is a pre-norm ViT without a class token whose parts differ from the paper's, each a
 ViTConfig field: RMSNorm everywhere (norm "rmsnorm"), also on the embedded patches before the position table is
@@ -26,6 +26,7 @@ from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.hf import head_count, preprocessing_from_hf
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_layout
 from vitlab.config import ViTConfig
+from vitlab.data.contract import OPENAI_MEAN, OPENAI_STD
 from vitlab.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
@@ -45,7 +46,6 @@ LAYER_PARTS = [
 ]
 # AIMv2 ships CLIPImageProcessor's settings (a folder without preprocessor_config.json): shorter side 224, bicubic,
 # centre crop 224, OpenAI's statistics.
-OPENAI_MEAN, OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 HF_PROCESSOR: dict[str, Any] = {
     "size": {"shortest_edge": 224},
     "resample": 3,
@@ -235,24 +235,6 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ registration
-# AIMv2's architecture (random weights: `bench`, `models`, training from scratch): RMSNorm (also on the patches),
-# SwiGLU, no biases, the attention-probe head, 128-wide heads.
-ARCHITECTURE: dict[str, Any] = dict(
-    family="aimv2",
-    classifier="probe",
-    class_token=False,
-    norm="rmsnorm",
-    mlp="swiglu",
-    patch_norm=True,
-    qkv_bias=False,
-    proj_bias=False,
-    mlp_bias=False,
-    layer_norm_eps=1e-5,
-    num_classes=0,
-    image_mean=OPENAI_MEAN,
-    image_std=OPENAI_STD,
-)
-
 MODELS = (
     ModelFamily(
         "aimv2",
@@ -260,9 +242,6 @@ MODELS = (
         released="2024-11",
         layouts=("hf-aimv2", "timm"),
         tower=True,
-        presets={
-            "aimv2-L/14": dict(embed_dim=1024, depth=24, num_heads=8, mlp_dim=2816, patch_size=14, **ARCHITECTURE)
-        },
         reference_class="Aimv2VisionModel",
     ),
 )

@@ -1,4 +1,4 @@
-"""Depth Anything (V1 and V2), its one module: the preset variants, and transformers'
+"""Depth Anything (V1 and V2), its one module (its preset variants: vitlab/presets.py): transformers'
 `DepthAnythingForDepthEstimation` (model_type "depth_anything") both ways.
 
 transformers' file is a DINOv2 backbone under "backbone." (`Dinov2Backbone`: the names of `Dinov2Model`, read by
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from vitlab.checkpoint import hf
 from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, require_layout
-from vitlab.config import MODEL_SIZES, ViTConfig, to_pair
+from vitlab.config import ViTConfig, to_pair
 from vitlab.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
@@ -289,35 +289,12 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
 
 
 DEFAULT_PREPROCESSING = preprocessing(None, "Depth Anything V2 defaults")
-# Depth Anything V2 as released: DINOv2 at patch 14 (LayerScale, eps 1e-6, positions resampled bicubic), no
-# classifier; the neck's blocks and widths per size from the original repository's `model_configs` and
-# `intermediate_layer_idx` (depth_anything_v2/dpt.py), which transformers' -hf configs repeat. Presets are built at
-# 224x224 (`variant_config`); the released models' position table is for 518x518 (pass image_size=518).
-ARCHITECTURE: dict[str, Any] = dict(
-    family="depth_anything",
-    patch_size=14,
-    num_classes=0,
-    layer_scale=1.0,
-    pos_resample="bicubic",
-    dense_head="dpt",
-    dpt_head_dim=32,
-    **DEFAULT_PREPROCESSING,
-)
-NECKS: dict[str, dict[str, Any]] = {
-    "S": dict(dpt_layers=(2, 5, 8, 11), dpt_neck_sizes=(48, 96, 192, 384), dpt_fusion_dim=64),
-    "B": dict(dpt_layers=(2, 5, 8, 11), dpt_neck_sizes=(96, 192, 384, 768), dpt_fusion_dim=128),
-    "L": dict(dpt_layers=(4, 11, 17, 23), dpt_neck_sizes=(256, 512, 1024, 1024), dpt_fusion_dim=256),
-}
-
 MODELS = (
     ModelFamily(
         "depth_anything",
         "Depth Anything",
         released="2024-01",
         layouts=("hf-depth-anything",),
-        presets={
-            f"depth-anything-v2-{size}/14": dict(MODEL_SIZES[size], **ARCHITECTURE, **NECKS[size]) for size in "SBL"
-        },
         # `vitlab bench` reads the reference's pooled output as its logits; this one's output is `predicted_depth`.
         reference_class="DepthAnythingForDepthEstimation",
     ),

@@ -1,5 +1,6 @@
-"""DINOv3 (Simeoni et al. 2025), its one module: the preset variants, transformers' DINOv3ViTModel both ways
-(model_type "dinov3_vit") and timm's EVA layout both ways (`timm.models.eva.Eva`, `vit_*_patch16_dinov3*`).
+"""DINOv3 (Simeoni et al. 2025), its one module (its preset variants: vitlab/presets.py): transformers'
+DINOv3ViTModel both ways (model_type "dinov3_vit") and timm's EVA layout both ways (`timm.models.eva.Eva`,
+`vit_*_patch16_dinov3*`).
 
 DINOv3 is the paper's pre-norm ViT with five changes, each a ViTConfig field: 2-D rotary
 positions instead of a position table (pos_embed "rope", `rope_theta`; the class token and registers are never
@@ -37,7 +38,7 @@ from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.hf import IMAGENET_MEAN, IMAGENET_STD, head_count, preprocessing_from_hf
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, exported_config, require_layout
 from vitlab.checkpoint.timm import shape_args
-from vitlab.config import MODEL_SIZES, ViTConfig
+from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
 
@@ -386,28 +387,12 @@ def eva_model_args(config: ViTConfig) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ registration
-# DINOv3's architecture at the paper's sizes (random weights: `bench`, `models`, training from scratch; trained
-# weights load by name, `vitlab pretrained`): rotary positions, 4 registers, LayerScale, no key bias, LayerNorm eps
-# 1e-5, the class token as output.
-ARCHITECTURE: dict[str, Any] = dict(
-    family="dinov3",
-    pos_embed="rope",
-    register_tokens=4,
-    layer_scale=1.0,
-    key_bias=False,
-    layer_norm_eps=1e-5,
-    rope_rescale=2.0,
-    num_classes=0,
-    **IMAGENET_STATISTICS,
-)
-
 MODELS = (
     ModelFamily(
         "dinov3",
         "DINOv3",
         released="2025-08",
         layouts=("timm-dinov3", "hf-dinov3"),
-        presets={f"dinov3-{size}/16": dict(MODEL_SIZES[size], **ARCHITECTURE, patch_size=16) for size in "SBL"},
         reference_class="DINOv3ViTModel",
     ),
     # EUPE (Meta, "Efficient Universal Perception Encoder", arXiv 2603.22387): small ViTs in DINOv3's arithmetic with

@@ -1,7 +1,7 @@
 """EoMT (Kerssies et al. 2025, "Your ViT is Secretly an Image Segmentation Model"; models/eomt.py): transformers'
 `EomtForUniversalSegmentation` (model_type "eomt": a DINOv2-style encoder) and
-`EomtDinov3ForUniversalSegmentation` ("eomt_dinov3": a DINOv3 encoder), both ways; the presets of the released
-models.
+`EomtDinov3ForUniversalSegmentation` ("eomt_dinov3": a DINOv3 encoder), both ways (the presets of the released
+models: vitlab/presets.py).
 
 The encoders. "eomt": the class token and registers, with a learned position table of the patches alone
 (`embeddings.position_embeddings`, N rows: vitlab's prefix_positions False), LayerScale, a plain or SwiGLU MLP;
@@ -38,7 +38,7 @@ from vitlab.checkpoint.families.dinov3 import block_to_hf_layer, hf_layer_to_blo
 from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.hf import IMAGENET_MEAN, IMAGENET_STD, RESIZE_OF_PIL, head_count
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_layout
-from vitlab.config import MODEL_SIZES, ViTConfig
+from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
 
@@ -360,35 +360,12 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
     return {**shared, "mlp_ratio": config.mlp_dim // config.embed_dim, "use_swiglu_ffn": False}
 
 
-# The released models' architecture (tue-mps, transformers' conversions): DINOv2 with 4 registers, LayerScale, 16x16
-# patches, the queries in the last 4 blocks, two x2 upscaling blocks (the masks at 1/4 of the input).
-RELEASED = dict(
-    patch_size=16,
-    register_tokens=4,
-    layer_scale=1.0,
-    prefix_positions=False,
-    family="eomt",
-    dense_head="eomt",
-    eomt_blocks=4,
-    eomt_upscale_blocks=2,
-    image_mean=IMAGENET_MEAN,
-    image_std=IMAGENET_STD,
-)
 MODELS = (
     ModelFamily(
         "eomt",
         "EoMT",
         released="2025-03",
         layouts=("hf-eomt", "hf-eomt-dinov3"),
-        presets={
-            # COCO panoptic (133 classes, 200 queries, 640x640) and ADE20K semantic (150 classes, 100 queries, 512).
-            "eomt-L/16": dict(MODEL_SIZES["L"], **RELEASED, image_size=640, num_classes=133, eomt_queries=200),
-            # A semantic model reads a photo as overlapping square crops (its processor's do_split_image).
-            "eomt-L/16-ade20k": dict(
-                MODEL_SIZES["L"], **RELEASED, image_size=512, num_classes=150, eomt_queries=100, eomt_crops=True
-            ),
-            "eomt-B/16": dict(MODEL_SIZES["B"], **RELEASED, image_size=640, num_classes=133, eomt_queries=200),
-        },
         reference_class="EomtForUniversalSegmentation",
     ),
 )

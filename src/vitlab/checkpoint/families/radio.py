@@ -29,11 +29,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from vitlab.checkpoint.families.aimv2 import OPENAI_MEAN, OPENAI_STD
 from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.hf import head_count, preprocessing_from_hf
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, require_layout
 from vitlab.config import ViTConfig
+from vitlab.data.contract import OPENAI_MEAN, OPENAI_STD
 from vitlab.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
@@ -257,22 +257,6 @@ RELEASE_INSTEAD = (
     "layout), e.g. hf-hub:nvidia/C-RADIOv4-H (`vitlab pretrained` lists the catalogued ones)"
 )
 
-# C-RADIO's arithmetic (transformers' RadioConfig defaults, written for nvidia/C-RADIOv4-H): 3 summary tokens of
-# which the summary reads the first two, 7 registers, a table for up to 2048 pixels, CLIP's statistics.
-ARCHITECTURE: dict[str, Any] = dict(
-    family="radio",
-    num_classes=0,
-    classifier="token",
-    summary_tokens=(0, 1),
-    register_tokens=3 + 7 - 1,
-    prefix_positions=False,
-    pos_embed="cpe",
-    cpe_max_size=2048,
-    final_norm=False,
-    image_mean=OPENAI_MEAN,
-    image_std=OPENAI_STD,
-)
-
 
 def conditioned_inputs(pixel_values: torch.Tensor, reference_config: Any) -> dict[str, Any]:
     """RadioModel's inputs for pixels normalised as vitlab's model takes them: (x - mean) / std undone, because
@@ -290,11 +274,6 @@ MODELS = (
         "C-RADIO",
         released="2024-12",
         layouts=("hf-radio",),
-        presets={
-            "c-radio-H/16": dict(
-                ARCHITECTURE, embed_dim=1280, depth=32, num_heads=16, mlp_dim=5120, patch_size=16, image_size=224
-            )
-        },
         reference_class="RadioModel",
         reference_inputs=conditioned_inputs,
         reference_output="summary",

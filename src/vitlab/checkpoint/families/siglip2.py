@@ -1,6 +1,7 @@
-"""SigLIP 2, its one module: the preset variant and Hugging Face's SigLIP 2 image towers (`Siglip2VisionModel`,
-model_type "siglip2_vision_model", and the vision half of a whole `Siglip2Model`, "siglip2"), the NaFlex models, both
-ways. timm's conversions are timm's ViT names and load through the "timm" row (checkpoint/timm.py).
+"""SigLIP 2, its one module (its preset variant: vitlab/presets.py): Hugging Face's SigLIP 2 image towers
+(`Siglip2VisionModel`, model_type "siglip2_vision_model", and the vision half of a whole `Siglip2Model`, "siglip2"),
+the NaFlex models, both ways. timm's conversions are timm's ViT names and load through the "timm" row
+(checkpoint/timm.py).
 
 SigLIP 2's NaFlex tower is SigLIP's (hf_clip.py: no class token, tanh GELU, post-norm on every token, MAP head)
 with two changes. Its patch embedding is a Linear over patches flattened pixel by pixel with the channels
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from vitlab.checkpoint import hf_clip
 from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.io import Weights, apply_hints, require_layout
-from vitlab.config import MODEL_SIZES, ViTConfig
+from vitlab.config import ViTConfig
 from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
 from vitlab.messages import say
@@ -231,17 +232,6 @@ def naflex_inputs(pixel_values: torch.Tensor, reference_config: Any) -> dict[str
 
 
 # ------------------------------------------------------------------------------------------ registration
-# SigLIP 2's architecture (random weights: `bench`, `models`, training from scratch): SigLIP's tower (no class
-# token, MAP head, tanh GELU), antialiased table resizing.
-ARCHITECTURE: dict[str, Any] = dict(
-    family="siglip2",
-    classifier="map",
-    class_token=False,
-    mlp_activation="gelu_tanh",
-    pos_resample="bilinear_antialias",
-    num_classes=0,
-)
-
 MODELS = (
     ModelFamily(
         "siglip2",
@@ -249,7 +239,6 @@ MODELS = (
         released="2025-02",
         layouts=("hf-siglip2", "timm"),
         tower=True,
-        presets={"siglip2-B/16": dict(MODEL_SIZES["B"], patch_size=16, **ARCHITECTURE)},
         reference_class="Siglip2VisionModel",
         reference_inputs=naflex_inputs,
     ),

@@ -1,7 +1,7 @@
 """The paper's ViT and the families that share its layouts with no code of their own (DeiT, MAE, DINO): the
 official JAX `.npz` (checkpoint/jax_npz.py), timm's VisionTransformer names, which are vitlab's (checkpoint/timm.py),
 and transformers' ViT, DeiT and ViTMAE (checkpoint/hf.py). Its variants ("B/16", "R50+B/16", ...) are the paper's
-tables in config.py, which `vitlab.variants` reads beside the families' presets."""
+tables in config.py, which `vitlab.variants` reads beside the families' presets (vitlab/presets.py)."""
 
 from __future__ import annotations
 
