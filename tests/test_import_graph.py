@@ -49,6 +49,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),
     # the checkpoint formats and families (they build models); parameter and FLOP counts of a model
     ("checkpoint", "counts"),
+    # the features pipeline `embed` and `dense` write through: sharded stores, their formats, the extraction loop
+    ("features",),
     # what a model computes: patch features and dense predictions, exported graphs, then evaluation and prediction
     ("dense",),
     ("export",),
@@ -69,7 +71,6 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     # h/features (issue 59 item 3) builds one features pipeline for `vitlab dense` and `vitlab embed`: the
     # extraction loop and its batches stop living in eval/.
     ("vitlab.dense.extract", "vitlab.eval.batches"): "h/features",
-    ("vitlab.dense.extract", "vitlab.eval.embeddings"): "h/features",
     ("vitlab.dense.extract", "vitlab.eval.retrieval"): "h/features",
 }
 

@@ -55,9 +55,22 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview | Seque
         except FileNotFoundError:
             pass
         raise
-    # Make the rename itself durable (POSIX only: directories cannot be opened on Windows).
+    sync_folder(path.parent)
+
+
+def replace_synced(temporary: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Move a file written in full under a temporary name over `path`, as `atomic_write_bytes` does, for a file too
+    large to hold in memory (written by a streaming writer): its bytes synced, the rename, then its folder synced."""
+    with open(temporary, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    sync_folder(Path(path).parent)
+
+
+def sync_folder(folder: str | os.PathLike) -> None:
+    """Make the renames into `folder` durable (POSIX only: directories cannot be opened on Windows)."""
     if hasattr(os, "O_DIRECTORY"):
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dir_fd)
         finally:

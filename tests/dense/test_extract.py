@@ -1,4 +1,4 @@
-"""dense/extract.py and store.py: `vitlab dense` writes what dense_features gives, continues a killed run to the same
+"""dense/extract.py (through features/): `vitlab dense` writes what dense_features gives, continues a killed run to the same
 shards, refuses another run's folder, and keeps images at their own grids."""
 
 import json
@@ -12,9 +12,9 @@ from vitlab.checkpoint.formats import load_model
 from vitlab.cli import main
 from vitlab.data.datasets import load_dataset
 from vitlab.data.preprocess import prepare
-from vitlab.dense import store
 from vitlab.dense.features import dense_features
-from vitlab.dense.store import DenseFeatureFile
+from vitlab.features.grids import DenseFeatureFile
+from vitlab.features.store import ShardedStore
 
 
 def run_dense(tiny_run, out, *extra):
@@ -41,7 +41,7 @@ def test_every_image_gets_its_grid_as_dense_features_gives_it(tiny_run, tmp_path
 def test_a_killed_extraction_continues_to_the_same_shards(tiny_run, tmp_path, monkeypatch, capsys):
     assert run_dense(tiny_run, tmp_path / "straight") == 0
     monkeypatch.setattr("vitlab.dense.extract.PART_IMAGES", 100)
-    real_write, calls = store.DenseWriter.write, []
+    real_write, calls = ShardedStore.write, []
 
     def dies_on_the_third_shard(self, *args, **kwargs):
         calls.append(1)
@@ -49,10 +49,10 @@ def test_a_killed_extraction_continues_to_the_same_shards(tiny_run, tmp_path, mo
             raise KeyboardInterrupt  # as a kill between two shards
         return real_write(self, *args, **kwargs)
 
-    monkeypatch.setattr(store.DenseWriter, "write", dies_on_the_third_shard)
+    monkeypatch.setattr(ShardedStore, "write", dies_on_the_third_shard)
     assert run_dense(tiny_run, tmp_path / "killed") == 130  # stopped as by Ctrl-C
     assert not DenseFeatureFile(tmp_path / "killed").complete and len(DenseFeatureFile(tmp_path / "killed")) > 0
-    monkeypatch.setattr(store.DenseWriter, "write", real_write)
+    monkeypatch.setattr(ShardedStore, "write", real_write)
     capsys.readouterr()
     assert run_dense(tiny_run, tmp_path / "killed") == 0
     assert "continuing from image" in capsys.readouterr().out

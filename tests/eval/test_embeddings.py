@@ -15,6 +15,7 @@ from vitlab.errors import UsageError
 from vitlab.eval import embeddings
 from vitlab.eval.embeddings import embed, read_embeddings
 from vitlab.eval.retrieval import format_embed, model_spec, open_data, run_duplicates, run_knn, run_search
+from vitlab.features.store import ShardedStore
 
 CHECKPOINT = FIXTURES / "hf_vit"  # 16x16 images, class token
 
@@ -74,7 +75,7 @@ def test_a_killed_run_continues_where_its_last_part_ended_and_writes_the_same_fi
     broken.write_bytes(b"not a jpeg")
     whole = embed_folder(root, tmp_path / "whole.parquet", part_rows=8)
     assert len(whole["unreadable"]) == 1 and broken.name in whole["unreadable"][0]
-    real, written = embeddings.PartWriter.write, []
+    real, written = ShardedStore.write, []
 
     def killed_after_one_part(self, *args, **kwargs):
         if len(written) == 1:
@@ -82,12 +83,12 @@ def test_a_killed_run_continues_where_its_last_part_ended_and_writes_the_same_fi
         written.append(args[0])
         real(self, *args, **kwargs)
 
-    monkeypatch.setattr(embeddings.PartWriter, "write", killed_after_one_part)
+    monkeypatch.setattr(ShardedStore, "write", killed_after_one_part)
     with pytest.raises(KeyboardInterrupt):
         embed_folder(root, tmp_path / "resumed.parquet", part_rows=8)
     assert not (tmp_path / "resumed.parquet").exists()
     assert len(list((tmp_path / "resumed.parquet.parts").glob("part-*.parquet"))) == 1
-    monkeypatch.setattr(embeddings.PartWriter, "write", real)
+    monkeypatch.setattr(ShardedStore, "write", real)
     report = embed_folder(root, tmp_path / "resumed.parquet", part_rows=8)
     assert report["started_at"] == 12 and report["rows"] == 17  # the first part: 3 + 4 + 4 images of positions 0-11
     assert report["unreadable"] == whole["unreadable"]
@@ -105,7 +106,7 @@ def test_parts_of_other_settings_are_refused_not_mixed(tmp_path, monkeypatch):
     def interrupted(self, *args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(embeddings.PartWriter, "write", interrupted)
+    monkeypatch.setattr(ShardedStore, "write", interrupted)
     with pytest.raises(KeyboardInterrupt):
         embed_folder(root, tmp_path / "out.parquet", part_rows=4)
     monkeypatch.undo()

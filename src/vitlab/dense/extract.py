@@ -1,5 +1,6 @@
 """`vitlab dense`: the patch-feature grids of every image of a collection, written as memory-mapped shards
-(dense/store.py), streamed through the data workers, resumable after a kill, memory flat in the number of images.
+(`vitlab.features.grids`, through the features pipeline `vitlab embed` writes its vectors with), streamed through the
+data workers, resumable after a kill, memory flat in the number of images.
 
 Each image is read as the model reads it (`--size model`, the default): resized to the model's size by its
 preprocessing contract, or at its own aspect ratio for a NaFlex model (its grid then is its own). `--size 448` or
@@ -11,7 +12,7 @@ paths and labels come from the data, as `vitlab embed` records them.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,14 @@ import torch
 
 from vitlab import checkpoint as checkpoints
 from vitlab.data.contract import Preprocessing, resolved_preprocessing
-from vitlab.data.source import BatchSource
+from vitlab.data.source import Batch, BatchSource
 from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features
-from vitlab.dense.store import DenseImage, DenseWriter, ShardBuffer
 from vitlab.errors import UsageError
 from vitlab.eval.batches import run_batches
-from vitlab.eval.embeddings import from_position, locations
 from vitlab.eval.retrieval import Reading, collection_run
+from vitlab.features.extract import extract
+from vitlab.features.grids import GridParts
+from vitlab.features.store import ShardedStore, check_dtype, collection_settings
 from vitlab.messages import unreadable_line
 
 PART_IMAGES = 256  # images per shard: 150 MB of B/16 float32 tokens, and what a killed run can lose
@@ -55,97 +57,64 @@ def extract_dense(
     reading: Reading | None = None,
 ) -> dict[str, Any]:
     """Write the dense features of every image of `source` to the folder `out`; returns a summary: the images
-    written, those unreadable, the channels and grid, where the run started (0 unless it continued). part_images:
+    stored, those unreadable, the channels and grid, where the run started (0 unless it continued). part_images:
     images per shard (PART_IMAGES); reading: the size and contract the source's images were opened at
     (`reading_for`; default the model's own), recorded so that a continued run reads them the same way."""
+    check_dtype(dtype)
     part_images = part_images or PART_IMAGES
     blocks = chosen_blocks(len(model.blocks), layers)
-    contract = getattr(source, "preprocessing", None)
-    settings = {
-        "model": model_spec,
-        "weights_sha256": weights_digest,
-        "blocks": blocks,
-        "norm": norm,
-        "dtype": dtype,
-        "channels": len(blocks) * model.config.embed_dim,
-        "precision": precision,
-        "image_size": list((reading or model.config).image_size),
-        "patch_size": list(model.config.pixel_patch_size),
-        "preprocessing": contract.to_dict() if contract is not None and hasattr(contract, "to_dict") else None,
-        "data": source.name,
-        "images": len(source),
-        "class_names": list(source.class_names) if source.class_names else None,
-    }
-    writer = DenseWriter(out, settings)
-    start = writer.resume_position()
-    if writer.complete():
+    settings = collection_settings(
+        source,
+        model_spec=model_spec,
+        weights_digest=weights_digest,
+        dtype=dtype,
+        precision=precision,
+        image_size=(reading or model.config).image_size,
+        blocks=blocks,
+        norm=norm,
+        channels=len(blocks) * model.config.embed_dim,
+        patch_size=list(model.config.pixel_patch_size),
+    )
+    store = ShardedStore(out, settings, GridParts(settings["channels"], dtype))
+    if store.complete():
+        store.resume_position()  # refuses a folder of other settings
         source.close()
-        return dense_summary(out, settings, writer.unreadable(), start=0, seconds=0.0, written=0, done=True)
-    remaining = from_position(source, start)
-    earlier = writer.unreadable()
-
-    def unreadable() -> list[str]:
-        return earlier + [entry for entry in getattr(remaining, "skipped", []) or [] if entry not in earlier]
-
-    images: list[DenseImage] = []
-    tokens = ShardBuffer(settings["channels"], dtype)
-    first = stop = start
-
-    def flush() -> None:
-        nonlocal first
-        if images:
-            writer.record_unreadable(unreadable())  # before the shard: a rerun meets those files again
-            writer.write(first, stop, images, tokens.taken())
-            images.clear()
-            tokens.clear()
-        first = stop
-
+        return dense_summary(out, settings, store.finished_images(), store.unreadable(), 0, 0.0, 0, done=True)
     forward = lambda module, inputs: dense_features(module, inputs, blocks, norm=norm)  # noqa: E731
-    label = f"dense features of {source.name}" + (f" from image {start}" if start else "")
-    started, written = time.perf_counter(), 0
-    try:
-        if start < len(source):
-            for batch, features in run_batches(
-                model, remaining, batch_size, precision=precision, forward=forward, progress=label, spec=reading
-            ):
-                positions = (batch.indices + start).tolist()
-                paths = locations(source, positions)
-                labels = batch.labels.tolist() if batch.labels is not None else [-1] * len(positions)
-                for path, label_value, grid in zip(paths, labels, image_grids(features)):
-                    offset = tokens.add(grid.cpu())
-                    label_or_none = int(label_value) if label_value >= 0 else None
-                    images.append(DenseImage(path, label_or_none, grid.shape[1], grid.shape[2], offset))
-                written += len(positions)
-                stop = positions[-1] + 1
-                if len(images) >= part_images:
-                    flush()
-            stop = len(source)
-            flush()
-    finally:
-        remaining.close()
-    writer.finish(len(source))
-    return dense_summary(out, settings, unreadable(), start, time.perf_counter() - started, written, done=False)
+
+    def batches(remaining: BatchSource, label: str) -> Iterator[tuple[Batch, list[torch.Tensor]]]:
+        for batch, features in run_batches(
+            model, remaining, batch_size, precision=precision, forward=forward, progress=label, spec=reading
+        ):
+            yield batch, image_grids(features)
+
+    done = extract(source, store, batches, part_images, f"dense features of {source.name}")
+    store.finish(len(source))
+    return dense_summary(
+        out, settings, len(source), done.unreadable, done.started_at, done.seconds, done.read, done=False
+    )
 
 
 def dense_summary(
     out: str | Path,
     settings: dict[str, Any],
+    stored: int,
     unreadable: list[str],
     start: int,
     seconds: float,
-    written: int,
+    read: int,
     done: bool,
 ) -> dict[str, Any]:
     return {
         "folder": str(out),
-        "images": settings["images"],
+        "images": stored,
         "unreadable": unreadable,
         "channels": settings["channels"],
         "blocks": settings["blocks"],
         "dtype": settings["dtype"],
         "started_at": start,
         "seconds": seconds,
-        "images_per_second": written / max(seconds, 1e-9),
+        "images_per_second": read / max(seconds, 1e-9),
         "already_written": done,
     }
 

@@ -16,8 +16,9 @@ from vitlab.data.images import IMAGE_EXTENSIONS, collect_images
 from vitlab.data.loaders import open_split
 from vitlab.data.source import BatchSource, DataRequest, ImageFiles
 from vitlab.errors import DataError, UsageError
-from vitlab.eval.embeddings import both_files, embed, labelled_splits, pooled_features, read_embeddings
+from vitlab.eval.embeddings import both_files, embed, labelled_splits, pooled_features
 from vitlab.eval.fewshot import cached_features, checkpoint_digest
+from vitlab.features.vectors import read_embeddings
 from vitlab.hardware import available_cores
 from vitlab.messages import counted, unreadable_line
 from vitlab.metrics.neighbours import KNN_K, KNN_TEMPERATURE, knn_accuracy, near_duplicates, nearest
