@@ -12,6 +12,9 @@ from vitlab.data.segmentation import SegmentationDataset
 from vitlab.data.source import BatchSource, ImageFiles, SplitsOpener
 from vitlab.data.stream import splits as streamed
 from vitlab.data.stream.loader import StreamingSource
+from vitlab.features.grids import GridParts
+from vitlab.features.store import PartFormat
+from vitlab.features.vectors import VectorParts
 from vitlab.models.positions import POSITION_KINDS
 from vitlab.models.positions.base import PositionKind
 from vitlab.objectives.base import Objective
@@ -40,3 +43,7 @@ def position_kinds() -> list[PositionKind]:
 
 def contract_test_fakes(stripes: Stripes) -> list[BatchSource]:
     return [stripes]  # the fake of datafiles.py, written against the protocol alone
+
+
+def part_formats(vectors: VectorParts, grids: GridParts) -> list[PartFormat]:
+    return [vectors, grids]  # `vitlab embed`'s and `vitlab dense`'s formats of the features pipeline
