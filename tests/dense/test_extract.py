@@ -108,3 +108,35 @@ def test_a_size_that_cuts_patches_is_refused_with_the_nearest_one(tiny_run, tmp_
     patch_h, patch_w = load_model(tiny_run).config.pixel_patch_size
     assert run_dense(tiny_run, tmp_path / "dense", "--size", f"{4 * patch_h + 1}x{4 * patch_w}") == 2
     assert f"use {4 * patch_h}x{4 * patch_w}" in capsys.readouterr().err
+
+
+def two_readable_three_broken(folder):
+    """A flat folder of 2 readable photos and 3 files that are not images (named to sort among them)."""
+    paths = three_shapes(folder)
+    paths[0].unlink()  # square.png and tall.png stay
+    for name in ("a-broken.png", "b-broken.png", "z-broken.png"):
+        (folder / name).write_bytes(b"not an image")
+    return folder
+
+
+def test_the_count_is_of_images_stored_and_every_unreadable_file_is_listed(tiny_run, tmp_path, capsys):
+    folder = two_readable_three_broken(tmp_path / "photos")
+    out = tmp_path / "dense"
+    assert main(["dense", str(tiny_run), str(folder), "-o", str(out), "--workers", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "patch features of 2 images" in printed and "3 unreadable files left out" in printed
+    assert json.loads((out / "complete.json").read_text())["images"] == 2 == len(DenseFeatureFile(out))
+    assert len(json.loads((out / "unreadable.json").read_text())) == 3
+
+
+def test_a_run_that_stored_nothing_fails_with_one_line_and_lists_the_files(tiny_run, tmp_path, capsys):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for name in ("a.png", "b.png", "c.png"):
+        (folder / name).write_bytes(b"not an image")
+    out = tmp_path / "dense"
+    assert main(["dense", str(tiny_run), str(folder), "-o", str(out), "--workers", "0"]) == 2
+    captured = capsys.readouterr()
+    assert not captured.out and len(captured.err.strip().splitlines()) == 1
+    assert "no image of photos could be read" in captured.err and "3 unreadable files" in captured.err
+    assert len(json.loads((out / "unreadable.json").read_text())) == 3 and not (out / "complete.json").exists()

@@ -1,6 +1,8 @@
 """`vitlab embed` (`vitlab.eval.embeddings`) and the commands that read its files (`vitlab.eval.retrieval`):
 vectors equal to the model's own features, a killed run that continues to the same file, k-NN and search."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -214,3 +216,29 @@ def test_knn_from_files_equals_knn_from_the_model_and_data_set(tmp_path, monkeyp
     assert probe["test_top1"] == run_linear_probe(CHECKPOINT, "digits")["test_top1"]
     assert main(["fewshot", "--train", files[0]]) == 2
     assert "give both --train FILE and --test FILE" in capsys.readouterr().err
+
+
+def test_a_run_with_unreadable_files_counts_what_it_stored_and_lists_every_one(tmp_path, capsys):
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for path in sorted(write_photos(tmp_path / "photos", per_class=1).rglob("*.jpg")):
+        (flat / f"{path.parent.name}.jpg").write_bytes(path.read_bytes())
+    for name in ("a-broken.jpg", "b-broken.jpg", "z-broken.jpg"):
+        (flat / name).write_bytes(b"not a jpeg")
+    assert main(["embed", str(CHECKPOINT), str(flat), "-o", str(tmp_path / "out.parquet")]) == 0
+    printed = capsys.readouterr().out
+    assert "2 vectors of 32" in printed and "3 unreadable files left out" in printed
+    assert len(read_embeddings(tmp_path / "out.parquet").meta["unreadable"]) == 3
+
+
+def test_a_run_that_embedded_nothing_fails_with_one_line_and_lists_the_files(tmp_path, capsys):
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        (flat / name).write_bytes(b"not a jpeg")
+    out = tmp_path / "out.parquet"
+    assert main(["embed", str(CHECKPOINT), str(flat), "-o", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert not captured.out and len(captured.err.strip().splitlines()) == 1
+    assert "no image of flat could be read" in captured.err and "3 unreadable files" in captured.err
+    assert not out.exists() and len(json.loads((tmp_path / "out.parquet.parts" / "unreadable.json").read_text())) == 3

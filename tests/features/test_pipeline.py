@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from vitlab.data.source import ImageFiles
-from vitlab.errors import UsageError
+from vitlab.errors import DataError, UsageError
 from vitlab.features.extract import extract
 from vitlab.features.grids import DenseFeatureFile, GridParts
 from vitlab.features.store import ShardedStore, part_spans
@@ -199,8 +199,14 @@ def test_a_part_without_its_last_file_does_not_count(name, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("name", FORMATS)
-def test_other_settings_are_refused(name, tmp_path):
-    store, _ = run(name, photos(tmp_path / "photos", NAMES[:3]), tmp_path / "store")
-    other = ShardedStore(store.folder, {"format": name, "dtype": "float16"}, FORMATS[name][0]())
+def test_other_settings_are_refused_and_nothing_readable_is_one_line(name, tmp_path):
+    paths = photos(tmp_path / "photos", NAMES[:3], broken=set(NAMES[:3]))
+    with pytest.raises(DataError) as nothing:
+        run(name, paths, tmp_path / "store")
+    assert "no image of images could be read: 3 unreadable files left out" in str(nothing.value)
+    assert "\n" not in str(nothing.value)
+    assert len(json.loads((tmp_path / "store" / "unreadable.json").read_text())) == 3
+    new_format = FORMATS[name][0]
+    other = ShardedStore(tmp_path / "store", {"format": name, "dtype": "float16"}, new_format())
     with pytest.raises(UsageError, match=r"holds .* with other settings \(dtype differ\)"):
         other.resume_position()

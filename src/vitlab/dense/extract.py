@@ -89,9 +89,9 @@ def extract_dense(
             yield batch, image_grids(features)
 
     done = extract(source, store, batches, part_images, f"dense features of {source.name}")
-    store.finish(len(source))
+    store.finish(done.stored)
     return dense_summary(
-        out, settings, len(source), done.unreadable, done.started_at, done.seconds, done.read, done=False
+        out, settings, done.stored, done.unreadable, done.started_at, done.seconds, done.read, done=False
     )
 
 
@@ -107,7 +107,7 @@ def dense_summary(
 ) -> dict[str, Any]:
     return {
         "folder": str(out),
-        "images": stored,
+        "images": stored,  # in the folder; the unreadable ones are left out
         "unreadable": unreadable,
         "channels": settings["channels"],
         "blocks": settings["blocks"],

@@ -4,7 +4,8 @@ a part every `part_images` images, continuing where a killed run's last part end
 The model is run by the caller (`batches`: the evaluation loop with the command's forward pass, `vitlab embed`'s
 pooling or `vitlab dense`'s blocks), so this loop knows nothing of models: it places each batch's images (where
 they came from, their labels), hands the outputs to the store's format, writes the parts and keeps the list of
-unreadable files, which is recorded before each part (a run killed between the two meets those files again).
+unreadable files, which is recorded before each part (a run killed between the two meets those files again) and
+once more at the end (every file, also when no image could be read).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 import torch
 
 from vitlab.data.source import Batch, BatchSource, ImageFiles
-from vitlab.errors import UsageError
+from vitlab.errors import DataError, UsageError
 from vitlab.features.store import ShardedStore, UnreadableFiles
+from vitlab.messages import unreadable_line
 
 # (the images to run, the progress label) -> (batch, the format's outputs for its images), in order
 RunBatches = Callable[[BatchSource, str], Iterable[tuple[Batch, Any]]]
@@ -37,7 +39,8 @@ class Extracted:
 
 def extract(source: BatchSource, store: ShardedStore, batches: RunBatches, part_images: int, label: str) -> Extracted:
     """Every image of `source` from where the store's last run stopped: through `batches`, into `store`, a part
-    every `part_images` images. label: the progress bar's. `source` is closed at the end."""
+    every `part_images` images. label: the progress bar's. A run that stores no image at all (every file
+    unreadable) raises a DataError after recording the unreadable files. `source` is closed at the end."""
     start = store.resume_position()
     remaining = from_position(source, start)
     unreadable = UnreadableFiles(store.unreadable())
@@ -72,7 +75,13 @@ def extract(source: BatchSource, store: ShardedStore, batches: RunBatches, part_
     finally:
         remaining.close()
     seconds = time.perf_counter() - started
-    return Extracted(start, read, store.stored_images(), unreadable.now(met()), seconds)
+    left_out = unreadable.now(met())
+    store.record_unreadable(left_out)
+    stored = store.stored_images()
+    if not stored:
+        why = f": {unreadable_line(left_out)}" if left_out else ""
+        raise DataError(f"no image of {source.name} could be read{why}; no features written to {store.folder}")
+    return Extracted(start, read, stored, left_out, seconds)
 
 
 def locations(source: BatchSource, positions: list[int]) -> list[str]:

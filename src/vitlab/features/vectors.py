@@ -111,7 +111,7 @@ def join_parts(store: ShardedStore, out: Path, meta: dict[str, Any]) -> None:
                 writer = parquet.ParquetWriter(temporary, schema)
             writer.write_table(table.replace_schema_metadata(writer.schema.metadata))
         if writer is None:
-            raise DataError(f"no image of {meta['data']} could be read; nothing to write to {out}")
+            raise DataError(f"{store.folder} holds no part; nothing to write to {out}")
     finally:
         if writer is not None:
             writer.close()
