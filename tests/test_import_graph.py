@@ -68,10 +68,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
     # h/config (issue 59 item 2) rewrites config.py; the position kinds it names live in models/positions/.
     ("vitlab.config", "vitlab.models.positions.kinds"): "h/config",
-    # h/features (issue 59 item 3) builds one features pipeline for `vitlab dense` and `vitlab embed`: the
-    # extraction loop and its batches stop living in eval/.
-    ("vitlab.dense.extract", "vitlab.eval.batches"): "h/features",
-    ("vitlab.dense.extract", "vitlab.eval.retrieval"): "h/features",
 }
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from conftest import FIXTURES
 from vitlab.checkpoint import load_model
-from vitlab.dense.extract import extract_dense
+from vitlab.eval.dense_extract import extract_dense
 from vitlab.eval.embeddings import embed
 from vitlab.eval.retrieval import open_data
 from vitlab.features.grids import DenseFeatureFile

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.dense.extract import format_dense, run_dense
+    from vitlab.eval.dense_extract import format_dense, run_dense
 
     report = call_with_options(run_dense, args)
     print(json.dumps(report, indent=1) if args.json else format_dense(report))

@@ -106,3 +106,14 @@ def on_own_grids(tokens: torch.Tensor, inputs: PatchInput) -> list[torch.Tensor]
 def patch_grids_of(inputs: PatchInput) -> torch.Tensor:
     """(B, 2) each image's grid, read from its valid coordinates (patches cut on a device carry no host copy)."""
     return patch_grids(inputs.coords, inputs.valid).cpu()
+
+
+def parse_layers(text: str) -> LayerChoice:
+    """'last', 'last4' or '0,5,11' (block indices, negative from the end) as a layer choice."""
+    text = text.strip()
+    if text.lower().startswith("last"):
+        return text
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        return text  # chosen_blocks names what it takes

@@ -23,7 +23,7 @@ import torch
 
 from vitlab.data.preprocess import match_channels, normalize, resolved_preprocessing
 from vitlab.data.probe_data import DenseExample, Examples, ProbeData, open_probe_data
-from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features
+from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features, parse_layers
 from vitlab.dense.views import evaluation_view, training_view
 from vitlab.dense.windows import sliding_window_features
 from vitlab.errors import DataError, UsageError
@@ -321,8 +321,6 @@ def probe_settings(
     model: Any, task: Task, data: ProbeData, layers: str | None, side: int | None, **options
 ) -> ProbeSettings:
     """Settings checked against the model: its blocks, and sides that are whole patches."""
-    from vitlab.dense.extract import parse_layers
-
     config = model.config
     # The default "last4" of a model with fewer blocks is all of them (DINOv2's linear4 reads 4 of 12 or more).
     default = task.default_layers if task.default_layers == "last" else f"last{min(4, len(model.blocks))}"

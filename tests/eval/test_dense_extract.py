@@ -1,4 +1,4 @@
-"""dense/extract.py (through features/): `vitlab dense` writes what dense_features gives, continues a killed run to the same
+"""eval/dense_extract.py (through features/): `vitlab dense` writes what dense_features gives, continues a killed run to the same
 shards, refuses another run's folder, and keeps images at their own grids."""
 
 import json
@@ -40,7 +40,7 @@ def test_every_image_gets_its_grid_as_dense_features_gives_it(tiny_run, tmp_path
 
 def test_a_killed_extraction_continues_to_the_same_shards(tiny_run, tmp_path, monkeypatch, capsys):
     assert run_dense(tiny_run, tmp_path / "straight") == 0
-    monkeypatch.setattr("vitlab.dense.extract.PART_IMAGES", 100)
+    monkeypatch.setattr("vitlab.eval.dense_extract.PART_IMAGES", 100)
     real_write, calls = ShardedStore.write, []
 
     def dies_on_the_third_shard(self, *args, **kwargs):

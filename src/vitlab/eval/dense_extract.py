@@ -1,13 +1,15 @@
 """`vitlab dense`: the patch-feature grids of every image of a collection, written as memory-mapped shards
-(`vitlab.features.grids`, through the features pipeline `vitlab embed` writes its vectors with), streamed through the
-data workers, resumable after a kill, memory flat in the number of images.
+(`vitlab.features.grids`, through the features pipeline `vitlab embed` writes its vectors with: eval/embeddings.py),
+streamed through the data workers, resumable after a kill, memory flat in the number of images. It lives in eval/,
+beside `embed`, because it runs a model over a collection as evaluation does (`eval.batches`, `eval.retrieval`);
+the grids themselves are dense/features.py's.
 
 Each image is read as the model reads it (`--size model`, the default): resized to the model's size by its
 preprocessing contract, or at its own aspect ratio for a NaFlex model (its grid then is its own). `--size 448` or
 `448x672` reads every image at that size instead (the model's positions resampled to the larger grid: more patches
 per image, finer features); `--size aspect` (or `aspect:N`) keeps each image's aspect ratio, resized to the largest
-grid of whole patches within N patches (default the model's own count), as NaFlex does, for any model. A shard holds `part_images` images' tokens; the images'
-paths and labels come from the data, as `vitlab embed` records them.
+grid of whole patches within N patches (default the model's own count), as NaFlex does, for any model. A shard
+holds `part_images` images' tokens; the images' paths and labels come from the data, as `vitlab embed` records them.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from vitlab import checkpoint as checkpoints
 from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.source import Batch, BatchSource
-from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features
+from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features, parse_layers
 from vitlab.errors import UsageError
 from vitlab.eval.batches import run_batches
 from vitlab.eval.retrieval import Reading, collection_run
@@ -183,17 +185,6 @@ def reading_for(model: Any, size: str) -> Reading | None:
     # A NaFlex model's own contract keeps each image's aspect ratio; a fixed size stretches to it instead.
     contract = own if own.mode != "naflex" else Preprocessing(mode="stretch", resize=own.resize, grey=own.grey)
     return Reading.of(config, (height, width), contract)
-
-
-def parse_layers(text: str) -> LayerChoice:
-    """'last', 'last4' or '0,5,11' (block indices, negative from the end) as a layer choice."""
-    text = text.strip()
-    if text.lower().startswith("last"):
-        return text
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        return text  # chosen_blocks names what it takes
 
 
 def format_dense(report: dict[str, Any]) -> str:
