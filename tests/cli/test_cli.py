@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import FIXTURES
-from vitlab.cli import COMMANDS, build_parser, main
+from vitlab.cli import COMMANDS, build_parser, main, models
 from vitlab.cli.options import call_with_options
 from vitlab.errors import UsageError
 
@@ -51,12 +51,20 @@ def test_bad_flag_value_exits_2_with_one_line():
     assert result.stderr.count("\n") == 1 and "image size must be N or HxW" in result.stderr
 
 
-@pytest.mark.run_level
-def test_debug_shows_the_traceback(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "vitlab", "--debug", "info", str(tmp_path / "x")], capture_output=True, text=True
-    )
-    assert result.returncode != 0 and "Traceback" in result.stderr
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(tmp_path, capsys):
+    # A missing path is a usage error: 2 with or without --debug, so a script's test of the code does not change.
+    assert main(["--debug", "info", str(tmp_path / "x")]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_debug_keeps_exit_code_1_of_an_unforeseen_error(monkeypatch, capsys):
+    def broken(args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(models, "run", broken)
+    assert main(["models", "--debug"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: boom" in err
 
 
 def test_every_command_is_a_module_and_a_row_of_the_table():

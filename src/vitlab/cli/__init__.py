@@ -5,13 +5,14 @@ A command module has NAME, HELP, an optional EPILOG (text, or a function made on
 `add_arguments(parser)` and `run(args) -> exit code`; a new command is a module and a row of COMMANDS.
 
 Usage errors exit with code 2 and one line saying what is wrong; other failures exit 1 with a message, and
-`--debug` shows the traceback instead.
+`--debug` shows the traceback instead, with the same exit code.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 
 from vitlab import __version__
@@ -132,16 +133,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a tool ended by a closed pipe
     except VitlabError as error:
-        if args.debug:
-            raise
-        print(f"vitlab {args.command}: error: {error}", file=sys.stderr)
+        if args.debug:  # the traceback, and still the exit code a script tests for (2 for a usage error)
+            traceback.print_exc()
+        else:
+            print(f"vitlab {args.command}: error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # anything unforeseen: one line, the traceback only with --debug
         if args.debug:
-            raise
+            traceback.print_exc()
+            return 1
         print(
             f"vitlab {args.command}: error: {type(error).__name__}: {error} (run with --debug for the traceback)",
             file=sys.stderr,
