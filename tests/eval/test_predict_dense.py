@@ -72,6 +72,8 @@ def test_a_depth_model_writes_16_bit_depth_and_colours_at_the_photos_size(tmp_pa
     assert depth.mode.startswith("I;16") and depth.size == (WIDTH, HEIGHT)
     meaning = json.loads(depth.text["vitlab:depth"])
     assert meaning["kind"] == "relative" and meaning["scale"] == row["scale"]
+    # Keys a program reads as names (row["png_value"], jq .png_value): no spaces.
+    assert all(key.isidentifier() for key in (*row, *meaning)) and row["png_value"] == meaning["png_value"]
     values = np.asarray(depth).astype(np.float64) / meaning["scale"]  # back to relative inverse depth
     assert abs(values.max() - row["max"]) <= 1 / meaning["scale"] and int(np.asarray(depth).max()) == 65535
     colour = Image.open(tmp_path / "out" / "street.depth-colour.png")

@@ -71,7 +71,7 @@ def depth_file(answer: Depth) -> tuple[bytes, dict[str, Any]]:
     """One photo's depth as the 16-bit PNG's bytes and what its values mean (also in its text chunk)."""
     depth = answer.depth.numpy()
     if answer.kind == "metric":
-        meaning = {"kind": "metric", "unit": "millimetre", "scale": 1000.0, "file value": "depth in metres x 1000"}
+        meaning = {"kind": "metric", "unit": "millimetre", "scale": 1000.0, "png_value": "depth in metres x 1000"}
     else:
         largest = float(np.nanmax(depth)) if depth.size else 0.0
         scale = DEPTH_PNG_MAX / largest if largest > 0 else 1.0
@@ -79,7 +79,7 @@ def depth_file(answer: Depth) -> tuple[bytes, dict[str, Any]]:
             "kind": "relative",
             "unit": None,
             "scale": scale,
-            "file value": "relative inverse depth x scale (larger is nearer; up to an unknown scale and shift)",
+            "png_value": "relative inverse depth x scale (larger is nearer; up to an unknown scale and shift)",
         }
     return depth_png_bytes(depth, meaning["scale"], {"vitlab:depth": json.dumps(meaning)}), meaning
 
