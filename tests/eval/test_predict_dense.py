@@ -158,3 +158,13 @@ def test_depth_anything_fixture_predicts_as_transformers_model_and_processor(fix
     # The file holds whole units of 1/scale, from 0 up: bicubic resizing overshoots a little below 0 at the edges.
     closest = np.clip(expected.numpy(), 0, None)
     np.testing.assert_allclose(written, closest, atol=0.5 / row["scale"] + 1e-4 * float(expected.max()))
+
+
+def test_an_unreadable_photo_is_named_once_and_the_others_go_on(tmp_path, photo_file):
+    checkpoint = saved(dpt_config(), tmp_path, "dpt")
+    text = tmp_path / "text.png"
+    text.write_text("not an image")
+    rows = run_predict(checkpoint, [text, photo_file], out=tmp_path / "out", precision="fp32")["rows"]
+    assert [Path(row["path"]).name for row in rows] == ["text.png", "street.png"] and "files" in rows[1]
+    assert rows[0]["error"].startswith("not a readable image")  # the row names the path; its message does not
+    assert format_predictions(rows).count("text.png") == 1

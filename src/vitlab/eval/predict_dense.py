@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from vitlab.data.dense_sets import depth_png_bytes, palette_png_bytes, png_bytes
-from vitlab.data.images import collect_images
+from vitlab.data.images import collect_images, reason
 from vitlab.data.preprocess import decode_image
 from vitlab.dense.inference import Depth, Segmentation, names_of, predict_dense, require_dense
 from vitlab.dense.overlay import class_areas, depth_picture, overlay_picture
@@ -122,7 +122,7 @@ def predict_dense_files(
         try:
             pixels = decode_image(path, None, config.in_chans)  # the photo at its own size
         except DataError as error:
-            rows.append({"path": str(path), "error": str(error)})
+            rows.append({"path": str(path), "error": reason(error, path)})  # the row names the path
             continue
         answer = predict_dense(model, pixels, precision, panoptic=panoptic)
         row, files = dense_row(answer, pixels, names)
