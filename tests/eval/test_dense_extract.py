@@ -110,6 +110,14 @@ def test_a_size_that_cuts_patches_is_refused_with_the_nearest_one(tiny_run, tmp_
     assert f"use {4 * patch_h}x{4 * patch_w}" in capsys.readouterr().err
 
 
+def test_an_output_path_that_is_a_file_is_a_usage_error(tiny_run, tmp_path, capsys):
+    existing = tmp_path / "notes.txt"
+    existing.write_text("kept")
+    assert run_dense(tiny_run, existing) == 2
+    err = capsys.readouterr().err
+    assert "notes.txt is a file" in err and err.count("\n") == 1 and existing.read_text() == "kept"
+
+
 def two_readable_three_broken(folder):
     """A flat folder of 2 readable photos and 3 files that are not images (named to sort among them)."""
     paths = three_shapes(folder)

@@ -114,6 +114,11 @@ class ShardedStore:
     def resume_position(self) -> int:
         """Where the run continues: the end of the last part written with the same settings (0: a new run). A
         folder written with other settings is refused: its parts would mix two kinds of features."""
+        if self.folder.exists() and not self.folder.is_dir():
+            raise UsageError(
+                f"{self.folder} is a file; the features are written into a folder there: give a new path, or the "
+                "folder of an earlier run to continue it"
+            )
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / "settings.json"
         if path.is_file():
