@@ -110,6 +110,12 @@ def test_a_size_that_cuts_patches_is_refused_with_the_nearest_one(tiny_run, tmp_
     assert f"use {4 * patch_h}x{4 * patch_w}" in capsys.readouterr().err
 
 
+def test_aspect_with_no_patches_blames_n(tiny_run, tmp_path, capsys):
+    assert run_dense(tiny_run, tmp_path / "dense", "--size", "aspect:0") == 2
+    err = capsys.readouterr().err
+    assert "at least 1" in err and "square patches" not in err and err.count("\n") == 1
+
+
 def test_an_output_path_that_is_a_file_is_a_usage_error(tiny_run, tmp_path, capsys):
     existing = tmp_path / "notes.txt"
     existing.write_text("kept")

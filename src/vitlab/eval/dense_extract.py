@@ -162,12 +162,17 @@ def reading_for(model: Any, size: str) -> Reading | None:
         if budget and not budget.isdigit():
             raise UsageError(f"--size {size!r}: use aspect or aspect:N, N a number of patches (e.g. aspect:1024)")
         max_patches = int(budget) if budget else config.num_patches
+        if max_patches < 1:
+            raise UsageError(
+                f"--size {size!r}: N is how many patches each image may have, at least 1 (e.g. aspect:"
+                f"{config.num_patches}, the model's own count, or plain aspect)"
+            )
         hybrid = config.resnet_layers is not None
-        if patch_h != patch_w or hybrid or max_patches < 1:
+        if patch_h != patch_w or hybrid:
             raise UsageError(
                 f"--size {size!r} cuts each image into its own grid of square patches: it needs a model with square "
                 f"patches and no convolutional stem (this one: {patch_h}x{patch_w} pixels a patch"
-                f"{', a ResNet stem' if hybrid else ''}) and N >= 1; use --size HxW"
+                f"{', a ResNet stem' if hybrid else ''}); use --size HxW"
             )
         contract = Preprocessing.naflex(patch_h, max_patches, resize=own.resize, grey=own.grey)
         return Reading.of(config, tuple(config.image_size), contract)
