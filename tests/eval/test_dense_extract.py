@@ -4,6 +4,7 @@ shards, refuses another run's folder, and keeps images at their own grids."""
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from datafiles import three_shapes
@@ -13,8 +14,10 @@ from vitlab.cli import main
 from vitlab.data.datasets import load_dataset
 from vitlab.data.preprocess import prepare
 from vitlab.dense.features import dense_features
+from vitlab.errors import ConfigError
 from vitlab.features.grids import DenseFeatureFile
 from vitlab.features.store import ShardedStore
+from vitlab.layers.patch_grid import patch_grid, whole_patches
 
 
 def run_dense(tiny_run, out, *extra):
@@ -108,6 +111,16 @@ def test_a_size_that_cuts_patches_is_refused_with_the_nearest_one(tiny_run, tmp_
     patch_h, patch_w = load_model(tiny_run).config.pixel_patch_size
     assert run_dense(tiny_run, tmp_path / "dense", "--size", f"{4 * patch_h + 1}x{4 * patch_w}") == 2
     assert f"use {4 * patch_h}x{4 * patch_w}" in capsys.readouterr().err
+
+
+def test_a_size_between_two_sizes_gets_the_suggestion_every_command_gives(tiny_run, tmp_path, capsys):
+    patch = load_model(tiny_run).config.pixel_patch_size[0]
+    side = 7 * patch + patch // 2  # halfway between 7 and 8 patches where the patch is even (round() takes 8)
+    suggestion = whole_patches(side, patch)
+    assert run_dense(tiny_run, tmp_path / "dense", "--size", str(side)) == 2
+    assert f"use {suggestion}x{suggestion}" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=f"use an image size of {suggestion} "):  # predict's --image-size
+        patch_grid((side, side), (patch, patch))
 
 
 def test_aspect_with_no_patches_blames_n(tiny_run, tmp_path, capsys):

@@ -30,6 +30,7 @@ from vitlab.eval.retrieval import Reading, collection_run
 from vitlab.features.extract import extract
 from vitlab.features.grids import GridParts
 from vitlab.features.store import ShardedStore, check_dtype, collection_settings
+from vitlab.layers.patch_grid import whole_patches
 from vitlab.messages import unreadable_line
 
 PART_IMAGES = 256  # images per shard: 150 MB of B/16 float32 tokens, and what a killed run can lose
@@ -183,7 +184,7 @@ def reading_for(model: Any, size: str) -> Reading | None:
     if height % patch_h or width % patch_w:
         raise UsageError(
             f"--size {height}x{width} is not a whole number of the model's {patch_h}x{patch_w}-pixel patches; use "
-            f"{max(patch_h, height // patch_h * patch_h)}x{max(patch_w, width // patch_w * patch_w)}"
+            f"{whole_patches(height, patch_h)}x{whole_patches(width, patch_w)}"
         )
     if (height, width) != tuple(config.image_size):
         model.dynamic_size = True  # positions resampled to the grid of this size (kept, nothing trains them)

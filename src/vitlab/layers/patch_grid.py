@@ -22,7 +22,7 @@ def patch_grid(image_size: tuple[int, int], patch_size: tuple[int, int], stride:
             )
         image //= stride
         if image % patch:
-            suggestion = max(patch, round(image / patch) * patch) * stride
+            suggestion = whole_patches(image, patch) * stride
             raise ConfigError(
                 f"patch size {patch} does not divide image {axis} {image * stride}"
                 + (f" (feature map {image} after the stem)" if stride > 1 else "")
@@ -30,3 +30,10 @@ def patch_grid(image_size: tuple[int, int], patch_size: tuple[int, int], stride:
             )
         grid.append(image // patch)
     return grid[0], grid[1]
+
+
+def whole_patches(size: int, patch: int) -> int:
+    """The multiple of `patch` nearest to `size` (the smaller one on a tie), at least one patch: the size every
+    message suggests for a side that is not a whole number of patches (15 pixels at patch 2: 14)."""
+    whole, rest = divmod(size, patch)
+    return max(1, whole + (2 * rest > patch)) * patch
