@@ -54,6 +54,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # what a model computes: patch features and dense predictions, exported graphs, then evaluation and prediction
     ("dense",),
     ("export",),
+    # the table of runtimes that export, predict, eval, serve, info and bench read (each row wraps `export`'s code)
+    ("runtime",),
     ("eval",),
     # what reads them: the paper's analyses, the training objectives
     ("analysis", "objectives"),

@@ -7,6 +7,7 @@ from typing import Any
 
 from vitlab.config import ViTConfig, to_pair
 from vitlab.counts import model_size
+from vitlab.runtime.registry import backend_for
 from vitlab.variants import variant_config, variant_names
 
 
@@ -80,14 +81,12 @@ def describe(config) -> str:
 def checkpoint_info(
     path: str | Path, num_heads: int | None = None, image_size: int | tuple[int, int] | None = None
 ) -> dict[str, Any]:
-    """What a checkpoint holds: its kind, parameter count and config (image_size: as for `load_model`; shown as
-    the checkpoint's own size, resampling is not applied here)."""
-    if Path(path).suffix.lower() == ".onnx":
-        return onnx_info(path)
-    if Path(path).suffix.lower() == ".pt2e":
-        return pt2e_info(path)
-    if Path(path).suffix.lower() == ".xml":
-        return openvino_info(path)
+    """What a checkpoint or export holds: its kind, parameter count and config (image_size: as for `load_model`;
+    shown as the checkpoint's own size, resampling is not applied here); an export's backend adds its input
+    contract (`Backend.info`)."""
+    exported = backend_for(path)  # a file `vitlab export` wrote: its backend reads it
+    if exported is not None:
+        return exported.info(path)
     if not Path(path).exists() and str(path) in variant_names():  # `vitlab info B/16`: the variant, no weights
         return variant_info(str(path), image_size)
     from vitlab.checkpoint.formats import read_checkpoint
@@ -136,70 +135,6 @@ def variant_info(name: str, image_size: int | tuple[int, int] | None = None) -> 
     config = variant_config(name, **({"image_size": image_size} if image_size is not None else {}))
     params, gflops = model_size(config)
     return dict(path=name, kind="variant", params_m=params / 1e6, gflops=round(gflops, 3), config=config.to_dict())
-
-
-def onnx_info(path: str | Path) -> dict[str, Any]:
-    """What an ONNX export by `vitlab export` holds: its config and input contract, from the metadata it carries."""
-    from vitlab.export.onnx import OnnxClassifier
-
-    runtime = OnnxClassifier(path, threads=1)
-    config = runtime.config
-    return dict(
-        path=str(path),
-        kind="onnx" + (" int8" if runtime.metadata.get("int8") else ""),
-        params_m=model_size(config)[0] / 1e6,
-        config=config.to_dict(),
-        input=runtime.metadata["input"],
-        input_layout=runtime.metadata["input_layout"],
-        batch_size=runtime.metadata.get("batch_size"),
-    )
-
-
-def openvino_info(path: str | Path) -> dict[str, Any]:
-    """What an OpenVINO export by `vitlab export --format openvino` holds (read, not compiled): its config, input
-    contract and quantization, from the metadata it carries."""
-    from vitlab.errors import CheckpointError
-    from vitlab.export.openvino import read_metadata, require_openvino
-
-    require_openvino("reading an OpenVINO file", ("openvino",))
-    import openvino as ov
-
-    if not Path(path).is_file() or not Path(path).with_suffix(".bin").is_file():
-        raise CheckpointError(f"{path}: no such OpenVINO file (NAME.xml with NAME.bin beside it)")
-    _, metadata = read_metadata(ov.Core(), Path(path))
-    config = ViTConfig.from_dict(metadata["config"])
-    quantization = f", {metadata['quantization']}" if metadata.get("int8") else ""
-    return dict(
-        path=str(path),
-        kind=f"openvino {'int8' if metadata.get('int8') else 'fp32'}{quantization}",
-        params_m=model_size(config)[0] / 1e6,
-        config=config.to_dict(),
-        input=metadata["input"],
-        input_layout=metadata["input_layout"],
-        batch_size=metadata.get("batch_size"),
-    )
-
-
-def pt2e_info(path: str | Path) -> dict[str, Any]:
-    """What a pt2e export holds (read, not compiled): its config, and what its calibration saw."""
-    from vitlab.export.pt2e import read_pt2e
-
-    config, state, observers, details = read_pt2e(path)
-    return dict(
-        path=str(path),
-        kind="pt2e int8",
-        params_m=sum(t.numel() for t in state.values()) / 1e6,
-        config=config.to_dict(),
-        observers=len({name.split(".")[0] for name in observers}),
-        input="images",
-        batch_size=None,
-        input_layout=(
-            f"normalised float32 images (B, {config.in_chans}, {config.image_size[0]}, "
-            f"{config.image_size[1]}), as a checkpoint takes them; calibrated on "
-            f"{details.get('calibration_source', '?')} with torch {details.get('torch', '?')}, "
-            f"torchao {details.get('torchao', '?')}"
-        ),
-    )
 
 
 def convert(

@@ -142,25 +142,9 @@ def analysis_folder(checkpoint: str | Path) -> Path:
     return source / "analysis" if source.is_dir() else source.parent / f"analysis-{source.stem}"
 
 
-def onnx_output(checkpoint: str | Path, int8: bool = False) -> Path:
-    """`vitlab export`'s default file: RUN/model.onnx (model-int8.onnx), or NAME.onnx beside a checkpoint file."""
-    return export_output(checkpoint, "-int8.onnx" if int8 else ".onnx")
-
-
-def pt2e_output(checkpoint: str | Path) -> Path:
-    """`vitlab export --format pt2e`'s default file: RUN/model-int8.pt2e, or NAME-int8.pt2e beside a checkpoint."""
-    return export_output(checkpoint, "-int8.pt2e")
-
-
-def openvino_output(checkpoint: str | Path, int8: bool = False) -> Path:
-    """`vitlab export --format openvino`'s default file: RUN/model.xml (model-int8.xml), or NAME.xml beside a
-    checkpoint file; the weights go to the .bin of the same name."""
-    return export_output(checkpoint, "-int8.xml" if int8 else ".xml")
-
-
 def export_output(checkpoint: str | Path, suffix: str) -> Path:
-    """RUN/model<suffix> for a run folder, NAME<suffix> beside a checkpoint file (or in the current folder, for a
-    pre-trained name)."""
+    """`vitlab export`'s default file (`Backend.default_output`): RUN/model<suffix> for a run folder (RUN/model.onnx,
+    RUN/model-int8.pt2e), NAME<suffix> beside a checkpoint file (or in the current folder, for a pre-trained name)."""
     source = local_source(checkpoint)
     return source / f"model{suffix}" if source.is_dir() else source.with_name(source.stem + suffix)
 

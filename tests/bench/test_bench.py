@@ -261,7 +261,7 @@ def test_the_dynamic_int8_paths_run_every_linear_layer_on_int8_kernels(tmp_path)
     import onnxruntime as ort
 
     with torch.inference_mode():
-        onnx_int8 = bench_paths.onnx_int8(model, sample)
+        onnx_int8 = bench_paths.INFERENCE_PATHS["onnx-int8"](model, sample)
     options = ort.SessionOptions()  # the bench's file again, in a session that records each node it runs
     options.enable_profiling, options.profile_file_prefix = True, str(tmp_path / "ort")
     session = ort.InferenceSession(str(onnx_int8.run.path), options, providers=["CPUExecutionProvider"])

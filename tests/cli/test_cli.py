@@ -85,7 +85,7 @@ def test_a_command_hands_a_library_function_the_options_it_takes():
 
 
 def test_export_refuses_contradicting_options_from_python_too(tmp_path):
-    from vitlab.export.exporter import export_checkpoint
+    from vitlab.runtime.exporter import export_checkpoint
 
     nothing = tmp_path / "nothing"  # refused before any checkpoint is read
     with pytest.raises(UsageError, match=r"--calibrate is for static int8: add --int8"):
@@ -103,12 +103,12 @@ def test_export_refuses_contradicting_options_from_python_too(tmp_path):
 
 
 def test_export_offers_the_formats_the_exporter_takes():
-    from vitlab.export.exporter import check_export_options
-    from vitlab.export.formats import FORMATS
+    from vitlab.runtime.exporter import check_export_options
+    from vitlab.runtime.registry import export_formats
 
     parser = build_parser()
     (subcommands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
     (format_flag,) = [a for a in subcommands.choices["export"]._actions if "--format" in a.option_strings]
-    assert tuple(format_flag.choices) == FORMATS
-    for name in FORMATS:
+    assert tuple(format_flag.choices) == export_formats() == ("onnx", "pt2e", "pt2", "openvino")
+    for name in export_formats():
         check_export_options(name)  # each one is taken

@@ -30,8 +30,8 @@ from vitlab.data.preprocess import prepare  # noqa: E402
 from vitlab.errors import CheckpointError, UsageError  # noqa: E402
 from vitlab.export import openvino  # noqa: E402
 from vitlab.export.checks import calibration_pixels, validation_pixels  # noqa: E402
-from vitlab.export.exporter import check_export_options  # noqa: E402
 from vitlab.models import create_model  # noqa: E402
+from vitlab.runtime.exporter import check_export_options  # noqa: E402
 
 SMALL = ViTConfig(
     image_size=(8, 12),
@@ -263,7 +263,7 @@ def test_options_an_openvino_file_has_no_use_for_are_refused_before_loading(tmp_
 
 
 def test_a_dense_models_int8_or_preprocess_and_an_uncalibrated_int8_export_are_one_message_each(tmp_path, model):
-    from vitlab.export.exporter import export_checkpoint
+    from vitlab.runtime.exporter import export_checkpoint
 
     checkpoint = save_model(model, tmp_path / "m.safetensors")
     with pytest.raises(UsageError, match="not a run folder.*an int8 OpenVINO file is static int8.*--calibrate"):
@@ -395,7 +395,7 @@ def test_depth_anything_fixture_round_trips_at_a_second_size_and_predicts_the_ph
 @pytest.mark.run_level
 def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(tmp_path):
     from benchruns import quick_bench
-    from vitlab.bench.paths import Unavailable, largest_difference, openvino_fp32, openvino_int8
+    from vitlab.bench.paths import INFERENCE_PATHS, Unavailable, largest_difference
     from vitlab.checkpoint import load_model
 
     # bf16: the same file, compiled otherwise
@@ -408,10 +408,10 @@ def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(tmp_path):
     sample = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         expected = model(sample)
-    got = openvino_fp32(model, sample).run(sample)
+    got = INFERENCE_PATHS["openvino-fp32"](model, sample).run(sample)
     assert isinstance(got, tuple) and len(got) == 2 and largest_difference(got, expected) <= 1e-4
     with pytest.raises(Unavailable, match="--int8: a segmentation model exports in fp32"):  # the export's refusal
-        openvino_int8(model, sample)
+        INFERENCE_PATHS["openvino-int8"](model, sample)
     # A fixed batch of 8 on two threads runs as two halves on two streams: both outputs are joined.
     openvino.export_openvino(model, tmp_path / "eomt.xml")
     images = torch.randn(openvino.TWO_STREAMS_MIN_BATCH, 3, 32, 32)

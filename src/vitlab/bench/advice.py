@@ -12,18 +12,26 @@ from typing import Any
 from vitlab.bench.records import calibration_allowed, describe_record
 from vitlab.bench.runner import calibrate
 from vitlab.hardware import Choice, path_speeds
-
-# The export formats and the bench paths that run each (the fastest of them stands for the format).
-FORMAT_PATHS = {
-    "pt2e": ("pt2e-int8-bf16", "pt2e-int8"),
-    "onnx --int8": ("onnx-int8", "onnx-int8-static"),
-    "onnx": ("onnx-fp32",),
-    "openvino --int8": ("openvino-int8",),
-    "openvino": ("openvino-bf16", "openvino-fp32"),  # one fp32 file, compiled in bf16 where that pays
-}
+from vitlab.runtime.base import Backend
+from vitlab.runtime.registry import backends
 
 
-EXPORT_PATHS = tuple(path for paths in FORMAT_PATHS.values() for path in paths)
+def format_name(row: Backend, int8: bool) -> str:
+    """What the advice calls a backend's export: its name, with " --int8" where its int8 file is a choice."""
+    return f"{row.name} --int8" if int8 and "fp32" in row.export_precisions else row.name
+
+
+def format_paths() -> dict[str, tuple[str, ...]]:
+    """{export format ("onnx --int8"): the bench paths that run it}, from the table of backends; the fastest of a
+    format's paths stands for it (an fp32 OpenVINO file's bf16 path too: it is compiled in bf16 where that pays)."""
+    formats: dict[str, tuple[str, ...]] = {}
+    for row in backends():
+        if not row.export_precisions:
+            continue
+        for bench_row in row.bench_rows:
+            name = format_name(row, bench_row.int8)
+            formats[name] = (*formats.get(name, ()), bench_row.key)
+    return formats
 
 
 def missing_formats(kept: dict[str, Any] | None) -> str:
@@ -38,7 +46,7 @@ def format_speeds(record: dict[str, Any]) -> dict[str, tuple[str, float]]:
     """{format: (its fastest measured path, speed against eager fp32)} for the export formats the record measured."""
     speeds = record["speed_vs_eager_fp32"]
     out = {}
-    for fmt, paths in FORMAT_PATHS.items():
+    for fmt, paths in format_paths().items():
         measured = [(path, speeds[path]) for path in paths if path in speeds]
         if measured:
             out[fmt] = max(measured, key=lambda item: item[1])
@@ -51,7 +59,7 @@ def fastest_export_format(gflops_per_image: float | None = None, calibrate_if_ne
     be)."""
     # The nearest model that measured a format: a bench of other paths (eager and torch int8 on a small model, say)
     # says nothing of the formats, and another model's figures do (the one-time calibration once ran again here).
-    record = path_speeds(gflops_per_image, measuring=EXPORT_PATHS)
+    record = path_speeds(gflops_per_image, measuring=tuple(path for paths in format_paths().values() for path in paths))
     if record is None and calibrate_if_needed and calibration_allowed():
         record = calibrate(why=missing_formats(path_speeds()))
     if record is None or not format_speeds(record):

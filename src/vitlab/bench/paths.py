@@ -27,33 +27,23 @@ from torch import nn
 
 from vitlab.checkpoint.families import reference_class, reference_inputs, reference_output
 from vitlab.checkpoint.formats import export_checkpoint
-from vitlab.data.preprocess import denormalize
 from vitlab.dense.inference import dense_task, output_tensors
 from vitlab.distributed import DistEnv
 from vitlab.errors import UsageError, VitlabError
 from vitlab.eval.batches import call_model
 from vitlab.export.checks import quiet_loggers
-from vitlab.export.onnx import OnnxClassifier, export_onnx, require_onnx
-from vitlab.export.openvino import (
-    OpenVinoClassifier,
-    compile_for_batch,
-    export_openvino,
-    quantize_int8,
-    require_openvino,
-)
-from vitlab.export.pt2e import QuantizedModel, calibrate, require_torchao
+from vitlab.export.onnx import require_onnx
+from vitlab.export.openvino import compile_for_batch, quantize_int8, require_openvino
 from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
 from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.objectives import Classification
+from vitlab.runtime.base import Backend, BenchRow, Unavailable
+from vitlab.runtime.registry import backends
 from vitlab.train.config import TrainConfig
 from vitlab.train.optim import build_optimizer
 from vitlab.train.setup import training_attention_kernel
 from vitlab.train.step import TrainingStep
-
-
-class Unavailable(Exception):
-    """This path cannot run here; the message says why."""
 
 
 def as_float(output: Any) -> Any:
@@ -156,83 +146,6 @@ def compiled_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     )
 
 
-def _onnx(model: nn.Module, sample: torch.Tensor, int8: bool, static: bool = False) -> BenchPath:
-    require_cpu(sample, "ONNX Runtime")
-    try:
-        require_onnx("the ONNX Runtime paths")
-    except UsageError as error:
-        raise Unavailable(str(error)) from None
-    folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-")
-    path = Path(folder.name) / "model.onnx"
-    calibration = None
-    if static:  # the benchmark's own batch back as pixels: enough to calibrate for speed (accuracy: --dataset)
-        calibration = (denormalize(sample.float(), model.config) * 255).round().clamp(0, 255).to(torch.uint8)
-    export_onnx(model, path, dynamic_batch=False, batch_size=len(sample), int8=int8, calibration=calibration)
-    runtime = OnnxClassifier(path, threads=torch.get_num_threads())
-    name = ("onnxruntime static int8" if static else "onnxruntime int8") if int8 else "onnxruntime fp32"
-    note = (
-        "static QDQ quantization: int8 weights, calibrated uint8 activations, attention matmuls included"
-        if static
-        else "dynamic quantization: int8 weights per channel, uint8 activations"
-        if int8
-        else "graph optimisations on"
-    )
-    return BenchPath(name, "int8" if int8 else "fp32", runtime, note, cleanup=[folder])
-
-
-def onnx_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return _onnx(model, sample, int8=False)
-
-
-def onnx_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return _onnx(model, sample, int8=True)
-
-
-def onnx_int8_static(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return _onnx(model, sample, int8=True, static=True)
-
-
-def _openvino(model: nn.Module, sample: torch.Tensor, precision: str) -> BenchPath:
-    """vitlab's model as `vitlab export --format openvino` writes it, compiled for the benchmark's fixed batch (as
-    the ONNX paths are) in `precision`; int8 is calibrated on the benchmark's own batch, enough for speed (accuracy:
-    --dataset), and runs the rest in bf16 where that pays (`openvino_precision`). A dense model runs fp32 and bf16,
-    its every output returned (EoMT's two as a tuple), as the export writes it; its int8 the export refuses."""
-    require_cpu(sample, "OpenVINO's CPU plugin")
-    try:
-        require_openvino("the OpenVINO paths", ("openvino", "nncf") if precision == "int8" else ("openvino",))
-    except UsageError as error:
-        raise Unavailable(str(error)) from None
-    folder = tempfile.TemporaryDirectory(prefix="vitlab-bench-openvino-")
-    path = Path(folder.name) / "model.xml"
-    int8 = precision == "int8"
-    calibration = (denormalize(sample.float(), model.config) * 255).round().clamp(0, 255).to(torch.uint8)
-    try:
-        export_openvino(model, path, int8=int8, calibration=calibration if int8 else None)
-    except UsageError as error:  # what the export refuses (NaFlex; a dense model's int8)
-        raise Unavailable(str(error)) from None
-    runtime = OpenVinoClassifier(
-        path, threads=torch.get_num_threads(), precision="auto" if int8 else precision, batch_size=len(sample)
-    )
-    note = {
-        "fp32": "the IR in f32",
-        "bf16": "the IR with INFERENCE_PRECISION_HINT bf16",
-        "int8": f"NNCF static int8 (ModelType.TRANSFORMER), head in float; {runtime.choice.reason}",
-    }[precision]
-    return BenchPath(f"openvino {precision}", precision, runtime, f"vitlab export --format openvino: {note}", [folder])
-
-
-def openvino_fp32(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return _openvino(model, sample, "fp32")
-
-
-def openvino_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return _openvino(model, sample, "bf16")
-
-
-def openvino_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return _openvino(model, sample, "int8")
-
-
 def torch_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     require_cpu(sample, "PyTorch's dynamic int8 (fbgemm)")
     quantize_dynamic = getattr(getattr(torch, "ao", None), "quantization", None)
@@ -245,47 +158,29 @@ def torch_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
     return BenchPath("torch int8", "int8", lambda images: quantized(images), "torch.ao dynamic quantization (fbgemm)")
 
 
-def _pt2e(model: nn.Module, sample: torch.Tensor, mixed_bf16: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Static int8 through PyTorch 2 export quantization, built as `vitlab export --format pt2e` files run
-    (`vitlab.export.pt2e.QuantizedModel`): int8 linear layers (7-bit activations where this CPU's int8 products
-    saturate), compiled by Inductor with freezing so the int8 matmuls run in oneDNN (VNNI / AMX). With
-    `mixed_bf16` the float rest (attention products, softmax, LayerNorm, GELU) runs under bf16 autocast, which
-    on a CPU with AMX takes the fp32 flash-attention kernel, a third of the int8 model's time, off the critical
-    path. Calibration uses the benchmark's own batch, which is enough for speed; accuracy comes from `--dataset`."""
-    require_cpu(sample, "PT2E int8 (oneDNN's int8 kernels)")
-    try:
-        require_torchao("the pt2e paths")
-    except UsageError as error:
-        raise Unavailable(str(error)) from None
-    try:
-        # A single image runs the graph compiled for one, as `vitlab serve` prepares it (`prepare_single`).
-        return QuantizedModel(
-            model,
-            calibrate(model, sample.float()),
-            "bf16" if mixed_bf16 else "fp32",
-            batch_size=1 if len(sample) == 1 else None,
-        )
-    except Exception as error:  # noqa: BLE001 - export, quantizer and Inductor raise many types
-        raise Unavailable(f"PT2E quantization failed: {str(error).splitlines()[0][:200]}") from None
+def backend_path(row: Backend, bench_row: BenchRow) -> Callable[[nn.Module, torch.Tensor], BenchPath]:
+    """The builder of one of a backend's bench rows (`Backend.bench_rows`): the backend's own runner for it
+    (`Backend.bench_runner`: for a file, vitlab's export at the bench's fixed batch, loaded as predict and serve
+    load it), Unavailable with the reason where it cannot run here (a missing package, an export the model cannot
+    have)."""
+
+    def build(model: nn.Module, sample: torch.Tensor) -> BenchPath:
+        if row.cpu_only:
+            require_cpu(sample, row.title)
+        try:
+            runner = row.bench_runner(model, sample, bench_row)
+        except UsageError as error:
+            raise Unavailable(str(error)) from None
+        choice = getattr(runner, "choice", None)
+        note = bench_row.note.format(choice=choice.reason if choice is not None else "")
+        return BenchPath(bench_row.label, bench_row.precision, runner, note)
+
+    return build
 
 
-def pt2e_int8(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return BenchPath(
-        "pt2e int8",
-        "int8",
-        _pt2e(model, sample, mixed_bf16=False),
-        "static int8 linear layers (torchao X86InductorQuantizer), Inductor + freezing; the rest in fp32 "
-        "(what `vitlab export --format pt2e` files run)",
-    )
-
-
-def pt2e_int8_bf16(model: nn.Module, sample: torch.Tensor) -> BenchPath:
-    return BenchPath(
-        "pt2e int8 + bf16",
-        "int8",
-        _pt2e(model, sample, mixed_bf16=True),
-        "as pt2e int8, with attention, softmax, LayerNorm and GELU under bf16 autocast",
-    )
+def backend_paths() -> dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]]:
+    """{path key: builder} of every bench row of the table of backends, in its order."""
+    return {bench_row.key: backend_path(row, bench_row) for row in backends() for bench_row in row.bench_rows}
 
 
 class GreyAsRGB(nn.Module):
@@ -523,21 +418,20 @@ INFERENCE_PATHS: dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]] = {
     "eager-bf16": eager_bf16,
     "compile-fp32": compiled_fp32,
     "compile-bf16": compiled_bf16,
-    "onnx-fp32": onnx_fp32,
-    "onnx-int8": onnx_int8,
-    "onnx-int8-static": onnx_int8_static,
     "torch-int8": torch_int8,
-    "pt2e-int8": pt2e_int8,
-    "pt2e-int8-bf16": pt2e_int8_bf16,
-    "openvino-fp32": openvino_fp32,
-    "openvino-bf16": openvino_bf16,
-    "openvino-int8": openvino_int8,
+    **backend_paths(),  # ONNX Runtime, pt2e, OpenVINO: the rows of the table of backends
     "transformers": transformers_fp32,
     "transformers-onnx": transformers_onnx,
     "transformers-openvino-fp32": transformers_openvino_fp32,
     "transformers-openvino-bf16": transformers_openvino_bf16,
     "transformers-openvino-int8": transformers_openvino_int8,
 }
+
+
+def inference_paths() -> dict[str, Callable[[nn.Module, torch.Tensor], BenchPath]]:
+    """INFERENCE_PATHS, with the rows of any backend registered since it was built (a test's toy) after vitlab's
+    own: what `vitlab bench` lists and runs."""
+    return {**INFERENCE_PATHS, **{key: build for key, build in backend_paths().items() if key not in INFERENCE_PATHS}}
 
 
 # ------------------------------------------------------------------------------------------------ training steps

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from vitlab.bench.budget import OverBudget, deadline, rounds_within
-from vitlab.bench.paths import INFERENCE_PATHS, TRAIN_PATHS, BenchPath, Unavailable, largest_difference
+from vitlab.bench.paths import TRAIN_PATHS, BenchPath, Unavailable, inference_paths, largest_difference
 from vitlab.bench.peaks import fastest_kernels, matmul_candidates
 from vitlab.bench.records import (
     calibration_allowed,
@@ -100,7 +100,7 @@ def choose_paths(
     ran at 1 GFLOP/s against fp32's 121 on an AVX2 EPYC); `quick` keeps eager fp32, transformers and the paths
     that are fastest on a CPU with these units (or on a GPU): on a CPU, those measured fastest here on the model
     nearest in size to one of `gflops_per_image` (forward)."""
-    registry = TRAIN_PATHS if train else INFERENCE_PATHS
+    registry = TRAIN_PATHS if train else inference_paths()
     if asked:
         unknown = [p for p in asked if p not in registry]
         if unknown:
@@ -254,7 +254,7 @@ def run_bench(
             say(text, to_stderr=True)
 
     target = resolve_device(device)
-    registry = TRAIN_PATHS if train else INFERENCE_PATHS
+    registry = TRAIN_PATHS if train else inference_paths()
     if quick:
         repetitions, warmup = min(repetitions, 3), min(warmup, 1)
         total_seconds = QUICK_TOTAL_SECONDS if total_seconds is None else total_seconds

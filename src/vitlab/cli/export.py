@@ -1,5 +1,5 @@
 """`vitlab export`: a checkpoint as an ONNX (fp32 or int8), pt2e (int8) or OpenVINO (fp32 or int8) file, checked
-against PyTorch; the options are checked by `vitlab.export.exporter`, so a Python caller gets the same refusals."""
+against PyTorch; the options are checked by `vitlab.runtime.exporter`, so a Python caller gets the same refusals."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import json
 
 from vitlab.cli.options import CHECKPOINT_HELP, add_checkpoint_options, call_with_options, positive_int
-from vitlab.export.formats import FORMATS
+from vitlab.runtime.registry import DEFAULT_FORMAT, export_formats
 
 NAME = "export"
 HELP = (
@@ -20,8 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help=CHECKPOINT_HELP)
     parser.add_argument(
         "--format",
-        choices=FORMATS,
-        default="onnx",
+        choices=export_formats(),
+        default=DEFAULT_FORMAT,
         help="onnx (default: ONNX Runtime, fp32 or --int8); pt2e (pt2 is the same): static int8 by "
         "PyTorch 2 export quantization, compiled by Inductor for the machine that runs it; needs vitlab[int8]; "
         "openvino: an OpenVINO IR (.xml and .bin), fp32 (run in bf16 where that pays) or --int8 (NNCF, "
@@ -79,26 +79,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vitlab.bench.advice import fastest_format_line
+    from vitlab.bench.advice import fastest_format_line, format_name
     from vitlab.config import ViTConfig
     from vitlab.counts import model_size
-    from vitlab.export.exporter import export_checkpoint
-    from vitlab.export.onnx import format_export
-    from vitlab.export.openvino import format_openvino_export
-    from vitlab.export.pt2e import format_pt2e_export
+    from vitlab.runtime.exporter import export_checkpoint
+    from vitlab.runtime.registry import backend_named
 
     summary = call_with_options(export_checkpoint, args)
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
-    images_given = bool(args.images)
-    # format: (its report, the name the advice gives it)
-    reports = {
-        "pt2e": (format_pt2e_export, "pt2e"),
-        "onnx": (format_export, "onnx --int8" if summary.get("int8") else "onnx"),
-        "openvino": (format_openvino_export, "openvino --int8" if summary.get("int8") else "openvino"),
-    }
-    report, written = reports[summary["format"]]
-    print(report(summary, images_given))
+    row = backend_named(summary["format"])
+    print(row.report(summary, bool(args.images)))
+    written = format_name(row, bool(summary.get("int8")))
     print(fastest_format_line(written, model_size(ViTConfig.from_dict(summary["config"]))[1]))
     return 0

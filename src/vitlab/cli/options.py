@@ -86,12 +86,27 @@ CHECKPOINT_IMAGE_SIZE_HELP = (
     "images) implies none, and this is the size it was made for"
 )
 BACKEND_HELP = (
-    "auto (default: onnx for a .onnx file, pt2e for a .pt2e file, openvino for a .xml file, else torch), torch, "
+    "auto (default: {auto}, else torch), torch, "
     "onnx (ONNX Runtime), pt2e (int8, compiled for this CPU as it loads) or openvino (OpenVINO, fp32, bf16 or "
     "int8) on a file written by `vitlab export`; a run folder with onnx, pt2e or openvino uses its model.onnx, "
     "model-int8.pt2e or model.xml"
 )
-BACKENDS = ("auto", "torch", "onnx", "pt2e", "openvino")
+
+
+def backend_choices() -> tuple[str, ...]:
+    """--backend's values: auto, torch and every row of the table of backends (`vitlab.runtime.registry`)."""
+    from vitlab.runtime.registry import backend_names
+
+    return ("auto", *backend_names())
+
+
+def backend_help() -> str:
+    """BACKEND_HELP, with the file each row of the table picks automatically."""
+    from vitlab.runtime.registry import backends
+
+    return BACKEND_HELP.format(auto=", ".join(f"{row.name} for a {row.suffix} file" for row in backends()))
+
+
 DEVICE_HELP = "cpu, cuda or cuda:N (default auto: a GPU when PyTorch sees one, else the CPU)"
 INFERENCE_PRECISION_HELP = (
     "auto (default: bf16 autocast where this machine's bf16 matmuls pay and the model is large "
@@ -111,7 +126,7 @@ def add_checkpoint_options(parser: argparse.ArgumentParser) -> None:
 
 def add_inference_options(parser: argparse.ArgumentParser) -> None:
     """--backend, --precision and --device, for the commands that run a classifier (eval, predict)."""
-    parser.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
+    parser.add_argument("--backend", choices=backend_choices(), help=backend_help())
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help=INFERENCE_PRECISION_HELP)
     parser.add_argument("--device", help=DEVICE_HELP)
 

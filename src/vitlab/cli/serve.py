@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from vitlab.cli.options import (
-    BACKEND_HELP,
-    BACKENDS,
     DEVICE_HELP,
     EXPORTED_CHECKPOINT_HELP,
+    backend_choices,
+    backend_help,
     call_with_options,
     positive_int,
 )
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=port_arg, default=8000, help="port (default 8000; 0 picks a free one and prints it)"
     )
-    parser.add_argument("--backend", choices=BACKENDS, help=BACKEND_HELP)
+    parser.add_argument("--backend", choices=backend_choices(), help=backend_help())
     parser.add_argument(
         "--precision",
         choices=("auto", "fp32", "bf16", "int8"),

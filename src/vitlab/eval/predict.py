@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from vitlab.checkpoint import load_model
-from vitlab.checkpoint.formats import check_written_content
 from vitlab.counts import model_size
 from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import collect_images
@@ -19,11 +18,8 @@ from vitlab.errors import UsageError
 from vitlab.eval.batches import run_batches
 from vitlab.eval.classify import require_head
 from vitlab.eval.predict_dense import format_dense_row, predict_dense_files
-from vitlab.export.onnx import OnnxClassifier
-from vitlab.export.openvino import OpenVinoClassifier, is_openvino_file
-from vitlab.export.pt2e import Pt2eClassifier, is_pt2e_file
 from vitlab.hardware import Choice, choose_precision, resolve_device
-from vitlab.runs import onnx_output, openvino_output, pt2e_output
+from vitlab.runtime.registry import DEFAULT_FORMAT, TORCH, backend_for, backend_named
 
 
 def load_classifier(
@@ -34,58 +30,35 @@ def load_classifier(
     device: str | None = None,
 ):
     """A model to classify with: a VisionTransformer (backend torch) on `device` (default: a GPU when there is
-    one), an `OnnxClassifier` (backend onnx), a `Pt2eClassifier` (backend pt2e, compiled for this CPU as it
-    loads) or an `OpenVinoClassifier` (backend openvino), all on the CPU. With no backend (or "auto") a .onnx,
-    .pt2e or .xml file picks its own; with onnx, pt2e or openvino a run folder (or a checkpoint file) means the
-    file `vitlab export` wrote beside it (model.onnx, model-int8.pt2e, model.xml)."""
-    # backend: (is `path` such a file, the file `vitlab export` writes beside a run, the command that writes it, what
-    # it is called in messages, what runs it).
-    exports = {
-        "onnx": (Path(path).suffix.lower() == ".onnx", onnx_output, f"vitlab export {path}", "an ONNX export", onnx),
-        "pt2e": (
-            is_pt2e_file(path),
-            pt2e_output,
-            f"vitlab export {path} --format pt2e",
-            "a pt2e export",
-            Pt2eClassifier,
-        ),
-        "openvino": (
-            is_openvino_file(path),
-            openvino_output,
-            f"vitlab export {path} --format openvino",
-            "an OpenVINO export",
-            OpenVinoClassifier,  # which checks the recorded checksums of its .xml and .bin itself
-        ),
-    }
-    given = next((name for name, (is_kind, *_) in exports.items() if is_kind), None)
+    one), or the runner of a row of the table of backends (`vitlab.runtime.registry`: an `OnnxClassifier`, a
+    `Pt2eClassifier` compiled for this CPU as it loads, an `OpenVinoClassifier`), on the CPU. With no backend (or
+    "auto") a file of a row (.onnx, .pt2e, .xml) picks its own; with a row's name a run folder (or a checkpoint
+    file) means the file `vitlab export` wrote beside it (model.onnx, model-int8.pt2e, model.xml)."""
+    given = backend_for(path)
     if backend in (None, "auto"):
-        backend = given or "torch"
-    if given is not None and given != backend:
-        raise UsageError(f"{path} is {exports[given][3]}; run it with --backend {given} (or leave --backend out)")
-    if backend == "torch":
+        backend = given.name if given is not None else TORCH
+    if given is not None and given.name != backend:
+        raise UsageError(f"{path} is {given.called}; run it with --backend {given.name} (or leave --backend out)")
+    if backend == TORCH:
         target = resolve_device(device)
         return load_model(path, image_size=image_size, num_heads=num_heads).to(target)  # a path or a name
-    if device not in (None, "auto") and resolve_device(device).type != "cpu":
+    row = backend_named(backend)
+    if device not in (None, "auto") and resolve_device(device).type != "cpu" and row.cpu_only:
         raise UsageError(f"--device {device}: the {backend} backend runs on the CPU; use --backend torch for the GPU")
     if image_size is not None or num_heads is not None:
         raise UsageError(
             f"{path}: the {backend} backend runs an export, whose input size was fixed when it was "
             "written; drop --image-size and --num-heads (export again with --image-size to change it)"
         )
-    _, default_output, command, called, runtime = exports[backend]
     if given is None:  # a run folder or checkpoint: the export written beside it
-        exported = default_output(path)
+        exported = row.default_output(path)
         if not exported.is_file():
+            command = f"vitlab export {path}" + ("" if row.name == DEFAULT_FORMAT else f" --format {row.name}")
             raise UsageError(
-                f"--backend {backend} runs {called}, and {exported} does not exist; make it with: {command}"
+                f"--backend {backend} runs {row.called}, and {exported} does not exist; make it with: {command}"
             )
         path = exported
-    return runtime(Path(path))
-
-
-def onnx(path: Path) -> OnnxClassifier:
-    check_written_content(path)  # (a pt2e or OpenVINO file's runtime checks its own)
-    return OnnxClassifier(path)
+    return row.load(Path(path))
 
 
 def inference_precision(model, requested: str = "auto") -> Choice:
@@ -94,23 +67,8 @@ def inference_precision(model, requested: str = "auto") -> Choice:
     the model's own); an exported file runs as it was exported."""
     from torch import nn
 
-    if not isinstance(model, nn.Module):
-        if hasattr(model, "use_precision"):  # an OpenVINO file: compiled for the precision chosen here
-            return model.use_precision(requested)
-        if hasattr(model, "choice"):  # a pt2e file: int8 linear layers, the rest as this CPU suits
-            if requested != "auto":
-                raise UsageError(
-                    f"--precision {requested}: a pt2e file runs its linear layers in int8 and the rest "
-                    "in bf16 where this CPU's bf16 matmuls pay, else fp32; leave --precision out"
-                )
-            return model.choice
-        if requested not in ("auto", "fp32"):
-            raise UsageError(
-                f"--precision {requested} is for the torch backend; an exported file runs as it was "
-                "exported (export again for another precision)"
-            )
-        exported = "int8" if getattr(model, "metadata", {}).get("int8") else "fp32"
-        return Choice(exported, "as the file was exported")
+    if not isinstance(model, nn.Module):  # a backend's runner (`vitlab.runtime.base.Runner`) says what it runs
+        return model.use_precision(requested)
     if requested == "int8":
         raise UsageError(
             "--precision int8 is an export: `vitlab export CKPT --int8` (ONNX Runtime), then run the .onnx file"

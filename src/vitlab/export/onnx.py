@@ -40,6 +40,7 @@ from vitlab.export.checks import (
     require_one_input_size,
     validation_pixels,
 )
+from vitlab.hardware import Choice
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 INSTALL_HINT = "pip install 'vitlab[onnx]' (or: pip install onnx onnxscript onnxruntime)"
@@ -346,6 +347,27 @@ class OnnxClassifier:
         self.config = ViTConfig.from_dict(self.metadata["config"])
         self.input_name = self.session.get_inputs()[0].name
         self.preprocess = bool(self.metadata["preprocess"])
+
+    fp32_model = None  # the graph alone: no PyTorch model for attention maps
+
+    @property
+    def choice(self) -> Choice:
+        return Choice("int8" if self.metadata.get("int8") else "fp32", "as the file was exported")
+
+    def use_precision(self, requested: str = "auto") -> Choice:
+        """ONNX Runtime runs the file as it was exported: "auto" and "fp32" take it as it is, "int8" an int8 file;
+        bf16, or int8 of an fp32 file, is refused, saying how to get it."""
+        if requested == "int8" and not self.metadata.get("int8"):
+            raise UsageError(f"{self.path} is an fp32 export; export with --int8 for an int8 one")
+        if requested not in ("auto", "fp32", "int8"):
+            raise UsageError(
+                f"--precision {requested}: ONNX Runtime runs the export as it was written (fp32 or int8); drop "
+                f"--precision {requested} (or use --backend torch, or export again)"
+            )
+        return self.choice
+
+    def prepare_batch(self, size: int) -> None:
+        """Nothing to prepare: ONNX Runtime runs one graph for every batch."""
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         array = np.ascontiguousarray(images.numpy() if self.preprocess else images.float().numpy())

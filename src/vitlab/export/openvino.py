@@ -89,10 +89,6 @@ def require_openvino(purpose: str = "OpenVINO export", packages: tuple[str, ...]
         )
 
 
-def is_openvino_file(path: str | Path) -> bool:
-    return Path(path).suffix.lower() == SUFFIX
-
-
 def require_stretch(config: ViTConfig) -> None:
     """The preprocessing a converted graph can hold: a resize of the whole image to the input size (see the module
     docstring: the TorchScript trace keeps the resized size constant, which a crop's is not)."""
@@ -329,6 +325,8 @@ class OpenVinoClassifier:
     compiled for any batch runs each call, and the first STATIC_BATCH_SLOTS batch sizes that come a second time (an
     eval's batch, serve's single images) get a graph compiled for their size (`prepare_batch` compiles one at
     once)."""
+
+    fp32_model = None  # the graph alone: no PyTorch model for attention maps
 
     def __init__(
         self, path: str | Path, threads: int | None = None, precision: str = "auto", batch_size: int | None = None

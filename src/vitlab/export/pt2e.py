@@ -75,10 +75,6 @@ def require_torchao(purpose: str = "the pt2e format") -> None:
         raise UsageError(f"{purpose} needs torchao, which is not installed; {INSTALL_HINT}")
 
 
-def is_pt2e_file(path: str | Path) -> bool:
-    return Path(path).suffix.lower() == SUFFIX
-
-
 def _quiet():
     return quiet_loggers(*NOISY_LOGGERS)
 
@@ -388,6 +384,7 @@ class Pt2eClassifier:
                 f"{self.path}: its weights do not fit its config ({str(error).splitlines()[0]})"
             ) from None
         self.model.eval()
+        self.fp32_model = self.model  # attention maps, which the quantized graph does not expose
         if threads:
             torch.set_num_threads(threads)
         self.choice = rest_precision(self.config, precision)
@@ -414,6 +411,20 @@ class Pt2eClassifier:
             compiled = compile_ahead_of_time(quantized, package, batch_size)
             self.compile_seconds += time.perf_counter() - started
         return compiled
+
+    def use_precision(self, requested: str = "auto") -> Choice:
+        """A pt2e file runs as this CPU suits (`rest_precision`): only "auto" (or what it was loaded with) is taken."""
+        if requested not in ("auto", self.precision):
+            raise UsageError(
+                f"--precision {requested}: a pt2e file runs its linear layers in int8 and the rest in "
+                "bf16 where this CPU's bf16 matmuls pay, else fp32; leave --precision out"
+            )
+        return self.choice
+
+    def prepare_batch(self, size: int) -> None:
+        """Single images (`prepare_single`) get a graph of their own; other batches run the any-batch graph."""
+        if size == 1:
+            self.prepare_single()
 
     def prepare_single(self) -> None:
         """Load, or compile once per CPU kind and keep, the graph for single images: 1.6x the padded any-batch
