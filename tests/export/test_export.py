@@ -289,3 +289,21 @@ def test_cli_export_then_predict_with_onnx_runtime_gives_the_same_labels(model, 
     onnx_path.unlink()
     assert main(["predict", str(checkpoint), str(folder), "--backend", "onnx"]) == 2
     assert f"make it with: vitlab export {checkpoint}" in capsys.readouterr().err
+
+
+def test_the_graph_computes_the_class_token_alone_in_the_last_block(model, tmp_path):
+    """The export carries vitlab's own forward (models/fast_paths.py, item 1): the last block's attention has one
+    query, and its projection and MLP run on the class token's row alone, (B, D); every other linear layer on all
+    of the tokens, (B, T, D)."""
+    path = tmp_path / "m.onnx"
+    export.export_onnx(model, path)
+    proto = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    ranks = {value.name: len(value.type.tensor_type.shape.dim) for value in proto.graph.value_info}
+    weights = {tensor.name for tensor in proto.graph.initializer}
+    linear_inputs = [
+        ranks.get(node.input[0])
+        for node in proto.graph.node
+        if node.op_type in ("MatMul", "Gemm") and any(name in weights for name in node.input[1:])
+    ]
+    # block 0: qkv, proj, fc1, fc2 on every token; the last block: qkv on every token, then proj, fc1, fc2, head
+    assert linear_inputs == [3] * 5 + [2] * 4

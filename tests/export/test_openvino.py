@@ -108,6 +108,22 @@ def test_fp32_round_trip_of_any_batch_and_size_is_within_the_tolerance(model, pi
 
 
 @pytest.mark.run_level
+def test_the_graph_computes_the_class_token_alone_in_the_last_block(model, tmp_path):
+    """The IR carries vitlab's own forward (models/fast_paths.py, item 1): the last block's projection and MLP run
+    on the class token's row alone, (B, D); every other linear layer on all of the tokens, (B, T, D)."""
+    import openvino as ov
+
+    path = tmp_path / "m.xml"
+    openvino.export_openvino(model, path)
+    ranks = [
+        len(op.input(0).get_partial_shape())
+        for op in ov.Core().read_model(path).get_ordered_ops()
+        if op.get_type_name() == "MatMul" and op.input(1).get_partial_shape().is_static
+    ]
+    # block 0: qkv, proj, fc1, fc2 on every token; the last block: qkv on every token, then proj, fc1, fc2, head
+    assert ranks == [3] * 5 + [2] * 4
+
+
 def test_a_batch_size_that_comes_again_runs_a_graph_compiled_for_it(model, tmp_path):
     path = tmp_path / "m.xml"
     openvino.export_openvino(model, path)

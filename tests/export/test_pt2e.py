@@ -275,3 +275,18 @@ def test_a_second_load_does_not_compile_and_a_damaged_package_is_rebuilt(exporte
     monkeypatch.setenv("VITLAB_CACHE", str(not_a_folder))
     unkept = pt2e.Pt2eClassifier(path)
     assert unkept(images[:2]).shape == (2, 10) and list((tmp_path / "temp").iterdir()) == []
+
+
+def test_the_quantized_graph_computes_the_class_token_alone_in_the_last_block():
+    """The graph a pt2e file is rebuilt from carries vitlab's own forward (models/fast_paths.py, item 1): one query
+    in the last block's attention, every token in the others'."""
+    from vitlab.models import create_model
+
+    model = create_model("digits-8").eval()  # 17 tokens, depth 4
+    prepared = pt2e.prepared_for_this_cpu(model, torch.randn(2, 1, 8, 8))
+    queries = [
+        node.args[0].meta["val"].shape[2]
+        for node in prepared.graph.nodes
+        if node.op == "call_function" and "scaled_dot_product_attention" in str(node.target)
+    ]
+    assert queries == [17, 17, 17, 1]
