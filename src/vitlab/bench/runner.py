@@ -43,6 +43,7 @@ from vitlab.hardware import (
 from vitlab.messages import say
 from vitlab.models import create_model, model_stats
 from vitlab.runs import RunFolder
+from vitlab.runtime.registry import backends
 from vitlab.timing import time_interleaved
 
 
@@ -82,14 +83,13 @@ QUICK_PATH_BUDGET_SECONDS = 45.0
 QUICK_TOTAL_SECONDS = 150.0  # paths and timing; with start-up and the reference's loading, under 3 minutes
 # Peaks are kept for `auto` precision only when measured on a matmul this large: tiny shapes measure overheads.
 PEAK_RECORDED_ABOVE_GFLOP = 1.0
-BF16_PATHS = {
-    "eager-bf16",
-    "compile-bf16",
-    "pt2e-int8-bf16",
-    "autocast-bf16",
-    "openvino-bf16",
-    "transformers-openvino-bf16",
-}
+BF16_PATHS = {"eager-bf16", "compile-bf16", "autocast-bf16", "transformers-openvino-bf16"}
+
+
+def bf16_paths() -> set[str]:
+    """The paths that run bf16 matmuls: BF16_PATHS and the backends' rows in bf16 or with their rest in bf16."""
+    rows = {row.key for backend in backends() for row in backend.bench_rows if "bf16" in (row.precision, row.rest)}
+    return BF16_PATHS | rows
 
 
 def choose_paths(
@@ -121,7 +121,7 @@ def choose_paths(
     units = cpu_units()
     chosen = list(registry)
     if not units.bf16:
-        for key in [key for key in chosen if key in BF16_PATHS]:
+        for key in [key for key in chosen if key in bf16_paths()]:
             chosen.remove(key)
             left_out[key] = (
                 f"not run: this CPU has no bf16 units ({units.describe()}), so bf16 is emulated and "
@@ -144,16 +144,19 @@ DENSE_PATHS = (
     "eager-bf16",
     "compile-fp32",
     "compile-bf16",
-    "onnx-fp32",
-    "openvino-fp32",
-    "openvino-bf16",
     "torch-int8",
     "transformers",
 )
 
 
+def dense_path_keys() -> tuple[str, ...]:
+    """DENSE_PATHS and the backends' rows that run a dense model as it is (`BenchRow.dense`)."""
+    rows = tuple(row.key for backend in backends() for row in backend.bench_rows if row.dense)
+    return DENSE_PATHS[:-1] + rows + DENSE_PATHS[-1:]
+
+
 def dense_paths(config, train: bool, dataset: str | None, chosen: list[str], skipped: dict[str, str]) -> list[str]:
-    """The chosen paths a dense model runs (`DENSE_PATHS`); the others go to `skipped` with the reason. Its outputs
+    """The chosen paths a dense model runs (`dense_path_keys`); the others go to `skipped` with the reason. Its outputs
     are compared with eager fp32's and transformers' (max |difference| of every output); accuracy (--dataset) and
     training steps (--train) are measured for classifiers."""
     task = dense_task(config)
@@ -162,10 +165,11 @@ def dense_paths(config, train: bool, dataset: str | None, chosen: list[str], ski
             f"{'--train' if train else '--dataset'} measures a classifier; a {task.task} model's bench times its "
             "inference paths and compares their outputs with eager fp32 and transformers' (drop the flag)"
         )
+    runs = dense_path_keys()
     for key in chosen:
-        if key not in DENSE_PATHS:
-            skipped[key] = f"not run: measured for classifiers (a {task.task} model runs {', '.join(DENSE_PATHS)})"
-    return [key for key in chosen if key in DENSE_PATHS]
+        if key not in runs:
+            skipped[key] = f"not run: measured for classifiers (a {task.task} model runs {', '.join(runs)})"
+    return [key for key in chosen if key in runs]
 
 
 CALIBRATION_MODEL = "S/16"

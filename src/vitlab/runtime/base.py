@@ -64,7 +64,8 @@ class ExportOptions:
 @dataclass(frozen=True)
 class BenchRow:
     """A path `vitlab bench` measures with a backend: its key (--paths), the name in the table, the precision whose
-    matmul peak it is compared with, and the export it runs (int8; static: calibrated on the bench's batch)."""
+    matmul peak it is compared with, and the export it runs (int8; static: calibrated on the bench's batch). The
+    note may name the runner's precision choice as {choice}."""
 
     key: str
     label: str
@@ -73,6 +74,7 @@ class BenchRow:
     int8: bool = False
     static: bool = False
     rest: str = "auto"  # the precision the runner is loaded with (an int8 file: what its float rest runs in)
+    dense: bool = False  # it runs a dense model (EoMT, Depth Anything) as it is, every output compared
 
 
 class Runner(Protocol):

@@ -101,7 +101,7 @@ BACKEND = OnnxBackend(
     serve_prior=("int8",),
     preprocess_at_start=True,
     bench_rows=(
-        BenchRow("onnx-fp32", "onnxruntime fp32", "fp32", "graph optimisations on"),
+        BenchRow("onnx-fp32", "onnxruntime fp32", "fp32", "graph optimisations on", dense=True),
         BenchRow(
             "onnx-int8",
             "onnxruntime int8",

@@ -103,7 +103,12 @@ BACKEND = OpenVinoBackend(
     serve_paths={"fp32": "openvino-fp32", "bf16": "openvino-bf16"},
     bench_rows=(
         BenchRow(
-            "openvino-fp32", "openvino fp32", "fp32", "vitlab export --format openvino: the IR in f32", rest="fp32"
+            "openvino-fp32",
+            "openvino fp32",
+            "fp32",
+            "vitlab export --format openvino: the IR in f32",
+            rest="fp32",
+            dense=True,
         ),
         BenchRow(
             "openvino-bf16",
@@ -111,6 +116,7 @@ BACKEND = OpenVinoBackend(
             "bf16",
             "vitlab export --format openvino: the IR with INFERENCE_PRECISION_HINT bf16",
             rest="bf16",
+            dense=True,
         ),
         BenchRow(
             "openvino-int8",
