@@ -346,3 +346,61 @@ def test_ignore_label_is_the_evaluations():
     from vitlab.metrics.segmentation import IGNORE_LABEL as EVALUATION_IGNORE_LABEL
 
     assert IGNORE_LABEL == EVALUATION_IGNORE_LABEL
+
+
+# ------------------------------------------------------------------------------------------------ class names
+def test_a_voc_layout_folder_of_other_data_gets_its_own_classes_not_vocs(tmp_path):
+    voc = make_voc(tmp_path)
+    mine = voc.rename(tmp_path / "mine")  # VOC's layout, not VOC 2012 itself
+    train = open_dense_dataset(mine, "train")
+    assert train.name == "voc-layout:mine:train" and train.class_names is None and train.num_classes is None
+    assert count_classes(train) == 21  # K read from the masks (labels up to 20)
+    (mine / "classes.txt").write_text("\n".join(f"thing{index}" for index in range(21)) + "\n")
+    named = open_dense_dataset(mine, "train")
+    assert named.class_names is not None and named.class_names[1:4] == ("thing1", "thing2", "thing3")
+    assert named.num_classes == 21
+
+
+def test_a_labelmap_names_the_classes_even_of_a_folder_named_voc2012(tmp_path):
+    voc = make_voc(tmp_path)
+    names = ["background", "cat", "dog"] + [f"c{index}" for index in range(3, 21)]
+    lines = ["# label:color_rgb:parts:actions"] + [f"{name}:{index},0,0::" for index, name in enumerate(names)]
+    (voc / "labelmap.txt").write_text("\n".join(lines) + "\n")
+    train = open_dense_dataset(tmp_path, "train")
+    assert train.class_names == tuple(names) and train.num_classes == 21
+    # The caller's list wins over the folder's, and gives K: labels past it are named as bad.
+    three = open_dense_dataset(tmp_path, "train", classes="background,cat,dog")
+    assert three.class_names == ("background", "cat", "dog") and three.num_classes == 3
+    assert "values 15 are not labels" in check_targets(three)[0]
+
+
+def test_an_ade20k_layout_folder_of_other_data_gets_its_own_classes(tmp_path):
+    ade = make_ade(tmp_path).rename(tmp_path / "scenes")
+    train = open_dense_dataset(ade, "train")
+    assert train.name == "ade20k-layout:scenes:train" and train.class_names is None and train.reduce_zero_label
+    assert count_classes(train) == 150  # file values 1..150: labels 0..149
+    (tmp_path / "names.txt").write_text("\n".join(f"n{index}" for index in range(150)))
+    named = open_dense_dataset(ade, "train", classes=str(tmp_path / "names.txt"))
+    assert named.class_names is not None and named.class_names[0] == "n0" and named.num_classes == 150
+
+
+def test_a_manifest_takes_the_class_list_beside_it(tmp_path):
+    write_rgb(tmp_path / "a.jpg")
+    write_grey(tmp_path / "a.png", labels(0, 1, 2))
+    (tmp_path / "pairs.csv").write_text("image,mask\na.jpg,a.png\n")
+    assert open_dense_dataset(tmp_path / "pairs.csv", "train").class_names is None
+    (tmp_path / "classes.txt").write_text("sky\nroad\ncar\n")
+    named = open_dense_dataset(tmp_path / "pairs.csv", "train")
+    assert (named.class_names, named.num_classes) == (("sky", "road", "car"), 3)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("sky\n\nroad\n", "name 2 is empty"), ("sky\nsky\n", "names sky more than once"), ("\n", "names no class")],
+)
+def test_a_bad_class_list_is_named_in_one_line(tmp_path, text, message):
+    voc = make_voc(tmp_path).rename(tmp_path / "mine")
+    (voc / "classes.txt").write_text(text)
+    with pytest.raises(DataError, match=message) as error:
+        open_dense_dataset(voc, "train")
+    one_line_naming(error, voc / "classes.txt")

@@ -4,14 +4,27 @@ predictions.
 
 `open_dense_dataset(path, split)` tries each layout of `LAYOUTS` in turn (a layout is a row there, not a branch):
 
-- Pascal VOC 2012: `JPEGImages/*.jpg`, `SegmentationClass/*.png` (palette PNGs) and
+- Pascal VOC layout: `JPEGImages/*.jpg`, `SegmentationClass/*.png` (palette PNGs) and
   `ImageSets/Segmentation/{train,val}.txt`; the folder itself, or one holding `VOC2012/` or `VOCdevkit/VOC2012/`.
-  21 classes (background + 20), 255 = the ignored object boundaries.
-- ADE20K (ADEChallengeData2016): `images/{training,validation}/*.jpg` and `annotations/{training,validation}/*.png`
-  (grey PNGs). File value 0 is "other", ignored; 1..150 are the classes 0..149 (`reduce_zero_label`, as
-  mmsegmentation's `ADE20KDataset` and DINOv3 read it).
+  255 = the ignored object boundaries. VOC 2012 itself (the folder named `VOC2012`, as its archive unpacks):
+  21 classes (background + 20).
+- ADE20K layout (ADEChallengeData2016): `images/{training,validation}/*.jpg` and
+  `annotations/{training,validation}/*.png` (grey PNGs). File value 0 is "other", ignored; 1..K are the classes
+  0..K-1 (`reduce_zero_label`, as mmsegmentation's `ADE20KDataset` and DINOv3 read it). ADE20K itself (the folder
+  named `ADEChallengeData2016`): its 150 classes.
 - a manifest, `.csv` (with a header) or `.jsonl`: columns `image` and `mask` (segmentation) or `depth`, an optional
   `split` column that selects the rows; relative paths are relative to the manifest's folder.
+
+Class names (segmentation), first found wins (`class_list`):
+1. names given by the caller (`vitlab dense-probe --classes`): a file as below, or names separated by commas;
+2. `labelmap.txt` in the data's folder (the VOC folder, the ADE20K folder, the manifest's folder): Pascal VOC's
+   label map as CVAT and the VOC devkit tools write it, one `name:r,g,b::` line per label in label order, `#`
+   lines skipped;
+3. `classes.txt` there: one name per line in label order (mmsegmentation's `classes=` file);
+4. VOC 2012's or ADE20K's own names, for those data sets themselves (the folder names above);
+5. none: K is read from the masks (`count_classes`) and the classes are named by their labels.
+A list gives K (its length) and the labels are checked against it. For the ADE20K layout the list names labels
+0..K-1, i.e. file values 1..K (file value 0, "other", is not a class).
 - depth pairs (NYUv2 style): `images/` (or `rgb/`) and `depth/` with matching file stems, in a `{split}/` folder or
   flat. Depth is a 16-bit grey PNG of millimetres or a float `.npy` of metres; 0 = no measurement.
 
@@ -33,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -126,11 +140,15 @@ class Layout:
     read: Callable[[Path, str, Task | None], DenseDataset]  # (root, split as in SPLIT_FOLDERS, task asked) -> set
 
 
-def open_dense_dataset(path: str | Path, split: str, task: str | None = None) -> DenseDataset:
+def open_dense_dataset(
+    path: str | Path, split: str, task: str | None = None, classes: str | Sequence[str] | None = None
+) -> DenseDataset:
     """One split ("train", "val" or "validation", "test") of the dense data set at `path`, its layout found by
     looking (see the module docstring). `task` ("segmentation", "depth") checks that the data hold that task's
-    targets, and picks the column of a manifest that has both. Files are listed, not read: `check_targets` reads
-    them. A location of no known layout, a missing split or an empty one is a DataError of one line."""
+    targets, and picks the column of a manifest that has both. `classes`: the segmentation classes' names (a file,
+    names separated by commas, or a sequence; see "Class names" in the module docstring). Files are listed, not
+    read: `check_targets` reads them. A location of no known layout, a missing split or an empty one is a DataError
+    of one line."""
     if task is not None and task not in TASKS:
         raise UsageError(f"task {task!r} is not a dense task; use one of {', '.join(TASKS)}")
     wanted = next((name for name in TASKS if name == task), None)
@@ -147,7 +165,13 @@ def open_dense_dataset(path: str | Path, split: str, task: str | None = None) ->
                 f"{root} is a {layout.name} data set, which holds {layout.task} targets, not {wanted}; "
                 f"open it for {layout.task}, or give a data set of {wanted} targets"
             )
-        return layout.read(root, split_name, wanted)
+        dataset = layout.read(root, split_name, wanted)
+        if dataset.task != "segmentation":
+            if classes is not None:
+                raise UsageError(f"{root} holds depth maps, which have no classes; leave out the class names")
+            return dataset
+        names = class_list(classes, root if root.is_dir() else root.parent)
+        return dataset if names is None else with_class_list(dataset, names)
     raise DataError(
         f"{location}: no dense data set layout found; looked for " + "; or ".join(layout.what for layout in LAYOUTS)
     )
@@ -164,6 +188,67 @@ def canonical_split(split: str) -> str:
 def image_files(folder: Path) -> list[Path]:
     """The image files directly in `folder`, sorted (sorted so that a data set's pair order is the same anywhere)."""
     return sorted(path for path in folder.iterdir() if path.is_file() and path.suffix.lower() in IMAGE_EXTENSIONS)
+
+
+# Class names ---------------------------------------------------------------------------------------------------
+CLASS_LIST_FILES = ("labelmap.txt", "classes.txt")  # looked for in this order in the data's folder
+LABEL_MAP_LINE = re.compile(r"^[^:]*:\s*\d+\s*,\s*\d+\s*,\s*\d+\s*(:|$)")  # "aeroplane:128,0,0::"
+
+
+def class_list(given: str | Sequence[str] | None, folder: Path) -> tuple[str, ...] | None:
+    """The class names of a segmentation data set in `folder`, in label order: `given` (a file, names separated
+    by commas, or a sequence of names), else the folder's `labelmap.txt` or `classes.txt`; None where there is none
+    (the layout's own names, or label numbers, then). A file that names no class, or names one twice, is a DataError
+    of one line."""
+    if given is not None and not isinstance(given, str):
+        return checked_names(tuple(given), "the class names given")
+    if given is not None:
+        path = Path(given).expanduser()
+        if path.is_file():
+            return read_class_list(path)
+        return checked_names(tuple(name.strip() for name in given.split(",")), f"--classes {given!r}")
+    for name in CLASS_LIST_FILES:
+        if (folder / name).is_file():
+            return read_class_list(folder / name)
+    return None
+
+
+def read_class_list(path: Path) -> tuple[str, ...]:
+    """Names in label order from a VOC label map (`name:r,g,b::` lines; `#` comment lines skipped) or a plain list
+    (one name per line); told apart by their lines: a label map's each hold a colour."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"{path}: not a readable text file of class names ({error})") from None
+    while lines and not lines[-1].strip():
+        lines.pop()
+    entries = [line for line in lines if line.strip() and not line.startswith("#")]
+    if entries and all(LABEL_MAP_LINE.match(line) for line in entries):
+        names = tuple(line.split(":", 1)[0].strip() for line in lines if line.strip() and not line.startswith("#"))
+    else:
+        names = tuple(line.strip() for line in lines)
+    return checked_names(names, str(path))
+
+
+def checked_names(names: tuple[str, ...], source: str) -> tuple[str, ...]:
+    """`names` if each is a non-empty name and none repeats; else a DataError saying which."""
+    if not names:
+        raise DataError(f"{source} names no class; write one name per line, in label order")
+    if "" in names:
+        raise DataError(
+            f"{source}: name {names.index('') + 1} is empty; write one name per label, in label order, no blank lines"
+        )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise DataError(f"{source} names {', '.join(repeated)} more than once; each label needs its own name")
+    if len(names) > 256:
+        raise DataError(f"{source} names {len(names)} classes; a label mask holds at most 256 (0..255)")
+    return names
+
+
+def with_class_list(dataset: DenseDataset, names: tuple[str, ...]) -> DenseDataset:
+    """`dataset` with its classes named by `names` (labels 0..len-1), which also give K."""
+    return replace(dataset, class_names=names, num_classes=len(names))
 
 
 # Pascal VOC 2012 ---------------------------------------------------------------------------------------------
@@ -193,7 +278,10 @@ def read_voc(root: Path, split: str, task: Task | None) -> DenseDataset:
     pairs = tuple(
         DensePair(root / "JPEGImages" / f"{stem}.jpg", root / "SegmentationClass" / f"{stem}.png") for stem in stems
     )
-    return DenseDataset(f"voc2012:{split}", "segmentation", pairs, VOC_CLASS_NAMES, len(VOC_CLASS_NAMES))
+    if root.name == "VOC2012":  # VOC 2012 itself, as its archive unpacks: its 21 classes
+        return DenseDataset(f"voc2012:{split}", "segmentation", pairs, VOC_CLASS_NAMES, len(VOC_CLASS_NAMES))
+    # Another data set in VOC's layout: its own classes (a class list, else K read from the masks).
+    return DenseDataset(f"voc-layout:{root.name}:{split}", "segmentation", pairs)
 
 
 # ADE20K (ADEChallengeData2016) -------------------------------------------------------------------------------
@@ -224,9 +312,17 @@ def read_ade20k(root: Path, split: str, task: Task | None) -> DenseDataset:
     if not images:
         raise DataError(f"{images_folder} holds no images ({', '.join(sorted(IMAGE_EXTENSIONS))})")
     pairs = tuple(DensePair(image, annotations_folder / f"{image.stem}.png") for image in images)
-    return DenseDataset(
-        f"ade20k:{split}", "segmentation", pairs, ADE20K_CLASS_NAMES, len(ADE20K_CLASS_NAMES), reduce_zero_label=True
-    )
+    if root.name == "ADEChallengeData2016":  # ADE20K itself: its 150 classes
+        return DenseDataset(
+            f"ade20k:{split}",
+            "segmentation",
+            pairs,
+            ADE20K_CLASS_NAMES,
+            len(ADE20K_CLASS_NAMES),
+            reduce_zero_label=True,
+        )
+    # Another data set in ADE20K's layout: 0 is still "other", its classes its own (a class list, or the masks').
+    return DenseDataset(f"ade20k-layout:{root.name}:{split}", "segmentation", pairs, reduce_zero_label=True)
 
 
 # Manifest (.csv, .jsonl) -------------------------------------------------------------------------------------
@@ -287,7 +383,8 @@ def read_manifest(path: Path, split: str, task: Task | None) -> DenseDataset:
         pairs.append(DensePair(path.parent / image.strip(), path.parent / target.strip()))
     if not pairs:
         raise DataError(f"manifest {path} lists no pairs; add one row per image and its {target_column}")
-    # A manifest names no classes: K is left to the data (`count_classes`), labels unchecked until it is set.
+    # A manifest names no classes (a class list beside it may): K is left to the data (`count_classes`), labels
+    # unchecked until it is set.
     return DenseDataset(f"manifest:{path.name}:{split}", chosen, tuple(pairs))
 
 

@@ -121,6 +121,7 @@ def open_probe_data(
     validation_fraction: float = 0.1,
     canvas: int = 56,
     seed: int = 0,
+    classes: str | None = None,
 ) -> ProbeData:
     """DATA (a dense layout: `vitlab.data.dense_sets`) or `dataset` ("mnist-scenes") as probe data.
 
@@ -128,8 +129,13 @@ def open_probe_data(
     papers report). Its "val" is the validation split where both are there; otherwise the validation examples are
     `validation_fraction` of the training pairs, carved with `seed`. Data of one split only (a manifest without a
     split column, a flat folder of pairs) has its test pairs carved first (`TEST_FRACTION`, seed + 1), so that
-    no figure is measured on the pairs the head trained or was chosen on."""
+    no figure is measured on the pairs the head trained or was chosen on.
+
+    classes: the segmentation classes' names, a file or names separated by commas (`dense_sets.class_list`; by
+    default the data's own `labelmap.txt` or `classes.txt`, VOC's and ADE20K's names for those data sets)."""
     if dataset is not None:
+        if classes is not None:
+            raise UsageError(f"--dataset {dataset} names its own classes; leave out --classes")
         if dataset != "mnist-scenes":
             raise UsageError(f"--dataset {dataset!r}: the built-in dense task is mnist-scenes")
         return scene_data(data_dir, task or "segmentation", canvas, seed)
@@ -139,8 +145,8 @@ def open_probe_data(
         raise UsageError(f"--validation-fraction must be between 0 and 1, got {validation_fraction}")
     from vitlab.data.dense_sets import open_dense_dataset
 
-    train = open_dense_dataset(data, "train", task)
-    official = {split: optional_split(data, split, train.task) for split in ("val", "test")}
+    train = open_dense_dataset(data, "train", task, classes)
+    official = {split: optional_split(data, split, train.task, classes) for split in ("val", "test")}
     official = {split: found for split, found in official.items() if found and set(found.pairs) != set(train.pairs)}
     skipped: list[str] = []
     if "test" in official or "val" in official:
@@ -177,12 +183,12 @@ def open_probe_data(
     )
 
 
-def optional_split(data: str, split: str, task: str):
+def optional_split(data: str, split: str, task: str, classes: str | None = None):
     """The layout's `split`, or None where it has none (a missing split is a DataError of the layout)."""
     from vitlab.data.dense_sets import open_dense_dataset
 
     try:
-        return open_dense_dataset(data, split, task)
+        return open_dense_dataset(data, split, task, classes)
     except DataError:
         return None
 
