@@ -70,11 +70,24 @@ class LogLines:
         """Nothing to tidy (lines are already out); there so that callers treat it as tqdm's bar."""
 
 
-def progress(total: int, label: str, unit: str = "it", lines: int = 4, min_total: int = 8) -> Any:
+class Quiet:
+    """No progress at all (where the output is a machine's: `--json`), with the bar's two calls."""
+
+    def update(self, count: int = 1, **fields: Any) -> None:
+        """Nothing."""
+
+    def close(self) -> None:
+        """Nothing."""
+
+
+def progress(total: int, label: str, unit: str = "it", lines: int = 4, min_total: int = 8, show: bool = True) -> Any:
     """A tqdm bar on a terminal (stderr); otherwise `LogLines` about `lines` times over a loop of `min_total`
-    steps or more, and nothing for a shorter one. Call .update(n) and .close()."""
+    steps or more, and nothing for a shorter one; nothing either where `show` is False. Call .update(n) and
+    .close()."""
     from tqdm import tqdm
 
+    if not show:
+        return Quiet()
     if sys.stderr.isatty():
         return tqdm(total=total, desc=label, unit=unit, leave=False, dynamic_ncols=True)
     every = -(-total // lines) if total >= min_total else total + 1

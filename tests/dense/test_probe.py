@@ -44,28 +44,78 @@ def make_voc(root, train=10, val=4, size=(12, 8)):
     return voc
 
 
+def strict_json(text: str):
+    """`text` parsed as strict JSON: a bare NaN or Infinity is an error, not a float."""
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def test_the_probe_scores_what_it_writes_and_leaves_out_a_bad_mask(tiny_run, tmp_path, capsys):
     voc = make_voc(tmp_path)
     write_palette_png(np.zeros((5, 5), np.uint8), voc / "SegmentationClass" / "v3.png")  # not its image's size
     out = tmp_path / "predictions"
     args = ["dense-probe", str(tiny_run), str(voc), "--epochs", "2", "--lr", "1e-2,1e-1", "--predictions", str(out)]
     assert main(args + ["--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = strict_json(captured.out)
+    assert captured.err == ""  # --json: no progress lines
     assert report["task"] == "segmentation" and report["data"] == "voc2012"
-    assert report["examples"] == {"train": 9, "validation": 1, "test": 4}  # VOC's val is the test split
+    # VOC's val is the test split: 4 pairs, 3 scored (v3 left out).
+    assert report["examples"] == {"train": 9, "validation": 1, "test": 3} and report["test"]["examples"] == 3
     assert set(report["tried"]) == {"0.01", "0.1"} and report["head"] == "linear"
     assert report["chosen_by"] == "validation mean_iou"
     assert len(report["skipped"]) == 1 and "v3.png" in report["skipped"][0] and "\n" not in report["skipped"][0]
+    # VOC's classes 3..20 are in no mask: no IoU, null (never a bare NaN).
+    iou = report["test"]["per_class_iou"]
+    assert len(iou) == 21 and iou["aeroplane"] is not None and iou["bird"] is None
     # The figure is the written predictions' own: recount them against the masks.
     confusion = ConfusionMatrix(21)
-    written = sorted(out.iterdir())
-    assert [path.name for path in written] == ["v0.png", "v1.png", "v2.png"]
-    for path in written:
-        predicted = Image.open(path)
+    assert sorted(path.name for path in out.iterdir()) == [
+        f"v{index}.{kind}.png" for index in range(3) for kind in ("mask", "overlay")
+    ]
+    for index in range(3):
+        predicted = Image.open(out / f"v{index}.mask.png")
         assert predicted.mode == "P" and predicted.size == (12, 8)
-        truth = np.array(Image.open(voc / "SegmentationClass" / path.name))
+        assert json.loads(predicted.text["vitlab:classes"])[:2] == ["background", "aeroplane"]
+        overlay = Image.open(out / f"v{index}.overlay.png")
+        assert overlay.mode == "RGB" and overlay.width > 12 and overlay.height >= 8  # the image, then its legend
+        truth = np.array(Image.open(voc / "SegmentationClass" / f"v{index}.png"))
         confusion.update(torch.from_numpy(np.array(predicted)).long()[None], torch.from_numpy(truth)[None])
     assert confusion.scores().mean_iou == pytest.approx(report["test"]["mean_iou"], abs=1e-12)
+
+
+def test_the_summary_names_every_left_out_file_and_the_heads_show_progress(tiny_run, tmp_path, capsys):
+    voc = make_voc(tmp_path)
+    for stem in ("v1", "v2", "v3"):
+        write_palette_png(np.zeros((5, 5), np.uint8), voc / "SegmentationClass" / f"{stem}.png")
+    args = ["dense-probe", str(tiny_run), str(voc), "--epochs", "4", "--lr", "1e-2,1e-1"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "9 training, 1 validation, 1 test examples" in captured.out  # the one test pair scored
+    assert "3 examples left out:" in captured.out
+    assert all(f"{stem}.png: the mask is 5x5" in captured.out for stem in ("v1", "v2", "v3"))
+    # 2 heads x 4 epochs: a line per epoch but the last (no terminal here, so lines, not a bar), with the time left.
+    heads = [line for line in captured.err.splitlines() if line.startswith("segmentation heads")]
+    assert len(heads) == 7 and heads[-1].startswith("segmentation heads (2 learning rates x 4 epochs)  epoch 7/8")
+    assert all("left" in line for line in heads)
+
+
+def test_a_voc_layout_of_other_data_is_reported_with_its_own_class_names(tiny_run, tmp_path, capsys):
+    voc = make_voc(tmp_path).rename(tmp_path / "boxes")  # VOC's layout, not VOC 2012: labels 0..2
+    out = tmp_path / "predictions"
+    args = ["dense-probe", str(tiny_run), str(voc), "--epochs", "1", "--lr", "1e-1", "--json"]
+    assert main(args) == 0
+    report = strict_json(capsys.readouterr().out)
+    assert report["data"] == "voc-layout:boxes" and list(report["test"]["per_class_iou"]) == ["0", "1", "2"]
+    (voc / "classes.txt").write_text("floor\nwhite box\ngrey box\n")
+    assert main(args + ["--predictions", str(out)]) == 0
+    report = strict_json(capsys.readouterr().out)
+    assert list(report["test"]["per_class_iou"]) == ["floor", "white box", "grey box"]
+    classes = json.loads(Image.open(out / "v0.mask.png").text["vitlab:classes"])
+    assert classes == ["floor", "white box", "grey box"]
 
 
 def test_test_images_wider_than_the_window_slide_windows_and_others_take_one_pass(tiny_run, tmp_path, monkeypatch):
@@ -149,7 +199,9 @@ def test_the_depth_probe_scores_what_it_writes(tiny_run, tmp_path, capsys):
     assert report["layers"] == [0]  # last4 of a one-block model: its one block
     assert report["examples"] == {"train": 9, "validation": 1, "test": 2}  # one split: a fifth carved as test
     meter = DepthMeter(1e-3, 5.0)
-    for path in sorted(out.iterdir()):
+    written = sorted(out.iterdir())
+    assert len(written) == report["examples"]["test"]
+    for path in written:
         predicted = np.array(Image.open(path), dtype=np.float32) / 1000.0  # millimetres, rounded
         assert predicted.shape == (8, 12)
         truth = np.array(Image.open(pairs / "depth" / path.name), dtype=np.float32) / 1000.0

@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--canvas", type=positive_int, default=56, help="mnist-scenes' canvas side (default 56)")
     parser.add_argument(
         "--predictions",
-        help="a folder to write each test image's prediction to (palette PNG masks, 16-bit PNG depth in mm)",
+        help="a folder to write each test image's prediction to (NAME.mask.png, a palette PNG naming its classes in "
+        "its vitlab:classes chunk, and NAME.overlay.png; depth: NAME.png, 16-bit PNG in mm)",
     )
     parser.add_argument("--seed", type=int, default=0, help="scenes, validation carving and the heads' seed")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -99,6 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from vitlab.dense.probe import LEARNING_RATES, format_probe, run_dense_probe
 
-    report = call_with_options(run_dense_probe, args, learning_rates=args.learning_rates or LEARNING_RATES)
-    print(json.dumps(report, indent=1) if args.json else format_probe(report))
+    report = call_with_options(
+        run_dense_probe, args, learning_rates=args.learning_rates or LEARNING_RATES, progress=not args.json
+    )
+    # Strict JSON: the report holds null, never NaN, where nothing was measured; allow_nan=False keeps it so.
+    print(json.dumps(report, indent=1, allow_nan=False) if args.json else format_probe(report))
     return 0

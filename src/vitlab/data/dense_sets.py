@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -722,6 +723,17 @@ def palette_png_bytes(
     image = Image.fromarray(labels.astype(np.uint8))
     image.putpalette(colours.astype(np.uint8).tobytes())  # turns the grey image into mode P, values unchanged
     return png_bytes(image, text)
+
+
+CLASSES_CHUNK = "vitlab:classes"  # a written mask's PNG text chunk: its class names in label order, as JSON
+
+
+def class_mask_png_bytes(labels: np.ndarray, names: Sequence[str]) -> bytes:
+    """A predicted mask as a palette PNG (`palette_png_bytes`) whose `CLASSES_CHUNK` text names its labels: the
+    mask file of `vitlab predict` and of `vitlab dense-probe --predictions`."""
+    if len(names) > 256:
+        raise UsageError(f"a palette PNG holds 256 classes and this model has {len(names)}")
+    return palette_png_bytes(labels, text={CLASSES_CHUNK: json.dumps(list(names))})
 
 
 def write_depth_png(

@@ -39,7 +39,7 @@ once, with the chosen head.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -208,6 +208,7 @@ def train_depth_head(
     bins: int = BINS,
     gradient_loss_weight: float = GRADIENT_LOSS_WEIGHT,
     seed: int = 0,
+    on_epoch: Callable[[], None] | None = None,
 ) -> LinearDepthHead:
     """One head trained with AdamW (DINOv2's weight decay 0.01) and a cosine schedule on features
     (N, C, rows, cols) and depths (N, H, W) in metres, 0 where there is no measurement."""
@@ -230,6 +231,8 @@ def train_depth_head(
             loss.backward()
             optimizer.step()
             schedule.step()
+        if on_epoch is not None:
+            on_epoch()
     return head
 
 
@@ -246,12 +249,13 @@ def train_depth_probe(
     bins: int = BINS,
     gradient_loss_weight: float = GRADIENT_LOSS_WEIGHT,
     seed: int = 0,
+    on_epoch: Callable[[], None] | None = None,
 ) -> DepthProbeResult:
     """A head per learning rate, the one with the lowest validation RMSE kept (never the test split's).
 
     features: `depth_head_input` of the cached features, (N, C, rows, cols); depths (N, H, W) float metres, 0 where
     there is no measurement; min_depth, max_depth: the bins' range and the pixels counted (DINOv2: 1e-3 and 10 m
-    on NYUv2, 80 m on KITTI)."""
+    on NYUv2, 80 m on KITTI). on_epoch: called after each epoch of each head (progress)."""
     for split, features, depths in (
         ("training", train_features, train_depths),
         ("validation", validation_features, validation_depths),
@@ -277,6 +281,7 @@ def train_depth_probe(
             bins=bins,
             gradient_loss_weight=gradient_loss_weight,
             seed=seed,
+            on_epoch=on_epoch,
         )
         scores = depth_scores(head, validation_features, validation_depths)
         tried[learning_rate] = scores.rmse

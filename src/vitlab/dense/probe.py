@@ -14,6 +14,7 @@ reads them with each block's class token (DINOv2's linear depth head; `last4` by
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, den
 from vitlab.dense.views import evaluation_view, training_view
 from vitlab.dense.windows import sliding_window_features
 from vitlab.errors import DataError, UsageError
+from vitlab.messages import counted
 
 LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # DINOv3 sweeps its linear heads' rate; the top is rarely best
 FEATURE_BATCH = 32  # training views per forward pass
@@ -45,6 +47,7 @@ class ProbeSettings:
     head: str = "linear"  # segmentation: "linear" (DINOv3's probe) or "knn" (nearest labelled training patches)
     neighbours: tuple[int, ...] = (1, 5, 10, 20)  # knn: the k tried on validation
     bank_patches: int = BANK_PATCHES  # knn: training patches kept in the bank, at most
+    progress: bool = True  # bars (or log lines) over features, heads and the test; off where the output is JSON
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,9 @@ class Task:
         ...
 
     def scores(self, meter: Any, data: ProbeData) -> dict[str, Any]: ...
-    def write(self, prediction: torch.Tensor, path: Path) -> Path: ...
+    def write(self, prediction: torch.Tensor, example: DenseExample, path: Path, data: ProbeData) -> list[Path]:
+        """The files of one test image's prediction (H, W), named `path` plus their suffixes."""
+        ...
 
 
 class SegmentationTask(Task):
@@ -101,16 +106,21 @@ class SegmentationTask(Task):
             )
             validation = segmentation_report(found.validation, data)
             return Trained(found.head, "k", found.k, validation, {float(k): v for k, v in found.tried.items()})
-        result = train_segmentation_probe(
-            inputs,
-            targets,
-            val_inputs,
-            val_targets,
-            data.num_classes,
-            learning_rates=settings.learning_rates,
-            epochs=settings.epochs,
-            seed=settings.seed,
-        )
+        bar = heads_progress(settings, self.name)
+        try:
+            result = train_segmentation_probe(
+                inputs,
+                targets,
+                val_inputs,
+                val_targets,
+                data.num_classes,
+                learning_rates=settings.learning_rates,
+                epochs=settings.epochs,
+                seed=settings.seed,
+                on_epoch=bar.update,
+            )
+        finally:
+            bar.close()
         validation = segmentation_report(result.validation, data)
         return Trained(result.head, "learning_rate", result.learning_rate, validation, result.tried)
 
@@ -125,21 +135,36 @@ class SegmentationTask(Task):
     def scores(self, meter, data: ProbeData) -> dict[str, Any]:
         return segmentation_report(meter.scores(), data)
 
-    def write(self, prediction, path: Path) -> Path:
-        from vitlab.data.dense_sets import write_palette_png
+    def write(self, prediction, example: DenseExample, path: Path, data: ProbeData) -> list[Path]:
+        """NAME.mask.png (palette PNG, its `vitlab:classes` chunk naming the labels) and NAME.overlay.png (the image
+        with the classes' colours and a legend): the files `vitlab predict` writes of a segmenter."""
+        from vitlab.data.dense_sets import class_mask_png_bytes, png_bytes
+        from vitlab.dense.overlay import overlay_picture
+        from vitlab.files import atomic_write_bytes
 
-        target = path.with_suffix(".png")
-        write_palette_png(prediction.to(torch.uint8).numpy(), target)
-        return target
+        labels, names = prediction.to(torch.uint8).numpy(), class_names(data)
+        photo = (example.image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()  # (H, W, C)
+        mask, overlay = path.with_name(f"{path.name}.mask.png"), path.with_name(f"{path.name}.overlay.png")
+        atomic_write_bytes(mask, class_mask_png_bytes(labels, names))
+        atomic_write_bytes(overlay, png_bytes(overlay_picture(photo, labels, names)))
+        return [mask, overlay]
+
+
+def class_names(data: ProbeData) -> list[str]:
+    """The data's class names, or each label's number where the data name none."""
+    return list(data.class_names or [str(index) for index in range(data.num_classes or 0)])
 
 
 def segmentation_report(scores, data: ProbeData) -> dict[str, Any]:
+    """The scores as the report holds them: a class absent from truth and prediction has no IoU (null)."""
     names = data.class_names or [str(index) for index in range(len(scores.per_class_iou))]
     return {
         "mean_iou": scores.mean_iou,
         "pixel_accuracy": scores.pixel_accuracy,
         "mean_class_accuracy": scores.mean_class_accuracy,
-        "per_class_iou": {name: round(value, 4) for name, value in zip(names, scores.per_class_iou)},
+        "per_class_iou": {
+            name: None if math.isnan(value) else round(value, 4) for name, value in zip(names, scores.per_class_iou)
+        },
         "pixels": scores.pixels,
     }
 
@@ -158,17 +183,22 @@ class DepthTask(Task):
     def train(self, inputs, targets, val_inputs, val_targets, data, settings) -> Trained:
         from vitlab.dense.depth_probe import train_depth_probe
 
-        result = train_depth_probe(
-            inputs,
-            targets,
-            val_inputs,
-            val_targets,
-            data.min_depth,
-            data.max_depth,
-            learning_rates=settings.learning_rates,
-            epochs=settings.epochs,
-            seed=settings.seed,
-        )
+        bar = heads_progress(settings, self.name)
+        try:
+            result = train_depth_probe(
+                inputs,
+                targets,
+                val_inputs,
+                val_targets,
+                data.min_depth,
+                data.max_depth,
+                learning_rates=settings.learning_rates,
+                epochs=settings.epochs,
+                seed=settings.seed,
+                on_epoch=bar.update,
+            )
+        finally:
+            bar.close()
         return Trained(
             result.head, "learning_rate", result.learning_rate, depth_report(result.validation), result.tried
         )
@@ -184,12 +214,13 @@ class DepthTask(Task):
     def scores(self, meter, data: ProbeData) -> dict[str, Any]:
         return depth_report(meter.scores())
 
-    def write(self, prediction, path: Path) -> Path:
+    def write(self, prediction, example: DenseExample, path: Path, data: ProbeData) -> list[Path]:
+        """NAME.png: 16-bit grey, millimetres."""
         from vitlab.data.dense_sets import write_depth_png
 
         target = path.with_suffix(".png")
         write_depth_png(prediction.numpy(), target)
-        return target
+        return [target]
 
 
 def depth_report(scores) -> dict[str, Any]:
@@ -197,6 +228,16 @@ def depth_report(scores) -> dict[str, Any]:
 
 
 TASKS: dict[str, Task] = {"segmentation": SegmentationTask(), "depth": DepthTask()}
+
+
+def heads_progress(settings: ProbeSettings, task: str) -> Any:
+    """Progress over every epoch of every head tried (the probe's longest silent stretch otherwise): a bar on a
+    terminal, else about ten lines with the time left."""
+    from vitlab.progress import progress
+
+    heads = len(settings.learning_rates)
+    label = f"{task} heads ({heads} learning rate{'s' if heads > 1 else ''} x {settings.epochs} epochs)"
+    return progress(heads * settings.epochs, label, unit="epoch", lines=10, show=settings.progress)
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -226,7 +267,7 @@ def training_features(
             images.clear()
             batch_targets.clear()
 
-    for example in progress_over(examples, label):
+    for example in progress_over(examples, label, settings.progress):
         image, target = training_view(example.image, example.target, settings.side)
         images.append(image)
         batch_targets.append(target)
@@ -249,23 +290,26 @@ def evaluate(
 ) -> dict[str, Any]:
     """The head's scores on every example, each whole at its evaluation view (`views.evaluation_view`), its output
     upsampled to the target's own size; each prediction written to `predictions` (named after its image) if given.
+    Returns the task's scores, "examples": the examples scored (an unreadable one is left out, in `skipped`) and
+    "predictions_written".
 
     A view within the window is one pass (views of one size go `FEATURE_BATCH` at a time); a larger one is covered
     by overlapping windows stitched on the patch grid (`sliding_window_features`)."""
     meter = task.meter(data)
     head.eval()
-    written = 0
+    written = scored = 0
     pending: list[tuple[DenseExample, torch.Tensor]] = []
 
     def score(batch: list[DenseExample], inputs: torch.Tensor) -> None:
         """The head on inputs (B, C, rows, cols) of examples whose targets share one size: one call for the batch
         (the nearest-neighbour head builds its search index once per call)."""
-        nonlocal written
+        nonlocal written, scored
         predicted = task.predict(head, inputs, tuple(batch[0].target.shape))  # (B, H, W)
         for example, prediction in zip(batch, predicted):
             meter.update(prediction[None], example.target[None])
+            scored += 1
             if predictions is not None:
-                task.write(prediction, predictions / Path(example.name.replace(":", "_")).stem)
+                task.write(prediction, example, predictions / Path(example.name.replace(":", "_")).stem, data)
                 written += 1
 
     def flush() -> None:
@@ -281,7 +325,7 @@ def evaluate(
 
     patch = model.config.pixel_patch_size
     with torch.no_grad():
-        for example in progress_over(examples, f"{task.name} test"):
+        for example in progress_over(examples, f"{task.name} test", settings.progress):
             view = model_input(model, evaluation_view(example.image, settings.side, patch))  # (1, C, h, w)
             if max(view.shape[-2:]) > settings.window:
                 flush()
@@ -302,13 +346,13 @@ def evaluate(
             if len(pending) == FEATURE_BATCH:
                 flush()
         flush()
-    return {**task.scores(meter, data), "predictions_written": written}
+    return {**task.scores(meter, data), "examples": scored, "predictions_written": written}
 
 
-def progress_over(examples: Examples, label: str):
+def progress_over(examples: Examples, label: str, show: bool = True):
     from vitlab.progress import progress
 
-    bar = progress(len(examples), label, unit="img")
+    bar = progress(len(examples), label, unit="img", show=show)
     try:
         for example in examples:
             yield example
@@ -363,45 +407,70 @@ def run_probe(
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
     test = evaluate(model, trained.head, data.test, task, data, settings, folder)
-    return {
-        "task": task.name,
-        "data": data.name,
-        "layers": chosen_blocks(len(model.blocks), settings.layers),
-        "side": settings.side,
-        "window": settings.window,
-        "stride": settings.stride,
-        "grid": list(train_inputs.shape[-2:]),
-        "channels": train_inputs.shape[1],
-        "examples": {"train": len(train_inputs), "validation": len(val_inputs), "test": len(data.test)},
-        "head": settings.head if task.name == "segmentation" else "linear",
-        "tried": {f"{value:g}": score for value, score in trained.tried.items()},
-        "chosen": {trained.choice: trained.chosen},
-        "chosen_by": f"validation {task.score_name}",
-        "validation": trained.validation,
-        "test": test,
-        "predictions": str(folder) if folder is not None else None,
-        "skipped": list(data.skipped),
-        "seconds": {
-            "features": round(extracted - started, 1),
-            "probe": round(fitted - extracted, 1),
-            "test": round(time.perf_counter() - fitted, 1),
-        },
-        "threads": torch.get_num_threads(),
-    }
+    return json_ready(
+        {
+            "task": task.name,
+            "data": data.name,
+            "layers": chosen_blocks(len(model.blocks), settings.layers),
+            "side": settings.side,
+            "window": settings.window,
+            "stride": settings.stride,
+            "grid": list(train_inputs.shape[-2:]),
+            "channels": train_inputs.shape[1],
+            # What was used: an example left out (`skipped`) is not counted.
+            "examples": {"train": len(train_inputs), "validation": len(val_inputs), "test": test["examples"]},
+            "head": settings.head if task.name == "segmentation" else "linear",
+            "tried": {f"{value:g}": score for value, score in trained.tried.items()},
+            "chosen": {trained.choice: trained.chosen},
+            "chosen_by": f"validation {task.score_name}",
+            "validation": trained.validation,
+            "test": test,
+            "predictions": str(folder) if folder is not None else None,
+            "skipped": list(data.skipped),
+            "seconds": {
+                "features": round(extracted - started, 1),
+                "probe": round(fitted - extracted, 1),
+                "test": round(time.perf_counter() - fitted, 1),
+            },
+            "threads": torch.get_num_threads(),
+        }
+    )
+
+
+def json_ready(value: Any) -> Any:
+    """`value` with every NaN or infinite figure (a score with nothing to measure) as None, so that the report is
+    strict JSON (null, never a bare NaN)."""
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def shown(value: float | None, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
+    """A figure of the report as text: "n/a" where it is null (nothing was measured)."""
+    return "n/a" if value is None else f"{scale * value:.{digits}f}{unit}"
 
 
 def format_probe(report: dict[str, Any]) -> str:
     test = report["test"]
     ((choice, value),) = report["chosen"].items()
     if report["task"] == "segmentation":
-        figures = f"mIoU {100 * test['mean_iou']:.2f}%, pixel accuracy {100 * test['pixel_accuracy']:.2f}%"
+        figures = (
+            f"mIoU {shown(test['mean_iou'], 100, 2, '%')}, pixel accuracy {shown(test['pixel_accuracy'], 100, 2, '%')}"
+        )
     else:
-        figures = f"RMSE {test['rmse']:.3f} m, AbsRel {test['abs_rel']:.3f}, delta<1.25 {100 * test['delta1']:.1f}%"
+        figures = (
+            f"RMSE {shown(test['rmse'], 1, 3, ' m')}, AbsRel {shown(test['abs_rel'], 1, 3)}, "
+            f"delta<1.25 {shown(test['delta1'], 100, 1, '%')}"
+        )
     lines = [
         f"{report['task']} probe ({report['head']} head) on {report['data']} (blocks {', '.join(map(str, report['layers']))}, "
         f"{report['side']} px, grid {report['grid'][0]}x{report['grid'][1]}): test {figures}",
         f"  {choice.replace('_', ' ')} {value:g} chosen by {report['chosen_by']} among "
-        + ", ".join(f"{tried} ({score:.4f})" for tried, score in report["tried"].items()),
+        + ", ".join(f"{tried} ({shown(score, 1, 4)})" for tried, score in report["tried"].items()),
         f"  {report['examples']['train']} training, {report['examples']['validation']} validation, "
         f"{report['examples']['test']} test examples; features {report['seconds']['features']} s, probe "
         f"{report['seconds']['probe']} s, test {report['seconds']['test']} s",
@@ -409,7 +478,8 @@ def format_probe(report: dict[str, Any]) -> str:
     if report["predictions"]:
         lines.append(f"  predictions written to {report['predictions']}")
     if report["skipped"]:
-        lines.append(f"  {len(report['skipped'])} left out: {report['skipped'][0]}")
+        lines.append(f"  {counted(len(report['skipped']), 'example')} left out:")
+        lines.extend(f"    {problem}" for problem in report["skipped"])
     return "\n".join(lines)
 
 
@@ -435,9 +505,10 @@ def run_dense_probe(
     bank_patches: int = BANK_PATCHES,
     min_depth: float | None = None,
     max_depth: float | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """`vitlab dense-probe`: the model of `checkpoint` probed on DATA (a VOC, ADE20K, manifest or depth-pair
-    folder) or `--dataset mnist-scenes`."""
+    folder) or `--dataset mnist-scenes`. progress: bars or log lines on stderr while it works."""
     from vitlab import checkpoint as checkpoints
 
     model = checkpoints.load_model(checkpoint)
@@ -462,6 +533,7 @@ def run_dense_probe(
         head=head,
         neighbours=tuple(neighbours),
         bank_patches=bank_patches,
+        progress=progress,
     )
     torch.manual_seed(seed)
     return {"model": checkpoint, **run_probe(model, probe_data, settings, predictions)}

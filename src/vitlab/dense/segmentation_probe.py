@@ -13,7 +13,7 @@ too); the test split is measured once, with the chosen head.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -81,6 +81,7 @@ def train_head(
     batch_size: int = 64,
     weight_decay: float = 1e-3,
     seed: int = 0,
+    on_epoch: Callable[[], None] | None = None,
 ) -> LinearSegmentationHead:
     """One head trained with AdamW and a cosine schedule on features (N, C, rows, cols) and masks (N, H, W)."""
     generator = torch.Generator().manual_seed(seed)
@@ -101,6 +102,8 @@ def train_head(
             loss.backward()
             optimizer.step()
             schedule.step()
+        if on_epoch is not None:
+            on_epoch()
     return head
 
 
@@ -114,8 +117,10 @@ def train_segmentation_probe(
     epochs: int = 10,
     batch_size: int = 64,
     seed: int = 0,
+    on_epoch: Callable[[], None] | None = None,
 ) -> ProbeResult:
-    """A head per learning rate, the one with the best validation mIoU kept (never the test split's)."""
+    """A head per learning rate, the one with the best validation mIoU kept (never the test split's).
+    on_epoch: called after each epoch of each head (progress: len(learning_rates) x epochs calls)."""
     if train_features.ndim != 4 or len(train_features) != len(train_masks):
         raise UsageError(
             f"features (N, C, rows, cols) and masks (N, H, W) of the same images, got {tuple(train_features.shape)} "
@@ -124,7 +129,9 @@ def train_segmentation_probe(
     best: ProbeResult | None = None
     tried: dict[float, float] = {}
     for learning_rate in learning_rates:
-        head = train_head(train_features, train_masks, num_classes, learning_rate, epochs, batch_size, seed=seed)
+        head = train_head(
+            train_features, train_masks, num_classes, learning_rate, epochs, batch_size, seed=seed, on_epoch=on_epoch
+        )
         scores = segmentation_scores(head, validation_features, validation_masks, num_classes)
         tried[learning_rate] = scores.mean_iou
         if best is None or scores.mean_iou > best.validation.mean_iou:

@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitlab.data.dense_sets import depth_png_bytes, palette_png_bytes, png_bytes
+from vitlab.data.dense_sets import class_mask_png_bytes, depth_png_bytes, png_bytes
 from vitlab.data.images import collect_images, reason
 from vitlab.data.preprocess import decode_image
 from vitlab.dense.inference import Depth, Segmentation, names_of, predict_dense, require_dense
 from vitlab.dense.overlay import class_areas, depth_picture, overlay_picture
-from vitlab.errors import DataError, UsageError
+from vitlab.errors import DataError
 from vitlab.files import atomic_write_bytes
 
 DEFAULT_OUT = "predictions"
@@ -40,10 +40,7 @@ SHOWN_CLASSES = 4  # classes named in a printed line, largest first
 def segmentation_files(answer: Segmentation, names: list[str]) -> dict[str, bytes]:
     """The files of one photo's segmentation, by suffix ("mask.png", "panoptic.png", "segments.json"; the overlay
     is drawn by the caller, who holds the photo) as bytes."""
-    labels = answer.labels.numpy()
-    if names and len(names) > 256:
-        raise UsageError(f"a palette PNG holds 256 classes and this model has {len(names)}")
-    files = {"mask.png": palette_png_bytes(labels, text={"vitlab:classes": json.dumps(list(names))})}
+    files = {"mask.png": class_mask_png_bytes(answer.labels.numpy(), names)}
     if answer.panoptic is not None:
         ids = answer.panoptic.segmentation.numpy() + 1  # 0: no segment holds the pixel
         rgb = np.stack([ids % 256, ids // 256 % 256, ids // 65536 % 256], axis=-1).astype(np.uint8)
