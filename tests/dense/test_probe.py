@@ -116,6 +116,8 @@ def test_a_voc_layout_of_other_data_is_reported_with_its_own_class_names(tiny_ru
     assert list(report["test"]["per_class_iou"]) == ["floor", "white box", "grey box"]
     classes = json.loads(Image.open(out / "v0.mask.png").text["vitlab:classes"])
     assert classes == ["floor", "white box", "grey box"]
+    assert main(args + ["--classes", "a,b,c"]) == 0  # the command line's names win over the folder's
+    assert list(strict_json(capsys.readouterr().out)["test"]["per_class_iou"]) == ["a", "b", "c"]
 
 
 def test_test_images_wider_than_the_window_slide_windows_and_others_take_one_pass(tiny_run, tmp_path, monkeypatch):
@@ -209,3 +211,12 @@ def test_the_depth_probe_scores_what_it_writes(tiny_run, tmp_path, capsys):
     # The written maps are the scored ones, to the half millimetre the 16-bit PNG rounds to.
     assert meter.scores().rmse == pytest.approx(report["test"]["rmse"], abs=1e-3)
     assert meter.scores().images == report["test"]["images"] == report["examples"]["test"]
+
+
+def test_class_names_for_data_that_has_none_of_its_own_to_name_are_refused(tmp_path):
+    from vitlab.errors import UsageError
+
+    with pytest.raises(UsageError, match="names its own classes"):
+        open_probe_data(None, "mnist-scenes", None, None, classes="a,b")
+    with pytest.raises(UsageError, match="depth maps, which have no classes"):
+        open_probe_data(str(make_depth_pairs(tmp_path / "nyu")), None, None, None, classes="a,b")

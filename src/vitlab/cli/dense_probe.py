@@ -89,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--canvas", type=positive_int, default=56, help="mnist-scenes' canvas side (default 56)")
     parser.add_argument(
+        "--classes",
+        help="segmentation: the classes' names in label order, a file (one name a line, or VOC's labelmap.txt "
+        "name:r,g,b:: lines) or names separated by commas (default: the data's labelmap.txt or classes.txt; VOC "
+        "2012's and ADE20K's own names for those data sets; else label numbers)",
+    )
+    parser.add_argument(
         "--predictions",
         help="a folder to write each test image's prediction to (NAME.mask.png, a palette PNG naming its classes in "
         "its vitlab:classes chunk, and NAME.overlay.png; depth: NAME.png, 16-bit PNG in mm)",

@@ -505,14 +505,16 @@ def run_dense_probe(
     bank_patches: int = BANK_PATCHES,
     min_depth: float | None = None,
     max_depth: float | None = None,
+    classes: str | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """`vitlab dense-probe`: the model of `checkpoint` probed on DATA (a VOC, ADE20K, manifest or depth-pair
-    folder) or `--dataset mnist-scenes`. progress: bars or log lines on stderr while it works."""
+    folder) or `--dataset mnist-scenes`. classes: the segmentation classes' names, a file or names separated by
+    commas (`vitlab.data.dense_sets.class_list`). progress: bars or log lines on stderr while it works."""
     from vitlab import checkpoint as checkpoints
 
     model = checkpoints.load_model(checkpoint)
-    probe_data = open_probe_data(data, dataset, data_dir, task, validation_fraction, canvas, seed)
+    probe_data = open_probe_data(data, dataset, data_dir, task, validation_fraction, canvas, seed, classes)
     probe_data.min_depth = probe_data.min_depth if min_depth is None else min_depth
     probe_data.max_depth = probe_data.max_depth if max_depth is None else max_depth
     if not 0 <= probe_data.min_depth < probe_data.max_depth:
