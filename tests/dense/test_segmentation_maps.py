@@ -140,7 +140,8 @@ def test_panoptic_segments_equal_the_processors_on_a_padded_non_square_image(fus
     scores, labels = class_logits.softmax(-1).max(-1)
     candidates = (labels != NUM_CLASSES) & (scores > 0.8)  # (B, Q): the queries past the score threshold
     dropped = 0
-    for result, reference, image_candidates in zip(results, expected, candidates):
+    assert len(results) == len(expected) == 4
+    for result, reference, image_candidates in zip(results, expected, candidates, strict=True):
         assert result.segmentation.dtype == torch.int64 and result.segmentation.shape == size
         assert torch.equal(result.segmentation, reference["segmentation"].long())
         assert result.segments == reference["segments_info"]
@@ -164,9 +165,11 @@ def test_panoptic_thresholds_drop_segments_as_the_processor_does(settings, fewer
         model_output(class_logits, mask_logits), target_sizes=[(16, 16)] * 3, **named
     )
     results = panoptic_segments(class_logits, mask_logits, (16, 16), **settings)
-    for result, reference in zip(results, expected):
+    assert len(results) == len(expected) == 3  # one answer per image: zip alone would stop at a short list
+    for result, reference in zip(results, expected, strict=True):
         assert torch.equal(result.segmentation, reference["segmentation"].long())
         assert result.segments == reference["segments_info"]
+    assert any(reference["segments_info"] for reference in expected)  # not only empty lists compared
     default = panoptic_segments(class_logits, mask_logits, (16, 16))
     if fewer:
         assert sum(len(r.segments) for r in results) < sum(len(r.segments) for r in default)
