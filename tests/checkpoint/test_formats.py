@@ -160,8 +160,17 @@ def test_a_non_square_checkpoint_loads_at_the_size_given(tmp_path):
 
 
 def test_a_square_checkpoint_given_a_size_is_resampled_to_it():
+    """Its 4x4 grid of position rows is interpolated (bilinear, as the official fine-tuning code) to the 6x4 grid of
+    24x16 images, the class token's row kept: the table's values, not only its shape (a table laid out 4x6, or a
+    fresh one, has that shape too)."""
+    square = load_model(FIXTURES / "timm_vit_token.safetensors")
     model = load_model(FIXTURES / "timm_vit_token.safetensors", image_size=(24, 16))
     assert model.config.image_size == (24, 16) and model.pos_embed.shape[1] == 1 + 6 * 4
+    table = square.pos_embed.detach()  # (1, 1 + 4 * 4, D)
+    grid = table[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)  # (1, D, 4, 4)
+    resized = torch.nn.functional.interpolate(grid, size=(6, 4), mode="bilinear", align_corners=False)
+    expected = torch.cat([table[:, :1], resized.permute(0, 2, 3, 1).reshape(1, 6 * 4, -1)], dim=1)
+    torch.testing.assert_close(model.pos_embed.detach(), expected, rtol=0, atol=1e-6)
 
 
 def test_a_non_square_official_npz_loads_at_the_size_given(tmp_path):
