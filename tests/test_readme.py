@@ -179,10 +179,14 @@ def test_the_readme_commands_run_as_printed(half, tmp_path, monkeypatch, capsys,
     request.addfinalizer(server.close)
     serve_readme_names(server)
     serve_names(server, tmp_path, monkeypatch)
+    ran: set[str] = set()
     for command in readme_halves()[half]:
         args = as_run_here(command)
-        if args is None:
+        # A command printed again (an output block's `$ vitlab ...` line under its shell block, a recap) ran
+        # already in this sandbox: once is what shows it runs as printed (the Depth Anything export twice: ~10 s).
+        if args is None or command in ran:
             continue
+        ran.add(command)
         code = main(args)
         captured = capsys.readouterr()
         assert code == 0, f"{command}\n{captured.err[-2000:]}"
