@@ -573,6 +573,7 @@ def test_the_families_serve_predictions_patches_and_explanations(tmp_path, name)
     assert explained == 200 and np.asarray(json.loads(explanation)["map"]).shape == (4, 4)
 
 
+@pytest.mark.run_level  # an ONNX export (torch.onnx's exporter: seconds)
 @pytest.mark.parametrize("name", COMMAND_FIXTURES)
 def test_the_families_export_to_onnx_and_analyze(tmp_path, capsys, name):
     """`vitlab export` (ONNX, checked against PyTorch by the command itself) and `vitlab analyze` on each fixture."""

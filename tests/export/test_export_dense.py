@@ -32,6 +32,7 @@ def model_of(config):
     return model
 
 
+@pytest.mark.run_level  # an ONNX export (torch.onnx's exporter: seconds)
 def test_eomt_exports_its_two_outputs_checked_and_predicts_as_torch(tmp_path):
     model = model_of(eomt_config())
     summary = run_export(model, tmp_path / "eomt.onnx")
@@ -45,6 +46,7 @@ def test_eomt_exports_its_two_outputs_checked_and_predicts_as_torch(tmp_path):
     torch.testing.assert_close(got.scores, expected.scores, atol=1e-4, rtol=0)
 
 
+@pytest.mark.run_level  # an ONNX export (torch.onnx's exporter: seconds)
 def test_depth_anything_exports_any_size_checked_and_predicts_as_torch(tmp_path):
     model = model_of(dpt_config())
     summary = run_export(model, tmp_path / "dpt.onnx")

@@ -133,6 +133,7 @@ def test_depth_answers_with_a_16_bit_map_and_its_range(tmp_path):
     assert status == 400 and b"/v1/predict?overlay=1" in body
 
 
+@pytest.mark.run_level  # serves, and exports the model to ONNX at start
 def test_a_checkpoint_served_by_onnx_runtime_answers_as_pytorch(tmp_path):
     """`serve CKPT --backend onnx` exports the dense model at start, without the preprocessing a dense graph cannot
     hold (it refused with a message about --preprocess, which the user had not asked for)."""
