@@ -59,6 +59,7 @@ def digit_files(tmp_path_factory):
     return files
 
 
+# `vitlab serve` in a process of its own: the tests that ask it are run_level (out of `make test-fast`).
 @pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def server(tiny_run):
     running = Server(tiny_run, "--max-wait-ms", 20, "--max-body-mb", 0.1)
@@ -81,6 +82,7 @@ def test_predict_takes_raw_bytes_and_multipart_and_agrees_with_vitlab_predict(se
             assert abs(got["probability"] - want["probability"]) < 1e-5
 
 
+@pytest.mark.run_level
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, tiny_run, digit_files):
     model = load_model(tiny_run)
     expected = {str(row["path"]): row["predictions"] for row in predict(model, digit_files, top_k=10)}
@@ -131,6 +133,7 @@ def test_bad_input_gets_one_4xx_message_and_the_server_carries_on(
     assert server.post_image(digit_files[0].read_bytes())[0] == 200
 
 
+@pytest.mark.run_level
 def test_a_decompression_bomb_is_refused_before_it_is_decoded(server):
     # A 1-bit PNG of 20000 x 20000 pixels compresses to ~50 kB; decoding it would take 400 MB as grey bytes.
     bomb = io.BytesIO()
@@ -140,6 +143,7 @@ def test_a_decompression_bomb_is_refused_before_it_is_decoded(server):
     assert status == 422 and "too many pixels" in json.loads(answer)["error"]
 
 
+@pytest.mark.run_level
 def test_a_chunked_body_over_the_limit_is_refused_too(server):
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     connection.request(
@@ -154,6 +158,7 @@ def test_a_chunked_body_over_the_limit_is_refused_too(server):
     connection.close()
 
 
+@pytest.mark.run_level
 def test_a_client_that_leaves_mid_request_does_not_hurt_the_server(server, digit_files):
     with socket.create_connection(("127.0.0.1", server.port)) as raw:
         raw.sendall(
@@ -167,6 +172,7 @@ def test_a_client_that_leaves_mid_request_does_not_hurt_the_server(server, digit
     assert server.post_image(digit_files[0].read_bytes())[0] == 200
 
 
+@pytest.mark.run_level
 def test_explain_gives_the_overlay_as_png_or_the_map_as_json(server, digit_files):
     status, kind, answer = server.post_image(digit_files[2].read_bytes(), "/v1/explain")
     assert status == 200 and kind == "image/png"
@@ -177,6 +183,7 @@ def test_explain_gives_the_overlay_as_png_or_the_map_as_json(server, digit_files
     assert status == 200 and heat.shape == (4, 4) and abs(heat.sum() - 1) < 1e-5 and (heat >= 0).all()
 
 
+@pytest.mark.run_level
 def test_patches_gives_the_pca_colours_and_every_patchs_similarity_map(server, tiny_run, digit_files):
     from vitlab.data.images import read_image
     from vitlab.data.preprocess import prepare
@@ -195,6 +202,7 @@ def test_patches_gives_the_pca_colours_and_every_patchs_similarity_map(server, t
     np.testing.assert_allclose(similarity[1 * 4 + 2].reshape(4, 4), patch_similarity(grid, 1, 2).numpy(), atol=1e-5)
 
 
+@pytest.mark.run_level
 def test_explain_gives_the_image_as_the_model_sees_it(server, digit_files):
     from vitlab.data.images import read_image
 
@@ -205,6 +213,7 @@ def test_explain_gives_the_image_as_the_model_sees_it(server, digit_files):
     assert np.array_equal(view[::28, ::28], seen)
 
 
+@pytest.mark.run_level
 def test_model_health_and_metrics_describe_the_service(server):
     status, _, answer = server.get("/v1/model")
     info = json.loads(answer)
@@ -403,6 +412,7 @@ def test_a_failing_batch_fails_its_requests_only():
 
 
 # ------------------------------------------------------------------------------------------------ the page
+@pytest.mark.run_level
 def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(server, tiny_run, digit_files, tmp_path):
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
