@@ -372,6 +372,7 @@ print("done")
 """
 
 
+@pytest.mark.run_level  # two Python processes, the worker's importing torch
 def test_a_worker_leaves_a_hand_over_its_interrupted_parent_dropped_to_the_parent():
     """Issue: SIGINT to `embed`'s main process printed the worker's ConnectionResetError traceback before
     "interrupted" (1 run in 3). Here the parent's side of the hand-over is a socket closed mid-handshake."""
