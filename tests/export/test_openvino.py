@@ -348,16 +348,26 @@ def photo_pixels(path: Path) -> torch.Tensor:
     return torch.from_numpy(np.asarray(Image.open(path).convert("RGB")).copy()).permute(2, 0, 1)
 
 
-@pytest.mark.run_level
-def test_eomt_fixture_round_trips_both_outputs_and_predicts_and_serves_as_pytorch(tmp_path, photo_file, capsys):
+@pytest.fixture(scope="module")
+def eomt_export(tmp_path_factory):
+    """The EoMT fixture through `vitlab export --format openvino`'s own call, once: (model, .xml, its summary), for
+    the EoMT test and the dense bench test's two streams."""
     from vitlab.checkpoint import load_model
+
+    model = load_model(FIXTURES / "hf_eomt").eval()
+    path = tmp_path_factory.mktemp("eomt") / "eomt.xml"
+    return model, path, openvino.run_openvino_export(model, path)
+
+
+@pytest.mark.run_level
+def test_eomt_fixture_round_trips_both_outputs_and_predicts_and_serves_as_pytorch(
+    eomt_export, tmp_path, photo_file, capsys
+):
     from vitlab.dense.inference import predict_dense
     from vitlab.eval.predict import run_predict
     from vitlab.serve.engine import Engine
 
-    model = load_model(FIXTURES / "hf_eomt").eval()
-    path = tmp_path / "eomt.xml"
-    summary = openvino.run_openvino_export(model, path)
+    model, path, summary = eomt_export
     assert summary["outputs"] == ["class_logits", "mask_logits"] and summary["max_abs_diff"] <= 1e-4
     checks = summary["validation"]["checks"]
     assert set(checks) == {f"{name} {where}" for name in summary["outputs"] for where in ("at export size", "batch 1")}
@@ -419,7 +429,7 @@ def test_depth_anything_fixture_round_trips_at_a_second_size_and_predicts_the_ph
 
 
 @pytest.mark.run_level
-def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(tmp_path):
+def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(eomt_export):
     from benchruns import quick_bench
     from vitlab.bench.paths import INFERENCE_PATHS, Unavailable, largest_difference
     from vitlab.checkpoint import load_model
@@ -439,9 +449,9 @@ def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(tmp_path):
     with pytest.raises(Unavailable, match="--int8: a segmentation model exports in fp32"):  # the export's refusal
         INFERENCE_PATHS["openvino-int8"](model, sample)
     # A fixed batch of 8 on two threads runs as two halves on two streams: both outputs are joined.
-    openvino.export_openvino(model, tmp_path / "eomt.xml")
+    _, path, _ = eomt_export  # the same fixture's file, exported once for this module
     images = torch.randn(openvino.TWO_STREAMS_MIN_BATCH, 3, 32, 32)
-    halves = openvino.OpenVinoClassifier(tmp_path / "eomt.xml", threads=2, precision="fp32", batch_size=len(images))
+    halves = openvino.OpenVinoClassifier(path, threads=2, precision="fp32", batch_size=len(images))
     assert isinstance(halves.compiled, openvino.HalvesOnTwoStreams)
     with torch.no_grad():
         assert largest_difference(halves(images), model(images)) <= 1e-4
