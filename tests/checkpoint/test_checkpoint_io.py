@@ -35,9 +35,16 @@ def test_save_and_load_round_trip_keeps_weights_and_config(tmp_path):
 
 
 def test_load_with_a_new_image_size_resamples(tmp_path):
-    path = save_model(create_model(TINY), tmp_path / "m.safetensors")
+    original = create_model(TINY)
+    path = save_model(original, tmp_path / "m.safetensors")
     model = load_model(path, image_size=16)
     assert model.config.grid_size == (8, 8) and model(torch.randn(1, 3, 16, 16)).shape == (1, 3)
+    # The saved 4x4 grid of position rows interpolated (bilinear) to 8x8, the class token's row kept: not only a shape.
+    table = original.pos_embed.detach()
+    grid = table[:, 1:].reshape(1, 4, 4, -1).permute(0, 3, 1, 2)
+    resized = torch.nn.functional.interpolate(grid, size=(8, 8), mode="bilinear", align_corners=False)
+    expected = torch.cat([table[:, :1], resized.permute(0, 2, 3, 1).reshape(1, 64, -1)], dim=1)
+    torch.testing.assert_close(model.pos_embed.detach(), expected, rtol=0, atol=1e-6)
 
 
 def test_truncated_file_is_a_clear_error_naming_it(tmp_path):
