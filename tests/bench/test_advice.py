@@ -212,3 +212,26 @@ def test_serve_reads_the_figures_measured_at_the_batch_nearest_to_one(machine):
     assert path_speeds(GFLOPS["B/16"], batch_size=32)["batch_size"] == 16
     b16 = ViTConfig(image_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_dim=3072)
     assert served_speeds(b16) == {"eager-fp32": 1.0, "openvino-fp32": 1.2}
+
+
+def peer_result(speeds):
+    """A bench's rows with their precisions, as `peer_line` reads them."""
+    result = bench_result(speeds)
+    for row in result["paths"]:
+        row["precision"] = next((kind for kind in ("int8", "bf16") if kind in row["path"]), "fp32")
+    return result
+
+
+def test_the_peer_line_compares_a_winner_with_the_peer_of_its_precision():
+    """The issue's case: `bench --quick` said "openvino-int8, 7.72x the best peer" of transformers fp32."""
+    both = peer_result(
+        {"eager-fp32": 5.0, "openvino-int8": 38.6, "transformers": 5.0, "transformers-openvino-int8": 29.7}
+    )
+    assert runner.peer_line(both) == (
+        "vitlab's fastest: openvino-int8 (int8), 1.30x the int8 peer (transformers-openvino-int8, 29.7 images/s)"
+    )
+    quick = peer_result({"eager-fp32": 5.0, "openvino-int8": 38.6, "transformers": 5.0})  # --quick's peer: fp32 only
+    assert runner.peer_line(quick) == (
+        "vitlab's fastest: openvino-int8 (int8), 7.72x the best peer measured, in fp32 (transformers, 5.0 images/s); "
+        "no int8 peer was measured (--paths transformers-openvino-int8 times it)"
+    )
