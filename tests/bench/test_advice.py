@@ -6,6 +6,7 @@ from vitlab.bench import advice, records, runner
 from vitlab.hardware import choose_precision, path_speeds
 
 GFLOPS = {"B/16": 17.6, "S/16": 4.6, "digits-8": 0.0003}
+REAL_CALIBRATE = runner.calibrate  # the fixture `machine` replaces it; the calibration tests run it on a fake bench
 
 
 def bench_result(speeds, model="B/16", batch_size=16):
@@ -95,6 +96,70 @@ def test_nothing_measurable_says_so(machine):
     machine.setattr(advice, "calibrate", lambda show=True, why="": None)
     assert advice.fastest_export_format() is None
     assert "not measured" in advice.fastest_format_line("onnx")
+
+
+OVER_BUDGET = "over its 10 s budget while preparing it (export, quantization or compilation)"
+PAST_LIMIT = "not run: the 20 s limit of the whole table was reached"
+
+
+@pytest.fixture
+def calibrations(machine):
+    """The real calibration on a fake bench that times what `calibrations.speeds` says and reports the rest as
+    run out of time, as on the issue's machine; `calibrations.runs` counts the benches."""
+
+    class Calibrations:
+        runs = 0
+        speeds = {"eager-fp32": 5.0, "eager-bf16": 9.0}
+
+    def run_bench(model_name, **options):
+        Calibrations.runs += 1
+        timed = {path: speed for path, speed in Calibrations.speeds.items() if path in options["paths"]}
+        slow = ("eager-fp32", "onnx-int8")  # the paths that run over their budget; the rest meet the table's limit
+        skipped = {path: OVER_BUDGET if path in slow else PAST_LIMIT for path in options["paths"] if path not in timed}
+        return {**bench_result(timed, "S/16"), "image_size": [96, 96], "skipped": skipped}
+
+    machine.setattr(records, "installed", lambda *packages: "torchao" not in packages)
+    machine.setattr(runner, "installed", lambda *packages: "torchao" not in packages)
+    machine.setattr(runner, "run_bench", run_bench)
+    machine.setattr(advice, "calibrate", REAL_CALIBRATE)
+    machine.setattr(runner, "calibrate", REAL_CALIBRATE)
+    return Calibrations
+
+
+def test_a_calibration_that_timed_no_format_runs_once_and_says_which_ran_out_of_time(calibrations):
+    """The issue's case: onnx-int8 ran past its budget, the table's limit left the other formats out, nothing of
+    the formats was kept, and every export measured again and then said "none could run here"."""
+    first = advice.fastest_format_line("onnx")
+    assert calibrations.runs == 1
+    assert first.startswith(
+        "fastest format on this CPU: not measured (the one-time calibration, S/16 at 96 px, batch 16, calibration on "
+        f"this CPU, {path_speeds()['date']}, timed none: onnx-int8 ({OVER_BUDGET}); openvino-int8 ({PAST_LIMIT}); "
+        f"onnx-fp32 ({PAST_LIMIT}); `vitlab bench --paths onnx-int8,openvino-int8,onnx-fp32` measures them, with --checkpoint on your model)"
+    ), first
+    assert "VITLAB_CALIBRATE" not in first and "none could run" not in first
+    assert advice.fastest_format_line("onnx --int8") == first  # a second export: the figures kept, no second run
+    assert records.quick_paths(False, runner.measured_or_calibrated(GFLOPS["B/16"]))  # nor a --quick bench
+    assert calibrations.runs == 1
+    assert path_speeds()["speed_vs_eager_fp32"] == {"eager-fp32": 1.0, "eager-bf16": 1.8}  # and kept for `auto`
+
+
+def test_a_calibration_in_which_nothing_fitted_still_runs_once(calibrations):
+    calibrations.speeds = {}  # not even eager fp32: no ratio to keep
+    first = advice.fastest_format_line("onnx")
+    assert "timed none: onnx-int8 (over its 10 s budget" in first
+    assert path_speeds() is None  # `auto` finds nothing measured, as before
+    assert runner.measured_or_calibrated(None) is None and advice.fastest_format_line("onnx") == first
+    assert calibrations.runs == 1
+
+
+def test_the_advice_names_the_formats_a_calibration_ran_out_of_time_for(calibrations):
+    calibrations.speeds = {"eager-fp32": 5.0, "onnx-fp32": 6.0}
+    choice = advice.fastest_export_format()
+    assert choice.value == "onnx" and "onnx-fp32 1.20x" in choice.reason
+    assert choice.reason.endswith(f"not measured: onnx-int8 ({OVER_BUDGET}); openvino-int8 ({PAST_LIMIT})")
+    records.record_path_speeds({**bench_result({"eager-fp32": 5.0, "onnx-int8": 20.0}, "S/16"), "image_size": [96, 96]})
+    choice = advice.fastest_export_format()  # a later bench of the same model timed it: no longer "not measured"
+    assert choice.value == "onnx --int8" and "onnx-int8 (" not in choice.reason and calibrations.runs == 1
 
 
 def test_auto_precision_follows_the_measured_paths(machine):

@@ -65,3 +65,18 @@ def test_dense_exports_refuse_int8_and_baked_in_preprocessing(tmp_path):
         export_onnx(model, tmp_path / "a.onnx", int8=True)
     with pytest.raises(UsageError, match="--preprocess"):
         export_onnx(model, tmp_path / "a.onnx", preprocess=True)
+
+
+def test_a_dense_export_says_nothing_of_the_classifiers_speeds(tmp_path, monkeypatch, capsys):
+    """The formats' speeds kept on a machine are classifiers' (a dense model's bench keeps none): `export` of a
+    depth model printed the classifiers' "fastest format on this CPU", after calibrating on a classifier."""
+    from vitlab.bench import advice
+    from vitlab.cli import main
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("VITLAB_CALIBRATE", "1")
+    monkeypatch.setattr(advice, "calibrate", lambda **_: pytest.fail("a dense export calibrated on a classifier"))
+    checkpoint = Path(__file__).resolve().parents[1] / "fixtures" / "hf_depth_anything"
+    assert main(["export", str(checkpoint), "-o", str(tmp_path / "depth.onnx")]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote " in printed and "fastest format" not in printed

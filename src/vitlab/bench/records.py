@@ -15,7 +15,7 @@ import importlib.metadata
 from typing import Any
 
 from vitlab.environment import read_variable
-from vitlab.hardware import cpu_units, path_speeds_key, update_measurements
+from vitlab.hardware import cpu_units, path_speeds_key, read_measurements, update_measurements
 
 # Each runtime's int8 path, in `--quick` wherever the runtime is installed (the int8 paths are where CPU kinds
 # differ most), and the packages it needs (the ONNX path exports through onnx and onnxscript).
@@ -41,36 +41,66 @@ def installed_int8_paths() -> list[str]:
     return [path for path, packages in INT8_PATHS.items() if installed(*packages)]
 
 
-def record_path_speeds(result: dict[str, Any], source: str = "vitlab bench") -> dict[str, Any] | None:
+def record_path_speeds(
+    result: dict[str, Any], source: str = "vitlab bench", not_measured: dict[str, str] | None = None
+) -> dict[str, Any] | None:
     """Keep an inference bench's speed per path, as ratios to eager fp32 in the same run (so figures of two runs
     compare although the machine's load differs), for this machine, these library versions and thread count,
     per model and batch: a bench that timed fewer paths updates those and keeps the rest. A run on a GPU says
-    nothing of the CPU and is not kept. Returns the model's record (also where the cache is read-only), or None."""
+    nothing of the CPU and is not kept. not_measured: {path: why} of the paths the run tried and could not time
+    (a calibration's: over its budget, or past the table's limit); kept with the record, so the advice can say
+    which formats ran out of time, and kept even where eager fp32 itself did not run, so a calibration that
+    measured nothing of use still counts as done (`kept_calibration`): it runs once per machine, not at every
+    export. Returns the model's record (also where the cache is read-only), or None."""
     speeds = {row["path"]: row["images_per_second"] for row in result["paths"]}
-    if result["mode"] != "inference" or not speeds.get("eager-fp32") or "gpu" in result.get("machine", {}):
+    if result["mode"] != "inference" or "gpu" in result.get("machine", {}):
+        return None
+    if not speeds.get("eager-fp32") and not not_measured:
         return None
     size = "x".join(map(str, dict.fromkeys(result["image_size"])))
     label = f"{result['model']} at {size} px, batch {result['batch_size']}"
     now = datetime.datetime.now().astimezone()
-    ratios = {path: round(speed / speeds["eager-fp32"], 4) for path, speed in speeds.items()}
+    # Without eager fp32 no ratio can be taken: the record then keeps only what was not measured.
+    ratios = (
+        {path: round(speed / speeds["eager-fp32"], 4) for path, speed in speeds.items()}
+        if speeds.get("eager-fp32")
+        else {}
+    )
 
     def merged(known: dict[str, Any]) -> dict[str, Any]:
         records = dict(known.get(key, {}))
-        earlier = records.get(label, {}).get("speed_vs_eager_fp32", {})
+        earlier = records.get(label, {})
+        measured = {**earlier.get("speed_vs_eager_fp32", {}), **ratios}
+        missing = {**earlier.get("not_measured", {}), **(not_measured or {})}
         records[label] = {
             "model": str(result["model"]),
             "image_size": result["image_size"],
             "batch_size": result["batch_size"],
             "gflops_per_image": result["gflops_per_image"],
-            "speed_vs_eager_fp32": {**earlier, **ratios},
+            "speed_vs_eager_fp32": measured,
             "source": source,
             "date": now.date().isoformat(),
             "measured_at": now.isoformat(timespec="seconds"),
         }
+        # What a path measured once, earlier or now, it keeps: it is no longer "not measured".
+        missing = {path: why for path, why in missing.items() if path not in measured}
+        if missing:
+            records[label]["not_measured"] = missing
         return {**known, key: records}
 
     key = path_speeds_key(result.get("machine", {}).get("threads"))
     return update_measurements("paths", merged)[key][label]
+
+
+def kept_calibration() -> dict[str, Any] | None:
+    """The record of the calibration run on this machine (these library versions and threads), whatever it
+    measured, or None where none ran: the calibration runs once, and a machine where it measured no export format
+    is told which ones ran out of time instead of measuring again at every export."""
+    kept = read_measurements("paths").get(path_speeds_key(), {})
+    calibrations = [
+        record for record in kept.values() if isinstance(record, dict) and record.get("source") == "calibration"
+    ]
+    return max(calibrations, key=lambda record: record.get("measured_at", ""), default=None)
 
 
 def calibration_allowed() -> bool:

@@ -23,6 +23,7 @@ from vitlab.bench.records import (
     calibration_allowed,
     installed,
     installed_int8_paths,
+    kept_calibration,
     quick_paths,
     record_path_speeds,
 )
@@ -180,12 +181,16 @@ CALIBRATION_SECONDS = 20.0
 def measured_or_calibrated(gflops_per_image: float | None) -> dict[str, Any] | None:
     """The speeds kept here for the model nearest in size to one of `gflops_per_image`; where none were kept, a
     calibration's (unless VITLAB_CALIBRATE=0); None where nothing could be measured."""
-    return path_speeds(gflops_per_image) or (calibrate() if calibration_allowed() else None)
+    kept = path_speeds(gflops_per_image)
+    if kept is not None or kept_calibration() is not None or not calibration_allowed():
+        return kept  # a calibration runs once per machine, whatever it measured
+    return calibrate()
 
 
 def calibrate(show: bool = True, why: str = "no speeds measured on this CPU yet") -> dict[str, Any] | None:
-    """Measure the deployment paths on a small model within CALIBRATION_SECONDS and keep the figures; None where
-    nothing could be measured. Paths that do not fit are left out of the record (and so of the advice). A bench
+    """Measure the deployment paths on a small model within CALIBRATION_SECONDS and keep the figures, once per
+    machine (`kept_calibration`): the record keeps the paths that did not fit, and why, under "not_measured" (the
+    advice names them), and is kept where none fitted; None where nothing is kept (a read-only cache). A bench
     run of its own, so it lives beside `run_bench` (`--quick` calibrates a machine with no figures first). why:
     what the first line says was missing."""
     # Quick to build first (ONNX Runtime's and PyTorch's int8), PT2E last: its compilation can take the budget.
@@ -213,7 +218,9 @@ def calibrate(show: bool = True, why: str = "no speeds measured on this CPU yet"
         device="cpu",
         record=False,
     )
-    record = record_path_speeds(result, source="calibration")  # returned as well: a read-only cache keeps nothing
+    # Kept with what did not fit in time, and kept where nothing did: it runs once per machine, as it says.
+    # Returned as well: a read-only cache keeps nothing.
+    record = record_path_speeds(result, source="calibration", not_measured=result["skipped"])
     if show and result["skipped"]:
         say(
             "vitlab: not measured in the calibration: "

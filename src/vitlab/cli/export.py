@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from vitlab.bench.advice import fastest_format_line, format_name
     from vitlab.config import ViTConfig
     from vitlab.counts import model_size
+    from vitlab.dense.inference import dense_task
     from vitlab.runtime.exporter import export_checkpoint
     from vitlab.runtime.registry import backend_named
 
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     row = backend_named(summary["format"])
     print(row.report(summary, bool(args.images)))
-    written = format_name(row, bool(summary.get("int8")))
-    print(fastest_format_line(written, model_size(ViTConfig.from_dict(summary["config"]))[1]))
+    config = ViTConfig.from_dict(summary["config"])
+    if dense_task(config) is None:  # the speeds kept are classifiers' (a dense model's bench keeps none)
+        written = format_name(row, bool(summary.get("int8")))
+        print(fastest_format_line(written, model_size(config)[1]))
     return 0
