@@ -309,6 +309,33 @@ def test_a_naflex_model_serves_each_upload_at_its_own_aspect_ratio(tmp_path):
         naflex_server.stop()
 
 
+def test_explain_and_patches_of_an_export_served_alone_name_its_own_runtime(tiny_run, tmp_path):
+    """Serving an OpenVINO .xml answered /v1/explain and /v1/patches with "the .onnx file": the message names the
+    file served and its runtime, from its row of the table of backends."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from vitlab.errors import UsageError
+    from vitlab.export.onnx import run_export
+    from vitlab.runtime.registry import backend_named
+    from vitlab.serve.engine import EXPLAINING, PATCH_FEATURES, Engine, pytorch_model_wanted
+
+    run_export(load_model(tiny_run), tmp_path / "model.onnx")
+    engine = Engine(tmp_path / "model.onnx")
+    pixels = torch.zeros(1, 8, 8, dtype=torch.uint8)
+    with pytest.raises(UsageError) as explained:
+        engine.explain(pixels)
+    assert str(explained.value) == (
+        "explaining needs the attention weights of the PyTorch model, which model.onnx (an ONNX export, run by ONNX "
+        "Runtime) does not hold; serve the checkpoint or run folder model.onnx was exported from"
+    )
+    with pytest.raises(UsageError, match=r"^patch features need the PyTorch model, which model\.onnx \(an ONNX"):
+        engine.patches(pixels)
+    # An OpenVINO file's (its runtime loads in a process of its own, tests/export/test_openvino.py): the same row text
+    openvino = pytorch_model_wanted(PATCH_FEATURES, backend_named("openvino"), tmp_path / "model-int8.xml")
+    assert ".onnx" not in openvino and "model-int8.xml (an OpenVINO export, run by OpenVINO's CPU plugin)" in openvino
+    assert engine.without_pytorch_model(EXPLAINING).startswith(EXPLAINING)
+
+
 @pytest.mark.run_level
 @pytest.mark.parametrize("backend, precision", [("torch", "bf16"), ("torch", "int8"), ("onnx", "int8")])
 def test_every_backend_and_precision_agrees_with_fp32(tiny_run, backend, precision):

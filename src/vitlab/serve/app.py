@@ -35,7 +35,7 @@ from vitlab.data.preprocess import decode_image
 from vitlab.data.source import batch_of
 from vitlab.errors import DataError, UsageError
 from vitlab.serve.batcher import DynamicBatcher
-from vitlab.serve.engine import Engine
+from vitlab.serve.engine import EXPLAINING, PATCH_FEATURES, Engine
 
 logger = logging.getLogger("vitlab.serve")
 IMAGE_TYPES = ("image/", "application/octet-stream")
@@ -355,11 +355,7 @@ def create_app(
         if engine.dense is not None:
             raise Problem(400, "a dense model's answer is its mask or depth map: POST /v1/predict?overlay=1")
         if engine.explainer is None:
-            raise Problem(
-                501,
-                "explaining needs the attention weights of the PyTorch model; serve the checkpoint "
-                "or run folder the .onnx file was exported from",
-            )
+            raise Problem(501, engine.without_pytorch_model(EXPLAINING))
         pixels = await decode(request)
         loop = asyncio.get_running_loop()
         heat = await loop.run_in_executor(inference_thread, engine.explain, pixels)
@@ -379,11 +375,7 @@ def create_app(
         """What the model sees at every patch of an uploaded image: PCA colours and every patch's similarity map."""
         started = time.perf_counter()
         if engine.explainer is None:
-            raise Problem(
-                501,
-                "patch features need the PyTorch model; serve the checkpoint or run folder the .onnx file was "
-                "exported from",
-            )
+            raise Problem(501, engine.without_pytorch_model(PATCH_FEATURES))
         pixels = await decode(request)
         try:
             seen = await asyncio.get_running_loop().run_in_executor(inference_thread, engine.patches, pixels)

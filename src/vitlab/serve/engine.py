@@ -7,7 +7,7 @@ backends (`vitlab.runtime.registry`), each on a file of its kind or, where it ca
 `vitlab export --format pt2e` file, compiled for this CPU at start: int8 linear layers, the rest in bf16 where it
 pays) and "openvino" (fp32 or int8 files, or a checkpoint converted at start; compiled in bf16 where it pays). With
 --backend left out a checkpoint takes the runtime `vitlab.serve.choice.automatic_backend` chooses. Explaining needs the
-attention weights, so it runs the PyTorch model: available whenever a checkpoint (not only an .onnx file) was given.
+attention weights, so it runs the PyTorch model: available whenever a checkpoint (not only an ONNX or OpenVINO file) was given.
 A dense model (EoMT segmentation, Depth Anything depth) answers `predict_dense` instead of `classify`: one photo at
 its own size, in fp32 or bf16 (torch, openvino) or fp32 (onnx).
 """
@@ -92,6 +92,23 @@ def serves_a_file(row: Backend, precision: str) -> bool:
     return not row.exports_at_start or (precision in row.export_precisions and precision not in row.exports_at_start)
 
 
+EXPLAINING = "explaining needs the attention weights of the PyTorch model"
+PATCH_FEATURES = "patch features need the PyTorch model"
+
+
+def pytorch_model_wanted(what: str, row: Backend | None, file: str | Path | None) -> str:
+    """What `explain` and `patches` answer where the file served alone holds no PyTorch model (an ONNX or
+    OpenVINO export): the file and its own runtime, named by its row of the table of backends, and what to serve
+    instead. what: EXPLAINING or PATCH_FEATURES."""
+    if row is None or file is None:
+        return f"{what}; serve the checkpoint or run folder"
+    name = Path(file).name
+    return (
+        f"{what}, which {name} ({row.called}, run by {row.title}) does not hold; serve the checkpoint or run "
+        f"folder {name} was exported from"
+    )
+
+
 class Engine:
     def __init__(
         self,
@@ -110,6 +127,8 @@ class Engine:
         assert backend is not None
         self.source, self.backend, self.precision = str(source), backend, precision
         self.explainer = None  # the fp32 PyTorch model, for attention rollout
+        self.served_row: Backend | None = None  # the row of the file served, where one is (not a checkpoint)
+        self.served_file: Path | None = None
         self._temporary = None
         row = None if backend == TORCH else backend_named(backend)
         if row is not None and row.cpu_only:
@@ -187,6 +206,7 @@ class Engine:
                 f"vitlab export {checkpoint} --format {row.name}{int8}"
             )
         threads = serving_threads(row.read_config(path), threads)  # known before a runtime compiles
+        self.served_row, self.served_file = row, Path(path)
         self.runner = row.load(path, threads, precision)
         self.runner.prepare_batch(1)
         self.config, self.choice = self.runner.config, self.runner.choice
@@ -272,15 +292,16 @@ class Engine:
             raise UsageError(f"{self.name} is a classifier; it answers with classes, not a mask or a depth map")
         return predict_dense(self.runner, pixels, self.precision, panoptic=not self.config.eomt_crops)
 
+    def without_pytorch_model(self, what: str) -> str:
+        """Why `what` (EXPLAINING, PATCH_FEATURES) cannot be answered: the file served holds no PyTorch model."""
+        return pytorch_model_wanted(what, self.served_row, self.served_file)
+
     @torch.no_grad()
     def explain(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 pixels (C, H, W) of one image (at the model's size, or under NaFlex at its own grid) -> its
         attention-rollout map (rows, cols), summing to 1."""
         if self.explainer is None:
-            raise UsageError(
-                "explaining needs the attention weights of the PyTorch model; serve the checkpoint or "
-                "run folder the .onnx file was exported from"
-            )
+            raise UsageError(self.without_pytorch_model(EXPLAINING))
         rollout = Rollout()
         self.explainer.forward_analysis(
             prepare(pixels[None], 255.0, self.config).to(self.device),
@@ -299,10 +320,7 @@ class Engine:
         cosine similarity of every patch to every other ((rows * cols) x (rows * cols), row-major), for the page to
         show any patch's map without asking again."""
         if self.explainer is None:
-            raise UsageError(
-                "patch features need the PyTorch model; serve the checkpoint or run folder the .onnx file was "
-                "exported from"
-            )
+            raise UsageError(self.without_pytorch_model(PATCH_FEATURES))
         grid = dense_features(self.explainer, prepare(pixels[None], 255.0, self.config).to(self.device)).grids[0]
         features = grid[0].float().cpu()  # (D, rows, cols)
         channels, rows, cols = features.shape
