@@ -26,28 +26,17 @@ class OnnxBackend(FileBackend):
         from vitlab.export.onnx import export_onnx, run_export
 
         calibration, _ = options.calibration(None)  # static int8 where images were given, else dynamic
-        if not options.checked:
-            return export_onnx(
-                model,
-                out,
-                preprocess=options.preprocess,
-                dynamic_batch=options.batch_size is None,
-                dynamic_size=options.dynamic_size,
-                int8=options.int8,
-                batch_size=options.batch_size or 1,
-                calibration=calibration,
-            )
-        return run_export(
-            model,
-            out,
+        graph = dict(
             preprocess=options.preprocess,
             dynamic_batch=options.batch_size is None,
             dynamic_size=options.dynamic_size,
             int8=options.int8,
             batch_size=options.batch_size or 1,
-            pixels=options.pixels,
             calibration=calibration,
         )
+        if not options.checked:
+            return export_onnx(model, out, **graph)
+        return run_export(model, out, pixels=options.pixels, **graph)
 
     def report(self, summary: dict[str, Any], images_given: bool) -> str:
         from vitlab.export.onnx import format_export
