@@ -439,8 +439,9 @@ def test_a_failing_batch_fails_its_requests_only():
 
 
 # ------------------------------------------------------------------------------------------------ the page
-@pytest.mark.run_level
-def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(server, tiny_run, digit_files, tmp_path):
+@pytest.fixture
+def chromium():
+    """A headless Chromium driven through selenium and chromedriver (skipped where they are not installed)."""
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
@@ -449,9 +450,6 @@ def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(server, t
             "Chromium and its driver are not installed (apt-get install chromium chromium-driver; "
             ".ci/run installs them)"
         )
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     options = webdriver.ChromeOptions()
     options.binary_location = browser
     for flag in (
@@ -463,57 +461,133 @@ def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(server, t
     ):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
-    try:
-        driver.get(f"http://127.0.0.1:{server.port}/")
-        WebDriverWait(driver, 20).until(lambda d: "10 classes" in d.find_element(By.ID, "model").text)
-        # Before any upload: no result panel, so no broken-image icons with their alt text.
-        assert not any(picture.is_displayed() for picture in driver.find_elements(By.TAG_NAME, "img"))
-        # A non-square photo: the page shows the crop the model saw (square, as the overlay), not a letterbox.
-        wide = tmp_path / "wide.png"
-        Image.open(digit_files[4]).convert("RGB").resize((96, 48)).save(wide)
-        driver.find_element(By.ID, "file").send_keys(str(wide))
-        WebDriverWait(driver, 30).until(
-            lambda d: d.execute_script(
-                "const o = document.getElementById('overlay'); return !o.hidden && o.naturalWidth > 0"
-            )
+    yield driver
+    driver.quit()
+
+
+@pytest.mark.run_level
+def test_the_page_shows_the_label_and_the_overlay_in_headless_chromium(
+    server, tiny_run, digit_files, tmp_path, chromium
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chromium
+    driver.get(f"http://127.0.0.1:{server.port}/")
+    WebDriverWait(driver, 20).until(lambda d: "10 classes" in d.find_element(By.ID, "model").text)
+    # Before any upload: no result panel, so no broken-image icons with their alt text.
+    assert not any(picture.is_displayed() for picture in driver.find_elements(By.TAG_NAME, "img"))
+    # A non-square photo: the page shows the crop the model saw (square, as the overlay), not a letterbox.
+    wide = tmp_path / "wide.png"
+    Image.open(digit_files[4]).convert("RGB").resize((96, 48)).save(wide)
+    driver.find_element(By.ID, "file").send_keys(str(wide))
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script(
+            "const o = document.getElementById('overlay'); return !o.hidden && o.naturalWidth > 0"
         )
-        sizes = driver.execute_script(
-            "return ['preview', 'overlay'].map((id) => [document.getElementById(id)"
-            ".naturalWidth, document.getElementById(id).naturalHeight])"
+    )
+    sizes = driver.execute_script(
+        "return ['preview', 'overlay'].map((id) => [document.getElementById(id)"
+        ".naturalWidth, document.getElementById(id).naturalHeight])"
+    )
+    assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1], sizes
+    # A failed upload: the error, and no result (nor a broken icon) beside it.
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"this is text, not an image")
+    driver.find_element(By.ID, "file").send_keys(str(broken))
+    WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "status").get_attribute("class") == "error")
+    assert not any(picture.is_displayed() for picture in driver.find_elements(By.TAG_NAME, "img"))
+    image = tmp_path / "upload.png"
+    big = Image.open(digit_files[4]).resize((64, 64), Image.Resampling.NEAREST)
+    big.save(image)
+    driver.find_element(By.ID, "file").send_keys(str(image))
+    WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "top-label").text != "")
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script(
+            "const o = document.getElementById('overlay'); return o.complete && o.naturalWidth > 0"
         )
-        assert sizes[0] == sizes[1] and sizes[0][0] == sizes[0][1], sizes
-        # A failed upload: the error, and no result (nor a broken icon) beside it.
-        broken = tmp_path / "broken.png"
-        broken.write_bytes(b"this is text, not an image")
-        driver.find_element(By.ID, "file").send_keys(str(broken))
-        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "status").get_attribute("class") == "error")
-        assert not any(picture.is_displayed() for picture in driver.find_elements(By.TAG_NAME, "img"))
-        image = tmp_path / "upload.png"
-        big = Image.open(digit_files[4]).resize((64, 64), Image.Resampling.NEAREST)
-        big.save(image)
-        driver.find_element(By.ID, "file").send_keys(str(image))
-        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "top-label").text != "")
-        WebDriverWait(driver, 30).until(
-            lambda d: d.execute_script(
-                "const o = document.getElementById('overlay'); return o.complete && o.naturalWidth > 0"
-            )
+    )
+    expected = predict(load_model(tiny_run), [image], top_k=5)[0]["predictions"]
+    assert driver.find_element(By.ID, "top-label").text == expected[0]["label"]
+    bars = driver.find_elements(By.CSS_SELECTOR, "#bars .bar")
+    assert len(bars) == 5 and bars[0].find_element(By.CSS_SELECTOR, ".label").text == expected[0]["label"]
+    assert driver.find_element(By.ID, "status").get_attribute("class") != "error"
+    # From the pixels on screen: the overlay is drawn (not blank), and the top bar is filled in its colour.
+    shot = Image.open(io.BytesIO(driver.find_element(By.ID, "overlay").screenshot_as_png)).convert("RGB")
+    assert np.asarray(shot).std() > 10
+    bar = np.asarray(Image.open(io.BytesIO(bars[0].screenshot_as_png)).convert("RGB")).reshape(-1, 3)
+    orange = ((bar[:, 0] > 180) & (bar[:, 1] < 120) & (bar[:, 2] < 60)).mean()
+    assert orange > 0.01 * expected[0]["probability"]
+    driver.save_screenshot(str(tmp_path / "page.png"))
+    if os.environ.get("VITLAB_SCREENSHOT"):  # the README's picture: VITLAB_SCREENSHOT=docs/figures/serve.png
+        driver.save_screenshot(os.environ["VITLAB_SCREENSHOT"])
+
+
+@pytest.mark.run_level
+def test_the_patch_maps_fit_their_colours_mark_the_patch_and_take_a_click_on_either(
+    server, digit_files, tmp_path, chromium
+):
+    """The similarity map spans its own lowest..highest cosine (on -1..1 a ViT's map was all one orange), a legend
+    gives that range, the chosen patch is marked on both maps, and a click on either picks a patch."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chromium
+    image = tmp_path / "upload.png"
+    Image.open(digit_files[7]).resize((64, 64), Image.Resampling.NEAREST).save(image)
+    body, content_type = multipart(image.read_bytes())
+    status, _, answer = server.request("POST", "/v1/patches", body, {"Content-Type": content_type})
+    assert status == 200
+    patches = json.loads(answer)
+    rows, cols = patches["grid"]
+    driver.get(f"http://127.0.0.1:{server.port}/")
+    WebDriverWait(driver, 20).until(lambda d: "10 classes" in d.find_element(By.ID, "model").text)
+    driver.find_element(By.ID, "file").send_keys(str(image))
+    WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "similar-panel").is_displayed())
+
+    def shown(row, col):
+        """The similarity canvas's pixels (rows, cols, 3), and the patch each marker covers."""
+        pixels = driver.execute_script(
+            "const c = document.getElementById('similar');"
+            "return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)"
         )
-        expected = predict(load_model(tiny_run), [image], top_k=5)[0]["predictions"]
-        assert driver.find_element(By.ID, "top-label").text == expected[0]["label"]
-        bars = driver.find_elements(By.CSS_SELECTOR, "#bars .bar")
-        assert len(bars) == 5 and bars[0].find_element(By.CSS_SELECTOR, ".label").text == expected[0]["label"]
-        assert driver.find_element(By.ID, "status").get_attribute("class") != "error"
-        # From the pixels on screen: the overlay is drawn (not blank), and the top bar is filled in its colour.
-        shot = Image.open(io.BytesIO(driver.find_element(By.ID, "overlay").screenshot_as_png)).convert("RGB")
-        assert np.asarray(shot).std() > 10
-        bar = np.asarray(Image.open(io.BytesIO(bars[0].screenshot_as_png)).convert("RGB")).reshape(-1, 3)
-        orange = ((bar[:, 0] > 180) & (bar[:, 1] < 120) & (bar[:, 2] < 60)).mean()
-        assert orange > 0.01 * expected[0]["probability"]
-        driver.save_screenshot(str(tmp_path / "page.png"))
-        if os.environ.get("VITLAB_SCREENSHOT"):  # the README's picture: VITLAB_SCREENSHOT=docs/figures/serve.png
-            driver.save_screenshot(os.environ["VITLAB_SCREENSHOT"])
-    finally:
-        driver.quit()
+        colours = np.asarray(pixels, dtype=np.uint8).reshape(rows, cols, 4)[..., :3]
+        marked = []
+        for name in ("pca", "similar"):
+            canvas = driver.find_element(By.ID, name).rect
+            marker = driver.find_element(By.ID, f"{name}-marker")
+            assert marker.is_displayed()
+            box = marker.rect
+            centre = (box["y"] + box["height"] / 2 - canvas["y"], box["x"] + box["width"] / 2 - canvas["x"])
+            marked.append((int(centre[0] * rows // canvas["height"]), int(centre[1] * cols // canvas["width"])))
+        assert marked == [(row, col), (row, col)], marked
+        return colours
+
+    row, col = rows // 2, cols // 2
+    colours = shown(row, col)
+    similarity = np.asarray(patches["similarity"][row * cols + col]).reshape(rows, cols)
+    # The ends of the ramp are in the map: its least similar patch dark blue, the chosen one bright yellow.
+    low, high = np.unravel_index(similarity.argmin(), similarity.shape), (row, col)
+    assert colours[low][0] < 10 and colours[low][2] > 170, colours[low]
+    assert colours[high][0] > 245 and colours[high][1] > 170, colours[high]
+    assert driver.find_element(By.ID, "similar-low").text == f"{similarity.min():.2f}"
+    assert driver.find_element(By.ID, "similar-high").text == f"{similarity.max():.2f}"
+    # A click on either map picks the patch under it.
+    for name, (row, col) in (("similar", (0, cols - 1)), ("pca", (rows - 1, 0))):
+        canvas = driver.find_element(By.ID, name)
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
+        box = canvas.rect
+        ActionChains(driver).move_to_element_with_offset(
+            canvas,
+            int((col + 0.5 - cols / 2) * box["width"] / cols),
+            int((row + 0.5 - rows / 2) * box["height"] / rows),
+        ).click().perform()
+        picked = f"({row}, {col})"
+        WebDriverWait(driver, 5).until(lambda d, picked=picked: picked in d.find_element(By.ID, "similar-caption").text)
+        shown(row, col)
+    driver.execute_script("document.getElementById('similar-panel').scrollIntoView()")
+    driver.save_screenshot(str(tmp_path / "patches.png"))
 
 
 def test_without_the_serve_extra_the_command_says_what_to_install(monkeypatch):
