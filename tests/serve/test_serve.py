@@ -528,7 +528,8 @@ def test_the_patch_maps_fit_their_colours_mark_the_patch_and_take_a_click_on_eit
     server, digit_files, tmp_path, chromium
 ):
     """The similarity map spans its own lowest..highest cosine (on -1..1 a ViT's map was all one orange), a legend
-    gives that range, the chosen patch is marked on both maps, and a click on either picks a patch."""
+    gives that range, the chosen patch is marked on both maps, a click on either picks a patch, and the caption of
+    the model's view says what its preprocessing does (the digits model stretches)."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -543,6 +544,9 @@ def test_the_patch_maps_fit_their_colours_mark_the_patch_and_take_a_click_on_eit
     rows, cols = patches["grid"]
     driver.get(f"http://127.0.0.1:{server.port}/")
     WebDriverWait(driver, 20).until(lambda d: "10 classes" in d.find_element(By.ID, "model").text)
+    assert "stretched" in driver.find_element(By.ID, "preview-caption").get_attribute("textContent")
+    words = driver.execute_script("return ['crop', 'naflex'].map((mode) => seenAs('classification', mode))")
+    assert "centre cropped" in words[0] and "own aspect ratio, not cropped" in words[1], words
     driver.find_element(By.ID, "file").send_keys(str(image))
     WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "similar-panel").is_displayed())
 
