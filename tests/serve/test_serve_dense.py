@@ -146,3 +146,33 @@ def test_a_checkpoint_served_by_onnx_runtime_answers_as_pytorch(tmp_path):
     mask = np.asarray(decoded(json.loads(body)["mask_png"]))
     agreement = (mask == predict_dense(model, pixels).labels.numpy()).mean()
     assert agreement >= 0.99, agreement  # fp32 through ONNX Runtime: only near-ties may flip
+
+
+@pytest.mark.run_level  # serves in a process of its own, and drives the page in headless Chromium
+def test_the_page_shows_a_dense_models_patch_maps_and_its_view_at_the_photos_size(tmp_path, chromium):
+    """The page hid the patch panel for a dense model, though its encoder answers /v1/patches as a classifier's."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from serving import Server
+
+    torch.manual_seed(0)
+    checkpoint = save_model(create_model(eomt_config()).eval(), tmp_path / "eomt.safetensors")
+    image = tmp_path / "photo.png"
+    image.write_bytes(png_of(photo(HEIGHT, WIDTH)))
+    server = Server(checkpoint, "--device", "cpu")
+    try:
+        status, _, body = server.post_image(image.read_bytes(), "/v1/patches")
+        assert status == 200, body
+        rows, cols = json.loads(body)["grid"]
+        chromium.get(f"http://127.0.0.1:{server.port}/")
+        WebDriverWait(chromium, 20).until(lambda d: "(segmentation)" in d.find_element(By.ID, "model").text)
+        chromium.find_element(By.ID, "file").send_keys(str(image))
+        WebDriverWait(chromium, 30).until(lambda d: d.find_element(By.ID, "similar-panel").is_displayed())
+        assert chromium.find_element(By.ID, "patch-panel").is_displayed()
+        assert f"({rows // 2}, {cols // 2})" in chromium.find_element(By.ID, "similar-caption").text
+        assert "own size" in chromium.find_element(By.ID, "preview-caption").text
+        assert chromium.find_element(By.ID, "status").get_attribute("class") != "error"
+        chromium.save_screenshot(str(tmp_path / "page.png"))
+    finally:
+        server.stop()
