@@ -105,6 +105,8 @@ def test_segmentation_answers_with_the_mask_areas_segments_and_overlay_of_a_non_
     assert {c["index"]: c["pixels"] for c in answer["classes"]} == dict(
         zip(*np.unique(expected.labels.numpy(), return_counts=True))
     )
+    palette = mask.getpalette()  # each class in the colour the mask (and the overlay) gives it: the page's legend
+    assert all(c["colour"] == palette[3 * c["index"] : 3 * c["index"] + 3] for c in answer["classes"])
     assert len(answer["segments"]) == len(expected.panoptic.segments)
     assert decoded(answer["panoptic_png"]).size == (WIDTH, HEIGHT)
     assert decoded(answer["overlay_png"]).width > WIDTH  # the overlay and its legend, for the page
@@ -173,6 +175,18 @@ def test_the_page_shows_a_dense_models_patch_maps_and_its_view_at_the_photos_siz
         assert f"({rows // 2}, {cols // 2})" in chromium.find_element(By.ID, "similar-caption").text
         assert "own size" in chromium.find_element(By.ID, "preview-caption").text
         assert chromium.find_element(By.ID, "status").get_attribute("class") != "error"
+        # The legend is the page's own (swatch, name, share at the page's font size), not the overlay's 13 pixels
+        # shrunk with the photo: the overlay shows the photo alone.
+        size = chromium.execute_script(
+            "const o = document.getElementById('overlay'); return [o.naturalHeight, o.naturalWidth]"
+        )
+        assert size == [HEIGHT, WIDTH]
+        answer = json.loads(server.post_image(image.read_bytes())[2])
+        swatches = chromium.find_elements(By.CSS_SELECTOR, "#bars .bar .swatch")
+        assert [s.value_of_css_property("background-color") for s in swatches] == [
+            "rgba({}, {}, {}, 1)".format(*c["colour"]) for c in answer["classes"][:8]
+        ]
+        assert float(swatches[0].find_element(By.XPATH, "..").value_of_css_property("font-size")[:-2]) >= 13
         chromium.save_screenshot(str(tmp_path / "page.png"))
     finally:
         server.stop()

@@ -205,13 +205,18 @@ def render_overlay(pixels, heat) -> bytes:
 def dense_answer(answer, pixels, names: list[str], with_picture: bool) -> dict[str, Any]:
     """The JSON body of a dense model's answer for one photo (uint8 pixels (C, H, W)): the files `vitlab predict`
     writes, as base64 PNGs ("mask_png", "panoptic_png", "depth_png", and with `with_picture` "overlay_png": the
-    overlay, or the coloured depth), beside what its row says (classes and areas, or depth min, max and scale)."""
+    overlay, or the coloured depth), beside what its row says (classes with their areas and colours, or depth min,
+    max and scale)."""
     import base64
 
+    from vitlab.data.dense_sets import voc_palette
     from vitlab.eval.predict_dense import dense_row
 
     row, files = dense_row(answer, pixels, names)
     body: dict[str, Any] = {"size": list(pixels.shape[-2:]), **row}
+    if "classes" in body:  # each class's colour in the mask and the overlay: the page draws its legend in HTML
+        palette = voc_palette()
+        body["classes"] = [{**area, "colour": palette[min(area["index"], 255)].tolist()} for area in body["classes"]]
     for suffix, data in files.items():
         if suffix == "segments.json":
             body["segments"] = json.loads(data)["segments"]
