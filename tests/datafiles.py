@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitlab.data.contract import Preprocessing
 from vitlab.data.datasets import scan_folder
 from vitlab.data.source import Batch, DataRequest, Splits, epoch_order, evaluation_share, rank_shard, steps_per_epoch
+from vitlab.preprocessing import Preprocessing
 
 
 def idx_bytes(array: np.ndarray) -> bytes:

@@ -100,7 +100,7 @@ def two_processes(*options: str) -> list[str]:
 def naflex_model(tmp_path, budget=12):
     """A small rotary model whose contract reads images NaFlex (16-pixel patches, `budget` of them), saved."""
     from vitlab.checkpoint.io import save_model
-    from vitlab.data.contract import Preprocessing
+    from vitlab.preprocessing import Preprocessing
 
     torch.manual_seed(0)
     model = create_model(

@@ -137,9 +137,9 @@ def test_to_device_copies_without_waiting_and_leaves_what_is_there():
 def test_grids_known_on_the_host_give_the_positions_of_grids_read_from_the_coordinates():
     """Patches cut on the host carry their images' grids there (no read back from a GPU to choose the position
     tables); without them the model reads the grids from the coordinates: the same logits either way."""
-    from vitlab.data.contract import Preprocessing
     from vitlab.data.naflex import pad_patch_inputs
     from vitlab.models import create_model
+    from vitlab.preprocessing import Preprocessing
 
     torch.manual_seed(0)
     model = create_model(

@@ -10,7 +10,7 @@ from typing import Any
 from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.io import Weights, apply_hints
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing
+from vitlab.preprocessing import Preprocessing
 
 PREFIX, MARKER, MODEL_TYPE = "toy.", "toy.marker", "toy_vit"
 ARCHITECTURE: dict[str, Any] = dict(family="toy", embed_dim=8, depth=1, num_heads=2, mlp_dim=16, num_classes=0)

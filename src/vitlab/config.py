@@ -13,10 +13,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-from vitlab.data.contract import Preprocessing
 from vitlab.errors import ConfigError
-from vitlab.layers.patch_grid import patch_grid
-from vitlab.models.positions.kinds import POSITION_NAMES, POSITION_TRAITS, position_traits
+from vitlab.patch_grid import patch_grid
+from vitlab.position_kinds import POSITION_NAMES, POSITION_TRAITS, position_traits
+from vitlab.preprocessing import Preprocessing
 
 
 def stem_stride(resnet_layers: tuple[int, ...] | None) -> int:
@@ -77,7 +77,7 @@ def parse_classes(text: str) -> list[int]:
 
 # The names each choice of the config takes; the implementations are tables keyed by the same names
 # (models/positions.POSITION_KINDS, layers/norm.NORM_LAYERS, layers/mlp.MLP_LAYERS), kept equal by tests/test_config.py.
-# A position kind's traits (has a table, rotary, ...) are declared once, in models/positions/kinds.py.
+# A position kind's traits (has a table, rotary, ...) are declared once, in position_kinds.py.
 # A field annotated with one of these Literal types takes exactly its values (`ViTConfig.check_types`); pos_embed
 # takes the names of the position kinds' table instead, which a new kind extends.
 POSITION_EMBEDDINGS = POSITION_NAMES
@@ -210,7 +210,7 @@ class ViTConfig:
     # every block, from each patch's coordinates; DINOv3's), or "pe_rope" (Perception Encoder's: a learned table and
     # rotary positions of each patch's integer (column, row) + 1 (+ 0 without a class token), rescaled to the
     # model's own grid at other sizes, in interleaved channel pairs; rope_theta is then 10000).
-    # What each kind is (has a table, rotary, ...): models/positions/kinds.py.
+    # What each kind is (has a table, rotary, ...): position_kinds.py.
     pos_embed: str = "learned"
     # Where a table is added (Table 8's columns): "input" once after the stem (the paper's default);
     # "every_block" before every block, each with its own table; "every_block_shared" before every block, one table.
@@ -298,7 +298,7 @@ class ViTConfig:
     image_mean: tuple[float, ...] = (0.5,)
     image_std: tuple[float, ...] = (0.5,)
     # How an image becomes the input before the statistics above apply: resize kernel, stretch or centre crop
-    # (with timm's crop fraction), grey conversion (vitlab.data.contract). None: not recorded (configs written
+    # (with timm's crop fraction), grey conversion (vitlab.preprocessing). None: not recorded (configs written
     # before vitlab recorded it); stored arrays then get Preprocessing.in_memory() and image files
     # Preprocessing.image_files(), what vitlab did to each before.
     preprocessing: Preprocessing | None = None
@@ -468,7 +468,7 @@ class ViTConfig:
             raise ConfigError(f"{len(self.class_names)} class names given for {self.num_classes} classes")
 
     def check_positions(self) -> None:
-        """The position kind against the rest of the config, by what the kind is (models/positions/kinds.py)."""
+        """The position kind against the rest of the config, by what the kind is (position_kinds.py)."""
         if self.pos_embed not in POSITION_TRAITS:
             raise ConfigError(f"pos_embed must be one of {', '.join(POSITION_TRAITS)}, got {self.pos_embed!r}")
         if self.rope_shift is not None and self.rope_shift < 0:

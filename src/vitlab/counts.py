@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 
 from vitlab.config import ViTConfig
-from vitlab.models.positions.kinds import position_traits
+from vitlab.position_kinds import position_traits
 
 
 def formula_covers(config: ViTConfig) -> bool:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitlab.config import MODEL_SIZES
-from vitlab.data.contract import IMAGENET_MEAN, IMAGENET_STD, OPENAI_MEAN, OPENAI_STD, Preprocessing
 from vitlab.errors import ConfigError
+from vitlab.preprocessing import IMAGENET_MEAN, IMAGENET_STD, OPENAI_MEAN, OPENAI_STD, Preprocessing
 
 # Depth Anything V2 as released: DINOv2 at patch 14 (LayerScale, eps 1e-6, positions resampled bicubic), no
 # classifier, its DPTImageProcessor's defaults (checkpoint/families/depth_anything.py, `DEFAULT_PREPROCESSING`);

@@ -60,8 +60,8 @@ def test_a_4_by_3_photo_at_256_patches():
 
     from PIL import Image
 
-    from vitlab.data.contract import Preprocessing
     from vitlab.data.preprocess import decode_image
+    from vitlab.preprocessing import Preprocessing
 
     assert naflex_grid(375, 500, 16, 256) == (14, 18)  # 224 x 288 pixels, 252 patches (a square: 16 x 16)
     photo = io.BytesIO()
@@ -91,8 +91,8 @@ def test_a_padded_batch_gives_each_images_own_outputs(pos_embed):
 
 def test_the_naflex_contract_is_checked_and_old_contracts_read_as_before():
     from vitlab.config import ViTConfig
-    from vitlab.data.contract import Preprocessing
     from vitlab.errors import ConfigError
+    from vitlab.preprocessing import Preprocessing
 
     contract = Preprocessing.naflex(16, 256)
     assert Preprocessing.from_dict(contract.to_dict()) == contract
@@ -212,9 +212,9 @@ def test_training_crops_keep_the_images_aspect_ratio_on_their_own_grid():
     import numpy as np
     from PIL import Image
 
-    from vitlab.data.contract import Preprocessing
     from vitlab.data.preprocess import resized_size
     from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
+    from vitlab.preprocessing import Preprocessing
 
     buffer = io.BytesIO()
     Image.fromarray(np.zeros((100, 300, 3), dtype=np.uint8)).save(buffer, format="PNG")
@@ -291,10 +291,10 @@ def test_analyze_sees_each_image_on_its_own_grid(tmp_path):
 def test_a_stored_array_set_reads_naflex_on_its_own_grid(tmp_path):
     """digits (8x8 arrays) under a NaFlex contract of 2-pixel patches and 12 of them: every image on the 3x3 grid
     (6x6 pixels), batches of whole pixel images the model takes at that grid, the same logits as cut patches."""
-    from vitlab.data.contract import Preprocessing
     from vitlab.data.loaders import open_split
     from vitlab.data.source import DataRequest
     from vitlab.eval.batches import run_batches
+    from vitlab.preprocessing import Preprocessing
 
     torch.manual_seed(0)
     model = create_model(
@@ -396,8 +396,8 @@ def test_the_serve_engine_classifies_a_padded_batch_as_each_image_alone(tmp_path
 
 def test_a_naflex_hybrid_is_refused():
     from vitlab.config import ViTConfig
-    from vitlab.data.contract import Preprocessing
     from vitlab.errors import ConfigError
+    from vitlab.preprocessing import Preprocessing
 
     with pytest.raises(ConfigError, match="the ResNet hybrid cuts its patches from the stem's feature map"):
         ViTConfig(patch_size=1, resnet_layers=(3, 4, 9), preprocessing=Preprocessing.naflex(1, 196))

@@ -12,10 +12,10 @@ from vitlab.checkpoint import load_model
 from vitlab.checkpoint.formats import read_checkpoint
 from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.preprocess import denormalize, normalize, to_unit_range
 from vitlab.errors import ConfigError
 from vitlab.models import create_model
+from vitlab.preprocessing import Preprocessing, resolved_preprocessing
 from vitlab.variants import variant_config
 
 IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))

@@ -16,13 +16,13 @@ from PIL import Image
 
 from vitlab.checkpoint.formats import export_checkpoint
 from vitlab.checkpoint.io import save_model
-from vitlab.data.contract import Preprocessing
 from vitlab.data.datasets import load_dataset, load_folder
 from vitlab.data.images import read_image
 from vitlab.data.preprocess import decode_image, prepare, resize_unit_images
 from vitlab.eval.classify import evaluate
 from vitlab.eval.predict import predict
 from vitlab.models import create_model
+from vitlab.preprocessing import Preprocessing
 from vitlab.variants import variant_config
 
 SIZE = 16
@@ -118,7 +118,7 @@ def test_every_path_gives_the_model_the_same_input(name, images, tmp_path):
     # it faster)
     engine = Engine(save_model(model, tmp_path / "m.safetensors"), backend="torch")
     served = Inputs(engine.runner)
-    from vitlab.data.contract import resolved_preprocessing
+    from vitlab.preprocessing import resolved_preprocessing
 
     uploads = torch.stack(
         [

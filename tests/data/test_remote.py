@@ -45,11 +45,11 @@ def test_a_manifests_relative_paths_are_normalised_under_its_url():
 def test_storage_that_cannot_be_reached_stops_the_run_instead_of_skipping_its_files(monkeypatch):
     """A file that cannot be decoded is skipped and counted; object storage that cannot be reached (network,
     credentials) is not the file's fault: the error goes up, so the run stops and a restart resumes it."""
-    from vitlab.data.contract import Preprocessing
     from vitlab.data.stream import remote
     from vitlab.data.stream.index import FileStore, PackedStrings, SampleIndex
     from vitlab.data.stream.loader import Request, SampleReader
     from vitlab.data.stream.remote import RemoteUnreachable
+    from vitlab.preprocessing import Preprocessing
 
     def unreachable(url, attempts=3):
         raise remote.unreachable(url, ConnectionError("no route to host"))

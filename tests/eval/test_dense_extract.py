@@ -17,7 +17,7 @@ from vitlab.dense.features import dense_features
 from vitlab.errors import ConfigError
 from vitlab.features.grids import DenseFeatureFile
 from vitlab.features.store import ShardedStore
-from vitlab.layers.patch_grid import patch_grid, whole_patches
+from vitlab.patch_grid import patch_grid, whole_patches
 
 
 def run_dense(tiny_run, out, *extra):

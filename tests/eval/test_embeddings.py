@@ -23,7 +23,7 @@ CHECKPOINT = FIXTURES / "hf_vit"  # 16x16 images, class token
 
 
 def streamed(root, model, workers=0):
-    from vitlab.data.contract import resolved_preprocessing
+    from vitlab.preprocessing import resolved_preprocessing
 
     config = model.config
     return StreamingSource(

@@ -25,12 +25,12 @@ if os.environ.get("VITLAB_OPENVINO_PROCESS") != "1":
 from vitlab.checkpoint.io import save_model  # noqa: E402
 from vitlab.cli import main  # noqa: E402
 from vitlab.config import ViTConfig  # noqa: E402
-from vitlab.data.contract import Preprocessing  # noqa: E402
 from vitlab.data.preprocess import prepare  # noqa: E402
 from vitlab.errors import CheckpointError, UsageError  # noqa: E402
 from vitlab.export import openvino  # noqa: E402
 from vitlab.export.checks import calibration_pixels, validation_pixels  # noqa: E402
 from vitlab.models import create_model  # noqa: E402
+from vitlab.preprocessing import Preprocessing  # noqa: E402
 from vitlab.runtime.exporter import check_export_options  # noqa: E402
 
 SMALL = ViTConfig(

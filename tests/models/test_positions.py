@@ -11,7 +11,7 @@ from vitlab.model_input import PatchInput
 from vitlab.models import create_model
 from vitlab.models.positions import POSITION_KINDS
 from vitlab.models.positions.absolute import AbsoluteTable
-from vitlab.models.positions.kinds import POSITION_TRAITS, PositionTraits
+from vitlab.position_kinds import POSITION_TRAITS, PositionTraits
 
 TINY = dict(image_size=(8, 12), patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_dim=48, num_classes=3)
 KINDS = [

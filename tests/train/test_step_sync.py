@@ -11,7 +11,6 @@ import torch
 
 from runfiles import META, waiting_copies
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing
 from vitlab.data.naflex import pad_patch_inputs
 from vitlab.data.source import Batch
 from vitlab.data.transforms import AugmentConfig
@@ -22,6 +21,7 @@ from vitlab.objectives.classification import Classification
 from vitlab.objectives.mae import MaskedAutoencoding
 from vitlab.objectives.mpp import MaskedPatchPrediction
 from vitlab.objectives.settings import PretrainConfig
+from vitlab.preprocessing import Preprocessing
 from vitlab.train import epoch
 from vitlab.train.epoch import Safeguards, train_one_epoch
 from vitlab.train.figures import StepFigures

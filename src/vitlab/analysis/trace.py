@@ -22,8 +22,8 @@ from torch import nn
 from vitlab.data.datasets import load_dataset
 from vitlab.data.preprocess import prepare
 from vitlab.layers.patch_embed import patchify
-from vitlab.models.positions.kinds import position_traits
 from vitlab.models.vit import add_positions
+from vitlab.position_kinds import position_traits
 
 
 @dataclass

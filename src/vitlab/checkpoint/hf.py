@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_plain_blocks
 from vitlab.config import HEADS_BY_WIDTH, ViTConfig
-from vitlab.data.contract import IMAGENET_MEAN, IMAGENET_STD, Preprocessing, cropped_side, resolved_preprocessing
 from vitlab.errors import CheckpointError
+from vitlab.preprocessing import IMAGENET_MEAN, IMAGENET_STD, Preprocessing, cropped_side, resolved_preprocessing
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module (io.py says why)
     import torch

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from vitlab.checkpoint.hf import head_count
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
+from vitlab.preprocessing import Preprocessing
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module (io.py says why)
     import torch

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions
 from vitlab.config import ViTConfig, stem_stride
-from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
+from vitlab.preprocessing import Preprocessing
 
 if TYPE_CHECKING:  # numpy and torch are imported where arrays are made: the family table imports this module
     import numpy as np

@@ -20,8 +20,8 @@ from vitlab.checkpoint.io import (
     require_plain_blocks,
 )
 from vitlab.config import HEADS_BY_WIDTH, MODEL_SIZES, ViTConfig, stem_stride
-from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
+from vitlab.preprocessing import Preprocessing
 
 if TYPE_CHECKING:  # no tensor is made here; the family table imports this module (io.py says why)
     import torch

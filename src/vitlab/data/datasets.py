@@ -24,13 +24,13 @@ import numpy as np
 import torch
 
 from vitlab.data.carving import TEST_CARVING, TEST_FRACTION, TEST_SEED, carve_splits
-from vitlab.data.contract import Preprocessing
 from vitlab.data.formats import resolve_format
 from vitlab.data.images import read_image, refuse_damaged
 from vitlab.data.source import BatchSource, DataRequest, InMemoryDataset, Splits, digest
 from vitlab.data.stream.folder import folder_trees, index_folder
 from vitlab.download import RemoteFile, download
 from vitlab.errors import DataError
+from vitlab.preprocessing import Preprocessing
 
 
 @dataclass

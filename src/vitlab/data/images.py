@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from vitlab.data.contract import Preprocessing
 from vitlab.data.preprocess import decode_image
 from vitlab.errors import DataError
+from vitlab.preprocessing import Preprocessing
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 # One stated limit for image files held in memory and streamed: above this share of unreadable files the data

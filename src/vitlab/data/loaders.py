@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from vitlab.data import datasets, segmentation
-from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.formats import AUTO, FORMATS, DataFormat, format_named, resolve_format
 from vitlab.data.images import collect_images, read_image, reason
 from vitlab.data.naflex import patch_images
@@ -27,6 +26,7 @@ from vitlab.data.source import BatchSource, DataRequest, Splits, SplitsOpener
 from vitlab.data.stream import splits as streamed
 from vitlab.errors import DataError
 from vitlab.model_input import PatchInput
+from vitlab.preprocessing import resolved_preprocessing
 
 MEMORY_SHARE = 0.25  # a folder is held in memory while its decoded pixels take at most this share of free memory
 

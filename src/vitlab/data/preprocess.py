@@ -1,4 +1,4 @@
-"""Turning pixels into model input under the model's preprocessing contract (`vitlab.data.contract`): decode a
+"""Turning pixels into model input under the model's preprocessing contract (`vitlab.preprocessing`): decode a
 file to uint8 at the model's size, resize stored arrays, scale to [0, 1], normalise, and back.
 
 This is the one implementation; data sets, evaluation, predict, serve, the ONNX graph, the Hugging Face
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitlab.data.contract import Preprocessing, cropped_side, resolved_preprocessing
 from vitlab.errors import DataError
 from vitlab.model_input import ModelInput, PatchInput, to_device
+from vitlab.preprocessing import Preprocessing, cropped_side, resolved_preprocessing
 
 # ITU-R 601-2 luma, the weights of PIL's convert("L").
 LUMA_WEIGHTS = (0.299, 0.587, 0.114)

@@ -29,12 +29,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitlab.data.contract import Preprocessing
 from vitlab.data.preprocess import match_channels
 from vitlab.data.probe_data import open_probe_data
 from vitlab.data.source import Batch, BatchSource, DataRequest, InMemoryDataset, Splits, digest
 from vitlab.data.transforms import Draws, on
 from vitlab.errors import DataError
+from vitlab.preprocessing import Preprocessing
 
 IGNORE_LABEL = 255  # as vitlab.data.dense_sets, vitlab.data.scenes and vitlab.metrics.segmentation
 SCENES = "mnist-scenes"

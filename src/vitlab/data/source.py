@@ -39,12 +39,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.images import read_image, reason, refuse_damaged
 from vitlab.data.preprocess import InputSpec
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import DataError
 from vitlab.model_input import ModelInput
+from vitlab.preprocessing import Preprocessing, resolved_preprocessing
 
 
 @dataclass

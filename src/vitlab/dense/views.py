@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from vitlab.data.contract import Preprocessing
 from vitlab.data.preprocess import crop_box, resize_unit_images, resized_size
 from vitlab.errors import UsageError
+from vitlab.preprocessing import Preprocessing
 
 COVER_AND_CROP = Preprocessing(mode="crop", resize="bilinear")  # shorter side to the crop, then the centre cut
 

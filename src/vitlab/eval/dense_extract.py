@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from vitlab import checkpoint as checkpoints
-from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.source import Batch, BatchSource
 from vitlab.dense.features import DenseFeatures, LayerChoice, chosen_blocks, dense_features, parse_layers
 from vitlab.errors import UsageError
@@ -30,8 +29,9 @@ from vitlab.eval.retrieval import Reading, collection_run
 from vitlab.features.extract import extract
 from vitlab.features.grids import GridParts
 from vitlab.features.store import ShardedStore, check_dtype, collection_settings
-from vitlab.layers.patch_grid import whole_patches
 from vitlab.messages import unreadable_line
+from vitlab.patch_grid import whole_patches
+from vitlab.preprocessing import Preprocessing, resolved_preprocessing
 
 PART_IMAGES = 256  # images per shard: 150 MB of B/16 float32 tokens, and what a killed run can lose
 

@@ -10,7 +10,6 @@ import torch
 
 from vitlab.checkpoint import load_model
 from vitlab.counts import model_size
-from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import collect_images
 from vitlab.data.source import ImageFiles
 from vitlab.dense.inference import dense_task
@@ -19,6 +18,7 @@ from vitlab.eval.batches import run_batches
 from vitlab.eval.classify import require_head
 from vitlab.eval.predict_dense import format_dense_row, predict_dense_files
 from vitlab.hardware import Choice, choose_precision, resolve_device
+from vitlab.preprocessing import resolved_preprocessing
 from vitlab.runtime.registry import DEFAULT_FORMAT, TORCH, backend_for, backend_named
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from vitlab import checkpoint as checkpoints
-from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.images import IMAGE_EXTENSIONS, collect_images
 from vitlab.data.loaders import open_split
 from vitlab.data.source import BatchSource, DataRequest, ImageFiles
@@ -22,6 +21,7 @@ from vitlab.features.vectors import read_embeddings
 from vitlab.hardware import available_cores
 from vitlab.messages import counted, unreadable_line
 from vitlab.metrics.neighbours import KNN_K, KNN_TEMPERATURE, knn_accuracy, near_duplicates, nearest
+from vitlab.preprocessing import Preprocessing, resolved_preprocessing
 
 
 @dataclass  # not frozen: an InputSpec's fields are plain attributes

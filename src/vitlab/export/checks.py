@@ -19,11 +19,11 @@ from typing import Any
 import torch
 
 from vitlab.config import ViTConfig
-from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import collect_images, read_image
 from vitlab.data.loaders import gather_images
 from vitlab.errors import CheckpointError, UsageError
 from vitlab.files import CHECKSUMS, record_checksum, sha256_file
+from vitlab.preprocessing import resolved_preprocessing
 
 CHECK_DATASET = "digits"  # shipped with vitlab: any model can be checked on it, whatever it was trained for
 

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing, resolved_preprocessing
 from vitlab.data.preprocess import describe_preprocessing, normalize, prepare, resize_unit_images
 from vitlab.dense.inference import dense_task, output_tensors, require_dense
 from vitlab.errors import CheckpointError, UsageError
@@ -41,6 +40,7 @@ from vitlab.export.checks import (
     validation_pixels,
 )
 from vitlab.hardware import Choice
+from vitlab.preprocessing import Preprocessing, resolved_preprocessing
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 INSTALL_HINT = "pip install 'vitlab[onnx]' (or: pip install onnx onnxscript onnxruntime)"

@@ -1,7 +1,6 @@
 """Building blocks of the Vision Transformer, one concept per file.
 
-The names below load on first use, so that `vitlab.config` can import the torch-free `layers.patch_grid`
-without this package pulling in torch (`vitlab models` runs without it).
+The names below load on first use, so that importing the package does not pull in torch.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ _EXPORTS = {
     "PatchEmbed": "vitlab.layers.patch_embed",
     "patchify": "vitlab.layers.patch_embed",
     "unpatchify": "vitlab.layers.patch_embed",
-    "patch_grid": "vitlab.layers.patch_grid",
+    "patch_grid": "vitlab.patch_grid",
     "resample_pos_embed": "vitlab.layers.pos_embed",
     "sincos_2d_pos_embed": "vitlab.layers.pos_embed",
 }

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from vitlab.layers.patch_grid import patch_grid
 from vitlab.model_input import PatchInput
+from vitlab.patch_grid import patch_grid
 
 
 def patchify(images: torch.Tensor, patch_size: int | tuple[int, int]) -> torch.Tensor:

@@ -1,8 +1,7 @@
 """The models: the paper's VisionTransformer (vit.py), its position kinds (positions/), the hybrid's stem, and the
 self-supervised wrappers (MAE, masked patch prediction).
 
-The names below load on first use, so that `vitlab.config` can read the torch-free `positions.kinds` without this
-package pulling in torch.
+The names below load on first use, so that importing the package does not pull in torch.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from vitlab.layers.block import Block
 from vitlab.layers.upscale import ScaleBlock
 from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models import fast_paths
-from vitlab.models.positions.kinds import position_traits
 from vitlab.models.vit import VisionTransformer
+from vitlab.position_kinds import position_traits
 
 
 class SegmentationOutput(NamedTuple):

@@ -35,7 +35,7 @@ from vitlab.layers.attention import Attention, AttentionContext, merge_heads
 from vitlab.layers.block import Block
 from vitlab.layers.explicit_attention import explicit_attention
 from vitlab.layers.mlp import Mlp
-from vitlab.models.positions.kinds import position_traits
+from vitlab.position_kinds import position_traits
 
 
 def head_tokens(config: ViTConfig) -> int | None:

@@ -42,8 +42,8 @@ from vitlab.layers.norm import norm_factory
 from vitlab.layers.patch_embed import patchify, unpatchify
 from vitlab.layers.pos_embed import sincos_2d_pos_embed
 from vitlab.model_input import require_pixels
-from vitlab.models.positions.kinds import position_traits
 from vitlab.models.vit import VisionTransformer
+from vitlab.position_kinds import position_traits
 
 
 @dataclass

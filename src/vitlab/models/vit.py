@@ -44,8 +44,8 @@ from vitlab.layers.pooling import GeneralizedMeanPool, token_mean
 from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models import fast_paths
 from vitlab.models.hybrid import ResNetStem
-from vitlab.models.positions.kinds import position_traits
 from vitlab.models.positions.registry import position_kind
+from vitlab.position_kinds import position_traits
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
 # Parameters of eq. 1 and what sits between it and the first block (CLIP's pre-encoder norm): frozen with the

@@ -29,11 +29,11 @@ import time
 from importlib import resources
 from typing import Any
 
-from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.images import read_image
 from vitlab.data.preprocess import decode_image
 from vitlab.data.source import batch_of
 from vitlab.errors import DataError, UsageError
+from vitlab.preprocessing import resolved_preprocessing
 from vitlab.serve.batcher import DynamicBatcher
 from vitlab.serve.engine import EXPLAINING, PATCH_FEATURES, Engine
 

@@ -25,7 +25,6 @@ import torch
 from vitlab.analysis.attention import Rollout, rollout_patch_maps
 from vitlab.checkpoint import load_model
 from vitlab.counts import model_size
-from vitlab.data.contract import resolved_preprocessing
 from vitlab.data.preprocess import describe_preprocessing, prepare
 from vitlab.dense.features import dense_features
 from vitlab.dense.inference import Depth, Segmentation, dense_task, names_of, predict_dense
@@ -47,6 +46,7 @@ from vitlab.hardware import (
 from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.model_input import ModelInput
+from vitlab.preprocessing import resolved_preprocessing
 from vitlab.runs import display_name
 from vitlab.runtime.base import Backend, ExportOptions
 from vitlab.runtime.registry import TORCH, backend_for, backend_named, backend_names, backends

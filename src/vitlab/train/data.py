@@ -9,12 +9,12 @@ import os
 from typing import Any
 
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing
 from vitlab.data.loaders import can_stream, open_splits, streaming_choice
 from vitlab.data.source import DataRequest, Splits
 from vitlab.distributed import DistEnv, broadcast_object
 from vitlab.errors import ConfigError
 from vitlab.messages import say
+from vitlab.preprocessing import Preprocessing
 from vitlab.train.config import TrainConfig
 from vitlab.train.setup import default_workers
 from vitlab.variants import variant_config, variant_names

@@ -39,8 +39,8 @@ from vitlab.checkpoint.hf import IMAGENET_MEAN, IMAGENET_STD, head_count, prepro
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, exported_config, require_layout
 from vitlab.checkpoint.timm import shape_args
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
+from vitlab.preprocessing import Preprocessing
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
     import torch

@@ -39,8 +39,8 @@ from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.hf import IMAGENET_MEAN, IMAGENET_STD, RESIZE_OF_PIL, head_count
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_layout
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
+from vitlab.preprocessing import Preprocessing
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
     import torch

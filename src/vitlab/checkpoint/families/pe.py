@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, exported_config
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
+from vitlab.preprocessing import Preprocessing
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
     import torch

@@ -33,8 +33,8 @@ from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.hf import head_count, preprocessing_from_hf
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, require_layout
 from vitlab.config import ViTConfig
-from vitlab.data.contract import OPENAI_MEAN, OPENAI_STD
 from vitlab.errors import CheckpointError
+from vitlab.preprocessing import OPENAI_MEAN, OPENAI_STD
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
     import torch

@@ -22,9 +22,9 @@ from vitlab.checkpoint import hf_clip
 from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.io import Weights, apply_hints, require_layout
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing
 from vitlab.errors import CheckpointError
 from vitlab.messages import say
+from vitlab.preprocessing import Preprocessing
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
     import torch

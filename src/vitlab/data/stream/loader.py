@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from vitlab.data.contract import Preprocessing
 from vitlab.data.images import MAX_BAD_FRACTION, refuse_damaged  # one stated limit for held and streamed files
 from vitlab.data.preprocess import decode_image, resized_size
 from vitlab.data.source import (
@@ -42,6 +41,7 @@ from vitlab.data.stream.crops import TrainCrop, crop_image, sample_rng
 from vitlab.data.stream.remote import RemoteUnreachable, ShardPrefetcher, redacted
 from vitlab.errors import DataError, UsageError
 from vitlab.hardware import return_freed_memory
+from vitlab.preprocessing import Preprocessing
 
 REPLACEMENT_TRIES = 16  # readable images looked for after a bad one before the batch is given up
 BATCH_TIMEOUT_SECONDS = 600  # a worker that delivers nothing for this long is taken as hung (a stalled disk, say)

@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from vitlab.data.carving import TEST_CARVING, TEST_FRACTION, carve_splits
-from vitlab.data.contract import Preprocessing
 from vitlab.data.formats import open_data_index, resolve_format
 from vitlab.data.source import BatchSource, DataRequest, Splits
 from vitlab.data.stream.crops import TrainCrop
@@ -26,6 +25,7 @@ from vitlab.data.stream.folder import folder_trees
 from vitlab.data.stream.loader import StreamingSource, share_evaluation_workers
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import DataError
+from vitlab.preprocessing import Preprocessing
 
 
 def labels_of(index) -> torch.Tensor:

@@ -1,8 +1,7 @@
 """Position kinds, one module each, one row each in POSITION_KINDS (registry.py), keyed by the names whose traits
-kinds.py declares. See base.py for the seam.
+vitlab/position_kinds.py declares (torch-free, beside the config that checks them). See base.py for the seam.
 
-The names below load on first use, so that `vitlab.config` can read the torch-free kinds.py without this package
-pulling in torch.
+The names below load on first use, so that importing the package does not pull in torch.
 """
 
 from __future__ import annotations
@@ -13,9 +12,6 @@ _EXPORTS = {
     "POSITION_KINDS": "vitlab.models.positions.registry",
     "position_kind": "vitlab.models.positions.registry",
     "PositionKind": "vitlab.models.positions.base",
-    "POSITION_TRAITS": "vitlab.models.positions.kinds",
-    "PositionTraits": "vitlab.models.positions.kinds",
-    "position_traits": "vitlab.models.positions.kinds",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,4 @@
-"""The position kinds' code, one row per kind, keyed by the names kinds.py declares (tests/test_config.py keeps
+"""The position kinds' code, one row per kind, keyed by the names position_kinds.py declares (tests/test_config.py keeps
 the two tables equal)."""
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ input size or its shorter side resized and the centre cropped (timm's crop_pct),
 for a one-channel model. The per-channel statistics stay where every vitlab checkpoint has always stored them,
 `ViTConfig.image_mean` / `image_std`: one source of truth, so a contract never disagrees with the config it is in.
 
-No torch here: `vitlab.config` imports this module, and `import vitlab` stays light.
+No torch here, and nothing above the config: `vitlab.config` imports this module (it sits at the bottom of the
+package order with it), and `import vitlab` stays light.
 """
 
 from __future__ import annotations

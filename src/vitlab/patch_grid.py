@@ -1,8 +1,8 @@
 """The patch grid: how many P x P patches fit an image, or why they do not.
 
 It is the shape arithmetic of the patch embedding, and it lives here, free of torch, because the model config
-needs it too (`ViTConfig.grid_size`) and `vitlab models` must answer without importing torch: the dependency runs
-config -> layers, never back.
+needs it too (`ViTConfig.grid_size`) and `vitlab models` must answer without importing torch: it sits at the
+bottom of the package order, beside the config, and layers/patch_embed.py reads it from there.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What each position kind is, declared once: the config, the counts and the model ask these traits, never a name.
 
-Torch-free, so that `vitlab.config` can check a config against its kind without importing torch (`vitlab models`
-runs without it). The kinds' code is one module each beside this file (absolute.py, cropped.py, relative.py, rotary.py),
-keyed by the same names in POSITION_KINDS (positions/__init__.py).
+Torch-free and at the bottom of the package order, beside the config that checks a config against its kind
+(`vitlab models` runs without torch). The kinds' code is one module each in models/positions/ (absolute.py,
+cropped.py, relative.py, rotary.py), keyed by the same names in POSITION_KINDS (models/positions/registry.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 import pytest
 
 from vitlab.errors import ConfigError
-from vitlab.layers.patch_grid import patch_grid, whole_patches
+from vitlab.patch_grid import patch_grid, whole_patches
 
 
 def test_the_suggestion_is_the_nearest_multiple_the_smaller_on_a_tie_and_at_least_one_patch():
