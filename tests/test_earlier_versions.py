@@ -36,3 +36,26 @@ def test_a_config_written_before_issue_48_reads_as_todays_equivalent(name):
 def test_an_unknown_rotary_of_an_old_config_is_refused_with_what_was_written():
     with pytest.raises(ConfigError, match="only rotary written by earlier vitlab versions"):
         ViTConfig.from_dict({"rotary": "pe", "pos_embed": "rope"})
+
+
+# Written by main at d434df3, before configs were composed of parts (a dense model's head settings were then
+# fields of the encoder's flat config, and its encoder's weights had no "encoder." prefix).
+D434DF3 = ["classifier", "eomt", "depth_anything", "radio", "linear_segmenter", "upsampling_segmenter"]
+
+
+@pytest.mark.parametrize("name", D434DF3)
+def test_a_model_written_by_d434df3_gives_the_same_outputs(name):
+    expected = load_file(FOLDER / "expected_d434df3.safetensors")
+    model = load_model(FOLDER / f"{name}_d434df3.safetensors").eval()
+    with torch.no_grad():
+        outputs = model(expected["images"])
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    assert len(outputs) == len([key for key in expected if key.startswith(f"{name}.")])
+    for index, output in enumerate(outputs):
+        torch.testing.assert_close(output, expected[f"{name}.{index}"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", D434DF3)
+def test_a_config_written_by_d434df3_reads_and_writes_back_as_itself(name):
+    config = ViTConfig.from_json((FOLDER / f"{name}_d434df3.config.json").read_text())
+    assert ViTConfig.from_json(config.to_json()) == config
