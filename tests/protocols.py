@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import toy_backend
 from datafiles import Stripes
+from vitlab.config import ViTConfig
 from vitlab.data import datasets
 from vitlab.data.datasets import ImageDataset
 from vitlab.data.segmentation import SegmentationDataset
@@ -20,6 +21,7 @@ from vitlab.export.pt2e import Pt2eClassifier
 from vitlab.features.grids import GridParts
 from vitlab.features.store import PartFormat
 from vitlab.features.vectors import VectorParts
+from vitlab.head_configs.base import ModelFields
 from vitlab.models.positions import POSITION_KINDS
 from vitlab.models.positions.base import PositionKind
 from vitlab.objectives.base import Objective
@@ -66,3 +68,7 @@ def runners(
     onnx: OnnxClassifier, openvino: OpenVinoClassifier, pt2e: Pt2eClassifier, toy: toy_backend.ToyRunner
 ) -> list[Runner]:
     return [onnx, openvino, pt2e, toy]  # what each backend's `load` returns
+
+
+def model_fields(config: ViTConfig) -> ModelFields:
+    return config  # what a head config's check reads of the model config it is a part of

@@ -1,9 +1,12 @@
 import pytest
 
 from vitlab.counts import formula_covers, parameters_and_flops
+from vitlab.head_configs import EoMTConfig, LinearSegmentationConfig, UpsamplingSegmentationConfig
 from vitlab.models import model_stats
 from vitlab.reports import models_table
 from vitlab.variants import variant_config, variant_names
+
+DPT_S = variant_config("depth-anything-v2-S/14").head
 
 
 @pytest.mark.run_level
@@ -46,27 +49,28 @@ def test_formula_equals_the_traced_count_for_every_variant(name):
         # upscaling and with two blocks of it, its queries in some blocks or in all of them
         (
             "dinov3-S/16",
-            dict(dense_head="eomt", num_classes=5, eomt_queries=7, eomt_upscale_blocks=0, image_size=(64, 96)),
+            dict(head=EoMTConfig(queries=7, upscale_blocks=0), num_classes=5, image_size=(64, 96)),
         ),
         (
             "dinov3-S/16",
-            dict(
-                dense_head="eomt",
-                num_classes=3,
-                eomt_queries=9,
-                eomt_blocks=12,
-                eomt_upscale_blocks=2,
-                image_size=(80, 48),
-            ),
+            dict(head=EoMTConfig(queries=9, blocks=12, upscale_blocks=2), num_classes=3, image_size=(80, 48)),
         ),
         # DPT at a non-square size (an odd grid: the 1/2x map has ceil(rows / 2) rows), and stopping before the last
         # block
         ("depth-anything-v2-S/14", dict(image_size=(70, 126))),
-        ("depth-anything-v2-S/14", dict(image_size=(42, 56), dpt_layers=(0, 2, 4, 6), depth_range="metric")),
+        (
+            "depth-anything-v2-S/14",
+            dict(image_size=(42, 56), head=DPT_S.replace(layers=(0, 2, 4, 6), depth_range="metric")),
+        ),
         # the segmentation heads on 7-pixel patches (three upsampling stages); an unused MAP pool is still built
-        ("mnist-28", dict(dense_head="linear", num_classes=4, image_size=(28, 42))),
-        ("mnist-28", dict(dense_head="upsampling", num_classes=4, upsampling_dim=24, image_size=(42, 28))),
-        ("mnist-28", dict(dense_head="upsampling", num_classes=3, classifier="map", class_token=False, norm="rmsnorm")),
+        ("mnist-28", dict(head=LinearSegmentationConfig(), num_classes=4, image_size=(28, 42))),
+        ("mnist-28", dict(head=UpsamplingSegmentationConfig(channels=24), num_classes=4, image_size=(42, 28))),
+        (
+            "mnist-28",
+            dict(
+                head=UpsamplingSegmentationConfig(), num_classes=3, classifier="map", class_token=False, norm="rmsnorm"
+            ),
+        ),
     ],
 )
 def test_formula_equals_the_traced_count_for_other_shapes(name, changes):

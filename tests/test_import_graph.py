@@ -32,8 +32,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the ground: modules that import nothing of vitlab's
     ("errors", "environment", "files", "messages", "lazy", "plots"),
     # the model's config and its torch-free parts: the preprocessing contract, the patch grid, the position kinds'
-    # traits (below everything that builds, reads or feeds a model)
+    # traits, the head configs of dense models (below everything that builds, reads or feeds a model)
     ("preprocessing", "patch_grid", "position_kinds"),
+    ("head_configs",),
     ("config",),
     # services on the ground: progress lines, the pre-trained catalogue, the patch input, processes, the cache
     ("__init__", "progress", "pretrained", "model_input", "distributed", "download"),

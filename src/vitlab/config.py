@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from vitlab.errors import ConfigError
+from vitlab.head_configs import HeadConfig, head_config_from_dict
 from vitlab.patch_grid import patch_grid
 from vitlab.position_kinds import POSITION_NAMES, POSITION_TRAITS, position_traits
 from vitlab.preprocessing import Preprocessing
@@ -88,8 +89,6 @@ MlpName = Literal["mlp", "swiglu"]
 MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu"]
 SinCosOrder = Literal["rows_first", "columns_first"]
 PositionResampling = Literal["bilinear", "bicubic", "bilinear_antialias"]
-DenseHead = Literal["none", "eomt", "dpt", "linear", "upsampling"]
-DepthRange = Literal["relative", "metric"]
 PLACEMENTS: tuple[str, ...] = get_args(Placement)
 CLASSIFIERS: tuple[str, ...] = get_args(Classifier)
 NORMS: tuple[str, ...] = get_args(NormName)
@@ -142,6 +141,10 @@ FIELD_CHECKS: dict[str, tuple[Any, str]] = {
     "list[str] | None": (
         is_optional(lambda value: isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value)),
         "a list of strings or null",
+    ),
+    "HeadConfig | None": (
+        is_optional(lambda value: isinstance(value, (HeadConfig, dict))),
+        'an object such as {"kind": "eomt", "queries": 100} or null',
     ),
     "Preprocessing | None": (
         is_optional(lambda value: isinstance(value, (Preprocessing, dict))),
@@ -265,33 +268,11 @@ class ViTConfig:
     # Hybrid only: ResNet stages of the stem (bottleneck units per stage) and its width multiplier.
     resnet_layers: tuple[int, ...] | None = None
     resnet_width_factor: float = 1.0
-    # A dense head: the model predicts per pixel, not one vector per image (models/registry.py builds its class).
-    # "none": a classifier or a backbone. "eomt": EoMT (Kerssies et al. 2025, "Your ViT is secretly an image
-    # segmentation model"; models/eomt.py): eomt_queries learned queries join the tokens before the last eomt_blocks
-    # blocks; each query gets a class (num_classes + 1 logits, the last "no object") and a mask, the dot product of
-    # its embedding with the patch grid upscaled x2 by each of eomt_upscale_blocks. "dpt": Depth Anything (Yang et
-    # al. 2024; models/depth_anything.py): DPT's neck (Ranftl et al. 2021) reassembles the patch tokens of blocks
-    # dpt_layers (0-based, four of them) into maps of dpt_neck_sizes channels at 4x, 2x, 1x and 1/2x the patch grid,
-    # fuses them into dpt_fusion_dim channels, and its head (dpt_head_dim channels) gives one depth per pixel:
-    # "relative" (ReLU; inverse depth up to scale and shift) or "metric" (sigmoid x max_depth metres).
-    dense_head: DenseHead = "none"
-    eomt_queries: int = 100
-    eomt_blocks: int = 4
-    eomt_upscale_blocks: int = 2
-    # How EoMT reads a photo (its processor's choice; dense/inference.py): False: resized to fit the input size and
-    # padded (`do_pad`, the panoptic COCO models); True: short side to the input's side, cut into overlapping square
-    # crops whose class scores are averaged (`do_split_image`, the semantic ADE20K and Cityscapes models).
-    eomt_crops: bool = False
-    dpt_layers: tuple[int, ...] = ()
-    dpt_neck_sizes: tuple[int, ...] = ()
-    dpt_fusion_dim: int = 64
-    dpt_head_dim: int = 32
-    # "linear" and "upsampling": the plain segmentation heads EoMT is compared with (models/segmentation_heads.py;
-    # `vitlab finetune --set objective=segmentation`): a 1x1 convolution on the last patch tokens, or SETR's
-    # progressive upsampling with convolutions of upsampling_dim channels; num_classes logits per pixel.
-    upsampling_dim: int = 256
-    depth_range: DepthRange = "relative"
-    max_depth: float = 1.0
+    # The head of a dense model, which predicts per pixel rather than one vector per image: its own part of the
+    # config, one class per kind (head_configs/: EoMT's queries, DPT's depth head, the plain segmentation heads),
+    # checked against the encoder above; the model holds an encoder built from the fields above and this head
+    # (models/registry.py). None: a classifier or a bare encoder, whose saved config then has no "head".
+    head: HeadConfig | None = None
     # ------------------------------------------------------------------------------------ the preprocessing
     # Preprocessing the weights expect: pixels scaled to [0, 1], then (x - mean) / std per channel (one value
     # for all channels, or one per channel). The official code and the paper use 0.5 / 0.5, i.e. [-1, 1].
@@ -343,8 +324,8 @@ class ViTConfig:
         self.patch_size = to_pair(self.patch_size, "patch_size")
         if self.resnet_layers is not None:
             self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
-        self.dpt_layers = tuple(int(n) for n in self.dpt_layers)
-        self.dpt_neck_sizes = tuple(int(n) for n in self.dpt_neck_sizes)
+        if isinstance(self.head, dict):  # as from_json hands it over
+            self.head = head_config_from_dict(self.head)
         self.summary_tokens = tuple(int(n) for n in self.summary_tokens)
         if isinstance(self.preprocessing, dict):  # as from_json hands it over
             self.preprocessing = Preprocessing.from_dict(self.preprocessing)
@@ -408,36 +389,8 @@ class ViTConfig:
                 "classifier='token', and no representation layer or fc_norm"
             )
         patch_grid(self.image_size, self.patch_size, stem_stride(self.resnet_layers))  # the patch divides the image
-        self.check_dense_head()
-
-    def check_dense_head(self) -> None:
-        """The dense head's sizes against the encoder it reads."""
-        if self.dense_head == "eomt":
-            if self.num_classes <= 0:
-                raise ConfigError("an EoMT model needs num_classes > 0 (its queries' classes, without 'no object')")
-            if not 0 < self.eomt_blocks <= self.depth:
-                raise ConfigError(f"eomt_blocks must be in 1..depth ({self.depth}), got {self.eomt_blocks}")
-            if not 0 < self.eomt_queries <= 4096:
-                raise ConfigError(f"eomt_queries must be in 1..4096, got {self.eomt_queries}")
-            if not 0 <= self.eomt_upscale_blocks <= 6:
-                raise ConfigError(f"eomt_upscale_blocks must be in 0..6, got {self.eomt_upscale_blocks}")
-        if self.dense_head == "dpt":
-            if len(self.dpt_layers) != 4 or len(self.dpt_neck_sizes) != 4:
-                raise ConfigError(
-                    f"a DPT head reads four blocks into four maps: dpt_layers {list(self.dpt_layers)} and "
-                    f"dpt_neck_sizes {list(self.dpt_neck_sizes)} need four entries each"
-                )
-            if max(self.dpt_layers) >= self.depth:
-                raise ConfigError(f"dpt_layers {list(self.dpt_layers)} name blocks beyond the {self.depth} there are")
-            if min(self.dpt_neck_sizes) <= 0 or self.dpt_fusion_dim <= 0 or self.dpt_head_dim <= 0:
-                raise ConfigError("dpt_neck_sizes, dpt_fusion_dim and dpt_head_dim must be positive")
-            if self.max_depth <= 0:
-                raise ConfigError(f"max_depth must be positive, got {self.max_depth}")
-        if self.dense_head in ("linear", "upsampling"):
-            if self.num_classes <= 0:
-                raise ConfigError(f"a {self.dense_head} segmentation head needs num_classes > 0 (classes per pixel)")
-            if self.upsampling_dim <= 0:
-                raise ConfigError(f"upsampling_dim must be positive, got {self.upsampling_dim}")
+        if self.head is not None:
+            self.head.check(self)
 
     def check_preprocessing(self) -> None:
         """The statistics and the contract against the architecture that reads their output."""
@@ -577,13 +530,33 @@ class ViTConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    @property
+    def dense_head(self) -> str:
+        """The kind of the dense head ("eomt", "dpt", "linear", "upsampling"), or "none" for a classifier or a bare
+        encoder: the key of the tables of what each kind predicts, counts and builds."""
+        return self.head.kind if self.head is not None else "none"
+
+    @property
+    def encoder_config(self) -> ViTConfig:
+        """The config of the encoder a dense model holds: this one without the head and the classes it predicts
+        (the encoder has no classifier of its own)."""
+        return self.replace(head=None, num_classes=0, class_names=None)
+
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        for key, value in data.items():
-            if isinstance(value, tuple):
-                data[key] = list(value)
+        """The JSON form, `SCHEMA_VERSION` of it: the encoder's, the preprocessing's and the provenance's fields,
+        and the head's part {"kind": ..., settings} where there is a head (none on a classifier)."""
+        data: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        for spec in dataclasses.fields(self):
+            value = getattr(self, spec.name)
+            data[spec.name] = list(value) if isinstance(value, tuple) else value
         if self.preprocessing is not None:  # the contract's own form (fields of other modes left out)
             data["preprocessing"] = self.preprocessing.to_dict()
+        if self.head is None:
+            del data["head"]
+        else:
+            data["head"] = self.head.to_dict()
+        if self.class_names is not None:
+            data["class_names"] = list(self.class_names)
         return data
 
     def to_json(self) -> str:
@@ -608,10 +581,49 @@ class ViTConfig:
         return cls.from_dict(data)
 
 
+# The version of a config's JSON form (`ViTConfig.to_dict`). 1 (no "schema_version" key): every field flat, a dense
+# head's settings among them (`dense_head`, `eomt_queries`, `dpt_layers`, ...), as vitlab wrote up to d434df3. 2: the
+# head's settings in a "head" part of their own, written only where there is a head.
+SCHEMA_VERSION = 2
+
+# Version 1's flat head fields, by head kind: today's name of each in the head's part.
+FLAT_HEAD_FIELDS: dict[str, dict[str, str]] = {
+    "eomt": dict(
+        eomt_queries="queries", eomt_blocks="blocks", eomt_upscale_blocks="upscale_blocks", eomt_crops="crops"
+    ),
+    "dpt": dict(
+        dpt_layers="layers",
+        dpt_neck_sizes="neck_sizes",
+        dpt_fusion_dim="fusion_dim",
+        dpt_head_dim="head_dim",
+        depth_range="depth_range",
+        max_depth="max_depth",
+    ),
+    "linear": {},
+    "upsampling": dict(upsampling_dim="channels"),
+}
+
+
 def upgraded(data: dict[str, Any]) -> dict[str, Any]:
     """A config's JSON form written by an earlier vitlab, in today's fields (a copy; today's form is unchanged):
-    Perception Encoder's `rotary: "pe"` beside a learned table is the position kind "pe_rope"."""
+    version 1's flat head fields become the "head" part (`FLAT_HEAD_FIELDS`), and Perception Encoder's
+    `rotary: "pe"` beside a learned table is the position kind "pe_rope"."""
     data = dict(data)
+    version = data.pop("schema_version", 1)
+    if not is_whole(version) or not 1 <= version <= SCHEMA_VERSION:
+        raise ConfigError(
+            f"model config schema_version {version!r}: this vitlab reads versions 1 to {SCHEMA_VERSION}; a newer "
+            "version was written by a newer vitlab, which reads it (pip install -U vitlab)"
+        )
+    if version == 1:
+        kind = data.pop("dense_head", "none")
+        flat = {name for fields in FLAT_HEAD_FIELDS.values() for name in fields}
+        settings = {name: data.pop(name) for name in sorted(flat) if name in data}
+        if kind != "none":
+            if kind not in FLAT_HEAD_FIELDS:
+                raise ConfigError(f"dense_head {kind!r} of a version 1 config; it had {', '.join(FLAT_HEAD_FIELDS)}")
+            renamed = FLAT_HEAD_FIELDS[kind]
+            data["head"] = {"kind": kind, **{renamed[name]: settings[name] for name in renamed if name in settings}}
     rotary = data.pop("rotary", None)
     if rotary is not None:
         if rotary != "pe" or data.get("pos_embed", "learned") != "learned":

@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 
 from vitlab.config import ViTConfig
+from vitlab.head_configs import DPTConfig, EoMTConfig, UpsamplingSegmentationConfig, head_settings
 from vitlab.position_kinds import position_traits
 
 
@@ -170,7 +171,7 @@ def pooling_counts(config: ViTConfig) -> tuple[int, int]:
 
 
 def classifier_counts(config: ViTConfig) -> tuple[int, int]:
-    """dense_head "none": every block on every token, the pooling and the classifier (models/vit.py)."""
+    """No head part (a classifier or a bare encoder): every block on every token, the pooling and the classifier (models/vit.py)."""
     flops = config.depth * block_flops(config, config.num_tokens) + pooling_counts(config)[1]
     head_in = config.representation_size or config.pooled_dim  # C-RADIO's summary: D per summary token
     if not config.num_classes:
@@ -186,16 +187,17 @@ def conv_counts(in_chans: int, out_chans: int, kernel: int, pixels: int, bias: b
 
 def eomt_counts(config: ViTConfig) -> tuple[int, int]:
     """EoMT (models/eomt.py): no image classifier; the queries, their class head (num_classes + 1 outputs) and
-    3-layer mask MLP, the x2 upscaling blocks (layers/upscale.py), and the last eomt_blocks blocks on eomt_queries
-    more tokens."""
-    dim, queries, classes = config.embed_dim, config.eomt_queries, config.num_classes + 1
-    plain_blocks = config.depth - config.eomt_blocks
+    3-layer mask MLP, the x2 upscaling blocks (layers/upscale.py), and the head's last `blocks` blocks on its
+    `queries` more tokens."""
+    eomt = head_settings(config, EoMTConfig)
+    dim, queries, classes = config.embed_dim, eomt.queries, config.num_classes + 1
+    plain_blocks = config.depth - eomt.blocks
     flops = plain_blocks * block_flops(config, config.num_tokens)
-    flops += config.eomt_blocks * block_flops(config, queries + config.num_tokens)
+    flops += eomt.blocks * block_flops(config, queries + config.num_tokens)
     params = queries * dim + dim * classes + classes + 3 * (dim * dim + dim)
     flops += 2 * queries * dim * classes + 3 * 2 * queries * dim * dim
     rows, cols = config.grid_size
-    for _ in range(config.eomt_upscale_blocks):
+    for _ in range(eomt.upscale_blocks):
         transposed = conv_counts(dim, dim, 2, rows * cols)  # k = s = 2: counted on its input's pixels
         rows, cols = 2 * rows, 2 * cols
         depthwise = conv_counts(1, dim, 3, rows * cols, bias=False)  # groups = channels: one input channel each
@@ -206,19 +208,20 @@ def eomt_counts(config: ViTConfig) -> tuple[int, int]:
 
 def dpt_counts(config: ViTConfig) -> tuple[int, int]:
     """Depth Anything's DPT neck and head (models/depth_anything.py, layers/dpt.py): the blocks up to the deepest of
-    dpt_layers (it stops there), no classifier; reassembled maps at 4x, 2x, 1x and 1/2x the grid (the 1/2x one a
-    3x3 stride-2 convolution: ceil(grid / 2)), fused into dpt_fusion_dim channels coarse to fine, the finest path
+    the head's layers (it stops there), no classifier; reassembled maps at 4x, 2x, 1x and 1/2x the grid (the 1/2x
+    one a 3x3 stride-2 convolution: ceil(grid / 2)), fused into fusion_dim channels coarse to fine, the finest path
     at 8x the grid, the head's last convolutions at the input's pixels (grid x patch)."""
-    dim, fusion, head = config.embed_dim, config.dpt_fusion_dim, config.dpt_head_dim
-    flops = (max(config.dpt_layers) + 1) * block_flops(config, config.num_tokens)
+    dpt = head_settings(config, DPTConfig)
+    dim, fusion, head = config.embed_dim, dpt.fusion_dim, dpt.head_dim
+    flops = (max(dpt.layers) + 1) * block_flops(config, config.num_tokens)
     rows, cols = config.grid_size
     sizes = [(4 * rows, 4 * cols), (2 * rows, 2 * cols), (rows, cols), (math.ceil(rows / 2), math.ceil(cols / 2))]
     pixels = [height * width for height, width in sizes]
     parts = []
-    for channels, size in zip(config.dpt_neck_sizes, pixels):
+    for channels, size in zip(dpt.neck_sizes, pixels):
         parts.append(conv_counts(dim, channels, 1, rows * cols))  # projects.i
         parts.append(conv_counts(channels, fusion, 3, size, bias=False))  # scratch.layer{i}_rn
-    first, second, _, fourth = config.dpt_neck_sizes
+    first, second, _, fourth = dpt.neck_sizes
     parts += [
         conv_counts(first, first, 4, rows * cols),  # resize_layers: transposed, counted on the input's pixels
         conv_counts(second, second, 2, rows * cols),
@@ -241,7 +244,7 @@ def dpt_counts(config: ViTConfig) -> tuple[int, int]:
 
 
 def linear_segmenter_counts(config: ViTConfig) -> tuple[int, int]:
-    """dense_head "linear" (models/segmentation_heads.py): every block, a 1x1 convolution to num_classes on the
+    """Head kind "linear" (models/segmentation_heads.py): every block, a 1x1 convolution to num_classes on the
     patch grid (the resize to the pixels is not counted)."""
     flops = config.depth * block_flops(config, config.num_tokens)
     params, head_flops = conv_counts(config.embed_dim, config.num_classes, 1, config.num_patches)
@@ -249,11 +252,12 @@ def linear_segmenter_counts(config: ViTConfig) -> tuple[int, int]:
 
 
 def upsampling_segmenter_counts(config: ViTConfig) -> tuple[int, int]:
-    """dense_head "upsampling" (SETR-PUP, models/segmentation_heads.py): every block, then ceil(log2(patch)) stages
-    (at least one) of a 3x3 convolution to upsampling_dim channels, GroupNorm and a x2 resize, a 1x1 convolution to
+    """Head kind "upsampling" (SETR-PUP, models/segmentation_heads.py): every block, then ceil(log2(patch)) stages
+    (at least one) of a 3x3 convolution to the head's `channels`, GroupNorm and a x2 resize, a 1x1 convolution to
     num_classes."""
     flops = config.depth * block_flops(config, config.num_tokens)
-    params, pixels, in_chans, width = 0, config.num_patches, config.embed_dim, config.upsampling_dim
+    width = head_settings(config, UpsamplingSegmentationConfig).channels
+    params, pixels, in_chans = 0, config.num_patches, config.embed_dim
     for _ in range(max(1, math.ceil(math.log2(max(config.patch_size))))):
         conv = conv_counts(in_chans, width, 3, pixels)
         params, flops = params + conv[0] + 2 * width, flops + conv[1]  # and GroupNorm's scale and bias

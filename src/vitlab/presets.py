@@ -16,6 +16,7 @@ from typing import Any
 
 from vitlab.config import MODEL_SIZES
 from vitlab.errors import ConfigError
+from vitlab.head_configs import DPTConfig, EoMTConfig
 from vitlab.preprocessing import IMAGENET_MEAN, IMAGENET_STD, OPENAI_MEAN, OPENAI_STD, Preprocessing
 
 # Depth Anything V2 as released: DINOv2 at patch 14 (LayerScale, eps 1e-6, positions resampled bicubic), no
@@ -29,16 +30,14 @@ DEPTH_ANYTHING: dict[str, Any] = dict(
     num_classes=0,
     layer_scale=1.0,
     pos_resample="bicubic",
-    dense_head="dpt",
-    dpt_head_dim=32,
     preprocessing=Preprocessing(mode="crop", resize="bicubic"),
     image_mean=IMAGENET_MEAN,
     image_std=IMAGENET_STD,
 )
-DEPTH_ANYTHING_NECKS: dict[str, dict[str, Any]] = {
-    "S": dict(dpt_layers=(2, 5, 8, 11), dpt_neck_sizes=(48, 96, 192, 384), dpt_fusion_dim=64),
-    "B": dict(dpt_layers=(2, 5, 8, 11), dpt_neck_sizes=(96, 192, 384, 768), dpt_fusion_dim=128),
-    "L": dict(dpt_layers=(4, 11, 17, 23), dpt_neck_sizes=(256, 512, 1024, 1024), dpt_fusion_dim=256),
+DEPTH_ANYTHING_NECKS: dict[str, DPTConfig] = {
+    "S": DPTConfig(layers=(2, 5, 8, 11), neck_sizes=(48, 96, 192, 384), fusion_dim=64, head_dim=32),
+    "B": DPTConfig(layers=(2, 5, 8, 11), neck_sizes=(96, 192, 384, 768), fusion_dim=128, head_dim=32),
+    "L": DPTConfig(layers=(4, 11, 17, 23), neck_sizes=(256, 512, 1024, 1024), fusion_dim=256, head_dim=32),
 }
 
 # C-RADIO's arithmetic (transformers' RadioConfig defaults, written for nvidia/C-RADIOv4-H): 3 summary tokens of
@@ -65,12 +64,11 @@ EOMT: dict[str, Any] = dict(
     layer_scale=1.0,
     prefix_positions=False,
     family="eomt",
-    dense_head="eomt",
-    eomt_blocks=4,
-    eomt_upscale_blocks=2,
     image_mean=IMAGENET_MEAN,
     image_std=IMAGENET_STD,
 )
+EOMT_PANOPTIC = EoMTConfig(queries=200, blocks=4, upscale_blocks=2)  # reads a photo fitted and padded
+EOMT_SEMANTIC = EoMTConfig(queries=100, blocks=4, upscale_blocks=2, crops=True)  # as overlapping square crops
 
 # DINOv3's architecture at the paper's sizes: rotary positions, 4 registers, LayerScale, no key bias, LayerNorm eps
 # 1e-5, the class token as output.
@@ -117,17 +115,15 @@ SIGLIP2: dict[str, Any] = dict(
 # Variant name -> ViTConfig fields, by the families' age: the encoders, then the image towers (CLIP, SigLIP).
 FAMILY_PRESETS: dict[str, Mapping[str, Any]] = {
     **{
-        f"depth-anything-v2-{size}/14": dict(MODEL_SIZES[size], **DEPTH_ANYTHING, **DEPTH_ANYTHING_NECKS[size])
+        f"depth-anything-v2-{size}/14": dict(MODEL_SIZES[size], **DEPTH_ANYTHING, head=DEPTH_ANYTHING_NECKS[size])
         for size in "SBL"
     },
     "c-radio-H/16": dict(RADIO, embed_dim=1280, depth=32, num_heads=16, mlp_dim=5120, patch_size=16, image_size=224),
     # COCO panoptic (133 classes, 200 queries, 640x640) and ADE20K semantic (150 classes, 100 queries, 512).
-    "eomt-L/16": dict(MODEL_SIZES["L"], **EOMT, image_size=640, num_classes=133, eomt_queries=200),
+    "eomt-L/16": dict(MODEL_SIZES["L"], **EOMT, image_size=640, num_classes=133, head=EOMT_PANOPTIC),
     # A semantic model reads a photo as overlapping square crops (its processor's do_split_image).
-    "eomt-L/16-ade20k": dict(
-        MODEL_SIZES["L"], **EOMT, image_size=512, num_classes=150, eomt_queries=100, eomt_crops=True
-    ),
-    "eomt-B/16": dict(MODEL_SIZES["B"], **EOMT, image_size=640, num_classes=133, eomt_queries=200),
+    "eomt-L/16-ade20k": dict(MODEL_SIZES["L"], **EOMT, image_size=512, num_classes=150, head=EOMT_SEMANTIC),
+    "eomt-B/16": dict(MODEL_SIZES["B"], **EOMT, image_size=640, num_classes=133, head=EOMT_PANOPTIC),
     **{f"dinov3-{size}/16": dict(MODEL_SIZES[size], **DINOV3, patch_size=16) for size in "SBL"},
     "aimv2-L/14": dict(embed_dim=1024, depth=24, num_heads=8, mlp_dim=2816, patch_size=14, **AIMV2),
     "siglip2-B/16": dict(MODEL_SIZES["B"], patch_size=16, **SIGLIP2),

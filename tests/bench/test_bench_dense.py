@@ -11,6 +11,7 @@ from vitlab.bench.runner import format_table
 from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
+from vitlab.head_configs import DPTConfig, EoMTConfig
 from vitlab.models import create_model
 
 pytest.importorskip("transformers")
@@ -24,21 +25,14 @@ CONFIGS = {  # each family's arithmetic at a tiny size, so that transformers' cl
         register_tokens=4,
         layer_scale=1.0,
         prefix_positions=False,
-        dense_head="eomt",
-        eomt_queries=5,
-        eomt_blocks=1,
-        eomt_upscale_blocks=1,
+        head=EoMTConfig(queries=5, blocks=1, upscale_blocks=1),
     ),
     "depth_anything": ViTConfig(
         **{**TINY, "depth": 4},
         num_classes=0,
         family="depth_anything",
         layer_scale=1.0,
-        dense_head="dpt",
-        dpt_layers=(0, 1, 2, 3),
-        dpt_neck_sizes=(4, 8, 12, 16),
-        dpt_fusion_dim=8,
-        dpt_head_dim=4,
+        head=DPTConfig(layers=(0, 1, 2, 3), neck_sizes=(4, 8, 12, 16), fusion_dim=8, head_dim=4),
     ),
 }
 

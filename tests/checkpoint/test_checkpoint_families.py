@@ -23,6 +23,7 @@ from vitlab.checkpoint.io import Weights
 from vitlab.cli import main
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.head_configs import DPTConfig, EoMTConfig
 from vitlab.models.registry import create_model
 from vitlab.pretrained import catalogue_families
 from vitlab.variants import variant_config, variant_names
@@ -45,20 +46,13 @@ TINY_FAMILY_CONFIGS = {  # each family's arithmetic (its presets, vitlab/presets
         register_tokens=4,
         layer_scale=1.0,
         prefix_positions=False,
-        dense_head="eomt",
-        eomt_queries=5,
-        eomt_blocks=1,
-        eomt_upscale_blocks=1,
+        head=EoMTConfig(queries=5, blocks=1, upscale_blocks=1),
     ),
     "depth_anything": ViTConfig(  # four blocks for the neck's four maps; DINOv2's whole-number mlp_ratio
         **{**TINY, "depth": 4, "mlp_dim": 64},
         family="depth_anything",
         layer_scale=1.0,
-        dense_head="dpt",
-        dpt_layers=(0, 1, 2, 3),
-        dpt_neck_sizes=(4, 8, 12, 16),
-        dpt_fusion_dim=8,
-        dpt_head_dim=4,
+        head=DPTConfig(layers=(0, 1, 2, 3), neck_sizes=(4, 8, 12, 16), fusion_dim=8, head_dim=4),
     ),
     "dinov2": ViTConfig(  # with registers (Dinov2WithRegistersModel) and SwiGLU, 48 = what mlp_ratio 2 builds
         **TINY, family="dinov2", layer_scale=1.0, register_tokens=2, prefix_positions=False, mlp="swiglu"

@@ -20,6 +20,7 @@ from vitlab.dense.inference import (
     predict_dense,
     segmentation_answer,
 )
+from vitlab.head_configs import DPTConfig, EoMTConfig, LinearSegmentationConfig
 from vitlab.models import create_model
 
 pytest.importorskip("transformers")
@@ -36,10 +37,7 @@ def eomt_config(**changes) -> ViTConfig:
         num_heads=2,
         mlp_dim=32,
         num_classes=3,
-        dense_head="eomt",
-        eomt_queries=5,
-        eomt_blocks=1,
-        eomt_upscale_blocks=1,
+        head=EoMTConfig(queries=5, blocks=1, upscale_blocks=1),
         class_names=["sky", "road", "car"],
         image_mean=MEAN,
         image_std=STD,
@@ -56,11 +54,7 @@ def dpt_config(**changes) -> ViTConfig:
         num_heads=2,
         mlp_dim=32,
         num_classes=0,
-        dense_head="dpt",
-        dpt_layers=(0, 1, 2, 3),
-        dpt_neck_sizes=(8, 8, 8, 8),
-        dpt_fusion_dim=8,
-        dpt_head_dim=8,
+        head=DPTConfig(layers=(0, 1, 2, 3), neck_sizes=(8, 8, 8, 8), fusion_dim=8, head_dim=8),
         image_mean=MEAN,
         image_std=STD,
     )
@@ -106,7 +100,7 @@ def test_eomt_padded_input_and_panoptic_answer_equal_the_processors(size):
 
 
 def test_eomt_crops_and_their_semantic_merge_equal_the_processors():
-    config = eomt_config(eomt_crops=True)
+    config = eomt_config(head=EoMTConfig(queries=5, blocks=1, upscale_blocks=1, crops=True))
     size = (40, 90)  # short side to 32: 32 x 72, three crops of 32 along the width
     pixels = photo(*size, seed=2)
     processor = eomt_processor(32, size={"shortest_edge": 32}, do_split_image=True)
@@ -172,7 +166,14 @@ def test_a_linear_segmenter_reads_the_photo_at_its_aspect_ratio_and_answers_at_i
     import torch.nn.functional as F
 
     config = ViTConfig(
-        image_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=2, mlp_dim=32, num_classes=3, dense_head="linear"
+        image_size=32,
+        patch_size=8,
+        embed_dim=16,
+        depth=2,
+        num_heads=2,
+        mlp_dim=32,
+        num_classes=3,
+        head=LinearSegmentationConfig(),
     )
     torch.manual_seed(0)
     model = create_model(config).eval()

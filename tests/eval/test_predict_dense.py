@@ -81,7 +81,9 @@ def test_a_depth_model_writes_16_bit_depth_and_colours_at_the_photos_size(tmp_pa
 
 
 def test_a_metric_depth_model_writes_millimetres(tmp_path, photo_file):
-    checkpoint = saved(dpt_config(depth_range="metric", max_depth=20.0), tmp_path, "metric")
+    checkpoint = saved(
+        dpt_config(head=dpt_config().head.replace(depth_range="metric", max_depth=20.0)), tmp_path, "metric"
+    )
     (row,) = run_predict(checkpoint, [photo_file], out=tmp_path / "out", precision="fp32")["rows"]
     depth = np.asarray(Image.open(tmp_path / "out" / "street.depth.png")).astype(np.float64)
     assert abs(depth.max() / 1000 - row["max"]) <= 1e-3 and 0 <= row["min"] <= row["max"] <= 20.0

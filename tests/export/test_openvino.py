@@ -29,6 +29,7 @@ from vitlab.data.preprocess import prepare  # noqa: E402
 from vitlab.errors import CheckpointError, UsageError  # noqa: E402
 from vitlab.export import openvino  # noqa: E402
 from vitlab.export.checks import calibration_pixels, validation_pixels  # noqa: E402
+from vitlab.head_configs import LinearSegmentationConfig  # noqa: E402
 from vitlab.models import create_model  # noqa: E402
 from vitlab.preprocessing import Preprocessing  # noqa: E402
 from vitlab.runtime.exporter import check_export_options  # noqa: E402
@@ -284,7 +285,7 @@ def test_a_dense_models_int8_or_preprocess_and_an_uncalibrated_int8_export_are_o
     checkpoint = save_model(model, tmp_path / "m.safetensors")
     with pytest.raises(UsageError, match="not a run folder.*an int8 OpenVINO file is static int8.*--calibrate"):
         export_checkpoint(checkpoint, format="openvino", int8=True)
-    dense = SMALL.replace(dense_head="linear", num_classes=3, class_names=None)
+    dense = SMALL.replace(head=LinearSegmentationConfig(), num_classes=3, class_names=None)
     assert openvino.require_exportable(dense).task == "segmentation"  # fp32 without preprocessing: taken
     with pytest.raises(UsageError, match="^--int8: a segmentation model exports in fp32 for now; export without"):
         openvino.require_exportable(dense, int8=True)

@@ -23,6 +23,7 @@ from vitlab.checkpoint.formats import export_checkpoint, load_model
 from vitlab.checkpoint.io import Weights
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.head_configs import DPTConfig
 from vitlab.layers.dpt import REASSEMBLE_FACTORS
 from vitlab.models.depth_anything import DepthAnything
 from vitlab.models.registry import create_model
@@ -53,8 +54,8 @@ def test_a_transformers_checkpoint_gives_its_predicted_depth_square_and_not(name
     model = load_model(FIXTURES / name)
     assert isinstance(model, DepthAnything) and model.config.family == "depth_anything"
     # out_indices [1, 2, 4, 5] count the embeddings as stage 0: blocks 0, 1, 3 and 4 of five.
-    assert model.config.dpt_layers == (0, 1, 3, 4) and model.config.num_classes == 0
-    assert (model.config.depth_range, model.config.max_depth) == (
+    assert model.settings.layers == (0, 1, 3, 4) and model.config.num_classes == 0
+    assert (model.settings.depth_range, model.settings.max_depth) == (
         ("metric", 20.0) if name.endswith("metric") else ("relative", 1.0)
     )
     for inputs, expected in SIZES:
@@ -76,7 +77,7 @@ def test_positions_resampled_otherwise_miss_the_non_square_reference():
     depth (so the non-square parity above checks the resampling)."""
     io = reference("hf_depth_anything_metric")
     model = load_model(FIXTURES / "hf_depth_anything_metric")
-    model.config = model.config.replace(pos_resample="bilinear")
+    model.encoder.config = model.encoder.config.replace(pos_resample="bilinear")  # the encoder reads its own
     assert float((depth_of(model, io["input_wide"]) - torch.from_numpy(io["depth_wide"])).abs().max()) > 10 * TOLERANCE
 
 
@@ -143,7 +144,7 @@ def test_what_vitlab_does_not_build_is_one_clear_error(tmp_path, changes, said):
 
 
 def test_a_config_that_is_no_depth_model_is_refused():
-    with pytest.raises(ConfigError, match="dense_head='dpt'"):
+    with pytest.raises(ConfigError, match="head is a DPTConfig"):
         DepthAnything(ViTConfig(image_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=0))
     with pytest.raises(ConfigError, match="four entries"):
-        ViTConfig(dense_head="dpt", dpt_layers=(1, 2, 3), dpt_neck_sizes=(4, 8, 12, 16), num_classes=0)
+        ViTConfig(head=DPTConfig(layers=(1, 2, 3), neck_sizes=(4, 8, 12, 16)), num_classes=0)

@@ -11,6 +11,7 @@ from paths import FIXTURES
 from vitlab.checkpoint.formats import export_checkpoint, load_model
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError, ConfigError, UsageError
+from vitlab.head_configs import EoMTConfig
 from vitlab.models.eomt import EoMT, SegmentationOutput, eomt_from_backbone
 from vitlab.models.registry import create_model
 from vitlab.variants import variant_config
@@ -27,10 +28,7 @@ TINY = dict(
     register_tokens=4,
     prefix_positions=False,
     layer_scale=1.0,
-    dense_head="eomt",
-    eomt_queries=5,
-    eomt_blocks=2,
-    eomt_upscale_blocks=1,
+    head=EoMTConfig(queries=5, blocks=2, upscale_blocks=1),
 )
 
 
@@ -135,20 +133,20 @@ def test_eomt_from_backbone_keeps_the_encoder(backbone):
     shape = dict(embed_dim=32, depth=3, num_heads=2, mlp_dim=64)
     base = create_model(ViTConfig(**shape, **backbone)).eval()
     model = eomt_from_backbone(base, num_classes=4, queries=6, blocks=2, class_names=list("abcd")).eval()
-    assert model.config.eomt_upscale_blocks == (2 if backbone["patch_size"] == 16 else 1)
+    assert model.settings.upscale_blocks == (2 if backbone["patch_size"] == 16 else 1)
     assert model.config.class_names == list("abcd")
     for name, value in base.state_dict().items():
         if name.startswith(("patch_embed.", "blocks.", "cls_token", "reg_token", "pos_embed")):
-            torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0)
+            torch.testing.assert_close(model.state_dict()["encoder." + name], value, rtol=0, atol=0)
     if backbone.get("fc_norm"):
-        torch.testing.assert_close(model.norm.weight, base.fc_norm.weight)
+        torch.testing.assert_close(model.encoder.norm.weight, base.fc_norm.weight)
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         out = model(images)
         tokens, _ = base.forward_blocks(*base.prepare_tokens(images), stop=1)
-        ours, _ = model.forward_blocks(*model.prepare_tokens(images), stop=1)
+        ours, _ = model.encoder.forward_blocks(*model.encoder.prepare_tokens(images), stop=1)
     torch.testing.assert_close(ours, tokens)  # the encoder's blocks before the queries are the backbone's
-    grid = 32 // backbone["patch_size"] * 2**model.config.eomt_upscale_blocks
+    grid = 32 // backbone["patch_size"] * 2**model.settings.upscale_blocks
     assert out.class_logits.shape == (2, 6, 5) and out.mask_logits.shape == (2, 6, grid, grid)
 
 
@@ -156,8 +154,8 @@ def test_eomt_from_backbone_keeps_the_encoder(backbone):
     "changes, message",
     [
         (dict(num_classes=0), "needs num_classes > 0"),
-        (dict(eomt_blocks=4), "eomt_blocks must be in 1..depth"),
-        (dict(eomt_queries=0), "eomt_queries must be in"),
+        (dict(head=EoMTConfig(queries=5, blocks=4)), "blocks must be in 1..depth"),
+        (dict(head=EoMTConfig(queries=0, blocks=2)), "queries must be in"),
         (dict(pos_embed="relative", prefix_positions=True), "relative attention"),
         (dict(pos_embed_placement="every_block", prefix_positions=True), "positions added before every block"),
     ],
@@ -168,8 +166,8 @@ def test_bad_configs_are_refused_with_one_clear_error(changes, message):
 
 
 def test_eomt_refuses_a_config_without_its_head():
-    with pytest.raises(ConfigError, match="dense_head='eomt'"):
-        EoMT(ViTConfig(**{**TINY, "dense_head": "none"}))
+    with pytest.raises(ConfigError, match="head is 'eomt' was expected, got head 'none'"):
+        EoMT(ViTConfig(**{**TINY, "head": None}))
 
 
 def test_reset_head_gives_a_fresh_class_head():
@@ -218,7 +216,7 @@ def test_masked_attention_matches_transformers_with_every_query_masked(name):
     expected = reference(name)
     assert (expected["masked_mask_logits"][-1] - expected["mask_logits"]).abs().max() > 1e-2  # masking mattered
     with torch.no_grad():
-        predictions = model.forward_train(expected["input_nchw"], [1.0] * model.config.eomt_blocks)
+        predictions = model.forward_train(expected["input_nchw"], [1.0] * model.settings.blocks)
     assert len(predictions) == len(expected["masked_class_logits"])
     for index, prediction in enumerate(predictions):
         torch.testing.assert_close(prediction.class_logits, expected["masked_class_logits"][index], rtol=0, atol=1e-4)
@@ -262,7 +260,8 @@ def test_a_checkpoint_without_its_config_is_refused_clearly(tmp_path):
 
 def test_released_preset_builds():
     config = variant_config("eomt-L/16")
-    assert (config.eomt_queries, config.num_classes, config.eomt_blocks, config.register_tokens) == (200, 133, 4, 4)
+    assert config.head == EoMTConfig(queries=200, blocks=4, upscale_blocks=2)
+    assert (config.num_classes, config.register_tokens) == (133, 4)
     with torch.device("meta"):
         model = create_model(config)
     assert isinstance(model, EoMT) and len(model.upscale) == 2

@@ -341,6 +341,10 @@ def load_state_dict_checked(
     tensors themselves (a model built on the meta device, which then holds no second copy of the weights)."""
     import torch
 
+    from vitlab.models.dense import DenseModel
+
+    if isinstance(model, DenseModel):  # a file of the flat layout vitlab wrote up to d434df3 reads too
+        state_dict = model.in_current_layout(state_dict)
     expected = model.state_dict()
     missing = [name for name in expected if name not in state_dict]
     unexpected = [name for name in state_dict if name not in expected]

@@ -1,7 +1,7 @@
 """One photo through a dense model (EoMT segmentation, Depth Anything depth) at its own aspect ratio, and the answer
 back at the photo's own size: what `vitlab predict`, `serve`, `export` and `bench` share for dense models.
 
-Each dense head (`ViTConfig.dense_head`) is one row of `DENSE_TASKS`: what it predicts, the names of its outputs
+Each head kind (`ViTConfig.dense_head`, the kind of `config.head`) is one row of `DENSE_TASKS`: what it predicts, the names of its outputs
 (the ONNX graph's), and how its family's image processor sizes a photo (`View`), so no command branches on the
 head. The model takes any size whose sides are whole patches (EoMT and Depth Anything resample their position
 table), so a photo is never squashed to a square:
@@ -9,7 +9,7 @@ table), so a photo is never squashed to a square:
 - EoMT (transformers' `EomtImageProcessor`): resized with its aspect ratio kept so that it fits the model's input
   size (shortest edge to the input's side, the long edge capped at it; PIL bilinear), then padded with black at the
   bottom and right to the input size (`do_pad`, the panoptic COCO models); the answer is read from the top-left
-  region that holds the photo. A model recorded as `eomt_crops` (`do_split_image`, the semantic ADE20K and
+  region that holds the photo. A model recorded as reading crops (`EoMTConfig.crops`) (`do_split_image`, the semantic ADE20K and
   Cityscapes models) instead has its photo resized so its short side is the input's side and cut into square crops
   along its long side; the crops' class scores are averaged where they overlap (`merge_crops`).
 - Depth Anything (`DPTImageProcessor` with keep_aspect_ratio and ensure_multiple_of = the patch): each side scaled
@@ -44,6 +44,7 @@ from vitlab.dense.segmentation_maps import (
     semantic_scores,
 )
 from vitlab.errors import UsageError
+from vitlab.head_configs import DPTConfig, EoMTConfig, head_settings
 
 Task = Literal["segmentation", "depth"]
 
@@ -64,7 +65,7 @@ class View:
 def eomt_view(config: ViTConfig, photo: tuple[int, int]) -> View:
     """EoMT's processor: fit the input size and pad, or (`eomt_crops`) short side to the input's side and crop."""
     box = config.image_size
-    if config.eomt_crops:
+    if head_settings(config, EoMTConfig).crops:
         side = min(box)
         resized = resized_size(photo, side)
         return View(photo, resized, (side, side), "bilinear", tuple(crop_spans(resized, side)))
@@ -127,7 +128,7 @@ def eomt_answer(outputs: tuple[torch.Tensor, ...], view: View, config: ViTConfig
 
 
 def dpt_answer(outputs: tuple[torch.Tensor, ...], view: View, config: ViTConfig, panoptic: bool) -> Depth:
-    return depth_answer(outputs[0], view, config.depth_range)
+    return depth_answer(outputs[0], view, head_settings(config, DPTConfig).depth_range)
 
 
 def logits_answer(outputs: tuple[torch.Tensor, ...], view: View, config: ViTConfig, panoptic: bool) -> Segmentation:
@@ -154,6 +155,12 @@ DENSE_TASKS: dict[str, DenseTask] = {
         for head in ("linear", "upsampling")
     },
 }
+
+
+def reads_padded(config: ViTConfig) -> bool:
+    """Whether the model reads a photo fitted and padded (answered with panoptic segments where it segments), not cut
+    into crops: all but an EoMT model recorded as reading crops (`EoMTConfig.crops`)."""
+    return not (isinstance(config.head, EoMTConfig) and config.head.crops)
 
 
 def dense_task(config: ViTConfig) -> DenseTask | None:

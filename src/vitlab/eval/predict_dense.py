@@ -27,7 +27,7 @@ import torch
 from vitlab.data.dense_sets import class_mask_png_bytes, depth_png_bytes, png_bytes
 from vitlab.data.images import collect_images, reason
 from vitlab.data.preprocess import decode_image
-from vitlab.dense.inference import Depth, Segmentation, names_of, predict_dense, require_dense
+from vitlab.dense.inference import Depth, Segmentation, names_of, predict_dense, reads_padded, require_dense
 from vitlab.dense.overlay import class_areas, depth_picture, overlay_picture
 from vitlab.errors import DataError
 from vitlab.files import atomic_write_bytes
@@ -112,7 +112,7 @@ def predict_dense_files(
     folder = Path(out or DEFAULT_OUT)
     folder.mkdir(parents=True, exist_ok=True)
     names = list(names_of(config)) if require_dense(config, "dense prediction").task == "segmentation" else []
-    panoptic = not config.eomt_crops
+    panoptic = reads_padded(config)
     rows: list[dict[str, Any]] = []
     used: set[str] = set()
     for path in collect_images(inputs):

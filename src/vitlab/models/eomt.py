@@ -16,7 +16,9 @@ masked attention: each query then reads only the patches of its own predicted ma
 grid's resolution), the class and register tokens and the other queries; per image and query the mask is applied
 with a probability annealed from 1 to 0 during training, so the final model needs no masks ("mask annealing").
 
-Parameter names: the encoder keeps timm's (vit.py); the head takes tue-mps/eomt's (`q`, `class_head`, `mask_head`
+The model holds its encoder (models/dense.py) and its settings are the config's head part, `EoMTConfig`
+(head_configs/eomt.py). Parameter names: the encoder keeps timm's (vit.py) under "encoder."; the head takes
+tue-mps/eomt's (`q`, `class_head`, `mask_head`
 as a Sequential, `upscale`), which transformers calls `query`, `class_predictor`, `mask_head.fc1..3`,
 `upscale_block.block` (checkpoint/families/eomt.py maps them).
 """
@@ -33,36 +35,39 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitlab.config import ViTConfig
-from vitlab.errors import ConfigError, UsageError
+from vitlab.errors import UsageError
+from vitlab.head_configs import EoMTConfig, head_settings
 from vitlab.layers.attention import AttentionContext
 from vitlab.layers.block import Block
 from vitlab.layers.upscale import ScaleBlock
 from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models import fast_paths
+from vitlab.models.dense import DenseModel, copy_encoder_weights, headless
 from vitlab.models.vit import VisionTransformer
-from vitlab.position_kinds import position_traits
 
 
 class SegmentationOutput(NamedTuple):
     class_logits: torch.Tensor  # (B, Q, K + 1), the last column "no object"
-    mask_logits: torch.Tensor  # (B, Q, h, w), h, w = patch grid x 2**eomt_upscale_blocks
+    mask_logits: torch.Tensor  # (B, Q, h, w), h, w = patch grid x 2**upscale_blocks
 
 
-class EoMT(VisionTransformer):
-    def __init__(self, config: ViTConfig) -> None:
-        check_eomt_config(config)
-        super().__init__(config)
-        dim, queries = config.embed_dim, config.eomt_queries
-        # No image classifier: the queries classify (num_classes is theirs). PyTorch's default initialisation for
-        # the new parts, as tue-mps and transformers have it.
-        self.head = nn.Identity()
-        self.head_dist = None
+class EoMT(DenseModel):
+    head_parts = ("q.", "class_head.", "mask_head.", "upscale.")
+
+    def __init__(self, config: ViTConfig, encoder: VisionTransformer | None = None) -> None:
+        """config: the model's config, its head an EoMTConfig; encoder: the encoder to hold (None: a fresh one)."""
+        settings = head_settings(config, EoMTConfig)  # checked against the encoder by EoMTConfig.check
+        super().__init__(config, encoder)
+        self.settings = settings
+        dim, queries = config.embed_dim, settings.queries
+        # The encoder has no image classifier: the queries classify (num_classes is theirs). PyTorch's default
+        # initialisation for the new parts, as tue-mps and transformers have it.
         self.q = nn.Embedding(queries, dim)
         self.class_head = nn.Linear(dim, config.num_classes + 1)
         self.mask_head = nn.Sequential(
             nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim)
         )
-        self.upscale = nn.Sequential(*(ScaleBlock(dim) for _ in range(config.eomt_upscale_blocks)))
+        self.upscale = nn.Sequential(*(ScaleBlock(dim) for _ in range(self.settings.upscale_blocks)))
 
     # ----------------------------------------------------------------------------------------- forward
     def forward(self, inputs: ModelInput) -> SegmentationOutput:
@@ -80,17 +85,17 @@ class EoMT(VisionTransformer):
         generator: torch.Generator | None = None,
     ) -> list[SegmentationOutput]:
         """images (B, C, H, W) -> every prediction the training loss reads: one before each of the last
-        eomt_blocks blocks, then the final one (eomt_blocks + 1 in all, the final last).
+        `settings.blocks` blocks, then the final one (blocks + 1 in all, the final last).
 
-        mask_probabilities[i]: the probability that block i of the last eomt_blocks masks a query's attention by
+        mask_probabilities[i]: the probability that block i of the last `settings.blocks` masks a query's attention by
         the prediction made before it (per image and query; 1: every query, 0: none, as at inference). Mask
         annealing lowers them from 1 to 0 over training. Which queries are masked is drawn from `generator` (on the
         inputs' device; None: torch's global generator, as transformers draws)."""
         probabilities = [float(p) for p in mask_probabilities]
-        if len(probabilities) != self.config.eomt_blocks or not all(0 <= p <= 1 for p in probabilities):
+        if len(probabilities) != self.settings.blocks or not all(0 <= p <= 1 for p in probabilities):
             raise UsageError(
                 f"forward_train takes one masking probability in [0, 1] per query block "
-                f"({self.config.eomt_blocks}), got {list(mask_probabilities)}"
+                f"({self.settings.blocks}), got {list(mask_probabilities)}"
             )
         x, attention, grid = self.encode_to_queries(inputs)
         predictions = []
@@ -107,27 +112,27 @@ class EoMT(VisionTransformer):
 
     # ----------------------------------------------------------------------------------------- parts of the forward
     def encode_to_queries(self, inputs: ModelInput) -> tuple[torch.Tensor, AttentionContext, tuple[int, int]]:
-        """Eq. 1 and the first L - eomt_blocks blocks, then the queries prepended: inputs -> (z (B, Q + prefix + N,
+        """Eq. 1 and the first L - `settings.blocks` blocks, then the queries prepended: inputs -> (z (B, Q + prefix + N,
         D), the attention context of the query blocks, the patch grid (rows, cols))."""
         if isinstance(inputs, PatchInput):
             raise UsageError(
                 "EoMT predicts masks on the patch grid of whole images: give it images (B, C, H, W), not "
                 "already-cut patches"
             )
-        tokens, layout = self.prepare_tokens(inputs)
-        first_query_block = len(self.blocks) - self.config.eomt_blocks
-        x, _ = self.forward_blocks(tokens, layout, stop=first_query_block)
+        tokens, layout = self.encoder.prepare_tokens(inputs)
+        first_query_block = len(self.blocks) - self.settings.blocks
+        x, _ = self.encoder.forward_blocks(tokens, layout, stop=first_query_block)
         queries = self.q.weight.expand(x.shape[0], -1, -1)  # (B, Q, D)
         x = torch.cat([queries, x], dim=1)  # (B, Q + prefix + N, D)
-        attention = self.block_context(layout, x.shape[0]).attention
+        attention = self.encoder.block_context(layout, x.shape[0]).attention
         if attention.rope is not None:  # the queries, like the class and register tokens, are never turned
             rope = dataclasses.replace(attention.rope, num_prefix_tokens=self.query_prefix)
             attention = dataclasses.replace(attention, rope=rope)
         return x, attention, layout.grid
 
     def query_blocks(self) -> Sequence[Block]:
-        """The last eomt_blocks blocks, those the queries take part in."""
-        return self.blocks[len(self.blocks) - self.config.eomt_blocks :]
+        """The last `settings.blocks` blocks, those the queries take part in."""
+        return self.blocks[len(self.blocks) - self.settings.blocks :]
 
     def run_block(self, block: Block, x: torch.Tensor, attention: AttentionContext) -> torch.Tensor:
         return fast_paths.run_block(block, x, attention) if self.fast_paths else block(x, attention)
@@ -135,12 +140,12 @@ class EoMT(VisionTransformer):
     @property
     def query_prefix(self) -> int:
         """Tokens before the patch tokens once the queries are in: the queries, then the class and register tokens."""
-        return self.config.eomt_queries + self.config.num_prefix_tokens
+        return self.settings.queries + self.config.num_prefix_tokens
 
     def predict(self, x: torch.Tensor, grid: tuple[int, int]) -> SegmentationOutput:
         """z (B, Q + prefix + N, D) before the final norm -> the queries' class and mask logits."""
-        x = self.norm(x)
-        queries, patches = x[:, : self.config.eomt_queries], x[:, self.query_prefix :]
+        x = self.encoder.norm(x)
+        queries, patches = x[:, : self.settings.queries], x[:, self.query_prefix :]
         patch_map = patches.transpose(1, 2).reshape(x.shape[0], x.shape[-1], *grid)  # (B, D, rows, cols)
         class_logits = self.class_head(queries)  # (B, Q, K + 1)
         mask_features = self.upscale(patch_map)  # (B, D, rows * 2^n, cols * 2^n)
@@ -181,27 +186,9 @@ class EoMT(VisionTransformer):
         return super().no_weight_decay() | {"q.weight"}
 
 
-def check_eomt_config(config: ViTConfig) -> None:
-    """What the EoMT head needs of the encoder beyond `ViTConfig.check_dense_head`: one grid of patch tokens
-    with positions that do not change from block to block."""
-    if config.dense_head != "eomt":
-        raise ConfigError(f"EoMT is built from a config with dense_head='eomt', got {config.dense_head!r}")
-    if config.pos_embed_placement != "input" or position_traits(config.pos_embed).parameters == "offsets":
-        raise ConfigError(
-            "EoMT adds queries to the last blocks, which positions added before every block (pos_embed_placement "
-            f"{config.pos_embed_placement!r}) or relative attention (pos_embed {config.pos_embed!r}) would have to "
-            "cover as well; build it on an encoder with positions at the input or rotary positions"
-        )
-
-
 def default_upscale_blocks(config: ViTConfig) -> int:
     """x2 upscaling blocks that bring the patch grid to 1/4 of the image's pixels: log2(patch) - 2, at least 0."""
     return max(int(math.log2(max(config.pixel_patch_size))) - 2, 0)
-
-
-# Parts of a backbone that an EoMT model does not have: its image heads and poolings.
-BACKBONE_HEADS = ("head.", "head_dist.", "attn_pool.", "pre_logits.", "layer_weights", "fc_norm.")
-EOMT_HEAD = ("q.", "class_head.", "mask_head.", "upscale.")
 
 
 def eomt_from_backbone(
@@ -219,34 +206,15 @@ def eomt_from_backbone(
     backbone's own head and pooling are dropped; a model whose final norm sits on the pooled vector (fc_norm)
     gives that norm to every token, and one without a final norm gets a fresh one (the heads read normed tokens)."""
     config = backbone.config
-    eomt_config = config.replace(
-        dense_head="eomt",
-        num_classes=num_classes,
-        class_names=class_names,
-        eomt_queries=queries,
-        eomt_blocks=blocks,
-        eomt_upscale_blocks=default_upscale_blocks(config) if upscale_blocks is None else upscale_blocks,
-        classifier="token" if config.class_token else "gap",
-        class_token=config.class_token,
-        representation_size=None,
-        projection=False,
-        fc_norm=False,
-        final_norm=True,
-        pool_heads=None,
-        pool_mlp_dim=None,
+    settings = EoMTConfig(
+        queries=queries,
+        blocks=blocks,
+        upscale_blocks=default_upscale_blocks(config) if upscale_blocks is None else upscale_blocks,
     )
+    eomt_config = headless(config).replace(head=settings, num_classes=num_classes, class_names=class_names)
     device = backbone.patch_embed.proj.weight.device
     model = EoMT(eomt_config).to(device)
-    state = {name: value for name, value in backbone.state_dict().items() if not name.startswith(BACKBONE_HEADS)}
-    if config.fc_norm:
-        state.update({f"norm.{name}": value for name, value in backbone.fc_norm.state_dict().items()})
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    encoder_missing = [name for name in missing if not name.startswith(EOMT_HEAD + ("norm.",))]
-    if encoder_missing or unexpected:
-        raise UsageError(
-            f"the backbone's encoder does not fit an EoMT model of its config: missing {encoder_missing[:5]}, "
-            f"unexpected {unexpected[:5]}; is it a VisionTransformer subclass with parts of its own?"
-        )
+    copy_encoder_weights(backbone, model.encoder, "an EoMT model")
     model.dynamic_size = backbone.dynamic_size
-    model.attention_kernel = backbone.attention_kernel
+    model.set_attention_kernel(backbone.attention_kernel)
     return model

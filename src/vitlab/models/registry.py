@@ -6,13 +6,14 @@ import importlib
 from typing import Any
 
 import torch
+from torch import nn
 
 from vitlab.config import ViTConfig
 from vitlab.models.vit import VisionTransformer
 from vitlab.variants import variant_config
 
-# The class of each dense head (ViTConfig.dense_head): each is a VisionTransformer with a few modules on top, so
-# every command that takes a ViT takes it. Named, not imported: each module imports this one's VisionTransformer.
+# The model of each head kind (`ViTConfig.dense_head`, the kind of `config.head`): an encoder and the head
+# (models/dense.py). Named, not imported: the dense modules import torch-heavy layers that a plain ViT needs not.
 DENSE_MODELS: dict[str, str] = {
     "none": "vitlab.models.vit:VisionTransformer",
     "eomt": "vitlab.models.eomt:EoMT",
@@ -22,15 +23,15 @@ DENSE_MODELS: dict[str, str] = {
 }
 
 
-def model_class(config: ViTConfig) -> type[VisionTransformer]:
+def model_class(config: ViTConfig) -> type[nn.Module]:
     """The class that builds `config`: the plain VisionTransformer, or the model of its dense head."""
     module, name = DENSE_MODELS[config.dense_head].split(":")
     return getattr(importlib.import_module(module), name)
 
 
-def create_model(variant: str | ViTConfig, **overrides: Any) -> VisionTransformer:
+def create_model(variant: str | ViTConfig, **overrides: Any) -> Any:
     """A freshly initialised model for a variant name or a ViTConfig, with config fields overridden: a
-    VisionTransformer, or the dense model its `dense_head` names (`DENSE_MODELS`)."""
+    VisionTransformer, or the dense model of its head's kind (`DENSE_MODELS`: an encoder and the head)."""
     config = variant if isinstance(variant, ViTConfig) else variant_config(variant, **overrides)
     if isinstance(variant, ViTConfig) and overrides:
         config = config.replace(**overrides)

@@ -53,10 +53,18 @@ AttentionCallback = Callable[[int, torch.Tensor], None]
 EMBEDDING_PARAMETERS = ("patch_embed.", "cls_token", "dist_token", "reg_token", "pos_embed", "norm_pre.")
 
 
+def encoder_parameter_name(parameter_name: str) -> str:
+    """A parameter's name in its encoder: a dense model's "encoder.blocks.3..." (models/dense.py) is the encoder's
+    "blocks.3..."; a plain ViT's names are the encoder's already."""
+    return parameter_name.removeprefix("encoder.")
+
+
 def block_index(parameter_name: str) -> int | None:
-    """The encoder block a parameter belongs to ("blocks.3.attn.qkv.weight" -> 3), or None outside the blocks."""
-    if parameter_name.startswith("blocks."):
-        return int(parameter_name.split(".")[1])
+    """The encoder block a parameter belongs to ("blocks.3.attn.qkv.weight" or a dense model's
+    "encoder.blocks.3.attn.qkv.weight" -> 3), or None outside the blocks."""
+    name = encoder_parameter_name(parameter_name)
+    if name.startswith("blocks."):
+        return int(name.split(".")[1])
     return None
 
 

@@ -46,8 +46,8 @@ from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.errors import ConfigError, DataError
 from vitlab.metrics.segmentation import ConfusionMatrix
 from vitlab.model_input import ModelInput, require_pixels
+from vitlab.models.dense import ENCODER
 from vitlab.models.eomt import EoMT, SegmentationOutput, eomt_from_backbone
-from vitlab.models.registry import create_model
 from vitlab.models.segmentation_heads import segmenter_from_backbone
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import BATCH_AUGMENTATION, EVALUATION_SEED, Objective, left_out, measured_on
@@ -126,10 +126,8 @@ class Segmentation(Objective):
     def attach(self, model: VisionTransformer) -> nn.Module:
         """EoMT trains through `EoMTTraining` (its training pass as a module's forward, for DDP to wrap), a head
         model as it is; a frozen encoder (backbone_lr_scale 0) is frozen here."""
-        # The encoder's parameters are those of the same ViT without any head (built on the meta device: no memory).
-        with torch.device("meta"):
-            encoder = create_model(model.config.replace(dense_head="none", num_classes=0, class_names=None))
-        self.backbone_names = {name for name, _ in encoder.named_parameters()}
+        # The encoder's parameters: those the dense model holds under "encoder." (models/dense.py).
+        self.backbone_names = {name for name, _ in model.named_parameters() if name.startswith(ENCODER)}
         if self.settings.backbone_lr_scale == 0:
             for name, parameter in model.named_parameters():
                 if name in self.backbone_names:

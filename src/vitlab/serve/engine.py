@@ -27,7 +27,7 @@ from vitlab.checkpoint import load_model
 from vitlab.counts import model_size
 from vitlab.data.preprocess import describe_preprocessing, prepare
 from vitlab.dense.features import dense_features
-from vitlab.dense.inference import Depth, Segmentation, dense_task, names_of, predict_dense
+from vitlab.dense.inference import Depth, Segmentation, dense_task, names_of, predict_dense, reads_padded
 from vitlab.dense.pictures import pca_rgb
 from vitlab.errors import UsageError
 from vitlab.eval.classify import require_head
@@ -290,7 +290,7 @@ class Engine:
         panoptic segments, or its depth): `vitlab.dense.inference.predict_dense`."""
         if self.dense is None:
             raise UsageError(f"{self.name} is a classifier; it answers with classes, not a mask or a depth map")
-        return predict_dense(self.runner, pixels, self.precision, panoptic=not self.config.eomt_crops)
+        return predict_dense(self.runner, pixels, self.precision, panoptic=reads_padded(self.config))
 
     def without_pytorch_model(self, what: str) -> str:
         """Why `what` (EXPLAINING, PATCH_FEATURES) cannot be answered: the file served holds no PyTorch model."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vitlab.errors import UsageError
+from vitlab.head_configs import DPTConfig, head_settings
 
 INSTALL_HINT = 'pip install "vitlab[serve]" (starlette, uvicorn, python-multipart, prometheus_client)'
 GRACEFUL_SECONDS = 30
@@ -37,9 +38,9 @@ def answers(engine) -> str:
     """What the model answers, for the start line: "10 classes", "segmentation into 150 classes" or "depth"."""
     count = f"{len(engine.class_names)} classes"
     task = engine.dense.task if engine.dense is not None else None
-    return {"segmentation": f"segmentation into {count}", "depth": f"{engine.config.depth_range} depth"}.get(
-        task, count
-    )
+    if task == "depth":
+        return f"{head_settings(engine.config, DPTConfig).depth_range} depth"
+    return f"segmentation into {count}" if task == "segmentation" else count
 
 
 def input_words(config: Any) -> str:

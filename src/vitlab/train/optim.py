@@ -8,12 +8,12 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from vitlab.models.vit import EMBEDDING_PARAMETERS, block_index
+from vitlab.models.vit import EMBEDDING_PARAMETERS, block_index, encoder_parameter_name
 
 
 def layer_id(name: str, depth: int) -> int:
     """Depth of a parameter for layer-wise lr decay: 0 for the embeddings, l + 1 for block l, depth + 1 after."""
-    if name.startswith(EMBEDDING_PARAMETERS):
+    if encoder_parameter_name(name).startswith(EMBEDDING_PARAMETERS):
         return 0
     block = block_index(name)
     return depth + 1 if block is None else block + 1

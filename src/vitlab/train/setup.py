@@ -14,7 +14,7 @@ from vitlab.distributed import DistEnv
 from vitlab.errors import ConfigError
 from vitlab.hardware import TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS, Threads, available_cores, use_threads
 from vitlab.models.registry import create_model
-from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_index
+from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_index, encoder_parameter_name
 from vitlab.train.config import TrainConfig
 from vitlab.variants import variant_names
 
@@ -90,7 +90,9 @@ def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
             frozen = not name.startswith(("head.", "head_dist."))
         elif config.freeze_blocks:
             block = block_index(name)
-            frozen = name.startswith(EMBEDDING_PARAMETERS) or (block is not None and block < config.freeze_blocks)
+            frozen = encoder_parameter_name(name).startswith(EMBEDDING_PARAMETERS) or (
+                block is not None and block < config.freeze_blocks
+            )
         else:
             frozen = False
         if frozen:

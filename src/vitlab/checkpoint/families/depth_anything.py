@@ -14,7 +14,7 @@ keeps timm's names for the encoder and the Depth-Anything-V2 repository's for th
     head.conv1, head.conv2, head.conv3                depth_head.scratch.output_conv1, output_conv2.0, output_conv2.2
 
 (transformers' fusion layers run coarsest first, the original's `refinenet4` first.) The backbone's `out_indices`
-count the embeddings as stage 0: vitlab's `dpt_layers` are those minus one. What vitlab does not build is refused
+count the embeddings as stage 0: vitlab's DPT `layers` are those minus one. What vitlab does not build is refused
 when the config is read: a backbone other than DINOv2 (DPT-hybrid's BiT, a timm backbone), DINOv2's SwiGLU (giant)
 or registers, other reassemble factors, a reassemble width other than the encoder's, a head on another fused map.
 """
@@ -28,6 +28,7 @@ from vitlab.checkpoint.family_rows import TORCH_FILES, Family, ModelFamily
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, require_layout
 from vitlab.config import ViTConfig, to_pair
 from vitlab.errors import CheckpointError
+from vitlab.head_configs import DPTConfig, head_settings
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
     import torch
@@ -151,13 +152,14 @@ def read_hf_config(weights: Weights) -> ViTConfig:
     config = encoder.replace(
         family="depth_anything",
         num_classes=0,
-        dense_head="dpt",
-        dpt_layers=layers,
-        dpt_neck_sizes=tuple(settings["neck_hidden_sizes"]),
-        dpt_fusion_dim=settings["fusion_hidden_size"],
-        dpt_head_dim=settings["head_hidden_size"],
-        depth_range=settings["depth_estimation_type"],
-        max_depth=float(settings["max_depth"]),
+        head=DPTConfig(
+            layers=layers,
+            neck_sizes=tuple(settings["neck_hidden_sizes"]),
+            fusion_dim=settings["fusion_hidden_size"],
+            head_dim=settings["head_hidden_size"],
+            depth_range=settings["depth_estimation_type"],
+            max_depth=float(settings["max_depth"]),
+        ),
         # DINOv2 (and transformers' Dinov2Embeddings) resample the position table bicubic to each grid.
         pos_resample="bicubic",
         **preprocessing(weights.processor, source),
@@ -166,7 +168,7 @@ def read_hf_config(weights: Weights) -> ViTConfig:
 
 
 def dpt_layers(backbone: dict[str, Any], source: str) -> tuple[int, ...]:
-    """vitlab's dpt_layers (0-based blocks) from the backbone's out_indices (or out_features "stageN"), which count
+    """vitlab's DPT layers (0-based blocks) from the backbone's out_indices (or out_features "stageN"), which count
     the embeddings as stage 0."""
     depth = backbone.get("num_hidden_layers", 12)
     indices = backbone.get("out_indices")
@@ -190,9 +192,12 @@ def preprocessing(processor: dict[str, Any] | None, source: str) -> dict[str, An
 
 
 def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
-    """transformers' names -> vitlab's: the backbone as DINOv2's (checkpoint/hf.py), the neck and head renamed."""
+    """transformers' names -> vitlab's: the backbone as DINOv2's (checkpoint/hf.py) under "encoder."
+    (models/dense.py), the neck and head renamed."""
+    from vitlab.models.dense import ENCODER  # torch: not at import, which `vitlab --help` does
+
     backbone = {key.removeprefix(BACKBONE): value for key, value in state.items() if key.startswith(BACKBONE)}
-    out = hf.hf_to_state_dict(backbone, config, source)
+    out = {ENCODER + key: value for key, value in hf.hf_to_state_dict(backbone, config, source).items()}
     picker = TensorPicker(
         {key: value for key, value in state.items() if not key.startswith(BACKBONE)},
         source,
@@ -210,7 +215,10 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
     """vitlab's names -> `DepthAnythingForDepthEstimation`'s (the inverse of `hf_to_state_dict`)."""
     import torch
 
+    from vitlab.models.dense import encoder_keys
+
     require_layout("transformers' Depth Anything", layout_checks(config))
+    state = {**state, **encoder_keys(state)}  # the encoder's keys under its own (timm's) names
     out = {BACKBONE + hf_name: state[name] for hf_name, name in hf.RENAMES}
     # Dinov2Backbone has a mask token (masked pre-training), read by nothing here; zeros, as it is never used.
     out[BACKBONE + "embeddings.mask_token"] = torch.zeros(1, config.embed_dim, dtype=state["cls_token"].dtype)
@@ -230,7 +238,7 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
 def layout_checks(config: ViTConfig) -> list[tuple[str, bool]]:
     """What transformers' Depth Anything needs of a vitlab model: (what, whether this one lacks it)."""
     return [
-        ("a DPT head (dense_head 'dpt')", config.dense_head != "dpt"),
+        ("a DPT head (head kind 'dpt')", config.dense_head != "dpt"),
         (
             "DINOv2's encoder (class token, LayerScale, LayerNorm, GELU MLP, learned positions, no registers)",
             not config.class_token
@@ -252,7 +260,8 @@ def layout_checks(config: ViTConfig) -> list[tuple[str, bool]]:
 
 def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
     """The config.json of a `DepthAnythingForDepthEstimation` with this config."""
-    stages = [layer + 1 for layer in config.dpt_layers]
+    dpt = head_settings(config, DPTConfig)
+    stages = [layer + 1 for layer in dpt.layers]
     return {
         "architectures": ["DepthAnythingForDepthEstimation"],
         "model_type": MODEL_TYPE,
@@ -278,13 +287,13 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
         "patch_size": config.patch_size[0],
         "reassemble_hidden_size": config.embed_dim,
         "reassemble_factors": list(REASSEMBLE_FACTORS),
-        "neck_hidden_sizes": list(config.dpt_neck_sizes),
-        "fusion_hidden_size": config.dpt_fusion_dim,
+        "neck_hidden_sizes": list(dpt.neck_sizes),
+        "fusion_hidden_size": dpt.fusion_dim,
         "head_in_index": -1,
-        "head_hidden_size": config.dpt_head_dim,
-        "depth_estimation_type": config.depth_range,
+        "head_hidden_size": dpt.head_dim,
+        "depth_estimation_type": dpt.depth_range,
         # DepthAnythingConfig types max_depth as an int (its released values are 20 and 80).
-        "max_depth": int(config.max_depth) if float(config.max_depth).is_integer() else config.max_depth,
+        "max_depth": int(dpt.max_depth) if float(dpt.max_depth).is_integer() else dpt.max_depth,
     }
 
 

@@ -24,7 +24,7 @@ transformers never does).
 
 Preprocessing: EomtImageProcessor's (ImageNet mean and std, bilinear). It resizes the longer side to the input size
 and pads (`do_pad`, the panoptic and instance models) or resizes the shorter side and splits the image into
-overlapping square crops (`do_split_image`, the semantic ones): `ViTConfig.eomt_crops` records which, the dense
+overlapping square crops (`do_split_image`, the semantic ones): `EoMTConfig.crops` records which, the dense
 inference reads it (dense/), and its post-processing is vitlab's dense/segmentation_maps.py.
 """
 
@@ -40,6 +40,7 @@ from vitlab.checkpoint.hf import IMAGENET_MEAN, IMAGENET_STD, RESIZE_OF_PIL, hea
 from vitlab.checkpoint.io import TensorPicker, Weights, apply_hints, image_size_from_positions, require_layout
 from vitlab.config import ViTConfig
 from vitlab.errors import CheckpointError
+from vitlab.head_configs import EoMTConfig, head_settings
 from vitlab.preprocessing import Preprocessing
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the family table imports this module
@@ -167,10 +168,12 @@ def read_hf_config(weights: Weights) -> ViTConfig:
         mlp_bias="layers.0.mlp.up_proj.bias" in state,
         layer_norm_eps=float(hf_config.get("layer_norm_eps", 1e-6)),
         family="eomt",
-        dense_head="eomt",
-        eomt_queries=state["query.weight"].shape[0],
-        eomt_blocks=int(hf_config["num_blocks"]),
-        eomt_upscale_blocks=len({m.group(1) for key in state if (m := UPSCALE.match(key))}),
+        head=EoMTConfig(
+            queries=state["query.weight"].shape[0],
+            blocks=int(hf_config["num_blocks"]),
+            upscale_blocks=len({m.group(1) for key in state if (m := UPSCALE.match(key))}),
+            crops=reads_crops(weights.processor),
+        ),
         **positions,
         **processor_fields(weights.processor, source),
     )
@@ -178,10 +181,9 @@ def read_hf_config(weights: Weights) -> ViTConfig:
 
 
 def processor_fields(processor: dict[str, Any] | None, source: str) -> dict[str, Any]:
-    """ViTConfig fields of an EomtImageProcessor config (its defaults where it says nothing): the statistics, the
-    resize kernel, and whether it reads a photo as crops (`eomt_crops`). The contract is a stretch to the input
-    size: what a vitlab command that feeds one whole image does; EoMT's own padding or crops are the dense
-    inference's."""
+    """ViTConfig fields of an EomtImageProcessor config (its defaults where it says nothing): the statistics and the
+    resize kernel. The contract is a stretch to the input size: what a vitlab command that feeds one whole image
+    does; EoMT's own padding or crops (`reads_crops`) are the dense inference's."""
     settings = {**HF_PROCESSOR, **(processor or {})}
     resize = RESIZE_OF_PIL.get(settings.get("resample", 2))
     if resize is None:
@@ -189,7 +191,6 @@ def processor_fields(processor: dict[str, Any] | None, source: str) -> dict[str,
         resize = "bilinear"
     fields: dict[str, Any] = {
         "preprocessing": Preprocessing(mode="stretch", resize=resize),
-        "eomt_crops": bool(settings.get("do_split_image", False)),
     }
     if settings.get("do_normalize", True):
         fields.update(image_mean=tuple(settings["image_mean"]), image_std=tuple(settings["image_std"]))
@@ -198,8 +199,18 @@ def processor_fields(processor: dict[str, Any] | None, source: str) -> dict[str,
     return fields
 
 
+def reads_crops(processor: dict[str, Any] | None) -> bool:
+    """Whether an EomtImageProcessor config reads a photo as overlapping crops (`do_split_image`, the semantic
+    models), not fitted and padded (`EoMTConfig.crops`)."""
+    return bool({**HF_PROCESSOR, **(processor or {})}.get("do_split_image", False))
+
+
 def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: str) -> dict[str, torch.Tensor]:
-    """transformers' EoMT names (either kind) -> vitlab's."""
+    """transformers' EoMT names (either kind) -> vitlab's (the encoder's under "encoder.": models/dense.py)."""
+    from vitlab.models.dense import nested_encoder_keys  # torch: not at import, which `vitlab --help` does
+    from vitlab.models.eomt import EoMT
+
+    settings = head_settings(config, EoMTConfig)
     dinov2_style = config.pos_embed == "learned"
     picker = TensorPicker(dinov3_layer_names(state) if dinov2_style else state, source, "Hugging Face EoMT")
     take = picker.take
@@ -226,11 +237,11 @@ def hf_to_state_dict(state: dict[str, torch.Tensor], config: ViTConfig, source: 
         out.update(hf_layer_to_block(take, f"layers.{layer}.", f"blocks.{layer}.", config))
     for hf_name, name in HEAD:
         out[name] = take(hf_name)
-    for index in range(config.eomt_upscale_blocks):
+    for index in range(settings.upscale_blocks):
         for hf_name, name in UPSCALE_BLOCK:
             out[f"upscale.{index}.{name}"] = take(f"upscale_block.block.{index}.{hf_name}")
     picker.check_all_taken()
-    return out
+    return nested_encoder_keys(out, EoMT.head_parts)
 
 
 def check_annealing_finished(probabilities: torch.Tensor | None, source: str) -> None:
@@ -250,7 +261,11 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
     mask annealing (`attn_mask_probs` 0) and the loss's class weights (1, "no object" 0.1: EomtConfig's default)."""
     import torch
 
+    from vitlab.models.dense import encoder_keys
+
     require_eomt_shape(config)
+    settings = head_settings(config, EoMTConfig)
+    state = {**state, **encoder_keys(state)}  # the encoder's keys under its own (timm's) names
     dinov2_style = config.pos_embed == "learned"
     dim = config.embed_dim
     out: dict[str, torch.Tensor] = {name: state[vitlab] for name, vitlab in HEAD}
@@ -262,7 +277,7 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
     out["embeddings.register_tokens"] = state.get("reg_token", state["cls_token"].new_zeros(1, 0, dim))
     for layer in range(config.depth):
         out.update(block_to_hf_layer(state, f"blocks.{layer}.", f"layers.{layer}.", config))
-    for index in range(config.eomt_upscale_blocks):
+    for index in range(settings.upscale_blocks):
         for hf_name, name in UPSCALE_BLOCK:
             out[f"upscale_block.block.{index}.{hf_name}"] = state[f"upscale.{index}.{name}"]
     if dinov2_style:  # DINOv3's layer names back to the DINOv2-style layer's
@@ -270,7 +285,7 @@ def state_dict_to_hf(state: dict[str, torch.Tensor], config: ViTConfig) -> dict[
             for old, new in DINOV2_STYLE_LAYER:
                 if new in key:
                     out[key.replace(new, old)] = out.pop(key)
-    out["attn_mask_probs"] = torch.zeros(config.eomt_blocks)
+    out["attn_mask_probs"] = torch.zeros(settings.blocks)
     out["criterion.empty_weight"] = torch.cat([torch.ones(config.num_classes), torch.tensor([0.1])])
     return {key: value.contiguous() for key, value in out.items()}
 
@@ -281,7 +296,7 @@ def require_eomt_shape(config: ViTConfig) -> None:
     require_layout(
         "transformers' EoMT",
         (
-            ("an EoMT model (dense_head 'eomt')", config.dense_head != "eomt"),
+            ("an EoMT model (head kind 'eomt')", config.dense_head != "eomt"),
             (
                 "a learned table of the patches alone, or rotary positions",
                 not (rope or (config.pos_embed == "learned" and not config.prefix_positions)),
@@ -313,6 +328,7 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
     """The config.json of `EomtForUniversalSegmentation` (or the DINOv3 one, for rotary positions)."""
     names = config.class_names or [f"LABEL_{i}" for i in range(config.num_classes)]
     rope = config.pos_embed == "rope"
+    settings = head_settings(config, EoMTConfig)
     shared = {
         "model_type": DINOV3_TYPE if rope else DINOV2_TYPE,
         "architectures": ["EomtDinov3ForUniversalSegmentation" if rope else "EomtForUniversalSegmentation"],
@@ -326,9 +342,9 @@ def hf_config_dict(config: ViTConfig) -> dict[str, Any]:
         "layer_norm_eps": config.layer_norm_eps,
         "layerscale_value": config.layer_scale,
         "num_register_tokens": config.register_tokens,
-        "num_queries": config.eomt_queries,
-        "num_blocks": config.eomt_blocks,
-        "num_upscale_blocks": config.eomt_upscale_blocks,
+        "num_queries": settings.queries,
+        "num_blocks": settings.blocks,
+        "num_upscale_blocks": settings.upscale_blocks,
         "id2label": {str(i): name for i, name in enumerate(names)},
         "label2id": {name: i for i, name in enumerate(names)},
     }
