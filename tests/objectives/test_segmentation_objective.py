@@ -109,11 +109,11 @@ def test_the_head_is_built_on_the_encoder_and_the_encoder_trains_slower(head, ki
     optimizer = build_optimizer(trained, "adamw", 1e-3, 0.05, lr_scales=scales)
     rate = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
     named = dict(trained.named_parameters())
-    assert rate[id(named["blocks.0.attn.qkv.weight"])] == pytest.approx(2.5e-4)
-    assert rate[id(named["patch_embed.proj.weight"])] == pytest.approx(2.5e-4)
+    assert rate[id(named["encoder.blocks.0.attn.qkv.weight"])] == pytest.approx(2.5e-4)
+    assert rate[id(named["encoder.patch_embed.proj.weight"])] == pytest.approx(2.5e-4)
     heads = [name for name in named if name not in scales]
     assert heads and all(rate[id(named[name])] == pytest.approx(1e-3) for name in heads)
-    assert not any(name.startswith("blocks.") for name in heads)
+    assert not any(name.startswith("encoder.") for name in heads)
 
 
 def test_eomt_trains_through_a_module_of_its_own_parameters_under_their_names():

@@ -339,8 +339,8 @@ class EoMTTraining(nn.Module):
     """An EoMT whose `forward` is its training pass, `forward_train`: what the optimizer trains and DDP wraps
     (`Segmentation.attach`), since DDP synchronises gradients only for what runs through its own call.
 
-    It holds the EoMT's parameters, buffers and parts under their own names ("blocks.3.attn.qkv.weight", not
-    "eomt.blocks..."), sharing the EoMT's registries rather than holding it as a submodule: the optimizer's groups go
+    It holds the EoMT's parameters, buffers and parts under their own names ("encoder.blocks.3.attn.qkv.weight",
+    not "eomt.encoder.blocks..."), sharing the EoMT's registries rather than holding it as a submodule: the optimizer's groups go
     by those names (weight decay's exemptions, layer decay's blocks, the encoder's rate) and stay as they were, and
     moving the module moves the EoMT, which the run saves and evaluates as it is."""
 
@@ -365,6 +365,11 @@ class EoMTTraining(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         return self.eomt.no_weight_decay()
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The encoder's blocks, which layer decay counts."""
+        return self.eomt.blocks
 
 
 # ------------------------------------------------------------------------------------------------ helpers
