@@ -63,7 +63,7 @@ class View:
 
 
 def eomt_view(config: ViTConfig, photo: tuple[int, int]) -> View:
-    """EoMT's processor: fit the input size and pad, or (`eomt_crops`) short side to the input's side and crop."""
+    """EoMT's processor: fit the input size and pad, or (`EoMTConfig.crops`) short side to the input's side and crop."""
     box = config.image_size
     if head_settings(config, EoMTConfig).crops:
         side = min(box)

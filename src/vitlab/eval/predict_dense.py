@@ -4,7 +4,7 @@ Segmentation (EoMT), for a photo NAME:
 - NAME.mask.png: the class of each pixel as a palette PNG (pixel value = class index, coloured as the overlay);
   its text chunk "vitlab:classes" holds the class names in index order (JSON).
 - NAME.overlay.png: the photo with the class colours over it and a legend of the classes present.
-- for a model that reads padded photos (panoptic, not `eomt_crops`): NAME.panoptic.png, each segment's id as RGB
+- for a model that reads padded photos (panoptic, not `EoMTConfig.crops`): NAME.panoptic.png, each segment's id as RGB
   (COCO panoptic's encoding: id = R + 256 G + 256^2 B; 0 = no segment) and NAME.segments.json (id, label, score,
   pixels of each segment).
 Depth (Depth Anything), for a photo NAME:

@@ -166,3 +166,8 @@ def copy_encoder_weights(backbone: VisionTransformer, encoder: VisionTransformer
             f"the backbone's encoder does not fit {what} of its config: missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}; is it a VisionTransformer subclass with parts of its own?"
         )
+
+
+# A model vitlab builds from a config (`vitlab.models.create_model`): the plain encoder with its classifier, or a
+# dense model holding one.
+VitlabModel = VisionTransformer | DenseModel

@@ -6,9 +6,9 @@ import importlib
 from typing import Any
 
 import torch
-from torch import nn
 
 from vitlab.config import ViTConfig
+from vitlab.models.dense import DenseModel, VitlabModel
 from vitlab.models.vit import VisionTransformer
 from vitlab.variants import variant_config
 
@@ -23,13 +23,13 @@ DENSE_MODELS: dict[str, str] = {
 }
 
 
-def model_class(config: ViTConfig) -> type[nn.Module]:
+def model_class(config: ViTConfig) -> type[VisionTransformer] | type[DenseModel]:
     """The class that builds `config`: the plain VisionTransformer, or the model of its dense head."""
     module, name = DENSE_MODELS[config.dense_head].split(":")
     return getattr(importlib.import_module(module), name)
 
 
-def create_model(variant: str | ViTConfig, **overrides: Any) -> Any:
+def create_model(variant: str | ViTConfig, **overrides: Any) -> VitlabModel:
     """A freshly initialised model for a variant name or a ViTConfig, with config fields overridden: a
     VisionTransformer, or the dense model of its head's kind (`DENSE_MODELS`: an encoder and the head)."""
     config = variant if isinstance(variant, ViTConfig) else variant_config(variant, **overrides)

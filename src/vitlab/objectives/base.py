@@ -34,6 +34,7 @@ from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.errors import ConfigError
 from vitlab.eval.batches import run_batches
 from vitlab.model_input import ModelInput, PatchInput
+from vitlab.models.dense import VitlabModel
 from vitlab.models.vit import VisionTransformer
 
 # Evaluation draws its random choices (masks) from a generator seeded with this plus each batch's first image
@@ -91,7 +92,7 @@ class Objective(ABC):
         the model is an encoder."""
         return {"num_classes": 0, "class_names": None}
 
-    def adapt_model(self, model: VisionTransformer) -> VisionTransformer:
+    def adapt_model(self, model: VisionTransformer) -> VitlabModel:
         """The model the run trains and saves, made from the one built for the recipe (a fresh variant, or a
         checkpoint prepared for fine-tuning, with the head `model_fields` asked for): the model itself (default), or
         another model on its encoder (segmentation: EoMT or a segmentation head). Called once, for a new run; a

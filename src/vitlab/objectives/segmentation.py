@@ -46,7 +46,7 @@ from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.errors import ConfigError, DataError
 from vitlab.metrics.segmentation import ConfusionMatrix
 from vitlab.model_input import ModelInput, require_pixels
-from vitlab.models.dense import ENCODER
+from vitlab.models.dense import ENCODER, VitlabModel
 from vitlab.models.eomt import EoMT, SegmentationOutput, eomt_from_backbone
 from vitlab.models.segmentation_heads import segmenter_from_backbone
 from vitlab.models.vit import VisionTransformer
@@ -115,7 +115,7 @@ class Segmentation(Objective):
         on it."""
         return {"num_classes": 0, "class_names": None}
 
-    def adapt_model(self, model: VisionTransformer) -> VisionTransformer:
+    def adapt_model(self, model: VisionTransformer) -> VitlabModel:
         settings = self.settings
         if self.eomt:
             return eomt_from_backbone(
@@ -123,7 +123,7 @@ class Segmentation(Objective):
             )
         return segmenter_from_backbone(model, settings.head, self.num_classes, self.class_names, settings.head_dim)
 
-    def attach(self, model: VisionTransformer) -> nn.Module:
+    def attach(self, model: VitlabModel) -> nn.Module:
         """EoMT trains through `EoMTTraining` (its training pass as a module's forward, for DDP to wrap), a head
         model as it is; a frozen encoder (backbone_lr_scale 0) is frozen here."""
         # The encoder's parameters: those the dense model holds under "encoder." (models/dense.py).
@@ -355,7 +355,7 @@ class EoMTTraining(nn.Module):
     def forward(
         self, inputs: ModelInput, mask_probabilities: Sequence[float], generator: torch.Generator | None = None
     ) -> list[SegmentationOutput]:
-        """`EoMT.forward_train`: images (B, C, H, W) -> its eomt_blocks + 1 predictions."""
+        """`EoMT.forward_train`: images (B, C, H, W) -> its `settings.blocks` + 1 predictions."""
         return self.eomt.forward_train(inputs, mask_probabilities, generator)
 
     def train(self, mode: bool = True) -> EoMTTraining:
