@@ -61,7 +61,10 @@ class DenseModel(nn.Module):
         if encoder is None:
             encoder = VisionTransformer(config.encoder_config)
         elif encoder.config != config.encoder_config:
-            raise ValueError("the encoder's config is not the dense model's encoder_config")
+            raise UsageError(
+                "the encoder given to a dense model has another config than the model's encoder_config; build it "
+                "with VisionTransformer(config.encoder_config) (or pass none for a fresh one)"
+            )
         self.config = config
         self.encoder = encoder
         self.register_load_state_dict_pre_hook(self._read_flat_layout)
