@@ -1,5 +1,8 @@
 """Model configuration and the variant table of Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words".
 
+At the bottom of the package order: it imports only the torch-free modules beside it (errors, head_configs,
+preprocessing, patch_grid, position_kinds), so `vitlab models` answers without torch.
+
 Variant names follow the paper: ``"B/16"`` is ViT-Base with 16x16 patches, ``"R50+B/16"`` the hybrid whose
 ResNet-50 stem (stages 3, 4, 9) feeds ViT-Base. Widths and depths are the paper's Table 1.
 """
@@ -162,11 +165,14 @@ def literal_fields(cls: type) -> dict[str, tuple[Any, ...]]:
 
 @dataclass
 class ViTConfig:
-    """Everything needed to build a VisionTransformer and feed it; serialised as JSON inside every vitlab checkpoint.
+    """Everything needed to build a model and feed it; serialised as JSON inside every vitlab checkpoint.
 
-    Three parts, each checked on its own (`check_architecture` with `check_positions`, `check_preprocessing`,
-    `check_provenance`): the architecture, the preprocessing its weights expect, and where it came from. Choices
-    are Literal types, checked from the annotation; configs written by earlier versions read through `upgraded`."""
+    Four parts, each checked on its own (`check_architecture` with `check_positions`, the head's `check`,
+    `check_preprocessing`, `check_provenance`): the encoder's architecture, the head of a dense model (`head`, a
+    config of its own per head kind, vitlab/head_configs/; None for a classifier or a bare encoder), the
+    preprocessing its weights expect, and where it came from. Choices are Literal types, checked from the
+    annotation; the JSON form carries `SCHEMA_VERSION`, and configs written by earlier versions read through
+    `upgraded`."""
 
     # ------------------------------------------------------------------------------------ the architecture
     image_size: tuple[int, int] = (224, 224)  # (height, width) of the input in pixels
@@ -308,8 +314,9 @@ class ViTConfig:
                 raise ConfigError(f"model config field {spec.name} must be {expected}, got {value!r}")
 
     def __post_init__(self) -> None:
-        """Check the three parts of a config: the architecture (with its positions), the preprocessing its weights
-        expect, and where it came from; each value in one canonical form, so equal configs compare equal."""
+        """Check the parts of a config: the architecture (with its positions and the head on it), the preprocessing
+        its weights expect, and where it came from; each value in one canonical form, so equal configs compare
+        equal."""
         self.check_types()
         self.canonicalise()
         self.check_architecture()
