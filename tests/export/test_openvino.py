@@ -430,23 +430,31 @@ def test_depth_anything_fixture_round_trips_at_a_second_size_and_predicts_the_ph
 
 
 @pytest.mark.run_level
-def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(eomt_export):
+def test_dense_bench_rows_compare_every_output_and_int8_says_why_not(eomt_export, monkeypatch):
     from benchruns import quick_bench
+    from vitlab.bench import runner
     from vitlab.bench.paths import INFERENCE_PATHS, Unavailable, largest_difference
     from vitlab.checkpoint import load_model
 
+    # What the bench compared, seen as it compares it (rather than from a second OpenVINO export of the fixture).
+    compared = []
+
+    def seen(got, expected):
+        compared.append((got, expected))
+        return largest_difference(got, expected)
+
+    monkeypatch.setattr(runner, "largest_difference", seen)
     # bf16: the same file, compiled otherwise
     result = quick_bench(FIXTURES / "hf_eomt", ["eager-fp32", "openvino-fp32", "openvino-int8"])
     rows = {row["path"]: row for row in result["paths"]}
     assert {"eager-fp32", "openvino-fp32"} <= set(rows), result["skipped"]
     assert rows["openvino-fp32"]["max_abs_diff_vs_eager"] <= 1e-4 and "openvino-int8" in result["skipped"]
+    assert len(compared) == len(rows)  # each path's outputs beside the eager model's, openvino-fp32's among them
+    for got, expected in compared:  # every output, class and mask logits: each path returns both, both compared
+        assert isinstance(got, tuple) and len(got) == 2 and [g.shape for g in got] == [e.shape for e in expected]
 
     model = load_model(FIXTURES / "hf_eomt").eval()
     sample = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        expected = model(sample)
-    got = INFERENCE_PATHS["openvino-fp32"](model, sample).run(sample)
-    assert isinstance(got, tuple) and len(got) == 2 and largest_difference(got, expected) <= 1e-4
     with pytest.raises(Unavailable, match="--int8: a segmentation model exports in fp32"):  # the export's refusal
         INFERENCE_PATHS["openvino-int8"](model, sample)
     # A fixed batch of 8 on two threads runs as two halves on two streams: both outputs are joined.
