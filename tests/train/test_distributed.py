@@ -133,7 +133,9 @@ def test_a_stopped_two_process_run_resumes_exactly(all_cores, tmp_path):
 
     args = [
         "--set",
-        "epochs=12",  # the first state is saved after epoch 1: eleven more leave time to stop both workers
+        # The first state is saved after epoch 1 (step 10): four more (40 steps, a second or more) leave time to
+        # stop both workers mid-run, where the poll below takes 0.05 s and pgrep and the signals a few ms.
+        "epochs=5",
         "--set",
         f"model_overrides={dict(MICRO, depth=2)}",
         "--set",
@@ -163,7 +165,7 @@ def test_a_stopped_two_process_run_resumes_exactly(all_cores, tmp_path):
     assert agent.returncode == 0, err[-3000:]
     assert "Resume with" in out
     state = torch.load(last, weights_only=True)
-    assert state["rank_rng_states"].shape[0] == 2 and state["global_step"] < 12 * 10
+    assert state["rank_rng_states"].shape[0] == 2 and state["global_step"] < 5 * 10
     resumed = subprocess.run(  # a restart of this `train --resume` after it finished the run exits 0 as well
         [*two_processes(SPARE), "train", "--resume", str(tmp_path / "stopped")],
         capture_output=True,
