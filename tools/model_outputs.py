@@ -19,11 +19,11 @@ import sys
 import torch
 
 from vitlab.config import ViTConfig
-from vitlab.data.contract import Preprocessing
 from vitlab.data.naflex import pad_patch_inputs
 from vitlab.models import create_model
 from vitlab.models.mae import MAEConfig, MaskedAutoencoder
 from vitlab.models.mpp import MaskedPatchPredictor
+from vitlab.preprocessing import Preprocessing
 
 TINY = dict(image_size=16, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_dim=64, num_classes=5)
 CONFIGS: dict[str, dict] = {
