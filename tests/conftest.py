@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -146,3 +147,31 @@ def stop_at_check(monkeypatch):
         monkeypatch.setattr(epoch, "any_ranks", real_many if check is None else any_ranks)
 
     return stop_at
+
+
+# The page tests of `vitlab serve` (tests/serve/). Here, not in a tests/serve/conftest.py: a second module named
+# conftest would shadow this one for the tests that import FIXTURES from it.
+@pytest.fixture
+def chromium():
+    """A headless Chromium driven through selenium and chromedriver (skipped where they are not installed)."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not browser or not driver_path:
+        pytest.skip(
+            "Chromium and its driver are not installed (apt-get install chromium chromium-driver; "
+            ".ci/run installs them)"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1000,800",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    yield driver
+    driver.quit()
