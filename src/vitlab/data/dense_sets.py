@@ -225,7 +225,7 @@ def read_class_list(path: Path) -> tuple[str, ...]:
         lines.pop()
     entries = [line for line in lines if line.strip() and not line.startswith("#")]
     if entries and all(LABEL_MAP_LINE.match(line) for line in entries):
-        names = tuple(line.split(":", 1)[0].strip() for line in lines if line.strip() and not line.startswith("#"))
+        names = tuple(line.split(":", 1)[0].strip() for line in entries)
     else:
         names = tuple(line.strip() for line in lines)
     return checked_names(names, str(path))
