@@ -157,7 +157,7 @@ def class_names(data: ProbeData) -> list[str]:
 
 def segmentation_report(scores, data: ProbeData) -> dict[str, Any]:
     """The scores as the report holds them: a class absent from truth and prediction has no IoU (null)."""
-    names = data.class_names or [str(index) for index in range(len(scores.per_class_iou))]
+    names = class_names(data)
     return {
         "mean_iou": scores.mean_iou,
         "pixel_accuracy": scores.pixel_accuracy,
