@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitlab.bench.records import calibration_allowed, describe_record, kept_calibration
+from vitlab.bench.records import calibration_allowed, calibration_due, describe_record, kept_calibration
 from vitlab.bench.runner import calibrate
 from vitlab.hardware import Choice, path_speeds
 from vitlab.runtime.base import Backend
@@ -77,7 +77,7 @@ def fastest_export_format(gflops_per_image: float | None = None, calibrate_if_ne
     # The nearest model that measured a format: a bench of other paths (eager and torch int8 on a small model, say)
     # says nothing of the formats, and another model's figures do (the one-time calibration once ran again here).
     record = path_speeds(gflops_per_image, measuring=format_path_keys())
-    if record is None and calibrate_if_needed and calibration_allowed() and kept_calibration() is None:
+    if record is None and calibrate_if_needed and calibration_due():
         record = calibrate(why=missing_formats(path_speeds()))
     if record is None or not format_speeds(record):
         return None

@@ -109,6 +109,12 @@ def calibration_allowed() -> bool:
     return read_variable("VITLAB_CALIBRATE") != "0"
 
 
+def calibration_due() -> bool:
+    """Whether the one-time calibration runs now: allowed here and not yet run on this machine (whatever it
+    measured then)."""
+    return calibration_allowed() and kept_calibration() is None
+
+
 def describe_record(record: dict[str, Any]) -> str:
     """e.g. "B/16 at 224 px, batch 16, vitlab bench on this CPU, 2026-11-26"."""
     size = record["image_size"][0] if len(set(record["image_size"])) == 1 else "x".join(map(str, record["image_size"]))

@@ -20,10 +20,9 @@ from vitlab.bench.budget import OverBudget, deadline, rounds_within
 from vitlab.bench.paths import TRAIN_PATHS, BenchPath, Unavailable, inference_paths, largest_difference
 from vitlab.bench.peaks import fastest_kernels, matmul_candidates
 from vitlab.bench.records import (
-    calibration_allowed,
+    calibration_due,
     installed,
     installed_int8_paths,
-    kept_calibration,
     quick_paths,
     record_path_speeds,
 )
@@ -182,7 +181,7 @@ def measured_or_calibrated(gflops_per_image: float | None) -> dict[str, Any] | N
     """The speeds kept here for the model nearest in size to one of `gflops_per_image`; where none were kept, a
     calibration's (unless VITLAB_CALIBRATE=0); None where nothing could be measured."""
     kept = path_speeds(gflops_per_image)
-    if kept is not None or kept_calibration() is not None or not calibration_allowed():
+    if kept is not None or not calibration_due():
         return kept  # a calibration runs once per machine, whatever it measured
     return calibrate()
 
