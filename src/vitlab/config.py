@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from vitlab.errors import ConfigError
 from vitlab.head_configs import HeadConfig, head_config_from_dict
+from vitlab.head_configs.base import is_whole
 from vitlab.patch_grid import patch_grid
 from vitlab.position_kinds import POSITION_NAMES, POSITION_TRAITS, position_traits
 from vitlab.preprocessing import Preprocessing
@@ -98,10 +99,6 @@ NORMS: tuple[str, ...] = get_args(NormName)
 MLPS: tuple[str, ...] = get_args(MlpName)
 MLP_ACTIVATIONS: tuple[str, ...] = get_args(MlpActivation)
 POSITION_RESAMPLING: tuple[str, ...] = get_args(PositionResampling)
-
-
-def is_whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:

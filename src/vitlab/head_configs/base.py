@@ -73,14 +73,14 @@ class HeadConfig:
         for name, value in data.items():
             default = known[name].default
             if isinstance(default, tuple):
-                if not isinstance(value, (list, tuple)) or not all(whole(item) for item in value):
+                if not isinstance(value, (list, tuple)) or not all(is_whole(item) for item in value):
                     raise ConfigError(f"{cls.kind} head field {name} must be a list of whole numbers, got {value!r}")
                 value = tuple(value)
             elif isinstance(default, bool):
                 if not isinstance(value, bool):
                     raise ConfigError(f"{cls.kind} head field {name} must be true or false, got {value!r}")
             elif isinstance(default, int):
-                if not whole(value):
+                if not is_whole(value):
                     raise ConfigError(f"{cls.kind} head field {name} must be a whole number, got {value!r}")
             elif isinstance(default, float):
                 if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -92,5 +92,7 @@ class HeadConfig:
         return cls(**values)
 
 
-def whole(value: Any) -> bool:
+def is_whole(value: Any) -> bool:
+    """An int that is not a bool (JSON's true is no count): the one test of a whole number in the configs, the
+    model's (config.py) and its heads'."""
     return isinstance(value, int) and not isinstance(value, bool)
