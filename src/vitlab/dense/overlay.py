@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from vitlab.data.dense_sets import voc_palette
+from vitlab.data.dense_sets import class_mask_png_bytes, png_bytes, voc_palette
 
 OVERLAY_ALPHA = 0.55  # the class colour's share of a pixel: the photo stays readable under it
 LEGEND_CLASSES = 12  # classes named in an overlay's legend, largest first; the rest are counted in one line
@@ -145,3 +145,13 @@ def depth_picture(depth: np.ndarray, near_is_large: bool, unit: str = "") -> Ima
     near_left = canvas.width - 2 - draw.textlength(near_words, font=text_font)
     draw.text((near_left, words_top), near_words, fill=(20, 20, 20), font=text_font)
     return canvas
+
+
+def class_pictures(photo: np.ndarray, labels: np.ndarray, names: Sequence[str]) -> dict[str, bytes]:
+    """A segmentation's two pictures as PNG bytes, by suffix: "mask.png" (a palette PNG whose `vitlab:classes`
+    chunk names the labels) and "overlay.png" (`overlay_picture`): what `vitlab predict` of a segmenter and the
+    dense probe's --predictions write. photo: uint8 (H, W, C); labels: (H, W) class indices."""
+    return {
+        "mask.png": class_mask_png_bytes(labels, list(names)),
+        "overlay.png": png_bytes(overlay_picture(photo, labels, names)),
+    }

@@ -138,16 +138,16 @@ class SegmentationTask(Task):
     def write(self, prediction, example: DenseExample, path: Path, data: ProbeData) -> list[Path]:
         """NAME.mask.png (palette PNG, its `vitlab:classes` chunk naming the labels) and NAME.overlay.png (the image
         with the classes' colours and a legend): the files `vitlab predict` writes of a segmenter."""
-        from vitlab.data.dense_sets import class_mask_png_bytes, png_bytes
-        from vitlab.dense.overlay import overlay_picture
+        from vitlab.dense.overlay import class_pictures
         from vitlab.files import atomic_write_bytes
 
-        labels, names = prediction.to(torch.uint8).numpy(), class_names(data)
+        labels = prediction.to(torch.uint8).numpy()
         photo = (example.image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()  # (H, W, C)
-        mask, overlay = path.with_name(f"{path.name}.mask.png"), path.with_name(f"{path.name}.overlay.png")
-        atomic_write_bytes(mask, class_mask_png_bytes(labels, names))
-        atomic_write_bytes(overlay, png_bytes(overlay_picture(photo, labels, names)))
-        return [mask, overlay]
+        written = []
+        for suffix, data_bytes in class_pictures(photo, labels, class_names(data)).items():
+            written.append(path.with_name(f"{path.name}.{suffix}"))
+            atomic_write_bytes(written[-1], data_bytes)
+        return written
 
 
 def class_names(data: ProbeData) -> list[str]:

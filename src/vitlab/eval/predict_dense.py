@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitlab.data.dense_sets import class_mask_png_bytes, depth_png_bytes, png_bytes
+from vitlab.data.dense_sets import depth_png_bytes, png_bytes
 from vitlab.data.images import collect_images, reason
 from vitlab.data.preprocess import decode_image
 from vitlab.dense.inference import Depth, Segmentation, names_of, predict_dense, reads_padded, require_dense
-from vitlab.dense.overlay import class_areas, depth_picture, overlay_picture
+from vitlab.dense.overlay import class_areas, class_pictures, depth_picture
 from vitlab.errors import DataError
 from vitlab.files import atomic_write_bytes
 
@@ -37,10 +37,11 @@ DEPTH_PNG_MAX = 65535  # a relative map's largest value in its 16-bit file
 SHOWN_CLASSES = 4  # classes named in a printed line, largest first
 
 
-def segmentation_files(answer: Segmentation, names: list[str]) -> dict[str, bytes]:
-    """The files of one photo's segmentation, by suffix ("mask.png", "panoptic.png", "segments.json"; the overlay
-    is drawn by the caller, who holds the photo) as bytes."""
-    files = {"mask.png": class_mask_png_bytes(answer.labels.numpy(), names)}
+def segmentation_files(answer: Segmentation, names: list[str], photo: np.ndarray) -> dict[str, bytes]:
+    """The files of one photo's segmentation, by suffix ("mask.png", then "panoptic.png" and "segments.json" of a
+    panoptic answer, then "overlay.png") as bytes; photo: uint8 (H, W, C)."""
+    pictures = class_pictures(photo, answer.labels.numpy(), names)
+    files = {"mask.png": pictures["mask.png"]}
     if answer.panoptic is not None:
         ids = answer.panoptic.segmentation.numpy() + 1  # 0: no segment holds the pixel
         rgb = np.stack([ids % 256, ids // 256 % 256, ids // 65536 % 256], axis=-1).astype(np.uint8)
@@ -61,6 +62,7 @@ def segmentation_files(answer: Segmentation, names: list[str]) -> dict[str, byte
             for segment in answer.panoptic.segments
         ]
         files["segments.json"] = json.dumps({"segments": segments}, indent=1).encode()
+    files["overlay.png"] = pictures["overlay.png"]
     return files
 
 
@@ -85,9 +87,7 @@ def dense_row(answer: Segmentation | Depth, pixels: torch.Tensor, names: list[st
     """(what the row says, {suffix: bytes} of the files) for one photo's answer."""
     photo = pixels.permute(1, 2, 0).numpy()
     if isinstance(answer, Segmentation):
-        files = segmentation_files(answer, names)
-        overlay = overlay_picture(photo, answer.labels.numpy(), names)
-        files["overlay.png"] = png_bytes(overlay)
+        files = segmentation_files(answer, names, photo)
         row: dict[str, Any] = {"task": "segmentation", "classes": class_areas(answer.labels.numpy(), names)}
         if answer.panoptic is not None:
             row["segments"] = len(answer.panoptic.segments)
