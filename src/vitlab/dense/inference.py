@@ -121,6 +121,10 @@ class DenseTask:
     # The outputs for one photo's input, its view, the config and whether panoptic segments are wanted -> the
     # answer at the photo's size.
     answer: Callable[[tuple[torch.Tensor, ...], View, ViTConfig, bool], Segmentation | Depth]
+    # The outputs for inputs (N, C, h, w) and a size (H, W) -> per-pixel maps (N, M, H, W): a segmenter's class
+    # scores (M = K, their argmax the labels), a depth model's depth (M = 1). What sliding windows average and what
+    # `vitlab eval` and the segmentation objective's validation both count (`pixel_maps`).
+    maps: Callable[[tuple[torch.Tensor, ...], tuple[int, int]], torch.Tensor]
 
 
 def eomt_answer(outputs: tuple[torch.Tensor, ...], view: View, config: ViTConfig, panoptic: bool) -> Segmentation:
@@ -138,6 +142,27 @@ def logits_answer(outputs: tuple[torch.Tensor, ...], view: View, config: ViTConf
     return Segmentation(logits.argmax(0), logits.softmax(0), None)
 
 
+def eomt_maps(outputs: tuple[torch.Tensor, ...], size: tuple[int, int]) -> torch.Tensor:
+    """EoMT's class scores at `size` (`semantic_scores`: masks upsampled to the input, scored, resized)."""
+    return semantic_scores(outputs[0].float(), outputs[1].float(), size)
+
+
+def logits_maps(outputs: tuple[torch.Tensor, ...], size: tuple[int, int]) -> torch.Tensor:
+    """A head's per-pixel class logits (N, K, h, w), resized bilinearly to `size` where they are not that size."""
+    logits = outputs[0].float()
+    if tuple(logits.shape[-2:]) == tuple(size):
+        return logits
+    return F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
+
+
+def depth_maps(outputs: tuple[torch.Tensor, ...], size: tuple[int, int]) -> torch.Tensor:
+    """Depth Anything's depth (N, h, w) as one map per input (N, 1, H, W), resized bicubically as its processor."""
+    depth = outputs[0].float()[:, None]
+    if tuple(depth.shape[-2:]) == tuple(size):
+        return depth
+    return F.interpolate(depth, size=size, mode="bicubic", align_corners=False)
+
+
 DENSE_TASKS: dict[str, DenseTask] = {
     "eomt": DenseTask(
         "segmentation",
@@ -146,12 +171,27 @@ DENSE_TASKS: dict[str, DenseTask] = {
         sizes_vary=False,
         reference_outputs=("class_queries_logits", "masks_queries_logits"),
         answer=eomt_answer,
+        maps=eomt_maps,
     ),
     "dpt": DenseTask(
-        "depth", ("depth",), dpt_view, sizes_vary=True, reference_outputs=("predicted_depth",), answer=dpt_answer
+        "depth",
+        ("depth",),
+        dpt_view,
+        sizes_vary=True,
+        reference_outputs=("predicted_depth",),
+        answer=dpt_answer,
+        maps=depth_maps,
     ),
     **{
-        head: DenseTask("segmentation", ("logits",), evaluation_view, True, reference_outputs=(), answer=logits_answer)
+        head: DenseTask(
+            "segmentation",
+            ("logits",),
+            evaluation_view,
+            True,
+            reference_outputs=(),
+            answer=logits_answer,
+            maps=logits_maps,
+        )
         for head in ("linear", "upsampling")
     },
 }
@@ -173,6 +213,21 @@ def require_dense(config: ViTConfig, what: str) -> DenseTask:
     if row is None:
         raise UsageError(f"{what} needs a model with a dense head (EoMT or Depth Anything); this one has none")
     return row
+
+
+def pixel_maps(head: str, output: Any, size: tuple[int, int]) -> torch.Tensor:
+    """The output of a dense model of head kind `head` (`ViTConfig.dense_head`) for a batch of inputs -> its
+    per-pixel maps (N, M, H, W) at size = (H, W) (`DenseTask.maps`): class scores of a segmenter, depth of a depth
+    model."""
+    if head not in DENSE_TASKS:
+        raise UsageError(f"head kind {head!r} gives no per-pixel maps; dense heads: {', '.join(DENSE_TASKS)}")
+    return DENSE_TASKS[head].maps(output_tensors(output), size)
+
+
+def predicted_labels(head: str, output: Any, size: tuple[int, int]) -> torch.Tensor:
+    """A segmenter's output (head kind `head`) for a batch of inputs -> the class of each pixel (N, H, W) int64 at
+    size = (H, W): the argmax of its `pixel_maps`."""
+    return pixel_maps(head, output, size).argmax(1)
 
 
 def output_tensors(output: Any) -> tuple[torch.Tensor, ...]:

@@ -15,7 +15,9 @@ likewise averages over the classes present in the truth.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -147,6 +149,26 @@ class ConfusionMatrix:
             pixels=pixels,
             ignored_pixels=int(counts[self.cells + 1]),
         )
+
+
+def segmentation_figures(scores: SegmentationScores, class_names: Sequence[str]) -> dict[str, Any]:
+    """The figures of one segmentation evaluation as `vitlab eval`'s report and the segmentation objective's
+    validation both hold them: mmsegmentation's mIoU, aAcc and mAcc ("miou", "pixel_accuracy",
+    "mean_class_accuracy"), its per-class IoU and Acc ("per_class_iou", "per_class_accuracy", in the order of
+    "class_names"), and the pixels counted and ignored. Fractions in [0, 1]; NaN where nothing was counted (see
+    the module docstring)."""
+    if len(class_names) != len(scores.per_class_iou):
+        raise UsageError(f"{len(class_names)} class names for {len(scores.per_class_iou)} classes; give one per class")
+    return {
+        "miou": scores.mean_iou,
+        "pixel_accuracy": scores.pixel_accuracy,
+        "mean_class_accuracy": scores.mean_class_accuracy,
+        "per_class_iou": list(scores.per_class_iou),
+        "per_class_accuracy": list(scores.per_class_accuracy),
+        "class_names": list(class_names),
+        "pixels": scores.pixels,
+        "ignored_pixels": scores.ignored_pixels,
+    }
 
 
 def nan_mean(values: list[float]) -> float:

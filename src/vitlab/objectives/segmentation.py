@@ -41,10 +41,11 @@ from vitlab.data.segmentation import IGNORE_LABEL, augment_pairs
 from vitlab.data.source import Batch, BatchSource
 from vitlab.data.source import steps_per_epoch as whole_batches
 from vitlab.data.transforms import Draws
+from vitlab.dense.inference import predicted_labels
 from vitlab.dense.segmentation_maps import semantic_map
 from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.errors import ConfigError, DataError
-from vitlab.metrics.segmentation import ConfusionMatrix
+from vitlab.metrics.segmentation import ConfusionMatrix, segmentation_figures
 from vitlab.model_input import ModelInput, require_pixels
 from vitlab.models.dense import ENCODER, VitlabModel
 from vitlab.models.eomt import EoMT, SegmentationOutput, eomt_from_backbone
@@ -274,13 +275,10 @@ class Segmentation(Objective):
                     outputs = model(normalize(images, model.config))
                 if isinstance(outputs, SegmentationOutput):
                     loss = self.mask_loss([outputs], label_maps, self.evaluation_criterion, generator)
-                    predicted = semantic_map(
-                        outputs.class_logits.float(), outputs.mask_logits.float(), pixel_size(label_maps)
-                    )
                 else:
                     loss = F.cross_entropy(outputs.float(), label_maps, ignore_index=self.ignore_label)
-                    predicted = outputs.float().argmax(1)
-                matrix.update(predicted, label_maps)
+                # The labels `vitlab eval` counts of this model (`predicted_labels`), into the same matrix and figures.
+                matrix.update(predicted_labels(self.settings.head, outputs, pixel_size(label_maps)), label_maps)
                 sums += torch.stack(
                     [loss.detach().double() * len(batch), torch.tensor(float(len(batch)), device=device)]
                 )
@@ -288,16 +286,11 @@ class Segmentation(Objective):
             model.train(was_training)
         matrix.all_reduce(env)
         all_reduce_sum(sums, env)
-        scores = matrix.scores()
         count = int(sums[1].item())
         return {
             "count": count,
             "loss": sums[0].item() / max(count, 1),
-            "miou": scores.mean_iou,
-            "pixel_accuracy": scores.pixel_accuracy,
-            "mean_class_accuracy": scores.mean_class_accuracy,
-            "per_class_iou": scores.per_class_iou,
-            "class_names": self.class_names,
+            **segmentation_figures(matrix.scores(), self.class_names),
         }
 
     def describe(self, value: float) -> str:
