@@ -129,3 +129,32 @@ class DepthMeter:
         return DepthScores(
             **means, images=images, skipped_images=int(sums[len(METRICS) + 1]), pixels=int(sums[len(METRICS) + 2])
         )
+
+
+def align_inverse_depth(
+    prediction: torch.Tensor, truth: torch.Tensor, min_depth: float = 1e-3, max_depth: float = 10.0
+) -> torch.Tensor:
+    """A relative model's answer for one image (H, W) (inverse depth up to an unknown scale and shift, larger is
+    nearer: Depth Anything's relative models, MiDaS) -> depth in metres (H, W), for the metrics above.
+
+    The scale s and shift t that bring s * prediction + t nearest to the true inverse depth 1 / d in least squares
+    over the counted pixels (min_depth < d <= max_depth), as MiDaS's and Depth Anything's zero-shot evaluations
+    align each image; the aligned inverse depth is then kept at least 1 / max_depth and inverted. With fewer than
+    two counted pixels (or a constant prediction over them) there is nothing to fit, and the answer is max_depth
+    everywhere (an image with no counted pixel is skipped by `DepthMeter` anyway)."""
+    if prediction.shape != truth.shape or truth.ndim != 2:
+        raise UsageError(
+            f"a prediction {tuple(prediction.shape)} and a truth {tuple(truth.shape)} must be one image of one "
+            "shape (H, W); resize the prediction to the depth map first"
+        )
+    valid = (truth > min_depth) & (truth <= max_depth)
+    x = prediction[valid].double()
+    y = 1.0 / truth[valid].double()
+    count = x.numel()
+    variance = (x * x).sum() * count - x.sum() ** 2  # the determinant of the 2x2 normal equations
+    if count < 2 or variance <= 0:
+        return torch.full_like(prediction, max_depth, dtype=torch.float32)
+    scale = (count * (x * y).sum() - x.sum() * y.sum()) / variance
+    shift = (y.sum() - scale * x.sum()) / count
+    inverse = (scale * prediction.double() + shift).clamp(min=1.0 / max_depth)
+    return (1.0 / inverse).float()
