@@ -224,3 +224,32 @@ def test_depth_anythings_metrics_are_those_of_its_answers(tmp_path, capsys, name
         answers.append((predict_dense(model, pixels).depth.numpy(), truth))
     for metric, value in hand_depth_metrics(answers, relative).items():
         assert report[metric] == pytest.approx(value, rel=1e-4), metric
+
+
+def test_a_label_map_counts_data_of_some_of_the_models_classes_under_its_labels(tmp_path, capsys):
+    """Masks of two classes named in classes.txt ("cat", "sky"): the EoMT fixture's labels 2 and 0."""
+    eomt = fixture("hf_eomt")
+    manifest = write_manifest(tmp_path / "data", [(32, 32), (32, 32), (32, 32), (32, 48)], classes=2)
+    (manifest.parent / "classes.txt").write_text("cat\nsky\n")
+    predictions = tmp_path / "predictions"
+    args = ["eval", str(eomt), "--dataset", "segmentation", "--data-dir", str(manifest), "--out", str(tmp_path)]
+    assert main([*args, "--predictions", str(predictions), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["class_names"] == ["sky", "road", "cat"]
+    to_model = np.full(256, 255, np.uint8)
+    to_model[[0, 1]] = [2, 0]
+    pairs = [
+        (
+            read_mask(predictions / f"{index}.mask.png"),
+            to_model[read_mask(manifest.parent / "files" / f"{index}.mask.png")],
+        )
+        for index in (2, 3)
+    ]
+    assert report["miou"] == pytest.approx(hand_miou(pairs, 3)[0], abs=1e-12)
+    # A label map naming a class the model lacks, and masks of more classes than the model's, named by none.
+    (manifest.parent / "classes.txt").write_text("cat\ndog\n")
+    assert main(args) == 2
+    assert "the model names none of dog" in capsys.readouterr().err
+    wider = write_manifest(tmp_path / "wider", [(32, 32), (32, 32), (32, 32)], classes=5)
+    assert main([*args[:5], str(wider)]) == 2
+    assert "the model predicts 3 classes (sky, road, cat) and manifest:pairs.csv has 5" in capsys.readouterr().err

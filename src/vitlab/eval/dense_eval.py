@@ -190,37 +190,47 @@ class SegmentationMeasure:
 
     task = "segmentation"
 
-    def class_names(self, config: ViTConfig, data: DenseSplit) -> list[str]:
-        """The classes counted, in label order, refused where the model's and the data's disagree: the data's
-        names where it has them (they name the truth), else the model's."""
-        predicted = config.num_classes
-        found = data.num_classes or 0
-        if data.class_names is not None and found != predicted:
-            raise DataError(
-                f"the model predicts {predicted} classes ({shown_names(names_of(config))}) and "
-                f"{data.name} has {found} ({shown_names(data.class_names)}); evaluate it on the data it was trained "
-                "for, or fine-tune it on these (vitlab finetune --from CHECKPOINT --set objective=segmentation)"
-            )
-        if found > predicted:
-            raise DataError(
-                f"{data.name}'s masks hold labels up to {found - 1} and the model predicts {predicted} classes "
-                f"(0..{predicted - 1}); evaluate it on the data it was trained for"
-            )
-        return list(data.class_names) if data.class_names is not None else list(names_of(config))
+    def prepare(self, config: ViTConfig, data: DenseSplit) -> tuple[list[str], Any]:
+        """(the names of the classes counted, in the model's label order; the meter: a `ConfusionMatrix` of the
+        model's classes and the table that takes each label of the data's masks to the model's).
 
-    def meter(self, config: ViTConfig, data: DenseSplit):
-        from vitlab.metrics.segmentation import ConfusionMatrix
+        Where the data name their classes (a label map: labelmap.txt, classes.txt, VOC's or ADE20K's own names,
+        mnist-scenes') and the model names its own, a data class is the model's class of that name, so data of a
+        subset of the model's classes, or in another order, is counted in the model's labels; a data class the
+        model does not name is refused. Otherwise label i of the masks is class i of the model, and data of more
+        classes than the model predicts is refused (data of more named classes: also when their names differ)."""
+        from vitlab.metrics.segmentation import IGNORE_LABEL, ConfusionMatrix
 
-        return ConfusionMatrix(config.num_classes)
+        predicted, found = config.num_classes, data.num_classes or 0
+        model_names = list(names_of(config))
+        table = torch.arange(256)
+        by_name = config.class_names is not None and data.class_names is not None
+        if by_name and all(name in model_names for name in data.class_names or ()):
+            table = torch.full((256,), IGNORE_LABEL)
+            for label, name in enumerate(data.class_names or ()):
+                table[label] = model_names.index(name)
+        elif found > predicted or (data.class_names is not None and found != predicted):
+            missing = [name for name in data.class_names or () if name not in model_names]
+            because = f"; the model names none of {shown_names(missing)}" if by_name else ""
+            raise DataError(
+                f"the model predicts {predicted} classes ({shown_names(model_names)}) and {data.name} has {found} "
+                f"({shown_names(data.class_names or [str(label) for label in range(found)])}){because}; evaluate it "
+                "on the data it was trained for, name the data's classes as the model's in a labelmap.txt, or "
+                "fine-tune it on these (vitlab finetune --from CHECKPOINT --set objective=segmentation)"
+            )
+        elif data.class_names is not None:
+            model_names = list(data.class_names)  # as many classes, named otherwise: the data name the truth
+        return model_names, (ConfusionMatrix(predicted), table)
 
     def count(self, meter, answer: Segmentation, example: DenseExample, data: DenseSplit) -> Segmentation:
-        meter.update(answer.labels, example.target.long())
+        matrix, table = meter
+        matrix.update(answer.labels, table[example.target.long()])
         return answer
 
     def figures(self, meter, names: list[str]) -> dict[str, Any]:
         from vitlab.metrics.segmentation import segmentation_figures
 
-        return segmentation_figures(meter.scores(), names)
+        return segmentation_figures(meter[0].scores(), names)
 
     def lines(self, report: dict[str, Any]) -> list[str]:
         """mmsegmentation's summary (aAcc, mIoU, mAcc) and its per-class table (Class, IoU, Acc), in percent."""
@@ -246,13 +256,11 @@ class DepthMeasure:
 
     task = "depth"
 
-    def class_names(self, config: ViTConfig, data: DenseSplit) -> list[str]:
-        return []
-
-    def meter(self, config: ViTConfig, data: DenseSplit):
+    def prepare(self, config: ViTConfig, data: DenseSplit) -> tuple[list[str], Any]:
+        """(no class names, the `DepthMeter` of the data's depth range)."""
         from vitlab.metrics.depth import DepthMeter
 
-        return DepthMeter(data.min_depth, data.max_depth)
+        return [], DepthMeter(data.min_depth, data.max_depth)
 
     def count(self, meter, answer: Depth, example: DenseExample, data: DenseSplit) -> Depth:
         """Count the answer; returns the depth counted (a relative answer aligned, in metres)."""
@@ -316,8 +324,7 @@ def evaluate_dense(
     if data.task != task:
         raise UsageError(f"the model measures {task} and {data.name} holds {data.task} targets; give {task} data")
     measure = MEASURES[task]
-    names = measure.class_names(config, data)
-    meter = measure.meter(config, data)
+    names, meter = measure.prepare(config, data)
     folder = Path(predictions) if predictions is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
