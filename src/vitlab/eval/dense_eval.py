@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,18 +162,47 @@ def example_pixels(example: DenseExample, config: ViTConfig) -> torch.Tensor:
     return match_channels(example.image[None].float(), config.in_chans, grey)[0].clamp(0, 1)
 
 
-def answer_of(model: Any, example: DenseExample, task: str, settings: DenseSettings, precision: str = "fp32"):
-    """One example through the model -> its `Segmentation` or `Depth` at the target's size (`INFERENCE`)."""
+def answers(model: Any, examples: Iterable[DenseExample], task: str, settings: DenseSettings, precision: str = "fp32"):
+    """(example, its `Segmentation` or `Depth` at the target's size) for each example, in order (`INFERENCE`).
+    Sliding, the views that one window holds, of one size, run `settings.batch_size` to a forward pass."""
     from vitlab.data.preprocess import normalize
 
     config = model.config
-    image = example_pixels(example, config)
+    pending: list[tuple[DenseExample, torch.Tensor]] = []
+
+    def flush():
+        if pending:
+            views = torch.cat([view for _, view in pending])
+            if isinstance(model, torch.nn.Module) and tuple(views.shape[-2:]) != tuple(config.image_size):
+                model.dynamic_size = True  # a view smaller than the window: positions resampled to its grid
+            for (example, _), maps in zip(pending, model_maps(model, views, precision)):
+                yield example, answer_from_maps(maps[None], example, task, config)
+            pending.clear()
+
+    for example in examples:
+        image = example_pixels(example, config)
+        if settings.inference == "whole":
+            pixels = (image * 255).round().to(torch.uint8)
+            yield example, predict_dense(model, pixels, precision, panoptic=False)  # at the image's (target's) size
+            continue
+        view = normalize(evaluation_view(image, min(settings.window), config.pixel_patch_size)[None], config)
+        if view.shape[-2] <= settings.window[0] and view.shape[-1] <= settings.window[1]:  # one window holds it
+            if pending and pending[0][1].shape != view.shape:
+                yield from flush()
+            pending.append((example, view))
+            if len(pending) == settings.batch_size:
+                yield from flush()
+            continue
+        yield from flush()
+        maps = slide_maps(model, view, settings.window, settings.stride, settings.batch_size, precision)
+        yield example, answer_from_maps(maps[None], example, task, config)
+    yield from flush()
+
+
+def answer_from_maps(maps: torch.Tensor, example: DenseExample, task: str, config: ViTConfig):
+    """An example's maps (1, M, h, w) at its view's size -> its `Segmentation` (the scores resized bilinearly to the
+    target, their argmax) or `Depth` (resized bicubically, as Depth Anything's processor)."""
     size = (int(example.target.shape[-2]), int(example.target.shape[-1]))
-    if settings.inference == "whole":
-        pixels = (image * 255).round().to(torch.uint8)
-        return predict_dense(model, pixels, precision, panoptic=False)  # at the image's size, the target's
-    view = normalize(evaluation_view(image, min(settings.window), config.pixel_patch_size)[None], config)
-    maps = slide_maps(model, view, settings.window, settings.stride, settings.batch_size, precision)[None]
     if task == "segmentation":
         scores = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)[0]
         return Segmentation(scores.argmax(0), scores, None)
@@ -334,8 +364,8 @@ def evaluate_dense(
     used: set[str] = set()
     bar = progress_bar(len(data.examples), f"{task} {data.name}", unit="img", show=progress)
     try:
-        for example in data.examples:
-            answer = measure.count(meter, answer_of(model, example, task, settings, precision), example, data)
+        for example, answer in answers(model, data.examples, task, settings, precision):
+            answer = measure.count(meter, answer, example, data)
             scored += 1
             bar.update(1)
             if folder is None:
