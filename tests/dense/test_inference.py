@@ -185,3 +185,24 @@ def test_a_linear_segmenter_reads_the_photo_at_its_aspect_ratio_and_answers_at_i
         logits = F.interpolate(model(images), size=(45, 70), mode="bilinear", align_corners=False)[0]
     assert isinstance(answer, Segmentation) and answer.panoptic is None
     assert torch.equal(answer.labels, logits.argmax(0))
+
+
+def test_per_pixel_maps_are_eomts_class_scores_and_a_heads_logits_at_the_size_asked():
+    from vitlab.dense.inference import pixel_maps, predicted_labels
+    from vitlab.dense.segmentation_maps import semantic_scores
+    from vitlab.errors import UsageError
+    from vitlab.models.eomt import SegmentationOutput
+
+    torch.manual_seed(0)
+    class_logits, mask_logits = torch.randn(2, 5, 4), torch.randn(2, 5, 8, 8)
+    output = SegmentationOutput(class_logits, mask_logits)
+    torch.testing.assert_close(
+        pixel_maps("eomt", output, (16, 24)), semantic_scores(class_logits, mask_logits, (16, 24))
+    )
+    logits = torch.randn(2, 3, 16, 16)
+    assert pixel_maps("linear", logits, (16, 16)) is logits  # at its own size: the logits themselves
+    assert pixel_maps("upsampling", logits, (8, 8)).shape == (2, 3, 8, 8)
+    assert torch.equal(predicted_labels("linear", logits, (16, 16)), logits.argmax(1))
+    assert pixel_maps("dpt", torch.rand(2, 16, 16), (16, 16)).shape == (2, 1, 16, 16)
+    with pytest.raises(UsageError, match="no per-pixel maps"):
+        pixel_maps("none", logits, (16, 16))

@@ -90,3 +90,21 @@ def test_mismatched_shapes_ranges_and_meters_are_refused_with_what_to_do():
         DepthMeter(min_depth=5.0, max_depth=2.0)
     with pytest.raises(UsageError, match="cannot merge"):
         DepthMeter(max_depth=10.0).merge(DepthMeter(max_depth=80.0))
+
+
+def test_a_relative_answer_is_aligned_to_the_truth_by_scale_and_shift_in_inverse_depth():
+    from vitlab.metrics.depth import align_inverse_depth
+
+    truth = torch.tensor([[1.0, 2.0, 4.0], [0.5, 0.0, 8.0]])  # 0: no measurement, left out of the fit
+    inverse = torch.where(truth > 0, 1 / truth.clamp(min=1e-6), 0.0)
+    answer = 3.0 * inverse - 0.1  # a relative model's: the true inverse depth up to a scale and a shift
+    answer[1, 1] = 50.0  # the unmeasured pixel's answer, which the fit does not see
+    aligned = align_inverse_depth(answer, truth)
+    measured = truth > 0
+    torch.testing.assert_close(aligned[measured], truth[measured], rtol=1e-5, atol=0)  # float32 of a float64 fit
+    # Nothing to fit (one counted pixel): the far limit everywhere, never a division by zero.
+    one = torch.zeros(2, 3)
+    one[0, 0] = 2.0
+    assert torch.equal(align_inverse_depth(answer, one, max_depth=10.0), torch.full((2, 3), 10.0))
+    with pytest.raises(UsageError, match="one shape"):
+        align_inverse_depth(answer, truth[0])
