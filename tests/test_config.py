@@ -42,8 +42,14 @@ def test_non_square_images_and_patches():
 def test_json_round_trip_and_rejects_unknown_keys():
     config = variant_config("digits-8", classifier="gap", representation_size=16)
     assert ViTConfig.from_json(config.to_json()) == config
-    with pytest.raises(ConfigError, match="unknown model config keys \\['colour'\\]"):
+    with pytest.raises(ConfigError, match="unknown parts \\['colour'\\] of a model config"):
         ViTConfig.from_dict({**config.to_dict(), "colour": 1})
+    encoder = {**config.to_dict()["encoder"], "colour": 1}
+    with pytest.raises(ConfigError, match="unknown keys \\['colour'\\] in the encoder part"):
+        ViTConfig.from_dict({**config.to_dict(), "encoder": encoder})
+    # A flat (version 2) config names the unknown field among all the config's fields.
+    with pytest.raises(ConfigError, match="unknown model config keys \\['colour'\\]"):
+        ViTConfig.from_dict({"schema_version": 2, "colour": 1})
     with pytest.raises(ConfigError, match="not valid JSON"):
         ViTConfig.from_json("{")
 
@@ -84,7 +90,9 @@ def test_gap_has_no_class_token_by_default():
     ],
 )
 def test_json_configs_with_wrong_types_name_the_field(field, value, message):
-    data = {**ViTConfig().to_dict(), field: value}
+    data = ViTConfig().to_dict()
+    part = next(name for name, values in data.items() if isinstance(values, dict) and field in values)
+    data[part][field] = value
     with pytest.raises(ConfigError, match=message):
         ViTConfig.from_dict(data)
 

@@ -59,3 +59,27 @@ def test_a_model_written_by_d434df3_gives_the_same_outputs(name):
 def test_a_config_written_by_d434df3_reads_and_writes_back_as_itself(name):
     config = ViTConfig.from_json((FOLDER / f"{name}_d434df3.config.json").read_text())
     assert ViTConfig.from_json(config.to_json()) == config
+
+
+# Written by main at 427a4e0 (config schema version 2: the fields flat, a dense head's settings in a "head" part)
+# from the d434df3 files above: the same models, so the same configs and outputs.
+V427A4E0_MODELS = ["classifier", "eomt"]
+
+
+@pytest.mark.parametrize("name", D434DF3)
+def test_a_config_written_by_427a4e0_reads_as_the_same_config_as_d434df3s(name):
+    version_2 = ViTConfig.from_json((FOLDER / f"{name}_427a4e0.config.json").read_text())
+    version_1 = ViTConfig.from_json((FOLDER / f"{name}_d434df3.config.json").read_text())
+    assert version_2 == version_1 and ViTConfig.from_json(version_2.to_json()) == version_2
+    assert version_2.to_dict()["schema_version"] == 3
+
+
+@pytest.mark.parametrize("name", V427A4E0_MODELS)
+def test_a_model_written_by_427a4e0_gives_the_same_outputs(name):
+    expected = load_file(FOLDER / "expected_d434df3.safetensors")
+    model = load_model(FOLDER / f"{name}_427a4e0.safetensors").eval()
+    with torch.no_grad():
+        outputs = model(expected["images"])
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    for index, output in enumerate(outputs):
+        torch.testing.assert_close(output, expected[f"{name}.{index}"], rtol=1e-5, atol=1e-6)

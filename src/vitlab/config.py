@@ -19,6 +19,8 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 from vitlab.errors import ConfigError
 from vitlab.head_configs import HeadConfig, head_config_from_dict
 from vitlab.head_configs.base import is_whole
+from vitlab.head_configs.classifier import CLASSIFIERS as CLASSIFIERS  # the pooling names, the choices of ablations
+from vitlab.head_configs.classifier import Classifier, ClassifierHeadConfig
 from vitlab.patch_grid import patch_grid
 from vitlab.position_kinds import POSITION_NAMES, POSITION_TRAITS, position_traits
 from vitlab.preprocessing import Preprocessing
@@ -87,14 +89,12 @@ def parse_classes(text: str) -> list[int]:
 # takes the names of the position kinds' table instead, which a new kind extends.
 POSITION_EMBEDDINGS = POSITION_NAMES
 Placement = Literal["input", "every_block", "every_block_shared"]
-Classifier = Literal["token", "gap", "map", "probe", "gem", "max", "layer_weighted"]
 NormName = Literal["layernorm", "rmsnorm"]
 MlpName = Literal["mlp", "swiglu"]
 MlpActivation = Literal["gelu", "gelu_tanh", "quick_gelu"]
 SinCosOrder = Literal["rows_first", "columns_first"]
 PositionResampling = Literal["bilinear", "bicubic", "bilinear_antialias"]
 PLACEMENTS: tuple[str, ...] = get_args(Placement)
-CLASSIFIERS: tuple[str, ...] = get_args(Classifier)
 NORMS: tuple[str, ...] = get_args(NormName)
 MLPS: tuple[str, ...] = get_args(MlpName)
 MLP_ACTIVATIONS: tuple[str, ...] = get_args(MlpActivation)
@@ -160,41 +160,47 @@ def literal_fields(cls: type) -> dict[str, tuple[Any, ...]]:
     return {name: get_args(hint) for name, hint in get_type_hints(cls).items() if get_origin(hint) is Literal}
 
 
+# The classifier head's defaults, declared once by its config and taken by ViTConfig's fields of the same names.
+CLASSIFIER_DEFAULTS = ClassifierHeadConfig()
+
+# The saved config's parts besides the encoder (whose fields are all the others: `ENCODER_FIELDS`), each a field of
+# ViTConfig. The head part: the classifier's settings, or a dense head's and the classes it predicts.
+CLASSIFIER_FIELDS = tuple(spec.name for spec in dataclasses.fields(ClassifierHeadConfig))
+PREPROCESSING_FIELDS = ("image_mean", "image_std")  # with the contract's own fields (`Preprocessing`) beside them
+CONTRACT_FIELDS = tuple(spec.name for spec in dataclasses.fields(Preprocessing))
+PROVENANCE_FIELDS = ("class_names", "family", "name")
+PARTS = ("encoder", "head", "preprocessing", "provenance")
+
+
+def json_value(value: Any) -> Any:
+    """A field's value as JSON writes it: tuples as lists."""
+    return list(value) if isinstance(value, tuple) else value
+
+
 @dataclass
 class ViTConfig:
     """Everything needed to build a model and feed it; serialised as JSON inside every vitlab checkpoint.
 
-    Four parts, each checked on its own (`check_architecture` with `check_positions`, the head's `check`,
-    `check_preprocessing`, `check_provenance`): the encoder's architecture, the head of a dense model (`head`, a
-    config of its own per head kind, vitlab/head_configs/; None for a classifier or a bare encoder), the
-    preprocessing its weights expect, and where it came from. Choices are Literal types, checked from the
-    annotation; the JSON form carries `SCHEMA_VERSION`, and configs written by earlier versions read through
-    `upgraded`."""
+    Four parts, each checked on its own (`check_architecture` with `check_positions`, `check_head`,
+    `check_preprocessing`, `check_provenance`) and saved as a part of its own (`to_dict`): the encoder's
+    architecture; the head, whose config and check are its kind's (vitlab/head_configs/): the classifier's settings
+    (`classifier_head`, gathered from the fields of the head section below, which every caller sets and reads as
+    `config.num_classes`, `--set classifier=gap`) or a dense head (`head`); the preprocessing its weights expect;
+    and where it came from. Choices are Literal types, checked from the annotation; the JSON form carries
+    `SCHEMA_VERSION`, and configs written by earlier versions read through `upgraded`."""
 
     # ------------------------------------------------------------------------------------ the architecture
     image_size: tuple[int, int] = (224, 224)  # (height, width) of the input in pixels
     patch_size: tuple[int, int] = (16, 16)  # P: side of a patch; on the hybrid, side of a patch of the feature map
     in_chans: int = 3  # C: channels of the input image
-    num_classes: int = 1000  # K: size of the classification head; 0 means no head (features only)
     embed_dim: int = 768  # D: width of the residual stream
     depth: int = 12  # L: number of Transformer blocks
     num_heads: int = 12  # heads of multi-head self-attention; embed_dim must divide by it
     mlp_dim: int = 3072  # hidden width of each block's MLP
     qkv_bias: bool = True
-    # How the encoder output becomes one vector for the head (paper Appendix D.3 and the heads of later work):
-    # "token": the class token; "gap": mean of the patch tokens; "map": multi-head attention pooling with a learned
-    # probe (SigLIP, big_vision); "gem": generalised mean of the patch tokens with a learned exponent p (Radenovic
-    # et al. 2018); "max": per-channel maximum over the patch tokens; "layer_weighted": a learned softmax-weighted
-    # mix of every block's output, each pooled by the class token if there is one, else by the mean; "probe":
-    # AIMv2's head, a learned query (not projected) attending to every token, then a linear map.
-    classifier: Classifier = "token"
     class_token: bool | None = None  # prepend a class token; None means "only if classifier == 'token'"
-    fc_norm: bool = False  # timm's placement: LayerNorm after pooling instead of on every token before it
-    # DeiT (Touvron et al. 2021): a distillation token after the class token; with distillation_head its own
-    # head, and the logits are the mean of the two heads' (as DeiT infers). Without it (HF's
-    # DeiTForImageClassification) the token is in the sequence but only the class token feeds the head.
+    # DeiT (Touvron et al. 2021): a distillation token after the class token (its head: distillation_head).
     distilled: bool = False
-    distillation_head: bool = True
     # DINOv2 style. register_tokens: extra learned tokens after the class token (Darcet et al. 2024), read by no
     # head. prefix_positions: whether the class / register tokens get position embeddings too (the paper's and
     # most checkpoints'), or only the patch tokens do (timm's no_embed_class). layer_scale: LayerScale on both
@@ -202,13 +208,9 @@ class ViTConfig:
     register_tokens: int = 0
     prefix_positions: bool = True
     layer_scale: float | None = None
-    # CLIP image tower. pre_norm: a LayerNorm on the embedded tokens before the first block (CLIP's ln_pre; its
-    # patch projection then has no bias, as in CLIP and timm). projection: the head is CLIP's bias-free output
-    # projection into the joint image-text space (num_classes = its width), so the model gives embeddings, not
-    # class scores (classification refuses it: eval/classify.py).
+    # CLIP image tower: a LayerNorm on the embedded tokens before the first block (CLIP's ln_pre; its patch
+    # projection then has no bias, as in CLIP and timm). Its output projection is the head's (`projection`).
     pre_norm: bool = False
-    projection: bool = False
-    representation_size: int | None = None  # pre-logits Linear + tanh used in pre-training; None for none
     # Position information (paper Appendix D.4, Table 8): "learned" (the paper's 1-D table, one row per token),
     # "none", "learned_2d" (learned row and column tables of D/2 each, concatenated per patch), "relative" (a
     # learned key per 1-D token offset in every block's attention: the query against it gives a logit bias) or
@@ -247,10 +249,6 @@ class ViTConfig:
     rope_shift: float | None = None
     rope_jitter: float | None = None
     rope_rescale: float | None = None
-    # The MAP head's own head count and MLP width where they differ from the blocks' (Perception Encoder: 8 heads);
-    # None: the blocks'.
-    pool_heads: int | None = None
-    pool_mlp_dim: int | None = None
     final_norm: bool = True  # the norm after the last block (Perception Encoder's lang and spatial models have none)
     # The fixed sin-cos table's layout: "rows_first" [sin y, cos y, sin x, cos x] (MoCo v3, big_vision, MAE as
     # transformers has it) or "columns_first" [sin x, cos x, sin y, cos y] (AIMv2's native-resolution models).
@@ -262,19 +260,30 @@ class ViTConfig:
     # pos_embed "cpe" (C-RADIO's cropped position embedding): the side in pixels of the largest image its table
     # covers (RADIO's max_img_size); the table holds (cpe_max_size / patch)^2 rows whatever the image size.
     cpe_max_size: int | None = None
-    # The tokens whose outputs, concatenated, are the pooled output of classifier "token" (C-RADIO's summary_idxs,
-    # indices among the prefix tokens: a (B, len * D) summary); empty: the class token alone, the paper's.
-    summary_tokens: tuple[int, ...] = ()
     dropout: float = 0.0  # after the position embedding, the attention projection and in the MLP
     attention_dropout: float = 0.0  # on the attention weights
     drop_path: float = 0.0  # stochastic depth: the rate of the last block, rising linearly from 0 at the first
     # Hybrid only: ResNet stages of the stem (bottleneck units per stage) and its width multiplier.
     resnet_layers: tuple[int, ...] | None = None
     resnet_width_factor: float = 1.0
+    # ------------------------------------------------------------------------------------ the head
+    # The classes the head predicts, for every kind of head: K logits per image, per pixel or per query.
+    num_classes: int = CLASSIFIER_DEFAULTS.num_classes  # 0: no head (features only)
+    # The classifier's settings: what head_configs/classifier.py's ClassifierHeadConfig holds and documents, whose
+    # defaults these are; `classifier_head` gathers them into that part. A dense model's encoder has no classifier:
+    # they then take `ClassifierHeadConfig.headless`'s values, the only ones its config accepts.
+    classifier: Classifier = CLASSIFIER_DEFAULTS.classifier  # the pooling: "token", "gap", "map", ...
+    fc_norm: bool = CLASSIFIER_DEFAULTS.fc_norm
+    representation_size: int | None = CLASSIFIER_DEFAULTS.representation_size
+    distillation_head: bool = CLASSIFIER_DEFAULTS.distillation_head
+    pool_heads: int | None = CLASSIFIER_DEFAULTS.pool_heads
+    pool_mlp_dim: int | None = CLASSIFIER_DEFAULTS.pool_mlp_dim
+    projection: bool = CLASSIFIER_DEFAULTS.projection
+    summary_tokens: tuple[int, ...] = CLASSIFIER_DEFAULTS.summary_tokens
     # The head of a dense model, which predicts per pixel rather than one vector per image: its own part of the
     # config, one class per kind (head_configs/: EoMT's queries, DPT's depth head, the plain segmentation heads),
     # checked against the encoder above; the model holds an encoder built from the fields above and this head
-    # (models/registry.py). None: a classifier or a bare encoder, whose saved config then has no "head".
+    # (models/registry.py). None: a classifier or a bare encoder.
     head: HeadConfig | None = None
     # ------------------------------------------------------------------------------------ the preprocessing
     # Preprocessing the weights expect: pixels scaled to [0, 1], then (x - mean) / std per channel (one value
@@ -318,6 +327,7 @@ class ViTConfig:
         self.canonicalise()
         self.check_architecture()
         self.check_positions()
+        self.check_head()
         self.check_preprocessing()
         self.check_provenance()
 
@@ -330,6 +340,11 @@ class ViTConfig:
             self.resnet_layers = tuple(int(n) for n in self.resnet_layers)
         if isinstance(self.head, dict):  # as from_json hands it over
             self.head = head_config_from_dict(self.head)
+        if isinstance(self.head, ClassifierHeadConfig):
+            raise ConfigError(
+                "a classifier's settings are the config's own fields (num_classes, classifier, fc_norm, ...); "
+                "head takes a dense model's head (EoMTConfig, DPTConfig, ...) or None"
+            )
         self.summary_tokens = tuple(int(n) for n in self.summary_tokens)
         if isinstance(self.preprocessing, dict):  # as from_json hands it over
             self.preprocessing = Preprocessing.from_dict(self.preprocessing)
@@ -340,6 +355,11 @@ class ViTConfig:
             self.class_token = self.classifier == "token"
         if not self.distilled:
             self.distillation_head = True  # meaningless without the token; one canonical value for equality
+        if self.head is not None:
+            # A dense model pools nothing: which tokens a summary would concatenate, and whether a distillation
+            # head would exist, mean nothing there (and vitlab up to d434df3 kept a backbone's).
+            self.summary_tokens = ()
+            self.distillation_head = True
 
     def check_architecture(self) -> None:
         """The network's sizes, heads and tokens (the positions: `check_positions`)."""
@@ -352,8 +372,6 @@ class ViTConfig:
         for name in ("embed_dim", "depth", "num_heads", "mlp_dim", "in_chans"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.num_classes < 0:
-            raise ConfigError(f"num_classes must be >= 0, got {self.num_classes}")
         # Upper bounds far above any real ViT (H/14: width 1280, depth 32), so a crafted config or checkpoint
         # header cannot make vitlab build a billion blocks or allocate a terabyte.
         for name, limit in (
@@ -361,8 +379,6 @@ class ViTConfig:
             ("depth", 1024),
             ("mlp_dim", 1 << 18),
             ("in_chans", 1024),
-            ("num_classes", 1 << 20),
-            ("representation_size", 1 << 16),
         ):
             value = getattr(self, name)
             if value is not None and value > limit:
@@ -379,22 +395,30 @@ class ViTConfig:
                 f"embed_dim {self.embed_dim} does not divide by num_heads {self.num_heads}; "
                 f"pick a head count that divides it (e.g. {self.embed_dim // 64 or 1})"
             )
-        if self.pool_heads is not None and self.embed_dim % self.pool_heads:
-            raise ConfigError(f"embed_dim {self.embed_dim} does not divide by pool_heads {self.pool_heads}")
-        if self.classifier == "token" and not self.class_token:
-            raise ConfigError("classifier='token' needs class_token=True; use classifier='gap' without one")
         if self.register_tokens < 0 or self.register_tokens > 256:
             raise ConfigError(f"register_tokens must be in 0..256, got {self.register_tokens}")
         if self.distilled and self.register_tokens:
             raise ConfigError("a model has a distillation token or register tokens, not both")
-        if self.distilled and (self.classifier != "token" or self.representation_size or self.fc_norm):
-            raise ConfigError(
-                "a distilled (DeiT) model pools its class and distillation tokens: it needs "
-                "classifier='token', and no representation layer or fc_norm"
-            )
         patch_grid(self.image_size, self.patch_size, stem_stride(self.resnet_layers))  # the patch divides the image
-        if self.head is not None:
-            self.head.check(self)
+
+    def check_head(self) -> None:
+        """The head against the encoder it reads: the classifier's settings (`ClassifierHeadConfig.check`), or a
+        dense head's; a dense model's encoder then has no classifier settings of its own."""
+        self.classifier_head.check(self)  # the classes' count and the pooling, on a dense model too
+        if self.head is None:
+            return
+        headless = ClassifierHeadConfig.headless(bool(self.class_token)).replace(num_classes=self.num_classes)
+        if self.classifier_head != headless:
+            changed = {
+                name: getattr(self.classifier_head, name)
+                for name in CLASSIFIER_FIELDS
+                if getattr(self.classifier_head, name) != getattr(headless, name)
+            }
+            raise ConfigError(
+                f"a {self.head.kind!r} model's encoder has no classifier, but its config sets {changed}; build it "
+                "from the backbone's headless config (vitlab.models.dense.headless)"
+            )
+        self.head.check(self)
 
     def check_preprocessing(self) -> None:
         """The statistics and the contract against the architecture that reads their output."""
@@ -457,11 +481,6 @@ class ViTConfig:
             raise ConfigError(
                 f"cpe_max_size (the largest image a cropped position table covers) goes with pos_embed 'cpe' and "
                 f"only with it; got pos_embed {self.pos_embed!r} and cpe_max_size {self.cpe_max_size!r}"
-            )
-        if self.summary_tokens and (self.classifier != "token" or max(self.summary_tokens) >= self.num_prefix_tokens):
-            raise ConfigError(
-                f"summary_tokens {list(self.summary_tokens)} must be indices among the {self.num_prefix_tokens} "
-                f"prefix tokens of a classifier 'token' model, got classifier {self.classifier!r}"
             )
         head_dim = self.embed_dim // max(self.num_heads, 1)
         if head_dim % traits.head_multiple:
@@ -541,27 +560,36 @@ class ViTConfig:
         return self.head.kind if self.head is not None else "none"
 
     @property
+    def classifier_head(self) -> ClassifierHeadConfig:
+        """The classifier's settings gathered into their part (a copy: the values live in this config's fields).
+        On a dense model: what its encoder pools, with no layer of its own (`ClassifierHeadConfig.headless`)."""
+        return ClassifierHeadConfig(**{name: getattr(self, name) for name in CLASSIFIER_FIELDS})
+
+    @property
+    def head_config(self) -> HeadConfig:
+        """The config of the model's head, whatever its kind: the dense head, else the classifier's settings."""
+        return self.head if self.head is not None else self.classifier_head
+
+    @property
     def encoder_config(self) -> ViTConfig:
         """The config of the encoder a dense model holds: this one without the head and the classes it predicts
         (the encoder has no classifier of its own)."""
         return self.replace(head=None, num_classes=0, class_names=None)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form, `SCHEMA_VERSION` of it: the encoder's, the preprocessing's and the provenance's fields,
-        and the head's part {"kind": ..., settings} where there is a head (none on a classifier)."""
-        data: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
-        for spec in dataclasses.fields(self):
-            value = getattr(self, spec.name)
-            data[spec.name] = list(value) if isinstance(value, tuple) else value
-        if self.preprocessing is not None:  # the contract's own form (fields of other modes left out)
-            data["preprocessing"] = self.preprocessing.to_dict()
-        if self.head is None:
-            del data["head"]
-        else:
-            data["head"] = self.head.to_dict()
-        if self.class_names is not None:
-            data["class_names"] = list(self.class_names)
-        return data
+        """The JSON form, `SCHEMA_VERSION` of it, in four parts: {"encoder": the architecture's fields, "head":
+        {"kind": ..., "num_classes": ..., the head's settings}, "preprocessing": the statistics and the contract's
+        fields, "provenance": ...}. Every field is written, defaults too, so that a default changed by a later
+        vitlab never changes what an old file builds."""
+        head = self.head_config.to_dict()
+        contract = self.preprocessing.to_dict() if self.preprocessing is not None else {}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "encoder": {name: json_value(getattr(self, name)) for name in ENCODER_FIELDS},
+            "head": {"kind": head.pop("kind"), "num_classes": self.num_classes, **head},
+            "preprocessing": {name: json_value(getattr(self, name)) for name in PREPROCESSING_FIELDS} | contract,
+            "provenance": {name: json_value(getattr(self, name)) for name in PROVENANCE_FIELDS},
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -585,10 +613,18 @@ class ViTConfig:
         return cls.from_dict(data)
 
 
+# The encoder's fields: every field of the config that is in no other part.
+ENCODER_FIELDS = tuple(
+    spec.name
+    for spec in dataclasses.fields(ViTConfig)
+    if spec.name not in {*CLASSIFIER_FIELDS, "head", *PREPROCESSING_FIELDS, "preprocessing", *PROVENANCE_FIELDS}
+)
+
 # The version of a config's JSON form (`ViTConfig.to_dict`). 1 (no "schema_version" key): every field flat, a dense
 # head's settings among them (`dense_head`, `eomt_queries`, `dpt_layers`, ...), as vitlab wrote up to d434df3. 2: the
-# head's settings in a "head" part of their own, written only where there is a head.
-SCHEMA_VERSION = 2
+# fields flat but a dense head's settings, in a "head" part of their own. 3: four parts (`PARTS`), the classifier's
+# settings in the head part of a classifier, none of them in a dense model's.
+SCHEMA_VERSION = 3
 
 # Version 1's flat head fields, by head kind: today's name of each in the head's part.
 FLAT_HEAD_FIELDS: dict[str, dict[str, str]] = {
@@ -609,9 +645,9 @@ FLAT_HEAD_FIELDS: dict[str, dict[str, str]] = {
 
 
 def upgraded(data: dict[str, Any]) -> dict[str, Any]:
-    """A config's JSON form written by an earlier vitlab, in today's fields (a copy; today's form is unchanged):
-    version 1's flat head fields become the "head" part (`FLAT_HEAD_FIELDS`), and Perception Encoder's
-    `rotary: "pe"` beside a learned table is the position kind "pe_rope"."""
+    """A config's JSON form, of any version, as ViTConfig's keyword arguments (a copy): today's parts flattened
+    (`flat_fields`); version 1's flat head fields become the "head" part (`FLAT_HEAD_FIELDS`), and Perception
+    Encoder's `rotary: "pe"` beside a learned table is the position kind "pe_rope"."""
     data = dict(data)
     version = data.pop("schema_version", 1)
     if not is_whole(version) or not 1 <= version <= SCHEMA_VERSION:
@@ -619,6 +655,8 @@ def upgraded(data: dict[str, Any]) -> dict[str, Any]:
             f"model config schema_version {version!r}: this vitlab reads versions 1 to {SCHEMA_VERSION}; a newer "
             "version was written by a newer vitlab, which reads it (pip install -U vitlab)"
         )
+    if version == 3:
+        return flat_fields(data)
     if version == 1:
         kind = data.pop("dense_head", "none")
         flat = {name for fields in FLAT_HEAD_FIELDS.values() for name in fields}
@@ -637,6 +675,43 @@ def upgraded(data: dict[str, Any]) -> dict[str, Any]:
             )
         data["pos_embed"] = "pe_rope"
     return data
+
+
+def part_keys(part: Any, name: str, known: tuple[str, ...]) -> dict[str, Any]:
+    """Part `name` of a saved config (a copy), checked to be an object of only `known` keys."""
+    if not isinstance(part, dict):
+        raise ConfigError(f"model config part {name!r} must be an object, got {part!r}")
+    unknown = sorted(set(part) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown keys {unknown} in the {name} part of a model config; known keys are {sorted(known)}"
+        )
+    return dict(part)
+
+
+def flat_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """A version 3 config's parts (`PARTS`) as ViTConfig's keyword arguments. A part left out takes its defaults;
+    a dense model's encoder pools as `ClassifierHeadConfig.headless` says (its config accepts nothing else)."""
+    unknown = sorted(set(data) - set(PARTS))
+    if unknown:
+        raise ConfigError(f"unknown parts {unknown} of a model config; its parts are {', '.join(PARTS)}")
+    values = part_keys(data.get("encoder", {}), "encoder", ENCODER_FIELDS)
+    head = data.get("head", {"kind": ClassifierHeadConfig.kind})
+    if not isinstance(head, dict) or not isinstance(head.get("kind"), str):
+        raise ConfigError(f'a model config\'s head part must be an object with its "kind", got {head!r}')
+    settings = dict(head)
+    if settings.pop("kind") == ClassifierHeadConfig.kind:
+        values |= part_keys(settings, "head", CLASSIFIER_FIELDS)
+    else:  # a dense head: its kind and settings, and the classes it predicts
+        if "num_classes" in settings:
+            values["num_classes"] = settings.pop("num_classes")
+        values["head"] = {"kind": head["kind"], **settings}
+        values["classifier"] = ClassifierHeadConfig.headless(values.get("class_token") is not False).classifier
+    contract = part_keys(data.get("preprocessing", {}), "preprocessing", (*PREPROCESSING_FIELDS, *CONTRACT_FIELDS))
+    values |= {name: contract.pop(name) for name in PREPROCESSING_FIELDS if name in contract}
+    if contract:
+        values["preprocessing"] = contract
+    return values | part_keys(data.get("provenance", {}), "provenance", PROVENANCE_FIELDS)
 
 
 # The paper's Table 1 (and the "Ti" and "S" widths of DeiT / the AugReg follow-up): width, depth, MLP, heads.

@@ -154,7 +154,8 @@ def test_radio_works_in_the_commands(tmp_path, capsys):
     checkpoint = str(FIXTURES / "hf_radio")
     assert main(["info", checkpoint, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)["config"]
-    assert info["family"] == "radio" and info["pos_embed"] == "cpe" and info["summary_tokens"] == [0, 2]
+    assert info["provenance"]["family"] == "radio" and info["encoder"]["pos_embed"] == "cpe"
+    assert info["head"]["summary_tokens"] == [0, 2]
     out = str(tmp_path / "embed.parquet")
     assert main(["embed", checkpoint, "--dataset", "digits", "--split", "test", "-o", out, "--workers", "0"]) == 0
     assert main(["knn", checkpoint, "--dataset", "digits", "--json"]) == 0

@@ -221,7 +221,7 @@ def test_cli_info_and_convert_take_the_size_of_a_non_square_checkpoint(tmp_path,
 
     lone = lone_copy(tmp_path, "timm_vit_48x32.safetensors")
     assert main(["info", str(lone), "--num-heads", "4", "--image-size", "48x32", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["config"]["image_size"] == [48, 32]
+    assert json.loads(capsys.readouterr().out)["config"]["encoder"]["image_size"] == [48, 32]
     out = tmp_path / "converted.safetensors"
     assert main(["convert", str(lone), str(out), "--num-heads", "4", "--image-size", "48x32"]) == 0
     images, expected = reference_io("timm_vit_48x32")

@@ -25,7 +25,7 @@ def test_convert_every_kind_and_info(tmp_path, capsys):
         assert "max |logit difference| = 0.00e+00" in capsys.readouterr().out
     assert main(["info", str(tmp_path / "hf_vit.safetensors"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["kind"] == "vitlab" and info["config"]["layer_norm_eps"] == 1e-12
+    assert info["kind"] == "vitlab" and info["config"]["encoder"]["layer_norm_eps"] == 1e-12
 
 
 def test_info_on_a_variant_name_describes_the_variant(capsys):
@@ -34,7 +34,7 @@ def test_info_on_a_variant_name_describes_the_variant(capsys):
     assert out.startswith("B/16: a variant of the table") and "86.57M parameters" in out and "embed_dim" in out
     assert main(["info", "B/16", "--image-size", "384", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["kind"] == "variant" and info["config"]["image_size"] == [384, 384] and info["gflops"] > 50
+    assert info["kind"] == "variant" and info["config"]["encoder"]["image_size"] == [384, 384] and info["gflops"] > 50
 
 
 def test_runtime_error_is_one_line_without_traceback(tmp_path, capsys):

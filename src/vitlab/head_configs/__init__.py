@@ -1,6 +1,15 @@
-"""The head configs, one module per head kind, one row per kind in `HEAD_CONFIGS`: the "head" part of a model's
-config (`ViTConfig.head`; a classifier or a bare encoder has none). Each is checked against the encoder it reads
-(`HeadConfig.check`); the model of each kind is built from it in models/ (models/registry.py's DENSE_MODELS).
+"""The head configs, one module per head kind: the "head" part of a model's saved config, each checked against the
+encoder it reads (`HeadConfig.check`). The model module of each kind builds from it and re-exports it:
+
+    classifier.py    ClassifierHeadConfig                 models/vit.py (the VisionTransformer's own head)
+    eomt.py          EoMTConfig                           models/eomt.py
+    dpt.py           DPTConfig                            models/depth_anything.py
+    segmentation.py  Linear-, UpsamplingSegmentationConfig  models/segmentation_heads.py
+
+They live here, below models/, because `vitlab.config` (the bottom of the package order, torch-free) reads them
+from JSON. `HEAD_CONFIGS` has a row per dense kind, the values `ViTConfig.head` takes (models/registry.py's
+DENSE_MODELS builds each); a classifier's settings are the config's own fields, gathered by
+`ViTConfig.classifier_head`.
 """
 
 from __future__ import annotations
@@ -9,6 +18,7 @@ from typing import Any
 
 from vitlab.errors import ConfigError
 from vitlab.head_configs.base import HeadConfig, ModelFields, Settings
+from vitlab.head_configs.classifier import ClassifierHeadConfig
 from vitlab.head_configs.dpt import DPTConfig
 from vitlab.head_configs.eomt import EoMTConfig
 from vitlab.head_configs.segmentation import LinearSegmentationConfig, UpsamplingSegmentationConfig
@@ -38,6 +48,7 @@ def head_settings(config: ModelFields, kind: type[Settings]) -> Settings:
 
 __all__ = [
     "HEAD_CONFIGS",
+    "ClassifierHeadConfig",
     "DPTConfig",
     "EoMTConfig",
     "HeadConfig",

@@ -17,6 +17,7 @@ each passing to `encoder`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -25,6 +26,7 @@ from torch import nn
 
 from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
+from vitlab.head_configs import ClassifierHeadConfig
 from vitlab.models.vit import VisionTransformer
 
 ENCODER = "encoder."  # the encoder's keys in a dense model's state dict
@@ -139,20 +141,12 @@ BACKBONE_HEADS = ("head.", "head_dist.", "attn_pool.", "pre_logits.", "layer_wei
 
 
 def headless(config: ViTConfig) -> ViTConfig:
-    """A backbone's config as the encoder of a dense model: no image classifier, pooling or pre-logits layer, and
-    the final norm on every token (the dense heads read normed tokens)."""
-    return config.replace(
-        num_classes=0,
-        class_names=None,
-        classifier="token" if config.class_token else "gap",
-        class_token=config.class_token,
-        representation_size=None,
-        projection=False,
-        fc_norm=False,
-        final_norm=True,
-        pool_heads=None,
-        pool_mlp_dim=None,
-    )
+    """A backbone's config as the encoder of a dense model: no image classifier, pooling or pre-logits layer
+    (`ClassifierHeadConfig.headless`, the only classifier settings a dense model's config accepts), and the final
+    norm on every token (the dense heads read normed tokens)."""
+    pooling = ClassifierHeadConfig.headless(bool(config.class_token))
+    settings = {spec.name: getattr(pooling, spec.name) for spec in dataclasses.fields(pooling)}
+    return config.replace(**settings, class_names=None, class_token=config.class_token, final_norm=True)
 
 
 def copy_encoder_weights(backbone: VisionTransformer, encoder: VisionTransformer, what: str) -> None:

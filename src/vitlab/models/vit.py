@@ -32,6 +32,7 @@ from torch import nn
 
 from vitlab.config import ViTConfig
 from vitlab.errors import UsageError
+from vitlab.head_configs import ClassifierHeadConfig as ClassifierHeadConfig  # the head config this model owns
 from vitlab.layers.attention import KERNELS, AttentionContext
 from vitlab.layers.attention_pool import AttentionPool
 from vitlab.layers.attention_probe import AttentionProbe
