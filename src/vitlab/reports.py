@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vitlab.config import ViTConfig, to_pair
+from vitlab.config import PARTS, ViTConfig, to_pair
 from vitlab.counts import model_size
 from vitlab.runtime.registry import backend_for
 from vitlab.variants import variant_config, variant_names
@@ -229,6 +229,42 @@ def format_conversion(summary: dict[str, Any], to: str) -> str:
     return "\n".join(lines + [f"note: {note}" for note in summary["notes"]])
 
 
+# What `vitlab info` shows of each part of a config even at its default: the shape of the encoder, the classes and
+# pooling of a classifier, the statistics. Any other field is shown where it differs from its default.
+ALWAYS_SHOWN = {
+    "encoder": ("image_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_dim", "pos_embed"),
+    "head": ("kind", "num_classes", "classifier"),
+    "preprocessing": ("image_mean", "image_std"),
+    "provenance": (),
+}
+
+
+def config_lines(config: dict[str, Any]) -> list[str]:
+    """A saved config (`ViTConfig.to_dict`) as the lines `vitlab info` prints: part by part, the fields that say
+    something (`ALWAYS_SHOWN`, and the others where they differ from their default), and how many are left out."""
+    defaults = ViTConfig().to_dict()
+    if config["head"]["kind"] != defaults["head"]["kind"]:
+        defaults["head"] = {}  # a dense head: every setting shown
+    lines, hidden = [], 0
+    for part in PARTS:
+        values = config[part]
+        shown = {
+            name: value
+            for name, value in values.items()
+            if name in ALWAYS_SHOWN[part]
+            or (value is not None and (name not in defaults[part] or value != defaults[part][name]))
+        }
+        hidden += len(values) - len(shown)
+        title = f"head: {shown.pop('kind')}" if part == "head" else part
+        if shown or part == "head":
+            lines.append(f"  {title}")
+        for name, value in shown.items():
+            if name == "class_names":  # ImageNet's are a thousand: the count and the first few
+                value = f"{len(value)}: {', '.join(value[:4])}{', ...' if len(value) > 4 else ''}"
+            lines.append(f"    {name:<20} {value}")
+    return lines + [f"  ({hidden} more fields at their defaults; --json shows every field)"]
+
+
 def format_info(info: dict[str, Any]) -> str:
     if info["kind"] == "variant":
         lines = [
@@ -239,7 +275,4 @@ def format_info(info: dict[str, Any]) -> str:
         lines = [f"{info['path']}: {info['kind']} checkpoint, {info['params_m']:.2f}M parameters"]
     if "input_layout" in info:
         lines.append(f"  input {info['input']!r}: {info['input_layout']}; batch {info['batch_size'] or 'any'}")
-    lines += [
-        f"  {key:<20} {value}" for key, value in info["config"].items() if value is not None and key != "class_names"
-    ]
-    return "\n".join(lines)
+    return "\n".join(lines + config_lines(info["config"]))

@@ -8,7 +8,9 @@ import pytest
 from conftest import FIXTURES
 from vitlab.cli import COMMANDS, build_parser, main, models
 from vitlab.cli.options import call_with_options
+from vitlab.config import FLAT_HEAD_FIELDS
 from vitlab.errors import UsageError
+from vitlab.head_configs import HEAD_CONFIGS
 
 
 def test_models_lists_every_variant_with_counts(capsys):
@@ -35,6 +37,33 @@ def test_info_on_a_variant_name_describes_the_variant(capsys):
     assert main(["info", "B/16", "--image-size", "384", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["kind"] == "variant" and info["config"]["encoder"]["image_size"] == [384, 384] and info["gflops"] > 50
+
+
+EARLIER = FIXTURES / "earlier_versions"
+
+
+def test_info_shows_a_classifier_by_its_parts_with_no_dense_field(capsys):
+    """Issue 62: `vitlab info` of a classifier listed 50 fields, the dense heads' among them. Now: the parts, the
+    fields that say something (the defaults counted), and nothing of heads the model does not have."""
+    assert main(["info", str(EARLIER / "classifier_427a4e0.safetensors")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    titles = [line.strip() for line in lines[1:] if not line.startswith("    ")]
+    assert titles == [
+        "encoder",
+        "head: classifier",
+        "preprocessing",
+        "provenance",
+        "(39 more fields at their defaults; --json shows every field)",
+    ]
+    fields = [line.split()[0] for line in lines if line.startswith("    ")]
+    dense = {name for kind in HEAD_CONFIGS.values() for name in kind.__dataclass_fields__}
+    dense |= {name for names in FLAT_HEAD_FIELDS.values() for name in names} | {"head", "dense_head"}
+    assert len(fields) == 17 and not dense & set(fields), fields
+    assert "    class_names          4: a, b, c, d" in lines and "    crop_fraction        0.875" in lines
+    assert main(["info", str(EARLIER / "eomt_427a4e0.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "  head: eomt\n    num_classes          3\n    queries              5\n" in out
+    assert "classifier " not in out and "fc_norm" not in out  # a dense model's encoder has no classifier
 
 
 def test_runtime_error_is_one_line_without_traceback(tmp_path, capsys):

@@ -279,7 +279,9 @@ def write_report(folder: Path, config, summary: dict[str, Any], files: dict[str,
     per_layer = ", ".join(f"{d:.2f}" for d in summary["mean_attention_distance_per_layer"])
     config_rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
-        for k, v in config.to_dict().items()
+        for part in config.to_dict().values()
+        if isinstance(part, dict)  # the config's parts (`ViTConfig.to_dict`), one row per field
+        for k, v in part.items()
         if v is not None and k != "class_names" and not (k == "distillation_head" and not config.distilled)
     )  # DeiT's only
     prediction_rows = "".join(
