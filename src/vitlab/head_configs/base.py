@@ -2,8 +2,8 @@
 "head" part of a saved config (`ViTConfig.head`), and checked against the encoder it reads.
 
 Torch-free and at the bottom of the package order with `vitlab.config`, which reads the "head" part of a JSON
-config through `HEAD_CONFIGS` (head_configs/__init__.py); the model module of each kind builds from it
-(models/eomt.py, models/depth_anything.py, models/segmentation_heads.py).
+config through `HEAD_CONFIGS` (head_configs/__init__.py); the model module of each kind builds from it and
+re-exports it (models/vit.py, models/eomt.py, models/depth_anything.py, models/segmentation_heads.py).
 """
 
 from __future__ import annotations
