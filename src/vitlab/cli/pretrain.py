@@ -1,5 +1,5 @@
 """`vitlab pretrain`: self-supervised pre-training on images without labels (the paper's masked patch prediction,
-or MAE)."""
+MAE, or distillation from frozen teachers)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ from vitlab.cli.recipe import (
     run_exit_code,
     shorthand_overrides,
 )
+from vitlab.errors import UsageError
 from vitlab.objectives import OBJECTIVES, pretraining_methods  # the table alone: no torch
 
 NAME = "pretrain"
-HELP = "self-supervised pre-training on images without labels: the paper's masked patch prediction (mpp) or MAE"
+HELP = (
+    "self-supervised pre-training on images without labels: the paper's masked patch prediction (mpp), MAE, or "
+    "distillation from frozen teachers (distill)"
+)
 
 
 def recipes_and_keys_help() -> str:
@@ -47,7 +51,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fashion-mnist, cifar10, cifar100, folder, manifest, shards, hf",
     )
     add_shorthand(parser, "--data-dir", help=DATA_DIR_HELP)
-    add_shorthand(parser, "--model", help="shorthand for --set model=VARIANT (the encoder to pre-train)")
+    add_shorthand(
+        parser,
+        "--model",
+        help="shorthand for --set model=VARIANT (the encoder to pre-train; the student of distill: a variant or "
+        "preset, or a checkpoint through --from)",
+    )
+    parser.add_argument(
+        "--teacher",
+        action="append",
+        metavar="TEACHER",
+        help="--method distill: a frozen teacher, anything vitlab loads (a run, a file, a pre-trained name); "
+        "repeat it for several (one adaptor head each)",
+    )
+    parser.add_argument(
+        "--teacher-weight",
+        action="append",
+        type=float,
+        metavar="W",
+        help="--method distill: each teacher's share of the loss, in --teacher order (default 1 each)",
+    )
     add_shorthand(
         parser,
         "--from",
@@ -74,5 +97,17 @@ def run(args: argparse.Namespace) -> int:
 
     refuse_use_previous_without_resume(args)
     if args.resume:
-        return resume_run(args, also_refused=("method",))
-    return run_exit_code(run_pretrain(args.method, args.config, shorthand_overrides(args)))
+        return resume_run(args, also_refused=("method", "teacher", "teacher_weight"))
+    return run_exit_code(run_pretrain(args.method, args.config, teacher_overrides(args) + shorthand_overrides(args)))
+
+
+def teacher_overrides(args: argparse.Namespace) -> list[str]:
+    """--teacher and --teacher-weight as the --set assignments they stand for (before the --set ones)."""
+    if (args.teacher or args.teacher_weight) and args.method not in (None, "distill"):
+        raise UsageError(f"--teacher and --teacher-weight go with --method distill, not --method {args.method}")
+    overrides = []
+    if args.teacher:
+        overrides.append(f"pretrain.distill_teachers={list(args.teacher)!r}")
+    if args.teacher_weight:
+        overrides.append(f"pretrain.distill_weights={list(args.teacher_weight)!r}")
+    return overrides

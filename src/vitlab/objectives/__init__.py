@@ -35,6 +35,12 @@ def build_mae(config: Any, train_data: Any) -> Objective:
     return MaskedAutoencoding(config.pretrain, config.augment, config.init_from)
 
 
+def build_distill(config: Any, train_data: Any) -> Objective:
+    from vitlab.objectives.distill import Distillation
+
+    return Distillation(config.pretrain, config.augment)
+
+
 def build_segmentation(config: Any, train_data: Any) -> Objective:
     from vitlab.objectives.segmentation import build
 
@@ -56,6 +62,9 @@ OBJECTIVES: dict[str, ObjectiveRow] = {
     "classification": ObjectiveRow(build_classification),
     "mpp": ObjectiveRow(build_mpp, pretraining=True, help="the paper's masked patch prediction (section 4.6)"),
     "mae": ObjectiveRow(build_mae, pretraining=True, help="masked autoencoder"),  # He et al. 2021
+    "distill": ObjectiveRow(  # AM-RADIO, Ranzinger et al. 2024
+        build_distill, pretraining=True, help="distillation from frozen teachers (--teacher, repeatable)"
+    ),
     "segmentation": ObjectiveRow(build_segmentation),  # a class per pixel: EoMT, linear or upsampling head
 }
 

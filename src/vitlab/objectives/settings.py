@@ -1,5 +1,6 @@
-"""The settings of the self-supervised objectives (`vitlab pretrain --method mpp|mae`), a group of the training
-recipe: `--set pretrain.mask_ratio=0.15`. Torch-free, so recipes are checked cheaply."""
+"""The settings of the self-supervised objectives (`vitlab pretrain --method mpp|mae|distill`), a group of the
+training recipe: `--set pretrain.mask_ratio=0.15`, `--set pretrain.distill_teachers=[RUN]`. Torch-free, so recipes
+are checked cheaply."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ MPP_TARGETS = {
     "patch_l2": "L2 regression on the whole patch's pixels (the paper's option 3: 'slightly worse')",
 }
 DEFAULT_MASK_RATIO = {"mpp": 0.5, "mae": 0.75}  # the paper's 50%; MAE's 75%
+TEACHER_PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass
@@ -40,6 +42,14 @@ class PretrainConfig:
     # The picture of validation images (original, masked, reconstructed): at the end, and after these epochs.
     grid_images: int = 8
     grid_epochs: list[int] = field(default_factory=list)
+    # Distillation (`vitlab pretrain --method distill --teacher A [--teacher B]`, AM-RADIO): the frozen teachers (a
+    # run, a file or a pre-trained name each), each one's share of the loss (empty: 1 each), the precision they run
+    # in ("auto": bf16 where this machine has bf16 units, which keeps their features: benchmarks/
+    # distill_teacher_precision.py), and the adaptor MLPs' hidden width (0: the wider of student and teacher).
+    distill_teachers: list[str] = field(default_factory=list)
+    distill_weights: list[float] = field(default_factory=list)
+    distill_teacher_precision: str = "auto"
+    distill_adaptor_hidden: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -71,6 +81,29 @@ class PretrainConfig:
                 "(or none: chosen from the encoder)",
             ),
             (self.grid_images >= 0, f"pretrain.grid_images must be >= 0, got {self.grid_images}"),
+            (
+                isinstance(self.distill_teachers, list) and all(isinstance(t, str) for t in self.distill_teachers),
+                f"pretrain.distill_teachers must be a list of teachers (runs, files or names), got "
+                f"{self.distill_teachers!r}",
+            ),
+            (
+                not self.distill_weights
+                or (
+                    len(self.distill_weights) == len(self.distill_teachers)
+                    and all(isinstance(w, (int, float)) and w > 0 for w in self.distill_weights)
+                ),
+                f"pretrain.distill_weights must be one positive weight per teacher ({len(self.distill_teachers)}), "
+                f"got {self.distill_weights}",
+            ),
+            (
+                self.distill_teacher_precision in TEACHER_PRECISIONS,
+                f"pretrain.distill_teacher_precision must be one of {', '.join(TEACHER_PRECISIONS)}, got "
+                f"{self.distill_teacher_precision!r}",
+            ),
+            (
+                isinstance(self.distill_adaptor_hidden, int) and self.distill_adaptor_hidden >= 0,
+                f"pretrain.distill_adaptor_hidden must be a whole number >= 0, got {self.distill_adaptor_hidden}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -89,6 +122,10 @@ class PretrainConfig:
     def normalises_pixels(self) -> bool:
         """Whether MAE's targets are normalised per patch: the recipe's choice, else MAE's default (on)."""
         return self.norm_pix_loss if self.norm_pix_loss is not None else True
+
+    def teacher_weights(self) -> list[float]:
+        """Each teacher's share of the distillation loss: the recipe's, else 1 each."""
+        return [float(w) for w in self.distill_weights] or [1.0] * len(self.distill_teachers)
 
     def ratio(self, method: str) -> float:
         """The mask ratio a method uses: the recipe's, else the method's own."""
