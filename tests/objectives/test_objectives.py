@@ -95,7 +95,7 @@ def test_an_objective_row_is_all_a_recipe_and_the_cli_need(mean_pixel):
 
 
 def test_pretrain_offers_the_rows_marked_pretraining(monkeypatch):
-    assert pretraining_methods() == ("mpp", "mae")
+    assert pretraining_methods() == ("mpp", "mae", "distill")
     monkeypatch.setitem(
         OBJECTIVES, "mean-pixel", ObjectiveRow(lambda config, data: MeanPixel(), pretraining=True, help="a fake")
     )
@@ -104,8 +104,14 @@ def test_pretrain_offers_the_rows_marked_pretraining(monkeypatch):
 
 
 @pytest.mark.parametrize("name", objective_names())
-def test_the_tables_pretraining_mark_and_the_objectives_command_agree(name):
+def test_the_tables_pretraining_mark_and_the_objectives_command_agree(name, tmp_path):
     config = pretrain_config(name) if name in pretraining_methods() else TrainConfig(objective=name)
+    if name == "distill":  # distillation loads its teachers as it is built
+        from vitlab.checkpoint.formats import export_checkpoint
+        from vitlab.models.registry import create_model
+
+        teacher = export_checkpoint(create_model("digits-8", depth=1), tmp_path / "teacher.safetensors")
+        config.pretrain.distill_teachers = [str(teacher)]
     objective = objectives.build_objective(config, SimpleNamespace(num_classes=10))
     assert objective.name == name
     assert objective.command == ("pretrain" if OBJECTIVES[name].pretraining else "train")
