@@ -12,6 +12,7 @@ from runfiles import MICRO, SMALL, pretrain_micro
 from vitlab.checkpoint.adaptors import load_distilled
 from vitlab.checkpoint.formats import export_checkpoint, load_model
 from vitlab.cli import main
+from vitlab.features.vectors import read_embeddings
 from vitlab.models.registry import create_model
 from vitlab.objectives.settings import PretrainConfig
 from vitlab.train.config import TrainConfig
@@ -94,6 +95,19 @@ def test_the_cli_distils_into_a_plain_model_with_its_heads_beside_it(tmp_path, c
     assert model.config.num_classes == 0 and not any("adaptor" in name for name in model.state_dict())
     summary_space, grid = load_distilled(run).in_teacher_space(torch.zeros(2, 1, 8, 8), 0)
     assert summary_space.shape == (2, 24) and grid.shape == (2, 24, 4, 4)
+    # `vitlab embed --adaptor`: the student's own summaries through teacher 0's head (float32 throughout: the same
+    # products in batches of other sizes, so a few ulps apart)
+    embed = ["embed", str(run), "--dataset", "digits", "--split", "test", "--precision", "fp32"]
+    assert main([*embed, "-o", str(tmp_path / "own.parquet")]) == 0
+    assert main([*embed, "-o", str(tmp_path / "teacher.parquet"), "--adaptor", "0"]) == 0
+    own, adapted = (read_embeddings(tmp_path / name) for name in ("own.parquet", "teacher.parquet"))
+    assert own.vectors.shape == (359, 32) and adapted.vectors.shape == (359, 24)
+    assert adapted.meta["pool"] == f"model@{teacher}"
+    with torch.no_grad():
+        expected = load_distilled(run).adaptors[0].summary(torch.from_numpy(own.vectors))
+    torch.testing.assert_close(torch.from_numpy(adapted.vectors), expected, atol=1e-5, rtol=1e-5)
+    assert main([*embed, "-o", str(tmp_path / "x.parquet"), "--adaptor", "other"]) == 2
+    assert "--adaptor other: no teacher 'other'" in capsys.readouterr().err
 
 
 def run_pretrain_args(tmp_path, teacher: str) -> list[str]:

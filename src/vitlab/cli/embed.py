@@ -20,6 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="model: the input of the model's head (its own pooling; default); cls: the class token; mean: the "
         "mean of the patch tokens (both after the final norm)",
     )
+    parser.add_argument(
+        "--adaptor",
+        metavar="TEACHER",
+        help="a student of `vitlab pretrain --method distill`: the vectors in this teacher's space (its index or "
+        "name), through the student's adaptor head (--pool model: the teacher's summary; mean: its mean patch feature)",
+    )
     parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="stored vector type")
     parser.add_argument("--batch-size", type=positive_int, default=256, help="images per forward pass (default 256)")
     add_collection_run_options(parser)

@@ -24,6 +24,7 @@ from vitlab.features.store import ShardedStore, check_dtype, collection_settings
 from vitlab.features.vectors import VectorParts, join_parts, pyarrow_modules, read_dim, read_embeddings, read_metadata
 from vitlab.layers.pooling import token_mean
 from vitlab.model_input import PatchInput
+from vitlab.models.adaptors import DistilledStudent
 
 POOLS = ("model", "cls", "mean")  # the head's own input; the class token; the mean of the patch tokens
 PART_ROWS = 4096
@@ -43,6 +44,16 @@ def pooled_features(model: Any, inputs: Any, pool: str) -> torch.Tensor:
     # The patch tokens of a padded (NaFlex) batch: its real ones only, as the model's own mean pooling takes them.
     valid = inputs.valid if isinstance(inputs, PatchInput) else None
     return token_mean(tokens[:, model.config.num_prefix_tokens :], valid)
+
+
+def adapted_features(student: DistilledStudent, teacher: int, inputs: Any, pool: str) -> torch.Tensor:
+    """(B, D_t) features of a batch in teacher `teacher`'s space, through the distilled student's adaptor head:
+    "model" its summary (what the teacher's head reads), "mean" the mean of its patch features."""
+    if pool == "cls":
+        raise UsageError("--adaptor answers a teacher's summary (--pool model) or its mean patch feature (--pool mean)")
+    student.adaptors.to(inputs.device)
+    summary, grid = student.in_teacher_space(inputs, teacher)
+    return summary if pool == "model" else grid.flatten(2).mean(dim=2)
 
 
 def both_files(train_file: str | None, test_file: str | None) -> tuple[str, str]:
@@ -87,9 +98,12 @@ def embed(
     batch_size: int = 256,
     precision: str = "fp32",
     part_rows: int = PART_ROWS,
+    adaptor: tuple[DistilledStudent, int] | None = None,
 ) -> dict[str, Any]:
     """Write the embedding file `out` of every image of `source` (see the module docstring); returns a summary:
-    the images embedded, those unreadable, the vector size, where the run started (0 unless it continued)."""
+    the images embedded, those unreadable, the vector size, where the run started (0 unless it continued).
+    adaptor: (a distilled student whose encoder is `model`, a teacher's index): the vectors in that teacher's space
+    (`adapted_features`), recorded as the pool "POOL@TEACHER"."""
     if pool not in POOLS:
         raise UsageError(f"--pool {pool}: choose one of {', '.join(POOLS)}")
     check_dtype(dtype)
@@ -103,7 +117,7 @@ def embed(
         dtype=dtype,
         precision=precision,
         image_size=model.config.image_size,
-        pool=pool,
+        pool=pool if adaptor is None else f"{pool}@{adaptor[0].spaces[adaptor[1]].name}",
         batch_size=batch_size,
     )
     if out.exists():
@@ -118,6 +132,8 @@ def embed(
         return summary(out, written, written.get("unreadable", []), start=0, seconds=0.0, embedded=0, done=True)
     store = ShardedStore(out.with_name(out.name + ".parts"), meta, VectorParts(dtype, part_rows))
     forward = lambda module, inputs: pooled_features(module, inputs, pool)  # noqa: E731
+    if adaptor is not None:
+        forward = lambda module, inputs: adapted_features(*adaptor, inputs, pool)  # noqa: E731
 
     def batches(remaining: BatchSource, label: str) -> Iterable[tuple[Batch, Any]]:
         return run_batches(model, remaining, batch_size, precision=precision, forward=forward, progress=label)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from vitlab import checkpoint as checkpoints
+from vitlab.checkpoint.adaptors import load_distilled
 from vitlab.data.images import IMAGE_EXTENSIONS, collect_images
 from vitlab.data.loaders import open_split
 from vitlab.data.source import BatchSource, DataRequest, ImageFiles
@@ -105,10 +106,22 @@ def run_embed(
     batch_size: int = 256,
     precision: str = "auto",
     workers: int | None = None,
+    adaptor: str | None = None,
 ) -> dict[str, Any]:
-    model = checkpoints.load_model(checkpoint)
+    """`vitlab embed`; adaptor: a teacher of a distilled student (its index or name), whose space the vectors are
+    in (`vitlab pretrain --method distill` wrote the student's adaptor heads beside it)."""
+    if adaptor is None:
+        model = checkpoints.load_model(checkpoint)
+        adapted = None
+    else:
+        student = load_distilled(checkpoint)
+        try:
+            adapted = (student, student.teacher_index(adaptor))
+        except KeyError as error:
+            raise UsageError(f"--adaptor {adaptor}: {error.args[0]}") from None
+        model = student.encoder
     source, run = collection_run(model, checkpoint, data, dataset, data_dir, split, precision, workers)
-    return embed(model, source, out, pool=pool, dtype=dtype, batch_size=batch_size, **run)
+    return embed(model, source, out, pool=pool, dtype=dtype, batch_size=batch_size, adaptor=adapted, **run)
 
 
 def collection_run(
