@@ -26,6 +26,7 @@ from vitlab.models.positions import POSITION_KINDS
 from vitlab.models.positions.base import PositionKind
 from vitlab.objectives.base import Objective
 from vitlab.objectives.classification import Classification
+from vitlab.objectives.distill import Distillation
 from vitlab.objectives.mae import MaskedAutoencoding
 from vitlab.objectives.mpp import MaskedPatchPrediction
 from vitlab.runtime import onnx as onnx_backend
@@ -44,8 +45,10 @@ def openers() -> list[SplitsOpener]:
     return [datasets, streamed]  # a data-source module is an opener
 
 
-def objectives(classification: Classification, mae: MaskedAutoencoding, mpp: MaskedPatchPrediction) -> list[Objective]:
-    return [classification, mae, mpp]
+def objectives(
+    classification: Classification, mae: MaskedAutoencoding, mpp: MaskedPatchPrediction, distill: Distillation
+) -> list[Objective]:
+    return [classification, mae, mpp, distill]
 
 
 def position_kinds() -> list[PositionKind]:

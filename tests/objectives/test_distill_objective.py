@@ -14,7 +14,7 @@ from vitlab.errors import CheckpointError, ConfigError
 from vitlab.models.adaptors import ModelFeatures, StudentOutputs, model_features, resample_grid
 from vitlab.models.registry import create_model
 from vitlab.objectives import build_objective, pretraining_methods
-from vitlab.objectives.distill import Distillation, teacher_view
+from vitlab.objectives.distill import Distillation, chosen_teacher_precision, teacher_view
 from vitlab.objectives.settings import PretrainConfig
 from vitlab.train.config import pretrain_config
 
@@ -168,3 +168,17 @@ def test_one_adaptor_head_per_teacher_saved_beside_the_student(tmp_path):
     (run / ADAPTORS_CONFIG).unlink()
     with pytest.raises(CheckpointError, match="has no adaptor heads beside it"):
         load_distilled(run)
+
+
+def test_a_teachers_precision_follows_the_training_steps_rule(tmp_path):
+    """ "auto" takes bf16 autocast where a training step would (bf16 units, a model large enough for them to pay):
+    a teacher of 0.0003 GFLOPs runs in fp32 whatever the CPU; an explicit precision wins."""
+    objective = distillation(tmp_path, [teacher_file(tmp_path, "a")])
+    teacher = objective.teachers[0]
+    auto = chosen_teacher_precision("auto", teacher, torch.device("cpu"))
+    assert auto.value == "fp32" and "small model" in auto.reason
+    assert chosen_teacher_precision("bf16", teacher, torch.device("cpu")).value == "bf16"
+    objective.settings.distill_teacher_precision = "bf16"
+    objective.attach(student())
+    objective.teacher_features(0, torch.rand(2, 1, 8, 8), (4, 4))
+    assert objective.precisions[0].value == "bf16"

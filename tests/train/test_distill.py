@@ -90,6 +90,7 @@ def test_the_cli_distils_into_a_plain_model_with_its_heads_beside_it(tmp_path, c
     run = tmp_path / "student"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["objective"] == "distill" and summary["teachers"][0]["summary_dim"] == 24
+    assert summary["teachers"][0]["precision"] == "fp32"  # "auto": too small a teacher for bf16 to pay
     assert 0 < summary["test_summary_cos_0"] <= 1 and 0 < summary["test_patch_cos_0"] <= 1
     model = load_model(run)  # a plain vitlab model: no head, no adaptor inside
     assert model.config.num_classes == 0 and not any("adaptor" in name for name in model.state_dict())
@@ -125,14 +126,16 @@ def run_pretrain_args(tmp_path, teacher: str) -> list[str]:
         "--set",
         "augment.random_erasing=0.25",
         "--set",
+        "pretrain.distill_teacher_precision=bf16",  # what "auto" takes for a teacher of real size
+        "--set",
         "progress=false",
     ]
 
 
 # What can differ, and so the bound: nothing (tests/train/test_distributed.py, `test_two_processes_match_one`), if
 # the distillation loss does the same arithmetic on a rank's half of a batch as on the same half as a micro-batch.
-# It does: the teachers run inside `loss`, on each micro-batch's own pixels, in the same precision and on one thread
-# each, so each rank's teacher features equal the accumulating process's for that half; the loss is a mean over the
+# It does: the teachers run inside `loss`, on each micro-batch's own pixels, in the same precision (bf16 autocast
+# here) and on one thread each, so each rank's teacher features equal the accumulating process's for that half; the loss is a mean over the
 # half's images, halved before backward either way. The student's and adaptors' weights then equal bit for bit.
 @pytest.mark.slow
 def test_two_processes_distil_as_one_accumulating_two_micro_batches(all_cores, tmp_path):

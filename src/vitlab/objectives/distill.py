@@ -33,11 +33,12 @@ from torch import nn
 from vitlab.checkpoint.adaptors import ADAPTORS, ADAPTORS_CONFIG, save_adaptors
 from vitlab.checkpoint.formats import load_model
 from vitlab.config import ViTConfig
+from vitlab.counts import model_size
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import BatchSource
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import ConfigError
-from vitlab.hardware import cpu_units
+from vitlab.hardware import Choice, choose_precision
 from vitlab.model_input import ModelInput, require_pixels
 from vitlab.models.adaptors import (
     DistilledStudent,
@@ -96,14 +97,18 @@ def teacher_loss(summary_cos: torch.Tensor, patch_cos: torch.Tensor, patch_smoot
     return (1 - summary_cos) + PATCH_COSINE_SHARE * (1 - patch_cos) + PATCH_SMOOTH_L1_SHARE * patch_smooth_l1
 
 
-def chosen_teacher_precision(requested: str, device: torch.device) -> str:
-    """The precision the teachers run in: the recipe's, or for "auto" bf16 where the device has bf16 units (a GPU
-    that supports it, a CPU with AVX-512 BF16 or AMX), else fp32."""
-    if requested != "auto":
-        return requested
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if device.type == "cpu" and cpu_units().bf16 else "fp32"
+def chosen_teacher_precision(requested: str, teacher: VisionTransformer, device: torch.device) -> Choice:
+    """The precision a teacher runs in: the recipe's, or for "auto" the rule a training step's forward follows
+    (`vitlab.hardware.choose_precision`): bf16 autocast where the device has bf16 units and the teacher is large
+    enough for them to pay, else fp32."""
+    return choose_precision(requested, device, model_size(teacher.config)[1], "train")
+
+
+def describe(choice: Choice | None) -> str:
+    """A teacher's precision as the summary says it: "bf16 autocast" or "fp32"."""
+    if choice is None:
+        return "not run"
+    return "bf16 autocast" if choice.value == "bf16" else choice.value
 
 
 def load_teacher(spec: str) -> VisionTransformer:
@@ -133,7 +138,8 @@ class Distillation(MaskedPretraining):
             name for index in range(len(self.teachers)) for name in (f"summary_cos_{index}", f"patch_cos_{index}")
         )
         self.sum_names = self.figure_names  # summed over an epoch's images, as the figures are over a source's
-        self.precision: str | None = None  # the teachers' precision, chosen on the device they first run on
+        # Each teacher's precision (and why), chosen on the device it first runs on.
+        self.precisions: list[Choice | None] = [None] * len(self.teachers)
 
     def job(self, source: str, fine_tuning: bool) -> str:
         return f"distilling {' + '.join(self.settings.distill_teachers)} into {source}"
@@ -178,9 +184,11 @@ class Distillation(MaskedPretraining):
         teacher = self.teachers[index]
         if next(teacher.parameters()).device != pixels.device:
             teacher.to(pixels.device)
-        if self.precision is None:
-            self.precision = chosen_teacher_precision(self.settings.distill_teacher_precision, pixels.device)
-        bf16 = self.precision == "bf16"
+        precision = self.precisions[index]
+        if precision is None:
+            precision = chosen_teacher_precision(self.settings.distill_teacher_precision, teacher, pixels.device)
+            self.precisions[index] = precision
+        bf16 = precision.value == "bf16"
         with torch.autocast(pixels.device.type, dtype=torch.bfloat16, enabled=bf16):
             features = model_features(teacher, teacher_view(pixels, teacher.config))
         patches = resample_grid(patch_grid(features).float(), grid)  # (B, D_t, rows, cols)
@@ -239,13 +247,19 @@ class Distillation(MaskedPretraining):
         )
         save_adaptors(self.module, run_dir)
         figures.update(
-            teachers=[space.to_dict() for space in self.module.spaces],
-            teacher_precision=self.precision,
+            teachers=[
+                dict(
+                    space.to_dict(),
+                    precision=choice.value if choice else None,
+                    precision_reason=choice.reason if choice else None,
+                )
+                for space, choice in zip(self.module.spaces, self.precisions)
+            ],
             adaptors=str(run_dir / ADAPTORS),
         )
         for index, space in enumerate(self.module.spaces):
             lines.append(
-                f"  teacher {index}    {space.name} (weight {space.weight:g}, {self.precision}): test cosine "
+                f"  teacher {index}    {space.name} (weight {space.weight:g}, {describe(self.precisions[index])}): test cosine "
                 f"summary {final[f'summary_cos_{index}']:.3f}, patches {final[f'patch_cos_{index}']:.3f}"
             )
         lines.append(
