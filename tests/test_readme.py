@@ -31,6 +31,8 @@ NOT_RUN_HERE = {
     "vitlab serve": "a server runs until it is stopped; tests/serve/test_serve.py runs it on an ephemeral port",
     "--dataset mnist-scenes": "needs MNIST's files; tests/dense/test_probe.py runs the command on VOC, manifest and "
     "depth folders",
+    "--dataset mnist --data-dir ~/mnist": "needs MNIST's files (and a teacher trained on them); tests/train/"
+    "test_distill.py runs distillation on digits",
     "vitlab ablate configs/ablations": "57 runs take 10 minutes (digits) or more; tests/ablate/test_ablate.py runs the "
     "command on short recipes",
 }
