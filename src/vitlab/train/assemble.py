@@ -60,7 +60,8 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     # Under torchrun one process per machine loads first (and downloads, where the files are not cached); the
     # others then find them verified in the cache, instead of racing for the same partial file.
     splits = fetch_once(lambda: training_splits(config, env, state, pretrained), env)
-    objective = build_objective(config, splits.train)
+    # An objective may load models (distillation's teachers, by pre-trained name too): one process per machine first.
+    objective = fetch_once(lambda: build_objective(config, splits.train), env)
     objective.check_data(splits.train)
     if state is not None:
         model = restored_model(state)
