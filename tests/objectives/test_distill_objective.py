@@ -182,3 +182,23 @@ def test_a_teachers_precision_follows_the_training_steps_rule(tmp_path):
     objective.attach(student())
     objective.teacher_features(0, torch.rand(2, 1, 8, 8), (4, 4))
     assert objective.precisions[0].value == "bf16"
+
+
+def test_a_resumed_distillation_refuses_a_teacher_that_changed(tmp_path):
+    """The saved state holds each teacher's SHA-256 beside the heads; the same path with other weights is refused."""
+    path = teacher_file(tmp_path, "a")
+    objective = distillation(tmp_path, [path])
+    objective.attach(student())
+    state = objective.extra_state()
+    assert state["teacher_sha256.0"].dtype == torch.uint8 and any(k.startswith("adaptors.0.") for k in state)
+    again = distillation(tmp_path, [path])
+    again.attach(student())
+    again.load_extra_state(state)  # the same teacher: the heads load
+    assert torch.equal(again.module.adaptors[0].summary.fc1.weight, objective.module.adaptors[0].summary.fc1.weight)
+    teacher_file(tmp_path, "a", depth=2)  # other weights at the same path
+    changed = distillation(tmp_path, [path])
+    changed.attach(student())
+    with pytest.raises(
+        CheckpointError, match=r"teacher 0 \(.*a.safetensors\) is not the one this run was trained with"
+    ):
+        changed.load_extra_state(state)

@@ -37,7 +37,8 @@ from vitlab.counts import model_size
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import BatchSource
 from vitlab.data.transforms import AugmentConfig
-from vitlab.errors import ConfigError
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.eval.fewshot import checkpoint_digest
 from vitlab.hardware import Choice, choose_precision
 from vitlab.model_input import ModelInput, require_pixels
 from vitlab.models.adaptors import (
@@ -58,6 +59,8 @@ from vitlab.preprocessing import resolved_preprocessing
 # AM-RADIO's patch loss: this share of cosine distance, the rest smooth-L1 (section 3.2: alpha 0.9, beta 0.1).
 PATCH_COSINE_SHARE = 0.9
 PATCH_SMOOTH_L1_SHARE = 0.1
+# The keys of the teachers' digests in the objective's saved state (`extra_state`), followed by the teacher's index.
+TEACHER_DIGEST = "teacher_sha256."
 # The parts of a student that distillation never reaches: its classifier heads (the summary is their input).
 UNUSED_IN_DISTILLATION = ("head.", "head_dist.")
 
@@ -133,6 +136,8 @@ class Distillation(MaskedPretraining):
                 "--set pretrain.distill_teachers=[...]"
             )
         self.teachers = [load_teacher(spec) for spec in settings.distill_teachers]
+        # Each teacher's weights digest, saved with the run's state: a resumed run refuses a teacher that changed.
+        self.digests = [checkpoint_digest(spec) for spec in settings.distill_teachers]
         self.weights = settings.teacher_weights()
         self.figure_names = tuple(
             name for index in range(len(self.teachers)) for name in (f"summary_cos_{index}", f"patch_cos_{index}")
@@ -172,6 +177,24 @@ class Distillation(MaskedPretraining):
             )
             for spec, teacher, weight in zip(self.settings.distill_teachers, self.teachers, self.weights)
         ]
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """The adaptor heads, and each teacher's SHA-256 (32 bytes as uint8)."""
+        digests = {
+            f"{TEACHER_DIGEST}{index}": torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8)
+            for index, digest in enumerate(self.digests)
+        }
+        return {**super().extra_state(), **digests}
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        for index, (spec, digest) in enumerate(zip(self.settings.distill_teachers, self.digests)):
+            saved = state.get(f"{TEACHER_DIGEST}{index}")
+            if saved is not None and bytes(saved.tolist()).hex() != digest:
+                raise CheckpointError(
+                    f"teacher {index} ({spec}) is not the one this run was trained with: its weights changed since "
+                    "(SHA-256 differs); put the original back to resume, or start a new run"
+                )
+        super().load_extra_state({name: value for name, value in state.items() if not name.startswith(TEACHER_DIGEST)})
 
     # ------------------------------------------------------------------------------------- training
     def targets(self, unit_images: ModelInput, spec: Any) -> dict[str, torch.Tensor]:
