@@ -170,9 +170,9 @@ def test_one_adaptor_head_per_teacher_saved_beside_the_student(tmp_path):
         load_distilled(run)
 
 
-def test_a_teachers_precision_follows_the_training_steps_rule(tmp_path):
-    """ "auto" takes bf16 autocast where a training step would (bf16 units, a model large enough for them to pay):
-    a teacher of 0.0003 GFLOPs runs in fp32 whatever the CPU; an explicit precision wins."""
+def test_a_teachers_precision_follows_the_inference_rule(tmp_path):
+    """ "auto" takes bf16 where `vitlab embed` would (bf16 units, a model large enough for them to pay): a teacher of
+    0.0003 GFLOPs runs in fp32 whatever the CPU; an explicit precision wins."""
     objective = distillation(tmp_path, [teacher_file(tmp_path, "a")])
     teacher = objective.teachers[0]
     auto = chosen_teacher_precision("auto", teacher, torch.device("cpu"))

@@ -101,10 +101,10 @@ def teacher_loss(summary_cos: torch.Tensor, patch_cos: torch.Tensor, patch_smoot
 
 
 def chosen_teacher_precision(requested: str, teacher: VisionTransformer, device: torch.device) -> Choice:
-    """The precision a teacher runs in: the recipe's, or for "auto" the rule a training step's forward follows
-    (`vitlab.hardware.choose_precision`): bf16 autocast where the device has bf16 units and the teacher is large
-    enough for them to pay, else fp32."""
-    return choose_precision(requested, device, model_size(teacher.config)[1], "train")
+    """The precision a teacher runs in: the recipe's, or for "auto" what `vitlab embed` and `dense` would run it in
+    (`vitlab.hardware.choose_precision` for inference): bf16 where the device has bf16 units (or `vitlab bench`
+    measured bf16 faster here) and the teacher is large enough for them to pay, else fp32."""
+    return choose_precision(requested, device, model_size(teacher.config)[1], "inference")
 
 
 def describe(choice: Choice | None) -> str:

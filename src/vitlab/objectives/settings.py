@@ -44,8 +44,8 @@ class PretrainConfig:
     grid_epochs: list[int] = field(default_factory=list)
     # Distillation (`vitlab pretrain --method distill --teacher A [--teacher B]`, AM-RADIO): the frozen teachers (a
     # run, a file or a pre-trained name each), each one's share of the loss (empty: 1 each), the precision they run
-    # in ("auto": bf16 autocast where a training step's forward would take it, i.e. bf16 units and a teacher large
-    # enough for them to pay; its features stay within cosine 0.9999 of fp32's: benchmarks/
+    # in ("auto": bf16 autocast where `vitlab embed` would run the teacher in bf16, i.e. bf16 units and a teacher
+    # large enough for them to pay; its features stay within cosine 0.9999 of fp32's: benchmarks/
     # distill_teacher_precision.py), and the adaptor MLPs' hidden width (0: the wider of student and teacher).
     distill_teachers: list[str] = field(default_factory=list)
     distill_weights: list[float] = field(default_factory=list)
