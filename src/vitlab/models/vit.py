@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from vitlab.config import ViTConfig
-from vitlab.errors import UsageError
+from vitlab.errors import ConfigError, UsageError
 from vitlab.head_configs import ClassifierHeadConfig as ClassifierHeadConfig  # the head config this model owns
 from vitlab.layers.attention import KERNELS, AttentionContext
 from vitlab.layers.attention_pool import AttentionPool
@@ -210,6 +210,32 @@ class VisionTransformer(nn.Module):
         self.head_dist = nn.Linear(head_in, num_classes, device=device) if self.config.has_distillation_head else None
         self._zero_heads()
 
+    @torch.no_grad()
+    def add_distillation_token(self) -> None:
+        """Make the model a DeiT student: a distillation token after the class token, with a zero-initialised
+        distillation head beside the class head. A model that has the token keeps it (and gets the head, if it had
+        none). A new token starts as a copy of the class token, with a copy of the class token's position row: a
+        fine-tuned encoder's class token is the one prefix token it was trained to read, so the new one starts
+        where that is (DeiT's own from-scratch initialisation, N(0, 0.02), is `init_weights`')."""
+        config = self.config
+        if not config.distilled:
+            if config.pos_embed == "relative":
+                raise ConfigError(
+                    "a distillation token cannot join a model with relative attention (its offset tables are sized "
+                    "to the tokens); distil into a model with another position embedding"
+                )
+            config = config.replace(distilled=True)  # checks the model can have one (a class token, no registers)
+            self.dist_token = nn.Parameter(self.cls_token.detach().clone())
+            if self.pos_embed is not None and config.num_position_prefix:
+                table = self.pos_embed  # (P, prefix + N, D): the class token's row first
+                with_row = torch.cat([table[:, :1], table[:, :1], table[:, 1:]], dim=1)
+                self.pos_embed = nn.Parameter(with_row, requires_grad=table.requires_grad)
+        self.config = config.replace(distillation_head=True)
+        if self.head_dist is None and self.config.has_distillation_head:
+            self.head_dist = nn.Linear(self.config.embed_dim, self.config.num_classes, device=self.head.weight.device)
+            nn.init.zeros_(self.head_dist.weight)
+            nn.init.zeros_(self.head_dist.bias)
+
     def remove_representation(self) -> None:
         """Drop the pre-logits layer, as the paper does before fine-tuning; the head must be reset after."""
         self.pre_logits = nn.Identity()
@@ -219,6 +245,17 @@ class VisionTransformer(nn.Module):
     def forward(self, inputs: ModelInput) -> torch.Tensor:
         """inputs: images (B, C, H, W), or a PatchInput -> logits (B, K)."""
         return self._head_output(inputs, pre_logits=False)
+
+    def forward_heads(self, inputs: ModelInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """A DeiT student's training forward: inputs -> (the class head's logits (B, K), the distillation head's
+        (B, K)), which `forward` averages. Only for a model with a distillation token and head."""
+        if self.head_dist is None:
+            raise UsageError("forward_heads needs a distillation token and head (add_distillation_token)")
+        tokens, layout = self.prepare_tokens(inputs)
+        wanted = fast_paths.head_tokens(self.config) if self.fast_paths else None  # the two tokens the heads read
+        tokens, _ = self.forward_blocks(tokens, layout, outputs=wanted)
+        tokens = self.norm(tokens)
+        return self.head(tokens[:, 0]), self.head_dist(tokens[:, 1])
 
     def forward_pre_logits(self, inputs: ModelInput) -> torch.Tensor:
         """inputs -> the features the head reads (B, D'), e.g. for few-shot probes and embeddings."""
