@@ -20,6 +20,13 @@ if TYPE_CHECKING:  # the package itself imports no torch, so a recipe's objectiv
 def build_classification(config: Any, train_data: Any) -> Objective:
     from vitlab.objectives.classification import Classification
 
+    if config.distill.teacher:  # DeiT's distillation token, taught by the teacher (objectives/deit.py)
+        from vitlab.objectives.deit import DistilledClassification, load_teacher
+
+        teacher = load_teacher(config.distill.teacher, train_data.num_classes)
+        return DistilledClassification(
+            train_data.num_classes, config.distill, teacher, config.augment, config.label_smoothing
+        )
     return Classification(train_data.num_classes, config.augment, config.label_smoothing)
 
 

@@ -57,6 +57,12 @@ class Classification(Objective):
         return text
 
     def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[ModelInput, dict[str, torch.Tensor]]:
+        images, targets = self.augmented(batch, spec, draws)
+        return normalize(images, spec), targets
+
+    def augmented(self, batch: Batch, spec: Any, draws: Draws) -> tuple[ModelInput, dict[str, torch.Tensor]]:
+        """(the batch's images in [0, 1] at the model's size, augmented (Mixup and CutMix mix them), the targets:
+        "target" the soft labels (B, K) that mixing and label smoothing made, "label" the labels (B,))."""
         if batch.labels is None:
             raise DataError("classification needs labelled images; this data source has no labels")
         images = to_unit_range(batch.images, batch.max_value, spec)
@@ -69,7 +75,7 @@ class Classification(Objective):
             images, targets = augment_batch(
                 images, batch.labels, self.num_classes, augment, draws, self.label_smoothing
             )
-        return normalize(images, spec), {"target": targets, "label": batch.labels}
+        return images, {"target": targets, "label": batch.labels}
 
     def loss(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         loss = F.cross_entropy(outputs.float(), targets["target"])

@@ -16,6 +16,7 @@ from vitlab.config import checked_fields, parse_classes, parse_image_size
 from vitlab.data.transforms import AugmentConfig
 from vitlab.errors import ConfigError, UsageError
 from vitlab.objectives import objective_names, pretraining_methods
+from vitlab.objectives.deit_settings import DistillationSettings
 from vitlab.objectives.segmentation_settings import SegmentationConfig
 from vitlab.objectives.settings import PretrainConfig
 
@@ -35,6 +36,9 @@ class TrainConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)  # the objectives mpp and mae (`vitlab pretrain`)
     # The objective segmentation: its head (eomt, linear, upsampling), learning rates, EoMT's settings, the loss.
     segmentation: SegmentationConfig = field(default_factory=SegmentationConfig)
+    # DeiT's distillation token (classification only): a teacher's logits train a second token and head of the
+    # student (`--set distill.teacher=RUN`, `distill.kind=hard|soft`); the model then predicts by both heads' mean.
+    distill: DistillationSettings = field(default_factory=DistillationSettings)
     # Model selection. The best checkpoint (and any choice made from a run) follows the validation split: a
     # fraction of the training images (< 1) or a count, stratified, fixed by `seed`; 0 = none. A data set with an
     # official validation split keeps it. The test split is measured at the end only.
@@ -136,6 +140,10 @@ class TrainConfig:
             self.segmentation = SegmentationConfig(
                 **checked_fields(SegmentationConfig, self.segmentation, "segmentation settings")
             )
+        if isinstance(self.distill, dict):
+            self.distill = DistillationSettings(
+                **checked_fields(DistillationSettings, self.distill, "distill settings")
+            )
         # Checked in order, each only after the ones before it passed (batch_size % grad_accum needs
         # grad_accum > 0: the fuzz run found `--set grad_accum=0` dividing by zero when they were eager).
         checks = [
@@ -212,6 +220,13 @@ class TrainConfig:
             (
                 lambda: self.objective in objective_names(),
                 lambda: f"objective must be one of {', '.join(objective_names())}, got {self.objective!r}",
+            ),
+            (
+                lambda: self.distill.teacher is None or self.objective == "classification",
+                lambda: (
+                    f"distill.teacher trains a classifier's distillation token; objective {self.objective!r} has "
+                    "none: drop --set distill.teacher"
+                ),
             ),
         ]
         for ok, message in checks:
