@@ -15,7 +15,7 @@ from vitlab.checkpoint.formats import load_model
 from vitlab.cli import main
 from vitlab.data.source import Batch
 from vitlab.data.transforms import AugmentConfig, Draws
-from vitlab.errors import ConfigError
+from vitlab.errors import ConfigError, UsageError
 from vitlab.models import create_model
 from vitlab.models.deit import TwoHeadStudent
 from vitlab.objectives.deit import DistilledClassification, distillation_loss, frozen_teacher
@@ -258,3 +258,8 @@ def test_finetuning_a_checkpoint_without_the_token_distils_into_a_new_one(tmp_pa
     assert summary["status"] == "finished" and math.isfinite(summary["test_loss"])
     tuned = load_model(tmp_path / "tuned")
     assert tuned.config.distilled and tuned.head_dist is not None and tuned.pos_embed.shape[1] == 18
+
+
+def test_a_model_with_relative_attention_is_refused_a_distillation_token():
+    with pytest.raises(UsageError, match="cannot join a model with relative attention"):
+        micro_student(pos_embed="relative").add_distillation_token()

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from vitlab.config import ViTConfig
-from vitlab.errors import ConfigError, UsageError
+from vitlab.errors import UsageError
 from vitlab.head_configs import ClassifierHeadConfig as ClassifierHeadConfig  # the head config this model owns
 from vitlab.layers.attention import KERNELS, AttentionContext
 from vitlab.layers.attention_pool import AttentionPool
@@ -220,7 +220,7 @@ class VisionTransformer(nn.Module):
         config = self.config
         if not config.distilled:
             if config.pos_embed == "relative":
-                raise ConfigError(
+                raise UsageError(
                     "a distillation token cannot join a model with relative attention (its offset tables are sized "
                     "to the tokens); distil into a model with another position embedding"
                 )
