@@ -15,10 +15,10 @@ from vitlab.checkpoint.formats import load_model
 from vitlab.cli import main
 from vitlab.data.source import Batch
 from vitlab.data.transforms import AugmentConfig, Draws
-from vitlab.errors import ConfigError, UsageError
+from vitlab.errors import CheckpointError, ConfigError, UsageError
 from vitlab.models import create_model
 from vitlab.models.deit import TwoHeadStudent
-from vitlab.objectives.deit import DistilledClassification, distillation_loss, frozen_teacher
+from vitlab.objectives.deit import DistilledClassification, distillation_loss, frozen_teacher, teacher_digest
 from vitlab.objectives.deit_settings import DistillationSettings
 from vitlab.train.config import TrainConfig, apply_overrides
 from vitlab.train.loop import train
@@ -208,7 +208,7 @@ def test_a_distilled_student_reloads_in_transformers_with_the_same_logits(tmp_pa
     assert saved["pos_embed"].shape[1] == 2 + 16
     assert saved.keys() == micro_student(distilled=True).state_dict().keys()  # the student alone, no teacher
     state = load_training_state(tmp_path / "run")
-    assert not state["objective_state"]  # the teacher is not in the training state either
+    assert state["objective_state"].keys() == {"teacher_sha256"}  # of the teacher the training state keeps its digest
     assert main(["convert", str(tmp_path / "run"), str(tmp_path / "hf"), "--to", "hf"]) == 0
     theirs = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "hf").eval()
     assert type(theirs).__name__ == "DeiTForImageClassificationWithTeacher"
@@ -263,3 +263,14 @@ def test_finetuning_a_checkpoint_without_the_token_distils_into_a_new_one(tmp_pa
 def test_a_model_with_relative_attention_is_refused_a_distillation_token():
     with pytest.raises(UsageError, match="cannot join a model with relative attention"):
         micro_student(pos_embed="relative").add_distillation_token()
+
+
+def test_a_resumed_run_refuses_a_teacher_whose_weights_changed():
+    teacher = load_model(TEACHER)
+    digest = teacher_digest(str(TEACHER))
+    objective = DistilledClassification(10, DistillationSettings(teacher="t"), teacher, teacher_digest=digest)
+    saved = objective.extra_state()
+    objective.load_extra_state(saved)  # the same teacher: resumes
+    changed = DistilledClassification(10, DistillationSettings(teacher="t"), teacher, teacher_digest="ab" * 32)
+    with pytest.raises(CheckpointError, match="distill.teacher t is not the teacher this run was trained with"):
+        changed.load_extra_state(saved)

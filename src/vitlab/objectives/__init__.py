@@ -21,11 +21,17 @@ def build_classification(config: Any, train_data: Any) -> Objective:
     from vitlab.objectives.classification import Classification
 
     if config.distill.teacher:  # DeiT's distillation token, taught by the teacher (objectives/deit.py)
-        from vitlab.objectives.deit import DistilledClassification, load_teacher
+        from vitlab.objectives.deit import DistilledClassification, load_teacher, teacher_digest
 
-        teacher = load_teacher(config.distill.teacher, train_data.num_classes)
+        spec = config.distill.teacher
+        teacher = load_teacher(spec, train_data.num_classes)
         return DistilledClassification(
-            train_data.num_classes, config.distill, teacher, config.augment, config.label_smoothing
+            train_data.num_classes,
+            config.distill,
+            teacher,
+            config.augment,
+            config.label_smoothing,
+            teacher_digest(spec),
         )
     return Classification(train_data.num_classes, config.augment, config.label_smoothing)
 

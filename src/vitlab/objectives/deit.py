@@ -17,7 +17,8 @@ mixing.) The student predicts by the mean of its two heads' logits, as DeiT infe
 so validation, the summary, `predict` and an HF export (`DeiTForImageClassificationWithTeacher`) all see that.
 
 The teacher is loaded once, in eval mode with no gradients, and lives in the objective: it is neither trained nor
-saved with the student (nor in its training state); a resumed run loads it again from the recipe.
+saved with the student (its training state keeps the teacher file's SHA-256 only); a resumed run loads it again
+from the recipe, and refuses it if its weights changed.
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ from torch import nn
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import Batch, BatchSource
 from vitlab.data.transforms import AugmentConfig, Draws
-from vitlab.errors import ConfigError
+from vitlab.errors import CheckpointError, ConfigError
 from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models.deit import TwoHeadStudent
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.classification import Classification
 from vitlab.objectives.deit_settings import DistillationSettings
 from vitlab.preprocessing import Preprocessing, resolved_preprocessing
+
+# The key of the teacher's digest in the objective's saved state (`extra_state`).
+TEACHER_DIGEST = "teacher_sha256"
 
 
 class DistilledClassification(Classification):
@@ -53,9 +57,12 @@ class DistilledClassification(Classification):
         teacher: VisionTransformer,
         augment: AugmentConfig | None = None,
         label_smoothing: float = 0.0,
+        teacher_digest: str | None = None,
     ) -> None:
         super().__init__(num_classes, augment, label_smoothing)
         self.settings = settings
+        # The teacher file's SHA-256 (hex), saved with the run's state: a resumed run refuses a teacher that changed.
+        self.teacher_digest = teacher_digest
         self.teacher = frozen_teacher(teacher, num_classes, settings.teacher or "the teacher")
         # How the teacher sees the student's augmented view: stretched to its input size with its own resize kernel
         # and grey rule (a centre crop would cut away part of what the student saw).
@@ -85,6 +92,22 @@ class DistilledClassification(Classification):
 
     def attach(self, model: VisionTransformer) -> nn.Module:
         return TwoHeadStudent(model)
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """No parameters of its own: the teacher's SHA-256 only (32 bytes as uint8), where it is known."""
+        if self.teacher_digest is None:
+            return {}
+        return {TEACHER_DIGEST: torch.tensor(list(bytes.fromhex(self.teacher_digest)), dtype=torch.uint8)}
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        state = dict(state)
+        saved = state.pop(TEACHER_DIGEST, None)
+        if saved is not None and self.teacher_digest is not None and bytes(saved.tolist()).hex() != self.teacher_digest:
+            raise CheckpointError(
+                f"distill.teacher {self.settings.teacher} is not the teacher this run was trained with: its weights "
+                "changed since (SHA-256 differs); put the original back to resume, or start a new run"
+            )
+        super().load_extra_state(state)
 
     # ------------------------------------------------------------------------------------- training
     def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[ModelInput, dict[str, torch.Tensor]]:
@@ -158,6 +181,13 @@ def distillation_loss(
         )
         distillation = divergence * tau * tau / distillation_logits.numel()
     return base * (1 - alpha) + distillation * alpha
+
+
+def teacher_digest(spec: str) -> str:
+    """The SHA-256 (hex) of the weights file `spec` names (a run folder's model, a file, a cached pre-trained name)."""
+    from vitlab.eval.fewshot import checkpoint_digest
+
+    return checkpoint_digest(spec)
 
 
 def load_teacher(spec: str, num_classes: int) -> VisionTransformer:
