@@ -506,9 +506,11 @@ def theoretical_line(peaks: dict[str, Any]) -> str:
 def format_table(result: dict[str, Any]) -> str:
     """The result as a plain-text table, one row per path, each named as `--paths` takes it (the JSON keeps the
     longer description, "name")."""
+    # The model's shape from its saved config: the encoder part (a result written before configs had parts: flat)
     config, machine = result["config"], result["machine"]
+    encoder = config.get("encoder", config)
     lines = [
-        f"vitlab bench ({result['mode']}): {result['model']}, {config['embed_dim']} wide x {config['depth']} deep, "
+        f"vitlab bench ({result['mode']}): {result['model']}, {encoder['embed_dim']} wide x {encoder['depth']} deep, "
         f"{'x'.join(map(str, result['image_size']))} images, batch {result['batch_size']}, "
         f"{result['gflops_per_image']:.3g} GFLOP per image{' (3 x forward)' if result['mode'] != 'inference' else ''}",
         machine_line(machine),
