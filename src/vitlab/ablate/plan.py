@@ -205,11 +205,11 @@ def cell_key(config: TrainConfig) -> str:
     `pos_embed=learned` (Table 8) and `classifier=token` (Figure 9) on the same recipe are one cell, run once."""
     data = {k: v for k, v in config.to_dict().items() if k not in NOT_IDENTITY}
     if config.model in variant_names():
-        defaults = variant_config(config.model).to_dict()
+        defaults = variant_config(config.model)
         data["model_overrides"] = {
             k: v
             for k, v in config.model_overrides.items()
-            if json.dumps(defaults.get(k, object()), default=str) != json.dumps(v, default=str)
+            if json.dumps(getattr(defaults, k, object()), default=str) != json.dumps(v, default=str)
         }
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
