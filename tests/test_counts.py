@@ -62,13 +62,13 @@ def test_formula_equals_the_traced_count_for_every_variant(name):
             "depth-anything-v2-S/14",
             dict(image_size=(42, 56), head=DPT_S.replace(layers=(0, 2, 4, 6), depth_range="metric")),
         ),
-        # the segmentation heads on 7-pixel patches (three upsampling stages); an unused MAP pool is still built
+        # the segmentation heads on 7-pixel patches (three upsampling stages), one on an encoder without a class token
         ("mnist-28", dict(head=LinearSegmentationConfig(), num_classes=4, image_size=(28, 42))),
         ("mnist-28", dict(head=UpsamplingSegmentationConfig(channels=24), num_classes=4, image_size=(42, 28))),
         (
             "mnist-28",
             dict(
-                head=UpsamplingSegmentationConfig(), num_classes=3, classifier="map", class_token=False, norm="rmsnorm"
+                head=UpsamplingSegmentationConfig(), num_classes=3, classifier="gap", class_token=False, norm="rmsnorm"
             ),
         ),
     ],
