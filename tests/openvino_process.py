@@ -2,16 +2,12 @@
 (tests/export/test_openvino_process.py starts one per file with VITLAB_OPENVINO_PROCESS=1), so OpenVINO never loads
 into a worker of the main run: after OpenVINO has run in a process, a later fork of it or a later training test there
 could end in a segmentation fault (openvino 2026.4.1 beside torch 2.13.0), taking every test left on that worker
-down with it. And the small classifier both files export."""
+down with it."""
 
 import importlib.util
 import os
 
 import pytest
-import torch
-
-from vitlab.config import ViTConfig
-from vitlab.models import create_model
 
 PROCESS_VARIABLE = "VITLAB_OPENVINO_PROCESS"
 
@@ -24,26 +20,3 @@ def skip_outside_its_own_process() -> None:
         )
     if os.environ.get(PROCESS_VARIABLE) != "1":
         pytest.skip("run by tests/export/test_openvino_process.py in a process of its own", allow_module_level=True)
-
-
-SMALL = ViTConfig(
-    image_size=(8, 12),
-    patch_size=2,
-    in_chans=3,
-    embed_dim=32,
-    depth=2,
-    num_heads=4,
-    mlp_dim=64,
-    num_classes=10,
-    class_names=[f"c{i}" for i in range(10)],
-)
-
-
-def randomised(config: ViTConfig):
-    """The model of `config` with its weights moved off their initialisation, so every output differs."""
-    torch.manual_seed(1)
-    model = create_model(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    return model

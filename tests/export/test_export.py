@@ -13,58 +13,25 @@ pytest.importorskip("onnxruntime", reason="the ONNX extra is not installed: pip 
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
+from export_models import SMALL, fitted_on_digits, randomised  # noqa: E402
 from vitlab.checkpoint.io import save_model  # noqa: E402
 from vitlab.cli import main  # noqa: E402
-from vitlab.config import ViTConfig  # noqa: E402
 from vitlab.data.preprocess import prepare  # noqa: E402
 from vitlab.errors import CheckpointError, UsageError  # noqa: E402
 from vitlab.export import onnx as export  # noqa: E402
 from vitlab.export.checks import Int8Tolerance, calibration_pixels  # noqa: E402
 from vitlab.models import create_model  # noqa: E402
 
-SMALL = ViTConfig(
-    image_size=(8, 12),
-    patch_size=2,
-    in_chans=3,
-    embed_dim=32,
-    depth=2,
-    num_heads=4,
-    mlp_dim=64,
-    num_classes=10,
-    class_names=[f"c{i}" for i in range(10)],
-)
-
 
 @pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def model():
-    torch.manual_seed(1)
-    model = create_model(SMALL).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    return model
+    return randomised(SMALL)
 
 
 @pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files
 def trained():
-    """SMALL fitted for a few steps on digits: int8 is judged on a model whose classes mean something (random
-    weights leave most images near a tie, which any rounding flips)."""
-    from vitlab.data.datasets import load_dataset
-    from vitlab.data.preprocess import to_unit_range
-
-    torch.manual_seed(0)
-    model = create_model(SMALL)
-    data = load_dataset("digits", "train")
-    images = prepare(
-        (to_unit_range(data.images[:512], data.max_value, SMALL) * 255).round().to(torch.uint8), 255.0, SMALL
-    )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(40):
-        loss = torch.nn.functional.cross_entropy(model(images), data.labels[:512])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+    """SMALL fitted for a few steps on digits: int8 is judged on a model whose classes mean something."""
+    return fitted_on_digits(SMALL)
 
 
 @pytest.fixture(scope="session")  # built once, however pytest-xdist interleaves the files

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from openvino_process import SMALL, randomised, skip_outside_its_own_process  # noqa: E402
+from export_models import SMALL, fitted_on_digits, randomised
+from openvino_process import skip_outside_its_own_process  # noqa: E402
 
 skip_outside_its_own_process()
 
@@ -20,7 +21,6 @@ from vitlab.errors import UsageError  # noqa: E402
 from vitlab.export import openvino  # noqa: E402
 from vitlab.export.checks import calibration_pixels, validation_pixels  # noqa: E402
 from vitlab.head_configs import LinearSegmentationConfig  # noqa: E402
-from vitlab.models import create_model  # noqa: E402
 from vitlab.preprocessing import Preprocessing  # noqa: E402
 from vitlab.runtime.exporter import check_export_options  # noqa: E402
 
@@ -38,22 +38,7 @@ def pixels():
 @pytest.fixture(scope="module")
 def trained():
     """SMALL fitted for a few steps on digits, so int8 is judged on a model whose classes mean something."""
-    from vitlab.data.datasets import load_dataset
-    from vitlab.data.preprocess import to_unit_range
-
-    torch.manual_seed(0)
-    model = create_model(SMALL)
-    data = load_dataset("digits", "train")
-    images = prepare(
-        (to_unit_range(data.images[:512], data.max_value, SMALL) * 255).round().to(torch.uint8), 255.0, SMALL
-    )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(40):
-        loss = torch.nn.functional.cross_entropy(model(images), data.labels[:512])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+    return fitted_on_digits(SMALL)
 
 
 @pytest.mark.run_level

@@ -10,7 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
-from openvino_process import SMALL, randomised, skip_outside_its_own_process
+from export_models import SMALL, randomised
+from openvino_process import skip_outside_its_own_process
 
 skip_outside_its_own_process()
 
