@@ -16,9 +16,10 @@ from vitlab.cli import main
 from vitlab.data.source import Batch
 from vitlab.data.transforms import AugmentConfig, Draws
 from vitlab.errors import CheckpointError, ConfigError, UsageError
+from vitlab.eval.fewshot import checkpoint_digest
 from vitlab.models import create_model
 from vitlab.models.deit import TwoHeadStudent
-from vitlab.objectives.deit import DistilledClassification, distillation_loss, frozen_teacher, teacher_digest
+from vitlab.objectives.deit import DistilledClassification, distillation_loss, frozen_teacher
 from vitlab.objectives.deit_settings import DistillationSettings
 from vitlab.train.config import TrainConfig, apply_overrides
 from vitlab.train.loop import train
@@ -267,7 +268,7 @@ def test_a_model_with_relative_attention_is_refused_a_distillation_token():
 
 def test_a_resumed_run_refuses_a_teacher_whose_weights_changed():
     teacher = load_model(TEACHER)
-    digest = teacher_digest(str(TEACHER))
+    digest = checkpoint_digest(str(TEACHER))
     objective = DistilledClassification(10, DistillationSettings(teacher="t"), teacher, teacher_digest=digest)
     saved = objective.extra_state()
     objective.load_extra_state(saved)  # the same teacher: resumes

@@ -21,7 +21,8 @@ def build_classification(config: Any, train_data: Any) -> Objective:
     from vitlab.objectives.classification import Classification
 
     if config.distill.teacher:  # DeiT's distillation token, taught by the teacher (objectives/deit.py)
-        from vitlab.objectives.deit import DistilledClassification, load_teacher, teacher_digest
+        from vitlab.eval.fewshot import checkpoint_digest
+        from vitlab.objectives.deit import DistilledClassification, load_teacher
 
         spec = config.distill.teacher
         teacher = load_teacher(spec, train_data.num_classes)
@@ -31,7 +32,7 @@ def build_classification(config: Any, train_data: Any) -> Objective:
             teacher,
             config.augment,
             config.label_smoothing,
-            teacher_digest(spec),
+            checkpoint_digest(spec),
         )
     return Classification(train_data.num_classes, config.augment, config.label_smoothing)
 

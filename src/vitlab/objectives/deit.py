@@ -30,16 +30,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitlab.data.preprocess import normalize, to_unit_range
+from vitlab.data.preprocess import normalize
 from vitlab.data.source import Batch, BatchSource
 from vitlab.data.transforms import AugmentConfig, Draws
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import ConfigError
 from vitlab.model_input import ModelInput, PatchInput
 from vitlab.models.deit import TwoHeadStudent
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.classification import Classification
 from vitlab.objectives.deit_settings import DistillationSettings
-from vitlab.preprocessing import Preprocessing, resolved_preprocessing
+from vitlab.objectives.teachers import check_digest, digest_state, frozen, teacher_view
 
 # The key of the teacher's digest in the objective's saved state (`extra_state`).
 TEACHER_DIGEST = "teacher_sha256"
@@ -64,10 +64,6 @@ class DistilledClassification(Classification):
         # The teacher file's SHA-256 (hex), saved with the run's state: a resumed run refuses a teacher that changed.
         self.teacher_digest = teacher_digest
         self.teacher = frozen_teacher(teacher, num_classes, settings.teacher or "the teacher")
-        # How the teacher sees the student's augmented view: stretched to its input size with its own resize kernel
-        # and grey rule (a centre crop would cut away part of what the student saw).
-        contract = resolved_preprocessing(teacher.config, "arrays")
-        self.teacher_view = Preprocessing(mode="stretch", resize=contract.resize, grey=contract.grey)
 
     def job(self, source: str, fine_tuning: bool) -> str:
         return f"{super().job(source, fine_tuning)} with a distillation token taught by {self.settings.teacher}'s " + (
@@ -97,16 +93,12 @@ class DistilledClassification(Classification):
         """No parameters of its own: the teacher's SHA-256 only (32 bytes as uint8), where it is known."""
         if self.teacher_digest is None:
             return {}
-        return {TEACHER_DIGEST: torch.tensor(list(bytes.fromhex(self.teacher_digest)), dtype=torch.uint8)}
+        return {TEACHER_DIGEST: digest_state(self.teacher_digest)}
 
     def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
         state = dict(state)
-        saved = state.pop(TEACHER_DIGEST, None)
-        if saved is not None and self.teacher_digest is not None and bytes(saved.tolist()).hex() != self.teacher_digest:
-            raise CheckpointError(
-                f"distill.teacher {self.settings.teacher} is not the teacher this run was trained with: its weights "
-                "changed since (SHA-256 differs); put the original back to resume, or start a new run"
-            )
+        refused = f"distill.teacher {self.settings.teacher} is not the teacher"
+        check_digest(state.pop(TEACHER_DIGEST, None), self.teacher_digest, refused)
         super().load_extra_state(state)
 
     # ------------------------------------------------------------------------------------- training
@@ -124,8 +116,7 @@ class DistilledClassification(Classification):
         teacher = self.teacher
         if next(teacher.parameters()).device != images.device:
             teacher.to(images.device)
-        view = to_unit_range(images, 1.0, teacher.config, self.teacher_view)
-        return teacher(normalize(view, teacher.config)).float()
+        return teacher(teacher_view(images, teacher.config)).float()  # stretched: what the student saw
 
     def loss(self, outputs: Any, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         class_logits, distillation_logits = (logits.float() for logits in outputs)
@@ -183,13 +174,6 @@ def distillation_loss(
     return base * (1 - alpha) + distillation * alpha
 
 
-def teacher_digest(spec: str) -> str:
-    """The SHA-256 (hex) of the weights file `spec` names (a run folder's model, a file, a cached pre-trained name)."""
-    from vitlab.eval.fewshot import checkpoint_digest
-
-    return checkpoint_digest(spec)
-
-
 def load_teacher(spec: str, num_classes: int) -> VisionTransformer:
     """The teacher `spec` names (a run folder, a checkpoint file or a pre-trained name, as `vitlab predict` takes),
     frozen; a ConfigError when it is no classifier of `num_classes` classes."""
@@ -216,6 +200,4 @@ def frozen_teacher(teacher: nn.Module, num_classes: int, name: str) -> VisionTra
         )
     if config.naflex_contract is not None:
         raise ConfigError(f"distill.teacher {name} reads NaFlex patches; a teacher must read square images")
-    teacher.eval()
-    teacher.requires_grad_(False)
-    return teacher
+    return frozen(teacher)

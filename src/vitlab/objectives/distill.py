@@ -22,7 +22,6 @@ resumed run feeds them the same pixels as an uninterrupted one.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +31,10 @@ from torch import nn
 
 from vitlab.checkpoint.adaptors import ADAPTORS, ADAPTORS_CONFIG, save_adaptors
 from vitlab.checkpoint.formats import load_model
-from vitlab.config import ViTConfig
 from vitlab.counts import model_size
-from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import BatchSource
 from vitlab.data.transforms import AugmentConfig
-from vitlab.errors import CheckpointError, ConfigError
+from vitlab.errors import ConfigError
 from vitlab.eval.fewshot import checkpoint_digest
 from vitlab.hardware import Choice, choose_precision
 from vitlab.model_input import ModelInput, require_pixels
@@ -54,7 +51,7 @@ from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import measured_on
 from vitlab.objectives.pretraining import MaskedPretraining
 from vitlab.objectives.settings import PretrainConfig
-from vitlab.preprocessing import resolved_preprocessing
+from vitlab.objectives.teachers import check_digest, digest_state, frozen, teacher_view
 
 # AM-RADIO's patch loss: this share of cosine distance, the rest smooth-L1 (section 3.2: alpha 0.9, beta 0.1).
 PATCH_COSINE_SHARE = 0.9
@@ -63,16 +60,6 @@ PATCH_SMOOTH_L1_SHARE = 0.1
 TEACHER_DIGEST = "teacher_sha256."
 # The parts of a student that distillation never reaches: its classifier heads (the summary is their input).
 UNUSED_IN_DISTILLATION = ("head.", "head_dist.")
-
-
-def teacher_view(pixels: torch.Tensor, config: ViTConfig) -> torch.Tensor:
-    """The student's [0, 1] images (B, C, H, W) as a teacher of `config` takes them: its channels, its size (the
-    whole image stretched to it; a NaFlex teacher: the image's own grid within its budget) and its normalisation.
-    Never centre-cropped, whatever the teacher's contract says for files: both grids must cover the same pixels."""
-    contract = config.naflex_contract or dataclasses.replace(
-        resolved_preprocessing(config, "arrays"), mode="stretch", crop_fraction=1.0
-    )
-    return normalize(to_unit_range(pixels, 1.0, config, contract), config)
 
 
 def patch_grid(features: ModelFeatures) -> torch.Tensor:
@@ -116,9 +103,7 @@ def describe(choice: Choice | None) -> str:
 
 def load_teacher(spec: str) -> VisionTransformer:
     """A frozen teacher: any model vitlab loads, in eval mode, without gradients."""
-    teacher = load_model(spec)
-    teacher.requires_grad_(False)
-    return teacher.eval()
+    return frozen(load_model(spec))
 
 
 class Distillation(MaskedPretraining):
@@ -180,20 +165,12 @@ class Distillation(MaskedPretraining):
 
     def extra_state(self) -> dict[str, torch.Tensor]:
         """The adaptor heads, and each teacher's SHA-256 (32 bytes as uint8)."""
-        digests = {
-            f"{TEACHER_DIGEST}{index}": torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8)
-            for index, digest in enumerate(self.digests)
-        }
+        digests = {f"{TEACHER_DIGEST}{index}": digest_state(digest) for index, digest in enumerate(self.digests)}
         return {**super().extra_state(), **digests}
 
     def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
         for index, (spec, digest) in enumerate(zip(self.settings.distill_teachers, self.digests)):
-            saved = state.get(f"{TEACHER_DIGEST}{index}")
-            if saved is not None and bytes(saved.tolist()).hex() != digest:
-                raise CheckpointError(
-                    f"teacher {index} ({spec}) is not the one this run was trained with: its weights changed since "
-                    "(SHA-256 differs); put the original back to resume, or start a new run"
-                )
+            check_digest(state.get(f"{TEACHER_DIGEST}{index}"), digest, f"teacher {index} ({spec}) is not the one")
         super().load_extra_state({name: value for name, value in state.items() if not name.startswith(TEACHER_DIGEST)})
 
     # ------------------------------------------------------------------------------------- training
