@@ -75,8 +75,9 @@ def test_the_graph_computes_the_class_token_alone_in_the_last_block(model, tmp_p
         for op in ov.Core().read_model(path).get_ordered_ops()
         if op.get_type_name() == "MatMul" and op.input(1).get_partial_shape().is_static
     ]
-    # block 0: qkv, proj, fc1, fc2 on every token; the last block: qkv on every token, then proj, fc1, fc2, head
-    assert ranks == [3] * 5 + [2] * 4
+    # block 0: q, k, v (three projections: Attention.separate_projections), proj, fc1, fc2 on every token; the last
+    # block: q, k, v on every token, then proj, fc1, fc2, head on the class token's row
+    assert ranks == [3] * 9 + [2] * 4
 
 
 def test_a_batch_size_that_comes_again_runs_a_graph_compiled_for_it(model, tmp_path):

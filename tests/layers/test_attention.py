@@ -72,3 +72,22 @@ def test_explicit_attention_backward_equals_autograds_in_float64():
     torch.testing.assert_close(out, expected_out, rtol=0, atol=1e-12)
     torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-12)
     assert torch.autograd.gradcheck(lambda x: explicit_attention(x, heads, scale), (qkv,))
+
+
+def test_separate_projections_give_the_fused_projections_queries_keys_and_values():
+    # The form OpenVINO's export converts (three projections by the fused weight's thirds): the same numbers in
+    # float64, where only summation order could differ; with the keys' bias held at zero (DINOv3) while gradients
+    # flow, and without biases.
+    for settings in ({}, {"key_bias": False}, {"qkv_bias": False}):
+        attention = Attention(embed_dim=16, num_heads=4, **settings).double()
+        if attention.qkv.bias is not None:
+            torch.nn.init.normal_(attention.qkv.bias)
+        x = torch.randn(2, 5, 16, dtype=torch.float64)
+        fused = attention.queries_keys_values(x)
+        attention.separate_projections = True
+        apart = attention.queries_keys_values(x)
+        for name, expected, actual in zip("qkv", fused, apart):
+            torch.testing.assert_close(actual, expected, msg=f"{name} of {settings}")
+        if not attention.key_bias:  # the keys' third of the bias takes no part, as in the fused projection
+            k_without_bias = attention.split_heads(x @ attention.qkv.weight[16:32].T)
+            torch.testing.assert_close(apart[1], k_without_bias)

@@ -64,6 +64,7 @@ from vitlab.export.onnx import (
     validate_export,
 )
 from vitlab.hardware import Choice, choose_precision
+from vitlab.layers.attention import Attention
 
 SUFFIX = ".xml"  # the weights go to a .bin file of the same name beside it
 OPENVINO_PACKAGES = ("openvino", "nncf")
@@ -127,6 +128,9 @@ def convert(model: nn.Module, preprocess: bool = False, dynamic_size: bool = Fal
     dense = dense_task(config)
     model = copy.deepcopy(model).float().eval()
     model.dynamic_size = dynamic_size and not preprocess
+    for attention in model.modules():  # three projections where OpenVINO would transpose the fused one's output
+        if isinstance(attention, Attention):
+            attention.separate_projections = True
     module: nn.Module = DenseOutputs(model) if dense is not None else model
     height, width = config.image_size
     with torch.no_grad(), warnings.catch_warnings(), quiet_loggers("torch.export", "torch._dynamo"):
