@@ -29,10 +29,12 @@ from vitlab.runs import RunFolder, default_run_name
 from vitlab.train.config import TrainConfig
 from vitlab.train.data import choose_streaming, training_splits
 from vitlab.train.elastic import remember_resumed, remember_run
+from vitlab.train.fsdp import data_parallel_reason, mixed_precision_policy, shard_model
 from vitlab.train.optim import EMA, build_optimizer
 from vitlab.train.schedule import build_scheduler, fit_schedule, suggested_batch_size
 from vitlab.train.session import Session
 from vitlab.train.setup import apply_freezing, build_model, training_attention_kernel, use_training_threads
+from vitlab.train.sharded_state import SHARDED_KEY, load_sharded_state
 from vitlab.train.state import Position, check_resumable, restore, restored_model
 from vitlab.train.step import TrainingStep
 from vitlab.train.summary import announce, say_note
@@ -91,7 +93,8 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     # What trains: the model, or the objective's module around it (MAE's decoder, masked patch prediction's head).
     trained = objective.attach(model)
     trained.to(env.device)
-    wrapped = wrap_for_training(trained, config, env)
+    resolved_precision = training_precision(config, model, env)  # FSDP's mixed precision follows it
+    wrapped = wrap_for_training(trained, config, env, model, resolved_precision.value, objective.name)
     optimizer = build_optimizer(
         trained,
         config.optimizer,
@@ -113,6 +116,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     if state is not None:
         for note in check_resumable(state, data_fingerprint, steps_per_epoch, env.world_size, run):
             say_note(note, env)
+        load_sharded_state(state, run, trained, optimizer)  # an FSDP run's model and optimizer, on any process count
         position = restore(state, optimizer, scheduler, ema, objective, config, env, run, steps_per_epoch)
     history = run.read_metrics(before_epoch=position.epoch)
     if env.is_main:
@@ -121,7 +125,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         # every row goes (a start killed after writing an epoch's row but before its state leaves one behind).
         run.rewrite_metrics(history)
     eval_model = ema_model(model, ema, env)
-    precision = training_linear_kernel(training_precision(config, model, env), config, model, env)
+    precision = training_linear_kernel(resolved_precision, config, model, env)
     step = TrainingStep(
         wrapped,
         objective,
@@ -155,6 +159,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         precision,
         threads=threads,
         writer=run.tensorboard_writer() if config.tensorboard and env.is_main else None,
+        sharded_state=state.get(SHARDED_KEY) if state is not None else None,
     )
     if env.is_main:
         announce(session, resumed=state is not None)
@@ -174,10 +179,24 @@ def new_run_folder(config: TrainConfig, env: DistEnv) -> RunFolder:
     return run
 
 
-def wrap_for_training(trained: nn.Module, config: TrainConfig, env: DistEnv) -> nn.Module:
-    """What runs the steps: `trained` itself, in DDP under torchrun, compiled when the recipe asks."""
+def wrap_for_training(
+    trained: nn.Module,
+    config: TrainConfig,
+    env: DistEnv,
+    model: nn.Module | None = None,
+    precision: str = "fp32",
+    objective_name: str = "",
+) -> nn.Module:
+    """What runs the steps: `trained` itself, sharded in place by FSDP2 (`parallel=fsdp` under torchrun, in
+    `precision`: `vitlab.train.fsdp`), in DDP under torchrun, compiled when the recipe asks. `model` is the model
+    inside `trained` (default: `trained`). A run that asks for FSDP and cannot have it is told why in one line."""
     wrapped: nn.Module = trained
-    if env.enabled:
+    fallback = data_parallel_reason(config, env, trained, trained if model is None else model, objective_name)
+    if fallback is not None:
+        say_note(fallback, env)
+    if config.parallel == "fsdp" and fallback is None:
+        shard_model(trained, mixed_precision_policy(precision, env.device))
+    elif env.enabled:
         wrapped = nn.parallel.DistributedDataParallel(
             trained, device_ids=[env.device] if env.device.type == "cuda" else None
         )

@@ -78,6 +78,9 @@ class TrainConfig:
     # (autocast, fp32 master weights) as said.
     precision: str = "auto"
     compile: bool = False  # torch.compile the model
+    # Under torchrun: "ddp" (each process holds the whole model and optimizer) or "fsdp" (FSDP2: each holds 1/N of
+    # the parameters, gradients and optimizer state, sharded per block; checkpoints sharded; vitlab.train.fsdp).
+    parallel: str = "ddp"
     # Attention kernel for training: "auto" takes the explicit softmax up to
     # vitlab.hardware.TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS tokens, where it trains faster on a CPU than the fused
     # SDPA kernel (17 tokens: 1.05x; 50: even), and SDPA above.
@@ -162,6 +165,10 @@ class TrainConfig:
             (
                 lambda: self.optimizer in ("adamw", "sgd"),
                 lambda: f"optimizer must be adamw or sgd, got {self.optimizer!r}",
+            ),
+            (
+                lambda: self.parallel in ("ddp", "fsdp"),
+                lambda: f"parallel must be ddp or fsdp, got {self.parallel!r}",
             ),
             (
                 lambda: self.precision in ("auto", "fp32", "bf16"),

@@ -24,8 +24,7 @@ def end_epoch(
     objective's validation figure, save the training state. Returns the row and whether it is the best so far."""
     config, env, position, splits = session.config, session.env, session.position, session.splits
     objective = session.objective
-    if session.ema is not None:
-        session.ema.copy_to(session.eval_model)
+    session.refresh_evaluated()  # the EMA's weights, or a sharded model's gathered whole
     row = dict(
         epoch=epoch + 1,
         step=position.global_step,
@@ -72,6 +71,7 @@ def end_epoch(
         if improved:
             save_best(session)
         objective.after_epoch(session.evaluated, epoch + 1, session.run.path, splits.validation)
+    session.release_evaluated()
     session.heartbeat.at("saving state")
     session.save_state()
     return row, improved

@@ -45,6 +45,7 @@ from vitlab.train.elastic import shared_store_hazard
 from vitlab.train.epoch import Safeguards, UnreadableCount, train_one_epoch
 from vitlab.train.epoch_end import end_epoch, unreadable_so_far
 from vitlab.train.figures import read_interval
+from vitlab.train.fsdp import is_sharded
 from vitlab.train.restarts import continued_after_restart, finished_in_this_job, set_aside_damaged_state
 from vitlab.train.session import Session
 from vitlab.train.state import RunFinished, read_resumable
@@ -195,9 +196,11 @@ def finish(session: Session) -> dict[str, Any]:
     # Training is over: its streaming workers go before the test split's start (the run's memory peaked with the
     # training, validation and test workers all alive at the end; issue 38).
     session.splits.train.close()
+    session.refresh_evaluated()  # a sharded model's weights gathered whole: measured and saved as one model
     results = final_results(session, session.run / BEST)
     session.unreadable = unreadable_so_far(session)  # for the summary: the test split's too, met just now
-    replica_diff = replica_difference(session.model, env)
+    # Sharded (FSDP), the processes hold different shards by design: the replicas compared are the gathered copies.
+    replica_diff = replica_difference(session.evaluated if is_sharded(session.model) else session.model, env)
     summary = {"status": "finished", "run_dir": str(session.run), "replica_max_abs_diff": replica_diff}
     if env.is_main:
         summary = write_outputs(session, results, replica_diff)

@@ -71,10 +71,21 @@ def build_optimizer(
         optimizer_class, options = torch.optim.SGD, dict(lr=lr, momentum=momentum)
     else:
         optimizer_class, options = torch.optim.AdamW, dict(lr=lr, betas=tuple(betas))
+    if name == "sgd" and sharded(model):
+        # DTensor shards (FSDP2) have a fused AdamW but no fused SGD in torch 2.13: aten._fused_sgd_ has no sharding
+        # strategy, and the first step would fail.
+        return optimizer_class(groups, **options)
     try:
         return optimizer_class(groups, fused=True, **options)
     except (RuntimeError, TypeError):
         return optimizer_class(groups, **options)
+
+
+def sharded(model: nn.Module) -> bool:
+    """Whether the model's parameters are DTensor shards (FSDP2: `vitlab.train.fsdp`)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
 
 
 class EMA:

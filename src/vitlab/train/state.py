@@ -36,6 +36,7 @@ from vitlab.runs import RunFolder
 from vitlab.train.config import TrainConfig
 from vitlab.train.optim import EMA
 from vitlab.train.schedule import follow_schedule
+from vitlab.train.sharded_state import SHARDED_KEY
 
 STATE_CHECKSUM_KEY = "training state"  # last.pt and previous.pt: one key, as a save renames one into the other
 
@@ -91,14 +92,18 @@ def training_state(
     world_size: int,
     cuda_rng_states: torch.Tensor | None = None,
     objective_state: dict[str, torch.Tensor] | None = None,
+    sharded: str | None = None,
 ) -> dict[str, Any]:
     """Everything a resumed run needs; rng_states holds every rank's global RNG state (gather_rng_states), and
     cuda_rng_states every rank's CUDA generator state on a GPU run; objective_state the objective's own
-    parameters (a pre-training decoder or head: `Objective.extra_state`)."""
+    parameters (a pre-training decoder or head: `Objective.extra_state`). sharded: the folder under checkpoints/
+    that holds the model and optimizer of an FSDP run (`vitlab.train.sharded_state`), which the state then names
+    instead of holding them."""
     return {
         "schema_version": STATE_SCHEMA_VERSION,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": {} if sharded else model.state_dict(),
+        "optimizer": {} if sharded else optimizer.state_dict(),
+        SHARDED_KEY: sharded,
         "scheduler": scheduler.state_dict(),
         "ema": ema.state if ema else None,
         **position.to_state(),
@@ -278,9 +283,11 @@ def resumed_config(state: dict[str, Any], run_dir: Path, new_epochs: int | None)
 
 
 def restored_model(state: dict[str, Any]) -> VisionTransformer:
-    """The model a state holds: built from its recorded config, with its saved weights."""
+    """The model a state holds: built from its recorded config, with its saved weights (those of a sharded state
+    are read once the run is assembled: `vitlab.train.sharded_state.load_sharded_state`)."""
     model = create_model(ViTConfig.from_json(state["model_config"]))
-    model.load_state_dict(state["model"])
+    if not state.get(SHARDED_KEY):
+        model.load_state_dict(state["model"])
     return model
 
 
@@ -296,10 +303,12 @@ def restore(
     steps_per_epoch: int,
 ) -> Position:
     """Optimizer, schedule, EMA, the objective's own parameters (attached already) and this rank's RNG stream as
-    saved; returns the position where the run stands."""
+    saved (a sharded state's optimizer is read beside its model: `load_sharded_state`); returns the position where
+    the run stands."""
     if state.get("objective_state"):
         objective.load_extra_state(state["objective_state"])
-    optimizer.load_state_dict(state["optimizer"])
+    if not state.get(SHARDED_KEY):
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     saved_epochs = TrainConfig.from_dict(json.loads(state["train_config"])).epochs
     if saved_epochs != config.epochs:  # extended (`resumed_config`): the new length's schedule from the next step

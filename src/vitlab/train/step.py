@@ -58,8 +58,7 @@ class TrainingStep:
         extra_sums = None
         for micro, (x, *parts) in enumerate(zip(*chunks)):
             last_micro = micro == self.grad_accum - 1
-            sync = self.wrapped.no_sync() if self.env.enabled and not last_micro else contextlib.nullcontext()
-            with sync:
+            with gradient_sync(self.wrapped, last_micro or not self.env.enabled):
                 with autocast:
                     outputs = self.forward(self.wrapped, x)
                 loss, extras = self.objective.loss(outputs, dict(zip(targets, parts)))
@@ -82,3 +81,12 @@ class TrainingStep:
         if self.ema is not None:
             self.ema.update(self.model if self.model is not None else self.wrapped)
         return sums
+
+
+def gradient_sync(wrapped: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """The context of a micro-batch's backward: gradients averaged over the processes when `sync` (the last
+    micro-batch), else kept local (accumulated; DDP's `no_sync`, FSDP2's `set_requires_gradient_sync`)."""
+    if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2: a switch, set before every micro-batch
+        wrapped.set_requires_gradient_sync(sync)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if sync else wrapped.no_sync()

@@ -19,6 +19,7 @@ from vitlab.objectives.base import Objective
 from vitlab.progress import LogLines, format_duration
 from vitlab.runs import MODEL, RunFolder
 from vitlab.train.clock import RunClock
+from vitlab.train.fsdp import parallelism
 from vitlab.train.schedule import peak_lr
 from vitlab.train.session import Session
 from vitlab.train.state import Position
@@ -48,7 +49,8 @@ def announce(session: Session, resumed: bool) -> None:
     say(
         f"{what} ({params / 1e6:.2f}M parameters, {trainable / 1e6:.2f}M trainable) on {config.dataset}: "
         f"{len(splits.train)} train / {validation} / {test} images, {config.epochs} epochs of "
-        f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es) on "
+        f"{session.steps_per_epoch} steps, batch {config.batch_size}, {session.env.world_size} process(es)"
+        f"{' sharded by FSDP2' if parallelism(model, session.env) == 'fsdp' else ''} on "
         f"{session.env.device.type}{threads_each(session.threads)}; run folder {session.run}"
     )
     say(f"precision: {describe_precision(session.precision)}")
@@ -225,6 +227,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         "params": sum(p.numel() for p in model.parameters()),
         "epochs": config.epochs,
         "processes": env.world_size,
+        "parallel": parallelism(session.model, env),  # fsdp, ddp or none (one process)
         "replica_max_abs_diff": replica_diff,
         "seed": config.seed,
         "device": env.device.type,
