@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,9 @@ def load_sharded_state(
         )
     model_state, optimizer_state = get_state_dict(model, optimizer)
     loaded = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(loaded, checkpoint_id=folder)
+    with warnings.catch_warnings():  # one process, no process group: DCP warns that it assumes so, as meant here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(loaded, checkpoint_id=folder)
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
 
 
