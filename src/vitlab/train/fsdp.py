@@ -139,3 +139,22 @@ def gathered_copy(model: nn.Module, env: DistEnv) -> nn.Module:
         copy = create_model(model.config)  # type: ignore[arg-type]
     copy.load_state_dict(whole)
     return copy.to(env.device)
+
+
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this process holds of the parameters, their gradients (where a step left them) and the optimizer's
+    state: of its shards alone under FSDP2 (each DTensor's local part), of the whole tensors otherwise. What the
+    memory benchmark reports as parameter and optimizer memory, counted rather than read off the RSS."""
+    from torch.distributed.tensor import DTensor
+
+    def local_bytes(tensor: torch.Tensor) -> int:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        return local.numel() * local.element_size()
+
+    parameters = list(model.parameters())
+    state = [value for values in optimizer.state.values() for value in values.values() if torch.is_tensor(value)]
+    return {
+        "parameters": sum(local_bytes(p) for p in parameters),
+        "gradients": sum(local_bytes(p.grad) for p in parameters if p.grad is not None),
+        "optimizer": sum(local_bytes(value) for value in state),
+    }
