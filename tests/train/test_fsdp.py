@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runfiles import MICRO, SPARE, two_processes
+from paths import TESTS
+from runfiles import MICRO, two_processes
 from vitlab.distributed import DistEnv
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.models import create_model
@@ -123,15 +124,29 @@ def test_a_failed_sharded_save_keeps_the_last_good_state(tmp_path, monkeypatch):
     assert [path.name for path in run.checkpoints.iterdir()] == ["sharded-good"]
 
 
-def train_two_processes(out: Path, name: str, recipe: list[str]) -> subprocess.CompletedProcess:
+def train_two_processes_killed_once(out: Path, name: str, fault: str, recipe: list[str]) -> str:
+    """`vitlab train` on two processes under torchrun's agent, with `fault` on the first attempt (tests/faulty_vitlab.py):
+    the agent restarts the group, which resumes the run (vitlab.train.restarts). Returns the output."""
     done = subprocess.run(
-        [*two_processes(SPARE), "train", "--out-dir", str(out), "--set", f"run_name={name}", *recipe],
+        [
+            *two_processes("--max-restarts=2")[
+                :-2
+            ],  # torchrun, a restart for the fault and a spare, then the faulty CLI instead of `-m vitlab`
+            str(TESTS / "faulty_vitlab.py"),
+            fault,
+            "train",
+            "--out-dir",
+            str(out),
+            "--set",
+            f"run_name={name}",
+            *recipe,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
 
 
 # What FSDP2 and DDP on two processes can differ by, and so the bound. Both run each rank's half batch through the
@@ -162,13 +177,24 @@ TOLERANCE = 1e-5
 
 @pytest.mark.slow
 def test_two_process_fsdp2_equals_ddp_and_resumes_on_one_process_from_its_shards(all_cores, tmp_path, capsys):
-    """DDP's run is stood for by one process accumulating the two halves of each batch: tests/train/test_distributed.py
-    shows the two equal bit for bit, and it saves a torchrun launch (5-10 s)."""
-    settings = dict(epochs=2, model_overrides=dict(MICRO, depth=2), optimizer="sgd", lr=0.1, threads=1, progress=False)
+    """The FSDP2 run is killed mid-epoch (rank 1 after step 6; states saved every 4 steps) and restarted by torchrun's
+    agent, which resumes it from its sharded state of step 4. DDP's run is stood for by one process accumulating the
+    two halves of each batch: tests/train/test_distributed.py shows the two equal bit for bit, and it saves a torchrun
+    launch (5-10 s)."""
+    settings = dict(
+        epochs=2,
+        model_overrides=dict(MICRO, depth=2),
+        optimizer="sgd",
+        lr=0.1,
+        save_every=4,
+        threads=1,
+        progress=False,
+    )
     recipe = [part for key, value in settings.items() for part in ("--set", f"{key}={value}")]
-    sharded = train_two_processes(tmp_path, "fsdp", [*recipe, "--set", "parallel=fsdp"])
+    said = train_two_processes_killed_once(tmp_path, "fsdp", "kill:rank=1:step=6", [*recipe, "--set", "parallel=fsdp"])
     train(TrainConfig(**settings, grad_accum=2, out_dir=str(tmp_path), run_name="ddp"))
-    assert "2 process(es) sharded by FSDP2" in sharded.stdout
+    assert "2 process(es) sharded by FSDP2" in said
+    assert "restart of this torchrun job: resuming" in said and "resuming at epoch 1, step 4 of 10" in said
     assert json.loads((tmp_path / "fsdp" / "summary.json").read_text())["parallel"] == "fsdp"
     fsdp, ddp = load_file(tmp_path / "fsdp" / "model.safetensors"), load_file(tmp_path / "ddp" / "model.safetensors")
     assert fsdp.keys() == ddp.keys()
