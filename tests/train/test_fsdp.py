@@ -155,18 +155,22 @@ def train_two_processes_killed_once(out: Path, name: str, fault: str, recipe: li
 # two ranks' gradients meet and what reads them:
 #   - DDP all-reduces g0/2 + g1/2; FSDP2 reduce-scatters with AVG, (g0 + g1)/2. Halving is exact and fp32 addition of
 #     two terms commutes, so both round once, the same way: no difference (seen: all but the head's weight equal).
-#   - The head's weight gradient differed by one ulp (4.5e-8, one rank's unsharded root parameter is laid out
-#     otherwise for the product), and the clip norm is a sum of squares over shards then over ranks instead of over
+#   - The head's weight gradient differed by about an ulp (4.5e-8; in one step of a probe, the cause not isolated),
+#     and the clip norm is a sum of squares over shards then over ranks instead of over
 #     whole tensors: another fp32 summation order, a relative difference of at most n*u in the clip factor (n the
 #     summands, u = 2^-24), which scales every gradient alike.
 #   - The optimizer: DDP's SGD is fused, FSDP2's the default loop over DTensor shards (DTensor has no fused SGD);
 #     each computes buf = 0.9 buf + g, w -= lr buf elementwise in fp32, at most one rounding apart per step.
+#   - After the resume on one process, FSDP's run takes each batch whole where the reference accumulates two halves:
+#     the same sums in another order inside a kernel, again a few ulps of a gradient.
 # Each is a few ulps of a gradient clipped to norm 1 (grad_clip=1: |g| <= 1), so |dg| <= k u with k ~ 4 per step.
-# SGD is linear in the gradients: over T = 20 steps at a learning rate never above the peak lr = 0.1, with momentum
-# 0.9 (a gradient counted at most 1 / (1 - 0.9) = 10 times), |dw| <= T lr 10 k u = 20 * 0.1 * 10 * 4 * 6e-8 = 4.8e-6,
-# plus a last-bit rounding of each weight per step (T ulp(w) = 20 * 1.2e-7 for |w| <= 1, 2.4e-6). Feedback of dw
-# into later gradients is of second order at these step sizes; the bound 1e-5 leaves it twice the sum. Measured
-# on the Zen 5 EPYC here: 1.2e-7, after 20 steps and after the resumed epoch (30 steps).
+# SGD is linear in the gradients: with momentum 0.9 a gradient is counted at most 1 / (1 - 0.9) = 10 times, each
+# time scaled by that step's learning rate, so |dw| <= 10 k u * sum(lr_t). The schedule's sum over the 30 steps
+# (4 of warm-up to 0.1, a cosine over the 16 after, then the third epoch's 10 of a 30-step cosine from 0.037) is
+# about 1.25: 10 * 4 * 6e-8 * 1.25 = 3e-6; plus each weight's own rounding, half an ulp per step (30 * 6e-8 = 1.8e-6
+# for |w| <= 1). Feedback of dw into later gradients is of second order at these step sizes; the bound 1e-5 leaves
+# it more than the sum again. Measured against a two-process DDP run on the 2-core Zen 5 EPYC here: 1.2e-7 after 20
+# steps, and after the third epoch resumed on one process.
 # AdamW is not compared: it divides each update by sqrt(v), so a gradient that is zero in exact arithmetic (the
 # key bias's: softmax ignores a constant per query) moves by up to lr on rounding noise alone, whichever way it
 # rounds (measured: 1.9e-4 there, 1e-7 elsewhere).
