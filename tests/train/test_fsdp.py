@@ -19,7 +19,13 @@ from vitlab.models import create_model
 from vitlab.runs import RunFolder
 from vitlab.train import sharded_state
 from vitlab.train.config import TrainConfig
-from vitlab.train.fsdp import data_parallel_reason, mixed_precision_policy, sharded_units, too_small_to_shard
+from vitlab.train.fsdp import (
+    data_parallel_reason,
+    held_bytes,
+    mixed_precision_policy,
+    sharded_units,
+    too_small_to_shard,
+)
 from vitlab.train.loop import resume, train
 from vitlab.train.optim import build_optimizer
 from vitlab.train.state import load_training_state, restored_model
@@ -122,6 +128,16 @@ def test_a_failed_sharded_save_keeps_the_last_good_state(tmp_path, monkeypatch):
     # The next good save removes the half-written folder and keeps those last.pt and previous.pt name.
     sharded_state.remove_unnamed_shards(run, {"sharded-good"})
     assert [path.name for path in run.checkpoints.iterdir()] == ["sharded-good"]
+
+
+def test_held_bytes_count_parameters_gradients_and_optimizer_state():
+    model = micro_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert held_bytes(model, optimizer)["gradients"] == 0  # no step yet: no gradient, no momentum
+    model(torch.zeros(2, 1, 8, 8)).sum().backward()
+    optimizer.step()
+    whole = 4 * sum(p.numel() for p in model.parameters())  # fp32, unsharded: every byte held here
+    assert held_bytes(model, optimizer) == {"parameters": whole, "gradients": whole, "optimizer": whole}
 
 
 def train_two_processes_killed_once(out: Path, name: str, fault: str, recipe: list[str]) -> str:
