@@ -10,8 +10,8 @@ State-dict keys: the encoder's under "encoder." (timm's schema below that prefix
 prefix stripped), the head's at the top. vitlab up to d434df3 wrote the encoder's keys at the top level (the dense
 model then subclassed the encoder); `load_state_dict` still reads that layout (`nested_encoder_keys`).
 
-The commands that set something on any model's encoder (a dynamic size, the attention kernel, the fast paths, a new
-input size) or read its blocks (freezing, layer decay, dense features) reach it through the few members below,
+The commands that set something on any model's encoder (a dynamic size, the attention kernel, the fast paths,
+activation checkpointing, a new input size) or read its blocks (freezing, layer decay, dense features) reach it through the few members below,
 each passing to `encoder`.
 """
 
@@ -114,6 +114,16 @@ class DenseModel(nn.Module):
     @fast_paths.setter
     def fast_paths(self, value: bool) -> None:
         self.encoder.fast_paths = value
+
+    @property
+    def grad_checkpointing(self) -> bool:
+        """Whether the encoder's blocks (and EoMT's query blocks) are checkpointed while training."""
+        return self.encoder.grad_checkpointing
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Checkpoint the encoder's blocks while training (`VisionTransformer.set_grad_checkpointing`); EoMT's
+        query blocks, which are the encoder's last, follow the same switch."""
+        self.encoder.set_grad_checkpointing(enable)
 
     def set_attention_kernel(self, kernel: str) -> None:
         self.encoder.set_attention_kernel(kernel)

@@ -41,7 +41,7 @@ from vitlab.layers.attention import AttentionContext
 from vitlab.layers.block import Block
 from vitlab.layers.upscale import ScaleBlock
 from vitlab.model_input import ModelInput, PatchInput
-from vitlab.models import fast_paths
+from vitlab.models import checkpointing, fast_paths
 from vitlab.models.dense import DenseModel, copy_encoder_weights, headless
 from vitlab.models.vit import VisionTransformer
 
@@ -135,7 +135,12 @@ class EoMT(DenseModel):
         return self.blocks[len(self.blocks) - self.settings.blocks :]
 
     def run_block(self, block: Block, x: torch.Tensor, attention: AttentionContext) -> torch.Tensor:
-        return fast_paths.run_block(block, x, attention) if self.fast_paths else block(x, attention)
+        """One query block, x (B, Q + prefix + N, D) -> the same shape; checkpointed as the encoder's blocks are
+        (`set_grad_checkpointing`, models/checkpointing.py)."""
+        checkpoints = self.grad_checkpointing and self.training
+        if self.fast_paths:
+            return checkpointing.run(checkpoints, fast_paths.run_block, block, x, attention)
+        return checkpointing.run(checkpoints, block, x, attention)
 
     @property
     def query_prefix(self) -> int:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from vitlab.layers.std_conv import MaxPool2dSame, StdConv2dSame
+from vitlab.models import checkpointing
 
 
 def group_norm(channels: int) -> nn.GroupNorm:
@@ -90,6 +91,15 @@ class ResNetStem(nn.Module):
             channels = 4 * stage_width
         self.stages = nn.Sequential(*stages)
         self.out_channels = channels
+        self.grad_checkpointing = False  # see `set_grad_checkpointing`
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Checkpoint each stage's activations while training (models/checkpointing.py), as the encoder's blocks."""
+        self.grad_checkpointing = enable
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.stages(self.stem(x))
+        x = self.stem(x)
+        checkpoints = self.grad_checkpointing and self.training
+        for stage in self.stages:
+            x = checkpointing.run(checkpoints, stage, x)
+        return x

@@ -42,6 +42,7 @@ from vitlab.layers.norm import norm_factory
 from vitlab.layers.patch_embed import patchify, unpatchify
 from vitlab.layers.pos_embed import sincos_2d_pos_embed
 from vitlab.model_input import require_pixels
+from vitlab.models import checkpointing
 from vitlab.models.vit import VisionTransformer
 from vitlab.position_kinds import position_traits
 
@@ -197,6 +198,7 @@ class MaskedAutoencoder(nn.Module):
         )
         self.decoder_norm = nn.LayerNorm(decoder_dim, eps=encoder_config.layer_norm_eps)
         self.decoder_pred = nn.Linear(decoder_dim, pixels_per_patch)
+        self.grad_checkpointing = False  # see `set_grad_checkpointing`
         self.init_decoder_weights()
 
     @property
@@ -219,6 +221,11 @@ class MaskedAutoencoder(nn.Module):
         nn.init.normal_(self.mask_token, std=0.02)
         table = decoder_position_table(self.encoder.config.grid_size, self.config.decoder_dim, self.num_prefix_tokens)
         self.decoder_pos_embed.copy_(table[None])
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Checkpoint the encoder's blocks and the decoder's while training (models/checkpointing.py)."""
+        self.grad_checkpointing = enable
+        self.encoder.set_grad_checkpointing(enable)
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip besides norms and biases: the encoder's, and the mask token."""
@@ -266,8 +273,9 @@ class MaskedAutoencoder(nn.Module):
         shuffled = torch.cat([x[:, prefix:], mask_tokens], dim=1)  # (B, N, Dd): kept first, as in the shuffle
         x = torch.cat([x[:, :prefix], gather_tokens(shuffled, ids_restore)], dim=1)  # unshuffled: patch order
         x = x + self.decoder_pos_embed
+        checkpoints = self.grad_checkpointing and self.training
         for block in self.decoder_blocks:
-            x = block(x)
+            x = checkpointing.run(checkpoints, block, x)
         return self.decoder_pred(self.decoder_norm(x))[:, prefix:]  # the prefix tokens predict nothing
 
     def forward(

@@ -43,7 +43,7 @@ from vitlab.layers.patch_embed import PatchEmbed
 from vitlab.layers.patch_layout import PatchLayout
 from vitlab.layers.pooling import GeneralizedMeanPool, token_mean
 from vitlab.model_input import ModelInput, PatchInput
-from vitlab.models import fast_paths
+from vitlab.models import checkpointing, fast_paths
 from vitlab.models.hybrid import ResNetStem
 from vitlab.models.positions.registry import position_kind
 from vitlab.position_kinds import position_traits
@@ -162,6 +162,7 @@ class VisionTransformer(nn.Module):
         self.dynamic_size = False
         self.attention_kernel = "sdpa"  # see `set_attention_kernel`
         self.fast_paths = True  # the same outputs with less work (models/fast_paths.py); False: the plain layers
+        self.grad_checkpointing = False  # see `set_grad_checkpointing`
         self.init_weights()
 
     # ----------------------------------------------------------------------------------------- set-up
@@ -344,6 +345,7 @@ class VisionTransformer(nn.Module):
         tables, attention = context.tables, context.attention
         kept: list[torch.Tensor] = []
         x = tokens
+        checkpoints = self.grad_checkpointing and self.training
         last = (len(self.blocks) if stop is None else stop) - 1
         for index, block in enumerate(self.blocks):
             if index > last:
@@ -354,9 +356,10 @@ class VisionTransformer(nn.Module):
                 x, weights = block(x, attention, return_attention=True)
                 on_attention(index, weights)
             elif self.fast_paths:
-                x = fast_paths.run_block(block, x, attention, outputs if index == last else None)
+                queries = outputs if index == last else None
+                x = checkpointing.run(checkpoints, fast_paths.run_block, block, x, attention, queries)
             else:
-                x = block(x, attention)
+                x = checkpointing.run(checkpoints, block, x, attention)
             if keep_states is True or (keep_states is not False and index in keep_states):
                 kept.append(x)
         return x, kept
@@ -619,6 +622,14 @@ class VisionTransformer(nn.Module):
         if kernel not in KERNELS:
             raise UsageError(f"attention kernel must be 'sdpa' or 'explicit', got {kernel!r}")
         self.attention_kernel = kernel
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Checkpoint every block's activations while training (timm's switch; models/checkpointing.py): a step
+        then holds one block's activations instead of all, for about one more forward pass; the gradients are
+        the same bit for bit. The hybrid's ResNet stem checkpoints its stages alike."""
+        self.grad_checkpointing = enable
+        if isinstance(self.patch_embed.backbone, ResNetStem):
+            self.patch_embed.backbone.set_grad_checkpointing(enable)
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip besides norms and biases."""

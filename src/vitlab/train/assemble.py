@@ -21,6 +21,7 @@ from vitlab.errors import ConfigError
 from vitlab.hardware import Choice, choose_precision
 from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
+from vitlab.models.checkpointing import set_grad_checkpointing
 from vitlab.models.registry import create_model
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives import build_objective
@@ -92,6 +93,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     steps_per_epoch = check_batching(config, env, len(splits.train))
     # What trains: the model, or the objective's module around it (MAE's decoder, masked patch prediction's head).
     trained = objective.attach(model)
+    set_grad_checkpointing(trained, config.grad_checkpointing)
     trained.to(env.device)
     resolved_precision = training_precision(config, model, env)  # FSDP's mixed precision follows it
     wrapped = wrap_for_training(trained, config, env, model, resolved_precision.value, objective.name)

@@ -85,6 +85,10 @@ class TrainConfig:
     # vitlab.hardware.TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS tokens, where it trains faster on a CPU than the fused
     # SDPA kernel (17 tokens: 1.05x; 50: even), and SDPA above.
     attention: str = "auto"
+    # Activation checkpointing: every encoder block (EoMT's query blocks, MAE's decoder blocks, the hybrid's ResNet
+    # stages) keeps only its input and recomputes its activations in the backward pass: a step's activations for
+    # one block instead of all, for about a third more compute; the same gradients (models/checkpointing.py).
+    grad_checkpointing: bool = False
     seed: int = 0
     # A wall-time budget for the run ("20m", "1h30m", "900s" or seconds): after each epoch the run is shortened,
     # where it must be, to end inside it, and the cosine schedule is refitted to the new length. Epochs are
