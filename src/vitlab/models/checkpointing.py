@@ -21,9 +21,10 @@ How it meets vitlab's fast paths:
   the same bf16 products are recomputed.
 - DDP: non-reentrant checkpointing recomputes inside autograd's own backward, so DDP's gradient hooks fire once
   per parameter as without it (reentrant checkpointing is what DDP needed `static_graph` for).
-- torch.compile (`compile=true`): Dynamo traces non-reentrant checkpoint as a region to recompute; the compiled
-  step recomputes it in its backward graph. Its random numbers come from the compiled graph's own generator, so
-  a compiled run's drop-path masks differ from an eager run's (with or without checkpointing), as compile's do.
+- torch.compile (`compile=true`): Dynamo traces non-reentrant checkpoint as a region to recompute (a higher-order
+  op), and AOTAutograd recomputes it in the compiled backward graph (tested with the aot_eager backend; Inductor
+  lowers the same graph). A compiled step draws its random numbers from Inductor's own generator, so its drop-path
+  masks differ from an eager step's, with checkpointing or without.
 - FSDP2 and LoRA wrappers: a block that `fully_shard` or a wrapper has changed runs through its own call
   (fast_paths.run_block), and that call is what is recomputed; FSDP2's pre-forward hook gathers the block's
   parameters again for the recomputation, as torchtitan's checkpointed blocks do.
