@@ -12,6 +12,9 @@ the same operations on the same inputs, and `preserve_rng_state` (checkpoint's d
 numbers the first forward drew, so drop-path drops the same samples and dropout the same elements again.
 
 How it meets vitlab's fast paths:
+- Fused attention (`scaled_dot_product_attention`, layers/attention.py): its kernel runs again in the
+  recomputation; what it saves for its backward (the output and the softmax's log-sum-exp) is dropped and made
+  again like any other activation, and its dropout draws again from the replayed generator state.
 - models/fast_paths.py: what is checkpointed is the call that would have run anyway, `fast_paths.run_block` or
   `block(...)`, so the speed paths and their checks stay as they are inside it. The explicit attention's own
   backward (layers/explicit_attention.py) and oneDNN's linear (layers/onednn_linear.py, kernels.py) keep their
