@@ -67,7 +67,8 @@ MODELS = {
         512,
         2,
         "segmentation",
-        {"objective": "segmentation", "segmentation.head": "eomt"},
+        # Segmentation moves image and mask together itself: the fine-tuning recipe's image-only crops are off.
+        {"objective": "segmentation", "segmentation.head": "eomt", "augment.crop_padding": 0, "augment.crop": None},
     ),
 }
 
@@ -161,14 +162,16 @@ def write_photos(folder: Path, size: int, per_class: int) -> None:
 
 
 def write_scenes(folder: Path, size: int, count: int) -> Path:
-    """A segmentation manifest of `count` random images with masks of three classes (rectangles on background)."""
+    """A segmentation manifest of `count` training images and 2 test images, random, with masks of three classes
+    (rectangles on background). Its split column keeps every training row for training (without one, test rows
+    would be carved from them)."""
     import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
-    lines = ["image,mask"]
-    for index in range(count):
+    lines = ["image,mask,split"]
+    for index in range(count + 2):
         image = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
         mask = np.zeros((size, size), dtype=np.uint8)
         for label in (1, 2):
@@ -176,7 +179,7 @@ def write_scenes(folder: Path, size: int, count: int) -> Path:
             mask[top : top + size // 3, left : left + size // 3] = label
         Image.fromarray(image).save(folder / f"{index}.png")
         Image.fromarray(mask).save(folder / f"{index}_mask.png")
-        lines.append(f"{index}.png,{index}_mask.png")
+        lines.append(f"{index}.png,{index}_mask.png,{'train' if index < count else 'test'}")
     manifest = folder / "scenes.csv"
     manifest.write_text("\n".join(lines) + "\n")
     return manifest
@@ -474,10 +477,14 @@ def main(argv: list[str] | None = None) -> int:
         # In a process of its own: this one stays small while the rows run.
         script = str(Path(__file__).resolve())
         subprocess.run([sys.executable, script, "--write-base", str(base), "--base", args.base], check=True)
-        most_images = max(MODELS[row.model].batch_size for row in rows) * (args.warmup + args.steps)
-        data = {"photos": scratch / "photos", "scenes": scratch / "scenes"}
-        write_photos(data["photos"], MODELS["vit-l16"].image_size, most_images)
-        data["scenes"] = write_scenes(data["scenes"], MODELS["eomt-l"].image_size, most_images)
+        data: dict[str, Path] = {}
+        for model in {row.model: MODELS[row.model] for row in rows}.values():  # what the chosen rows read
+            images = model.batch_size * (args.warmup + args.steps)
+            if model.task == "classification":
+                data["photos"] = scratch / "photos"
+                write_photos(data["photos"], model.image_size, images)
+            else:
+                data["scenes"] = write_scenes(scratch / "scenes", model.image_size, images)
         for row in rows:
             key = f"{row.model}:{row.name}"
             why = unknown_settings(row)
