@@ -484,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                 data["photos"] = scratch / "photos"
                 write_photos(data["photos"], model.image_size, images)
             else:
-                data["scenes"] = write_scenes(scratch / "scenes", model.image_size, images)
+                # Twice the pairs: the dense layouts hold some training pairs out for validation whatever
+                # val_size says (4 pairs gave 3), and max_train_images takes what the steps need.
+                data["scenes"] = write_scenes(scratch / "scenes", model.image_size, 2 * images)
         for row in rows:
             key = f"{row.model}:{row.name}"
             why = unknown_settings(row)
