@@ -3,7 +3,6 @@ plus one row in OBJECTIVES, and `vitlab train` trains it end to end (and resumes
 edited. The table's pre-training mark and the objectives' command words agree."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -95,7 +94,7 @@ def test_an_objective_row_is_all_a_recipe_and_the_cli_need(mean_pixel):
 
 
 def test_pretrain_offers_the_rows_marked_pretraining(monkeypatch):
-    assert pretraining_methods() == ("mpp", "mae", "distill")
+    assert pretraining_methods() == ("mpp", "mae", "distill", "dino")
     monkeypatch.setitem(
         OBJECTIVES, "mean-pixel", ObjectiveRow(lambda config, data: MeanPixel(), pretraining=True, help="a fake")
     )
@@ -112,6 +111,7 @@ def test_the_tables_pretraining_mark_and_the_objectives_command_agree(name, tmp_
 
         teacher = export_checkpoint(create_model("digits-8", depth=1), tmp_path / "teacher.safetensors")
         config.pretrain.distill_teachers = [str(teacher)]
-    objective = objectives.build_objective(config, SimpleNamespace(num_classes=10))
+    data = type("Data", (), {"num_classes": 10, "__len__": lambda self: 100})()  # DINO counts its steps per epoch
+    objective = objectives.build_objective(config, data)
     assert objective.name == name
     assert objective.command == ("pretrain" if OBJECTIVES[name].pretraining else "train")

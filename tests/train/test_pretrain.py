@@ -212,7 +212,7 @@ def test_pretrain_cli_needs_a_method_and_refuses_a_supervised_recipe(tmp_path):
 @pytest.mark.parametrize(
     "method, recipe, message",
     [
-        (None, None, "pretrain needs --method mpp|mae|distill (or a --config recipe, or --resume RUN_DIR)"),
+        (None, None, "pretrain needs --method mpp|mae|distill|dino (or a --config recipe, or --resume RUN_DIR)"),
         (None, "configs/digits.py", "digits.py is a supervised recipe; pretrain takes a recipe with objective"),
         ("mpp", "configs/pretrain/digits_mae.py", "digits_mae.py pre-trains by 'mae', not 'mpp'; drop --method"),
     ],

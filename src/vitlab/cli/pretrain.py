@@ -1,5 +1,5 @@
 """`vitlab pretrain`: self-supervised pre-training on images without labels (the paper's masked patch prediction,
-MAE, or distillation from frozen teachers)."""
+MAE, distillation from frozen teachers, or DINO's self-distillation)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from vitlab.objectives import OBJECTIVES, pretraining_methods  # the table alone
 
 NAME = "pretrain"
 HELP = (
-    "self-supervised pre-training on images without labels: the paper's masked patch prediction (mpp), MAE, or "
-    "distillation from frozen teachers (distill)"
+    "self-supervised pre-training on images without labels: the paper's masked patch prediction (mpp), MAE, "
+    "distillation from frozen teachers (distill) or DINO's self-distillation (dino)"
 )
 
 
 def recipes_and_keys_help() -> str:
     """The help's epilog: where the recipes are, and every --set key with its pre-training default."""
-    return "recipes: configs/pretrain/ (e.g. mnist_mae.py, mnist_mpp.py, digits_mae.py)\n\n" + recipe_keys_help(
+    return "recipes: configs/pretrain/ (e.g. mnist_mae.py, mnist_mpp.py, digits_mae.py, mnist_dino.py)\n\n" + recipe_keys_help(
         pretrain=True
     )
 

@@ -55,6 +55,12 @@ def build_distill(config: Any, train_data: Any) -> Objective:
     return Distillation(config.pretrain, config.augment)
 
 
+def build_dino(config: Any, train_data: Any) -> Objective:
+    from vitlab.objectives.dino import Dino
+
+    return Dino(config.pretrain, config.augment, config, len(train_data))
+
+
 def build_segmentation(config: Any, train_data: Any) -> Objective:
     from vitlab.objectives.segmentation import build
 
@@ -78,6 +84,9 @@ OBJECTIVES: dict[str, ObjectiveRow] = {
     "mae": ObjectiveRow(build_mae, pretraining=True, help="masked autoencoder"),  # He et al. 2021
     "distill": ObjectiveRow(  # AM-RADIO, Ranzinger et al. 2024
         build_distill, pretraining=True, help="distillation from frozen teachers (--teacher, repeatable)"
+    ),
+    "dino": ObjectiveRow(  # Caron et al. 2021
+        build_dino, pretraining=True, help="self-distillation from a moving-average teacher, with multi-crop"
     ),
     "segmentation": ObjectiveRow(build_segmentation),  # a class per pixel: EoMT, linear or upsampling head
 }

@@ -161,6 +161,20 @@ class Objective(ABC):
     def loss(self, outputs: Any, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean loss of the micro-batch, the `sum_names` figures summed over it as a float64 tensor)."""
 
+    def before_update(self) -> None:  # noqa: B027 - a hook whose default does nothing
+        """Called by the training step once a step's gradients are complete (every micro-batch's, averaged over
+        processes), before the optimizer reads them: e.g. DINO drops its prototypes' gradients in its first epoch.
+        Default: nothing."""
+
+    def after_update(self, env: DistEnv) -> None:  # noqa: B027 - a hook whose default does nothing
+        """Called by the training step on every process after each optimizer step (and the schedule's and EMA's):
+        e.g. DINO's teacher follows the student and its center the teacher's outputs. Default: nothing."""
+
+    def evaluated_model(self, model: VisionTransformer) -> VisionTransformer | None:
+        """The model a run validates, tests and saves in place of the trained one (DINO: its teacher's backbone,
+        kept by the objective and restored with its state), or None (default): the trained model, or its EMA."""
+        return None
+
     # ------------------------------------------------------------------------------------- reporting an epoch
     def epoch_figures(self, sums: list[float]) -> dict[str, float]:
         """The training figures of an epoch row (e.g. train_loss, train_top1) from the summed figures."""

@@ -1,4 +1,4 @@
-"""The settings of the self-supervised objectives (`vitlab pretrain --method mpp|mae|distill`), a group of the
+"""The settings of the self-supervised objectives (`vitlab pretrain --method mpp|mae|distill|dino`), a group of the
 training recipe: `--set pretrain.mask_ratio=0.15`, `--set pretrain.distill_teachers=[RUN]`. Torch-free, so recipes
 are checked cheaply."""
 
@@ -51,6 +51,29 @@ class PretrainConfig:
     distill_weights: list[float] = field(default_factory=list)
     distill_teacher_precision: str = "auto"
     distill_adaptor_hidden: int = 0
+    # DINO (`vitlab pretrain --method dino`, Caron et al. 2021; objectives/dino.py): the student and its moving-average
+    # teacher, each with a DINO head (an MLP of dino_hidden_dim to dino_bottleneck_dim, then dino_out_dim prototypes
+    # K: the paper's 65536 is for ImageNet; a few thousand for small data sets).
+    dino_out_dim: int = 4096
+    dino_hidden_dim: int = 2048
+    dino_bottleneck_dim: int = 256
+    dino_norm_last_layer: bool = True  # the prototypes' norm fixed to 1 (the paper's choice for ViT-S)
+    dino_freeze_last_layer: int = 1  # epochs at the start in which the prototypes do not train
+    # Multi-crop: 2 global views at the model's size, each a share of the image's area in dino_global_scale, and
+    # dino_local_crops local views of dino_local_size pixels (0: the model's size scaled by the paper's 96/224, in
+    # whole patches) and a share in dino_local_scale.
+    dino_local_crops: int = 6
+    dino_local_size: int = 0
+    dino_global_scale: list[float] = field(default_factory=lambda: [0.4, 1.0])
+    dino_local_scale: list[float] = field(default_factory=lambda: [0.05, 0.4])
+    # The teacher's momentum, from this to 1 on a cosine over the run; the teacher's temperature, linear from
+    # dino_warmup_teacher_temp to dino_teacher_temp over the warm-up epochs; the student's; the center's momentum.
+    dino_momentum_teacher: float = 0.996
+    dino_teacher_temp: float = 0.07
+    dino_warmup_teacher_temp: float = 0.04
+    dino_warmup_teacher_temp_epochs: int = 30
+    dino_student_temp: float = 0.1
+    dino_center_momentum: float = 0.9
 
     def __post_init__(self) -> None:
         checks = [
@@ -105,10 +128,64 @@ class PretrainConfig:
                 isinstance(self.distill_adaptor_hidden, int) and self.distill_adaptor_hidden >= 0,
                 f"pretrain.distill_adaptor_hidden must be a whole number >= 0, got {self.distill_adaptor_hidden}",
             ),
-        ]
+        ] + self.dino_checks()
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+
+    def dino_checks(self) -> list[tuple[bool, str]]:
+        """(whether a DINO setting is sound, the message when not)."""
+
+        def whole(value: object, least: int) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+        def share_range(value: object) -> bool:
+            return (
+                isinstance(value, list)
+                and len(value) == 2
+                and all(isinstance(v, (int, float)) for v in value)
+                and 0 < value[0] < value[1] <= 1
+            )
+
+        checks = [
+            (whole(getattr(self, name), 1), f"pretrain.{name} must be a whole number >= 1, got {getattr(self, name)!r}")
+            for name in ("dino_out_dim", "dino_hidden_dim", "dino_bottleneck_dim")
+        ]
+        checks += [
+            (whole(getattr(self, name), 0), f"pretrain.{name} must be a whole number >= 0, got {getattr(self, name)!r}")
+            for name in (
+                "dino_freeze_last_layer",
+                "dino_local_crops",
+                "dino_local_size",
+                "dino_warmup_teacher_temp_epochs",
+            )
+        ]
+        checks += [
+            (
+                share_range(getattr(self, name)),
+                f"pretrain.{name} must be two shares of the image's area, 0 < low < high <= 1, got "
+                f"{getattr(self, name)!r}",
+            )
+            for name in ("dino_global_scale", "dino_local_scale")
+        ]
+        checks += [
+            (
+                isinstance(getattr(self, name), (int, float)) and getattr(self, name) > 0,
+                f"pretrain.{name} must be a temperature > 0, got {getattr(self, name)!r}",
+            )
+            for name in ("dino_teacher_temp", "dino_warmup_teacher_temp", "dino_student_temp")
+        ]
+        checks += [
+            (
+                isinstance(self.dino_momentum_teacher, (int, float)) and 0 <= self.dino_momentum_teacher <= 1,
+                f"pretrain.dino_momentum_teacher must be in [0, 1], got {self.dino_momentum_teacher!r}",
+            ),
+            (
+                isinstance(self.dino_center_momentum, (int, float)) and 0 <= self.dino_center_momentum < 1,
+                f"pretrain.dino_center_momentum must be in [0, 1), got {self.dino_center_momentum!r}",
+            ),
+        ]
+        return checks
 
     def decoder_shape(self, encoder_dim: int, encoder_heads: int) -> tuple[int, int, int, int]:
         """(width, depth, heads, MLP width) of MAE's decoder: the recipe's, the unset ones chosen from the encoder."""

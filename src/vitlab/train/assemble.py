@@ -126,7 +126,7 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
         # The file must match the state: on resume the rows of epochs that will be redone go; on a fresh start
         # every row goes (a start killed after writing an epoch's row but before its state leaves one behind).
         run.rewrite_metrics(history)
-    eval_model = ema_model(model, ema, env)
+    eval_model = objective.evaluated_model(model) or ema_model(model, ema, env)  # DINO: its teacher
     precision = training_linear_kernel(resolved_precision, config, model, env)
     step = TrainingStep(
         wrapped,

@@ -38,8 +38,8 @@ class Session:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     ema: EMA | None
-    # Holds the EMA weights for evaluation, or a sharded model's whole weights while an epoch's end or the run's end
-    # reads them (`refresh_evaluated`); None otherwise.
+    # Holds the EMA weights for evaluation, or the objective's (DINO's teacher), or a sharded model's whole weights
+    # while an epoch's end or the run's end reads them (`refresh_evaluated`); None otherwise.
     eval_model: VisionTransformer | None
     position: Position
     history: list[dict[str, Any]]

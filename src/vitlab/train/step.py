@@ -1,7 +1,8 @@
 """One optimisation step, the same for `vitlab train`, `vitlab bench --train` and benchmarks/profile_train_step.py:
 forward and loss per micro-batch (gradients accumulated, synchronised across DDP ranks on the last one only),
 the figures summed over ranks, a non-finite loss refused before the update, gradient clipping, the optimizer,
-the schedule and the EMA.
+the schedule and the EMA, with the objective's hooks on either side of the update (`before_update`,
+`after_update`).
 
 Nothing in the step waits for the device unless asked to: its figures stay there, summed over ranks by a
 collective on the device, and `check_finite` (on by default) is the one read on the host. The training loop
@@ -75,11 +76,13 @@ class TrainingStep:
             raise NonFiniteLoss(sums[0].item())
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), self.grad_clip)
+        self.objective.before_update()
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         if self.ema is not None:
             self.ema.update(self.model if self.model is not None else self.wrapped)
+        self.objective.after_update(self.env)
         return sums
 
 

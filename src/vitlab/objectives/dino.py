@@ -1,0 +1,293 @@
+"""DINO as a training objective (`vitlab pretrain --method dino`; Caron et al. 2021, "Emerging Properties in
+Self-Supervised Vision Transformers", arXiv:2104.14294, Algorithm 1; reference code facebookresearch/dino).
+
+A student (the run's model and a DINO head, `vitlab.models.dino_head`) learns to give, for every view of an image
+(`vitlab.data.multicrop`: 2 global views, N local ones), the distribution its teacher gives for the image's other
+global views. The teacher has the student's architecture and no gradients: after every optimizer step it moves
+to `momentum * teacher + (1 - momentum) * student`, the momentum rising from `dino_momentum_teacher` to 1 on a
+cosine over the run. The teacher's outputs are centered (a moving average of their batch mean, over every
+process) and sharpened (a low temperature, warmed up over the first epochs); `vitlab.objectives.dino_loss` holds
+the arithmetic.
+
+The run validates, tests and saves the teacher's backbone (`evaluated_model`): it is the model the paper evaluates
+(section 5.2: the teacher's k-NN and linear accuracy stay above the student's through training, a Polyak-Ruppert
+average of it), and a plain vitlab model that `knn`, `embed`, `finetune` and every other command take. The
+student's backbone is the run's trained model (in the training state, as for every run); both heads, the center
+and the step count are the objective's saved state, so a run stopped mid-epoch resumes to the uninterrupted
+run's bits. Validation's loss is the student's against the teacher on views drawn from a fixed seed per batch, at
+the final teacher temperature: it compares epochs' weights, not their draws or temperatures. It is a loss, not a
+measure of the features: `vitlab knn RUN DATASET` is.
+
+The center and the teacher's update happen once per optimizer step, from the sum of every micro-batch's teacher
+outputs over every process: one process accumulating two micro-batches centers what two processes do. Left out
+of the paper's recipe: the weight decay's own cosine schedule (vitlab's is constant), Gaussian blur in the
+augmentation (see `vitlab.data.multicrop`) and iBOT's masked-patch term.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitlab.data.multicrop import MultiCropViews, local_view_size, multi_crop
+from vitlab.data.preprocess import normalize, to_unit_range
+from vitlab.data.source import Batch, BatchSource
+from vitlab.data.source import steps_per_epoch as whole_batches
+from vitlab.data.transforms import AugmentConfig, Draws, augment_images
+from vitlab.distributed import DistEnv, all_reduce_sum
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.model_input import ModelInput, require_pixels
+from vitlab.models.adaptors import summary_dim
+from vitlab.models.dino_head import DinoHead, DinoNetwork
+from vitlab.models.vit import VisionTransformer
+from vitlab.objectives.dino_loss import (
+    dino_loss,
+    teacher_momentum,
+    teacher_temperature,
+    update_teacher,
+    updated_center,
+)
+from vitlab.objectives.pretraining import MaskedPretraining
+from vitlab.objectives.settings import PretrainConfig
+from vitlab.objectives.teachers import frozen
+
+# The objective's saved state besides the student's head ("head.*"): the teacher's backbone and head, the center
+# (1, K) and the optimizer steps the teacher has followed (1,) int64.
+TEACHER = "teacher."
+CENTER = "dino.center"
+STEPS = "dino.steps"
+# The parts of an encoder DINO never reaches: its classifier heads (what the DINO head reads is their input).
+UNUSED_IN_DINO = ("head.", "head_dist.")
+
+
+@dataclass
+class DinoOutputs:
+    student: torch.Tensor  # (V B, K) logits of every view, view-major, the global views first
+    teacher: torch.Tensor  # (2 B, K) logits of the global views, without gradients
+
+
+class Dino(MaskedPretraining):
+    name = "dino"
+    description = "DINO"
+
+    def __init__(
+        self, settings: PretrainConfig, augment: AugmentConfig | None, run_config: Any, train_images: int
+    ) -> None:
+        super().__init__(settings, augment)
+        if run_config.ema_decay > 0:
+            raise ConfigError(
+                f"ema_decay {run_config.ema_decay}: DINO's teacher is already the student's moving average, and "
+                "it is what the run validates and saves; leave ema_decay at 0"
+            )
+        # The run's recipe: its epochs are the run's length, which a time budget may shorten as the run goes.
+        self.run_config = run_config
+        self.steps_per_epoch = max(1, whole_batches(train_images, run_config.batch_size))
+        self.teacher: Any = None  # a DinoNetwork, frozen, made in `attach`
+        self.center = torch.zeros(1, settings.dino_out_dim)
+        self.steps_done = 0  # optimizer steps the teacher has followed
+        # The teacher outputs of the step under way, summed over its micro-batches (float64), and their rows.
+        self.step_teacher_sum = torch.zeros(1, settings.dino_out_dim, dtype=torch.float64)
+        self.step_teacher_rows = 0
+
+    # ------------------------------------------------------------------------------------- set-up
+    def attach(self, model: VisionTransformer) -> nn.Module:
+        for name, parameter in model.named_parameters():
+            if name.startswith(UNUSED_IN_DINO):
+                parameter.requires_grad_(False)
+        model.dynamic_size = True  # the local views are smaller: positions resampled to their grid
+        settings = self.settings
+        head = DinoHead(
+            summary_dim(model.config),
+            settings.dino_out_dim,
+            settings.dino_hidden_dim,
+            settings.dino_bottleneck_dim,
+            norm_last_layer=settings.dino_norm_last_layer,
+        )
+        self.module = DinoNetwork(model, head)
+        self.teacher = frozen(copy.deepcopy(self.module))  # starts as the student (the paper's initialisation)
+        return self.module
+
+    def evaluated_model(self, model: VisionTransformer) -> VisionTransformer:
+        self.teacher.to(next(model.parameters()).device)
+        return self.teacher.encoder
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """The student's head, the teacher (backbone and head), the center and the teacher's steps."""
+        teacher = {TEACHER + name: value for name, value in self.teacher.state_dict().items()}
+        steps = torch.tensor([self.steps_done], dtype=torch.int64)
+        return {**super().extra_state(), **teacher, CENTER: self.center.clone(), STEPS: steps}
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        if CENTER not in state or STEPS not in state:
+            raise CheckpointError(
+                "the saved DINO state has no center or step count; it was not saved by a DINO run of this vitlab "
+                "(start a new run)"
+            )
+        teacher = {name[len(TEACHER) :]: value for name, value in state.items() if name.startswith(TEACHER)}
+        missing, unexpected = self.teacher.load_state_dict(teacher, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(
+                f"the saved DINO teacher does not fit this run's (missing {missing[:3]}, unexpected "
+                f"{unexpected[:3]}); was the recipe's pretrain group changed?"
+            )
+        self.center = state[CENTER].clone().to(self.center.device)
+        self.steps_done = int(state[STEPS][0])
+        own = (TEACHER, CENTER, STEPS)
+        super().load_extra_state({name: value for name, value in state.items() if not name.startswith(own)})
+
+    # ------------------------------------------------------------------------------------- training
+    def total_steps(self) -> int:
+        """The run's optimizer steps, as its recipe stands now (a budget may have shortened it)."""
+        return self.run_config.epochs * self.steps_per_epoch
+
+    def views(self, unit_images: torch.Tensor, spec: Any, draws: Draws, flips: bool) -> MultiCropViews:
+        """[0, 1] images (B, C, H, W) at the model's size -> their views, normalised as the model takes them."""
+        settings = self.settings
+        local_size = (
+            (settings.dino_local_size, settings.dino_local_size)
+            if settings.dino_local_size
+            else local_view_size(spec.image_size, spec.patch_size)
+        )
+        views = multi_crop(
+            unit_images,
+            draws,
+            spec.image_size,
+            local_size,
+            settings.dino_local_crops,
+            (settings.dino_global_scale[0], settings.dino_global_scale[1]),
+            (settings.dino_local_scale[0], settings.dino_local_scale[1]),
+            flips,
+        )
+        return views.map(lambda images: normalize(images, spec))
+
+    def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[Any, dict[str, torch.Tensor]]:
+        """(the batch's multi-crop views, no targets): the recipe's batch augmentation first (its flips aside:
+        each view is flipped on its own), then the views (`vitlab.data.multicrop`)."""
+        images = require_pixels(
+            to_unit_range(batch.images, batch.max_value, spec), "DINO (its views are crops of whole images)"
+        )
+        augment = self.batch_augment(batch)
+        if augment is not None and augment.changes_batches():
+            images = augment_images(images, dataclasses.replace(augment, hflip=False), draws)
+        return self.views(images, spec, draws, flips=bool(augment and augment.hflip)), {}
+
+    def targets(self, unit_images: ModelInput, spec: Any) -> dict[str, torch.Tensor]:
+        """Evaluation's: the [0, 1] images, which `measure` cuts into views."""
+        return {"pixels": require_pixels(unit_images, "DINO (its views are crops of whole images)")}
+
+    @torch.no_grad()
+    def teacher_logits(self, views: MultiCropViews) -> torch.Tensor:
+        """(2 B, K) the teacher's logits of the global views."""
+        if next(self.teacher.parameters()).device != views.device:
+            self.teacher.to(views.device)
+        return self.teacher(views, local=False)
+
+    def forward(self, model: nn.Module, inputs: Any) -> DinoOutputs:
+        return DinoOutputs(model(inputs), self.teacher_logits(inputs))
+
+    def loss(self, outputs: DinoOutputs, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """DINO's loss of a micro-batch at the temperature of the step's epoch; its teacher outputs are added to the
+        step's, for the center."""
+        settings = self.settings
+        temperature = teacher_temperature(
+            self.steps_done // self.steps_per_epoch,
+            settings.dino_warmup_teacher_temp,
+            settings.dino_teacher_temp,
+            settings.dino_warmup_teacher_temp_epochs,
+        )
+        center = self.center.to(outputs.teacher.device)
+        loss = dino_loss(outputs.student, outputs.teacher, center, settings.dino_student_temp, temperature)
+        teacher_sum = outputs.teacher.detach().double().sum(dim=0, keepdim=True)
+        self.step_teacher_sum = self.step_teacher_sum.to(teacher_sum.device) + teacher_sum
+        self.step_teacher_rows += len(outputs.teacher)
+        return loss, torch.zeros(0, dtype=torch.float64)
+
+    def before_update(self) -> None:
+        """In the first `dino_freeze_last_layer` epochs the prototypes keep their initialisation (the paper's
+        remedy for an unstable start): their gradients are dropped, so the optimizer leaves them alone."""
+        if self.steps_done < self.settings.dino_freeze_last_layer * self.steps_per_epoch:
+            for parameter in self.module.head.last_layer.parameters():
+                parameter.grad = None
+
+    def after_update(self, env: DistEnv) -> None:
+        """The center from the step's teacher outputs (every micro-batch's, every process's), then the teacher
+        from the updated student."""
+        sums = torch.cat(
+            [
+                self.step_teacher_sum.flatten(),
+                torch.tensor([float(self.step_teacher_rows)], dtype=torch.float64, device=self.step_teacher_sum.device),
+            ]
+        )
+        all_reduce_sum(sums, env)
+        batch_mean = (sums[:-1] / sums[-1]).float().reshape(1, -1)
+        self.center = updated_center(self.center.to(batch_mean.device), batch_mean, self.settings.dino_center_momentum)
+        self.step_teacher_sum = torch.zeros_like(self.step_teacher_sum)
+        self.step_teacher_rows = 0
+        momentum = teacher_momentum(self.steps_done, self.total_steps(), self.settings.dino_momentum_teacher)
+        update_teacher(self.teacher, self.module, momentum)
+        self.steps_done += 1
+
+    # ------------------------------------------------------------------------------------- evaluation
+    @contextlib.contextmanager
+    def evaluated_module(self, model: VisionTransformer) -> Iterator[Any]:
+        """The student's network, with `model` (the teacher's backbone, or a best checkpoint of it) as the
+        teacher's backbone for a while; both in eval mode."""
+        own, modes = self.teacher.encoder, (self.module.training, model.training)
+        self.teacher.encoder = model
+        self.module.eval()
+        model.eval()
+        try:
+            yield self.module
+        finally:
+            self.teacher.encoder = own
+            self.module.train(modes[0])
+            model.train(modes[1])
+
+    def measure(
+        self, module: nn.Module, inputs: ModelInput, targets: dict[str, torch.Tensor], generator: torch.Generator
+    ) -> list[float]:
+        pixels = targets["pixels"]
+        views = self.views(pixels, self.module.encoder.config, Draws(generator, len(pixels)), flips=False)
+        teacher = self.teacher_logits(views)
+        loss = dino_loss(
+            module(views),
+            teacher,
+            self.center.to(teacher.device),
+            self.settings.dino_student_temp,
+            self.settings.dino_teacher_temp,
+        )
+        return [loss.item()]
+
+    # ------------------------------------------------------------------------------------- reporting
+    def job(self, source: str, fine_tuning: bool) -> str:
+        return f"pre-training {source} by DINO (self-distillation)"
+
+    def after_epoch(
+        self, model: VisionTransformer, epoch: int, run_dir: Path, validation: BatchSource | None
+    ) -> list[str]:
+        return []  # no pictures of its own
+
+    def summarize(
+        self, results: dict[str, Any], run_dir: Path, dataset: str, best_epoch: int, splits: Any
+    ) -> tuple[dict[str, Any], list[str], list[str]]:
+        figures, lines, pictures = super().summarize(results, run_dir, dataset, best_epoch, splits)
+        settings = self.settings
+        figures.update(
+            saved="teacher",
+            teacher_momentum=teacher_momentum(self.steps_done, self.total_steps(), settings.dino_momentum_teacher),
+            prototypes=settings.dino_out_dim,
+            local_crops=settings.dino_local_crops,
+        )
+        lines.append(
+            "  teacher      model.safetensors is DINO's teacher backbone (the student's moving average, the model "
+            f"the paper evaluates): try vitlab knn {run_dir} {dataset}"
+        )
+        return figures, lines, pictures
