@@ -134,6 +134,30 @@ def pretrain_micro(tmp_path, method, **changes) -> TrainConfig:
     return pretrain_config(method, **fields)
 
 
+def assert_pretraining_resumes_exactly(tmp_path, stop_at_check, method: str, files: tuple[str, ...], **changes):
+    """A `pretrain_micro` run of `method` for 3 epochs (10 steps each) stopped after step 4 of epoch 2 and resumed
+    ends as an uninterrupted one: the run folder's `files`, the objective's saved state (its decoder, head, adaptors
+    or teacher) and the test loss equal, bit for bit. Returns the two objective states (uninterrupted, resumed)."""
+    from vitlab.train.state import load_training_state
+
+    changes = dict(epochs=3, **changes)
+    straight = train(pretrain_micro(tmp_path, method, run_name="straight", **changes))
+    assert straight["status"] == "finished" and straight["objective"] == method
+    stop_at_check(15)  # after step 4 of epoch 2 (10 steps an epoch, one check at its end)
+    stopped = train(pretrain_micro(tmp_path, method, run_name="stopped", **changes))
+    assert stopped["status"] == "interrupted" and (stopped["epoch"], stopped["step"]) == (1, 4)
+    stop_at_check(None)
+    resumed = train(TrainConfig(), resume=tmp_path / "stopped")
+    assert resumed["status"] == "finished"
+    for name in files:
+        a, b = load_file(tmp_path / "straight" / name), load_file(tmp_path / "stopped" / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    a, b = (load_training_state(tmp_path / run)["objective_state"] for run in ("straight", "stopped"))
+    assert a.keys() == b.keys() and a and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["test_loss"] == straight["test_loss"]
+    return a, b
+
+
 META = torch.device("meta")
 
 

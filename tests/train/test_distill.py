@@ -8,16 +8,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runfiles import MICRO, SMALL, pretrain_micro
+from runfiles import MICRO, SMALL, assert_pretraining_resumes_exactly
 from vitlab.checkpoint.adaptors import load_distilled
 from vitlab.checkpoint.formats import export_checkpoint, load_model
 from vitlab.cli import main
 from vitlab.features.vectors import read_embeddings
 from vitlab.models.registry import create_model
 from vitlab.objectives.settings import PretrainConfig
-from vitlab.train.config import TrainConfig
-from vitlab.train.loop import train
-from vitlab.train.state import load_training_state
 
 
 def small_teacher(tmp_path, name="teacher", **changes):
@@ -33,27 +30,13 @@ def small_teacher(tmp_path, name="teacher", **changes):
 def test_a_distillation_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, stop_at_check):
     teachers = [small_teacher(tmp_path), small_teacher(tmp_path, "second", embed_dim=16)]
     changes = dict(
-        epochs=3,
         ema_decay=0.9,
         augment={"affine_degrees": 10, "crop_padding": 1},
         pretrain=PretrainConfig(distill_teachers=teachers, distill_weights=[1.0, 0.5]),
     )
-    straight = train(pretrain_micro(tmp_path, "distill", run_name="straight", **changes))
-    assert straight["status"] == "finished" and straight["objective"] == "distill"
-    stop_at_check(15)  # after step 4 of epoch 2 (10 steps an epoch, one check at its end)
-    stopped = train(pretrain_micro(tmp_path, "distill", run_name="stopped", **changes))
-    assert stopped["status"] == "interrupted" and (stopped["epoch"], stopped["step"]) == (1, 4)
-    stop_at_check(None)
-    resumed = train(TrainConfig(), resume=tmp_path / "stopped")
-    assert resumed["status"] == "finished"
-    for name in ("model.safetensors", "checkpoints/best.safetensors", "adaptors.safetensors"):
-        a, b = load_file(tmp_path / "straight" / name), load_file(tmp_path / "stopped" / name)
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
-    a, b = (load_training_state(tmp_path / run)["objective_state"] for run in ("straight", "stopped"))
-    assert (
-        a.keys() == b.keys() and any(k.startswith("adaptors.1.") for k in a) and all(torch.equal(a[k], b[k]) for k in a)
-    )
-    assert resumed["test_loss"] == straight["test_loss"]
+    files = ("model.safetensors", "checkpoints/best.safetensors", "adaptors.safetensors")
+    state, _ = assert_pretraining_resumes_exactly(tmp_path, stop_at_check, "distill", files, **changes)
+    assert any(name.startswith("adaptors.1.") for name in state)
 
 
 @pytest.mark.run_level

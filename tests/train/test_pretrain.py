@@ -9,37 +9,23 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from datafiles import write_photos
 from paths import REPO
-from runfiles import SMALL, SPARE, pretrain_micro, two_processes
+from runfiles import SMALL, SPARE, assert_pretraining_resumes_exactly, pretrain_micro, two_processes
 from vitlab.cli import main
 from vitlab.errors import UsageError
 from vitlab.objectives.settings import PretrainConfig
 from vitlab.train.config import TrainConfig, finetune_config, pretrain_config, pretrain_recipe
 from vitlab.train.loop import train
-from vitlab.train.state import load_training_state
 
 
 @pytest.mark.run_level
 @pytest.mark.parametrize("method", ["mpp", "mae"])
 def test_a_pretraining_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weights(tmp_path, stop_at_check, method):
-    changes = dict(epochs=3, augment={"affine_degrees": 10, "crop_padding": 1})
-    straight = train(pretrain_micro(tmp_path, method, run_name="straight", **changes))
-    assert straight["status"] == "finished" and straight["objective"] == method
-    stop_at_check(15)  # after step 4 of epoch 2 (10 steps an epoch, one check at its end)
-    stopped = train(pretrain_micro(tmp_path, method, run_name="stopped", **changes))
-    assert stopped["status"] == "interrupted" and (stopped["epoch"], stopped["step"]) == (1, 4)
-    stop_at_check(None)
-    resumed = train(TrainConfig(), resume=tmp_path / "stopped")
-    assert resumed["status"] == "finished"
-    for name in ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/best-objective.safetensors"):
-        a, b = load_file(tmp_path / "straight" / name), load_file(tmp_path / "stopped" / name)
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
-    a, b = (load_training_state(tmp_path / run)["objective_state"] for run in ("straight", "stopped"))
-    assert a.keys() == b.keys() and a and all(torch.equal(a[k], b[k]) for k in a)  # the decoder or head too
-    assert resumed["test_loss"] == straight["test_loss"]
+    files = ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/best-objective.safetensors")
+    changes = dict(augment={"affine_degrees": 10, "crop_padding": 1})
+    assert_pretraining_resumes_exactly(tmp_path, stop_at_check, method, files, **changes)  # the decoder or head too
 
 
 @pytest.mark.run_level
