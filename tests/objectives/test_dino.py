@@ -166,6 +166,7 @@ def test_multi_crop_gives_two_global_and_n_local_views_drawn_alike_on_every_proc
     assert torch.equal(whole.global_batch()[6:], whole.global_views[:, 1])  # view-major
     assert local_view_size((28, 28), (7, 7)) == (14, 14)  # 96/224 of 28 is 12, in whole 7-pixel patches 14
     assert local_view_size((224, 224), (16, 16)) == (96, 96)  # the paper's
+    assert local_view_size((8, 8), (2, 2)) == (4, 4) and local_view_size((8, 8), (8, 8)) == (8, 8)  # 2 patches a side
     none = multi_crop(images, Draws(torch.Generator(), 6), (28, 28), (14, 14), 0, (0.4, 1.0), (0.05, 0.4), False)
     assert isinstance(none, MultiCropViews) and none.num_local == 0
 

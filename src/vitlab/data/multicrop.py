@@ -77,8 +77,12 @@ class MultiCropViews:
 
 def local_view_size(image_size: tuple[int, int], patch_size: tuple[int, int]) -> tuple[int, int]:
     """The local views' default size for a model of `image_size`: the paper's 96 pixels for 224 (3/7 of each
-    side), in whole patches (at least one): 12 x 12 at 28 x 28 with 7 x 7 patches, say, becomes 14 x 14."""
-    rows, cols = (whole_patches(round(side * 96 / 224), patch) for side, patch in zip(image_size, patch_size))
+    side), in whole patches, at least 2 a side where the image has them (one patch has no layout to learn from):
+    12 x 12 at 28 x 28 with 7 x 7 patches becomes 14 x 14, and 8 x 8 digits in 2 x 2 patches get 4 x 4."""
+    rows, cols = (
+        min(side // patch * patch, max(2 * patch, whole_patches(round(side * 96 / 224), patch)))
+        for side, patch in zip(image_size, patch_size)
+    )
     return rows, cols
 
 
