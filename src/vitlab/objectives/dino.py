@@ -93,6 +93,9 @@ class Dino(MaskedPretraining):
         self.teacher: Any = None  # a DinoNetwork, frozen, made in `attach`
         self.center = torch.zeros(1, settings.dino_out_dim)
         self.steps_done = 0  # optimizer steps the teacher has followed
+        # Whether the teacher holds its weights: a fresh run's teacher starts as the student at the first step, when
+        # DDP has given every process rank 0's student (each process built its own); a resumed one is loaded.
+        self.teacher_started = False
         # The teacher outputs of the step under way, summed over its micro-batches (float64), and their rows.
         self.step_teacher_sum = torch.zeros(1, settings.dino_out_dim, dtype=torch.float64)
         self.step_teacher_rows = 0
@@ -112,7 +115,7 @@ class Dino(MaskedPretraining):
             norm_last_layer=settings.dino_norm_last_layer,
         )
         self.module = DinoNetwork(model, head)
-        self.teacher = frozen(copy.deepcopy(self.module))  # starts as the student (the paper's initialisation)
+        self.teacher = frozen(copy.deepcopy(self.module))  # the student's architecture; its weights: `start_teacher`
         return self.module
 
     def evaluated_model(self, model: VisionTransformer) -> VisionTransformer:
@@ -138,6 +141,7 @@ class Dino(MaskedPretraining):
                 f"the saved DINO teacher does not fit this run's (missing {missing[:3]}, unexpected "
                 f"{unexpected[:3]}); was the recipe's pretrain group changed?"
             )
+        self.teacher_started = True
         self.center = state[CENTER].clone().to(self.center.device)
         self.steps_done = int(state[STEPS][0])
         own = (TEACHER, CENTER, STEPS)
@@ -190,7 +194,15 @@ class Dino(MaskedPretraining):
             self.teacher.to(views.device)
         return self.teacher(views, local=False)
 
+    @torch.no_grad()
+    def start_teacher(self) -> None:
+        """The teacher becomes a copy of the student (the paper's initialisation), on every process alike."""
+        self.teacher.load_state_dict(self.module.state_dict())
+        self.teacher_started = True
+
     def forward(self, model: nn.Module, inputs: Any) -> DinoOutputs:
+        if not self.teacher_started:
+            self.start_teacher()
         return DinoOutputs(model(inputs), self.teacher_logits(inputs))
 
     def loss(self, outputs: DinoOutputs, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,6 +300,6 @@ class Dino(MaskedPretraining):
         )
         lines.append(
             "  teacher      model.safetensors is DINO's teacher backbone (the student's moving average, the model "
-            f"the paper evaluates): try vitlab knn {run_dir} {dataset}"
+            f"the paper evaluates): try vitlab knn {run_dir} --dataset {dataset}"
         )
         return figures, lines, pictures

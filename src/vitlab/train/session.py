@@ -67,7 +67,8 @@ class Session:
 
     @property
     def evaluated(self) -> VisionTransformer:
-        """The weights that are validated, tested and saved: the EMA's if any, else the model's."""
+        """The weights that are validated, tested and saved: the EMA's or the objective's (DINO's teacher) if any,
+        else the model's."""
         return self.eval_model or self.model
 
     def refresh_evaluated(self) -> None:
