@@ -27,8 +27,9 @@ HELP = (
 
 def recipes_and_keys_help() -> str:
     """The help's epilog: where the recipes are, and every --set key with its pre-training default."""
-    return "recipes: configs/pretrain/ (e.g. mnist_mae.py, mnist_mpp.py, digits_mae.py, mnist_dino.py)\n\n" + recipe_keys_help(
-        pretrain=True
+    return (
+        "recipes: configs/pretrain/ (e.g. mnist_mae.py, mnist_mpp.py, digits_mae.py, mnist_dino.py)\n\n"
+        + recipe_keys_help(pretrain=True)
     )
 
 
