@@ -194,7 +194,10 @@ def test_bad_settings_are_refused_in_one_line(setting, message):
     assert "\n" not in str(refused.value)
 
 
-def test_an_ema_beside_the_teacher_is_refused():
+def test_an_ema_beside_the_teacher_and_a_sharded_student_are_refused():
     config = pretrain_config("dino", ema_decay=0.99)
     with pytest.raises(ConfigError, match="DINO's teacher is already the student's moving average"):
+        Dino(config.pretrain, config.augment, config, train_images=64)
+    config = pretrain_config("dino", parallel="fsdp")
+    with pytest.raises(ConfigError, match="parallel=fsdp: DINO's teacher follows the whole student"):
         Dino(config.pretrain, config.augment, config, train_images=64)

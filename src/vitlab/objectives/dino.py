@@ -87,6 +87,11 @@ class Dino(MaskedPretraining):
                 f"ema_decay {run_config.ema_decay}: DINO's teacher is already the student's moving average, and "
                 "it is what the run validates and saves; leave ema_decay at 0"
             )
+        if getattr(run_config, "parallel", "ddp") == "fsdp":
+            raise ConfigError(
+                "parallel=fsdp: DINO's teacher follows the whole student after every step, and FSDP shards it; "
+                "use --set parallel=ddp"
+            )
         # The run's recipe: its epochs are the run's length, which a time budget may shorten as the run goes.
         self.run_config = run_config
         self.steps_per_epoch = max(1, whole_batches(train_images, run_config.batch_size))
