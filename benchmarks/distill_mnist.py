@@ -164,8 +164,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-deit", action="store_true")
     parser.add_argument("--skip-bench", action="store_true", help="leave out the deployment table (run it quiet)")
+    parser.add_argument(
+        "--student", default="", help="changes to the student's architecture for every arm, e.g. depth=2"
+    )
     parser.add_argument("--section", help="also write the table into BENCHMARKS.md between this section's markers")
     args = parser.parse_args()
+    STUDENT.update({key: int(value) for key, value in (part.split("=") for part in args.student.split(",") if part)})
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     data, seed, arms = args.data_dir, args.seed, args.arms.split(",")
@@ -187,7 +191,8 @@ def main() -> None:
             encoders[arm] = untrained_student(out, seed)
             continue
         # The other arms: the same student, the same 55,000 images and 5,000 held out, for the distillation's time.
-        extra = ["--teacher", teacher] if arm == "distill" else [*student_settings(), "--set", "epochs=1000"]
+        extra = ["--teacher", teacher] if arm == "distill" else ["--set", "epochs=1000"]
+        extra += student_settings()  # the recipe's own student (distill), or the MAE/DINO recipes' model made it
         extra += ["--set", "max_train_images=none", "--set", "val_size=5000", "--set", "threads=2"]
         if arm != "distill":
             if budget is None:
