@@ -73,12 +73,37 @@ def pytest_configure(config) -> None:
         torch.set_num_threads(1)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, so restore_xdist_groups sees what it did
 def pytest_collection_modifyitems(config, items) -> None:
     """Test files that hold a test marked slow (tens of seconds) first, each file's tests kept together and in
     order (so a module fixture is built once): under pytest-xdist the long ones then start early and the many
     short ones fill the workers in around them, instead of one long test running alone at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_files)
+    if getattr(config.option, "loadgroup", False):  # set in a pytest-xdist worker under `--dist loadgroup`
+        restore_xdist_groups(items)
+
+
+def restore_xdist_groups(items) -> None:
+    """Under `--dist loadgroup` a test marked `xdist_group(NAME)` has `@NAME` appended to its node id, which is
+    how pytest-xdist's scheduler sends a group to one worker. pytest-xdist 3.8 writes it to a field pytest 9.2 no
+    longer reads (pytest-dev/pytest-xdist#1386): no group held, so the pt2e tests trained and exported their
+    session fixtures on both workers (~25 s each) and the torchrun tests ran two at a time, each worker starting
+    its own uninterrupted run. Appended here where it is missing, as pytest-xdist itself appends it."""
+    try:
+        from _pytest.nodeid import NodeId  # pytest 9.2's structured node ids
+    except ImportError:  # an earlier pytest, where pytest-xdist's own suffix holds
+        return
+    for item in items:
+        names = sorted(
+            {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+        )
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @pytest.fixture
