@@ -36,6 +36,15 @@ def pixels():
 
 
 @pytest.fixture(scope="module")
+def exported(model, tmp_path_factory):
+    """`model` as OpenVINO writes it with no options, once for the tests that read the file (about 1.7 s a
+    conversion); none of them writes beside it."""
+    path = tmp_path_factory.mktemp("openvino") / "m.xml"
+    openvino.export_openvino(model, path)
+    return path
+
+
+@pytest.fixture(scope="module")
 def trained():
     """SMALL fitted for a few steps on digits, so int8 is judged on a model whose classes mean something."""
     return fitted_on_digits(SMALL)
@@ -63,16 +72,14 @@ def test_fp32_round_trip_of_any_batch_and_size_is_within_the_tolerance(model, pi
 
 
 @pytest.mark.run_level
-def test_the_graph_computes_the_class_token_alone_in_the_last_block(model, tmp_path):
+def test_the_graph_computes_the_class_token_alone_in_the_last_block(exported):
     """The IR carries vitlab's own forward (models/fast_paths.py, item 1): the last block's projection and MLP run
     on the class token's row alone, (B, D); every other linear layer on all of the tokens, (B, T, D)."""
     import openvino as ov
 
-    path = tmp_path / "m.xml"
-    openvino.export_openvino(model, path)
     ranks = [
         len(op.input(0).get_partial_shape())
-        for op in ov.Core().read_model(path).get_ordered_ops()
+        for op in ov.Core().read_model(exported).get_ordered_ops()
         if op.get_type_name() == "MatMul" and op.input(1).get_partial_shape().is_static
     ]
     # block 0: q, k, v (three projections: Attention.separate_projections), proj, fc1, fc2 on every token; the last
@@ -80,10 +87,8 @@ def test_the_graph_computes_the_class_token_alone_in_the_last_block(model, tmp_p
     assert ranks == [3] * 9 + [2] * 4
 
 
-def test_a_batch_size_that_comes_again_runs_a_graph_compiled_for_it(model, tmp_path):
-    path = tmp_path / "m.xml"
-    openvino.export_openvino(model, path)
-    runtime = openvino.OpenVinoClassifier(path, precision="fp32")
+def test_a_batch_size_that_comes_again_runs_a_graph_compiled_for_it(model, exported):
+    runtime = openvino.OpenVinoClassifier(exported, precision="fp32")
     images = {size: torch.randn(size, 3, 8, 12) for size in (1, 3, 5)}
 
     def batch_dimension(size: int):
@@ -104,13 +109,11 @@ def test_a_batch_size_that_comes_again_runs_a_graph_compiled_for_it(model, tmp_p
 
 
 @pytest.mark.run_level
-def test_a_large_fixed_batch_runs_as_two_halves_on_two_streams_with_the_same_logits(model, tmp_path):
-    path = tmp_path / "m.xml"
-    openvino.export_openvino(model, path)
+def test_a_large_fixed_batch_runs_as_two_halves_on_two_streams_with_the_same_logits(model, exported):
     images = torch.randn(openvino.TWO_STREAMS_MIN_BATCH, 3, 8, 12)
     expected = model(images).detach()
     for threads, halves in ((2, True), (1, False)):
-        runtime = openvino.OpenVinoClassifier(path, threads=threads, precision="fp32", batch_size=len(images))
+        runtime = openvino.OpenVinoClassifier(exported, threads=threads, precision="fp32", batch_size=len(images))
         assert isinstance(runtime.compiled, openvino.HalvesOnTwoStreams) == halves
         for _ in range(2):  # the requests are reused: a second call returns its own logits, not the first's
             torch.testing.assert_close(runtime(images), expected, atol=1e-4, rtol=0)
