@@ -168,9 +168,11 @@ def test_a_restart_of_a_resume_that_finished_its_run_exits_0(tmp_path):
     """`train --resume` finishes the run, then a rank fails as it exits (torch's teardown abort, SIGABRT): the agent
     starts the same command again, which finds the run this job finished and exits 0, where it was refused as a
     resume of a finished run. A resume of a run that had finished before the job is still refused."""
+    from vitlab.cli import main
+
+    # The first run in this process (the process start, ~3 CPU-s, is not what is tested); the job's in torchrun's.
     one_epoch = [*RECIPE, "--set", "epochs=1", "--set", "run_name=run", "--out-dir", str(tmp_path)]
-    first = subprocess.run([sys.executable, "-m", "vitlab", "train", *one_epoch], capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert main(["train", *one_epoch]) == 0
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=1"]
     resume = ["train", "--resume", str(tmp_path / "run"), "--epochs", "2"]
     extended = subprocess.run(
