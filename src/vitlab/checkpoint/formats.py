@@ -29,11 +29,13 @@ from vitlab.checkpoint.io import (
     save_model,
     save_state_dict,
 )
+from vitlab.checkpoint.lora_adapter import ADAPTER_KIND, adapter_metadata, base_of, merged_state
 from vitlab.checkpoint.resolve import resolve_checkpoint
 from vitlab.config import ViTConfig
 from vitlab.data.imagenet import NUM_CLASSES as IMAGENET_CLASSES
 from vitlab.data.imagenet import imagenet1k_class_names, says_imagenet1k
 from vitlab.data.preprocess import LUMA_WEIGHTS
+from vitlab.download import sha256_of
 from vitlab.errors import CheckpointError, ConfigError, UsageError
 from vitlab.files import atomic_write_bytes, verify_checksum
 from vitlab.models.registry import create_model
@@ -88,7 +90,27 @@ def read_checkpoint(
     weights, sidecar = resolve_weights(path)
     check_written_content(weights)
     config, state, kind = read_weights(weights, sidecar, hints, image_size)
+    if kind == ADAPTER_KIND:  # a LoRA run's adapter: its base's weights with the adapters folded in
+        metadata = adapter_metadata(weights)
+        state = merged_state(state, metadata, read_lora_base(weights, metadata), str(weights))
     return with_imagenet_names(config, path, sidecar, kind), state, kind
+
+
+def read_lora_base(adapter: Path, metadata: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The state dict of the base checkpoint a LoRA adapter names, refused in one line, naming the base and the
+    SHA-256 the run was trained on, when it is missing or its content changed since."""
+    base, digest = base_of(metadata)
+    named = f"{adapter} is a LoRA adapter on the base checkpoint {base} (SHA-256 {digest})"
+    try:
+        weights, _ = resolve_weights(base)
+    except CheckpointError:
+        raise CheckpointError(f"{named}, which is missing; put that base back to load the run") from None
+    now = sha256_of(weights)
+    if now != digest:
+        raise CheckpointError(
+            f"{named}, which has changed since (SHA-256 now {now}); put the original base back to load the run"
+        )
+    return read_checkpoint(base)[1]
 
 
 def with_imagenet_names(config: ViTConfig, spec: str | Path, sidecar: dict[str, Any] | None, kind: str) -> ViTConfig:

@@ -109,7 +109,9 @@ class Attention(nn.Module):
         optimiser step can move it (and weight decay scales zero to zero); elsewhere the Linear runs as it is, so
         int8 quantization and export see a plain Linear. Nothing is stored for it (no hook, no buffer), so loading
         by assignment and copies keep the rule."""
-        if self.key_bias or not torch.is_grad_enabled():
+        # A wrapped projection (peft's LoRA layer) adds its own term to the Linear's, which reading its weight here
+        # would skip; its base bias is frozen there, so the zero third cannot move anyway.
+        if self.key_bias or not torch.is_grad_enabled() or not isinstance(self.qkv, nn.Linear):
             return self.qkv(x)
         return F.linear(x, self.qkv.weight, self.project_qkv_bias())
 

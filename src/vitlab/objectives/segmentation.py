@@ -128,7 +128,10 @@ class Segmentation(Objective):
         """EoMT trains through `EoMTTraining` (its training pass as a module's forward, for DDP to wrap), a head
         model as it is; a frozen encoder (backbone_lr_scale 0) is frozen here."""
         # The encoder's parameters: those the dense model holds under "encoder." (models/dense.py).
-        self.backbone_names = {name for name, _ in model.named_parameters() if name.startswith(ENCODER)}
+        # LoRA's adapters (a run with lora.rank) are the encoder's change and learn at the head's rate.
+        self.backbone_names = {
+            name for name, _ in model.named_parameters() if name.startswith(ENCODER) and ".lora_" not in name
+        }
         if self.settings.backbone_lr_scale == 0:
             for name, parameter in model.named_parameters():
                 if name in self.backbone_names:

@@ -31,6 +31,7 @@ from vitlab.train.config import TrainConfig
 from vitlab.train.data import choose_streaming, training_splits
 from vitlab.train.elastic import remember_resumed, remember_run
 from vitlab.train.fsdp import data_parallel_reason, mixed_precision_policy, shard_model
+from vitlab.train.lora import prepare_lora
 from vitlab.train.optim import EMA, build_optimizer
 from vitlab.train.schedule import build_scheduler, fit_schedule, suggested_batch_size
 from vitlab.train.session import Session
@@ -71,6 +72,8 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     else:
         model = build_model(config, splits.train, pretrained, objective.model_fields(splits.train))
         model = objective.adapt_model(model)  # e.g. a segmentation head on the encoder
+    if config.lora.enabled:  # adapters on the blocks (a restored model has them already), the base recorded
+        prepare_lora(model, config.lora, str(config.init_from), pretrained[1] if pretrained else None, run, env.is_main)
     apply_freezing(model, config)
     model.set_attention_kernel(training_attention_kernel(config, model, env.device))
     if config.augment.hflip and not objective.allows_flips(splits.train):

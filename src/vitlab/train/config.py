@@ -19,6 +19,8 @@ from vitlab.objectives import objective_names, pretraining_methods
 from vitlab.objectives.deit_settings import DistillationSettings
 from vitlab.objectives.segmentation_settings import SegmentationConfig
 from vitlab.objectives.settings import PretrainConfig
+from vitlab.train.freezing import freeze_items
+from vitlab.train.lora_settings import LoraSettings
 
 
 @dataclass
@@ -51,6 +53,11 @@ class TrainConfig:
     freeze_blocks: int = 0  # freeze the patch embedding, position embedding, class token and the first k blocks
     linear_probe: bool = False  # train the new head only
     layer_decay: float = 1.0  # layer-wise learning-rate decay: block l gets lr * decay^(L + 1 - l); 1 = off
+    # Parameter-efficient fine-tuning. freeze: what stays as it is, e.g. "patch_embed,blocks.0-9" or
+    # "all_but_last:2" (the grammar: vitlab.train.freezing). lora: low-rank adapters on the blocks' linear layers
+    # (`--set lora.rank=8`; vitlab.train.lora_settings); only they and the head train, and the run saves them alone.
+    freeze: str | None = None
+    lora: LoraSettings = field(default_factory=LoraSettings)
     # Optimisation.
     epochs: int = 150
     batch_size: int = 128  # global batch, over all processes and accumulation steps
@@ -151,6 +158,8 @@ class TrainConfig:
             self.distill = DistillationSettings(
                 **checked_fields(DistillationSettings, self.distill, "distill settings")
             )
+        if isinstance(self.lora, dict):
+            self.lora = LoraSettings(**checked_fields(LoraSettings, self.lora, "lora settings"))
         # Checked in order, each only after the ones before it passed (batch_size % grad_accum needs
         # grad_accum > 0: the fuzz run found `--set grad_accum=0` dividing by zero when they were eager).
         checks = [
@@ -239,11 +248,24 @@ class TrainConfig:
                     "none: drop --set distill.teacher"
                 ),
             ),
+            (
+                lambda: not self.lora.enabled or bool(self.init_from),
+                lambda: (
+                    "lora.rank adapts a trained model: name it with vitlab finetune --from CHECKPOINT "
+                    "(or --set init_from=CHECKPOINT)"
+                ),
+            ),
+            (
+                lambda: not self.lora.enabled or self.ema_decay == 0,
+                lambda: "a LoRA run keeps no EMA of its weights yet: drop --set ema_decay (or lora.rank)",
+            ),
         ]
         for ok, message in checks:
             if not ok():
                 raise ConfigError(message())
         self.check_optional_fields()
+        if self.freeze is not None:
+            freeze_items(self.freeze)  # its form; what it matches is checked against the model
 
     def check_optional_fields(self) -> None:
         """Fields whose default is None accept any type through --set; check them here, not deep in training.
@@ -261,6 +283,7 @@ class TrainConfig:
 
         rules = [
             ("data_dir", lambda v: isinstance(v, str)),
+            ("freeze", lambda v: isinstance(v, str)),
             ("init_from", lambda v: isinstance(v, str)),
             ("run_name", lambda v: isinstance(v, str) and "/" not in v and v not in (".", "..")),
             (

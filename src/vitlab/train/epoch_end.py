@@ -6,12 +6,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vitlab.checkpoint.io import save_model, save_state_dict
+from vitlab.checkpoint.io import save_state_dict
 from vitlab.distributed import gather_lists
 from vitlab.errors import CheckpointError
 from vitlab.objectives.base import is_better
 from vitlab.runs import BEST, BEST_OBJECTIVE
 from vitlab.train.clock import RunClock
+from vitlab.train.lora import save_trained_model
 from vitlab.train.schedule import peak_lr
 from vitlab.train.session import Session
 from vitlab.train.summary import unreadable_files
@@ -88,7 +89,7 @@ def save_best(session: Session) -> None:
     """Rank 0: the evaluated weights as the best checkpoint, with the objective's own parameters of this epoch."""
     best = session.run / BEST
     try:
-        save_model(session.evaluated, best, checksum=True)
+        save_trained_model(session.evaluated, best, checksum=True)
         extra = session.objective.extra_state()
         if extra:  # the objective's own parameters of the best epoch (a decoder), for its test figures
             save_state_dict(extra, session.run / BEST_OBJECTIVE, checksum=True)

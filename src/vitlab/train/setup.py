@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import torch
+from torch import nn
 
 from vitlab.checkpoint.formats import model_from_state, read_checkpoint
 from vitlab.data.source import BatchSource
@@ -16,6 +17,7 @@ from vitlab.hardware import TRAIN_EXPLICIT_ATTENTION_MAX_TOKENS, Threads, availa
 from vitlab.models.registry import create_model
 from vitlab.models.vit import EMBEDDING_PARAMETERS, VisionTransformer, block_index, encoder_parameter_name
 from vitlab.train.config import TrainConfig
+from vitlab.train.freezing import frozen_names
 from vitlab.variants import variant_names
 
 
@@ -80,11 +82,18 @@ def build_finetune_model(
     return model
 
 
-def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
+def apply_freezing(model: nn.Module, config: TrainConfig) -> None:
     """Freeze what the recipe says: with linear_probe all but the head; with freeze_blocks = k the embeddings
-    and the first k blocks. Frozen parameters get no gradient and are left out of the optimizer."""
-    if config.freeze_blocks > len(model.blocks):
-        raise ConfigError(f"freeze_blocks {config.freeze_blocks} is more than the model's {len(model.blocks)} blocks")
+    and the first k blocks; with freeze = SPEC what the spec names (`vitlab.train.freezing`). Frozen parameters get
+    no gradient and are left out of the optimizer."""
+    blocks = len(getattr(model, "encoder", model).blocks)
+    if config.freeze_blocks > blocks:
+        raise ConfigError(f"freeze_blocks {config.freeze_blocks} is more than the model's {blocks} blocks")
+    # A parameter as the freeze spec names it: its encoder's name, without the wrapper part a LoRA layer adds.
+    spec_names = {name: encoder_parameter_name(name).replace(".base_layer", "") for name, _ in model.named_parameters()}
+    by_spec = (
+        frozen_names(list(spec_names.values()), config.freeze, blocks, EMBEDDING_PARAMETERS) if config.freeze else set()
+    )
     for name, parameter in model.named_parameters():
         if config.linear_probe:
             frozen = not name.startswith(("head.", "head_dist."))
@@ -95,7 +104,7 @@ def apply_freezing(model: VisionTransformer, config: TrainConfig) -> None:
             )
         else:
             frozen = False
-        if frozen:
+        if frozen or spec_names[name] in by_spec:
             parameter.requires_grad_(False)
 
 

@@ -34,6 +34,7 @@ from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.base import Objective
 from vitlab.runs import RunFolder
 from vitlab.train.config import TrainConfig
+from vitlab.train.lora import add_lora
 from vitlab.train.optim import EMA
 from vitlab.train.schedule import follow_schedule
 from vitlab.train.sharded_state import SHARDED_KEY
@@ -283,9 +284,13 @@ def resumed_config(state: dict[str, Any], run_dir: Path, new_epochs: int | None)
 
 
 def restored_model(state: dict[str, Any]) -> VisionTransformer:
-    """The model a state holds: built from its recorded config, with its saved weights (those of a sharded state
-    are read once the run is assembled: `vitlab.train.sharded_state.load_sharded_state`)."""
+    """The model a state holds: built from its recorded config (with its LoRA adapters, where it had them), with
+    its saved weights (those of a sharded state are read once the run is assembled:
+    `vitlab.train.sharded_state.load_sharded_state`)."""
     model = create_model(ViTConfig.from_json(state["model_config"]))
+    lora = TrainConfig.from_dict(json.loads(state["train_config"])).lora
+    if lora.enabled:
+        add_lora(model, lora)
     if not state.get(SHARDED_KEY):
         model.load_state_dict(state["model"])
     return model

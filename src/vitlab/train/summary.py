@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from vitlab.checkpoint.io import save_model
 from vitlab.config import ViTConfig
 from vitlab.data.datasets import ImageDataset
 from vitlab.data.naflex import naflex_grid
@@ -20,6 +19,7 @@ from vitlab.progress import LogLines, format_duration
 from vitlab.runs import MODEL, RunFolder
 from vitlab.train.clock import RunClock
 from vitlab.train.fsdp import parallelism
+from vitlab.train.lora import save_trained_model
 from vitlab.train.schedule import peak_lr
 from vitlab.train.session import Session
 from vitlab.train.state import Position
@@ -208,7 +208,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
     objective = session.objective
     run_dir = run.path
 
-    model_path = save_model(model, run / MODEL, checksum=True)
+    model_path = save_trained_model(model, run / MODEL, checksum=True)
     plots.plot_training_curves(history, run_dir / "curves.png")
     throughput = sum(r["images_per_second"] * r["epoch_seconds"] for r in history) / max(
         sum(r["epoch_seconds"] for r in history), 1e-9
@@ -225,6 +225,7 @@ def write_outputs(session: Session, results: dict[str, Any], replica_diff: float
         "objective": objective.name,
         "selection": selection,
         "params": sum(p.numel() for p in model.parameters()),
+        "trained_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "epochs": config.epochs,
         "processes": env.world_size,
         "parallel": parallelism(session.model, env),  # fsdp, ddp or none (one process)
