@@ -213,5 +213,5 @@ def load_lora_model(path: str | Path) -> nn.Module:
     if missing:
         raise CheckpointError(f"{weights}: neither the adapter nor its base holds {', '.join(missing[:5])}")
     model.load_state_dict({by_plain[name]: state[name] for name in by_plain})
-    model.lora_base = LoraBase(base, digest, json.loads(metadata["base_names"]), settings)
+    model.lora_base = LoraBase(base, digest, json.loads(metadata["base_names"]), settings)  # type: ignore[assignment]
     return model.eval()
