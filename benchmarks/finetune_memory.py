@@ -129,7 +129,9 @@ def unknown_settings(row: Row) -> str | None:
     from vitlab.train.config import apply_overrides, finetune_config
 
     try:
-        apply_overrides(finetune_config(), assignments({**MODELS[row.model].settings, **row.settings}))
+        # Every row fine-tunes a base (`vitlab finetune --from BASE`), which LoRA requires: name one here too.
+        settings = {"init_from": "base.safetensors", **MODELS[row.model].settings, **row.settings}
+        apply_overrides(finetune_config(), assignments(settings))
     except ConfigError as error:
         return str(error).split("; known:")[0]  # the list of every known key says nothing here
     return None
