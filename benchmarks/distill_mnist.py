@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -45,7 +43,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from pretrain_mnist import finetune_recipe, run  # noqa: E402
+from pretrain_mnist import finetune_recipe, machine, run  # noqa: E402
+from report import write_section  # noqa: E402
 
 STUDENT = {"embed_dim": 64, "depth": 4, "num_heads": 4, "mlp_dim": 128}  # configs/pretrain/mnist_distill.py's
 PRETRAIN_RECIPES = {"distill": "mnist_distill.py", "mae": "mnist_mae.py", "dino": "mnist_dino.py"}
@@ -139,22 +138,6 @@ def bench(checkpoint: str, data_dir: str, cache: Path) -> dict:
     return json.loads(cache.read_text())
 
 
-def machine() -> str:
-    try:
-        name = next(
-            line.split(":", 1)[1].strip()
-            for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-            if line.startswith("Model name")
-        )
-    except (OSError, StopIteration):
-        name = platform.processor() or "unknown CPU"
-    import os
-
-    import torch
-
-    return f"{name}, {os.cpu_count()} cores; torch {torch.__version__}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", help="a run of the MNIST recipe (default: trained here)")
@@ -241,7 +224,7 @@ def main() -> None:
     (out / "table.md").write_text(table)
     print(table)
     if args.section:
-        write_section(args.section, table)
+        write_section(args.section, "Distillation on MNIST", table)
 
 
 def percent(value: float | None) -> str:
@@ -292,16 +275,6 @@ def deployment_rows(report: dict) -> list[dict]:
     eager = [row for row in rows if row["path"] == "eager-fp32"]
     fastest = max(rows, key=lambda row: row["images_per_second"])
     return eager + ([fastest] if fastest not in eager else [])
-
-
-def write_section(name: str, table: str) -> None:
-    path = REPO / "BENCHMARKS.md"
-    text = path.read_text()
-    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    if start not in text:
-        text += f"\n{start}\n{end}\n"
-    text = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{table}{end}", text, flags=re.S)
-    path.write_text(text)
 
 
 if __name__ == "__main__":
