@@ -13,10 +13,15 @@ logging set-up: `logging.getLogger("vitlab").removeHandler(vitlab.messages.CONSO
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 
 LOGGER = logging.getLogger("vitlab")
+# Where importing torchao (pt2e int8; peft and transformers import it when installed) speaks: that its CUDA kernels
+# cannot load on a CPU build, and torch's deprecation notes on its pytree registrations. Nothing a user can act on.
+TORCHAO_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
 class ConsoleHandler(logging.Handler):
@@ -56,3 +61,23 @@ def unreadable_line(unreadable: list[str], left: str = "left out") -> str:
     the first, with "..." only where there are more."""
     more = ", ..." if len(unreadable) > 1 else ""
     return f"{counted(len(unreadable), 'unreadable file')} {left}: {unreadable[0]}{more}"
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """Raise the given loggers to ERROR for a while: the exporter notes that torchvision is missing and the
+    quantizer suggests a pre-processing step, neither of which the user can or needs to act on. A handler the
+    library puts on the root logger meanwhile is taken off again: ONNX Runtime's static quantizer calls
+    `logging.basicConfig`, after which every later vitlab message was printed twice ("INFO:vitlab:...")."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    root_handlers = list(logging.root.handlers)
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        for handler in [handler for handler in logging.root.handlers if handler not in root_handlers]:
+            logging.root.removeHandler(handler)

@@ -31,12 +31,12 @@ from vitlab.dense.inference import dense_task, output_tensors
 from vitlab.distributed import DistEnv
 from vitlab.errors import UsageError, VitlabError
 from vitlab.eval.batches import call_model
-from vitlab.export.checks import quiet_loggers
 from vitlab.export.onnx import require_onnx
 from vitlab.export.openvino import compile_for_batch, quantize_int8, require_openvino
 from vitlab.hardware import COMPILED_BF16_EXPLICIT_ATTENTION_MAX_TOKENS
 from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
+from vitlab.messages import TORCHAO_LOGGERS, quiet_loggers
 from vitlab.objectives import Classification
 from vitlab.runtime.base import Backend, BenchRow, Unavailable
 from vitlab.runtime.registry import backends
@@ -205,7 +205,7 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
     try:
         # transformers imports torchao where it is installed, which logs that its CUDA kernels cannot load on a
         # CPU build and makes torch warn about its enums: nothing the user can act on, and it breaks the table.
-        with quiet_loggers("torchao", "torch.utils._pytree"):
+        with quiet_loggers(*TORCHAO_LOGGERS):
             import transformers
     except ImportError:
         raise Unavailable("transformers is not installed (pip install transformers)") from None
@@ -220,7 +220,7 @@ def transformers_reference(model: nn.Module, sample: torch.Tensor) -> tuple[nn.M
         raise Unavailable(f"transformers cannot express this model: {error}") from None
     transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar would break the table
     class_name = reference_class(model.config)
-    with warnings.catch_warnings(), quiet_loggers("torchao", "torch.utils._pytree"):  # where torchao loads
+    with warnings.catch_warnings(), quiet_loggers(*TORCHAO_LOGGERS):  # where torchao loads
         warnings.simplefilter("ignore")
         loaded = getattr(transformers, class_name).from_pretrained(folder.name).eval()
     if dense is not None:  # its dense outputs (mask logits, depth), not a pooled vector

@@ -7,11 +7,9 @@ import each other (openvino reuses the ONNX export's checks).
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,26 +157,6 @@ def place_checked_export(
     worst = max(item["max_abs_diff"] for item in validation["checks"].values())
     size = sum(path.with_name(file.name).stat().st_size for file in [staged, *companions])
     return {**summary, "path": str(path), "bytes": size, "validation": validation, "max_abs_diff": worst}
-
-
-@contextlib.contextmanager
-def quiet_loggers(*names: str) -> Iterator[None]:
-    """Raise the given loggers to ERROR for a while: the exporter notes that torchvision is missing and the
-    quantizer suggests a pre-processing step, neither of which the user can or needs to act on. A handler the
-    library puts on the root logger meanwhile is taken off again: ONNX Runtime's static quantizer calls
-    `logging.basicConfig`, after which every later vitlab message was printed twice ("INFO:vitlab:...")."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    root_handlers = list(logging.root.handlers)
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
-        for handler in [handler for handler in logging.root.handlers if handler not in root_handlers]:
-            logging.root.removeHandler(handler)
 
 
 # ------------------------------------------------------------------------------------------------ reporting

@@ -35,11 +35,11 @@ from vitlab.export.checks import (
     compare_logits,
     compare_outputs,
     place_checked_export,
-    quiet_loggers,
     require_one_input_size,
     validation_pixels,
 )
 from vitlab.hardware import Choice
+from vitlab.messages import quiet_loggers
 from vitlab.preprocessing import Preprocessing, resolved_preprocessing
 
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")

@@ -49,7 +49,6 @@ from vitlab.export.checks import (
     INT8_TOLERANCE,
     check_lines,
     place_checked_export,
-    quiet_loggers,
     require_one_input_size,
     validation_pixels,
 )
@@ -65,6 +64,7 @@ from vitlab.export.onnx import (
 )
 from vitlab.hardware import Choice, choose_precision
 from vitlab.layers.attention import Attention
+from vitlab.messages import quiet_loggers
 
 SUFFIX = ".xml"  # the weights go to a .bin file of the same name beside it
 OPENVINO_PACKAGES = ("openvino", "nncf")

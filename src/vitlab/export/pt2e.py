@@ -49,12 +49,12 @@ from vitlab.export.checks import (
     check_lines,
     compare_logits,
     place_checked_export,
-    quiet_loggers,
     require_one_input_size,
     validation_pixels,
 )
 from vitlab.files import sha256_file
 from vitlab.hardware import Choice, choose_precision, int8_saturates, machine_key
+from vitlab.messages import TORCHAO_LOGGERS, quiet_loggers
 from vitlab.models.registry import create_model
 from vitlab.runs import RunFolder
 
@@ -64,9 +64,6 @@ SUFFIX = ".pt2e"
 MODEL_PREFIX = "model."
 OBSERVER_PREFIX = "observer."
 INSTALL_HINT = "pip install 'vitlab[int8]' (or: pip install torchao)"
-# torchao logs that its CUDA kernels cannot load on a CPU build, and torch that torchao registers enums it need
-# not: nothing the user can act on.
-NOISY_LOGGERS = ("torchao", "torch.utils._pytree")
 
 
 def require_torchao(purpose: str = "the pt2e format") -> None:
@@ -76,7 +73,7 @@ def require_torchao(purpose: str = "the pt2e format") -> None:
 
 
 def _quiet():
-    return quiet_loggers(*NOISY_LOGGERS)
+    return quiet_loggers(*TORCHAO_LOGGERS)
 
 
 def prepared_for_this_cpu(model: nn.Module, example: torch.Tensor) -> nn.Module:
