@@ -4,6 +4,7 @@ file is the adapter alone naming its base and the base's SHA-256, it loads back 
 line, and a run stopped mid-epoch resumes to the uninterrupted run's adapter."""
 
 import json
+import logging
 import sys
 
 import pytest
@@ -164,6 +165,18 @@ def test_lora_without_peft_or_without_a_base_is_refused_with_what_to_do(monkeypa
         TrainConfig(lora={"rank": 8})
     with pytest.raises(ConfigError, match="lora.rank must be"):
         finetune_config(init_from="x.safetensors", lora={"rank": -1})
+
+
+def test_importing_peft_says_nothing_of_torchaos_cuda_kernels(monkeypatch, tmp_path, caplog):
+    """peft imports torchao, which logs a warning per CUDA kernel a CPU build cannot load: four lines a LoRA user can
+    do nothing about. A stand-in peft that logs as torchao does shows they are held back, and only while importing."""
+    (tmp_path / "peft.py").write_text('import logging\nlogging.getLogger("torchao").warning("Failed to load _C.so")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "peft", raising=False)
+    with caplog.at_level(logging.WARNING):
+        assert require_peft().__file__ == str(tmp_path / "peft.py")
+        logging.getLogger("torchao").warning("a later warning")
+    assert [record.getMessage() for record in caplog.records] == ["a later warning"]
 
 
 @pytest.mark.slow

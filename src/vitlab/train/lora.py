@@ -30,6 +30,7 @@ from vitlab.config import ViTConfig
 from vitlab.download import sha256_of
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.files import atomic_write_bytes
+from vitlab.messages import TORCHAO_LOGGERS, quiet_loggers
 from vitlab.models.registry import create_model
 from vitlab.runs import RunFolder
 from vitlab.train.lora_settings import TARGETS, LoraSettings
@@ -52,7 +53,8 @@ class LoraBase:
 def require_peft() -> Any:
     """The peft module, or a ConfigError with the one command that installs it."""
     try:
-        import peft
+        with quiet_loggers(*TORCHAO_LOGGERS):
+            import peft
     except ImportError:
         raise ConfigError(PEFT_MISSING) from None
     return peft
