@@ -47,6 +47,7 @@ def fit_to_budget(session: Session, clock: RunClock) -> None:
     session.budget_planned_epochs = planned
     config.epochs = epochs
     total_steps = epochs * session.steps_per_epoch
+    clock.total_steps = total_steps  # the progress line's "run ... left" counts to the new end
     warmup_steps = fitted_warmup_steps(round(config.warmup_epochs * session.steps_per_epoch), total_steps)
     set_schedule_length(session.optimizer, session.scheduler, warmup_steps, total_steps, config.min_lr / config.lr)
     session.budget_note = (
