@@ -36,11 +36,14 @@ SOLARIZE_THRESHOLD = 0.5
 
 @dataclass(eq=False)
 class MultiCropViews:
-    """A batch's views: `global_views` (B, 2, C, G, G) and `local_views` (B, N, C, L, L), N possibly 0. It has `.to`,
-    `.chunk` and `len` (the images B), as a model input has, so the training step moves and splits it alike."""
+    """A batch's views: `global_views` (B, 2, C, G, G) and `local_views` (B, N, C, L, L), N possibly 0; with iBOT's
+    masked-patch term, `masks` (B, 2, P) bool, the patches of each global view the student sees masked
+    (`vitlab.data.block_masking`). It has `.to`, `.chunk` and `len` (the images B), as a model input has, so the
+    training step moves and splits it alike."""
 
     global_views: torch.Tensor
     local_views: torch.Tensor
+    masks: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.global_views.shape[0]
@@ -54,13 +57,16 @@ class MultiCropViews:
         return self.local_views.shape[1]
 
     def to(self, *args, **kwargs) -> MultiCropViews:
-        return MultiCropViews(self.global_views.to(*args, **kwargs), self.local_views.to(*args, **kwargs))
+        global_views = self.global_views.to(*args, **kwargs)
+        # the masks follow the views' device only (a dtype given for the pixels is not theirs)
+        masks = None if self.masks is None else self.masks.to(global_views.device)
+        return MultiCropViews(global_views, self.local_views.to(*args, **kwargs), masks)
 
     def chunk(self, chunks: int) -> tuple[MultiCropViews, ...]:
         """Split along the images, as `torch.Tensor.chunk` does."""
-        return tuple(
-            MultiCropViews(*parts) for parts in zip(self.global_views.chunk(chunks), self.local_views.chunk(chunks))
-        )
+        global_parts, local_parts = self.global_views.chunk(chunks), self.local_views.chunk(chunks)
+        mask_parts = [None] * len(global_parts) if self.masks is None else self.masks.chunk(chunks)
+        return tuple(MultiCropViews(*parts) for parts in zip(global_parts, local_parts, mask_parts))
 
     def global_batch(self) -> torch.Tensor:
         """(2 B, C, G, G): the global views, view-major (all images' first view, then all images' second)."""
@@ -70,9 +76,13 @@ class MultiCropViews:
         """(N B, C, L, L): the local views, view-major."""
         return view_major(self.local_views)
 
+    def global_masks(self) -> torch.Tensor | None:
+        """(2 B, P) bool: the global views' masks, view-major as `global_batch`; None without masks."""
+        return None if self.masks is None else view_major(self.masks)
+
     def map(self, function) -> MultiCropViews:
         """The same views with `function` ((b, C, H, W) -> (b, C, H, W), e.g. normalisation) applied to each."""
-        return MultiCropViews(per_view(function, self.global_views), per_view(function, self.local_views))
+        return MultiCropViews(per_view(function, self.global_views), per_view(function, self.local_views), self.masks)
 
 
 def local_view_size(image_size: tuple[int, int], patch_size: tuple[int, int]) -> tuple[int, int]:
@@ -87,7 +97,7 @@ def local_view_size(image_size: tuple[int, int], patch_size: tuple[int, int]) ->
 
 
 def view_major(views: torch.Tensor) -> torch.Tensor:
-    """(B, V, C, H, W) -> (V B, C, H, W), the rows of view 0 first."""
+    """(B, V, ...) -> (V B, ...), the rows of view 0 first: (B, V, C, H, W) -> (V B, C, H, W)."""
     return views.transpose(0, 1).reshape(-1, *views.shape[2:])
 
 
