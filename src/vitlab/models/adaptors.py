@@ -13,6 +13,7 @@ class token, a pooled token, C-RADIO's summary tokens, SigLIP's attention pool: 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -47,11 +48,16 @@ class ModelFeatures:
     grid: tuple[int, int]  # (rows, cols) of patches
 
 
-def model_features(model: VisionTransformer, inputs: ModelInput) -> ModelFeatures:
+def model_features(
+    model: VisionTransformer,
+    inputs: ModelInput,
+    patch_transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> ModelFeatures:
     """inputs: images (B, C, H, W) normalised as `model` takes them -> its summary and patch tokens, through the
-    blocks once (with autograd where the caller has it on)."""
+    blocks once (with autograd where the caller has it on). patch_transform: applied to the embedded patches
+    (B, N, D) before the blocks (`VisionTransformer.prepare_tokens`; iBOT's mask token)."""
     mixes_blocks = model.config.classifier == "layer_weighted"
-    tokens, layout = model.prepare_tokens(inputs)
+    tokens, layout = model.prepare_tokens(inputs, patch_transform=patch_transform)
     tokens, states = model.forward_blocks(tokens, layout, keep_states=mixes_blocks)
     tokens = model.norm(tokens)
     summary = model.forward_head(tokens, pre_logits=True, hidden_states=states if mixes_blocks else None)

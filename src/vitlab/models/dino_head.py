@@ -6,15 +6,23 @@
 
 W_K is a weight-normalised linear layer to K prototypes (each row w_k = g_k v_k / |v_k|); with `norm_last_layer`
 its g is fixed to 1, so every prototype is a unit vector, which the paper found steadies training.
+
+iBOT (Zhou et al. 2022, arXiv:2111.07832; bytedance/ibot `iBOTHead`, facebookresearch/dinov2 `SSLMetaArch`) runs
+the same head over every patch token of the global views too, and replaces the student's masked patches by a
+learned mask token (`DinoNetwork`'s `masked_patches`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vitlab.data.multicrop import MultiCropViews
+from vitlab.models.adaptors import model_features
 from vitlab.models.vit import VisionTransformer
 
 
@@ -67,19 +75,61 @@ class DinoHead(nn.Module):
         return self.last_layer(bottleneck)
 
 
+@dataclass
+class DinoLogits:
+    """A DINO network's outputs for a batch of views."""
+
+    views: torch.Tensor  # (V B, K) every view's logits, view-major: the 2 global views, then the local ones asked for
+    patches: torch.Tensor | None = None  # (2 B, P, K') iBOT's: the global views' patch tokens' logits, else None
+
+
 class DinoNetwork(nn.Module):
     """A backbone and its DINO head over multi-crop views: the global views in one pass, the local ones (a smaller
     grid) in another, their features (what the backbone's own head would read, as `vitlab knn` reads them) through
-    the head in one batch. The student takes every view; the teacher, a copy, the global ones."""
+    the head in one batch. The student takes every view; the teacher, a copy, the global ones.
 
-    def __init__(self, encoder: VisionTransformer, head: DinoHead) -> None:
+    With iBOT's masked-patch term (`masked_patches`), the network also holds the learned mask token (1, 1, D) that
+    replaces the masked patches' embeddings, before the positions are added (a masked patch keeps its place), and
+    gives the global views' patch tokens through `patch_head`: the class token's head itself (None, iBOT's
+    shared head) or one of their own (DINOv2's)."""
+
+    def __init__(
+        self,
+        encoder: VisionTransformer,
+        head: DinoHead,
+        masked_patches: bool = False,
+        patch_head: DinoHead | None = None,
+    ) -> None:
         super().__init__()
         self.encoder = encoder
         self.head = head
+        self.masked_patches = masked_patches
+        if masked_patches:
+            self.mask_token = nn.Parameter(torch.zeros(1, 1, encoder.config.embed_dim))  # DINOv2's zeros
+            self.patch_head = patch_head
 
-    def forward(self, views: MultiCropViews, local: bool = True) -> torch.Tensor:
-        """-> (V B, K) logits, view-major (2 global views, then the local ones when `local`)."""
-        features = [self.encoder.forward_pre_logits(views.global_batch())]
+    def forward(self, views: MultiCropViews, local: bool = True, masked: bool = True) -> DinoLogits:
+        """-> the logits of the global views (and the local ones when `local`); with iBOT, the global views'
+        patch logits too, those views masked by `views.masks` when `masked` (the student) and whole when not (the
+        teacher)."""
+        if not self.masked_patches:
+            features = [self.encoder.forward_pre_logits(views.global_batch())]
+            patches = None
+        else:
+            masks = views.global_masks() if masked else None
+            seen = model_features(self.encoder, views.global_batch(), None if masks is None else self.masker(masks))
+            features, patches = [seen.summary], seen.patches  # (2 B, D'), (2 B, P, D)
         if local and views.num_local:
             features.append(self.encoder.forward_pre_logits(views.local_batch()))
-        return self.head(torch.cat(features))
+        logits = self.head(torch.cat(features))
+        if patches is None:
+            return DinoLogits(logits)
+        return DinoLogits(logits, (self.patch_head or self.head)(patches))
+
+    def masker(self, masks: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """masks (2 B, P) bool -> the patch transform that puts the mask token where they are True."""
+
+        def put_mask_token(patches: torch.Tensor) -> torch.Tensor:  # (2 B, P, D), embedded, before the positions
+            return torch.where(masks[..., None], self.mask_token.to(patches.dtype), patches)
+
+        return put_mask_token

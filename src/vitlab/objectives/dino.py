@@ -20,8 +20,21 @@ measure of the features: `vitlab knn RUN DATASET` is.
 
 The center and the teacher's update happen once per optimizer step, from the sum of every micro-batch's teacher
 outputs over every process: one process accumulating two micro-batches centers what two processes do. Left out
-of the paper's recipe: the weight decay's own cosine schedule (vitlab's is constant), Gaussian blur in the
-augmentation (see `vitlab.data.multicrop`) and iBOT's masked-patch term.
+of the paper's recipe: the weight decay's own cosine schedule (vitlab's is constant) and Gaussian blur in the
+augmentation (see `vitlab.data.multicrop`).
+
+iBOT's masked-patch term (Zhou et al. 2022, "iBOT: Image BERT Pre-Training with Online Tokenizer",
+arXiv:2111.07832; bytedance/ibot, and DINOv2's form of it, facebookresearch/dinov2 `SSLMetaArch`) is on where
+`ibot_weight` > 0. Each global view the student sees is masked with probability `ibot_mask_probability`: blocks of
+its patches (`vitlab.data.block_masking`, drawn with the views, so resumes and process counts draw alike) take a
+learned mask token in place of their embeddings. The teacher sees the views whole. At the masked patches the
+student's patch tokens, through the DINO head (iBOT's shared head, with the class token's prototypes) or a head of
+their own (DINOv2's, `ibot_out_dim` prototypes), learn the teacher's centred and sharpened patch distributions of
+the same view; the term (`vitlab.objectives.dino_loss.ibot_patch_loss`) has a center of its own, kept and saved as
+DINO's is, and a teacher temperature of its own. The loss is DINO's plus `ibot_weight` times it. The local views
+are never masked. The shared head is the default because it is iBOT's recipe for ViT-S and ViT-B (their released
+runs: `--shared_head true`), and one head fewer to train on a small data set; DINOv2 separates them at ViT-g
+scale. Left out of iBOT's recipe: its option to start the term some epochs in (`pred_start_epoch`, 0 for ViTs).
 """
 
 from __future__ import annotations
@@ -37,19 +50,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitlab.data.multicrop import MultiCropViews, local_view_size, multi_crop
+from vitlab.data.block_masking import block_masks, masked_counts
+from vitlab.data.multicrop import GLOBAL_VIEWS, MultiCropViews, local_view_size, multi_crop
 from vitlab.data.preprocess import normalize, to_unit_range
 from vitlab.data.source import Batch, BatchSource
 from vitlab.data.source import steps_per_epoch as whole_batches
-from vitlab.data.transforms import AugmentConfig, Draws, augment_images
+from vitlab.data.transforms import AugmentConfig, Draws, augment_images, on
 from vitlab.distributed import DistEnv, all_reduce_sum
 from vitlab.errors import CheckpointError, ConfigError
 from vitlab.model_input import ModelInput, require_pixels
 from vitlab.models.adaptors import summary_dim
-from vitlab.models.dino_head import DinoHead, DinoNetwork
+from vitlab.models.dino_head import DinoHead, DinoLogits, DinoNetwork
+from vitlab.models.mpp import check_corruptible
 from vitlab.models.vit import VisionTransformer
 from vitlab.objectives.dino_loss import (
     dino_loss,
+    ibot_patch_loss,
     teacher_momentum,
     teacher_temperature,
     update_teacher,
@@ -59,11 +75,13 @@ from vitlab.objectives.pretraining import MaskedPretraining
 from vitlab.objectives.settings import PretrainConfig
 from vitlab.objectives.teachers import frozen
 
-# The objective's saved state besides the student's head ("head.*"): the teacher's backbone and head, the center
-# (1, K) and the optimizer steps the teacher has followed (1,) int64.
+# The objective's saved state besides the student's head ("head.*"; with iBOT the mask token and any patch head too):
+# the teacher's backbone and head(s), the center (1, K), the optimizer steps the teacher has followed (1,) int64,
+# and with iBOT the patch center (1, K').
 TEACHER = "teacher."
 CENTER = "dino.center"
 STEPS = "dino.steps"
+PATCH_CENTER = "ibot.center"
 # The parts of an encoder DINO never reaches: its classifier heads (what the DINO head reads is their input).
 UNUSED_IN_DINO = ("head.", "head_dist.")
 
@@ -72,6 +90,18 @@ UNUSED_IN_DINO = ("head.", "head_dist.")
 class DinoOutputs:
     student: torch.Tensor  # (V B, K) logits of every view, view-major, the global views first
     teacher: torch.Tensor  # (2 B, K) logits of the global views, without gradients
+    # iBOT's, None without it: the global views' patch logits (2 B, P, K'), the student's of the masked views and the
+    # teacher's of the whole ones, and the masks (2 B, P) bool, all view-major.
+    student_patches: torch.Tensor | None = None
+    teacher_patches: torch.Tensor | None = None
+    masks: torch.Tensor | None = None
+
+
+def patch_outputs(outputs: DinoOutputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the student's patch logits, the teacher's, the masks) of outputs made with iBOT's term."""
+    if outputs.student_patches is None or outputs.teacher_patches is None or outputs.masks is None:
+        raise ValueError("iBOT's term needs both networks' patch logits and the masks; the views had no masks")
+    return outputs.student_patches, outputs.teacher_patches, outputs.masks
 
 
 class Dino(MaskedPretraining):
@@ -104,6 +134,12 @@ class Dino(MaskedPretraining):
         # The teacher outputs of the step under way, summed over its micro-batches (float64), and their rows.
         self.step_teacher_sum = torch.zeros(1, settings.dino_out_dim, dtype=torch.float64)
         self.step_teacher_rows = 0
+        # iBOT's masked-patch term, where it has a weight: its center, and the step's teacher patch outputs as above.
+        self.ibot = settings.ibot_weight > 0
+        patch_prototypes = settings.ibot_out_dim or settings.dino_out_dim
+        self.patch_center = torch.zeros(1, patch_prototypes)
+        self.step_patch_sum = torch.zeros(1, patch_prototypes, dtype=torch.float64)
+        self.step_patch_rows = 0
 
     # ------------------------------------------------------------------------------------- set-up
     def attach(self, model: VisionTransformer) -> nn.Module:
@@ -112,14 +148,29 @@ class Dino(MaskedPretraining):
                 parameter.requires_grad_(False)
         model.dynamic_size = True  # the local views are smaller: positions resampled to their grid
         settings = self.settings
-        head = DinoHead(
-            summary_dim(model.config),
-            settings.dino_out_dim,
-            settings.dino_hidden_dim,
-            settings.dino_bottleneck_dim,
-            norm_last_layer=settings.dino_norm_last_layer,
-        )
-        self.module = DinoNetwork(model, head)
+
+        def dino_head(in_dim: int, prototypes: int) -> DinoHead:
+            return DinoHead(
+                in_dim,
+                prototypes,
+                settings.dino_hidden_dim,
+                settings.dino_bottleneck_dim,
+                norm_last_layer=settings.dino_norm_last_layer,
+            )
+
+        head = dino_head(summary_dim(model.config), settings.dino_out_dim)
+        if self.ibot:
+            check_corruptible(model.config)  # a masked patch must not be seen through its neighbours' tokens
+            patch_head = dino_head(model.config.embed_dim, settings.ibot_out_dim) if settings.ibot_out_dim else None
+            if patch_head is None and summary_dim(model.config) != model.config.embed_dim:
+                raise ConfigError(
+                    f"iBOT's shared head reads the patch tokens (width {model.config.embed_dim}) as it reads the "
+                    f"summary (width {summary_dim(model.config)}), and they differ; give the patches a head of "
+                    "their own: --set pretrain.ibot_out_dim=N"
+                )
+            self.module = DinoNetwork(model, head, masked_patches=True, patch_head=patch_head)
+        else:
+            self.module = DinoNetwork(model, head)
         self.teacher = frozen(copy.deepcopy(self.module))  # the student's architecture; its weights: `start_teacher`
         return self.module
 
@@ -128,16 +179,26 @@ class Dino(MaskedPretraining):
         return self.teacher.encoder
 
     def extra_state(self) -> dict[str, torch.Tensor]:
-        """The student's head, the teacher (backbone and head), the center and the teacher's steps."""
+        """The student's head, the teacher (backbone and head), the center and the teacher's steps; with iBOT the
+        mask token, any patch head (the student's and the teacher's) and the patch center too."""
         teacher = {TEACHER + name: value for name, value in self.teacher.state_dict().items()}
         steps = torch.tensor([self.steps_done], dtype=torch.int64)
-        return {**super().extra_state(), **teacher, CENTER: self.center.clone(), STEPS: steps}
+        state = {**super().extra_state(), **teacher, CENTER: self.center.clone(), STEPS: steps}
+        if self.ibot:
+            state[PATCH_CENTER] = self.patch_center.clone()
+        return state
 
     def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
         if CENTER not in state or STEPS not in state:
             raise CheckpointError(
                 "the saved DINO state has no center or step count; it was not saved by a DINO run of this vitlab "
                 "(start a new run)"
+            )
+        if (PATCH_CENTER in state) != self.ibot:
+            raise CheckpointError(
+                f"the saved DINO state was trained {'with' if PATCH_CENTER in state else 'without'} iBOT's "
+                f"masked-patch term and this run is {'with' if self.ibot else 'without'} it; resume with the "
+                "run's own pretrain.ibot_weight"
             )
         teacher = {name[len(TEACHER) :]: value for name, value in state.items() if name.startswith(TEACHER)}
         missing, unexpected = self.teacher.load_state_dict(teacher, strict=False)
@@ -149,7 +210,9 @@ class Dino(MaskedPretraining):
         self.teacher_started = True
         self.center = state[CENTER].clone().to(self.center.device)
         self.steps_done = int(state[STEPS][0])
-        own = (TEACHER, CENTER, STEPS)
+        if self.ibot:
+            self.patch_center = state[PATCH_CENTER].clone().to(self.patch_center.device)
+        own = (TEACHER, CENTER, STEPS, PATCH_CENTER)
         super().load_extra_state({name: value for name, value in state.items() if not name.startswith(own)})
 
     # ------------------------------------------------------------------------------------- training
@@ -158,7 +221,8 @@ class Dino(MaskedPretraining):
         return self.run_config.epochs * self.steps_per_epoch
 
     def views(self, unit_images: torch.Tensor, spec: Any, draws: Draws, flips: bool) -> MultiCropViews:
-        """[0, 1] images (B, C, H, W) at the model's size -> their views, normalised as the model takes them."""
+        """[0, 1] images (B, C, H, W) at the model's size -> their views, normalised as the model takes them (with
+        iBOT, and the masks of their global views)."""
         settings = self.settings
         local_size = (
             (settings.dino_local_size, settings.dino_local_size)
@@ -175,7 +239,17 @@ class Dino(MaskedPretraining):
             (settings.dino_local_scale[0], settings.dino_local_scale[1]),
             flips,
         )
-        return views.map(lambda images: normalize(images, spec))
+        return self.masked(views.map(lambda images: normalize(images, spec)), spec.grid_size, draws)
+
+    def masked(self, views: MultiCropViews, grid: tuple[int, int], draws: Draws) -> MultiCropViews:
+        """The views with iBOT's masks of their global views on a patch grid of `grid`, drawn here (after the
+        views' own draws, so a run without iBOT draws what it drew before); without iBOT, the views as they are."""
+        if not self.ibot:
+            return views
+        settings = self.settings
+        ratio_range = (settings.ibot_mask_ratio[0], settings.ibot_mask_ratio[1])
+        counts = masked_counts(draws, GLOBAL_VIEWS, grid[0] * grid[1], ratio_range, settings.ibot_mask_probability)
+        return dataclasses.replace(views, masks=on(block_masks(draws, counts, grid), views.global_views))
 
     def training_inputs(self, batch: Batch, spec: Any, draws: Draws) -> tuple[Any, dict[str, torch.Tensor]]:
         """(the batch's multi-crop views, no targets): the recipe's batch augmentation first (its flips aside:
@@ -193,11 +267,11 @@ class Dino(MaskedPretraining):
         return {"pixels": require_pixels(unit_images, "DINO (its views are crops of whole images)")}
 
     @torch.no_grad()
-    def teacher_logits(self, views: MultiCropViews) -> torch.Tensor:
-        """(2 B, K) the teacher's logits of the global views."""
+    def teacher_logits(self, views: MultiCropViews) -> DinoLogits:
+        """The teacher's logits of the global views, whole ((2 B, K); with iBOT their patches' (2 B, P, K') too)."""
         if next(self.teacher.parameters()).device != views.device:
             self.teacher.to(views.device)
-        return self.teacher(views, local=False)
+        return self.teacher(views, local=False, masked=False)
 
     @torch.no_grad()
     def start_teacher(self) -> None:
@@ -208,7 +282,8 @@ class Dino(MaskedPretraining):
     def forward(self, model: nn.Module, inputs: Any) -> DinoOutputs:
         if not self.teacher_started:
             self.start_teacher()
-        return DinoOutputs(model(inputs), self.teacher_logits(inputs))
+        student, teacher = model(inputs), self.teacher_logits(inputs)
+        return DinoOutputs(student.views, teacher.views, student.patches, teacher.patches, inputs.global_masks())
 
     def loss(self, outputs: DinoOutputs, targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """DINO's loss of a micro-batch at the temperature of the step's epoch; its teacher outputs are added to the
@@ -225,29 +300,62 @@ class Dino(MaskedPretraining):
         teacher_sum = outputs.teacher.detach().double().sum(dim=0, keepdim=True)
         self.step_teacher_sum = self.step_teacher_sum.to(teacher_sum.device) + teacher_sum
         self.step_teacher_rows += len(outputs.teacher)
+        if self.ibot:
+            loss = loss + settings.ibot_weight * self.patch_loss(outputs, self.patch_temperature())
+            patches = patch_outputs(outputs)[1].detach().double().flatten(0, 1)  # every patch of the global views
+            self.step_patch_sum = self.step_patch_sum.to(patches.device) + patches.sum(dim=0, keepdim=True)
+            self.step_patch_rows += len(patches)
         return loss, torch.zeros(0, dtype=torch.float64)
+
+    def patch_temperature(self, final: bool = False) -> float:
+        """iBOT's teacher temperature for the patches in the step's epoch (`final`: after the warm-up)."""
+        settings = self.settings
+        return teacher_temperature(
+            self.steps_done // self.steps_per_epoch,
+            settings.ibot_warmup_teacher_temp,
+            settings.ibot_teacher_temp,
+            0 if final else settings.dino_warmup_teacher_temp_epochs,
+        )
+
+    def patch_loss(self, outputs: DinoOutputs, temperature: float) -> torch.Tensor:
+        """iBOT's masked-patch term of `outputs` at the teacher temperature `temperature`."""
+        student, teacher, masks = patch_outputs(outputs)
+        center = self.patch_center.to(teacher.device)
+        return ibot_patch_loss(student, teacher, masks, center, self.settings.dino_student_temp, temperature)
 
     def before_update(self) -> None:
         """In the first `dino_freeze_last_layer` epochs the prototypes keep their initialisation (the paper's
         remedy for an unstable start): their gradients are dropped, so the optimizer leaves them alone."""
         if self.steps_done < self.settings.dino_freeze_last_layer * self.steps_per_epoch:
-            for parameter in self.module.head.last_layer.parameters():
-                parameter.grad = None
+            heads = [self.module.head, getattr(self.module, "patch_head", None)]
+            for head in filter(None, heads):
+                for parameter in head.last_layer.parameters():
+                    parameter.grad = None
 
     def after_update(self, env: DistEnv) -> None:
         """The center from the step's teacher outputs (every micro-batch's, every process's), then the teacher
         from the updated student."""
-        sums = torch.cat(
-            [
-                self.step_teacher_sum.flatten(),
-                torch.tensor([float(self.step_teacher_rows)], dtype=torch.float64, device=self.step_teacher_sum.device),
-            ]
-        )
+        device = self.step_teacher_sum.device
+
+        def count(rows: int) -> torch.Tensor:
+            return torch.tensor([float(rows)], dtype=torch.float64, device=device)
+
+        parts = [self.step_teacher_sum.flatten(), count(self.step_teacher_rows)]
+        if self.ibot:  # one reduction for both centers
+            parts += [self.step_patch_sum.to(device).flatten(), count(self.step_patch_rows)]
+        sums = torch.cat(parts)
         all_reduce_sum(sums, env)
-        batch_mean = (sums[:-1] / sums[-1]).float().reshape(1, -1)
-        self.center = updated_center(self.center.to(batch_mean.device), batch_mean, self.settings.dino_center_momentum)
+        prototypes = self.step_teacher_sum.shape[1]
+        batch_mean = (sums[:prototypes] / sums[prototypes]).float().reshape(1, -1)
+        momentum = self.settings.dino_center_momentum
+        self.center = updated_center(self.center.to(batch_mean.device), batch_mean, momentum)
         self.step_teacher_sum = torch.zeros_like(self.step_teacher_sum)
         self.step_teacher_rows = 0
+        if self.ibot:
+            patch_mean = (sums[prototypes + 1 : -1] / sums[-1]).float().reshape(1, -1)
+            self.patch_center = updated_center(self.patch_center.to(patch_mean.device), patch_mean, momentum)
+            self.step_patch_sum = torch.zeros_like(self.step_patch_sum)
+            self.step_patch_rows = 0
         momentum = teacher_momentum(self.steps_done, self.total_steps(), self.settings.dino_momentum_teacher)
         update_teacher(self.teacher, self.module, momentum)
         self.steps_done += 1
@@ -273,14 +381,17 @@ class Dino(MaskedPretraining):
     ) -> list[float]:
         pixels = targets["pixels"]
         views = self.views(pixels, self.module.encoder.config, Draws(generator, len(pixels)), flips=False)
-        teacher = self.teacher_logits(views)
+        student, teacher = module(views), self.teacher_logits(views)
         loss = dino_loss(
-            module(views),
-            teacher,
-            self.center.to(teacher.device),
+            student.views,
+            teacher.views,
+            self.center.to(teacher.views.device),
             self.settings.dino_student_temp,
             self.settings.dino_teacher_temp,
         )
+        if self.ibot:
+            outputs = DinoOutputs(student.views, teacher.views, student.patches, teacher.patches, views.global_masks())
+            loss = loss + self.settings.ibot_weight * self.patch_loss(outputs, self.patch_temperature(final=True))
         return [loss.item()]
 
     # ------------------------------------------------------------------------------------- reporting
@@ -303,6 +414,8 @@ class Dino(MaskedPretraining):
             prototypes=settings.dino_out_dim,
             local_crops=settings.dino_local_crops,
         )
+        if self.ibot:
+            figures.update(ibot_weight=settings.ibot_weight, ibot_prototypes=settings.ibot_out_dim or "shared")
         lines.append(
             "  teacher      model.safetensors is DINO's teacher backbone (the student's moving average, the model "
             f"the paper evaluates): try vitlab knn {run_dir} --dataset {dataset}"

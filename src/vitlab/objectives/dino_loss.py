@@ -6,6 +6,16 @@ and the teacher's update in `train_one_epoch`), apart from the training loop so 
     center <- m_c center + (1 - m_c) mean over the batch's teacher outputs     (every process's, under DDP)
     teacher <- m teacher + (1 - m) student,   m from momentum_teacher to 1 on a cosine over the run's steps
     teacher_temp: linear from its warm-up value over the warm-up epochs, then constant
+
+and of iBOT's masked-patch term (Zhou et al. 2022, arXiv:2111.07832, Eq. 2; bytedance/ibot `iBOTLoss`,
+facebookresearch/dinov2 `iBOTPatchLoss`), between a global view's patch tokens as the student sees them (masked)
+and as the teacher does (whole), at the masked patches only:
+
+    loss = mean over global views' images of
+           mean over the image's masked patches p of
+           - sum_k softmax((t_p - center') / teacher_temp')_k * log_softmax(s_p / student_temp)_k
+    (an image left unmasked adds 0 and still counts in the mean, as in both references)
+    center' <- m_c center' + (1 - m_c) mean over the teacher's patch outputs, every patch of every global view
 """
 
 from __future__ import annotations
@@ -40,9 +50,27 @@ def dino_loss(
     return total / terms
 
 
+def ibot_patch_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    masks: torch.Tensor,
+    center: torch.Tensor,
+    student_temp: float,
+    teacher_temp: float,
+) -> torch.Tensor:
+    """student_logits (G B, P, K) of the masked global views, teacher_logits (G B, P, K) of the whole ones, masks
+    (G B, P) bool, center (1, K) -> the cross-entropy at the masked patches, averaged per image over its masked
+    patches, then over the images (a scalar, float32)."""
+    log_probs = F.log_softmax(student_logits.float() / student_temp, dim=-1)
+    targets = F.softmax((teacher_logits.float() - center) / teacher_temp, dim=-1).detach()
+    per_patch = torch.sum(-targets * log_probs, dim=-1)  # (G B, P)
+    per_patch = torch.where(masks, per_patch, 0.0)  # an unmasked patch adds nothing, whatever its logits
+    return (per_patch.sum(dim=-1) / masks.sum(dim=-1).clamp(min=1)).mean()
+
+
 def updated_center(center: torch.Tensor, batch_mean: torch.Tensor, momentum: float) -> torch.Tensor:
     """The center (1, K) after a step: its moving average with `batch_mean` (1, K), the mean teacher output over
-    every global view, micro-batch and process of the step."""
+    every global view (for iBOT's: every patch of every global view), micro-batch and process of the step."""
     return center * momentum + batch_mean * (1 - momentum)
 
 

@@ -74,6 +74,19 @@ class PretrainConfig:
     dino_warmup_teacher_temp_epochs: int = 30
     dino_student_temp: float = 0.1
     dino_center_momentum: float = 0.9
+    # iBOT's masked-patch term (Zhou et al. 2022, objectives/dino.py), off at weight 0 (the default). The student's
+    # global views are masked, each with probability ibot_mask_probability, in blocks covering a share of its patches
+    # drawn from ibot_mask_ratio (iBOT's and DINOv2's 0.5 and 10-50%); at the masked patches its patch tokens learn
+    # the teacher's for the whole views, through DINO's head (ibot_out_dim 0: iBOT's shared head) or a head of their
+    # own with ibot_out_dim prototypes (DINOv2's). The loss is DINO's plus ibot_weight times this term (iBOT's 1). The
+    # term has its own center, and its own teacher temperature, linear from ibot_warmup_teacher_temp to
+    # ibot_teacher_temp over the dino_warmup_teacher_temp_epochs (iBOT's 0.04 to 0.07).
+    ibot_weight: float = 0.0
+    ibot_mask_ratio: list[float] = field(default_factory=lambda: [0.1, 0.5])
+    ibot_mask_probability: float = 0.5
+    ibot_out_dim: int = 0
+    ibot_teacher_temp: float = 0.07
+    ibot_warmup_teacher_temp: float = 0.04
 
     def __post_init__(self) -> None:
         checks = [
@@ -173,7 +186,13 @@ class PretrainConfig:
                 isinstance(getattr(self, name), (int, float)) and getattr(self, name) > 0,
                 f"pretrain.{name} must be a temperature > 0, got {getattr(self, name)!r}",
             )
-            for name in ("dino_teacher_temp", "dino_warmup_teacher_temp", "dino_student_temp")
+            for name in (
+                "dino_teacher_temp",
+                "dino_warmup_teacher_temp",
+                "dino_student_temp",
+                "ibot_teacher_temp",
+                "ibot_warmup_teacher_temp",
+            )
         ]
         checks += [
             (
@@ -183,6 +202,26 @@ class PretrainConfig:
             (
                 isinstance(self.dino_center_momentum, (int, float)) and 0 <= self.dino_center_momentum < 1,
                 f"pretrain.dino_center_momentum must be in [0, 1), got {self.dino_center_momentum!r}",
+            ),
+            (
+                isinstance(self.ibot_weight, (int, float)) and self.ibot_weight >= 0,
+                f"pretrain.ibot_weight must be >= 0 (0: no masked-patch term), got {self.ibot_weight!r}",
+            ),
+            (
+                isinstance(self.ibot_mask_ratio, list)
+                and len(self.ibot_mask_ratio) == 2
+                and all(isinstance(v, (int, float)) for v in self.ibot_mask_ratio)
+                and 0 < self.ibot_mask_ratio[0] <= self.ibot_mask_ratio[1] < 1,
+                f"pretrain.ibot_mask_ratio must be two shares of the patches, 0 < low <= high < 1, got "
+                f"{self.ibot_mask_ratio!r}",
+            ),
+            (
+                isinstance(self.ibot_mask_probability, (int, float)) and 0 < self.ibot_mask_probability <= 1,
+                f"pretrain.ibot_mask_probability must be in (0, 1], got {self.ibot_mask_probability!r}",
+            ),
+            (
+                whole(self.ibot_out_dim, 0),
+                f"pretrain.ibot_out_dim must be a whole number >= 0, got {self.ibot_out_dim!r}",
             ),
         ]
         return checks
