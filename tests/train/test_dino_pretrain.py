@@ -1,6 +1,7 @@
 """`vitlab pretrain --method dino` in the training loop: a run stopped mid-epoch resumes to the uninterrupted run's
-bits (teacher, center and momentum position included), the saved model is the teacher's backbone as a plain model,
-and a short DINO pre-training raises the k-NN of its model above the untrained start."""
+bits (teacher, center and momentum position included, and with iBOT's masked-patch term on: its masks, mask token,
+patch head and patch center), the saved model is the teacher's backbone as a plain model, and a short DINO
+pre-training raises the k-NN of its model above the untrained start."""
 
 import pytest
 import torch
@@ -20,16 +21,22 @@ TINY_DINO = dict(
     dino_local_size=4,
     dino_warmup_teacher_temp_epochs=2,  # the temperature changes at each epoch of the run
 )
+# iBOT's term on, with a patch head of its own: every piece of state it adds is in play (the masks are drawn from the
+# run's generator, the mask token and both heads train, the patch center moves).
+TINY_IBOT = dict(ibot_weight=0.5, ibot_out_dim=16)
 
 
 @pytest.mark.run_level
-def test_a_dino_run_stopped_mid_epoch_resumes_exactly_and_saves_its_teacher_as_a_plain_model(
+def test_a_dino_run_with_ibot_stopped_mid_epoch_resumes_exactly_and_saves_its_teacher_as_a_plain_model(
     tmp_path, stop_at_check, capsys
 ):
     files = ("model.safetensors", "checkpoints/best.safetensors", "checkpoints/best-objective.safetensors")
-    changes = dict(model_overrides=MICRO, augment={"crop_padding": 1}, pretrain=PretrainConfig(**TINY_DINO))
+    pretrain = PretrainConfig(**TINY_DINO, **TINY_IBOT)
+    changes = dict(model_overrides=MICRO, augment={"crop_padding": 1}, pretrain=pretrain)
     state, _ = assert_pretraining_resumes_exactly(tmp_path, stop_at_check, "dino", files, **changes)
     assert int(state["dino.steps"][0]) == 30 and state["dino.center"].abs().sum() > 0  # 3 epochs of 10 steps
+    assert state["ibot.center"].shape == (1, 16) and state["ibot.center"].abs().sum() > 0
+    assert "mask_token" in state and "teacher.patch_head.last_layer.weight_v" in state
     teacher = {name[len("teacher.encoder.") :]: value for name, value in state.items() if "teacher.encoder." in name}
     saved = load_file(tmp_path / "stopped" / "model.safetensors")  # the teacher's backbone is the saved model
     assert saved and all(torch.equal(value, teacher[name]) for name, value in saved.items())
