@@ -7,6 +7,10 @@ The digits recipe's encoder (digits-8) as the student, its moving-average teache
 and 2 local ones (4x4, a 2x2 patch grid) of each image. A run this short needs a teacher that keeps up (momentum
 0.95 rather than the paper's 0.996) and sharp targets (temperature 0.02): with a slower teacher (0.99) and the paper's
 0.04 the loss drifted to ln K, the uniform answer's, while the k-NN barely moved (44% to 46% in 6 epochs). README.md ("Self-distillation: DINO") shows a run.
+
+With iBOT's masked-patch term (`--set pretrain.ibot_weight=1`), the same 4 epochs and seed: the teacher's k-NN (k=20)
+54.60% against 55.15% without it (44.57% untrained), no difference its 359 test images can tell (AMD EPYC Zen 5, one
+thread).
 """
 
 from vitlab.data.transforms import AugmentConfig

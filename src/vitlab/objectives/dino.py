@@ -136,6 +136,8 @@ class Dino(MaskedPretraining):
         self.step_teacher_rows = 0
         # iBOT's masked-patch term, where it has a weight: its center, and the step's teacher patch outputs as above.
         self.ibot = settings.ibot_weight > 0
+        if self.ibot:
+            self.description = "DINO+iBOT"  # the loss the run's lines name
         patch_prototypes = settings.ibot_out_dim or settings.dino_out_dim
         self.patch_center = torch.zeros(1, patch_prototypes)
         self.step_patch_sum = torch.zeros(1, patch_prototypes, dtype=torch.float64)
@@ -396,7 +398,8 @@ class Dino(MaskedPretraining):
 
     # ------------------------------------------------------------------------------------- reporting
     def job(self, source: str, fine_tuning: bool) -> str:
-        return f"pre-training {source} by DINO (self-distillation)"
+        term = " with iBOT's masked-patch term" if self.ibot else ""
+        return f"pre-training {source} by DINO (self-distillation){term}"
 
     def after_epoch(
         self, model: VisionTransformer, epoch: int, run_dir: Path, validation: BatchSource | None
