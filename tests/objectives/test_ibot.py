@@ -1,7 +1,8 @@
 """iBOT's masked-patch term in DINO (objectives/dino.py, dino_loss.py, models/dino_head.py): the term against this
 test's own reading of iBOT's pseudo-code on one batch, only the masked patches counting, the teacher seeing the
 views whole, its center updated from every teacher patch and saved and restored with the run, the separate head's
-prototypes frozen as DINO's, and a run without it (weight 0, the default) drawing and computing what it did before."""
+prototypes frozen as DINO's, a shared head refused where the patch tokens are not as wide as the summary, and a run
+without it (weight 0, the default) drawing and computing what it did before."""
 
 import dataclasses
 import re
@@ -11,11 +12,13 @@ import torch
 import torch.nn.functional as F
 from test_dino import PROTOTYPES, algorithm_1_loss, small_dino, some_views
 
+from runfiles import MICRO
 from vitlab.data.multicrop import multi_crop
 from vitlab.data.preprocess import normalize
 from vitlab.data.transforms import Draws
 from vitlab.distributed import DistEnv
 from vitlab.errors import CheckpointError, ConfigError
+from vitlab.models.registry import create_model
 from vitlab.objectives.dino_loss import dino_loss, ibot_patch_loss
 from vitlab.objectives.settings import PretrainConfig
 
@@ -174,3 +177,13 @@ def test_bad_ibot_settings_are_refused_in_one_line(setting, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as refused:
         PretrainConfig(**setting)
     assert "\n" not in str(refused.value)
+
+
+def test_a_shared_head_needs_patch_tokens_as_wide_as_the_summary():
+    objective, _ = small_ibot()
+    # a summary 24 wide (the pre-logits layer's), patch tokens 16 wide
+    wider = create_model("digits-8", num_classes=0, representation_size=24, **MICRO)
+    with pytest.raises(ConfigError, match=r"give the patches a head of their own: --set pretrain.ibot_out_dim=N$"):
+        objective.attach(wider)
+    separate, _ = small_ibot(ibot_out_dim=8)
+    assert separate.attach(wider).patch_head.mlp[0].in_features == 16
