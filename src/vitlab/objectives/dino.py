@@ -32,9 +32,10 @@ student's patch tokens, through the DINO head (iBOT's shared head, with the clas
 their own (DINOv2's, `ibot_out_dim` prototypes), learn the teacher's centred and sharpened patch distributions of
 the same view; the term (`vitlab.objectives.dino_loss.ibot_patch_loss`) has a center of its own, kept and saved as
 DINO's is, and a teacher temperature of its own. The loss is DINO's plus `ibot_weight` times it. The local views
-are never masked. The shared head is the default because it is iBOT's recipe for ViT-S and ViT-B (their released
-runs: `--shared_head true`), and one head fewer to train on a small data set; DINOv2 separates them at ViT-g
-scale. Left out of iBOT's recipe: its option to start the term some epochs in (`pred_start_epoch`, 0 for ViTs).
+are never masked. The shared head is the default because it is iBOT's recipe (its ViT-S command: `--shared_head
+true`; sharing did best in its ablation) and one head fewer to train on a small data set; DINOv2 found the
+opposite at its scale (section 4, "untying head weights") and separates them in its ViT-L and ViT-g runs. Left out
+of iBOT's recipe: its option to start the term some epochs in (`pred_start_epoch`, 0 for ViTs).
 """
 
 from __future__ import annotations
