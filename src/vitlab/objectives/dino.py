@@ -16,7 +16,7 @@ student's backbone is the run's trained model (in the training state, as for eve
 and the step count are the objective's saved state, so a run stopped mid-epoch resumes to the uninterrupted
 run's bits. Validation's loss is the student's against the teacher on views drawn from a fixed seed per batch, at
 the final teacher temperature: it compares epochs' weights, not their draws or temperatures. It is a loss, not a
-measure of the features: `vitlab knn RUN DATASET` is.
+measure of the features: `vitlab knn RUN --dataset DATASET` is.
 
 The center and the teacher's update happen once per optimizer step, from the sum of every micro-batch's teacher
 outputs over every process: one process accumulating two micro-batches centers what two processes do. Left out
