@@ -546,6 +546,22 @@ def test_onnx_runtimes_int8_peak_kernel_computes_the_integer_product():
     assert "matmul int8 onnxruntime" in matmul_candidates(create_model("digits-8"), 4)
 
 
+def test_onnx_runtimes_peak_leaves_no_thread_spinning_into_the_next_path(monkeypatch):
+    # Its spinning threads cost the path timed after it 4-8% (OpenVINO int8, B/16, 2 cores): the bench's first row.
+    onnxruntime = pytest.importorskip("onnxruntime")
+    from vitlab.bench.peaks import onnxruntime_matmul
+
+    options = []
+    session = onnxruntime.InferenceSession
+    monkeypatch.setattr(
+        onnxruntime,
+        "InferenceSession",
+        lambda model, given, **kwargs: options.append(given) or session(model, given, **kwargs),
+    )
+    onnxruntime_matmul("fp32", 8, 4, 4, torch.Generator().manual_seed(0))
+    assert options[0].get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 @pytest.mark.run_level
 @pytest.mark.parametrize("fixture", ["hf_radio", "hf_siglip2_vision"])
 def test_the_transformers_reference_of_a_family_with_its_own_inputs_and_output(fixture):

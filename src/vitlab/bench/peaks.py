@@ -110,6 +110,9 @@ def onnxruntime_matmul(precision: str, rows: int, inner: int, outer: int, genera
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
+    # Its threads would spin on after each call, on the cores the path timed next runs on: OpenVINO int8 timed
+    # right after it ran 4-8% slower (B/16 batch 16, AMD EPYC Zen 5), and the bench times its first row there.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = onnxruntime.InferenceSession(
         onnx.shape_inference.infer_shapes(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
