@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from distill_mnist import pretrained_run  # noqa: E402
+from distill_mnist import pretrained_run, summary_of  # noqa: E402
 from pretrain_mnist import machine  # noqa: E402
 from report import write_section  # noqa: E402
 
@@ -127,6 +127,26 @@ def arm_figures(summary: dict) -> dict:
     }
 
 
+def choose(arms: dict[str, dict]) -> str | None:
+    """The LoRA arm with the best validation mIoU among those training at most GOAL_SHARE of the parameters (the
+    test figures choose nothing); None when none is that small."""
+    within = [name for name, arm in arms.items() if name != "full" and arm["share"] <= GOAL_SHARE]
+    return max(within, key=lambda name: arms[name]["best_val_miou"]) if within else None
+
+
+def judge(arms: dict[str, dict], chosen: str | None) -> tuple[str, bool]:
+    """A sentence on the goal, and whether the chosen arm meets it (its test mIoU against the full fine-tune's)."""
+    if chosen is None:
+        return f"No LoRA run trains at most {100 * GOAL_SHARE:.0f}% of the parameters: the goal is not met.", False
+    ratio = arms[chosen]["test_miou"] / arms["full"]["test_miou"]
+    met = ratio >= GOAL_RATIO
+    return (
+        f"The chosen LoRA run (best validation mIoU within the {100 * GOAL_SHARE:.0f}% share): {chosen}, "
+        f"{100 * arms[chosen]['share']:.2f}% of the parameters trained, test mIoU {ratio:.3f} of the full "
+        f"fine-tune's: the goal (>= {GOAL_RATIO:.2f} with <= {100 * GOAL_SHARE:.0f}%) is {'met' if met else 'not met'}."
+    ), met
+
+
 def format_runs(arms: dict[str, dict], chosen: str | None) -> str:
     full = arms["full"]
     lines = [
@@ -156,6 +176,7 @@ def main() -> None:
     parser.add_argument("--lrs", default="1e-3,3e-3", help="learning rates tried for the LoRA runs")
     parser.add_argument("--epochs", type=int, help="for every arm (default: the recipe's)")
     parser.add_argument("--train-scenes", type=int, help="for every arm: train on this many of the 10,000 scenes")
+    parser.add_argument("--no-run", action="store_true", help="read the finished runs only; leave the others out")
     parser.add_argument("--count-only", action="store_true", help="the parameter count alone, no training")
     parser.add_argument("--section", help="also write the tables into BENCHMARKS.md between this section's markers")
     args = parser.parse_args()
@@ -178,27 +199,24 @@ def main() -> None:
         if args.train_scenes:
             common += ["--set", f"max_train_images={args.train_scenes}"]
         suffix = (f"-e{args.epochs}" if args.epochs else "") + (f"-n{args.train_scenes}" if args.train_scenes else "")
-        arms = {"full": arm_figures(pretrained_run("finetune", out, f"{args.head}-full{suffix}", *common))}
+        planned = {"full": (f"{args.head}-full{suffix}", [])}
         for rank in [int(rank) for rank in args.ranks.split(",")]:
             for lr in args.lrs.split(","):
-                name = f"lora r={rank} lr={lr}"
-                run_name = f"{args.head}-lora-r{rank}-lr{lr}{suffix}"
                 lora = ["--set", f"lora.rank={rank}", "--set", f"lr={lr}"]
-                arms[name] = arm_figures(pretrained_run("finetune", out, run_name, *common, *lora))
-        within = [name for name, arm in arms.items() if name != "full" and arm["share"] <= GOAL_SHARE]
-        chosen = max(within, key=lambda name: arms[name]["best_val_miou"]) if within else None
+                planned[f"lora r={rank} lr={lr}"] = (f"{args.head}-lora-r{rank}-lr{lr}{suffix}", lora)
+        arms, missing = {}, []
+        for name, (run_name, settings) in planned.items():
+            if args.no_run and summary_of(out / run_name) is None:
+                missing.append(name)
+                continue
+            arms[name] = arm_figures(pretrained_run("finetune", out, run_name, *common, *settings))
+        if "full" not in arms:
+            raise SystemExit(f"the full fine-tune {out / planned['full'][0]} has not finished; run without --no-run")
+        chosen = choose(arms)
         results["arms"], results["chosen"] = arms, chosen
-        if chosen is not None:
-            ratio = arms[chosen]["test_miou"] / arms["full"]["test_miou"]
-            results["goal_met"] = ratio >= GOAL_RATIO
-            verdict = (
-                f"The chosen LoRA run (best validation mIoU within the {100 * GOAL_SHARE:.0f}% share): {chosen}, "
-                f"{100 * arms[chosen]['share']:.2f}% of the parameters trained, test mIoU {ratio:.3f} of the full "
-                f"fine-tune's: the goal (>= {GOAL_RATIO:.2f} with <= {100 * GOAL_SHARE:.0f}%) is "
-                f"{'met' if results['goal_met'] else 'not met'}."
-            )
-        else:
-            verdict = f"No LoRA run trains at most {100 * GOAL_SHARE:.0f}% of the parameters: the goal is not met."
+        verdict, results["goal_met"] = judge(arms, chosen)
+        if missing:
+            verdict += f" Not run (yet): {', '.join(missing)}."
         tables.append(format_runs(arms, chosen) + "\n\n" + verdict)
     table = f"Machine: {results['machine']}; backbone {backbone}.\n\n" + "\n\n".join(tables)
     print(table)
