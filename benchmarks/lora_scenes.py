@@ -47,17 +47,16 @@ def recipe(head: str) -> Path:
 
 def segmenter(backbone: str, head: str):
     """The model a run of `head`'s recipe fine-tunes, built from the backbone as `vitlab finetune` builds it."""
-    from vitlab.checkpoint.formats import read_checkpoint
+    from vitlab.checkpoint.formats import model_from_state, read_checkpoint
     from vitlab.data.scenes import NUM_CLASSES
     from vitlab.models.eomt import eomt_from_backbone
-    from vitlab.models.registry import create_model
     from vitlab.models.segmentation_heads import segmenter_from_backbone
     from vitlab.train.config import load_recipe
 
     config = load_recipe(recipe(head))
     model_config, state = read_checkpoint(backbone, image_size=config.image_size)[:2]
-    encoder = create_model(model_config)
-    encoder.load_state_dict(state, strict=False)
+    encoder = model_from_state(model_config, state, backbone)
+    encoder.set_image_size(config.image_size, config.resample_mode)  # the 8 x 8 grid's position table, as a run's
     settings = config.segmentation
     if settings.head == "eomt":
         return eomt_from_backbone(encoder, NUM_CLASSES, settings.queries, settings.blocks, settings.upscale_blocks)
@@ -119,7 +118,7 @@ def arm_figures(summary: dict) -> dict:
         "share": summary["trained_params"] / summary["params"],
         "wall_seconds": summary["wall_seconds"],
         "train_images_per_second": summary["train_images_per_second"],
-        "best_val_miou": summary["best_miou"],
+        "best_val_miou": summary["best_val_miou"],
         "best_epoch": summary["best_epoch"],
         "test_miou": summary["test_miou"],
         "test_pixel_accuracy": summary["test_pixel_accuracy"],
@@ -136,6 +135,8 @@ def choose(arms: dict[str, dict]) -> str | None:
 
 def judge(arms: dict[str, dict], chosen: str | None) -> tuple[str, bool]:
     """A sentence on the goal, and whether the chosen arm meets it (its test mIoU against the full fine-tune's)."""
+    if len(arms) == 1:
+        return "No LoRA run has finished yet.", False
     if chosen is None:
         return f"No LoRA run trains at most {100 * GOAL_SHARE:.0f}% of the parameters: the goal is not met.", False
     ratio = arms[chosen]["test_miou"] / arms["full"]["test_miou"]
@@ -185,12 +186,7 @@ def main() -> None:
     backbone = str(Path(args.backbone).resolve())
     results: dict = {"machine": machine(), "backbone": backbone, "head": args.head}
 
-    counted = out / "counts.json"  # the count of this backbone, made once
-    if not counted.is_file():
-        counted.write_text(json.dumps({"rows": count_shares(backbone), "heads": head_parameters(backbone)}))
-    counts = json.loads(counted.read_text())
-    results["counts"] = counts["rows"]
-    tables = [format_counts(counts["rows"], counts["heads"])]
+    tables = []
     if not args.count_only:
         common = ["--config", str(recipe(args.head)), "--from", backbone, "--dataset", "mnist-scenes",
                   "--data-dir", args.data_dir]  # fmt: skip
@@ -218,6 +214,12 @@ def main() -> None:
         if missing:
             verdict += f" Not run (yet): {', '.join(missing)}."
         tables.append(format_runs(arms, chosen) + "\n\n" + verdict)
+    counted = out / "counts.json"  # the count of this backbone, made once
+    if not counted.is_file():
+        counted.write_text(json.dumps({"rows": count_shares(backbone), "heads": head_parameters(backbone)}))
+    counts = json.loads(counted.read_text())
+    results["counts"] = counts["rows"]
+    tables.insert(0, format_counts(counts["rows"], counts["heads"]))
     table = f"Machine: {results['machine']}; backbone {backbone}.\n\n" + "\n\n".join(tables)
     print(table)
     (out / "table.md").write_text(table + "\n")
