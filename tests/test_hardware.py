@@ -241,6 +241,37 @@ def test_freed_memory_is_kept_for_reuse_unless_asked_not_to(monkeypatch):
         assert keep_freed_memory() is True
 
 
+def test_a_run_that_saves_memory_stops_keeping_freed_memory(monkeypatch):
+    """A run with activation checkpointing (`save_memory_over_speed`) turns the `vitlab` command's kept heap into
+    the workers' settings, which give freed blocks back, and trims what the heap kept; where vitlab kept nothing (a
+    Python caller's process, VITLAB_MALLOC=system) the allocator is left alone. A fake libc records the calls."""
+    from vitlab import hardware
+
+    calls: list[tuple] = []
+
+    class RecordingLibc:
+        def mallopt(self, option, value):
+            calls.append(("mallopt", option, value))
+            return 1
+
+        def malloc_trim(self, pad):
+            calls.append(("malloc_trim", pad))
+            return 1
+
+    monkeypatch.setattr(hardware, "glibc", RecordingLibc)
+    monkeypatch.setattr(hardware, "_KEEPING_FREED_MEMORY", [False])
+    assert hardware.save_memory_over_speed() is False and calls == []
+    assert hardware.keep_freed_memory()
+    calls.clear()
+    assert hardware.save_memory_over_speed() is True
+    m_mmap_threshold, m_trim_threshold = -3, -1
+    assert ("mallopt", m_mmap_threshold, hardware.WORKER_MMAP_THRESHOLD) in calls
+    assert ("mallopt", m_trim_threshold, hardware.WORKER_TRIM_THRESHOLD) in calls
+    assert calls[-1] == ("malloc_trim", 0)
+    calls.clear()
+    assert hardware.save_memory_over_speed() is False and calls == []  # once is enough
+
+
 def test_a_worker_gives_blocks_of_a_megabyte_back_where_training_keeps_them():
     """After `return_freed_memory` a 2 MB block gets its own mapping (returned to the kernel when freed); under the
     training process's `keep_freed_memory` it comes from the heap, which keeps it. Run in a child process: the

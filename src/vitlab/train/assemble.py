@@ -18,7 +18,7 @@ from vitlab.data.datasets import ImageDataset
 from vitlab.data.source import steps_per_epoch as whole_batches
 from vitlab.distributed import DistEnv, broadcast_object, fetch_once
 from vitlab.errors import ConfigError
-from vitlab.hardware import Choice, choose_precision
+from vitlab.hardware import Choice, choose_precision, save_memory_over_speed
 from vitlab.kernels import describe_kernel, model_fp32_kernel
 from vitlab.layers.onednn_linear import use_fp32_kernel
 from vitlab.models.checkpointing import set_grad_checkpointing
@@ -46,6 +46,8 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
     """Data, model, optimizer and schedule of a run, fresh or restored from `state` (of the run in `run_dir`);
     the run folder's recipe written."""
     threads = use_training_threads(config, env)
+    if config.grad_checkpointing:  # before the model is read: its tensors then come from mappings, not the heap
+        save_memory_over_speed()  # else the heap `vitlab` keeps for speed takes back what checkpointing saves
     torch.manual_seed(config.seed + env.rank)
     if config.tensorboard and env.is_main:
         require_tensorboard()  # fail before anything is written if tensorboard is missing
