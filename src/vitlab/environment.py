@@ -55,7 +55,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "VITLAB_MALLOC",
         None,
-        "glibc's malloc tuned to keep freed memory",
+        "glibc's malloc tuned to keep freed memory (to give it back in a run with grad_checkpointing)",
         "system leaves the allocator as it is",
     ),
     Variable(
