@@ -107,10 +107,17 @@ class RunFolder:
         return SummaryWriter(self.path / "tensorboard")
 
 
-def default_run_name(dataset: str) -> str:
-    """<dataset>-<time>: the folder a run gets unless `run_name` says. The folder is made by the first file the
-    run writes, so a command failing before that leaves no empty folder behind."""
-    return f"{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+def default_run_name(dataset: str, out_dir: str | Path) -> str:
+    """<dataset>-<time>: the folder under `out_dir` a run gets unless `run_name` says; <dataset>-<time>-2, -3, ...
+    where a run started in the same second has that name already (a script's short runs one after another). The
+    folder is made by the first file the run writes, so a command failing before that leaves no empty folder
+    behind."""
+    stamp = f"{dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name, count = stamp, 1
+    while (Path(out_dir) / name).exists():
+        count += 1
+        name = f"{stamp}-{count}"
+    return name
 
 
 def local_source(checkpoint: str | Path) -> Path:

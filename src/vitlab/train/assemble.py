@@ -176,7 +176,8 @@ def start(config: TrainConfig, env: DistEnv, state: dict[str, Any] | None, run_d
 def new_run_folder(config: TrainConfig, env: DistEnv) -> RunFolder:
     """The folder of a new run, named alike on every rank (rank 0's name, and time, wins); one that holds a run
     already is refused."""
-    run = RunFolder(Path(config.out_dir) / broadcast_object(config.run_name or default_run_name(config.dataset), env))
+    name = config.run_name or default_run_name(config.dataset, config.out_dir)
+    run = RunFolder(Path(config.out_dir) / broadcast_object(name, env))
     if env.is_main and run.holds_run:
         raise ConfigError(
             f"run folder {run} already holds a run; resume it with --resume {run} or choose another --set run_name=..."
