@@ -20,6 +20,30 @@ def calls_per_sample(run: Callable[[], Any], min_seconds: float) -> int:
     return max(1, int(min_seconds / max(elapsed, 1e-6)) + 1) if elapsed < min_seconds else 1
 
 
+# A runtime's worker threads go on spinning after a call returns, waiting for the next: ONNX Runtime's burn about
+# 34 ms of a core, PyTorch's OpenMP threads about 10 ms, OpenVINO's about 1 ms (measured on a 2-core AMD EPYC Zen 5
+# with the MNIST recipe's model). Timed straight after, the next candidate in the rotation loses that core: the
+# MNIST model's OpenVINO int8 path ran 12,000-14,700 images/s timed after its ONNX Runtime path and 15,300-16,800
+# with the spinning waited out. So each sample starts once this process has been idle for one window.
+IDLE_WINDOW_SECONDS = 0.005
+IDLE_CPU_FRACTION = 0.2  # of one core, over the window: a parked thread pool burns next to nothing
+SETTLE_AT_MOST_SECONDS = 0.2
+
+
+def settle(window: float = IDLE_WINDOW_SECONDS, at_most: float = SETTLE_AT_MOST_SECONDS) -> int:
+    """Wait until this process's threads have stopped burning CPU (the last call's runtime parked its workers):
+    one `window` in which all its threads together used under IDLE_CPU_FRACTION of a core, or `at_most` seconds.
+    Returns the windows waited."""
+    windows = 0
+    while windows * window < at_most:
+        used = time.process_time()
+        time.sleep(window)
+        windows += 1
+        if time.process_time() - used < IDLE_CPU_FRACTION * window:
+            break
+    return windows
+
+
 def time_interleaved(
     candidates: dict[str, Callable[[], Any]],
     repetitions: int = 5,
@@ -32,10 +56,11 @@ def time_interleaved(
     """Seconds per call of each candidate: {"median", "min", "max", "samples", "calls_per_sample"}.
 
     Each candidate is first called `warmup` times (compilation, allocator and thread-pool warm-up); then
-    `repetitions` rounds time every candidate once each, the order rotating by one per round. `rounds` gives a
-    candidate fewer rounds (its time budget: it sits out the later ones); `inner` its calls per sample, where the
-    caller measured them already (default `calls_per_sample`). With `show`, a progress bar (a terminal) or
-    progress lines (a log) on stderr say where it is.
+    `repetitions` rounds time every candidate once each, the order rotating by one per round, each sample starting
+    once the calls before have stopped spinning (`settle`). `rounds` gives a candidate fewer rounds (its time
+    budget: it sits out the later ones); `inner` its calls per sample, where the caller measured them already
+    (default `calls_per_sample`). With `show`, a progress bar (a terminal) or progress lines (a log) on stderr say
+    where it is.
     """
     names = list(candidates)
     rounds = {name: min(repetitions, (rounds or {}).get(name, repetitions)) for name in names}
@@ -58,6 +83,7 @@ def time_interleaved(
             if round_index >= rounds[name]:
                 continue
             run, count = candidates[name], inner[name]
+            settle()
             start = time.perf_counter()
             for _ in range(count):
                 run()
