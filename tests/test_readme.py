@@ -149,6 +149,13 @@ def as_run_here(command: str) -> list[str] | None:
         args[args.index("--epochs") + 1] = "3"
     if args[:1] == ["ablate"] and "--seeds" in args:  # one seed: the crossing of axes is what runs
         args[args.index("--seeds") + 1] = "1"
+    if args[:1] == ["ablate"]:
+        # Every axis after the first at its first value: the axes still cross (a grid of 2 x 1 runs, not 2 x 2);
+        # each run is a process of its own (~3 CPU-s to start), and the two-axis grid is written all the same.
+        axes = [index + 1 for index, arg in enumerate(args) if arg == "--vary"]
+        for index in axes[1:]:
+            key, values = args[index].split("=", 1)
+            args[index] = f"{key}={values.split(',')[0]}"
     return args
 
 
