@@ -164,7 +164,7 @@ def test_a_rank_killed_on_one_of_two_machines_is_restarted_with_separate_stores(
 
 
 @pytest.mark.slow
-def test_a_restart_of_a_resume_that_finished_its_run_exits_0(tmp_path):
+def test_a_restart_of_a_resume_that_finished_its_run_exits_0(tmp_path, monkeypatch, capsys):
     """`train --resume` finishes the run, then a rank fails as it exits (torch's teardown abort, SIGABRT): the agent
     starts the same command again, which finds the run this job finished and exits 0, where it was refused as a
     resume of a finished run. A resume of a run that had finished before the job is still refused."""
@@ -182,8 +182,14 @@ def test_a_restart_of_a_resume_that_finished_its_run_exits_0(tmp_path):
     assert extended.returncode == 0, output[-4000:]
     assert "exitcode: -6" in output and "had finished; nothing to do again" in output
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["epochs"] == 2
-    again = subprocess.run([*launcher, "-m", "vitlab", *resume], capture_output=True, text=True, timeout=240)
-    assert again.returncode != 0 and "has finished its 2 epochs; nothing to resume" in again.stderr
+    # A later job's first attempt, as torchrun's agent starts it (a job id of its own, restarts allowed), run in this
+    # process: another torchrun job costs an agent and two ranks, and as many again for the restart its refusal gets.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "a-later-job")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    capsys.readouterr()
+    assert main(resume) != 0
+    assert "has finished its 2 epochs; nothing to resume" in capsys.readouterr().err
 
 
 def test_a_job_of_several_machines_sharing_one_store_across_restarts_is_told_how_to_launch(monkeypatch):
