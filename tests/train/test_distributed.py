@@ -4,7 +4,6 @@ single-process run with the same global batch."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,28 +32,32 @@ def one_and_two_processes(
     tmp_path, args: list[str], command: str = "train"
 ) -> tuple[dict, dict, subprocess.CompletedProcess]:
     """The same recipe (of `vitlab COMMAND`) as one process that accumulates two micro-batches per step and as two
-    torchrun processes, each on one thread: both final weights, and the two-process run (its output)."""
+    torchrun processes, each on one thread: both final weights, and the two-process run (its output).
+
+    The one process is this one (`vitlab.cli.main`): a process of its own would add only its start-up (~3 CPU-s:
+    torch, torch._dynamo), as the run's arithmetic is the same wherever it runs: one thread, the fp32 kernel the
+    suite pins (tests/conftest.py, in the environment both sides read), the recipe's seeds."""
+    from vitlab.cli import main
+
     one_thread = ["--set", "threads=1"]  # a kernel may split its sums by the thread count: the same on both sides
-    single = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vitlab",
-            command,
-            "--out-dir",
-            str(tmp_path),
-            "--set",
-            "run_name=single",
-            "--set",
-            "grad_accum=2",
-            *one_thread,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert single.returncode == 0, single.stderr[-3000:]
+    threads = torch.get_num_threads()
+    try:
+        code = main(
+            [
+                command,
+                "--out-dir",
+                str(tmp_path),
+                "--set",
+                "run_name=single",
+                "--set",
+                "grad_accum=2",
+                *one_thread,
+                *args,
+            ]
+        )
+    finally:
+        torch.set_num_threads(threads)  # the run's one thread, not the next test's
+    assert code == 0
     double = subprocess.run(
         [
             *two_processes(SPARE),
