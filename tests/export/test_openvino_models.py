@@ -25,9 +25,18 @@ from vitlab.export.checks import validation_pixels  # noqa: E402
 @pytest.mark.parametrize(
     "fields",
     [
-        # DINOv3's layout: rotary positions, registers, layer scale, SwiGLU, RMSNorm, qk-norm
-        dict(pos_embed="rope", register_tokens=2, layer_scale=0.1, mlp="swiglu", norm="rmsnorm", qk_norm=True),
-        dict(classifier="map"),  # SigLIP's attention-pooling head
+        # DINOv3's layout (rotary positions, registers, layer scale, SwiGLU, RMSNorm, qk-norm) with SigLIP's
+        # attention-pooling head: the head pools the tokens the blocks hand it, whatever positions they had, so one
+        # export (~3 CPU-s each, dynamic size) carries both.
+        dict(
+            pos_embed="rope",
+            register_tokens=2,
+            layer_scale=0.1,
+            mlp="swiglu",
+            norm="rmsnorm",
+            qk_norm=True,
+            classifier="map",
+        ),
         dict(classifier="gap", fc_norm=True, class_token=False),
     ],
 )
