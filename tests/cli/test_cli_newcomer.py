@@ -250,9 +250,9 @@ def test_following_the_batch_size_advice_draws_no_other_advice(tmp_path):
 
 
 @pytest.mark.run_level
-def test_a_failed_start_leaves_no_run_folder(tmp_path):
-    result = vitlab("train", "--out-dir", tmp_path / "runs", "--set", "batch_size=4096")
-    assert result.returncode == 2 and "larger than the 1294 training images" in result.stderr
+def test_a_failed_start_leaves_no_run_folder(tmp_path, capsys):
+    assert main(["train", "--out-dir", str(tmp_path / "runs"), "--set", "batch_size=4096"]) == 2
+    assert "larger than the 1294 training images" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 
@@ -274,22 +274,25 @@ def test_files_are_written_with_the_users_umask(tiny_run):
 
 
 @pytest.mark.run_level
-def test_logs_without_a_terminal_get_progress_lines_within_an_epoch(tmp_path):
-    result = vitlab(
-        "train",
-        "--out-dir",
-        tmp_path,
-        "--epochs",
-        "1",
-        "--set",
-        "batch_size=16",
-        "--set",
-        "log_every_steps=20",
-        "--set",
-        "model_overrides={'embed_dim': 16, 'depth': 1, 'num_heads': 2, 'mlp_dim': 32}",
+def test_logs_without_a_terminal_get_progress_lines_within_an_epoch(tmp_path, capsys):
+    """In this process, its output captured: not a terminal, as a log file or a pipe is not."""
+    code = main(
+        [
+            "train",
+            "--out-dir",
+            str(tmp_path),
+            "--epochs",
+            "1",
+            "--set",
+            "batch_size=16",
+            "--set",
+            "log_every_steps=20",
+            "--set",
+            "model_overrides={'embed_dim': 16, 'depth': 1, 'num_heads': 2, 'mlp_dim': 32}",
+        ]
     )
-    assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stdout.splitlines() if "step " in line and "/80" in line]
+    assert code == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "step " in line and "/80" in line]
     assert [line.split()[3] for line in lines] == ["20/80", "40/80", "60/80"]
     assert all("epoch" in line and "left, run" in line for line in lines)
 
