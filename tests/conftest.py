@@ -159,6 +159,43 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+# The pictures every training run draws as it ends (curves.png, and for a classifier confusion.png; eval draws
+# confusion.png too): matplotlib's layout and rendering cost ~0.25 CPU-s a run, a third of the CPU of the files of
+# in-process training tests (py-spy over tests/train/test_train.py and its neighbours). Elsewhere a test asks for
+# them by name (`@pytest.mark.pictures`: a run's own pictures drawn in full, the README's commands, the curves'
+# markers); the others get a 1x1 PNG in their place, written only after the arguments a picture is drawn from are
+# checked as drawing them needs. Processes a test starts (torchrun, `python -m vitlab`) draw theirs in full.
+ONE_PIXEL_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010800000000"
+    "3a7e9b550000000a49444154789c63600000000200015e2a6e4c0000000049454e44ae426082"
+)
+
+
+def outline_of_training_curves(history, path):
+    rows = list(history)
+    assert rows and all("epoch" in row and "train_loss" in row for row in rows), rows[:1]
+    Path(path).write_bytes(ONE_PIXEL_PNG)
+    return Path(path)
+
+
+def outline_of_confusion(confusion, class_names, path, title="confusion matrix"):
+    matrix = np.asarray(confusion)
+    assert matrix.shape == (len(class_names), len(class_names)), (matrix.shape, len(class_names))
+    Path(path).write_bytes(ONE_PIXEL_PNG)
+    return Path(path)
+
+
+@pytest.fixture(autouse=True)
+def _pictures_outlined(request, monkeypatch) -> None:
+    if request.node.get_closest_marker("pictures") is not None:
+        return
+    from vitlab import plots  # no matplotlib until a picture is drawn
+
+    monkeypatch.setattr(plots, "plot_training_curves", outline_of_training_curves)
+    monkeypatch.setattr(plots, "plot_loss_curves", outline_of_training_curves)
+    monkeypatch.setattr(plots, "plot_confusion", outline_of_confusion)
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """A finished 2-epoch digits run of a one-block model (about 2 s), shared by tests that only read a run

@@ -186,6 +186,7 @@ def test_the_readme_commands_are_all_run_but_a_few_named_ones():
 
 
 @pytest.mark.slow
+@pytest.mark.pictures  # every command as a user runs it, pictures and all
 @pytest.mark.parametrize("half", ["train-to-pretrain", "data-names-export"])
 def test_the_readme_commands_run_as_printed(half, tmp_path, monkeypatch, capsys, request):
     pytest.importorskip("onnxruntime")

@@ -333,6 +333,7 @@ def test_analyze_carries_on_past_an_unreadable_image(tiny_run, images, tmp_path,
     assert f"skipped {images / 'broken.png'}" in captured.err
 
 
+@pytest.mark.pictures
 def test_curves_of_a_one_epoch_run_show_their_points(tmp_path):
     from vitlab import plots
 

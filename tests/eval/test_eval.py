@@ -53,6 +53,7 @@ def model_logits(metrics):
     return bias.expand(metrics["count"], -1)
 
 
+@pytest.mark.pictures  # the confusion matrix drawn in full
 def test_eval_cli_writes_json_and_confusion_picture(tmp_path, capsys):
     path = save_model(constant_model(1), tmp_path / "m.safetensors")
     assert main(["eval", str(path), "--dataset", "digits", "--out", str(tmp_path / "out")]) == 0

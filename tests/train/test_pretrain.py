@@ -28,6 +28,7 @@ def test_a_pretraining_run_stopped_mid_epoch_resumes_to_the_uninterrupted_weight
 
 
 @pytest.mark.run_level
+@pytest.mark.pictures  # the loss curves drawn in full
 def test_a_pretraining_run_reports_its_loss_and_leaves_an_encoder(tmp_path):
     summary = train(
         pretrain_micro(

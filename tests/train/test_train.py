@@ -27,6 +27,7 @@ def test_default_recipe_file_equals_the_defaults():
     assert load_recipe(REPO / "configs" / "digits.py") == TrainConfig()
 
 
+@pytest.mark.pictures  # a run's curves.png and confusion.png drawn in full
 def test_a_run_writes_its_folder(tmp_path, capsys):
     summary = train(micro_config(tmp_path, progress=True))
     run = tmp_path / "run"
