@@ -73,18 +73,24 @@ def test_fp32_round_trip_of_any_batch_and_size_is_within_the_tolerance(model, pi
 
 @pytest.mark.run_level
 def test_the_graph_computes_the_class_token_alone_in_the_last_block(exported):
-    """The IR carries vitlab's own forward (models/fast_paths.py, item 1): the last block's projection and MLP run
-    on the class token's row alone, (B, D); every other linear layer on all of the tokens, (B, T, D)."""
+    """The IR carries vitlab's own forward (models/fast_paths.py, item 1): the last block projects the class
+    token's query alone and no key or value (`Attention.queries_through_weights`), and its projection and MLP run
+    on the class token's row alone, (B, D); every linear layer of the other blocks on all of the tokens, (B, T, D)."""
     import openvino as ov
 
-    ranks = [
-        len(op.input(0).get_partial_shape())
+    inputs = [
+        str(op.input(0).get_partial_shape())
         for op in ov.Core().read_model(exported).get_ordered_ops()
-        if op.get_type_name() == "MatMul" and op.input(1).get_partial_shape().is_static
+        if op.get_type_name() == "MatMul" and op.input_value(1).get_node().get_type_name() == "Constant"
     ]
-    # block 0: q, k, v (three projections: Attention.separate_projections), proj, fc1, fc2 on every token; the last
-    # block: q, k, v on every token, then proj, fc1, fc2, head on the class token's row
-    assert ranks == [3] * 9 + [2] * 4
+    tokens, heads, width, hidden = SMALL.num_tokens, SMALL.num_heads, SMALL.embed_dim, SMALL.mlp_dim
+    # block 0: q, k, v (three projections: Attention.separate_projections), proj, fc1 on every token, then fc2
+    every_token = [f"[?,{tokens},{width}]"] * 5 + [f"[?,{tokens},{hidden}]"]
+    # the last block: the class token's query (a row), W_k per head on it, W_v per head on the attention-weighted
+    # tokens, then proj, fc1, fc2 and the head on the class token's row
+    row, head_dim = f"[?,{width}]", width // heads
+    last_block = [row, f"[{heads},?,{head_dim}]", f"[{heads},?,{width}]", row, row, f"[?,{hidden}]", row]
+    assert inputs == every_token + last_block
 
 
 def test_a_batch_size_that_comes_again_runs_a_graph_compiled_for_it(model, exported):

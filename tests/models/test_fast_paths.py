@@ -2,6 +2,8 @@
 other two change the shapes of matrix products (so the summation order), and are held to float32 rounding:
 rtol 1e-5 over sums of at most 64 products of O(1) values (a few ulps each, eps 1.2e-7)."""
 
+import copy
+
 import pytest
 import torch
 
@@ -171,6 +173,71 @@ def test_a_class_token_head_skips_the_last_blocks_other_tokens_with_the_same_log
     assert trimmed == ([pruned] if pruned else [])
     model.fast_paths = False
     torch.testing.assert_close(logits, model(images), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ through the weights
+def spy_through_weights(monkeypatch) -> list:
+    calls = []
+    real = fast_paths.attend_first_through_weights
+
+    def spy(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(fast_paths, "attend_first_through_weights", spy)
+    return calls
+
+
+@pytest.mark.parametrize("queries", [1, 2])
+@pytest.mark.parametrize("settings", [{}, {"key_bias": False}, {"qkv_bias": False}])
+def test_queries_through_the_key_and_value_weights_give_the_projected_keys_rows(settings, queries, monkeypatch):
+    """OpenVINO's last block (`Attention.queries_through_weights`) projects no key or value: the same rows as the
+    projected keys and values give, in float64, where only the summation order differs; a key bias of any value
+    (a constant per query under softmax) and a value bias included."""
+    torch.manual_seed(0)
+    attention = Attention(embed_dim=16, num_heads=4, **settings).double().eval()
+    if attention.qkv.bias is not None:
+        torch.nn.init.normal_(attention.qkv.bias, std=2.0)
+    x = torch.randn(3, 9, 16, dtype=torch.float64)
+    expected = fast_paths.attend_first(attention, x, PLAIN, queries)
+    calls = spy_through_weights(monkeypatch)
+    attention.queries_through_weights = True
+    got = fast_paths.attend_first(attention, x, PLAIN, queries)
+    assert calls == [1] and got.shape == (3, queries, 16)
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_wrapped_projection_a_hook_or_a_mask_keep_the_projected_keys(monkeypatch):
+    """The path reads qkv's weight itself, so a wrapped projection (a LoRA-like layer adding its own term), a hook
+    on it, or a mask over the keys sends the call through the projected keys and values."""
+
+    class Adding(torch.nn.Module):  # a wrapper whose output is not its base layer's weight alone
+        def __init__(self, base):
+            super().__init__()
+            self.base, self.weight, self.bias = base, base.weight, base.bias
+
+        def forward(self, x):
+            return self.base(x) + 0.5
+
+    torch.manual_seed(0)
+    attention = Attention(embed_dim=16, num_heads=4).eval()
+    attention.queries_through_weights = True
+    wrapped, hooked = copy.deepcopy(attention), copy.deepcopy(attention)
+    wrapped.qkv = Adding(wrapped.qkv)
+    hooked.qkv.register_forward_hook(lambda module, args, out: out * 2)
+    x = torch.randn(2, 9, 16)
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    mask[..., -2:] = False
+    calls = spy_through_weights(monkeypatch)
+    plain = fast_paths.attend_first(attention, x, PLAIN, 1)
+    assert calls == [1]
+    for module, context in ((wrapped, PLAIN), (hooked, PLAIN), (attention, AttentionContext(attn_mask=mask))):
+        got = fast_paths.attend_first(module, x, context, 1)
+        module.queries_through_weights = False
+        torch.testing.assert_close(got, fast_paths.attend_first(module, x, context, 1), rtol=0, atol=0)
+        module.queries_through_weights = True
+        assert not torch.allclose(got, plain)  # the wrapper, the hook and the mask each change the rows
+    assert calls == [1]
 
 
 # ------------------------------------------------------------------------------------------------ the switch

@@ -128,9 +128,10 @@ def convert(model: nn.Module, preprocess: bool = False, dynamic_size: bool = Fal
     dense = dense_task(config)
     model = copy.deepcopy(model).float().eval()
     model.dynamic_size = dynamic_size and not preprocess
-    for attention in model.modules():  # three projections where OpenVINO would transpose the fused one's output
+    for attention in model.modules():
         if isinstance(attention, Attention):
-            attention.separate_projections = True
+            attention.separate_projections = True  # three projections: OpenVINO would transpose the fused one's output
+            attention.queries_through_weights = True  # the last block's class token: no key or value projected
     module: nn.Module = DenseOutputs(model) if dense is not None else model
     height, width = config.image_size
     with torch.no_grad(), warnings.catch_warnings(), quiet_loggers("torch.export", "torch._dynamo"):

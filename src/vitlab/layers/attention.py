@@ -95,6 +95,10 @@ class Attention(nn.Module):
     # transpose of its own (49-74 ms of a B/16 batch of 16 on an AMD EPYC, where transformers' three projections
     # need 12-15 ms), while eager PyTorch and PT2E's int8 lowering keep the one larger matrix product.
     separate_projections: bool = False
+    # The last block's few queries (a class-token head's) attend through the key and value weights, projecting no
+    # key or value at all (`models.fast_paths.attend_first_through_weights`). Set only on the copy
+    # export/openvino.py converts, as above.
+    queries_through_weights: bool = False
 
     @torch.no_grad()
     def zero_key_bias(self) -> None:

@@ -12,6 +12,8 @@ other summation orders).
    tokens (5/8 of a block for mnist-28, 10% of its work; 6% of B/16's), with queries, keys and values still
    projected from every token. (Slicing the fused projection's weight instead would save a third of it, but PT2E's
    int8 lowering then computes wrong products, and a dynamically quantized projection has no weight to slice.)
+   The OpenVINO export goes further (`Attention.queries_through_weights`, `attend_first_through_weights`): a
+   query reads the tokens through the key and value weights, so the last block projects no key or value at all.
 2. **GELU in place** (`mlp`). Without autograd and with no hook that could have kept fc1's fresh output, GELU may
    overwrite it: one (B, T, 4D) buffer fewer to allocate and first-touch per block, 6% of B/16 eager CPU
    inference (`python benchmarks/eager_vs_transformers.py`), bit-identical.
@@ -27,6 +29,7 @@ call, so the hook, checkpointing wrapper or compiled graph sees what it always s
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as module_hooks
 
@@ -96,6 +99,8 @@ def attend_first(attention: Attention, x: torch.Tensor, context: AttentionContex
     every token is still a key and a value."""
     if attention.rel_pos_keys is not None:
         raise ValueError("relative attention needs every query's offsets; call it with queries=None")
+    if attention.queries_through_weights and reads_through_weights(attention, context):
+        return attend_first_through_weights(attention, x, queries)
     batch, dim = x.shape[0], x.shape[-1]
     q, k, v = attention.queries_keys_values(x, context.rope)
     heads, _ = attention.attend(
@@ -104,6 +109,48 @@ def attend_first(attention: Attention, x: torch.Tensor, context: AttentionContex
     # The projection on rows (B*Q, D), for the reason `run_block` gives.
     rows = merge_heads(heads).reshape(batch * queries, dim)
     return attention.proj_drop(attention.proj(rows)).view(batch, queries, dim)
+
+
+def reads_through_weights(attention: Attention, context: AttentionContext) -> bool:
+    """Whether `attend_first_through_weights` computes what `attention` does in `context`: keys that are a plain
+    linear map of the tokens by qkv's weight (no rotation, no per-head norm, no wrapped projection such as a LoRA
+    layer, nor a hook on it, which this path would skip), every key readable (no mask), no dropout on the weights."""
+    return (
+        context.rope is None
+        and context.attn_mask is None
+        and type(attention.qkv) is nn.Linear
+        and not watched(attention.qkv)
+        and isinstance(attention.q_norm, nn.Identity)
+        and isinstance(attention.k_norm, nn.Identity)
+        and not (attention.training and attention.attn_drop.p > 0)
+    )
+
+
+def attend_first_through_weights(attention: Attention, x: torch.Tensor, queries: int) -> torch.Tensor:
+    """MSA(x) for the first `queries` tokens, x (B, T, D) -> (B, queries, D), without projecting a key or a value:
+    for head h, q_h . (W_k,h x_j + b_k,h) = (W_k,h^T q_h) . x_j + q_h . b_k,h, whose last term is the same for every
+    key j, which softmax ignores; and sum_j p_j (W_v,h x_j + b_v,h) = W_v,h (sum_j p_j x_j) + b_v,h, as the weights
+    p_j sum to 1. A few queries then cost products of (heads * queries) rows with the T tokens instead of the
+    (T x D) @ (D x D) key and value projections: the same values to float rounding (a B/16 class token: 4.8 M
+    multiply-adds against 232 M per image). Heads stay in the matmuls' batch dimension, never broadcast over it."""
+    batch, _, dim = x.shape
+    heads, head_dim = attention.num_heads, attention.head_dim
+    rows = batch * queries
+    weight_q, weight_k, weight_v = attention.qkv.weight.chunk(3)  # each (D, D), its rows head after head
+    bias = attention.qkv.bias
+    bias_q, _, bias_v = bias.chunk(3) if bias is not None else (None, None, None)
+    q = F.linear(x[:, :queries].reshape(rows, dim), weight_q, bias_q)  # (B*Q, D)
+    q = q.view(rows, heads, head_dim).transpose(0, 1)  # (heads, B*Q, head_dim)
+    q_keys = torch.bmm(q, weight_k.view(heads, head_dim, dim)) * attention.scale  # (heads, B*Q, D): W_k,h^T q_h
+    q_keys = q_keys.view(heads, batch, queries, dim).transpose(0, 1).reshape(batch, heads * queries, dim)
+    weights = torch.bmm(q_keys, x.transpose(1, 2)).softmax(dim=-1)  # (B, heads*Q, T)
+    mixed = torch.bmm(weights, x)  # (B, heads*Q, D): sum_j p_j x_j
+    mixed = mixed.view(batch, heads, queries, dim).transpose(0, 1).reshape(heads, rows, dim)
+    values = torch.bmm(mixed, weight_v.view(heads, head_dim, dim).transpose(1, 2))  # (heads, B*Q, head_dim)
+    if bias_v is not None:
+        values = values + bias_v.view(heads, 1, head_dim)
+    merged = values.view(heads, batch, queries, head_dim).permute(1, 2, 0, 3).reshape(rows, dim)  # merge_heads
+    return attention.proj_drop(attention.proj(merged)).view(batch, queries, dim)
 
 
 def mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
