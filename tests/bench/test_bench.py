@@ -268,8 +268,10 @@ def test_the_dynamic_int8_paths_run_every_linear_layer_on_int8_kernels(tmp_path)
     session.run(None, {session.get_inputs()[0].name: sample.numpy()})
     ran = json.loads(open(session.end_profiling()).read())
     kinds = collections.Counter(e["args"]["op_name"] for e in ran if e["name"].endswith("_kernel_time"))
-    # MatMulInteger, fused with its input's quantization where ONNX Runtime's optimiser can (DynamicQuantizeMatMul)
-    assert kinds["DynamicQuantizeMatMul"] + kinds["MatMulInteger"] == linear_layers, kinds
+    # MatMulInteger, fused with its input's quantization where ONNX Runtime's optimiser can (DynamicQuantizeMatMul).
+    # The last block's qkv is no linear layer of the tokens there: the class token's query and its products through
+    # the key and value weights (models/fast_paths.attend_first_through_weights) are a few rows, left in fp32.
+    assert kinds["DynamicQuantizeMatMul"] + kinds["MatMulInteger"] == linear_layers - 1, kinds
 
 
 def test_the_onednn_int8_peak_kernel_computes_the_quantized_product():

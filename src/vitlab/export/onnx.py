@@ -39,6 +39,7 @@ from vitlab.export.checks import (
     validation_pixels,
 )
 from vitlab.hardware import Choice
+from vitlab.layers.attention import Attention
 from vitlab.messages import quiet_loggers
 from vitlab.preprocessing import Preprocessing, resolved_preprocessing
 
@@ -170,6 +171,9 @@ def export_onnx(
         dynamic_size = dynamic_size or dense.sizes_vary  # each photo's own input size (Depth Anything)
     model = copy.deepcopy(model).float().eval()
     model.dynamic_size = dynamic_size and not preprocess
+    for attention in model.modules():  # the last block's class token: no key or value projected (fast_paths)
+        if isinstance(attention, Attention):
+            attention.queries_through_weights = True
     module: nn.Module = PreprocessAndClassify(model) if preprocess else model
     if dense is not None:
         module = DenseOutputs(model)

@@ -96,8 +96,8 @@ class Attention(nn.Module):
     # need 12-15 ms), while eager PyTorch and PT2E's int8 lowering keep the one larger matrix product.
     separate_projections: bool = False
     # The last block's few queries (a class-token head's) attend through the key and value weights, projecting no
-    # key or value at all (`models.fast_paths.attend_first_through_weights`). Set only on the copy
-    # export/openvino.py converts, as above.
+    # key or value at all (`models.fast_paths.attend_first_through_weights`). Set only on the copies the OpenVINO
+    # and ONNX exports convert: OpenVINO's int8 B/16 1.02x, ONNX Runtime's int8 MNIST student 1.14x.
     queries_through_weights: bool = False
 
     @torch.no_grad()

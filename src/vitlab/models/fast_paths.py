@@ -12,7 +12,7 @@ other summation orders).
    tokens (5/8 of a block for mnist-28, 10% of its work; 6% of B/16's), with queries, keys and values still
    projected from every token. (Slicing the fused projection's weight instead would save a third of it, but PT2E's
    int8 lowering then computes wrong products, and a dynamically quantized projection has no weight to slice.)
-   The OpenVINO export goes further (`Attention.queries_through_weights`, `attend_first_through_weights`): a
+   The OpenVINO and ONNX exports go further (`Attention.queries_through_weights`, `attend_first_through_weights`): a
    query reads the tokens through the key and value weights, so the last block projects no key or value at all.
 2. **GELU in place** (`mlp`). Without autograd and with no hook that could have kept fc1's fresh output, GELU may
    overwrite it: one (B, T, 4D) buffer fewer to allocate and first-touch per block, 6% of B/16 eager CPU
